@@ -1,0 +1,43 @@
+// Pinned analysis definitions (SPEC section 6). All sums in float64.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "fp4lab/format.hpp"
+#include "fp4lab/quantize.hpp"
+
+namespace fp4lab {
+
+// Analytic shrinkage bias of one magnitude level under locally uniform density. The RTNE bin of level
+// g_i is [g_i - l_i, g_i + r_i] with half-gaps l_i = (g_i - g_{i-1})/2, r_i = (g_{i+1} - g_i)/2. The mean
+// input in the bin is g_i + (r_i - l_i)/2, so the conditional mean error E[q - x] = (l_i - r_i)/2, a quarter
+// of the difference of the full gaps. Level 0's bin starts at 0 (l_0 = 0); the top level's bin is
+// one-sided (r = 0) when values never exceed gmax, as block scaling by amax/gmax guarantees.
+struct LevelBias {
+  int index;
+  double level, left_halfgap, right_halfgap, bias;
+};
+std::vector<LevelBias> analytic_bias(const ElemFormat& f);
+
+// Empirical per-level bias of a quantised tensor: for elements quantised to level i, the mean of
+// (level_i - |x| / scale) in grid units, with x the values the quantiser saw (rotated when RHT is on).
+struct EmpiricalLevel {
+  int index;
+  double level;
+  int64_t count;
+  double mean_error;  // 0 when count == 0
+};
+std::vector<EmpiricalLevel> empirical_bias(const QTensor& q, const float* seen);
+
+// 10 log10(sum ref^2 / sum (q - ref)^2); +inf when the error is zero.
+double sqnr_db(const float* ref, const float* q, int64_t n);
+double sqnr_db(const double* ref, const float* q, int64_t n);
+
+// Effective bucket ratio: exp(-sum p log p) / K over the K magnitude bins of the grid.
+double beff(const QTensor& q);
+
+// Shrinkage factor alpha = <Q(A), A> / |A|^2.
+double shrinkage_alpha(const float* ref, const float* q, int64_t n);
+
+}  // namespace fp4lab

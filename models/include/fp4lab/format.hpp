@@ -1,0 +1,122 @@
+// fp4lab element formats: the one definition every layer (CLI, SystemC, RTL harness, CUDA) includes.
+//
+// A 4-bit element is sign-magnitude: bit 3 is the sign, bits 0-2 the magnitude index. A format is the
+// tuple (exponent bits, mantissa bits, bias, highest index in use); levels, gmax, the exact integer view
+// and the MX emax are all derived from it, so E2M1 and E1M2 are two instantiations of one code path.
+// No format has Inf or NaN codes. Pure C++ (no I/O), usable from host and CUDA device code.
+#pragma once
+
+#include <cstdint>
+#include <cmath>
+
+#if defined(__CUDACC__)
+#define FP4LAB_HD __host__ __device__
+#else
+#define FP4LAB_HD
+#endif
+
+namespace fp4lab {
+
+enum class Rounding : uint8_t { rtne, sr };
+
+struct ElemFormat {
+  const char* name;
+  int ebits;
+  int mbits;
+  int bias;
+  int max_index;  // highest magnitude index in use: 7, or 4 for the range-restricted e2m1_max2
+
+  FP4LAB_HD constexpr int num_levels() const { return max_index + 1; }
+
+  // Integer view of magnitude index i: level(i) * 2^int_shift(), an exact small integer.
+  // Subnormal (exponent field 0): the mantissa itself; normal: (1.m) shifted by exponent-1.
+  FP4LAB_HD constexpr int int_level(int i) const {
+    const int e = i >> mbits;
+    const int m = i & ((1 << mbits) - 1);
+    return e == 0 ? m : ((1 << mbits) + m) << (e - 1);
+  }
+  // log2 of the integer-view factor: e2m1 -> 1 (x2), e1m2 -> 2 (x4), int4 -> 0 (x1).
+  FP4LAB_HD constexpr int int_shift() const { return bias + mbits - 1; }
+  FP4LAB_HD constexpr float level(int i) const {
+    return int_shift() >= 0 ? float(int_level(i)) / float(1 << int_shift())
+                            : float(int_level(i)) * float(1 << -int_shift());
+  }
+  FP4LAB_HD constexpr int int_max() const { return int_level(max_index); }
+  FP4LAB_HD constexpr float gmax() const { return level(max_index); }
+  // floor(log2(gmax)): the "emax of the element" the OCP MX shared exponent subtracts.
+  FP4LAB_HD constexpr int emax() const { return (max_index >> mbits) - bias; }
+};
+
+//                                    name        E  M  bias  max index
+inline constexpr ElemFormat kE2M1{"e2m1", 2, 1, 1, 7};           // 0 .5 1 1.5 2 3 4 6 (OCP MX FP4)
+inline constexpr ElemFormat kE1M2{"e1m2", 1, 2, 1, 7};           // 0 .25 .5 ... 1.75 (uniform)
+inline constexpr ElemFormat kInt4{"int4", 1, 2, -1, 7};          // 0 1 2 ... 7 (E1M2 grid x4)
+inline constexpr ElemFormat kE2M1Max2{"e2m1_max2", 2, 1, 1, 4};  // 0 .5 1 1.5 2 (paper's ablation)
+
+inline constexpr ElemFormat kAllFormats[] = {kE2M1, kE1M2, kInt4, kE2M1Max2};
+
+// ---- 4-bit codes ---------------------------------------------------------------------------------
+FP4LAB_HD constexpr uint8_t make_code(bool negative, int index) {
+  return uint8_t((negative ? 0b1'000 : 0) | (index & 0b0'111));
+}
+FP4LAB_HD constexpr int code_index(uint8_t code) { return code & 0b0'111; }
+FP4LAB_HD constexpr bool code_negative(uint8_t code) { return (code & 0b1'000) != 0; }
+
+// Signed integer view of a code (exact; |value| <= 12 for e2m1, <= 7 for e1m2/int4).
+FP4LAB_HD constexpr int decode_int(const ElemFormat& f, uint8_t code) {
+  const int v = f.int_level(code_index(code));
+  return code_negative(code) ? -v : v;
+}
+FP4LAB_HD constexpr float decode(const ElemFormat& f, uint8_t code) {
+  const float v = f.level(code_index(code));
+  return code_negative(code) ? -v : v;
+}
+// Codes whose index exceeds max_index are not part of the format (only e2m1_max2 has such codes).
+FP4LAB_HD constexpr bool code_valid(const ElemFormat& f, uint8_t code) {
+  return code < 16 && code_index(code) <= f.max_index;
+}
+
+// ---- rounding onto the grid ---------------------------------------------------------------------
+// Both take v already divided by its block scale (finite). Steps:
+//  1. saturate |v| to gmax (blocks are scaled so this only trims the rounding of the scale itself,
+//     or clips by design for OCP MX's floor exponent);
+//  2. move to the integer view u = |v| * 2^int_shift, an exact power-of-two multiply;
+//  3. pick the level; ties (RTNE) go to the even magnitude index, which is the even code.
+FP4LAB_HD inline float int_view_of(const ElemFormat& f, float v) {
+  float a = std::fabs(v);
+  if (a > f.gmax()) a = f.gmax();
+  return f.int_shift() >= 0 ? a * float(1 << f.int_shift()) : a / float(1 << -f.int_shift());
+}
+
+FP4LAB_HD inline uint8_t round_rtne(const ElemFormat& f, float v) {
+  const float u = int_view_of(f, v);
+  int i = 0;
+  for (; i < f.max_index; ++i) {
+    // Midpoint of two small integers: exact in FP32.
+    const float mid = 0.5f * float(f.int_level(i) + f.int_level(i + 1));
+    if (u < mid) break;
+    if (u == mid) {
+      if (i & 1) ++i;  // tie: keep the even index
+      break;
+    }
+  }
+  return make_code(std::signbit(v), i);
+}
+
+// Stochastic rounding with one 32-bit random word r. Grid gaps are powers of two, so the fraction
+// (u - lo) / gap is exact; we round up iff (r >> 8) < frac * 2^24, compared exactly in FP32.
+// P(up) = ceil(frac * 2^24) / 2^24: unbiased to within 2^-24 of a gap.
+FP4LAB_HD inline uint8_t round_sr(const ElemFormat& f, float v, uint32_t r) {
+  const float u = int_view_of(f, v);
+  int i = 0;
+  while (i < f.max_index && float(f.int_level(i + 1)) <= u) ++i;
+  if (i < f.max_index) {
+    const float lo = float(f.int_level(i));
+    const float gap = float(f.int_level(i + 1) - f.int_level(i));
+    const float frac = (u - lo) / gap;
+    if (float(r >> 8) < frac * 16777216.0f) ++i;
+  }
+  return make_code(std::signbit(v), i);
+}
+
+}  // namespace fp4lab

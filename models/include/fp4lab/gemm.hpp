@@ -1,0 +1,49 @@
+// Block-scaled GEMM under the fp4lab datapath contract (docs/datapath.md), C[M,N] = A[M,K] . B[N,K]^T.
+// Both operands are quantised along K (their rows), so A is "K-major" and so is B.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "fp4lab/format.hpp"
+#include "fp4lab/quantize.hpp"
+
+namespace fp4lab {
+
+// ---- the contract, one block step at a time (shared by every layer) -------------------------------
+// Step 1 (integer block dot product, exact int32) is the caller's; then, for block k in ascending order:
+//   2. x  = FP32(p)            exact: |p| <= 32 * 144 < 2^24
+//   3. s  = sa * sb            FP32 multiply, round to nearest even
+//   4. x  = x * s              FP32 multiply, RNE
+//   5. acc = acc + x           FP32 add, RNE (separate multiply and add: no FMA anywhere)
+// and after the last block:
+//   6. out = acc * (ga * gb)   ga = global_dec * 2^-int_shift of A's grid (exact power of two for fp32 and
+//                              ue8m0 scales), likewise gb; ga * gb rounded once, then one RNE multiply.
+#if defined(__CUDA_ARCH__)
+#define FP4LAB_FMUL(a, b) __fmul_rn((a), (b))
+#define FP4LAB_FADD(a, b) __fadd_rn((a), (b))
+#else
+#define FP4LAB_FMUL(a, b) ((a) * (b))  // the build sets -ffp-contract=off so nothing fuses
+#define FP4LAB_FADD(a, b) ((a) + (b))
+#endif
+
+FP4LAB_HD inline float contract_step(float acc, int32_t p, float sa, float sb) {
+  const float s = FP4LAB_FMUL(sa, sb);
+  const float x = FP4LAB_FMUL(float(p), s);
+  return FP4LAB_FADD(acc, x);
+}
+FP4LAB_HD inline float tensor_factor(const ElemFormat& f, float global_dec) {
+  return FP4LAB_FMUL(global_dec, std::ldexp(1.0f, -f.int_shift()));
+}
+FP4LAB_HD inline float contract_finish(float acc, float ga, float gb) { return FP4LAB_FMUL(acc, FP4LAB_FMUL(ga, gb)); }
+
+// Throws std::invalid_argument when A and B cannot be multiplied (K or block mismatch).
+void check_gemm_operands(const QTensor& a, const QTensor& b);
+
+// Fast CPU implementation (vectorised, both cores); bit-identical to reference::gemm_contract.
+std::vector<float> gemm(const QTensor& a, const QTensor& b);
+
+// Plain reference product of unquantised operands, C = A . B^T accumulated in float64 (Eigen).
+std::vector<double> gemm_f64(const float* a, const float* b, int64_t M, int64_t N, int64_t K);
+
+}  // namespace fp4lab

@@ -1,0 +1,50 @@
+// Philox4x32-10 (Salmon et al., SC'11), the counter-based generator behind stochastic rounding and
+// seeded RHT signs. Stateless: the bits for an element depend only on (seed, stream, index), so every
+// layer and every thread count draws the same bits.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "fp4lab/format.hpp"
+
+namespace fp4lab {
+
+struct Philox4x32 {
+  static constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
+  static constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+
+  FP4LAB_HD static inline void mulhilo(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
+    const uint64_t p = uint64_t(a) * uint64_t(b);
+    hi = uint32_t(p >> 32);
+    lo = uint32_t(p);
+  }
+
+  // Ten rounds on counter c with key k; returns the four output words.
+  FP4LAB_HD static inline void generate(const uint32_t c_in[4], const uint32_t k_in[2], uint32_t out[4]) {
+    uint32_t c0 = c_in[0], c1 = c_in[1], c2 = c_in[2], c3 = c_in[3];
+    uint32_t k0 = k_in[0], k1 = k_in[1];
+    for (int round = 0; round < 10; ++round) {
+      uint32_t hi0, lo0, hi1, lo1;
+      mulhilo(kM0, c0, hi0, lo0);
+      mulhilo(kM1, c2, hi1, lo1);
+      const uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
+      c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+      k0 += kW0;
+      k1 += kW1;
+    }
+    out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+  }
+};
+
+// The contract's random word for element `index` of tensor `stream` under `seed`:
+// key = (seed low, seed high), counter = (index low, index high, stream, 0), first output word.
+FP4LAB_HD inline uint32_t random_bits(uint64_t seed, uint32_t stream, uint64_t index) {
+  const uint32_t k[2] = {uint32_t(seed), uint32_t(seed >> 32)};
+  const uint32_t c[4] = {uint32_t(index), uint32_t(index >> 32), stream, 0u};
+  uint32_t o[4];
+  Philox4x32::generate(c, k, o);
+  return o[0];
+}
+
+}  // namespace fp4lab

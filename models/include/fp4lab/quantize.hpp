@@ -1,0 +1,119 @@
+// Block quantiser: optional RHT, block scale (fp32 / ue4m3 / ue8m0), rounding onto a 4-bit grid.
+//
+// The per-block and per-element arithmetic is written once here as inline host/device functions and
+// used by the golden model, the SystemC model, the RTL harness and the CUDA kernels alike. Blocks run
+// along rows (the GEMM's reduction dimension): a tensor [rows, cols] has rows x cols/block scales.
+#pragma once
+
+#include <cfloat>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fp4lab/format.hpp"
+#include "fp4lab/scale.hpp"
+
+namespace fp4lab {
+
+// ---- per-tensor and per-block scale arithmetic (SPEC section 2) ----------------------------------
+
+// NVFP4 global encode scale S_enc = 448 * gmax / amax(tensor); 1 when that is 0 or not finite.
+// (Transformer Engine's reference gives FLT_MAX for an all-zero tensor instead; its codes are the
+// same zeros either way.)
+FP4LAB_HD inline float nvfp4_global_encode(const ElemFormat& f, float tensor_amax) {
+  const float s = (448.0f * f.gmax()) / tensor_amax;
+  return (s == 0.0f || !std::isfinite(s)) ? 1.0f : s;
+}
+
+struct BlockScale {
+  float dec = 0;     // decoded block scale: element value = grid value * dec (* global_dec for ue4m3)
+  float enc = 0;     // multiplier applied to inputs (ue4m3, ue8m0*); fp32 divides by dec instead
+  uint8_t code = 0;  // E4M3 / E8M0 bit pattern; 0 for fp32
+};
+
+// Block scale from the block's amax. s_enc is the tensor's S_enc (ue4m3 only).
+FP4LAB_HD inline BlockScale block_scale(const ElemFormat& f, ScaleKind kind, float amax, float s_enc) {
+  BlockScale b;
+  switch (kind) {
+    case ScaleKind::fp32:
+      b.dec = amax / f.gmax();
+      break;
+    case ScaleKind::ue4m3: {
+      // Transformer Engine's order: multiplier = S_enc * FP32(1/gmax); scale = amax * multiplier,
+      // clamped to 448, then cast to E4M3 (RTNE); encode = 1 / (E4M3 value * S_dec).
+      const float mult = s_enc * (1.0f / f.gmax());
+      float s = amax * mult;
+      s = s < FLT_MAX ? s : FLT_MAX;
+      s = s < 448.0f ? s : 448.0f;
+      b.code = ue4m3_encode(s);
+      b.dec = e4m3_decode(b.code);
+      const float e = 1.0f / (b.dec * (1.0f / s_enc));
+      b.enc = e < FLT_MAX ? e : FLT_MAX;
+      break;
+    }
+    case ScaleKind::ue8m0:
+    case ScaleKind::ue8m0_ceil: {
+      int X = -127;  // an all-zero block takes the smallest scale
+      if (amax > 0.0f)
+        X = kind == ScaleKind::ue8m0 ? floor_log2(amax) - f.emax() : ceil_log2(amax / f.gmax());
+      b.code = e8m0_encode_exp(X);
+      b.dec = e8m0_decode(b.code);
+      b.enc = e8m0_decode(uint8_t(254 - b.code));  // 2^-X, exact
+      break;
+    }
+  }
+  return b;
+}
+
+// The value handed to the rounder for input x in a block with scale b.
+FP4LAB_HD inline float scale_element(ScaleKind kind, float x, const BlockScale& b) {
+  if (kind == ScaleKind::fp32) return b.dec == 0.0f ? x * 0.0f : x / b.dec;  // underflowed scale -> zeros
+  return x * b.enc;
+}
+
+// ---- whole-tensor quantiser (golden model) --------------------------------------------------------
+
+struct QuantConfig {
+  ElemFormat format = kE1M2;
+  int block = 16;                 // elements per scale along a row: 16 or 32
+  bool tile2d = false;            // 16x16 tiles: one scale per 16 rows x 16 columns (NVFP4 weights)
+  ScaleKind scale = ScaleKind::fp32;
+  int rht = 0;                    // Hadamard size d; 0 = no rotation
+  std::vector<float> rht_signs;   // d entries of +-1
+  bool rht_bf16 = false;          // round rotated values to BF16 before amax (Transformer Engine)
+  Rounding rounding = Rounding::rtne;
+  uint64_t seed = 0;              // stochastic rounding key
+  uint32_t stream = 0;            // tensor id in the SR counter
+
+  std::string label() const;      // e.g. "e1m2_b16_fp32scale_rht16_rtne"
+};
+
+struct QTensor {
+  ElemFormat format = kE1M2;
+  ScaleKind scale_kind = ScaleKind::fp32;
+  int block = 16;
+  bool tile2d = false;
+  int64_t rows = 0, cols = 0;
+  std::vector<uint8_t> codes;        // rows x cols; bit 3 sign, bits 0-2 magnitude index
+  std::vector<float> scales;         // rows x cols/block decoded block scales (2-D tiles repeat per row)
+  std::vector<uint8_t> scale_codes;  // same shape: E4M3 / E8M0 bit patterns; empty for fp32
+  float global_dec = 1.0f;           // S_dec for ue4m3; 1 otherwise
+
+  int64_t kblocks() const { return cols / block; }
+  // (grid value * block scale) * global_dec, in that FP32 order.
+  float dequant(int64_t r, int64_t c) const {
+    return decode(format, codes[r * cols + c]) * scales[r * kblocks() + c / block] * global_dec;
+  }
+  std::vector<float> dequantize() const;
+};
+
+// Throws std::invalid_argument with a one-line reason on a bad shape, configuration or a non-finite input.
+void validate(const QuantConfig& cfg, int64_t rows, int64_t cols);
+void check_finite(const float* x, int64_t n, const char* what);
+
+// The values the block scales see: x rotated by RHT (and rounded to BF16 when asked), or x itself.
+std::vector<float> rotate(const float* x, int64_t rows, int64_t cols, const QuantConfig& cfg);
+
+QTensor quantize(const float* x, int64_t rows, int64_t cols, const QuantConfig& cfg);
+
+}  // namespace fp4lab

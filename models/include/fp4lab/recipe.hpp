@@ -1,0 +1,58 @@
+// Training recipes (SPEC section 2): which grid, block, scale, RHT and rounding each operand of the three
+// training GEMMs of a linear layer gets. Presets are named; every knob is also settable alone.
+//
+// Linear layer with X [tokens, in], W [out, in], dY [tokens, out]; every pass is C = A . B^T with both
+// operands quantised along the reduction dimension K:
+//   fwd_y  = X . W^T    A = X    [tokens, in]    B = W    [out, in]      K = in
+//   bwd_dx = dY . W     A = dY   [tokens, out]   B = W^T  [in, out]      K = out
+//   bwd_dw = dY^T . X   A = dY^T [out, tokens]   B = X^T  [in, tokens]   K = tokens
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fp4lab/quantize.hpp"
+
+namespace fp4lab {
+
+enum class Pass : uint8_t { fwd_y = 0, bwd_dx = 1, bwd_dw = 2 };
+enum class Operand : uint8_t { a = 0, b = 1 };
+inline constexpr Pass kPasses[] = {Pass::fwd_y, Pass::bwd_dx, Pass::bwd_dw};
+const char* pass_name(Pass p);
+// The trace tensor an operand comes from: "fwd_x", "fwd_w" or "bwd_dy".
+const char* operand_role(Pass p, Operand o);
+
+struct Recipe {
+  std::string name = "custom";
+  ElemFormat format = kE1M2;
+  int block = 16;
+  ScaleKind scale = ScaleKind::fp32;
+  bool weight_tile2d = false;                 // W operands in 16x16 tiles (NVFP4)
+  int rht = 0;                                // Hadamard size used where rht_on; 0 = never
+  std::array<bool, 3> rht_on{false, false, false};  // per pass: fwd_y, bwd_dx, bwd_dw
+  std::vector<float> rht_signs;               // rht entries
+  bool rht_bf16 = false;                      // rotated operands rounded to BF16 (TE's BF16 Hadamard)
+  bool sr_dy = false;                         // stochastic rounding on the dY operands
+  uint64_t seed = 0;
+
+  // Named presets: ufp4, e2m1-ref, nvfp4, mxfp4. Throws std::invalid_argument on an unknown name.
+  static Recipe preset(const std::string& name);
+  static const std::vector<std::string>& preset_names();
+
+  // Quantiser settings for one operand of one pass. `stream` tells SR streams of different GEMMs apart.
+  QuantConfig operand(Pass p, Operand o, uint32_t stream = 0) const;
+};
+
+// One pass's operands, laid out K-major (transposed copies where the pass needs them).
+struct PassOperands {
+  int64_t M = 0, N = 0, K = 0;
+  std::vector<float> a, b;  // [M, K], [N, K]
+};
+PassOperands pass_operands(Pass p, const float* x, const float* w, const float* dy, int64_t tokens, int64_t in,
+                           int64_t out);
+
+std::vector<float> transpose(const float* x, int64_t rows, int64_t cols);
+
+}  // namespace fp4lab
