@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs every package fp4lab needs: Debian packages, then the Python helpers from PyPI.
+# Idempotent: does nothing (and touches no network) when everything is already there.
+set -euo pipefail
+
+APT_PACKAGES=(
+  build-essential cmake pkg-config
+  libeigen3-dev libboost-program-options-dev nlohmann-json3-dev
+  googletest libgtest-dev
+  libsystemc-dev verilator yosys
+  clang libclang-rt-14-dev        # libFuzzer for the trace-reader fuzz target
+  python3 python3-pip
+)
+PY_PACKAGES=(numpy ml_dtypes safetensors matplotlib pytest)
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: apt-get install ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+pymissing=()
+for p in "${PY_PACKAGES[@]}"; do
+  "$PY" -c "import ${p}" 2>/dev/null || pymissing+=("$p")
+done
+if [ ${#pymissing[@]} -gt 0 ]; then
+  echo "install-deps: pip install ${pymissing[*]}"
+  "$PY" -m pip install -q "${pymissing[@]}" 2>/dev/null || "$PY" -m pip install -q --break-system-packages "${pymissing[@]}"
+fi
+echo "install-deps: all dependencies present"

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Builds everything and runs every test: the unit label under AddressSanitizer + UndefinedBehaviorSanitizer,
+# then the whole ctest suite (labels unit, rtl, sim, cuda, slow) on the Release build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS=${JOBS:-2}
+
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFP4LAB_SANITIZE=ON -DFP4LAB_NATIVE=ON \
+      -DFP4LAB_SIM=OFF -DFP4LAB_RTL=OFF -DFP4LAB_CUDA=OFF -DFP4LAB_BENCH=OFF >/dev/null
+cmake --build build-asan -j"$JOBS"
+ctest --test-dir build-asan -L unit --output-on-failure -j"$JOBS"
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$JOBS"
+ctest --test-dir build --output-on-failure -j"$JOBS"
