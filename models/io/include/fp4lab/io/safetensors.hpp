@@ -112,6 +112,7 @@ class Trace {
  private:
   std::vector<TraceRecord> records_;
   std::map<std::string, std::shared_ptr<SafetensorsFile>> files_;
+  std::map<std::string, std::string> gemm_file_;  // gemm -> the file that captured it
 
   void add(std::shared_ptr<SafetensorsFile> f, int block);
 };

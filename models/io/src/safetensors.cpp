@@ -1,0 +1,550 @@
+// safetensors reader/writer and trace v1 (SPEC section 7). Layout of a safetensors file:
+//   [8 bytes: little-endian u64 N][N bytes: JSON header][data section]
+// The header maps tensor names to {"dtype", "shape", "data_offsets": [begin, end)} (offsets relative to
+// the data section) plus an optional "__metadata__" string->string map. Every check below throws
+// fp4lab::io::Error("<file>: <fault>") on a single line.
+#include "fp4lab/io/safetensors.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <set>
+#include <nlohmann/json.hpp>
+
+#include "fp4lab/scale.hpp"  // f32_to_bf16 (RTNE), bf16_to_f32, f32_from_bits: the project's one BF16
+
+namespace fp4lab::io {
+
+static_assert(std::endian::native == std::endian::little, "safetensors is little-endian; so is this reader");
+
+namespace {
+
+using ojson = nlohmann::ordered_json;  // keeps header order, which defines tensor and record order
+
+// The safetensors reference implementation refuses headers above 100 MB; so do we, before allocating.
+constexpr uint64_t kMaxHeader = 100u << 20;
+// JSON nesting deeper than this cannot be a safetensors header; the limit bounds parser memory.
+constexpr int kMaxDepth = 64;
+
+[[noreturn]] void fail(const std::string& file, const std::string& fault) { throw Error(file + ": " + fault); }
+
+// Names come from the file: escape anything that could break the one-line message, and cap the length.
+std::string q(const std::string& s) {
+  std::string r = "'";
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i == 120) {
+      r += "...";
+      break;
+    }
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7F || c == '\'' || c == '\\') {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02X", c);
+      r += buf;
+    } else {
+      r += char(c);
+    }
+  }
+  return r + "'";
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+std::string range_str(uint64_t b, uint64_t e) {
+  std::string r = "[";  // appended piecewise: GCC 12 warns falsely (-Wrestrict) on the chained operator+
+  r += std::to_string(b);
+  r += ", ";
+  r += std::to_string(e);
+  return r + ")";
+}
+
+struct DTypeRow {
+  DType d;
+  const char* name;
+  size_t size;
+};
+constexpr DTypeRow kDTypes[] = {
+    {DType::F32, "F32", 4},   {DType::BF16, "BF16", 2}, {DType::F16, "F16", 2},
+    {DType::U8, "U8", 1},     {DType::I32, "I32", 4},   {DType::F64, "F64", 8},
+    {DType::BOOL, "BOOL", 1}, {DType::I8, "I8", 1},     {DType::I16, "I16", 2},
+    {DType::U16, "U16", 2},   {DType::U32, "U32", 4},   {DType::I64, "I64", 8},
+    {DType::U64, "U64", 8},   {DType::F8_E4M3, "F8_E4M3", 1}, {DType::F8_E5M2, "F8_E5M2", 1},
+};
+
+const DTypeRow* find_dtype(const std::string& name) {
+  for (const auto& r : kDTypes)
+    if (name == r.name) return &r;
+  return nullptr;
+}
+
+// IEEE binary16 -> binary32, exact for every code: normals re-bias the exponent, subnormals are
+// m * 2^-24 (exact in FP32), Inf stays Inf and NaN keeps its payload in the top mantissa bits.
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+  if (e == 0x1F) return f32_from_bits(sign | 0x7F800000u | (m << 13));
+  if (e == 0) {
+    const float mag = std::ldexp(float(m), -24);
+    return sign ? -mag : mag;
+  }
+  return f32_from_bits(sign | ((e + 127 - 15) << 23) | (m << 13));
+}
+
+uint64_t load_u64_le(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+// A non-negative JSON integer that fits int64, or nothing (floats, negatives, huge, non-numbers).
+enum class IntKind { ok, not_number, non_integer, negative, too_large };
+IntKind as_index(const ojson& j, int64_t& out) {
+  if (!j.is_number()) return IntKind::not_number;
+  if (j.is_number_float()) return IntKind::non_integer;
+  if (j.is_number_unsigned()) {
+    const uint64_t u = j.get<uint64_t>();
+    if (u > uint64_t(INT64_MAX)) return IntKind::too_large;
+    out = int64_t(u);
+    return IntKind::ok;
+  }
+  out = j.get<int64_t>();
+  return out < 0 ? IntKind::negative : IntKind::ok;
+}
+
+std::string json_text(const ojson& j) {
+  // Short, one-line, ASCII rendering of a value for messages (strings from the file are escaped by dump).
+  std::string s = j.dump(-1, ' ', /*ensure_ascii=*/true, ojson::error_handler_t::replace);
+  return s.size() > 60 ? s.substr(0, 57) + "..." : s;
+}
+
+}  // namespace
+
+const char* dtype_name(DType d) {
+  for (const auto& r : kDTypes)
+    if (r.d == d) return r.name;
+  return "?";
+}
+size_t dtype_size(DType d) {
+  for (const auto& r : kDTypes)
+    if (r.d == d) return r.size;
+  return 0;
+}
+
+int64_t TensorInfo::numel() const {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;  // validated on open: fits int64
+  return n;
+}
+
+// ---- reader --------------------------------------------------------------------------------------
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path_, std::string("cannot open: ") + std::strerror(errno));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    fail(path_, std::string("cannot stat: ") + std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail(path_, "not a regular file");
+  }
+  map_size_ = size_t(st.st_size);
+  if (map_size_ > 0) {  // mmap of length 0 is an error; an empty file fails the length check in parse()
+    void* p = ::mmap(nullptr, map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    const int err = errno;
+    ::close(fd);
+    if (p == MAP_FAILED) fail(path_, std::string("cannot mmap: ") + std::strerror(err));
+    map_ = static_cast<const uint8_t*>(p);
+    mapped_ = true;
+  } else {
+    ::close(fd);
+  }
+  try {
+    parse();
+  } catch (...) {
+    if (mapped_) ::munmap(const_cast<uint8_t*>(map_), map_size_);
+    mapped_ = false;
+    throw;
+  }
+}
+
+SafetensorsFile::SafetensorsFile(std::string name, std::vector<uint8_t> bytes)
+    : path_(std::move(name)), owned_(std::move(bytes)) {
+  map_ = owned_.data();
+  map_size_ = owned_.size();
+  parse();
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (mapped_) ::munmap(const_cast<uint8_t*>(map_), map_size_);
+}
+
+void SafetensorsFile::parse() {
+  // 1. The 8-byte header length, bounded before anything is allocated.
+  if (map_size_ < 8)
+    fail(path_, "file is " + std::to_string(map_size_) + " bytes, shorter than the 8-byte header length");
+  const uint64_t n = load_u64_le(map_);
+  if (n > kMaxHeader)
+    fail(path_, "header length " + std::to_string(n) + " is absurd (limit " + std::to_string(kMaxHeader) +
+                    " bytes)");
+  if (n > map_size_ - 8)
+    fail(path_, "header length " + std::to_string(n) + " runs past the end of the file (" +
+                    std::to_string(map_size_) + " bytes)");
+  data_offset_ = 8 + n;
+  const uint64_t data_size = map_size_ - data_offset_;
+
+  // 2. JSON syntax. The callback rejects duplicate keys (nlohmann would silently keep one) and bounds
+  //    the nesting depth.
+  std::vector<std::set<std::string>> keys;
+  auto cb = [&](int, nlohmann::detail::parse_event_t ev, ojson& j) -> bool {
+    using E = nlohmann::detail::parse_event_t;
+    if (ev == E::object_start || ev == E::array_start) {
+      if (keys.size() >= size_t(kMaxDepth)) fail(path_, "header nests deeper than " + std::to_string(kMaxDepth) + " levels");
+      keys.emplace_back();
+    } else if (ev == E::object_end || ev == E::array_end) {
+      keys.pop_back();
+    } else if (ev == E::key) {
+      if (!keys.back().insert(j.get<std::string>()).second)
+        fail(path_, "header has duplicate key " + q(j.get<std::string>()));
+    }
+    return true;
+  };
+  ojson h;
+  try {
+    h = ojson::parse(map_ + 8, map_ + 8 + n, cb);
+  } catch (const ojson::parse_error& e) {
+    fail(path_, "header is not valid JSON (syntax error near byte " + std::to_string(e.byte) + " of " +
+                    std::to_string(n) + ")");
+  }
+  if (!h.is_object()) fail(path_, std::string("header is not a JSON object (it is a ") + h.type_name() + ")");
+
+  // 3. Each entry: __metadata__ or a tensor with dtype, shape and data_offsets that agree.
+  for (const auto& [name, v] : h.items()) {
+    if (name == "__metadata__") {
+      if (!v.is_object())
+        fail(path_, std::string("__metadata__ is not a map of strings to strings (it is a ") + v.type_name() + ")");
+      for (const auto& [k, s] : v.items()) {
+        if (!s.is_string())
+          fail(path_, "__metadata__ is not a map of strings to strings: key " + q(k) + " holds a " + s.type_name());
+        metadata_[k] = s.get<std::string>();
+      }
+      continue;
+    }
+    const std::string t = "tensor " + q(name) + ": ";
+    if (!v.is_object()) fail(path_, t + "entry is not a JSON object (it is a " + v.type_name() + ")");
+    for (const char* field : {"dtype", "shape", "data_offsets"})
+      if (!v.contains(field)) fail(path_, t + "entry lacks \"" + field + "\"");
+
+    TensorInfo ti;
+    ti.name = name;
+    const ojson& dt = v["dtype"];
+    if (!dt.is_string()) fail(path_, t + "dtype " + json_text(dt) + " is not a string");
+    const DTypeRow* row = find_dtype(dt.get<std::string>());
+    if (!row) fail(path_, t + "unknown dtype " + json_text(dt));
+    ti.dtype = row->d;
+
+    const ojson& sh = v["shape"];
+    if (!sh.is_array()) fail(path_, t + "shape " + json_text(sh) + " is not an array");
+    uint64_t numel = 1;
+    bool overflow = false;
+    for (size_t i = 0; i < sh.size(); ++i) {
+      int64_t d = 0;
+      switch (as_index(sh[i], d)) {
+        case IntKind::ok: break;
+        case IntKind::not_number: fail(path_, t + "shape dimension " + std::to_string(i) + " is " + json_text(sh[i]) + ", not a number");
+        case IntKind::non_integer: fail(path_, t + "shape dimension " + std::to_string(i) + " is " + json_text(sh[i]) + ", not an integer");
+        case IntKind::negative: fail(path_, t + "shape dimension " + std::to_string(i) + " is negative (" + json_text(sh[i]) + ")");
+        case IntKind::too_large: fail(path_, t + "shape dimension " + std::to_string(i) + " is too large (" + json_text(sh[i]) + ")");
+      }
+      ti.shape.push_back(d);
+      overflow |= __builtin_mul_overflow(numel, uint64_t(d), &numel);
+    }
+    uint64_t need = 0;
+    overflow |= __builtin_mul_overflow(numel, uint64_t(row->size), &need) || numel > uint64_t(INT64_MAX);
+    if (overflow) fail(path_, t + "shape " + shape_str(ti.shape) + " has more bytes than fit in 64 bits");
+
+    const ojson& off = v["data_offsets"];
+    int64_t b = 0, e = 0;
+    if (!off.is_array() || off.size() != 2 || as_index(off[0], b) != IntKind::ok || as_index(off[1], e) != IntKind::ok)
+      fail(path_, t + "data_offsets " + json_text(off) + " is not a pair of non-negative integers");
+    if (e < b) fail(path_, t + "data_offsets " + range_str(b, e) + " end before they begin");
+    ti.begin = uint64_t(b);
+    ti.end = uint64_t(e);
+    if (need != ti.end - ti.begin)
+      fail(path_, t + "shape " + shape_str(ti.shape) + " of " + row->name + " needs " + std::to_string(need) +
+                      " bytes but data_offsets " + range_str(ti.begin, ti.end) + " hold " +
+                      std::to_string(ti.end - ti.begin));
+    if (ti.end > data_size)
+      fail(path_, t + "data_offsets " + range_str(ti.begin, ti.end) + " run past the end of the data section (" +
+                      std::to_string(data_size) + " bytes of data)");
+    index_[name] = tensors_.size();
+    tensors_.push_back(std::move(ti));
+  }
+
+  // 4. No two tensors share a byte (empty tensors occupy none).
+  std::vector<size_t> order(tensors_.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::erase_if(order, [&](size_t i) { return tensors_[i].begin == tensors_[i].end; });
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return tensors_[a].begin < tensors_[b].begin; });
+  for (size_t k = 1; k < order.size(); ++k) {
+    const TensorInfo &p = tensors_[order[k - 1]], &c = tensors_[order[k]];
+    if (c.begin < p.end)
+      fail(path_, "tensors " + q(p.name) + " " + range_str(p.begin, p.end) + " and " + q(c.name) + " " +
+                      range_str(c.begin, c.end) + " overlap");
+  }
+}
+
+bool SafetensorsFile::has(const std::string& name) const { return index_.count(name) != 0; }
+
+const TensorInfo& SafetensorsFile::info(const std::string& name) const {
+  const auto it = index_.find(name);
+  if (it == index_.end()) fail(path_, "no tensor " + q(name));
+  return tensors_[it->second];
+}
+
+const uint8_t* SafetensorsFile::data(const std::string& name) const {
+  return map_ + data_offset_ + info(name).begin;
+}
+
+std::vector<float> SafetensorsFile::read_f32(const std::string& name, bool check_finite) const {
+  const TensorInfo& ti = info(name);
+  const uint8_t* p = map_ + data_offset_ + ti.begin;
+  const size_t n = size_t(ti.numel());
+  std::vector<float> out(n);
+  // memcpy per element: the data section need not be aligned.
+  switch (ti.dtype) {
+    case DType::F32:
+      if (n) std::memcpy(out.data(), p, n * 4);
+      break;
+    case DType::BF16:
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t b;
+        std::memcpy(&b, p + 2 * i, 2);
+        out[i] = bf16_to_f32(b);
+      }
+      break;
+    case DType::F16:
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t b;
+        std::memcpy(&b, p + 2 * i, 2);
+        out[i] = f16_to_f32(b);
+      }
+      break;
+    default:
+      fail(path_, "tensor " + q(name) + " has dtype " + dtype_name(ti.dtype) + "; only F32, BF16 and F16 read as FP32");
+  }
+  if (check_finite)
+    for (size_t i = 0; i < n; ++i)
+      if (!std::isfinite(out[i]))
+        fail(path_, "tensor " + q(name) + " element " + std::to_string(i) + " is " +
+                        (std::isnan(out[i]) ? "NaN" : out[i] > 0 ? "+Inf" : "-Inf"));
+  return out;
+}
+
+// ---- writer --------------------------------------------------------------------------------------
+
+namespace {
+size_t checked_numel(const char* fn, const std::string& name, const std::vector<int64_t>& shape, size_t given) {
+  uint64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) throw Error(std::string(fn) + ": tensor " + q(name) + ": negative dimension in shape " + shape_str(shape));
+    if (__builtin_mul_overflow(n, uint64_t(d), &n))
+      throw Error(std::string(fn) + ": tensor " + q(name) + ": shape " + shape_str(shape) + " overflows");
+  }
+  if (n != given)
+    throw Error(std::string(fn) + ": tensor " + q(name) + ": shape " + shape_str(shape) + " holds " + std::to_string(n) +
+                " elements but " + std::to_string(given) + " values were given");
+  return size_t(n);
+}
+}  // namespace
+
+OutTensor make_f32(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& v) {
+  checked_numel("make_f32", name, shape, v.size());
+  OutTensor t{name, DType::F32, std::move(shape), std::vector<uint8_t>(v.size() * 4)};
+  if (!v.empty()) std::memcpy(t.bytes.data(), v.data(), v.size() * 4);
+  return t;
+}
+
+OutTensor make_u8(const std::string& name, std::vector<int64_t> shape, const std::vector<uint8_t>& v) {
+  checked_numel("make_u8", name, shape, v.size());
+  return OutTensor{name, DType::U8, std::move(shape), v};
+}
+
+OutTensor make_bf16(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& v) {
+  checked_numel("make_bf16", name, shape, v.size());
+  OutTensor t{name, DType::BF16, std::move(shape), std::vector<uint8_t>(v.size() * 2)};
+  for (size_t i = 0; i < v.size(); ++i) {
+    // f32_to_bf16 assumes finite input (its carry could turn a NaN into Inf); keep NaN a quiet NaN.
+    const uint16_t b = std::isnan(v[i]) ? uint16_t((f32_bits(v[i]) >> 16) | 0x0040u) : f32_to_bf16(v[i]);
+    std::memcpy(t.bytes.data() + 2 * i, &b, 2);
+  }
+  return t;
+}
+
+void write_safetensors(const std::string& path, const std::vector<OutTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  ojson h = ojson::object();
+  if (!metadata.empty()) {
+    ojson m = ojson::object();
+    for (const auto& [k, v] : metadata) m[k] = v;
+    h["__metadata__"] = std::move(m);
+  }
+  uint64_t off = 0;
+  for (const OutTensor& t : tensors) {
+    if (t.name == "__metadata__") fail(path, "tensor name '__metadata__' is reserved");
+    if (h.contains(t.name)) fail(path, "tensor " + q(t.name) + " given twice");
+    if (dtype_size(t.dtype) == 0) fail(path, "tensor " + q(t.name) + ": invalid dtype");
+    const size_t n = checked_numel("write_safetensors", t.name, t.shape, t.bytes.size() / dtype_size(t.dtype));
+    if (n * dtype_size(t.dtype) != t.bytes.size())
+      fail(path, "tensor " + q(t.name) + ": " + std::to_string(t.bytes.size()) + " bytes is not a whole number of " +
+                     dtype_name(t.dtype) + " elements");
+    h[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {off, off + t.bytes.size()}}};
+    off += t.bytes.size();
+  }
+  std::string js;
+  try {
+    js = h.dump();  // strict: a name that is not UTF-8 cannot be written
+  } catch (const ojson::exception&) {
+    fail(path, "a tensor name or metadata string is not valid UTF-8");
+  }
+  js.append((8 - js.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned, as the spec pads it
+  const uint64_t n = js.size();
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) fail(path, std::string("cannot create: ") + std::strerror(errno));
+  f.write(reinterpret_cast<const char*>(&n), 8);
+  f.write(js.data(), std::streamsize(js.size()));
+  for (const OutTensor& t : tensors) f.write(reinterpret_cast<const char*>(t.bytes.data()), std::streamsize(t.bytes.size()));
+  f.close();
+  if (!f) fail(path, std::string("write failed: ") + std::strerror(errno));
+}
+
+// ---- trace v1 ------------------------------------------------------------------------------------
+
+namespace {
+constexpr const char* kVersionKey = "fp4lab.trace.version";
+constexpr const char* kRoles[3] = {"fwd_x", "fwd_w", "bwd_dy"};
+}  // namespace
+
+Trace::Trace(const std::string& path, int block) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (ec || !fs::exists(st)) fail(path, "no such file or folder");
+  std::vector<std::string> paths;
+  if (fs::is_directory(st)) {
+    for (const fs::directory_entry& e : fs::directory_iterator(path, ec))
+      if (e.path().extension() == ".safetensors" && e.is_regular_file()) paths.push_back(e.path().string());
+    if (ec) fail(path, "cannot list folder: " + ec.message());
+    if (paths.empty()) fail(path, "folder holds no .safetensors files");
+    std::sort(paths.begin(), paths.end());
+  } else {
+    paths.push_back(path);
+  }
+  if (block <= 0) fail(path, "block size " + std::to_string(block) + " is not positive");
+  for (const std::string& p : paths) add(std::make_shared<SafetensorsFile>(p), block);
+  if (records_.empty()) fail(path, "trace holds no gemm records (no <gemm>.fwd_x/.fwd_w/.bwd_dy tensors)");
+}
+
+Trace::Trace(std::vector<std::shared_ptr<SafetensorsFile>> files, int block) {
+  if (files.empty()) throw Error("trace: no files given");
+  if (block <= 0) fail(files.front()->path(), "block size " + std::to_string(block) + " is not positive");
+  for (auto& f : files) add(std::move(f), block);
+  if (records_.empty()) fail(files_.begin()->first, "trace holds no gemm records (no <gemm>.fwd_x/.fwd_w/.bwd_dy tensors)");
+}
+
+void Trace::add(std::shared_ptr<SafetensorsFile> f, int block) {
+  const std::string& file = f->path();
+  if (files_.count(file)) fail(file, "file given twice");
+  const auto v = f->metadata().find(kVersionKey);
+  if (v == f->metadata().end())
+    fail(file, std::string("__metadata__ lacks \"") + kVersionKey + "\" (not an fp4lab trace v1 file)");
+  if (v->second != "1")
+    fail(file, std::string("\"") + kVersionKey + "\" is " + q(v->second) + "; this reader understands '1'");
+
+  // Group by gemm in order of first appearance; tensors with other suffixes are free-form extras.
+  std::vector<std::string> order;
+  std::map<std::string, std::array<const TensorInfo*, 3>> groups;
+  for (const TensorInfo& t : f->tensors()) {
+    const size_t dot = t.name.rfind('.');
+    if (dot == std::string::npos) continue;
+    const std::string suffix = t.name.substr(dot + 1);
+    for (int r = 0; r < 3; ++r)
+      if (suffix == kRoles[r]) {
+        const std::string gemm = t.name.substr(0, dot);
+        if (gemm.empty()) fail(file, "tensor " + q(t.name) + " has an empty gemm name");
+        auto [it, fresh] = groups.try_emplace(gemm, std::array<const TensorInfo*, 3>{});
+        if (fresh) order.push_back(gemm);
+        it->second[r] = &t;
+      }
+  }
+
+  for (const std::string& gemm : order) {
+    const std::string g = "gemm " + q(gemm) + ": ";
+    const auto& ts = groups[gemm];
+    for (int r = 0; r < 3; ++r) {
+      if (!ts[r]) fail(file, g + "tensor " + q(gemm + "." + kRoles[r]) + " is missing");
+      const TensorInfo& t = *ts[r];
+      if (t.dtype != DType::BF16 && t.dtype != DType::F32)
+        fail(file, g + q(t.name) + " has dtype " + dtype_name(t.dtype) + "; trace v1 takes BF16 or F32");
+      if (t.shape.size() != 2)
+        fail(file, g + q(t.name) + " has shape " + shape_str(t.shape) + "; trace v1 takes 2-D tensors");
+    }
+    const auto &x = ts[0]->shape, &w = ts[1]->shape, &dy = ts[2]->shape;
+    if (x[1] != w[1])
+      fail(file, g + "in mismatch: fwd_x " + shape_str(x) + " [tokens, in] vs fwd_w " + shape_str(w) + " [out, in]");
+    if (x[0] != dy[0])
+      fail(file, g + "tokens mismatch: fwd_x " + shape_str(x) + " [tokens, in] vs bwd_dy " + shape_str(dy) +
+                     " [tokens, out]");
+    if (w[0] != dy[1])
+      fail(file, g + "out mismatch: fwd_w " + shape_str(w) + " [out, in] vs bwd_dy " + shape_str(dy) + " [tokens, out]");
+    TraceRecord rec{gemm, file, x[0], x[1], w[0]};
+    // Each of tokens, in, out is the reduction dimension of one pass (wgrad, fprop, dgrad).
+    for (const auto& [dim, val] : {std::pair{"tokens", rec.tokens}, {"in", rec.in}, {"out", rec.out}}) {
+      if (val == 0) fail(file, g + dim + " = 0: the gemm is empty");
+      if (val % block != 0)
+        fail(file, g + dim + " = " + std::to_string(val) + " is not a multiple of the block size " + std::to_string(block));
+    }
+    if (const auto [it, fresh] = gemm_file_.try_emplace(gemm, file); !fresh)
+      fail(file, g + "already captured in " + it->second);
+    records_.push_back(std::move(rec));
+  }
+  files_.emplace(file, std::move(f));
+}
+
+const std::map<std::string, std::string>& Trace::metadata(const std::string& file) const {
+  const auto it = files_.find(file);
+  if (it == files_.end()) fail(file, "not a file of this trace");
+  return it->second->metadata();
+}
+
+Trace::Layer Trace::load(const TraceRecord& r) const {
+  const auto it = files_.find(r.file);
+  if (it == files_.end()) fail(r.file, "not a file of this trace");
+  const SafetensorsFile& f = *it->second;
+  Layer l;
+  l.x = f.read_f32(r.gemm + ".fwd_x");
+  l.w = f.read_f32(r.gemm + ".fwd_w");
+  l.dy = f.read_f32(r.gemm + ".bwd_dy");
+  if (l.x.size() != size_t(r.tokens * r.in) || l.w.size() != size_t(r.out * r.in) || l.dy.size() != size_t(r.tokens * r.out))
+    fail(r.file, "gemm " + q(r.gemm) + ": record shape does not match the file");
+  return l;
+}
+
+}  // namespace fp4lab::io
