@@ -27,10 +27,14 @@ namespace fp4lab {
 #define FP4LAB_FADD(a, b) ((a) + (b))
 #endif
 
-FP4LAB_HD inline float contract_step(float acc, int32_t p, float sa, float sb) {
+// Steps 3-5 for a caller that has done step 2 itself (x = FP32(p), exact). The GPU's fast path gets x
+// without an int-to-float conversion instruction (1/8 of the FP32 rate on SM90); the arithmetic is this one.
+FP4LAB_HD inline float contract_scale_add(float acc, float x, float sa, float sb) {
   const float s = FP4LAB_FMUL(sa, sb);
-  const float x = FP4LAB_FMUL(float(p), s);
-  return FP4LAB_FADD(acc, x);
+  return FP4LAB_FADD(acc, FP4LAB_FMUL(x, s));
+}
+FP4LAB_HD inline float contract_step(float acc, int32_t p, float sa, float sb) {
+  return contract_scale_add(acc, float(p), sa, sb);
 }
 FP4LAB_HD inline float tensor_factor(const ElemFormat& f, float global_dec) {
   return FP4LAB_FMUL(global_dec, std::ldexp(1.0f, -f.int_shift()));
