@@ -361,16 +361,17 @@ std::vector<float> SafetensorsFile::read_f32(const std::string& name, bool check
 // ---- writer --------------------------------------------------------------------------------------
 
 namespace {
-size_t checked_numel(const char* fn, const std::string& name, const std::vector<int64_t>& shape, size_t given) {
+// The element count of `shape`, which must equal `given`; `who` (a function or the file) leads the message.
+size_t checked_numel(const std::string& who, const std::string& name, const std::vector<int64_t>& shape, size_t given,
+                     const char* unit = "values were given") {
   uint64_t n = 1;
   for (int64_t d : shape) {
-    if (d < 0) throw Error(std::string(fn) + ": tensor " + q(name) + ": negative dimension in shape " + shape_str(shape));
-    if (__builtin_mul_overflow(n, uint64_t(d), &n))
-      throw Error(std::string(fn) + ": tensor " + q(name) + ": shape " + shape_str(shape) + " overflows");
+    if (d < 0) fail(who, "tensor " + q(name) + ": negative dimension in shape " + shape_str(shape));
+    if (__builtin_mul_overflow(n, uint64_t(d), &n)) fail(who, "tensor " + q(name) + ": shape " + shape_str(shape) + " overflows");
   }
   if (n != given)
-    throw Error(std::string(fn) + ": tensor " + q(name) + ": shape " + shape_str(shape) + " holds " + std::to_string(n) +
-                " elements but " + std::to_string(given) + " values were given");
+    fail(who, "tensor " + q(name) + ": shape " + shape_str(shape) + " holds " + std::to_string(n) + " elements but " +
+                  std::to_string(given) + " " + unit);
   return size_t(n);
 }
 }  // namespace
@@ -411,10 +412,10 @@ void write_safetensors(const std::string& path, const std::vector<OutTensor>& te
     if (t.name == "__metadata__") fail(path, "tensor name '__metadata__' is reserved");
     if (h.contains(t.name)) fail(path, "tensor " + q(t.name) + " given twice");
     if (dtype_size(t.dtype) == 0) fail(path, "tensor " + q(t.name) + ": invalid dtype");
-    const size_t n = checked_numel("write_safetensors", t.name, t.shape, t.bytes.size() / dtype_size(t.dtype));
-    if (n * dtype_size(t.dtype) != t.bytes.size())
+    if (t.bytes.size() % dtype_size(t.dtype) != 0)
       fail(path, "tensor " + q(t.name) + ": " + std::to_string(t.bytes.size()) + " bytes is not a whole number of " +
                      dtype_name(t.dtype) + " elements");
+    checked_numel(path, t.name, t.shape, t.bytes.size() / dtype_size(t.dtype), "are in its bytes");
     h[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {off, off + t.bytes.size()}}};
     off += t.bytes.size();
   }
