@@ -1,0 +1,115 @@
+// fp4lab: the command-line front end of the golden model. `fp4lab <subcommand> [options]`; each subcommand
+// lives in cli/cmd_<name>.cpp and is listed in kCommands. Every fault ends as one line on stderr,
+// "fp4lab <cmd>: error: <file>: <fault>", with exit code 2 (usage) or 1 (data); nothing escapes main.
+#include <boost/program_options/errors.hpp>
+#include <cstring>
+#include <exception>
+#include <iostream>
+#include <new>
+#include <string>
+
+#include "commands.hpp"
+#include "fp4lab/io/safetensors.hpp"
+#include "options.hpp"
+
+namespace fp4lab::cli {
+namespace {
+
+const Command kCommands[] = {
+#ifdef FP4LAB_CLI_HAS_ANALYZE
+    {"analyze", "SQNR, B_eff, bias and shrinkage of a trace under a recipe", cmd_analyze},
+#endif
+    {"formats", "every element grid (levels, integer view, gmax, emax) and scale format", cmd_formats},
+    {"bias", "analytic per-level shrinkage bias of a grid (the paper's Figure 1a)", cmd_bias},
+    {"quantize", "block-quantise a 2-D tensor of a safetensors file", cmd_quantize},
+    {"cast", "round every element onto a grid with no scaling (the codec alone)", cmd_cast},
+    {"gemm", "block-scaled GEMM C = A . B^T under the datapath contract, beside a float64 reference", cmd_gemm},
+#ifdef FP4LAB_CLI_HAS_SIM
+    {"sim", "cycle-approximate tensor-core model (SystemC)", cmd_sim},
+#endif
+};
+
+void usage(std::ostream& os) {
+  os << "usage: fp4lab <subcommand> [options]    (fp4lab <subcommand> --help for its options)\n\nsubcommands:\n";
+  for (const Command& c : kCommands) os << "  " << c.name << std::string(10 - std::strlen(c.name), ' ') << c.summary << "\n";
+}
+
+std::string shell_quote(const std::string& s) {
+  const bool plain = !s.empty() && s.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                                       "0123456789_./:=,+-@%") == std::string::npos;
+  if (plain) return s;
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// One line, whatever the message holds.
+void report(const std::string& cmd, const std::string& msg) {
+  std::string line = msg;
+  for (char& c : line)
+    if (c == '\n' || c == '\r') c = ' ';
+  std::cerr << "fp4lab" << (cmd.empty() ? "" : " " + cmd) << ": error: " << line << std::endl;
+}
+
+}  // namespace
+}  // namespace fp4lab::cli
+
+int main(int argc, char** argv) {
+  using namespace fp4lab::cli;
+  Invocation inv;
+  for (int i = 0; i < argc; ++i) {
+    if (i) inv.command_line += ' ';
+    inv.command_line += shell_quote(argv[i]);
+  }
+
+  std::string cmd = argc > 1 ? argv[1] : "";
+  int first_arg = 2;
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    usage(std::cout);
+    return kExitOk;
+  }
+#ifdef FP4LAB_CLI_HAS_ANALYZE
+  // No subcommand (or options only): analyze, which defaults to the bundled trace.
+  if (cmd.empty() || cmd[0] == '-') {
+    cmd = "analyze";
+    first_arg = 1;
+  }
+#endif
+  const Command* entry = nullptr;
+  for (const Command& c : kCommands)
+    if (cmd == c.name) entry = &c;
+  if (cmd.empty()) {
+    usage(std::cerr);
+    return kExitUsage;
+  }
+  if (!entry) {
+    std::string known;
+    for (const Command& c : kCommands) known.append(known.empty() ? "" : ", ").append(c.name);
+    report("", "unknown subcommand '" + cmd + "' (known: " + known + "; fp4lab --help)");
+    return kExitUsage;
+  }
+
+  inv.command = cmd;
+  for (int i = first_arg; i < argc; ++i) inv.args.emplace_back(argv[i]);
+  try {
+    return entry->run(inv);
+  } catch (const Error& e) {
+    report(cmd, e.what());
+    return e.exit_code;
+  } catch (const boost::program_options::error& e) {
+    report(cmd, std::string(e.what()) + " (see fp4lab " + cmd + " --help)");
+    return kExitUsage;
+  } catch (const fp4lab::io::Error& e) {  // already names the file and the fault
+    report(cmd, e.what());
+    return kExitData;
+  } catch (const std::bad_alloc&) {
+    report(cmd, "out of memory");
+    return kExitData;
+  } catch (const std::exception& e) {
+    report(cmd, e.what());
+    return kExitData;
+  } catch (...) {
+    report(cmd, "unexpected internal error");
+    return kExitData;
+  }
+}

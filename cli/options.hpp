@@ -1,0 +1,104 @@
+// Option helpers shared by every fp4lab subcommand: errors and exit codes, command-line + config-file
+// parsing (one options_description serves both, so every option can live in a --config file), --json
+// output, the recipe knobs that build a fp4lab::QuantConfig, and loading tensors from safetensors files.
+#pragma once
+
+#include <boost/program_options.hpp>
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "fp4lab/format.hpp"
+#include "fp4lab/quantize.hpp"
+#include "fp4lab/recipe.hpp"
+#include "fp4lab/scale.hpp"
+
+namespace fp4lab::cli {
+
+namespace po = boost::program_options;
+// Keys in insertion order, so the JSON reads like the table.
+using Json = nlohmann::ordered_json;
+
+// ---- errors --------------------------------------------------------------------------------------
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitData = 1;   // a bad input file or tensor
+inline constexpr int kExitUsage = 2;  // a bad option, option value or config file
+
+// what() is the fault without the "fp4lab <cmd>: error: " prefix main adds; always one line.
+struct Error : std::runtime_error {
+  int exit_code;
+  Error(int code, const std::string& msg) : std::runtime_error(msg), exit_code(code) {}
+};
+[[noreturn]] void usage_error(const std::string& msg);
+// "<file>: <msg>" with exit code 1.
+[[noreturn]] void data_error(const std::string& file, const std::string& msg);
+
+// ---- parsing ---------------------------------------------------------------------------------------
+// Adds --help, --config FILE and --json FILE|- to `desc`.
+void add_common_options(po::options_description& desc);
+
+// Parses inv.args against `desc` (command line first, then --config FILE, so the command line wins), and
+// checks required options. Returns false after printing help (exit 0). Throws Error on bad usage.
+bool parse_args(const Invocation& inv, const po::options_description& desc, const std::string& synopsis,
+                po::variables_map& vm);
+
+// ---- --json FILE|- -----------------------------------------------------------------------------------
+// "-" sends the JSON to stdout instead of the human table; a file receives it beside the table.
+struct JsonOut {
+  std::string dest;  // empty: no JSON
+  explicit JsonOut(const po::variables_map& vm);
+  bool table() const { return dest != "-"; }  // print the human table?
+  void write(const Json& j) const;
+};
+
+// ---- recipe knobs -----------------------------------------------------------------------------------
+// --recipe --pass [--role] --format --block --scale --tile2d --rht --rht-signs --rht-seed --rht-bf16
+// --rounding --seed --stream. With `with_role` (quantize) --role picks the operand.
+void add_recipe_options(po::options_description& desc, bool with_role);
+
+// The quantiser settings for one operand: the recipe's config (or the defaults e1m2, block 16, fp32, no
+// RHT, RTNE without --recipe) for that operand of the pass, then every knob given explicitly on top.
+// --stream N is the GEMM id in the SR counter: the operand's stream is N*8 + pass*2 + operand, as in
+// Recipe::operand. Throws Error (usage) on a bad value or an inconsistent combination.
+QuantConfig operand_config(const po::variables_map& vm, Pass pass, Operand operand);
+
+Pass selected_pass(const po::variables_map& vm);  // --pass, default from --role, else fwd_y
+Operand selected_operand(const po::variables_map& vm, Pass pass);  // from --role, default operand a
+
+ElemFormat parse_format(const std::string& name);
+ScaleKind parse_scale(const std::string& name);
+Rounding parse_rounding(const std::string& name);
+Pass parse_pass(const std::string& name);
+// An unsigned decimal integer <= max; `option` (without dashes) names it in the usage error.
+uint64_t parse_uint(const std::string& text, const std::string& option, uint64_t max);
+uint64_t uint_option(const po::variables_map& vm, const std::string& option, uint64_t max);
+// "s1,s2,...,sD" with each s one of +1, 1, -1, +, -; or "te" for Transformer Engine's vector (needs d = 16).
+std::vector<float> parse_rht_signs(const std::string& text, int d);
+std::string signs_string(const std::vector<float>& s);
+
+// Every knob of a config, for JSON output and safetensors metadata.
+Json config_json(const QuantConfig& c);
+// Flattens a JSON object into string metadata entries "<prefix><key>" (strings as is, others as JSON text).
+void put_metadata(std::map<std::string, std::string>& m, const std::string& prefix, const Json& obj);
+
+// ---- tensors -----------------------------------------------------------------------------------------
+struct Tensor {
+  std::string file, name;
+  std::vector<int64_t> shape;
+  std::vector<float> v;  // FP32 copy (F32, BF16 and F16 inputs), checked finite
+};
+// Any rank. Missing file, missing tensor, non-float dtype and NaN/Inf give a data error naming the file.
+Tensor load_tensor(const std::string& file, const std::string& name);
+// A 2-D tensor [rows, cols]; any other rank is a data error.
+Tensor load_matrix(const std::string& file, const std::string& name);
+// "FILE:NAME" split at the last ':'; `option` names the option in the usage error.
+std::pair<std::string, std::string> split_file_tensor(const std::string& spec, const char* option);
+
+std::string shape_string(const std::vector<int64_t>& s);  // "[2, 3]"
+std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
+
+}  // namespace fp4lab::cli
