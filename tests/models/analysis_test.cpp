@@ -1,0 +1,166 @@
+// Pinned analyses (analysis.hpp, SPEC section 6): shrinkage bias (analytic and empirical), SQNR,
+// B_eff and the shrinkage factor, on hand-worked cases.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "fp4lab/analysis.hpp"
+#include "fp4lab/quantize.hpp"
+#include "test_util.hpp"
+
+namespace fp4lab::test {
+namespace {
+
+struct BiasTable {
+  ElemFormat f;
+  double left[8], right[8], bias[8];  // half-gaps l_i, r_i and (l_i - r_i)/2, by hand from the levels
+};
+
+// Half-gaps from SPEC section 1's levels; level 0's bin starts at 0, the top level's bin is one-sided.
+const BiasTable kBias[] = {
+    // e2m1: 0 .5 1 1.5 2 3 4 6
+    {kE2M1,
+     {0, .25, .25, .25, .25, .5, .5, 1},
+     {.25, .25, .25, .25, .5, .5, 1, 0},
+     {-.125, 0, 0, 0, -.125, 0, -.25, .5}},
+    // e1m2: step .25
+    {kE1M2,
+     {0, .125, .125, .125, .125, .125, .125, .125},
+     {.125, .125, .125, .125, .125, .125, .125, 0},
+     {-.0625, 0, 0, 0, 0, 0, 0, .0625}},
+    // int4: step 1
+    {kInt4, {0, .5, .5, .5, .5, .5, .5, .5}, {.5, .5, .5, .5, .5, .5, .5, 0}, {-.25, 0, 0, 0, 0, 0, 0, .25}},
+    // e2m1_max2: 0 .5 1 1.5 2
+    {kE2M1Max2, {0, .25, .25, .25, .25}, {.25, .25, .25, .25, 0}, {-.125, 0, 0, 0, .125}},
+};
+
+// The paper's number: E2M1 level 2 has bin [1.75, 2.5], half-gaps 0.25 / 0.5, bias -0.125.
+TEST(AnalyticBias, PaperE2M1LevelTwo) {
+  const auto b = analytic_bias(kE2M1);
+  ASSERT_EQ(b.size(), 8u);
+  EXPECT_EQ(b[4].level, 2.0);
+  EXPECT_EQ(b[4].left_halfgap, 0.25);
+  EXPECT_EQ(b[4].right_halfgap, 0.5);
+  EXPECT_EQ(b[4].bias, -0.125);
+  EXPECT_EQ(b[4].level - b[4].left_halfgap, 1.75);
+  EXPECT_EQ(b[4].level + b[4].right_halfgap, 2.5);
+}
+
+TEST(AnalyticBias, InteriorE1M2LevelsAreUnbiased) {
+  const auto b = analytic_bias(kE1M2);
+  ASSERT_EQ(b.size(), 8u);
+  for (int i = 1; i < 7; ++i) EXPECT_EQ(b[i].bias, 0.0) << i;
+}
+
+TEST(AnalyticBias, EveryLevelOfEveryFormat) {
+  int checked = 0;
+  for (const BiasTable& t : kBias) {
+    SCOPED_TRACE(t.f.name);
+    const auto b = analytic_bias(t.f);
+    ASSERT_EQ(int(b.size()), t.f.num_levels());
+    for (int i = 0; i < t.f.num_levels(); ++i) {
+      EXPECT_EQ(b[i].index, i);
+      EXPECT_EQ(b[i].level, double(t.f.level(i)));
+      EXPECT_EQ(b[i].left_halfgap, t.left[i]) << i;
+      EXPECT_EQ(b[i].right_halfgap, t.right[i]) << i;
+      EXPECT_EQ(b[i].bias, t.bias[i]) << i;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 8 + 8 + 8 + 5);
+}
+
+// 10^6 values uniform over [-gmax, gmax] (random signs), fp32 scale, 1x16 blocks, RTNE.
+// Given the block max M, the other 15 values are uniform on [0, M] in magnitude, so after dividing by
+// dec = M/gmax they are uniform on [0, gmax]: each non-top level's mean error is its analytic bias,
+// a uniform error over a bin of width l+r, standard deviation (l+r)/sqrt(12). Tolerance: 5 standard
+// errors, 5 (l+r) / sqrt(12 n_i), plus 1e-6 for the FP32 division.
+// The top level also holds every block's max, which lands exactly on gmax (error ~0): its expected mean
+// is (n_top - n_blocks)/n_top * l/2, with tolerance 5 (l/sqrt(12)) sqrt(n_top - n_blocks) / n_top + 1e-6.
+TEST(EmpiricalBias, UniformInputMatchesAnalytic) {
+  const int64_t rows = 62500, cols = 16;  // 10^6 values, 62500 blocks
+  for (const BiasTable& t : kBias) {
+    SCOPED_TRACE(t.f.name);
+    Rng rng(0xB1A5);
+    const float gmax = t.f.gmax();
+    std::vector<float> x(size_t(rows * cols));
+    for (auto& v : x) v = rng.uniform(0, gmax) * (rng.next() & 1 ? -1.0f : 1.0f);
+    QuantConfig cfg;
+    cfg.format = t.f;
+    const QTensor q = quantize(x.data(), rows, cols, cfg);
+    const auto eb = empirical_bias(q, x.data());
+    ASSERT_EQ(int(eb.size()), t.f.num_levels());
+    int64_t total = 0;
+    for (int i = 0; i < t.f.num_levels(); ++i) {
+      const double l = t.left[i], r = t.right[i];
+      const int64_t n = eb[i].count;
+      total += n;
+      ASSERT_GT(n, 10000) << "level " << i;
+      if (i + 1 < t.f.num_levels()) {
+        EXPECT_NEAR(eb[i].mean_error, t.bias[i], 5 * (l + r) / std::sqrt(12.0 * double(n)) + 1e-6) << "level " << i;
+      } else {
+        const double nu = double(n - rows);
+        EXPECT_NEAR(eb[i].mean_error, nu / double(n) * l / 2, 5 * (l / std::sqrt(12.0)) * std::sqrt(nu) / double(n) + 1e-6)
+            << "top level";
+      }
+    }
+    EXPECT_EQ(total, rows * cols);
+  }
+}
+
+// SQNR: ref (1, 2, 3, 4), q (1, 2, 3, 5): 10 log10(30 / 1) = 14.771212547196624 dB.
+// ref (10, 0), q (9, 0): 10 log10(100) = 20 dB. No error: +inf.
+TEST(Sqnr, HandCases) {
+  const float ref[] = {1, 2, 3, 4}, q[] = {1, 2, 3, 5};
+  EXPECT_DOUBLE_EQ(sqnr_db(ref, q, 4), 14.771212547196624);
+  const double ref64[] = {1, 2, 3, 4};
+  EXPECT_DOUBLE_EQ(sqnr_db(ref64, q, 4), 14.771212547196624);
+  const float r2[] = {10, 0}, q2[] = {9, 0};
+  EXPECT_DOUBLE_EQ(sqnr_db(r2, q2, 2), 20.0);
+  EXPECT_EQ(sqnr_db(ref, ref, 4), std::numeric_limits<double>::infinity());
+}
+
+QTensor with_codes(const ElemFormat& f, std::vector<uint8_t> codes) {
+  QTensor q;
+  q.format = f;
+  q.rows = 1;
+  q.cols = int64_t(codes.size());
+  q.block = 16;
+  q.codes = std::move(codes);
+  q.scales.assign(size_t(q.cols / 16 + 1), 1.0f);
+  return q;
+}
+
+// B_eff = exp(-sum p log p) / K: uniform occupancy of the K magnitude bins -> 1 (signs do not matter);
+// one bin -> 1/K; two equal bins -> 2/K.
+TEST(Beff, HandCases) {
+  std::vector<uint8_t> uni;
+  for (int i = 0; i < 8; ++i) uni.insert(uni.end(), {uint8_t(i), uint8_t(8 | i)});
+  EXPECT_NEAR(beff(with_codes(kE2M1, uni)), 1.0, 1e-15);
+  EXPECT_NEAR(beff(with_codes(kE1M2, uni)), 1.0, 1e-15);
+  EXPECT_DOUBLE_EQ(beff(with_codes(kE2M1, std::vector<uint8_t>(16, 0b1'011))), 1.0 / 8);
+  std::vector<uint8_t> two(16, 2);
+  for (int i = 0; i < 8; ++i) two[i] = 0b1'101;
+  EXPECT_NEAR(beff(with_codes(kInt4, two)), 2.0 / 8, 1e-15);
+  // e2m1_max2 has K = 5 bins.
+  std::vector<uint8_t> five;
+  for (int r = 0; r < 3; ++r)
+    for (int i = 0; i < 5; ++i) five.push_back(uint8_t(i));
+  EXPECT_NEAR(beff(with_codes(kE2M1Max2, five)), 1.0, 1e-15);
+  EXPECT_DOUBLE_EQ(beff(with_codes(kE2M1Max2, std::vector<uint8_t>(16, 4))), 1.0 / 5);
+}
+
+// alpha = <Q(A), A> / |A|^2: ref (1, 2), q (1, 1.5) -> (1 + 3) / 5 = 0.8; exact copy -> 1; q = 0 -> 0;
+// a zero reference defines alpha = 1 (nothing shrinks).
+TEST(ShrinkageAlpha, HandCases) {
+  const float ref[] = {1, 2}, q[] = {1, 1.5f}, zero[] = {0, 0};
+  EXPECT_DOUBLE_EQ(shrinkage_alpha(ref, q, 2), 0.8);
+  EXPECT_DOUBLE_EQ(shrinkage_alpha(ref, ref, 2), 1.0);
+  EXPECT_DOUBLE_EQ(shrinkage_alpha(ref, zero, 2), 0.0);
+  EXPECT_DOUBLE_EQ(shrinkage_alpha(zero, q, 2), 1.0);
+}
+
+}  // namespace
+}  // namespace fp4lab::test

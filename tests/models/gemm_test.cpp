@@ -1,0 +1,281 @@
+// Block-scaled GEMM (gemm.hpp): the fast fp4lab::gemm is bit-exact (FP32 bit patterns) against the
+// scalar contract reference::gemm_contract, and within a derived error bound of a float64 product of
+// the dequantised operands. Every format x scale kind x block size, every preset recipe and pass.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "fp4lab/gemm.hpp"
+#include "fp4lab/recipe.hpp"
+#include "fp4lab/rht.hpp"
+#include "reference/contract_gemm.hpp"
+#include "test_util.hpp"
+
+namespace fp4lab::test {
+namespace {
+
+// Error bound against C_ref = gemm_f64(dequantize(A), dequantize(B)), per output, u = 2^-24, KB = K/B,
+// S = sum_j |deqA_j * deqB_j| (float64). Rounding steps on our side (docs/datapath.md section 3), each a
+// relative error <= u on a term or partial sum:
+//   s = sa * sb                          1 per block term (exact for ue8m0 and ue4m3, counted anyway)
+//   x = FP32(p) * s                      1 per block term (FP32(p) itself is exact)
+//   acc += x, blocks 1..KB-1             KB - 1 (recursive summation: |err| <= (KB-1) u sum|x_k|)
+//   ga * gb, then acc * (ga * gb)        2 (exact powers of two unless ue4m3)
+// On the reference side the FP32 dequantised operands carry at most one rounding each
+// ((value * dec) rounds for fp32 scales; for ue4m3 value * dec is exact (3 x 4 significant bits) and
+// * S_dec rounds; ue8m0 is exact): 2 per element product. The float64 sum adds <= K 2^-53 S.
+// Since sum_k |p_k sa sb| <= S (triangle inequality inside each block), to first order
+//   |C - C_ref| <= (KB + 5) u S + K 2^-53 S,
+// asserted as (KB + 5) u S (1 + 2^-16) + K 2^-52 S (second-order terms are far below 2^-16 relative for
+// KB <= 64). Inputs stay clear of FP32 overflow and of subnormal results, where a relative bound fails.
+void expect_contract_and_bound(const QTensor& a, const QTensor& b, const std::string& what) {
+  const auto c = gemm(a, b);
+  const auto ref = reference::gemm_contract(a, b);
+  ASSERT_EQ(c.size(), size_t(a.rows * b.rows));
+  ASSERT_EQ(ref.size(), c.size());
+  const auto da = a.dequantize(), db = b.dequantize();
+  const auto c64 = gemm_f64(da.data(), db.data(), a.rows, b.rows, a.cols);
+  const int64_t K = a.cols, KB = K / a.block;
+  int64_t mismatches = 0, checked = 0, nonzero = 0;
+  for (int64_t m = 0; m < a.rows; ++m)
+    for (int64_t n = 0; n < b.rows; ++n) {
+      const size_t i = size_t(m * b.rows + n);
+      if (f32_bits(c[i]) != f32_bits(ref[i]) && ++mismatches <= 5)
+        ADD_FAILURE() << what << ": C[" << m << ", " << n << "] gemm " << fbits(c[i]) << " != contract "
+                      << fbits(ref[i]) << " (M " << a.rows << " N " << b.rows << " K " << K << ")";
+      double S = 0;
+      for (int64_t k = 0; k < K; ++k) S += std::fabs(double(da[m * K + k]) * double(db[n * K + k]));
+      const double bound = double(KB + 5) * 0x1p-24 * S * (1 + 0x1p-16) + double(K) * 0x1p-52 * S;
+      EXPECT_LE(std::fabs(double(ref[i]) - c64[i]), bound)
+          << what << ": C[" << m << ", " << n << "] = " << fbits(ref[i]) << " vs float64 " << c64[i] << ", S " << S;
+      nonzero += S > 0;
+      ++checked;
+    }
+  EXPECT_EQ(mismatches, 0) << what;
+  EXPECT_EQ(checked, a.rows * b.rows);
+  EXPECT_GT(nonzero, 0) << what << ": every output was trivially zero";
+}
+
+struct GemmParam {
+  QuantConfig cfg;
+};
+
+std::vector<GemmParam> all_configs() {
+  std::vector<GemmParam> out;
+  for (const ElemFormat& f : kAllFormats)
+    for (ScaleKind s : {ScaleKind::fp32, ScaleKind::ue4m3, ScaleKind::ue8m0, ScaleKind::ue8m0_ceil})
+      for (int block : {16, 32}) {
+        if (s == ScaleKind::ue4m3 && block != 16) continue;  // NVFP4 scales are per 16
+        for (int rht : {0, 16}) {
+          QuantConfig c;
+          c.format = f;
+          c.scale = s;
+          c.block = block;
+          if (rht) {
+            c.rht = rht;
+            c.rht_signs = rht_signs_from_seed(rht, 3);
+          }
+          out.push_back({c});
+          if (s == ScaleKind::fp32 && block == 16 && rht == 16) {  // and the UFP4-style SR operand
+            c.rounding = Rounding::sr;
+            c.seed = 99;
+            out.push_back({c});
+          }
+        }
+      }
+  return out;
+}
+
+class GemmContract : public ::testing::TestWithParam<GemmParam> {
+ protected:
+  QTensor q(const std::vector<float>& x, int64_t rows, int64_t cols, uint32_t stream) const {
+    QuantConfig c = GetParam().cfg;
+    c.stream = stream;
+    return quantize(x.data(), rows, cols, c);
+  }
+};
+
+// Random shapes, K = block included; rows of different magnitudes.
+TEST_P(GemmContract, RandomShapes) {
+  const QuantConfig& cfg = GetParam().cfg;
+  Rng rng(0xC0FFEE ^ uint64_t(cfg.block));
+  const int kbs[] = {1, 1, 2, 3, 7};
+  int runs = 0;
+  for (int kb : kbs) {
+    const int64_t M = rng.range(1, 40), N = rng.range(1, 40), K = int64_t(kb) * cfg.block;
+    std::vector<float> a(size_t(M * K)), b(size_t(N * K));
+    for (int64_t r = 0; r < M; ++r) {
+      const float row_scale = std::ldexp(1.0f, int(rng.range(-6, 6)));
+      for (int64_t k = 0; k < K; ++k) a[r * K + k] = rng.normal() * row_scale;
+    }
+    for (auto& v : b) v = rng.normal();
+    expect_contract_and_bound(q(a, M, K, 1), q(b, N, K, 2),
+                              cfg.label() + " M" + std::to_string(M) + " N" + std::to_string(N) + " K" + std::to_string(K));
+    ++runs;
+  }
+  EXPECT_EQ(runs, 5);
+}
+
+// Each element 2^e (1 + f), e uniform in [-50, 50]: blocks mix magnitudes 2^100 apart (most elements
+// flush to zero next to their block's max). Scales span 2^+-50, products stay finite and normal.
+TEST_P(GemmContract, HugeDynamicRange) {
+  const QuantConfig& cfg = GetParam().cfg;
+  Rng rng(41);
+  const int64_t M = 19, N = 23, K = 4 * int64_t(cfg.block);
+  auto gen = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = std::ldexp(1.0f + rng.uniform(), int(rng.range(-50, 50))) * (rng.next() & 1 ? -1.0f : 1.0f);
+    return v;
+  };
+  const auto a = gen(M * K), b = gen(N * K);
+  expect_contract_and_bound(q(a, M, K, 1), q(b, N, K, 2), cfg.label() + " huge range");
+}
+
+// All-zero rows (+0 and -0) in both operands: their outputs are +0 in both implementations.
+TEST_P(GemmContract, AllZeroRows) {
+  const QuantConfig& cfg = GetParam().cfg;
+  Rng rng(42);
+  const int64_t M = 6, N = 5, K = 2 * int64_t(cfg.block);
+  auto a = rng.normals(size_t(M * K)), b = rng.normals(size_t(N * K));
+  for (int64_t k = 0; k < K; ++k) {
+    a[0 * K + k] = 0.0f;
+    a[3 * K + k] = -0.0f;
+    b[2 * K + k] = 0.0f;
+  }
+  const QTensor qa = q(a, M, K, 1), qb = q(b, N, K, 2);
+  expect_contract_and_bound(qa, qb, cfg.label() + " zero rows");
+  const auto c = gemm(qa, qb);
+  for (int64_t n = 0; n < N; ++n) {
+    EXPECT_EQ(f32_bits(c[0 * N + n]), 0u) << n;
+    EXPECT_EQ(c[3 * N + n], 0.0f) << n;
+  }
+  for (int64_t m = 0; m < M; ++m) EXPECT_EQ(c[m * N + 2], 0.0f) << m;
+}
+
+// One outlier (~1000x) per block at a random position; the rest ~1e-3.
+TEST_P(GemmContract, OneOutlierPerBlock) {
+  const QuantConfig& cfg = GetParam().cfg;
+  Rng rng(43);
+  const int64_t M = 17, N = 11, K = 3 * int64_t(cfg.block);
+  auto gen = [&](int64_t rows) {
+    std::vector<float> v(size_t(rows * K));
+    for (auto& x : v) x = rng.normal() * 1e-3f;
+    for (int64_t i = 0; i < rows * K; i += cfg.block)
+      v[size_t(i + rng.range(0, cfg.block - 1))] = (rng.next() & 1 ? -1.0f : 1.0f) * (1000.0f + rng.uniform(0, 500));
+    return v;
+  };
+  const auto a = gen(M), b = gen(N);
+  expect_contract_and_bound(q(a, M, K, 1), q(b, N, K, 2), cfg.label() + " outliers");
+}
+
+INSTANTIATE_TEST_SUITE_P(AllConfigs, GemmContract, ::testing::ValuesIn(all_configs()),
+                         [](const ::testing::TestParamInfo<GemmParam>& i) { return gtest_name(i.param.cfg.label()); });
+
+// ---- every preset recipe, every pass, through Recipe::operand and pass_operands --------------------
+class GemmPreset : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GemmPreset, EveryPassBitExactAndBounded) {
+  Recipe r = Recipe::preset(GetParam());
+  r.seed = 7;
+  Rng rng(51);
+  const int64_t tokens = 64, in = 96, out = 32;  // multiples of 32 (mxfp4) and of 16 rows (2-D tiles)
+  const auto x = rng.normals(size_t(tokens * in)), w = rng.normals(size_t(out * in), 0.05f),
+             dy = rng.normals(size_t(tokens * out), 1e-3f);
+  int passes = 0;
+  for (Pass p : kPasses) {
+    const PassOperands po = pass_operands(p, x.data(), w.data(), dy.data(), tokens, in, out);
+    const QTensor qa = quantize(po.a.data(), po.M, po.K, r.operand(p, Operand::a));
+    const QTensor qb = quantize(po.b.data(), po.N, po.K, r.operand(p, Operand::b));
+    expect_contract_and_bound(qa, qb, GetParam() + " " + pass_name(p));
+    ++passes;
+  }
+  EXPECT_EQ(passes, 3);
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, GemmPreset, ::testing::ValuesIn(Recipe::preset_names()),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return gtest_name(i.param); });
+
+// ---- hand-worked contract cases -------------------------------------------------------------------
+// e1m2, fp32 scales, K = 32: block 0 of A and B holds 16 x 3.5 (amax 3.5 -> dec 2, code 7 = int 7),
+// block 1 holds 16 x 1.75 (dec 1, int 7). p0 = p1 = 16 * 49 = 784; s0 = 4, s1 = 1;
+// acc = 784 * 4 + 784 * 1 = 3920; out = 3920 * (2^-2 * 2^-2) = 245 = 16 * 3.5^2 + 16 * 1.75^2.
+TEST(GemmHandWorked, TwoBlocksE1M2) {
+  std::vector<float> v(32);
+  for (int j = 0; j < 16; ++j) v[j] = 3.5f, v[16 + j] = 1.75f;
+  QuantConfig c;
+  c.format = kE1M2;
+  const QTensor a = quantize(v.data(), 1, 32, c);
+  ASSERT_EQ(a.scales, (std::vector<float>{2.0f, 1.0f}));
+  EXPECT_EQ(gemm(a, a)[0], 245.0f);
+  EXPECT_EQ(reference::gemm_contract(a, a)[0], 245.0f);
+}
+
+// The ascending FP32 accumulation is part of the contract. int4 (integer view = value), ue8m0, K = 48:
+// block 0: A = B = 2^12 at one element -> X = 12 - 2 = 10, int 4; p = 16, s = 2^20, x = 2^24.
+// blocks 1, 2: A = B = 1 -> X = -2, int 4; p = 16, s = 2^-4, x = 1.
+// Ascending: (2^24 + 1) ties to even -> 2^24, + 1 -> 2^24 again: C = 2^24 (0x4b800000), although the
+// exact sum, 2^24 + 2, is an FP32 number (a tree or reversed order would find it).
+TEST(GemmHandWorked, AscendingBlockOrderRounds) {
+  std::vector<float> v(48, 0.0f);
+  v[0] = 4096.0f;
+  v[16] = 1.0f;
+  v[32] = 1.0f;
+  QuantConfig c;
+  c.format = kInt4;
+  c.scale = ScaleKind::ue8m0;
+  const QTensor a = quantize(v.data(), 1, 48, c);
+  ASSERT_EQ(a.scale_codes, (std::vector<uint8_t>{137, 125, 125}));
+  EXPECT_EQ(f32_bits(gemm(a, a)[0]), 0x4b800000u);
+  EXPECT_EQ(f32_bits(reference::gemm_contract(a, a)[0]), 0x4b800000u);
+  EXPECT_EQ(gemm_f64(a.dequantize().data(), a.dequantize().data(), 1, 1, 48)[0], 16777218.0);
+}
+
+// Thread count does not change a single bit.
+TEST(GemmThreads, OneVersusTwoThreads) {
+  const int saved = omp_get_max_threads();
+  Rng rng(61);
+  const int64_t M = 64, N = 48, K = 256;
+  const auto a = rng.normals(size_t(M * K)), b = rng.normals(size_t(N * K));
+  for (int block : {16, 32}) {
+    QuantConfig c;
+    c.format = kE2M1;
+    c.block = block;
+    const QTensor qa = quantize(a.data(), M, K, c), qb = quantize(b.data(), N, K, c);
+    omp_set_num_threads(1);
+    const auto c1 = gemm(qa, qb);
+    omp_set_num_threads(2);
+    const auto c2 = gemm(qa, qb);
+    ASSERT_EQ(c1.size(), c2.size());
+    for (size_t i = 0; i < c1.size(); ++i) ASSERT_EQ(f32_bits(c1[i]), f32_bits(c2[i])) << i;
+  }
+  omp_set_num_threads(saved);
+}
+
+TEST(GemmBadInput, MismatchedOperandsThrow) {
+  Rng rng(71);
+  const auto x = rng.normals(64 * 64);
+  QuantConfig c16, c32;
+  c32.block = 32;
+  const QTensor a32k = quantize(x.data(), 4, 32, c16), b64k = quantize(x.data(), 4, 64, c16);
+  const QTensor b32k_blk32 = quantize(x.data(), 4, 32, c32);
+  for (auto f : {+[](const QTensor& a, const QTensor& b) { return gemm(a, b); },
+                 +[](const QTensor& a, const QTensor& b) { return reference::gemm_contract(a, b); }}) {
+    try {
+      f(a32k, b64k);
+      ADD_FAILURE() << "K mismatch accepted";
+    } catch (const std::invalid_argument& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("32"), std::string::npos) << m;
+      EXPECT_NE(m.find("64"), std::string::npos) << m;
+    }
+    EXPECT_THROW(f(a32k, b32k_blk32), std::invalid_argument);
+  }
+}
+
+}  // namespace
+}  // namespace fp4lab::test

@@ -1,0 +1,172 @@
+// Recipe presets (recipe.hpp) against SPEC section 2's table, and the pass operand layouts.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "fp4lab/gemm.hpp"
+#include "fp4lab/recipe.hpp"
+#include "fp4lab/rht.hpp"
+#include "test_util.hpp"
+
+namespace fp4lab::test {
+namespace {
+
+// SPEC section 2, one row per preset, written from the table:
+//   rht_passes: the GEMMs whose both operands are rotated; sr on dY operands; tiles on the weight.
+struct PresetRow {
+  const char* name;
+  const char* format;
+  int block;
+  ScaleKind scale;
+  bool rht_fwd_y, rht_bwd_dx, rht_bwd_dw;
+  bool sr_dy;
+  bool weight_tiles;
+  bool rht_bf16;
+};
+const PresetRow kTable[] = {
+    {"ufp4", "e1m2", 16, ScaleKind::fp32, true, true, true, true, false, false},
+    {"e2m1-ref", "e2m1", 16, ScaleKind::fp32, false, false, true, true, false, false},
+    {"nvfp4", "e2m1", 16, ScaleKind::ue4m3, false, false, true, true, true, true},
+    {"mxfp4", "e2m1", 32, ScaleKind::ue8m0, false, false, false, false, false, false},
+};
+
+TEST(RecipePresets, NamesAreTheSpecsFour) {
+  EXPECT_EQ(Recipe::preset_names(), (std::vector<std::string>{"ufp4", "e2m1-ref", "nvfp4", "mxfp4"}));
+}
+
+TEST(RecipePresets, EveryOperandOfEveryPassMatchesTheTable) {
+  int checked = 0;
+  for (const PresetRow& row : kTable) {
+    SCOPED_TRACE(row.name);
+    const Recipe r = Recipe::preset(row.name);
+    EXPECT_EQ(r.name, row.name);
+    const bool rht_on[3] = {row.rht_fwd_y, row.rht_bwd_dx, row.rht_bwd_dw};
+    for (Pass p : kPasses)
+      for (Operand o : {Operand::a, Operand::b}) {
+        const QuantConfig c = r.operand(p, o);
+        const std::string role = operand_role(p, o);
+        SCOPED_TRACE(std::string(pass_name(p)) + (o == Operand::a ? " A " : " B ") + role);
+        EXPECT_STREQ(c.format.name, row.format);
+        EXPECT_EQ(c.block, row.block);
+        EXPECT_EQ(c.scale, row.scale);
+        // RHT: d = 16 on both operands of the listed passes, none elsewhere.
+        EXPECT_EQ(c.rht, rht_on[int(p)] ? 16 : 0);
+        EXPECT_EQ(c.rht_signs.size(), size_t(c.rht));
+        EXPECT_EQ(c.rht_bf16, rht_on[int(p)] && row.rht_bf16);
+        // SR only on dY (the A operand of bwd_dx and bwd_dw).
+        EXPECT_EQ(c.rounding, row.sr_dy && role == "bwd_dy" ? Rounding::sr : Rounding::rtne);
+        // NVFP4's 16x16 tiles only on the weight (B of fwd_y and of bwd_dx).
+        EXPECT_EQ(c.tile2d, row.weight_tiles && role == "fwd_w");
+        ++checked;
+      }
+  }
+  EXPECT_EQ(checked, 24);
+}
+
+// The presets that rotate carry 16 valid signs; nvfp4 must match Transformer Engine, so it uses TE's
+// fixed vector (SPEC section 3). (The sign choice of ufp4 / e2m1-ref is not pinned by the spec.)
+TEST(RecipePresets, RotatingPresetsUseValidSigns) {
+  for (const char* name : {"ufp4", "e2m1-ref", "nvfp4"}) {
+    const Recipe r = Recipe::preset(name);
+    ASSERT_EQ(r.rht, 16) << name;
+    ASSERT_EQ(r.rht_signs.size(), 16u) << name;
+    for (float s : r.rht_signs) EXPECT_TRUE(s == 1.0f || s == -1.0f) << name;
+  }
+  EXPECT_EQ(Recipe::preset("nvfp4").rht_signs, rht_signs_te(16));
+}
+
+// Operands are the roles the linear layer's three GEMMs read.
+TEST(RecipePresets, OperandRoles) {
+  EXPECT_STREQ(operand_role(Pass::fwd_y, Operand::a), "fwd_x");
+  EXPECT_STREQ(operand_role(Pass::fwd_y, Operand::b), "fwd_w");
+  EXPECT_STREQ(operand_role(Pass::bwd_dx, Operand::a), "bwd_dy");
+  EXPECT_STREQ(operand_role(Pass::bwd_dx, Operand::b), "fwd_w");
+  EXPECT_STREQ(operand_role(Pass::bwd_dw, Operand::a), "bwd_dy");
+  EXPECT_STREQ(operand_role(Pass::bwd_dw, Operand::b), "fwd_x");
+  EXPECT_STREQ(pass_name(Pass::fwd_y), "fwd_y");
+  EXPECT_STREQ(pass_name(Pass::bwd_dx), "bwd_dx");
+  EXPECT_STREQ(pass_name(Pass::bwd_dw), "bwd_dw");
+}
+
+// SR streams differ between every (pass, operand) and between GEMMs (the stream argument).
+TEST(RecipePresets, SrStreamsAreDistinct) {
+  const Recipe r = Recipe::preset("ufp4");
+  std::set<uint32_t> streams;
+  for (uint32_t g : {0u, 1u, 2u})
+    for (Pass p : kPasses)
+      for (Operand o : {Operand::a, Operand::b}) streams.insert(r.operand(p, o, g).stream);
+  EXPECT_EQ(streams.size(), 18u);
+}
+
+TEST(RecipePresets, UnknownNameThrows) {
+  try {
+    Recipe::preset("fp4-unknown");
+    FAIL() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("fp4-unknown"), std::string::npos) << m;
+    EXPECT_NE(m.find("ufp4"), std::string::npos) << m;  // lists the known names
+  }
+  EXPECT_THROW(Recipe::preset(""), std::invalid_argument);
+  EXPECT_THROW(Recipe::preset("NVFP4"), std::invalid_argument);
+}
+
+// pass_operands: shapes and transposes, checked against the three products written out directly:
+//   fwd_y = X W^T [tokens, out], bwd_dx = dY W [tokens, in], bwd_dw = dY^T X [out, in].
+TEST(PassOperands, ShapesAndTransposes) {
+  const int64_t T = 3, I = 5, O = 4;
+  std::vector<float> x(T * I), w(O * I), dy(T * O);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(i + 1);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = float(100 + i);
+  for (size_t i = 0; i < dy.size(); ++i) dy[i] = float(1000 + i);
+  const auto f = pass_operands(Pass::fwd_y, x.data(), w.data(), dy.data(), T, I, O);
+  EXPECT_EQ(std::tie(f.M, f.N, f.K), std::make_tuple(T, O, I));
+  EXPECT_EQ(f.a, x);
+  EXPECT_EQ(f.b, w);
+  const auto dx = pass_operands(Pass::bwd_dx, x.data(), w.data(), dy.data(), T, I, O);
+  EXPECT_EQ(std::tie(dx.M, dx.N, dx.K), std::make_tuple(T, I, O));
+  EXPECT_EQ(dx.a, dy);
+  for (int64_t i = 0; i < I; ++i)
+    for (int64_t o = 0; o < O; ++o) EXPECT_EQ(dx.b[i * O + o], w[o * I + i]);
+  const auto dw = pass_operands(Pass::bwd_dw, x.data(), w.data(), dy.data(), T, I, O);
+  EXPECT_EQ(std::tie(dw.M, dw.N, dw.K), std::make_tuple(O, I, T));
+  for (int64_t o = 0; o < O; ++o)
+    for (int64_t t = 0; t < T; ++t) EXPECT_EQ(dw.a[o * T + t], dy[t * O + o]);
+  for (int64_t i = 0; i < I; ++i)
+    for (int64_t t = 0; t < T; ++t) EXPECT_EQ(dw.b[i * T + t], x[t * I + i]);
+
+  // The products (integers below 2^53: exact in float64).
+  const auto y = gemm_f64(f.a.data(), f.b.data(), f.M, f.N, f.K);
+  const auto gx = gemm_f64(dx.a.data(), dx.b.data(), dx.M, dx.N, dx.K);
+  const auto gw = gemm_f64(dw.a.data(), dw.b.data(), dw.M, dw.N, dw.K);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t o = 0; o < O; ++o) {
+      double s = 0;
+      for (int64_t i = 0; i < I; ++i) s += double(x[t * I + i]) * w[o * I + i];
+      EXPECT_EQ(y[t * O + o], s);
+    }
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < I; ++i) {
+      double s = 0;
+      for (int64_t o = 0; o < O; ++o) s += double(dy[t * O + o]) * w[o * I + i];
+      EXPECT_EQ(gx[t * I + i], s);
+    }
+  for (int64_t o = 0; o < O; ++o)
+    for (int64_t i = 0; i < I; ++i) {
+      double s = 0;
+      for (int64_t t = 0; t < T; ++t) s += double(dy[t * O + o]) * x[t * I + i];
+      EXPECT_EQ(gw[o * I + i], s);
+    }
+}
+
+TEST(PassOperands, TransposeHelper) {
+  const std::vector<float> a = {1, 2, 3, 4, 5, 6};  // [2, 3]
+  EXPECT_EQ(transpose(a.data(), 2, 3), (std::vector<float>{1, 4, 2, 5, 3, 6}));
+}
+
+}  // namespace
+}  // namespace fp4lab::test

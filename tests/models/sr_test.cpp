@@ -1,0 +1,176 @@
+// Stochastic rounding: statistics of round_sr over Philox words, and reproducibility of the quantiser
+// (same seed -> same codes, whatever the OpenMP thread count).
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "fp4lab/philox.hpp"
+#include "fp4lab/quantize.hpp"
+#include "fp4lab/rht.hpp"
+#include "test_util.hpp"
+
+namespace fp4lab::test {
+namespace {
+
+// Restores the OpenMP thread count a test changed.
+struct ThreadGuard {
+  int saved = omp_get_max_threads();
+  ~ThreadGuard() { omp_set_num_threads(saved); }
+};
+
+class SrStats : public ::testing::TestWithParam<Golden> {};
+
+// N = 2^20 (> 10^6) draws of round_sr at a fixed x, words random_bits(seed, stream, 0..N-1).
+// Each draw rounds up with probability P = ceil(frac * 2^24) / 2^24 (frac <= P < frac + 2^-24), so the
+// number of ups is Binomial(N, P) and the mean error (q - x) = gap * (ups/N - frac) has
+// standard deviation sigma = gap * sqrt(P (1 - P) / N). Bounds, 5 sigma (two-sided p ~ 6e-7 per check) plus
+// the documented 2^-24 quantisation of P:
+//   |ups/N - frac|      <= 5 sqrt(frac (1 - frac) / N) + 2^-24
+//   |mean(q - x)|       <= gap * (5 sqrt(frac (1 - frac) / N) + 2^-24)
+// Positions: the first, a middle and the last interval of the grid, at frac 1/8, 0.3, 1/2 and 7/8.
+TEST_P(SrStats, UnbiasedAndPUpEqualsFrac) {
+  const Golden& g = GetParam();
+  const int64_t N = int64_t(1) << 20;
+  const int intervals[] = {0, (g.num_levels - 1) / 2, g.num_levels - 2};
+  int positions = 0;
+  uint32_t stream = 100;
+  for (int i : intervals)
+    for (double frac_target : {0.125, 0.3, 0.5, 0.875}) {
+      const double lo = g.levels[i], hi = g.levels[i + 1], gap = hi - lo;
+      const float x = float(lo + frac_target * gap);
+      const double frac = (double(x) - lo) / gap;  // the exact fraction of the FP32 input
+      int64_t ups = 0;
+      double err = 0.0;
+      ++stream;  // an independent stream for every position
+      for (int64_t n = 0; n < N; ++n) {
+        const uint8_t c = round_sr(g.f, x, random_bits(0x5EED, stream, uint64_t(n)));
+        const int idx = code_index(c);
+        ASSERT_TRUE(idx == i || idx == i + 1) << "SR left the two neighbours of " << x;
+        ASSERT_FALSE(code_negative(c));
+        ups += idx == i + 1;
+        err += double(decode(g.f, c)) - double(x);
+      }
+      const double sd = std::sqrt(frac * (1 - frac) / double(N));
+      const double p_up = double(ups) / double(N);
+      EXPECT_LE(std::fabs(p_up - frac), 5 * sd + 0x1p-24) << "x " << x << " frac " << frac << " P(up) " << p_up;
+      EXPECT_LE(std::fabs(err / double(N)), gap * (5 * sd + 0x1p-24))
+          << "x " << x << " frac " << frac << " mean error " << err / double(N);
+      ++positions;
+    }
+  EXPECT_EQ(positions, 12);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllFormats, SrStats, ::testing::ValuesIn(kGolden),
+                         [](const ::testing::TestParamInfo<Golden>& i) { return gtest_name(i.param.name); });
+
+QuantConfig sr_config(const ElemFormat& f, ScaleKind s, int rht) {
+  QuantConfig c;
+  c.format = f;
+  c.block = 16;
+  c.scale = s;
+  c.rounding = Rounding::sr;
+  c.seed = 0x0123456789ABCDEFull;
+  c.stream = 5;
+  if (rht) {
+    c.rht = rht;
+    c.rht_signs = rht_signs_te(16);
+  }
+  return c;
+}
+
+// Same seed -> same codes; one thread vs two -> same codes; another seed or stream -> other codes.
+TEST(SrQuantize, ReproducibleAndIndependentOfThreadCount) {
+  ThreadGuard guard;
+  Rng rng(11);
+  const int64_t rows = 64, cols = 256;
+  const auto x = rng.normals(size_t(rows * cols));
+  int configs = 0;
+  for (const ElemFormat& f : kAllFormats)
+    for (ScaleKind s : {ScaleKind::fp32, ScaleKind::ue4m3, ScaleKind::ue8m0})
+      for (int rht : {0, 16}) {
+        const QuantConfig cfg = sr_config(f, s, rht);
+        SCOPED_TRACE(cfg.label());
+        omp_set_num_threads(1);
+        const QTensor q1 = quantize(x.data(), rows, cols, cfg);
+        const QTensor q1b = quantize(x.data(), rows, cols, cfg);
+        omp_set_num_threads(2);
+        const QTensor q2 = quantize(x.data(), rows, cols, cfg);
+        EXPECT_EQ(q1.codes, q1b.codes);
+        EXPECT_EQ(q1.codes, q2.codes);
+        EXPECT_EQ(q1.scales, q2.scales);
+        QuantConfig other = cfg;
+        other.seed ^= 1;
+        const QTensor q3 = quantize(x.data(), rows, cols, other);
+        other = cfg;
+        other.stream += 1;
+        const QTensor q4 = quantize(x.data(), rows, cols, other);
+        int64_t d3 = 0, d4 = 0;
+        for (size_t i = 0; i < q1.codes.size(); ++i) {
+          d3 += q1.codes[i] != q3.codes[i];
+          d4 += q1.codes[i] != q4.codes[i];
+        }
+        // Most elements are not on a level, so about half of them should change; 10% is a loose floor.
+        EXPECT_GT(d3, rows * cols / 10) << "seed does not reach the rounding";
+        EXPECT_GT(d4, rows * cols / 10) << "stream does not reach the rounding";
+        ++configs;
+      }
+  EXPECT_EQ(configs, 24);
+}
+
+// The quantiser draws element (r, c)'s word at index r*K + c of its stream (docs/datapath.md section 2).
+TEST(SrQuantize, DrawsTheContractsWordPerElement) {
+  Rng rng(12);
+  const int64_t rows = 8, cols = 64;
+  const auto x = rng.normals(size_t(rows * cols));
+  const QuantConfig cfg = sr_config(kE1M2, ScaleKind::fp32, 0);
+  const QTensor q = quantize(x.data(), rows, cols, cfg);
+  int64_t checked = 0, differs_from_rtne = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const float dec = q.scales[r * q.kblocks() + c / 16];
+      const float v = x[r * cols + c] / dec;  // fp32 scale: v = y / dec
+      const uint8_t want = round_sr(kE1M2, v, random_bits(cfg.seed, cfg.stream, uint64_t(r * cols + c)));
+      EXPECT_EQ(q.codes[r * cols + c], want) << "element (" << r << ", " << c << ")";
+      differs_from_rtne += want != round_rtne(kE1M2, v);
+      ++checked;
+    }
+  EXPECT_EQ(checked, rows * cols);
+  EXPECT_GT(differs_from_rtne, 0);
+}
+
+// A whole SR-quantised tensor is unbiased: with v_i the scaled input, gap_i its interval and f_i its
+// fraction, sum_i (q_i - v_i) has mean ~0 (|bias| <= n * gap_max * 2^-24) and variance
+// sum_i gap_i^2 f_i (1 - f_i); we require |sum| <= 5 sqrt(variance) + n * gap_max * 2^-24.
+TEST(SrQuantize, TensorErrorSumIsUnbiased) {
+  Rng rng(13);
+  const int64_t rows = 1024, cols = 1024;
+  const auto x = rng.normals(size_t(rows * cols));
+  for (const Golden& g : kGolden) {
+    SCOPED_TRACE(g.name);
+    QuantConfig cfg = sr_config(g.f, ScaleKind::fp32, 0);
+    const QTensor q = quantize(x.data(), rows, cols, cfg);
+    double sum = 0, var = 0, gap_max = 0;
+    int64_t n = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const float dec = q.scales[r * q.kblocks() + c / 16];
+        const double v = std::fabs(double(x[r * cols + c] / dec));
+        int i = 0;
+        while (i + 1 < g.num_levels && g.levels[i + 1] <= v) ++i;
+        if (i + 1 == g.num_levels) continue;  // at gmax (the block max): no randomness
+        const double gap = g.levels[i + 1] - g.levels[i], f = (v - g.levels[i]) / gap;
+        sum += std::fabs(double(decode(g.f, q.codes[r * cols + c]))) - v;
+        var += gap * gap * f * (1 - f);
+        gap_max = std::max(gap_max, gap);
+        ++n;
+      }
+    ASSERT_GT(n, rows * cols / 2);
+    EXPECT_LE(std::fabs(sum), 5 * std::sqrt(var) + double(n) * gap_max * 0x1p-24) << "n " << n << " var " << var;
+  }
+}
+
+}  // namespace
+}  // namespace fp4lab::test
