@@ -261,6 +261,8 @@ TEST_F(Malformed, HeaderNotJson) {
   expect_bad(image(""), "header is not valid JSON");
   expect_bad(image("{} trailing"), "header is not valid JSON");
   expect_bad(image("{\"\xff\":1}"), "header is not valid JSON");  // not UTF-8
+  expect_bad(image(R"({"t":{"dtype":"U8","shape":[1e999],"data_offsets":[0,0]}})"),
+             "header is not valid JSON (a number is out of range)");
 }
 
 TEST_F(Malformed, HeaderNotAnObject) {

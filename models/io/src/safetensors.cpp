@@ -232,6 +232,8 @@ void SafetensorsFile::parse() {
   } catch (const ojson::parse_error& e) {
     fail(path_, "header is not valid JSON (syntax error near byte " + std::to_string(e.byte) + " of " +
                     std::to_string(n) + ")");
+  } catch (const ojson::out_of_range&) {  // found by the fuzzer: 1e999 is thrown as out_of_range, not a parse error
+    fail(path_, "header is not valid JSON (a number is out of range)");
   }
   if (!h.is_object()) fail(path_, std::string("header is not a JSON object (it is a ") + h.type_name() + ")");
 
