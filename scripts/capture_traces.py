@@ -49,7 +49,10 @@ class TraceError(Exception):
 # ---------------------------------------------------------------------------------------------------------
 
 def _torch():
-    import torch  # noqa: PLC0415 — optional dependency, only for capture
+    try:
+        import torch  # noqa: PLC0415 — optional dependency, only for capture
+    except ImportError:
+        raise TraceError("capturing needs PyTorch, which this python3 cannot import") from None
     return torch
 
 
@@ -231,12 +234,14 @@ def _command_line(argv: Optional[List[str]] = None) -> str:
 # ---------------------------------------------------------------------------------------------------------
 
 def run_wrapped(args) -> int:
+    steps = parse_steps(args.steps)
+    if not os.path.isfile(args.script[0]):
+        raise TraceError(f"{args.script[0]}: no such training script")
     torch = _torch()
     import runpy  # noqa: PLC0415
     from torch.nn.modules import module as nn_module  # noqa: PLC0415
     from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: PLC0415
 
-    steps = parse_steps(args.steps)
     meta = dict(kv.split("=", 1) for kv in args.meta)
     meta.setdefault("command", _command_line())
     state = {"depth": 0, "cap": None, "opt": None, "updates": 0, "tried": set()}

@@ -114,12 +114,19 @@ def extract_austen(pkg_root: str) -> dict:
 
 
 def cmd_corpus(args) -> int:
-    with tempfile.TemporaryDirectory() as tmp:
-        src = args.package
-        if src.endswith(".deb"):
-            subprocess.run(["dpkg-deb", "-x", src, tmp], check=True)
-            src = tmp
-        texts = extract_austen(src)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            src = args.package
+            if src.endswith(".deb"):
+                subprocess.run(["dpkg-deb", "-x", src, tmp], check=True, stderr=subprocess.DEVNULL)
+                src = tmp
+            texts = extract_austen(src)
+    except subprocess.CalledProcessError:
+        print(f"train_tiny_lm: {args.package}: dpkg-deb cannot unpack it", file=sys.stderr)
+        return 1
+    except (OSError, ValueError, KeyError, IndexError, struct.error, zlib.error) as e:
+        print(f"train_tiny_lm: {args.package}: not the janeaustenr data ({type(e).__name__}: {e})", file=sys.stderr)
+        return 1
     missing = [n for n in NOVELS if n not in texts]
     if missing:
         print(f"train_tiny_lm: {args.package}: novels missing: {missing}", file=sys.stderr)
