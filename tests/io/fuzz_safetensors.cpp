@@ -93,7 +93,7 @@ void write_seeds(const std::string& dir) {
                                     make_u8("extra", {2}, {1, 2})},
                     v1);
   // Valid plain file: several dtypes, metadata, an empty and a scalar tensor.
-  std::vector<uint8_t> f16(8, 0x3C);
+  const std::vector<uint8_t> f16 = {0x01, 0x00, 0x00, 0x3C, 0xFF, 0x03, 0x00, 0x7C};  // subnormals, 1, +Inf
   write_safetensors(p("plain_ok"), {make_f32("a", {2, 2}, {1, 2, 3, 4}), {"h", DType::F16, {4}, f16},
                                     {"i", DType::I64, {1}, std::vector<uint8_t>(8, 1)}, {"e", DType::F32, {0}, {}},
                                     {"s", DType::I32, {}, {1, 0, 0, 0}}},
@@ -120,6 +120,9 @@ void write_seeds(const std::string& dir) {
   raw("badmeta", R"({"__metadata__":{"k":1},"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", 1);
   raw("badjson", R"({"a":{"dtype":"F32","shape":[2.5],"data_offsets":[0,)", 4);
   raw("negshape", R"({"a":{"dtype":"BF16","shape":[-1,2],"data_offsets":[0,4]}})", 4);
+  raw("nonint", R"({"a":{"dtype":"U8","shape":[2.5],"data_offsets":[0,2]}})", 2);
+  raw("strshape", R"({"a":{"dtype":"U8","shape":["2"],"data_offsets":[0,2]}})", 2);
+  raw("metaarr", R"({"__metadata__":["fp4lab.trace.version"]})", 0);
 }
 
 }  // namespace

@@ -452,8 +452,12 @@ Trace::Trace(const std::string& path, int block) {
   if (ec || !fs::exists(st)) fail(path, "no such file or folder");
   std::vector<std::string> paths;
   if (fs::is_directory(st)) {
-    for (const fs::directory_entry& e : fs::directory_iterator(path, ec))
-      if (e.path().extension() == ".safetensors" && e.is_regular_file()) paths.push_back(e.path().string());
+    // error_code overloads throughout: a listing problem becomes an io::Error, not a filesystem_error.
+    fs::directory_iterator it(path, ec);
+    for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
+      std::error_code ec2;
+      if (it->path().extension() == ".safetensors" && it->is_regular_file(ec2)) paths.push_back(it->path().string());
+    }
     if (ec) fail(path, "cannot list folder: " + ec.message());
     if (paths.empty()) fail(path, "folder holds no .safetensors files");
     std::sort(paths.begin(), paths.end());
@@ -545,7 +549,8 @@ Trace::Layer Trace::load(const TraceRecord& r) const {
   l.x = f.read_f32(r.gemm + ".fwd_x");
   l.w = f.read_f32(r.gemm + ".fwd_w");
   l.dy = f.read_f32(r.gemm + ".bwd_dy");
-  if (l.x.size() != size_t(r.tokens * r.in) || l.w.size() != size_t(r.out * r.in) || l.dy.size() != size_t(r.tokens * r.out))
+  const auto n = [](int64_t a, int64_t b) { return uint64_t(a) * uint64_t(b); };  // unsigned: no UB on bogus records
+  if (l.x.size() != n(r.tokens, r.in) || l.w.size() != n(r.out, r.in) || l.dy.size() != n(r.tokens, r.out))
     fail(r.file, "gemm " + q(r.gemm) + ": record shape does not match the file");
   return l;
 }

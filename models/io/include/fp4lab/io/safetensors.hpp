@@ -33,6 +33,8 @@ struct TensorInfo {
 
 // A read-only, memory-mapped safetensors file. The header is fully validated on open: its length,
 // JSON syntax, dtypes, shapes against byte ranges, ranges inside the file and not overlapping.
+// tensors() keeps the header's order. (As with any mapping, truncating the file while it is open is
+// outside what the checks can see.)
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string& path);
@@ -97,6 +99,9 @@ class Trace {
   // Opens and validates every file's header and every record's shapes: the three tensors present,
   // 2-D, BF16/F32, consistent (tokens, in, out), and tokens/in/out multiples of `block` (the reduction
   // dimension of some pass). Tensor data is not read yet, so opening a large trace is cheap.
+  // Records come in file order (a folder's files sorted by name), then each gemm's first appearance in
+  // its file's header. A gemm captured in two files, an empty trace or a file without version "1" is an
+  // Error; other tensors in a file are ignored.
   explicit Trace(const std::string& path, int block = 16);
   // The same validation over files already open, in the given order (each file's path() is its key).
   explicit Trace(std::vector<std::shared_ptr<SafetensorsFile>> files, int block = 16);
