@@ -1,0 +1,258 @@
+// fp4lab analyze: the SPEC section 6 analyses of every GEMM in a trace — per tensor (fwd_x, fwd_w, bwd_dy)
+// and per training GEMM (fwd_y, bwd_dx, bwd_dw), for each grid with and without RHT — as the paper's Q1
+// table on stdout and analysis JSON v1 on request. With no --trace it runs on the bundled trace.
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "commands.hpp"
+#include "fp4lab/io/safetensors.hpp"
+#include "fp4lab/layer_analysis.hpp"
+#include "fp4lab/rht.hpp"
+#include "options.hpp"
+
+#ifndef FP4LAB_DEFAULT_TRACE
+#define FP4LAB_DEFAULT_TRACE "workloads/tiny-lm/step_005000"
+#endif
+
+namespace fp4lab::cli {
+
+namespace {
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// Progress on stderr, only once a run has taken more than two seconds.
+struct Progress {
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  void step(size_t i, size_t n, const std::string& what) const {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s > 2.0) std::cerr << fmt("analyze: [%zu/%zu] %s (%.1f s)\n", i, n, what.c_str(), s);
+  }
+};
+
+std::string db(double v) { return std::isfinite(v) ? fmt("%7.2f", v) : std::string("    inf"); }
+
+Json level_json(const std::vector<EmpiricalLevel>& levels) {
+  Json bias = Json::array(), counts = Json::array(), values = Json::array();
+  for (const auto& l : levels) {
+    bias.push_back(l.mean_error);
+    counts.push_back(l.count);
+    values.push_back(l.level);
+  }
+  return {{"bias_per_level", bias}, {"level_counts", counts}, {"levels", values}};
+}
+}  // namespace
+
+int cmd_analyze(const Invocation& inv) {
+  po::options_description desc("fp4lab analyze options");
+  desc.add_options()
+      ("trace", po::value<std::string>()->default_value(FP4LAB_DEFAULT_TRACE)->value_name("DIR|FILE"),
+       "trace v1 folder or file (default: the bundled trace)")
+      ("formats", po::value<std::string>()->default_value("e2m1,e1m2")->value_name("F,.."), "grids to compare")
+      ("rht", po::value<std::string>()->default_value("none,16")->value_name("D,.."),
+       "RHT settings to compare: none (or 0) and Hadamard sizes 16..128")
+      ("rht-signs", po::value<std::string>()->value_name("S1,..,SD|te"),
+       "RHT signs (default te, Transformer Engine's, for d = 16; seeded for other sizes)")
+      ("rht-seed", po::value<std::string>()->default_value("0")->value_name("S"),
+       "seed of the RHT signs for sizes without --rht-signs other than 16")
+      ("block", po::value<int>()->default_value(16)->value_name("B"), "block size along the reduction dimension")
+      ("scale", po::value<std::string>()->default_value("fp32")->value_name("S"),
+       "block scale fp32|ue4m3|ue8m0|ue8m0-ceil (SPEC 6 pins fp32 amax/gmax)")
+      ("recipe", po::value<std::string>()->value_name("R,..|all"),
+       "also run the three GEMMs under these training recipes (ufp4, e2m1-ref, nvfp4, mxfp4)")
+      ("seed", po::value<std::string>()->default_value("0")->value_name("S"), "stochastic-rounding seed of recipe runs");
+  add_common_options(desc);
+  po::variables_map vm;
+  if (!parse_args(inv, desc, "[--trace DIR] [--formats e2m1,e1m2] [--rht none,16] [--recipe R,..] [--json FILE|-]", vm))
+    return kExitOk;
+  const JsonOut json(vm);
+
+  // Settings to compare: formats x RHT sizes.
+  std::vector<ElemFormat> formats;
+  for (const auto& f : split_list(vm["formats"].as<std::string>())) formats.push_back(parse_format(f));
+  if (formats.empty()) usage_error("--formats lists no format");
+  std::vector<int> rhts;
+  for (const auto& r : split_list(vm["rht"].as<std::string>()))
+    rhts.push_back(r == "none" ? 0 : int(parse_uint(r, "rht", kMaxRht)));
+  if (rhts.empty()) usage_error("--rht lists no setting");
+  const int block = vm["block"].as<int>();
+  const ScaleKind scale = parse_scale(vm["scale"].as<std::string>());
+  const uint64_t rht_seed = uint_option(vm, "rht-seed", UINT64_MAX);
+  std::vector<AnalysisSetting> settings;
+  for (const ElemFormat& f : formats)
+    for (int d : rhts) {
+      AnalysisSetting s;
+      s.format = f;
+      s.rht = d;
+      s.block = block;
+      s.scale = scale;
+      if (d != 0) {
+        if (!rht_size_ok(d) || d < 16) usage_error("--rht: size " + std::to_string(d) + " is not a power of two in 16..128");
+        if (vm.count("rht-signs")) s.rht_signs = parse_rht_signs(vm["rht-signs"].as<std::string>(), d);
+        else s.rht_signs = d == 16 ? rht_signs_te(16) : rht_signs_from_seed(d, rht_seed);
+      }
+      settings.push_back(s);
+    }
+  std::vector<Recipe> recipes;
+  if (vm.count("recipe")) {
+    const std::string r = vm["recipe"].as<std::string>();
+    for (const auto& name : r == "all" ? Recipe::preset_names() : split_list(r)) {
+      try {
+        recipes.push_back(Recipe::preset(name));
+      } catch (const std::invalid_argument& e) {
+        usage_error(std::string("--recipe: ") + e.what());
+      }
+      recipes.back().seed = uint_option(vm, "seed", UINT64_MAX);
+    }
+  }
+
+  const std::string trace_path = vm["trace"].as<std::string>();
+  const io::Trace trace(trace_path, block);  // validates every header and shape up front
+  if (trace.records().empty()) data_error(trace_path, "the trace holds no GEMM records");
+
+  Json tensors = Json::array(), gemms = Json::array();
+  // Q1 table rows: per (gemm, role) the SQNR and B_eff of each setting; per (gemm, pass) the GEMM SQNR.
+  struct Row { std::string gemm, what; std::vector<double> sqnr, beff, eta; };
+  std::vector<Row> trows, grows;
+  std::map<std::string, double> log_eta_sum;  // setting -> sum of log eta over fwd_y (the K-GEMM decay)
+  Progress progress;
+  uint32_t stream = 0;
+  int64_t elements = 0;
+  const size_t n = trace.records().size();
+  for (size_t ri = 0; ri < n; ++ri) {
+    const io::TraceRecord& rec = trace.records()[ri];
+    progress.step(ri + 1, n, rec.gemm);
+    const io::Trace::Layer layer = trace.load(rec);
+    const LayerView lv{layer.x.data(), layer.w.data(), layer.dy.data(), rec.tokens, rec.in, rec.out};
+    elements += rec.tokens * rec.in + rec.out * rec.in + rec.tokens * rec.out;
+    const PassRefs refs = gemm_references(lv);
+
+    std::vector<Row> tr(3), gr(3);
+    std::map<std::string, double> sqnr_no_rht;  // format/role -> SQNR without RHT, for the delta
+    for (const AnalysisSetting& s : settings) {
+      for (const TensorResult& t : analyze_tensors(lv, s)) {
+        const size_t i = t.role == "fwd_x" ? 0 : t.role == "fwd_w" ? 1 : 2;
+        tr[i].gemm = rec.gemm;
+        tr[i].what = t.role;
+        tr[i].sqnr.push_back(t.sqnr_db);
+        tr[i].beff.push_back(t.beff);
+        Json j = {{"gemm", rec.gemm}, {"role", t.role}, {"format", t.format}, {"rht", t.rht},
+                  {"sqnr_db", t.sqnr_db}, {"beff", t.beff}, {"alpha", t.alpha}};
+        const std::string key = t.format + "/" + t.role;
+        if (t.rht == 0) sqnr_no_rht[key] = t.sqnr_db;
+        else if (sqnr_no_rht.count(key)) j["delta_sqnr_db"] = t.sqnr_db - sqnr_no_rht[key];
+        j.update(level_json(t.bias_per_level));
+        j["tokens"] = rec.tokens;
+        tensors.push_back(j);
+      }
+      for (const GemmResult& g : analyze_gemms(lv, s, refs)) {
+        const size_t i = g.pass == "fwd_y" ? 0 : g.pass == "bwd_dx" ? 1 : 2;
+        gr[i].gemm = rec.gemm;
+        gr[i].what = g.pass;
+        gr[i].sqnr.push_back(g.sqnr_db);
+        gr[i].eta.push_back(g.eta);
+        if (g.pass == "fwd_y") log_eta_sum[s.label()] += std::log(g.eta);
+        gemms.push_back({{"gemm", rec.gemm}, {"pass", g.pass}, {"format", g.format}, {"rht", g.rht},
+                         {"sqnr_db", g.sqnr_db}, {"eta", g.eta}, {"eta_measured", g.eta_measured},
+                         {"delta", 1.0 - g.eta}});
+      }
+    }
+    for (const Recipe& r : recipes)
+      for (const GemmResult& g : analyze_recipe(lv, r, stream, refs))
+        gemms.push_back({{"gemm", rec.gemm}, {"pass", g.pass}, {"format", g.format}, {"recipe", g.recipe},
+                         {"rht", r.rht_on[g.pass == "fwd_y" ? 0 : g.pass == "bwd_dx" ? 1 : 2] ? r.rht : 0},
+                         {"sqnr_db", g.sqnr_db}, {"eta", g.eta}, {"eta_measured", g.eta_measured},
+                         {"delta", 1.0 - g.eta}});
+    ++stream;
+    trows.insert(trows.end(), tr.begin(), tr.end());
+    grows.insert(grows.end(), gr.begin(), gr.end());
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - progress.t0).count();
+
+  // Where the paper's inversion appears: E2M1 ahead without RHT, E1M2 ahead with it.
+  auto find = [&](const char* f, int d) -> int {
+    for (size_t i = 0; i < settings.size(); ++i)
+      if (std::string(settings[i].format.name) == f && settings[i].rht == d) return int(i);
+    return -1;
+  };
+  int rht_d = 0;
+  for (int d : rhts) if (d) { rht_d = d; break; }
+  const int e2_0 = find("e2m1", 0), e2_r = find("e2m1", rht_d), e1_0 = find("e1m2", 0), e1_r = find("e1m2", rht_d);
+  const bool can_invert = rht_d && e2_0 >= 0 && e2_r >= 0 && e1_0 >= 0 && e1_r >= 0;
+  auto inverted = [&](const Row& r) {
+    return r.sqnr[e2_0] > r.sqnr[e1_0] && r.sqnr[e1_r] > r.sqnr[e2_r];
+  };
+  Json inversion = Json::object();
+  if (can_invert) {
+    Json tl = Json::array(), gl = Json::array();
+    for (const Row& r : trows) if (inverted(r)) tl.push_back(r.gemm + "/" + r.what);
+    for (const Row& r : grows) if (inverted(r)) gl.push_back(r.gemm + "/" + r.what);
+    inversion = {{"rht", rht_d}, {"tensors", tl}, {"tensors_total", trows.size()},
+                 {"gemms", gl}, {"gemms_total", grows.size()}};
+  }
+  Json decay = Json::object();
+  for (const auto& [label, s] : log_eta_sum) decay[label] = {{"product_eta_fwd_y", std::exp(s)}};
+
+  if (json.table()) {
+    std::cout << fmt("fp4lab analyze: %s — %zu GEMMs, %lld elements, 1x%d blocks, %s scales, RTNE (%.1f s)\n\n",
+                     trace_path.c_str(), n, (long long)elements, block, scale_name(scale), seconds);
+    auto header = [&](const char* title, bool with_beff) {
+      std::cout << title << "\n" << fmt("%-26s %-7s", "gemm", "");
+      for (const auto& s : settings) std::cout << fmt(" %13s", s.label().c_str());
+      if (can_invert) std::cout << fmt(" %8s %8s", "dE2M1", "dE1M2");
+      if (with_beff) for (const auto& s : settings) std::cout << fmt(" %13s", ("Beff " + s.label()).substr(0, 13).c_str());
+      std::cout << "\n";
+    };
+    auto row = [&](const Row& r, bool with_beff) {
+      std::cout << fmt("%-26s %-7s", r.gemm.c_str(), r.what.c_str());
+      for (double v : r.sqnr) std::cout << fmt("  %s dB   ", db(v).c_str());
+      if (can_invert) std::cout << fmt(" %+8.2f %+8.2f", r.sqnr[e2_r] - r.sqnr[e2_0], r.sqnr[e1_r] - r.sqnr[e1_0]);
+      if (with_beff) for (double v : r.beff) std::cout << fmt(" %13.3f", v);
+      if (can_invert && inverted(r)) std::cout << "  inversion";
+      std::cout << "\n";
+    };
+    header("Tensor SQNR (dB; with RHT against the rotated tensor), d = SQNR(RHT) - SQNR(none), and B_eff", true);
+    for (const Row& r : trows) row(r, true);
+    std::cout << "\n";
+    header("GEMM-output SQNR (dB) against the float64 product of the unquantised operands", false);
+    for (const Row& r : grows) row(r, false);
+    if (can_invert)
+      std::cout << fmt("\nInversion (E2M1 ahead without RHT, E1M2 ahead with RHT-%d): %zu of %zu tensors, %zu of %zu GEMMs\n",
+                       rht_d, inversion["tensors"].size(), trows.size(), inversion["gemms"].size(), grows.size());
+    std::cout << "\nShrinkage through the forward chain: prod(eta) over fwd_y GEMMs = exp(-sum delta)\n";
+    for (const auto& [label, s] : log_eta_sum) std::cout << fmt("  %-16s %.6f\n", label.c_str(), std::exp(s));
+    if (!recipes.empty()) {
+      std::cout << "\nTraining recipes (each pass with the recipe's own operand settings)\n";
+      for (const auto& g : gemms)
+        if (g.contains("recipe"))
+          std::cout << fmt("  %-10s %-26s %-7s SQNR %s dB  eta %.6f\n", g["recipe"].get<std::string>().c_str(),
+                           g["gemm"].get<std::string>().c_str(), g["pass"].get<std::string>().c_str(),
+                           db(g["sqnr_db"].get<double>()).c_str(), g["eta"].get<double>());
+    }
+  }
+
+  Json settings_json = Json::array();
+  for (const auto& s : settings)
+    settings_json.push_back({{"format", s.format.name}, {"rht", s.rht}, {"rht_signs", signs_string(s.rht_signs)}});
+  Json recipes_json = Json::array();
+  for (const auto& r : recipes) recipes_json.push_back(r.name);
+  json.write({{"fp4lab.analysis.version", 1},
+              {"config", {{"trace", trace_path}, {"block", block}, {"scale", scale_name(scale)}, {"rounding", "rtne"},
+                          {"settings", settings_json}, {"recipes", recipes_json}, {"command", inv.command_line},
+                          {"seconds", seconds}, {"elements", elements}}},
+              {"tensors", tensors},
+              {"gemms", gemms},
+              {"inversion", inversion},
+              {"decay", decay}});
+  return kExitOk;
+}
+
+}  // namespace fp4lab::cli
