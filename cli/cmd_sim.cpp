@@ -1,0 +1,103 @@
+// fp4lab sim: the cycle-approximate tensor-core unit model (sim/). Replays the three training GEMMs of every
+// record of a trace (--trace DIR), or of every layer of a shape list (--shapes FILE, timing only), on the TCU
+// a configuration file describes (--config sim/configs/*.cfg; every key of it can also be given as --key VALUE).
+// With --check the simulated MAC array and accumulator compute every output through the datapath (the golden
+// model's arithmetic, or the Verilated RTL with --rtl) and each is compared bit for bit with fp4lab::gemm.
+#include <iostream>
+
+#include "commands.hpp"
+#include "fp4lab/io/safetensors.hpp"
+#include "fp4lab/sim/config.hpp"
+#include "fp4lab/sim/run.hpp"
+#include "fp4lab/sim/simulator.hpp"
+#include "options.hpp"
+
+namespace fp4lab::cli {
+
+int cmd_sim(const Invocation& inv) {
+  po::options_description desc("fp4lab sim options");
+  desc.add_options()
+      ("trace", po::value<std::string>()->value_name("DIR"), "trace v1 folder (or one .safetensors file) to replay")
+      ("shapes", po::value<std::string>()->value_name("FILE"),
+       "GEMM shape list (workloads/shapes/*.csv): timing only")
+      ("check", po::bool_switch(), "compute every output through the simulated datapath and compare it bit for bit "
+                                   "with fp4lab::gemm (traces only); any mismatch is an error")
+      ("rtl", po::bool_switch(), "use the Verilated RTL datapath for the MAC array and accumulator (with --check)");
+  po::options_description knobs("recipe and knobs (each operand of each pass takes its recipe config; --pass picks "
+                                "one of the three GEMMs)");
+  add_recipe_options(knobs, /*with_role=*/false);
+  desc.add(knobs);
+  desc.add(sim::Config::options());
+  add_common_options(desc);
+  po::variables_map vm;
+  if (!parse_args(inv, desc, "--trace DIR|--shapes FILE --config CFG [--recipe R] [--check] [--rtl] [--json OUT]", vm))
+    return kExitOk;
+  const JsonOut json(vm);
+  if (!vm.count("config")) usage_error("--config CFG is required (e.g. sim/configs/teaching.cfg)");
+  if (vm.count("trace") == vm.count("shapes")) usage_error("give exactly one of --trace DIR and --shapes FILE");
+  const bool check = vm["check"].as<bool>(), rtl = vm["rtl"].as<bool>();
+  if (check && vm.count("shapes")) usage_error("--check needs tensors: use --trace, not --shapes");
+  if (rtl && !check) usage_error("--rtl drives the RTL datapath, which only runs with --check");
+
+  sim::Config cfg;
+  try {
+    cfg = sim::Config::from(vm);
+  } catch (const std::invalid_argument& e) {
+    usage_error(vm["config"].as<std::string>() + ": " + e.what());
+  }
+  sim::RunOptions opt;
+  opt.recipe = vm.count("recipe") ? vm["recipe"].as<std::string>() : "custom";
+  opt.quant = [&vm](Pass p, Operand o) { return operand_config(vm, p, o); };
+  opt.quant(Pass::fwd_y, Operand::a);  // option errors surface here, before anything runs
+  if (vm.count("pass")) opt.passes = {selected_pass(vm)};
+  opt.check = check;
+
+  std::shared_ptr<sim::Datapath> dp;
+  try {
+    dp = sim::make_datapath(rtl ? "rtl" : "golden");
+  } catch (const std::invalid_argument& e) {
+    usage_error(e.what());
+  }
+
+  sim::Report report;
+  sim::Simulator simulator(cfg, dp);
+  if (vm.count("shapes")) {
+    const std::string path = vm["shapes"].as<std::string>();
+    std::vector<sim::LayerShape> layers;
+    try {
+      layers = sim::read_shapes(path);
+    } catch (const std::invalid_argument& e) {
+      throw Error(kExitData, e.what());  // already "FILE:LINE: fault"
+    }
+    try {
+      report = sim::run_shapes(simulator, layers, path, opt);
+    } catch (const std::invalid_argument& e) {
+      data_error(path, e.what());
+    }
+  } else {
+    const std::string path = vm["trace"].as<std::string>();
+    const io::Trace trace(path, opt.quant(Pass::fwd_y, Operand::a).block);
+    try {
+      report = sim::run_trace(simulator, trace, path, opt);
+    } catch (const std::invalid_argument& e) {
+      data_error(path, e.what());
+    }
+  }
+
+  if (json.table()) report.print(std::cout);
+  nlohmann::json j = report.to_json();
+  j["command"] = inv.command_line;
+  json.write(j);
+  if (check) {
+    if (report.total_checked() == 0) data_error("", "--check compared no outputs (empty trace or no pass selected)");
+    if (report.total_mismatches() > 0) {
+      for (const auto& g : report.jobs)
+        if (g.mismatches > 0)
+          data_error("", std::to_string(report.total_mismatches()) + " outputs differ from fp4lab::gemm; first in " +
+                             g.name + ": " + g.first_mismatch);
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace fp4lab::cli

@@ -1,0 +1,92 @@
+// Configuration of the tensor-core unit (TCU) model: every unit's throughput and latency, the memory levels,
+// the tile scheduler and the per-operation energy table. One Boost.Program_options description serves the
+// configuration file (sim/configs/*.cfg, `[section]` + `key = value`) and the command line (`--mac.units 8`),
+// so any key of a file can be overridden when a run is started.
+#pragma once
+
+#include <boost/program_options.hpp>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace fp4lab::sim {
+
+namespace po = boost::program_options;
+
+// Which element grids a 16-element block dot-product unit multiplies natively.
+enum class MacKind : uint8_t { e2m1, e1m2, dual };
+// Where RHT and quantisation run: in the TCU's front-end on operand tiles as they are fetched (BF16 in), as
+// one separate pass through memory (RHT + quantise fused in one kernel), or as two passes (an RHT pass, then
+// a quantise pass) -- the paper's fused-versus-unfused question.
+enum class PrepMode : uint8_t { frontend, fused, unfused };
+
+const char* mac_kind_name(MacKind k);
+const char* prep_mode_name(PrepMode m);
+MacKind parse_mac_kind(const std::string& s);    // throws std::invalid_argument naming the known values
+PrepMode parse_prep_mode(const std::string& s);
+
+struct MemLevel {
+  double bandwidth = 0;  // bytes per cycle (shared by every TCU)
+  int64_t latency = 0;   // cycles from the end of a transfer to the data being usable
+  int64_t bytes = 0;     // capacity (L2 only; 0 = no L2)
+};
+
+// Energy per operation, picojoules.
+struct Energy {
+  double mac_e2m1 = 0, mac_e1m2 = 0, mac_dual = 0;  // per multiply-add inside a block dot product, by unit kind
+  double mac_fallback = 0;   // per multiply-add of a grid the unit lacks, run on its wider fallback path
+  double acc_op = 0;         // per block scale-and-accumulate (two FP32 multiplies and one add)
+  double rht_add = 0;        // per FP32 add or subtract in the butterfly
+  double quant_elem = 0;     // per element quantised (amax compare, scale, round)
+  double sr_elem = 0;        // extra per stochastically rounded element (its share of a Philox4x32-10)
+  double dram_byte = 0, l2_byte = 0, buffer_byte = 0;  // per byte moved at each level
+};
+
+struct Config {
+  std::string name;          // "teaching", "h100-class", ...
+  double clock_ghz = 1;
+  int tcus = 1;              // TCUs working on one GEMM; they share the memory levels
+
+  // tile scheduler
+  int tile_m = 0, tile_n = 0, tile_k = 0;
+  int raster_group = 1;      // output tiles visited in groups of this many tile rows (1 = row by row)
+  int64_t buffer_bytes = 0;  // operand buffer per TCU: streaming slots plus resident operand panels
+  int buffer_slots = 2;      // k-step tiles in flight between fetch and the MAC array (2 = double buffering)
+  int acc_tiles = 2;         // output-tile accumulators per TCU (2 = write-back overlaps the next tile)
+
+  MemLevel dram, l2;
+
+  int rht_lanes = 0;         // elements per cycle through the d-point butterfly
+  int rht_stage_latency = 1; // cycles per butterfly stage (latency = (log2 d + 1) stages, the last the 1/sqrt(d))
+  int quant_lanes = 0;       // elements per cycle (amax, scale, RTNE)
+  int quant_sr_lanes = 0;    // elements per cycle when rounding stochastically (Philox limited)
+  int quant_latency = 0;
+
+  int mac_units = 0;         // 16-element block dot-product units per TCU
+  MacKind mac_kind = MacKind::dual;
+  double mac_fallback_rate = 0;  // throughput, relative to native, for a grid the units lack (0 = refuse)
+  int mac_latency = 0;
+  int acc_lanes = 0;         // block scale-and-accumulate operations per cycle
+  int acc_latency = 0;
+
+  PrepMode prep = PrepMode::frontend;
+  int input_bytes = 2;       // bytes per unquantised operand element in memory (BF16)
+  int output_bytes = 4;      // bytes per output element (FP32)
+
+  Energy energy;
+
+  double period_ns() const { return 1.0 / clock_ghz; }
+  int64_t peak_macs_per_cycle() const { return int64_t(tcus) * mac_units * 16; }
+
+  // Every key, for a config file and the command line. Keys without a default are required.
+  static po::options_description options();
+  // Builds and validates (throws std::invalid_argument with a one-line reason).
+  static Config from(const po::variables_map& vm);
+  // Reads a config file; `overrides` are "key=value" pairs applied over it. Errors name the file.
+  static Config load(const std::string& path, const std::vector<std::string>& overrides = {});
+  void validate() const;
+  nlohmann::json to_json() const;
+};
+
+}  // namespace fp4lab::sim

@@ -1,0 +1,56 @@
+// The TCU model: SystemC modules for operand fetch, the RHT front-end, the quantiser, the MAC array, the
+// scale-and-accumulate stage and write-back, fed by a tile scheduler, sharing a memory system (an optional
+// L2 in front of DRAM). Tiles flow through bounded queues with back-pressure, one event per k-step tile --
+// never one per MAC -- so an 8192^3 GEMM simulates in well under a second.
+//
+// SystemC has one global kernel per process: only one Simulator may exist at a time. Each Simulator starts
+// a fresh kernel context, so a process can build several in turn (tests do).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "fp4lab/quantize.hpp"
+#include "fp4lab/sim/config.hpp"
+#include "fp4lab/sim/datapath.hpp"
+#include "fp4lab/sim/report.hpp"
+#include "fp4lab/sim/workload.hpp"
+
+namespace fp4lab::sim {
+
+namespace detail {
+struct Model;
+}
+
+class Simulator {
+ public:
+  // Throws std::invalid_argument when the configuration is invalid or another Simulator is alive.
+  explicit Simulator(const Config& cfg, std::shared_ptr<Datapath> datapath = std::make_shared<GoldenDatapath>());
+  ~Simulator();
+  Simulator(const Simulator&) = delete;
+  Simulator& operator=(const Simulator&) = delete;
+
+  const Config& config() const { return cfg_; }
+  const Datapath& datapath() const { return *dp_; }
+
+  // Timing only. Throws std::invalid_argument when the job cannot run here (shape not a multiple of the block,
+  // a grid the MAC units lack without a fallback path, tile.k not a multiple of the RHT size in the front-end).
+  JobReport run(const GemmJob& job);
+  // Timing plus the functional datapath: the MAC array and accumulator compute C [M, N] from the quantised
+  // operands (job.M x job.K and job.N x job.K) through the Datapath, tile by tile, as the schedule runs.
+  JobReport run(const GemmJob& job, const QTensor& a, const QTensor& b, std::vector<float>& c);
+
+  // Wall seconds spent inside Datapath calls since construction (the functional share of a --check run).
+  double datapath_seconds() const;
+
+ private:
+  Config cfg_;
+  std::shared_ptr<Datapath> dp_;
+  std::unique_ptr<detail::Model> model_;
+  JobReport run_impl(const GemmJob& job, const QTensor* a, const QTensor* b, std::vector<float>* c);
+};
+
+// True when MAC units of `kind` multiply `f` natively (e2m1_max2 rides on E2M1 units, int4 on E1M2 units).
+bool mac_native(MacKind kind, const ElemFormat& f);
+
+}  // namespace fp4lab::sim

@@ -1,0 +1,44 @@
+// What the TCU model runs: GEMM jobs. A training step of a linear layer (X [tokens, in], W [out, in],
+// dY [tokens, out]) is three jobs, fwd_y, bwd_dx and bwd_dw, each C = A . B^T with both operands quantised
+// along the reduction dimension K as the recipe says (fp4lab::Recipe::operand).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "fp4lab/quantize.hpp"
+#include "fp4lab/recipe.hpp"
+
+namespace fp4lab::sim {
+
+struct GemmJob {
+  std::string layer;         // e.g. "layer1.linear_fc2"
+  Pass pass = Pass::fwd_y;
+  int64_t M = 0, N = 0, K = 0;
+  QuantConfig a, b;          // quantiser settings of operand A [M, K] and B [N, K]
+  double count = 1;          // times this GEMM occurs in the workload (weights the totals)
+  std::string name() const { return layer + "." + pass_name(pass); }
+};
+
+// One linear layer of a shape list.
+struct LayerShape {
+  std::string gemm;
+  int64_t tokens = 0, in = 0, out = 0;
+  double count = 1;
+};
+
+// The three training GEMMs of a layer. `quant(pass, operand)` gives each operand's quantiser settings.
+using OperandConfigFn = std::function<QuantConfig(Pass, Operand)>;
+std::vector<GemmJob> training_gemms(const LayerShape& layer, const OperandConfigFn& quant);
+
+// A shape list (workloads/shapes/*.csv): '#' comments, a header `gemm,tokens,in,out[,count]`, then one linear
+// layer per line. Throws std::invalid_argument "FILE:LINE: fault" on a bad line.
+std::vector<LayerShape> read_shapes(const std::string& path);
+
+// Bytes of a quantised operand slice of rows x cols (cols along K): 4-bit codes plus its block scales.
+double quantised_bytes_per_element(const QuantConfig& q);
+int64_t quantised_bytes(const QuantConfig& q, int64_t rows, int64_t cols);
+
+}  // namespace fp4lab::sim

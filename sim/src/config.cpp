@@ -1,0 +1,188 @@
+#include "fp4lab/sim/config.hpp"
+
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace fp4lab::sim {
+
+const char* mac_kind_name(MacKind k) {
+  return k == MacKind::e2m1 ? "e2m1" : k == MacKind::e1m2 ? "e1m2" : "dual";
+}
+const char* prep_mode_name(PrepMode m) {
+  return m == PrepMode::frontend ? "frontend" : m == PrepMode::fused ? "fused" : "unfused";
+}
+MacKind parse_mac_kind(const std::string& s) {
+  for (MacKind k : {MacKind::e2m1, MacKind::e1m2, MacKind::dual})
+    if (s == mac_kind_name(k)) return k;
+  throw std::invalid_argument("mac.kind '" + s + "' is not one of e2m1, e1m2, dual");
+}
+PrepMode parse_prep_mode(const std::string& s) {
+  for (PrepMode m : {PrepMode::frontend, PrepMode::fused, PrepMode::unfused})
+    if (s == prep_mode_name(m)) return m;
+  throw std::invalid_argument("prep.mode '" + s + "' is not one of frontend, fused, unfused");
+}
+
+po::options_description Config::options() {
+  po::options_description d("TCU model (config file keys; any of them also as --key VALUE)");
+  // clang-format off
+  d.add_options()
+    ("name", po::value<std::string>()->default_value("custom"), "configuration name, printed in reports")
+    ("clock.ghz", po::value<double>()->required(), "TCU clock, GHz")
+    ("tcu.count", po::value<int>()->required(), "TCUs sharing the memory levels; output tiles are dealt round-robin")
+    ("tile.m", po::value<int>()->required(), "output tile rows")
+    ("tile.n", po::value<int>()->required(), "output tile columns")
+    ("tile.k", po::value<int>()->required(), "reduction elements per k-step (a multiple of 32 and of the RHT size)")
+    ("tile.raster_group", po::value<int>()->default_value(1), "tile rows visited together (grouped raster order)")
+    ("buffer.bytes", po::value<int64_t>()->required(), "operand buffer per TCU, bytes")
+    ("buffer.slots", po::value<int>()->default_value(2), "k-step tiles in flight from fetch to the MAC array")
+    ("acc.tiles", po::value<int>()->default_value(2), "output-tile accumulators per TCU")
+    ("dram.bandwidth", po::value<double>()->required(), "off-chip memory bandwidth, bytes per cycle")
+    ("dram.latency", po::value<int64_t>()->required(), "off-chip memory latency, cycles")
+    ("l2.bytes", po::value<int64_t>()->default_value(0), "shared cache capacity, bytes (0 = none)")
+    ("l2.bandwidth", po::value<double>()->default_value(0), "shared cache bandwidth, bytes per cycle")
+    ("l2.latency", po::value<int64_t>()->default_value(0), "shared cache latency, cycles")
+    ("rht.lanes", po::value<int>()->required(), "RHT front-end elements per cycle")
+    ("rht.stage_latency", po::value<int>()->default_value(1), "cycles per butterfly stage")
+    ("quant.lanes", po::value<int>()->required(), "quantiser elements per cycle (RTNE)")
+    ("quant.sr_lanes", po::value<int>()->default_value(0), "quantiser elements per cycle with SR (0 = quant.lanes)")
+    ("quant.latency", po::value<int>()->required(), "quantiser latency, cycles")
+    ("mac.units", po::value<int>()->required(), "16-element block dot-product units per TCU")
+    ("mac.kind", po::value<std::string>()->required(), "e2m1 | e1m2 | dual: grids the units take natively")
+    ("mac.fallback_rate", po::value<double>()->default_value(0),
+     "throughput relative to native for a grid the units lack (0 = such a GEMM is refused)")
+    ("mac.latency", po::value<int>()->required(), "MAC array latency, cycles")
+    ("acc.lanes", po::value<int>()->required(), "scale-and-accumulate operations per cycle")
+    ("acc.latency", po::value<int>()->required(), "scale-and-accumulate latency, cycles")
+    ("prep.mode", po::value<std::string>()->default_value("frontend"),
+     "frontend | fused | unfused: RHT + quantise in the TCU front-end, or as one or two passes through memory")
+    ("operand.bytes", po::value<int>()->default_value(2), "bytes per unquantised operand element (BF16 = 2)")
+    ("output.bytes", po::value<int>()->default_value(4), "bytes per output element (FP32 = 4, BF16 = 2)")
+    ("energy.mac_e2m1_pj", po::value<double>()->required(), "pJ per MAC on an E2M1-only unit")
+    ("energy.mac_e1m2_pj", po::value<double>()->required(), "pJ per MAC on an E1M2-only unit")
+    ("energy.mac_dual_pj", po::value<double>()->required(), "pJ per MAC on a dual-format unit")
+    ("energy.mac_fallback_pj", po::value<double>()->default_value(0), "pJ per MAC on the fallback path")
+    ("energy.acc_pj", po::value<double>()->required(), "pJ per block scale-and-accumulate")
+    ("energy.rht_add_pj", po::value<double>()->required(), "pJ per butterfly add or subtract")
+    ("energy.quant_pj", po::value<double>()->required(), "pJ per element quantised")
+    ("energy.sr_pj", po::value<double>()->default_value(0), "extra pJ per stochastically rounded element")
+    ("energy.dram_byte_pj", po::value<double>()->required(), "pJ per off-chip byte")
+    ("energy.l2_byte_pj", po::value<double>()->default_value(0), "pJ per shared-cache byte")
+    ("energy.buffer_byte_pj", po::value<double>()->required(), "pJ per operand-buffer byte");
+  // clang-format on
+  return d;
+}
+
+Config Config::from(const po::variables_map& vm) {
+  Config c;
+  auto I = [&](const char* k) { return vm[k].as<int>(); };
+  auto L = [&](const char* k) { return vm[k].as<int64_t>(); };
+  auto D = [&](const char* k) { return vm[k].as<double>(); };
+  c.name = vm["name"].as<std::string>();
+  c.clock_ghz = D("clock.ghz");
+  c.tcus = I("tcu.count");
+  c.tile_m = I("tile.m");
+  c.tile_n = I("tile.n");
+  c.tile_k = I("tile.k");
+  c.raster_group = I("tile.raster_group");
+  c.buffer_bytes = L("buffer.bytes");
+  c.buffer_slots = I("buffer.slots");
+  c.acc_tiles = I("acc.tiles");
+  c.dram = {D("dram.bandwidth"), L("dram.latency"), 0};
+  c.l2 = {D("l2.bandwidth"), L("l2.latency"), L("l2.bytes")};
+  c.rht_lanes = I("rht.lanes");
+  c.rht_stage_latency = I("rht.stage_latency");
+  c.quant_lanes = I("quant.lanes");
+  c.quant_sr_lanes = I("quant.sr_lanes") > 0 ? I("quant.sr_lanes") : c.quant_lanes;
+  c.quant_latency = I("quant.latency");
+  c.mac_units = I("mac.units");
+  c.mac_kind = parse_mac_kind(vm["mac.kind"].as<std::string>());
+  c.mac_fallback_rate = D("mac.fallback_rate");
+  c.mac_latency = I("mac.latency");
+  c.acc_lanes = I("acc.lanes");
+  c.acc_latency = I("acc.latency");
+  c.prep = parse_prep_mode(vm["prep.mode"].as<std::string>());
+  c.input_bytes = I("operand.bytes");
+  c.output_bytes = I("output.bytes");
+  Energy& e = c.energy;
+  e.mac_e2m1 = D("energy.mac_e2m1_pj");
+  e.mac_e1m2 = D("energy.mac_e1m2_pj");
+  e.mac_dual = D("energy.mac_dual_pj");
+  e.mac_fallback = D("energy.mac_fallback_pj");
+  e.acc_op = D("energy.acc_pj");
+  e.rht_add = D("energy.rht_add_pj");
+  e.quant_elem = D("energy.quant_pj");
+  e.sr_elem = D("energy.sr_pj");
+  e.dram_byte = D("energy.dram_byte_pj");
+  e.l2_byte = D("energy.l2_byte_pj");
+  e.buffer_byte = D("energy.buffer_byte_pj");
+  c.validate();
+  return c;
+}
+
+void Config::validate() const {
+  auto need = [](bool ok, const std::string& what) {
+    if (!ok) throw std::invalid_argument(what);
+  };
+  need(clock_ghz > 0, "clock.ghz must be positive");
+  need(tcus >= 1, "tcu.count must be at least 1");
+  need(tile_m >= 1 && tile_n >= 1, "tile.m and tile.n must be at least 1");
+  need(tile_k >= 32 && tile_k % 32 == 0, "tile.k must be a positive multiple of 32 (both block sizes), not " +
+                                             std::to_string(tile_k));
+  need(raster_group >= 1, "tile.raster_group must be at least 1");
+  need(buffer_slots >= 1, "buffer.slots must be at least 1");
+  need(acc_tiles >= 1, "acc.tiles must be at least 1");
+  need(dram.bandwidth > 0 && dram.latency >= 0, "dram.bandwidth must be positive and dram.latency >= 0");
+  need(l2.bytes >= 0, "l2.bytes must be >= 0");
+  need(l2.bytes == 0 || (l2.bandwidth > 0 && l2.latency >= 0), "an L2 (l2.bytes > 0) needs l2.bandwidth > 0");
+  need(rht_lanes >= 1 && rht_stage_latency >= 0, "rht.lanes must be >= 1 and rht.stage_latency >= 0");
+  need(quant_lanes >= 1 && quant_sr_lanes >= 1 && quant_latency >= 0, "quant.lanes must be >= 1, quant.latency >= 0");
+  need(mac_units >= 1 && mac_latency >= 0, "mac.units must be >= 1 and mac.latency >= 0");
+  need(mac_fallback_rate >= 0 && mac_fallback_rate <= 1, "mac.fallback_rate must lie in [0, 1]");
+  need(acc_lanes >= 1 && acc_latency >= 0, "acc.lanes must be >= 1 and acc.latency >= 0");
+  need(input_bytes >= 1 && output_bytes >= 1, "operand.bytes and output.bytes must be >= 1");
+  // The streaming slots alone must fit: every slot holds one A and one B k-step tile in BF16.
+  const int64_t slot = int64_t(tile_m + tile_n) * tile_k * input_bytes;
+  need(buffer_bytes >= int64_t(buffer_slots) * slot,
+       "buffer.bytes = " + std::to_string(buffer_bytes) + " cannot hold buffer.slots = " +
+           std::to_string(buffer_slots) + " k-step tiles of (tile.m + tile.n) x tile.k BF16 elements (" +
+           std::to_string(slot) + " bytes each)");
+}
+
+Config Config::load(const std::string& path, const std::vector<std::string>& overrides) {
+  const po::options_description desc = options();
+  po::variables_map vm;
+  try {
+    std::vector<std::string> args;
+    for (const std::string& o : overrides) args.push_back("--" + o);
+    po::store(po::command_line_parser(args).options(desc).run(), vm);
+    std::ifstream in(path);
+    if (!in) throw std::invalid_argument("cannot open config file");
+    po::store(po::parse_config_file(in, desc), vm);
+    po::notify(vm);
+    return from(vm);
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(path + ": " + e.what());
+  }
+}
+
+nlohmann::json Config::to_json() const {
+  return {{"name", name},
+          {"clock_ghz", clock_ghz},
+          {"tcu_count", tcus},
+          {"tile", {{"m", tile_m}, {"n", tile_n}, {"k", tile_k}, {"raster_group", raster_group}}},
+          {"buffer", {{"bytes", buffer_bytes}, {"slots", buffer_slots}}},
+          {"dram", {{"bandwidth", dram.bandwidth}, {"latency", dram.latency}}},
+          {"l2", {{"bytes", l2.bytes}, {"bandwidth", l2.bandwidth}, {"latency", l2.latency}}},
+          {"rht", {{"lanes", rht_lanes}, {"stage_latency", rht_stage_latency}}},
+          {"quant", {{"lanes", quant_lanes}, {"sr_lanes", quant_sr_lanes}, {"latency", quant_latency}}},
+          {"mac", {{"units", mac_units}, {"kind", mac_kind_name(mac_kind)}, {"fallback_rate", mac_fallback_rate},
+                   {"latency", mac_latency}}},
+          {"acc", {{"lanes", acc_lanes}, {"latency", acc_latency}, {"tiles", acc_tiles}}},
+          {"prep_mode", prep_mode_name(prep)},
+          {"operand_bytes", input_bytes},
+          {"output_bytes", output_bytes},
+          {"peak_macs_per_cycle", peak_macs_per_cycle()}};
+}
+
+}  // namespace fp4lab::sim

@@ -1,0 +1,105 @@
+#include "fp4lab/sim/run.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+
+#include "fp4lab/gemm.hpp"
+#include "fp4lab/scale.hpp"
+
+namespace fp4lab::sim {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+bool wanted(const RunOptions& opt, Pass p) {
+  for (Pass q : opt.passes)
+    if (q == p) return true;
+  return false;
+}
+Report make_report(const Simulator& sim, const std::string& source, const RunOptions& opt) {
+  Report r;
+  r.config = sim.config().to_json();
+  r.config["datapath"] = sim.datapath().name();
+  r.recipe = opt.recipe;
+  r.source = source;
+  r.checked = opt.check;
+  return r;
+}
+}  // namespace
+
+int64_t count_mismatches(const std::vector<float>& got, const std::vector<float>& want, int64_t cols,
+                         std::string* first) {
+  if (got.size() != want.size()) {
+    if (first) *first = "output sizes differ: " + std::to_string(got.size()) + " vs " + std::to_string(want.size());
+    return int64_t(std::max(got.size(), want.size()));
+  }
+  int64_t n = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (f32_bits(got[i]) == f32_bits(want[i])) continue;
+    if (n == 0 && first) {
+      char b[160];
+      std::snprintf(b, sizeof b, "C[%lld, %lld]: sim %a (0x%08x), golden %a (0x%08x)", (long long)(int64_t(i) / cols),
+                    (long long)(int64_t(i) % cols), double(got[i]), f32_bits(got[i]), double(want[i]),
+                    f32_bits(want[i]));
+      *first = b;
+    }
+    ++n;
+  }
+  return n;
+}
+
+Report run_shapes(Simulator& sim, const std::vector<LayerShape>& layers, const std::string& source,
+                  const RunOptions& opt) {
+  Report rep = make_report(sim, source, opt);
+  rep.checked = false;
+  for (const LayerShape& l : layers)
+    for (const GemmJob& j : training_gemms(l, opt.quant))
+      if (wanted(opt, j.pass)) rep.jobs.push_back(sim.run(j));
+  return rep;
+}
+
+Report run_trace(Simulator& sim, const io::Trace& trace, const std::string& source, const RunOptions& opt,
+                 RunTimes* times) {
+  const auto t_all = Clock::now();
+  RunTimes tm;
+  const double dp0 = sim.datapath_seconds();
+  Report rep = make_report(sim, source, opt);
+  for (const io::TraceRecord& rec : trace.records()) {
+    const LayerShape shape{rec.gemm, rec.tokens, rec.in, rec.out, 1};
+    const std::vector<GemmJob> jobs = training_gemms(shape, opt.quant);
+    if (!opt.check) {
+      for (const GemmJob& j : jobs)
+        if (wanted(opt, j.pass)) rep.jobs.push_back(sim.run(j));
+      continue;
+    }
+    auto t = Clock::now();
+    const io::Trace::Layer layer = trace.load(rec);
+    tm.load += since(t);
+    for (const GemmJob& j : jobs) {
+      if (!wanted(opt, j.pass)) continue;
+      t = Clock::now();
+      const PassOperands ops =
+          pass_operands(j.pass, layer.x.data(), layer.w.data(), layer.dy.data(), rec.tokens, rec.in, rec.out);
+      const QTensor qa = quantize(ops.a.data(), ops.M, ops.K, j.a);
+      const QTensor qb = quantize(ops.b.data(), ops.N, ops.K, j.b);
+      tm.quantise += since(t);
+      std::vector<float> c;
+      JobReport r = sim.run(j, qa, qb, c);
+      t = Clock::now();
+      const std::vector<float> want = gemm(qa, qb);
+      tm.reference += since(t);
+      r.checked = true;
+      r.outputs_checked = int64_t(want.size());
+      r.mismatches = count_mismatches(c, want, j.N, &r.first_mismatch);
+      rep.jobs.push_back(std::move(r));
+    }
+  }
+  tm.datapath = sim.datapath_seconds() - dp0;
+  tm.total = since(t_all);
+  if (times) *times = tm;
+  return rep;
+}
+
+}  // namespace fp4lab::sim

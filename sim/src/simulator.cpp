@@ -1,0 +1,508 @@
+#include "fp4lab/sim/simulator.hpp"
+
+#include <atomic>
+#include <stdexcept>
+#include <string>
+
+#include "fp4lab/gemm.hpp"
+#include "tcu.hpp"
+
+// libsystemc's own main() refers to sc_main. fp4lab has its own main and drives the kernel with sc_start, so
+// this entry point is only there for the linker; reaching it means something called libsystemc's main.
+int sc_main(int, char**) { return 1; }
+
+namespace fp4lab::sim {
+
+bool mac_native(MacKind kind, const ElemFormat& f) {
+  if (kind == MacKind::dual) return true;
+  const bool e2m1_family = f.ebits == 2 && f.mbits == 1;  // e2m1, e2m1_max2
+  const bool e1m2_family = f.ebits == 1 && f.mbits == 2;  // e1m2, int4 (the same integer grid)
+  return kind == MacKind::e2m1 ? e2m1_family : e1m2_family;
+}
+
+namespace detail {
+
+// Tile-level L2 and buffer keys: tensor id, tile row, k-step.
+enum TensorId : uint64_t { kSrcA = 1, kSrcB, kRotA, kRotB, kQA, kQB, kOut };
+inline uint64_t key(uint64_t tensor, int64_t row_tile, int64_t k_tile) {
+  return (tensor << 48) | (uint64_t(row_tile) << 24) | uint64_t(k_tile);
+}
+
+enum class PhaseKind { amax, rht, quant, rht_quant, gemm };
+
+struct OperandPlan {
+  QuantConfig q;
+  int64_t rows = 0;
+  int tile_rows = 0;
+  bool rht = false, sr = false, ue4m3 = false;
+  int rht_stages = 0, rht_ops_per_elem = 0;
+  uint64_t src = 0, rot = 0, qt = 0;
+};
+
+struct Counters {  // work handed out by the scheduler, for the report
+  double buf_read = 0, buf_write = 0;
+};
+
+class Plan {
+ public:
+  Plan(const Config& c, const GemmJob& j) : cfg(c), job(j) {
+    for (int o = 0; o < 2; ++o) {
+      OperandPlan& p = op[o];
+      p.q = o == 0 ? j.a : j.b;
+      p.rows = o == 0 ? j.M : j.N;
+      p.tile_rows = o == 0 ? c.tile_m : c.tile_n;
+      p.rht = p.q.rht > 0;
+      p.sr = p.q.rounding == Rounding::sr;
+      p.ue4m3 = p.q.scale == ScaleKind::ue4m3;
+      if (p.rht) {
+        int lg = 0;
+        while ((1 << lg) < p.q.rht) ++lg;
+        p.rht_stages = lg + 1;  // butterfly stages, then the 1/sqrt(d) multiply
+        // 1/sqrt(d) is a power of two for d = 4^n (an exponent decrement); otherwise a real multiply.
+        p.rht_ops_per_elem = lg + (lg % 2 == 0 ? 0 : 1);
+      }
+      p.src = o == 0 ? kSrcA : kSrcB;
+      p.rot = o == 0 ? kRotA : kRotB;
+      p.qt = o == 0 ? kQA : kQB;
+    }
+    mt = ceil_div(j.M, c.tile_m);
+    nt = ceil_div(j.N, c.tile_n);
+    kt = ceil_div(j.K, c.tile_k);
+    const bool any_rht = op[0].rht || op[1].rht, any_amax = op[0].ue4m3 || op[1].ue4m3;
+    switch (c.prep) {
+      case PrepMode::frontend:
+        if (any_amax) phases.push_back(PhaseKind::amax);
+        break;
+      case PrepMode::fused:
+        if (any_amax) phases.push_back(PhaseKind::amax);
+        phases.push_back(PhaseKind::rht_quant);
+        break;
+      case PrepMode::unfused:
+        if (any_rht) phases.push_back(PhaseKind::rht);
+        if (any_amax) phases.push_back(PhaseKind::amax);
+        phases.push_back(PhaseKind::quant);
+        break;
+    }
+    phases.push_back(PhaseKind::gemm);
+    // Grouped raster order: groups of raster_group tile rows, column by column inside a group.
+    for (int64_t g = 0; g < mt; g += c.raster_group)
+      for (int64_t n = 0; n < nt; ++n)
+        for (int64_t m = g; m < std::min<int64_t>(g + c.raster_group, mt); ++m) tiles.emplace_back(m, n);
+    // Operand buffer: the streaming slots come first; what is left holds whole operand panels (tile rows x K,
+    // quantised) for reuse by the TCU's next tiles.
+    const int64_t slot = c.prep == PrepMode::frontend
+                             ? int64_t(c.tile_m + c.tile_n) * c.tile_k * c.input_bytes
+                             : quantised_bytes(op[0].q, c.tile_m, c.tile_k) + quantised_bytes(op[1].q, c.tile_n, c.tile_k);
+    resident_bytes = std::max<int64_t>(0, c.buffer_bytes - int64_t(c.buffer_slots) * slot);
+    panel_bytes[0] = quantised_bytes(op[0].q, std::min<int64_t>(c.tile_m, j.M), j.K);
+    panel_bytes[1] = quantised_bytes(op[1].q, std::min<int64_t>(c.tile_n, j.N), j.K);
+  }
+
+  const Config& cfg;
+  const GemmJob& job;
+  OperandPlan op[2];
+  int64_t mt = 0, nt = 0, kt = 0;
+  std::vector<PhaseKind> phases;
+  std::vector<std::pair<int64_t, int64_t>> tiles;
+  int64_t resident_bytes = 0, panel_bytes[2] = {0, 0};
+  Counters counters;
+
+  using Put = std::function<void(Token&&)>;
+  void emit(size_t phase, int tcu, const Put& put) {
+    if (phases[phase] == PhaseKind::gemm)
+      emit_gemm(tcu, put);
+    else
+      emit_pass(phases[phase], tcu, put);
+  }
+
+ private:
+  int64_t tk_at(int64_t kk) const { return std::min<int64_t>(cfg.tile_k, job.K - kk * cfg.tile_k); }
+  int64_t rows_at(int o, int64_t r) const {
+    return std::min<int64_t>(op[o].tile_rows, op[o].rows - r * op[o].tile_rows);
+  }
+  void add_read(Token& t, uint64_t k, int64_t bytes) {
+    t.rd[t.nrd++] = {k, bytes};
+  }
+  void add_quant(Token& t, const OperandPlan& p, int64_t elems) {
+    (p.sr ? t.q_sr_elems : t.q_elems) += elems;
+  }
+  void add_rht(Token& t, const OperandPlan& p, int64_t elems) {
+    t.rht_elems += elems;
+    t.rht_ops += elems * p.rht_ops_per_elem;
+    t.rht_stages = std::max(t.rht_stages, p.rht_stages);
+  }
+
+  void emit_pass(PhaseKind kind, int tcu, const Put& put) {
+    const bool unfused = cfg.prep == PrepMode::unfused;
+    int64_t chunk = 0;
+    for (int o = 0; o < 2; ++o) {
+      const OperandPlan& p = op[o];
+      if (kind == PhaseKind::amax && !p.ue4m3) continue;
+      if (kind == PhaseKind::rht && !p.rht) continue;
+      const int64_t rt = ceil_div(p.rows, p.tile_rows);
+      for (int64_t r = 0; r < rt; ++r)
+        for (int64_t kk = 0; kk < kt; ++kk, ++chunk) {
+          if (chunk % cfg.tcus != tcu) continue;
+          const int64_t elems = rows_at(o, r) * tk_at(kk), raw = elems * cfg.input_bytes;
+          Token t;
+          t.kind = Token::Kind::chunk;
+          t.credit = true;
+          switch (kind) {
+            case PhaseKind::amax:  // the per-tensor amax of NVFP4's global scale (of the rotated values)
+              add_read(t, key(unfused && p.rht ? p.rot : p.src, r, kk), raw);
+              if (!unfused && p.rht) add_rht(t, p, elems);
+              t.q_elems = elems;
+              break;
+            case PhaseKind::rht:
+              add_read(t, key(p.src, r, kk), raw);
+              add_rht(t, p, elems);
+              t.wr_key = key(p.rot, r, kk);
+              t.wr_bytes = raw;
+              break;
+            case PhaseKind::quant:
+              add_read(t, key(p.rht ? p.rot : p.src, r, kk), raw);
+              add_quant(t, p, elems);
+              t.wr_key = key(p.qt, r, kk);
+              t.wr_bytes = quantised_bytes(p.q, rows_at(o, r), tk_at(kk));
+              break;
+            case PhaseKind::rht_quant:
+              add_read(t, key(p.src, r, kk), raw);
+              if (p.rht) add_rht(t, p, elems);
+              add_quant(t, p, elems);
+              t.wr_key = key(p.qt, r, kk);
+              t.wr_bytes = quantised_bytes(p.q, rows_at(o, r), tk_at(kk));
+              break;
+            case PhaseKind::gemm:
+              break;
+          }
+          t.buf_write = t.buf_read = raw;
+          counters.buf_write += raw;
+          counters.buf_read += raw;
+          put(std::move(t));
+        }
+    }
+  }
+
+  void emit_gemm(int tcu, const Put& put) {
+    const bool frontend = cfg.prep == PrepMode::frontend;
+    Lru resident(resident_bytes);  // operand panels kept in this TCU's buffer between tiles
+    for (size_t i = size_t(tcu); i < tiles.size(); i += size_t(cfg.tcus)) {
+      const auto [mi, ni] = tiles[i];
+      const int64_t idx[2] = {mi, ni};
+      const int64_t rows[2] = {rows_at(0, mi), rows_at(1, ni)};
+      const bool res[2] = {resident.hit(key(kQA, mi, 0)), resident.hit(key(kQB, ni, 0))};
+      for (int64_t kk = 0; kk < kt; ++kk) {
+        const int64_t tk = tk_at(kk);
+        Token t;
+        t.kind = Token::Kind::step;
+        t.m0 = mi * cfg.tile_m;
+        t.n0 = ni * cfg.tile_n;
+        t.k0 = kk * cfg.tile_k;
+        t.tm = int(rows[0]);
+        t.tn = int(rows[1]);
+        t.tk = int(tk);
+        t.first_k = kk == 0;
+        t.last_k = kk == kt - 1;
+        for (int o = 0; o < 2; ++o) {
+          const OperandPlan& p = op[o];
+          const int64_t qbytes = quantised_bytes(p.q, rows[o], tk);
+          t.buf_read += qbytes;  // the MAC array reads both tiles every k-step
+          if (res[o]) continue;
+          const int64_t elems = rows[o] * tk;
+          if (frontend) {
+            add_read(t, key(p.src, idx[o], kk), elems * cfg.input_bytes);
+            if (p.rht) add_rht(t, p, elems);
+            add_quant(t, p, elems);
+          } else {
+            add_read(t, key(p.qt, idx[o], kk), qbytes);
+          }
+          t.buf_write += qbytes;
+        }
+        t.credit = t.nrd > 0;
+        t.blocks16 = rows[0] * rows[1] * (tk / 16);
+        t.acc_ops = rows[0] * rows[1] * (tk / op[0].q.block) + (t.last_k ? rows[0] * rows[1] : 0);
+        t.wr_key = key(kOut, mi, ni);
+        t.wr_bytes = rows[0] * rows[1] * cfg.output_bytes;
+        counters.buf_read += double(t.buf_read);
+        counters.buf_write += double(t.buf_write);
+        put(std::move(t));
+      }
+      resident.insert(key(kQA, mi, 0), panel_bytes[0]);
+      resident.insert(key(kQB, ni, 0), panel_bytes[1]);
+    }
+  }
+};
+
+class Scheduler : public sc_module {
+ public:
+  TokenQueue* out = nullptr;
+  Barrier* barrier = nullptr;
+  sc_event* start = nullptr;
+  Plan* plan = nullptr;
+  int index = 0;
+  SC_HAS_PROCESS(Scheduler);
+  Scheduler(sc_module_name n, Clock clk) : sc_module(n), clk_(clk) { SC_THREAD(run); }
+
+ private:
+  Clock clk_;
+  void run() {
+    while (true) {
+      sc_core::wait(*start);
+      for (size_t ph = 0; ph < plan->phases.size(); ++ph) {
+        plan->emit(ph, index, [this](Token&& t) { out->put(std::move(t)); });
+        Token m;
+        m.kind = Token::Kind::marker;
+        m.ready = clk_.now();
+        out->put(std::move(m));
+        sc_core::wait(barrier->ev);
+      }
+    }
+  }
+};
+
+struct Tcu {
+  TokenQueue q_sched{1}, q_fetch{1}, q_rht{1}, q_quant{1}, q_mac{1}, q_acc{1};
+  Credits slots, accs;
+  std::unique_ptr<Scheduler> sched;
+  std::unique_ptr<Fetch> fetch;
+  std::unique_ptr<RhtUnit> rht;
+  std::unique_ptr<Quantiser> quant;
+  std::unique_ptr<MacArray> mac;
+  std::unique_ptr<Accumulator> acc;
+  std::unique_ptr<WriteBack> wb;
+  Tcu(int i, const Config& c, Clock clk, Memory& mem, Barrier& bar, sc_event& start, Functional& fn)
+      : slots(c.buffer_slots), accs(c.acc_tiles) {
+    const std::string p = "tcu" + std::to_string(i) + "_";
+    sched = std::make_unique<Scheduler>((p + "scheduler").c_str(), clk);
+    fetch = std::make_unique<Fetch>((p + "fetch").c_str(), clk);
+    rht = std::make_unique<RhtUnit>((p + "rht").c_str(), clk, c);
+    quant = std::make_unique<Quantiser>((p + "quant").c_str(), clk, c);
+    mac = std::make_unique<MacArray>((p + "mac").c_str(), clk, c);
+    acc = std::make_unique<Accumulator>((p + "acc").c_str(), clk, c);
+    wb = std::make_unique<WriteBack>((p + "writeback").c_str(), clk);
+    sched->out = &q_sched;
+    sched->barrier = &bar;
+    sched->start = &start;
+    sched->index = i;
+    fetch->in = &q_sched;
+    fetch->out = &q_fetch;
+    fetch->slots = &slots;
+    fetch->mem(mem);
+    rht->in = &q_fetch;
+    rht->out = &q_rht;
+    quant->in = &q_rht;
+    quant->out = &q_quant;
+    mac->in = &q_quant;
+    mac->out = &q_mac;
+    mac->slots = &slots;
+    mac->fn = &fn;
+    acc->in = &q_mac;
+    acc->out = &q_acc;
+    acc->accs = &accs;
+    acc->fn = &fn;
+    wb->in = &q_acc;
+    wb->accs = &accs;
+    wb->barrier = &bar;
+    wb->fn = &fn;
+    wb->mem(mem);
+  }
+  void reset() {
+    fetch->reset();
+    rht->reset();
+    quant->reset();
+    mac->reset();
+    acc->reset();
+    wb->reset();
+  }
+};
+
+struct Model {
+  sc_simcontext* context = nullptr;
+  Clock clk;
+  std::unique_ptr<Memory> mem;
+  std::unique_ptr<Barrier> barrier;
+  std::unique_ptr<sc_event> start;
+  std::vector<std::unique_ptr<Tcu>> tcus;
+  Functional fn;
+};
+
+}  // namespace detail
+
+namespace {
+std::atomic<bool> g_alive{false};
+}
+
+Simulator::Simulator(const Config& cfg, std::shared_ptr<Datapath> datapath) : cfg_(cfg), dp_(std::move(datapath)) {
+  cfg_.validate();
+  if (!dp_) throw std::invalid_argument("Simulator needs a Datapath");
+  if (g_alive.exchange(true)) throw std::invalid_argument("only one fp4lab::sim::Simulator may exist at a time");
+  using namespace sc_core;
+  model_ = std::make_unique<detail::Model>();
+  // A fresh kernel context, so that this process can elaborate a new module hierarchy.
+  model_->context = new sc_simcontext();
+  sc_curr_simcontext = model_->context;
+  sc_default_global_context = model_->context;
+  sc_set_time_resolution(1, SC_FS);
+  model_->clk.period = sc_time::from_value(uint64_t(std::llround(1e6 / cfg_.clock_ghz)));
+  model_->mem = std::make_unique<detail::Memory>("memory", cfg_);
+  model_->barrier = std::make_unique<detail::Barrier>(cfg_.tcus, model_->clk);
+  model_->start = std::make_unique<sc_event>("start");
+  model_->fn.dp = dp_.get();
+  for (int i = 0; i < cfg_.tcus; ++i)
+    model_->tcus.push_back(std::make_unique<detail::Tcu>(i, cfg_, model_->clk, *model_->mem, *model_->barrier,
+                                                         *model_->start, model_->fn));
+  // Elaboration done: run the initialisation phase so every thread waits at its first wait() before the
+  // first job's start event is notified.
+  sc_start(SC_ZERO_TIME);
+}
+
+Simulator::~Simulator() {
+  if (model_) {
+    sc_core::sc_simcontext* ctx = model_->context;
+    model_->tcus.clear();
+    model_->start.reset();
+    model_->barrier.reset();
+    model_->mem.reset();
+    model_.reset();
+    delete ctx;
+    sc_core::sc_curr_simcontext = nullptr;
+    sc_core::sc_default_global_context = nullptr;
+  }
+  g_alive = false;
+}
+
+double Simulator::datapath_seconds() const { return model_->fn.seconds; }
+
+JobReport Simulator::run(const GemmJob& job) { return run_impl(job, nullptr, nullptr, nullptr); }
+
+JobReport Simulator::run(const GemmJob& job, const QTensor& a, const QTensor& b, std::vector<float>& c) {
+  if (a.rows != job.M || b.rows != job.N || a.cols != job.K || b.cols != job.K)
+    throw std::invalid_argument(job.name() + ": operand shapes do not match the job's M, N, K");
+  check_gemm_operands(a, b);
+  return run_impl(job, &a, &b, &c);
+}
+
+JobReport Simulator::run_impl(const GemmJob& job, const QTensor* qa, const QTensor* qb, std::vector<float>* c) {
+  using namespace detail;
+  const std::string where = job.name() + ": ";
+  if (job.M <= 0 || job.N <= 0 || job.K <= 0) throw std::invalid_argument(where + "M, N and K must be positive");
+  if (job.a.block != job.b.block)
+    throw std::invalid_argument(where + "operands disagree on the block size");
+  if (job.a.format.name != std::string(job.b.format.name))
+    throw std::invalid_argument(where + "operands on different grids (" + job.a.format.name + ", " + job.b.format.name +
+                                ") are not supported by the MAC array");
+  const int block = job.a.block;
+  if (job.K % block != 0)
+    throw std::invalid_argument(where + "K = " + std::to_string(job.K) + " is not a multiple of the block size " +
+                                std::to_string(block));
+  for (const QuantConfig* q : {&job.a, &job.b})
+    if (q->rht > 0 && (cfg_.tile_k % q->rht != 0 || job.K % q->rht != 0))
+      throw std::invalid_argument(where + "RHT size " + std::to_string(q->rht) + " must divide K = " +
+                                  std::to_string(job.K) + " and tile.k = " + std::to_string(cfg_.tile_k));
+  const bool native = mac_native(cfg_.mac_kind, job.a.format);
+  if (!native && cfg_.mac_fallback_rate <= 0)
+    throw std::invalid_argument(where + std::string("mac.kind = ") + mac_kind_name(cfg_.mac_kind) + " has no " +
+                                job.a.format.name + " units and mac.fallback_rate is 0");
+
+  Model& m = *model_;
+  const int64_t t0 = m.clk.now();
+  Plan plan(cfg_, job);
+  m.mem->reset(t0);
+  m.barrier->releases.clear();
+  m.fn.a = qa;
+  m.fn.b = qb;
+  m.fn.c = c;
+  if (c) {
+    c->assign(size_t(job.M * job.N), 0.0f);
+    m.fn.ga = tensor_factor(qa->format, qa->global_dec);
+    m.fn.gb = tensor_factor(qb->format, qb->global_dec);
+  }
+  for (auto& t : m.tcus) {
+    t->reset();
+    t->sched->plan = &plan;
+    t->mac->rate = native ? double(cfg_.mac_units) : cfg_.mac_units * cfg_.mac_fallback_rate;
+    t->wb->n_cols = job.N;
+  }
+  m.start->notify(sc_core::SC_ZERO_TIME);
+  sc_core::sc_start();
+  m.fn.c = nullptr;
+  if (m.barrier->releases.size() != plan.phases.size())
+    throw std::logic_error(where + "simulation stopped after " + std::to_string(m.barrier->releases.size()) + " of " +
+                           std::to_string(plan.phases.size()) + " phases (internal deadlock)");
+
+  const int64_t end = m.barrier->releases.back();
+  const int64_t gemm_start = plan.phases.size() > 1 ? m.barrier->releases[plan.phases.size() - 2] : t0;
+  JobReport r;
+  r.name = job.name();
+  r.layer = job.layer;
+  r.pass = pass_name(job.pass);
+  r.M = job.M;
+  r.N = job.N;
+  r.K = job.K;
+  r.format = job.a.format.name;
+  r.scale = scale_name(job.a.scale);
+  r.block = block;
+  r.rht = std::max(job.a.rht, job.b.rht);
+  r.prep_mode = prep_mode_name(cfg_.prep);
+  r.native = native;
+  r.count = job.count;
+  r.cycles = end - t0;
+  r.prep_cycles = gemm_start - t0;
+  r.time_us = double(r.cycles) * cfg_.period_ns() / 1000.0;
+  r.macs = double(job.M) * double(job.N) * double(job.K);
+  r.mac_util = r.cycles > 0 ? r.macs / (double(cfg_.peak_macs_per_cycle()) * double(r.cycles)) : 0;
+
+  const double T = double(cfg_.tcus), cyc = double(std::max<int64_t>(r.cycles, 1));
+  double fetch = 0, rht = 0, quant = 0, mac = 0, acc = 0, wb = 0;
+  double rht_ops = 0, q_elems = 0, sr_elems = 0, acc_ops = 0, blocks = 0;
+  for (const std::string& s : stall_categories()) r.stalls[s] = 0;
+  for (auto& t : m.tcus) {
+    fetch += double(t->fetch->busy);
+    rht += double(t->rht->busy);
+    quant += double(t->quant->busy);
+    mac += double(t->mac->compute);
+    acc += double(t->acc->busy);
+    wb += double(t->wb->busy);
+    rht_ops += double(t->rht->ops);
+    q_elems += double(t->quant->elems);
+    sr_elems += double(t->quant->sr_elems);
+    acc_ops += double(t->acc->ops);
+    blocks += double(t->mac->blocks);
+    const MacArray& a = *t->mac;
+    r.stalls["prep"] += double(gemm_start - t0);
+    if (a.first_start < 0) {
+      r.stalls["idle"] += double(end - gemm_start);
+      continue;
+    }
+    r.stalls["fill"] += double(a.first_start - gemm_start);
+    r.stalls["compute"] += double(a.compute);
+    r.stalls["bandwidth"] += double(a.stall[0]);
+    r.stalls["rht"] += double(a.stall[1]);
+    r.stalls["quant"] += double(a.stall[2]);
+    r.stalls["accumulate"] += double(a.accumulate);
+    r.stalls["tail"] += double(end - a.last_end);
+  }
+  for (auto& [k, v] : r.stalls) v /= T;
+  r.busy = {{"fetch", fetch / (T * cyc)}, {"rht", rht / (T * cyc)},   {"quant", quant / (T * cyc)},
+            {"mac", mac / (T * cyc)},     {"acc", acc / (T * cyc)},   {"writeback", wb / (T * cyc)},
+            {"dram", m.mem->dram.busy / cyc}, {"l2", m.mem->l2.busy / cyc}};
+  r.bytes = {{"dram_read", m.mem->dram_read},      {"dram_write", m.mem->dram_write},
+             {"l2_read", m.mem->l2_read},          {"l2_write", m.mem->l2_write},
+             {"buffer_read", plan.counters.buf_read}, {"buffer_write", plan.counters.buf_write}};
+  const Energy& e = cfg_.energy;
+  const double mac_pj = !native                         ? e.mac_fallback
+                        : cfg_.mac_kind == MacKind::dual ? e.mac_dual
+                        : cfg_.mac_kind == MacKind::e2m1 ? e.mac_e2m1
+                                                         : e.mac_e1m2;
+  r.energy_pj = {{"mac", blocks * 16 * mac_pj},
+                 {"acc", acc_ops * e.acc_op},
+                 {"rht", rht_ops * e.rht_add},
+                 {"quant", (q_elems + sr_elems) * e.quant_elem + sr_elems * e.sr_elem},
+                 {"dram", (m.mem->dram_read + m.mem->dram_write) * e.dram_byte},
+                 {"l2", (m.mem->l2_read + m.mem->l2_write) * e.l2_byte},
+                 {"buffer", (plan.counters.buf_read + plan.counters.buf_write) * e.buffer_byte}};
+  for (const auto& [k, v] : r.energy_pj) r.energy_total_pj += v;
+  return r;
+}
+
+}  // namespace fp4lab::sim

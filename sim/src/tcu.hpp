@@ -1,0 +1,525 @@
+// The TCU's SystemC modules (internal to sim/). Time is kept in whole cycles of the configured clock:
+// every delay a unit adds is its occupancy (work / lanes, rounded up) or its latency, both in cycles from the
+// configuration, turned into sc_time by Clock. Tiles travel as Tokens through bounded TokenQueues; a unit
+// that cannot hand a token on blocks, which is the back-pressure. Operand-buffer slots and output-tile
+// accumulators are Credits held from fetch to the MAC array and from the accumulator to write-back.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <list>
+#include <memory>
+#include <systemc>
+#include <unordered_map>
+#include <vector>
+
+#include "fp4lab/quantize.hpp"
+#include "fp4lab/sim/config.hpp"
+#include "fp4lab/sim/datapath.hpp"
+
+namespace fp4lab::sim::detail {
+
+using namespace sc_core;
+
+struct Clock {
+  sc_time period;
+  int64_t now() const { return int64_t(sc_time_stamp().value() / period.value()); }
+  sc_time span(int64_t cycles) const { return sc_time::from_value(period.value() * uint64_t(cycles)); }
+  void wait_cycles(int64_t c) const {
+    if (c > 0) sc_core::wait(span(c));
+  }
+  void wait_until(int64_t cycle) const { wait_cycles(cycle - now()); }
+};
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// What held a k-step tile up on its way to the MAC array (the last unit that made it wait).
+enum class Blame : uint8_t { bandwidth = 0, rht = 1, quant = 2 };
+
+struct Token {
+  enum class Kind : uint8_t { step, chunk, tile_done, marker };
+  Kind kind = Kind::step;
+  struct Read {
+    uint64_t key;
+    int64_t bytes;
+  };
+  Read rd[2]{};
+  int nrd = 0;
+  uint64_t wr_key = 0;
+  int64_t wr_bytes = 0;
+  int64_t rht_elems = 0, rht_ops = 0;  // elements through the butterfly; adds/subtracts (+ scale multiplies)
+  int rht_stages = 0;                  // log2 d + 1
+  int64_t q_elems = 0, q_sr_elems = 0; // elements quantised with RTNE (or amax-scanned) / with SR
+  int64_t blocks16 = 0;                // 16-element block dot products
+  int64_t acc_ops = 0;                 // block scale-and-accumulates (+ the final multiplies on the last k-step)
+  int64_t buf_read = 0, buf_write = 0;
+  bool credit = false;                 // holds an operand-buffer slot until the MAC array is done with it
+  bool first_k = false, last_k = false;
+  int acc_slot = -1;
+  int64_t m0 = 0, n0 = 0, k0 = 0;
+  int tm = 0, tn = 0, tk = 0;
+  std::shared_ptr<std::vector<int32_t>> p;  // block products, MAC array -> accumulator (--check)
+  std::shared_ptr<std::vector<float>> out;  // finished output tile, accumulator -> write-back (--check)
+  int64_t ready = 0;                   // cycle at which the token's data is usable downstream
+  Blame blame = Blame::bandwidth;
+};
+
+class TokenQueue {
+ public:
+  explicit TokenQueue(size_t capacity) : cap_(capacity) {}
+  void put(Token t) {
+    while (q_.size() >= cap_) sc_core::wait(space_);
+    q_.push_back(std::move(t));
+    data_.notify(SC_ZERO_TIME);
+  }
+  Token get() {
+    while (q_.empty()) sc_core::wait(data_);
+    Token t = std::move(q_.front());
+    q_.pop_front();
+    space_.notify(SC_ZERO_TIME);
+    return t;
+  }
+
+ private:
+  size_t cap_;
+  std::deque<Token> q_;
+  sc_event data_, space_;
+};
+
+class Credits {
+ public:
+  explicit Credits(int n) : n_(n) {}
+  void acquire() {
+    while (n_ == 0) sc_core::wait(ev_);
+    --n_;
+  }
+  void release() {
+    ++n_;
+    ev_.notify(SC_ZERO_TIME);
+  }
+
+ private:
+  int n_;
+  sc_event ev_;
+};
+
+// All TCUs of a phase (a separate pass, or the GEMM) hand in their last write; the next phase starts when the
+// last of them is in memory -- a kernel boundary.
+class Barrier {
+ public:
+  Barrier(int n, Clock clk) : n_(n), clk_(clk) {}
+  void arrive(int64_t done) {
+    latest_ = std::max(latest_, done);
+    if (++arrived_ < n_) return;
+    releases.push_back(latest_);
+    const int64_t wait = latest_ - clk_.now();
+    if (wait > 0)
+      ev.notify(clk_.span(wait));
+    else
+      ev.notify(SC_ZERO_TIME);
+    arrived_ = 0;
+    latest_ = 0;
+  }
+  sc_event ev;
+  std::vector<int64_t> releases;  // release cycle of every phase since the last reset
+
+ private:
+  int n_, arrived_ = 0;
+  int64_t latest_ = 0;
+  Clock clk_;
+};
+
+// ---- memory system ---------------------------------------------------------------------------------
+
+// A port of given bandwidth and latency, shared first come first served. Its occupancy is kept in fractional
+// cycles (exact bandwidth); the data is usable at the next whole cycle after the transfer plus the latency.
+struct Channel {
+  double bandwidth = 1;
+  int64_t latency = 0;
+  double free = 0, busy = 0;
+  struct Done {
+    int64_t transferred, usable;
+  };
+  Done transfer(int64_t now, int64_t bytes) {
+    const double start = std::max(double(now), free);
+    const double t = double(bytes) / bandwidth;
+    free = start + t;
+    busy += t;
+    const int64_t end = int64_t(std::ceil(free - 1e-9));
+    return {end, end + latency};
+  }
+};
+
+// Tile-granular LRU: a key is (tensor, tile row, k-step); the capacity is in bytes.
+class Lru {
+ public:
+  explicit Lru(int64_t capacity) : cap_(capacity) {}
+  bool hit(uint64_t key) {
+    auto it = map_.find(key);
+    if (it == map_.end()) return false;
+    list_.splice(list_.begin(), list_, it->second);
+    return true;
+  }
+  void insert(uint64_t key, int64_t bytes) {
+    if (hit(key) || bytes > cap_) return;
+    while (used_ + bytes > cap_) {
+      used_ -= list_.back().second;
+      map_.erase(list_.back().first);
+      list_.pop_back();
+    }
+    list_.emplace_front(key, bytes);
+    map_[key] = list_.begin();
+    used_ += bytes;
+  }
+  void clear() {
+    list_.clear();
+    map_.clear();
+    used_ = 0;
+  }
+
+ private:
+  int64_t cap_, used_ = 0;
+  std::list<std::pair<uint64_t, int64_t>> list_;
+  std::unordered_map<uint64_t, std::list<std::pair<uint64_t, int64_t>>::iterator> map_;
+};
+
+struct MemoryIf : virtual sc_interface {
+  // Returns when the transfer has left the port and when its data is usable.
+  virtual Channel::Done read(int64_t now, uint64_t key, int64_t bytes) = 0;
+  virtual Channel::Done write(int64_t now, uint64_t key, int64_t bytes) = 0;
+};
+
+// DRAM behind an optional L2. Reads that hit the L2 are served by its port; misses by DRAM and then kept in
+// the L2. Writes go through to DRAM and are kept in the L2 too (so an unfused pass's intermediate can be
+// read back from it). Keys carry a tensor id, so the L2 holds tiles, not addresses.
+class Memory : public sc_module, public MemoryIf {
+ public:
+  Memory(sc_module_name n, const Config& c) : sc_module(n), l2_(c.l2.bytes) {
+    dram.bandwidth = c.dram.bandwidth;
+    dram.latency = c.dram.latency;
+    has_l2_ = c.l2.bytes > 0;
+    if (has_l2_) {
+      l2.bandwidth = c.l2.bandwidth;
+      l2.latency = c.l2.latency;
+    }
+  }
+  Channel::Done read(int64_t now, uint64_t key, int64_t bytes) override {
+    if (has_l2_ && l2_.hit(key)) {
+      l2_read += bytes;
+      return l2.transfer(now, bytes);
+    }
+    dram_read += bytes;
+    if (has_l2_) {
+      l2_.insert(key, bytes);
+      l2_write += bytes;
+    }
+    return dram.transfer(now, bytes);
+  }
+  Channel::Done write(int64_t now, uint64_t key, int64_t bytes) override {
+    dram_write += bytes;
+    if (has_l2_) {
+      l2_.insert(key, bytes);
+      l2_write += bytes;
+    }
+    return dram.transfer(now, bytes);
+  }
+  void reset(int64_t now) {  // a new GEMM: cold cache, counters zero
+    l2_.clear();
+    dram.busy = l2.busy = 0;
+    dram.free = std::max(dram.free, double(now));
+    l2.free = std::max(l2.free, double(now));
+    dram_read = dram_write = l2_read = l2_write = 0;
+  }
+  Channel dram, l2;
+  double dram_read = 0, dram_write = 0, l2_read = 0, l2_write = 0;
+
+ private:
+  bool has_l2_ = false;
+  Lru l2_;
+};
+
+// ---- functional state of a --check run ----------------------------------------------------------------
+struct Functional {
+  Datapath* dp = nullptr;
+  const QTensor *a = nullptr, *b = nullptr;
+  std::vector<float>* c = nullptr;
+  float ga = 1, gb = 1;
+  double seconds = 0;  // wall time inside Datapath calls
+  bool on() const { return c != nullptr; }
+  TileStep step(const Token& t) const {
+    const int64_t K = a->cols, KB = a->kblocks(), B = a->block;
+    return TileStep{a->format, b->format, a->codes.data() + t.m0 * K + t.k0, K, b->codes.data() + t.n0 * K + t.k0, K,
+                    a->scales.data() + t.m0 * KB + t.k0 / B, KB, b->scales.data() + t.n0 * KB + t.k0 / B, KB,
+                    t.tm, t.tn, int(t.tk / B), int(B)};
+  }
+  template <class F>
+  void timed(F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+};
+
+// ---- units -------------------------------------------------------------------------------------------
+
+// Issues the reads of a token as soon as it holds a buffer slot; the token is usable when the last read lands.
+class Fetch : public sc_module {
+ public:
+  sc_port<MemoryIf> mem;
+  TokenQueue *in = nullptr, *out = nullptr;
+  Credits* slots = nullptr;
+  int64_t busy = 0;  // cycles with at least one read in flight
+  SC_HAS_PROCESS(Fetch);
+  Fetch(sc_module_name n, Clock clk) : sc_module(n), clk_(clk) { SC_THREAD(run); }
+  void reset() { busy = 0; covered_ = clk_.now(); }
+
+ private:
+  Clock clk_;
+  int64_t covered_ = 0;
+  void run() {
+    while (true) {
+      Token t = in->get();
+      if (t.credit) slots->acquire();
+      const int64_t now = clk_.now();
+      int64_t ready = now;
+      for (int i = 0; i < t.nrd; ++i) ready = std::max(ready, mem->read(now, t.rd[i].key, t.rd[i].bytes).usable);
+      if (ready > std::max(now, covered_)) busy += ready - std::max(now, covered_);
+      covered_ = std::max(covered_, ready);
+      t.ready = ready;
+      t.blame = Blame::bandwidth;
+      out->put(std::move(t));
+    }
+  }
+};
+
+// A pipelined unit: a token occupies it for occupancy(t) cycles and its result is usable latency(t) cycles
+// after that. A token that had to wait for this unit (rather than for its own data) is blamed on it.
+class Stage : public sc_module {
+ public:
+  TokenQueue *in = nullptr, *out = nullptr;
+  int64_t busy = 0;
+  SC_HAS_PROCESS(Stage);
+  Stage(sc_module_name n, Clock clk, Blame self) : sc_module(n), clk_(clk), self_(self) { SC_THREAD(run); }
+  virtual void reset() { busy = 0; }
+
+ protected:
+  Clock clk_;
+  Blame self_;
+  virtual int64_t occupancy(const Token& t) const = 0;
+  virtual int64_t latency(const Token& t) const = 0;
+  virtual void work(Token&) {}
+  void run() {
+    while (true) {
+      Token t = in->get();
+      clk_.wait_until(t.ready);
+      const int64_t start = clk_.now(), occ = occupancy(t);
+      if (occ > 0) {
+        if (start > t.ready) t.blame = self_;
+        clk_.wait_cycles(occ);
+        busy += occ;
+        t.ready = clk_.now() + latency(t);
+        work(t);
+      }
+      out->put(std::move(t));
+    }
+  }
+};
+
+class RhtUnit : public Stage {
+ public:
+  RhtUnit(sc_module_name n, Clock clk, const Config& c) : Stage(n, clk, Blame::rht), lanes_(c.rht_lanes), stage_(c.rht_stage_latency) {}
+  int64_t elems = 0, ops = 0;
+  void reset() override { Stage::reset(); elems = ops = 0; }
+
+ protected:
+  int64_t occupancy(const Token& t) const override { return ceil_div(t.rht_elems, lanes_); }
+  int64_t latency(const Token& t) const override { return int64_t(t.rht_stages) * stage_; }
+  void work(Token& t) override { elems += t.rht_elems; ops += t.rht_ops; }
+
+ private:
+  int64_t lanes_, stage_;
+};
+
+class Quantiser : public Stage {
+ public:
+  Quantiser(sc_module_name n, Clock clk, const Config& c)
+      : Stage(n, clk, Blame::quant), lanes_(c.quant_lanes), sr_lanes_(c.quant_sr_lanes), lat_(c.quant_latency) {}
+  int64_t elems = 0, sr_elems = 0;
+  void reset() override { Stage::reset(); elems = sr_elems = 0; }
+
+ protected:
+  int64_t occupancy(const Token& t) const override { return ceil_div(t.q_elems, lanes_) + ceil_div(t.q_sr_elems, sr_lanes_); }
+  int64_t latency(const Token&) const override { return lat_; }
+  void work(Token& t) override { elems += t.q_elems; sr_elems += t.q_sr_elems; }
+
+ private:
+  int64_t lanes_, sr_lanes_, lat_;
+};
+
+// The MAC array, with the stall accounting of the report: between two k-steps it notes why it sat idle.
+class MacArray : public sc_module {
+ public:
+  TokenQueue *in = nullptr, *out = nullptr;
+  Credits* slots = nullptr;
+  Functional* fn = nullptr;
+  // per job
+  int64_t compute = 0, accumulate = 0, stall[3] = {0, 0, 0}, first_start = -1, last_end = -1;
+  double rate = 1;  // block dot products per cycle for the current job's grid
+  int64_t blocks = 0;
+  SC_HAS_PROCESS(MacArray);
+  MacArray(sc_module_name n, Clock clk, const Config& c) : sc_module(n), clk_(clk), lat_(c.mac_latency) { SC_THREAD(run); }
+  void reset() {
+    compute = accumulate = blocks = 0;
+    stall[0] = stall[1] = stall[2] = 0;
+    first_start = last_end = -1;
+  }
+
+ private:
+  Clock clk_;
+  int64_t lat_;
+  int64_t occupancy(int64_t b) const {
+    const double whole = std::floor(rate);
+    if (whole == rate) return ceil_div(b, int64_t(whole));
+    return int64_t(std::ceil(double(b) / rate - 1e-9));
+  }
+  void run() {
+    while (true) {
+      Token t = in->get();
+      clk_.wait_until(t.ready);
+      if (t.kind != Token::Kind::step) {  // a pass's chunk leaves its staging slot here
+        if (t.credit) slots->release();
+        out->put(std::move(t));
+        continue;
+      }
+      const int64_t s = clk_.now();
+      if (first_start < 0)
+        first_start = s;
+      else
+        stall[int(t.blame)] += s - last_end;
+      const int64_t occ = occupancy(t.blocks16);
+      clk_.wait_cycles(occ);
+      compute += occ;
+      blocks += t.blocks16;
+      if (fn->on()) {
+        const TileStep st = fn->step(t);
+        t.p = std::make_shared<std::vector<int32_t>>(size_t(t.tm) * t.tn * st.nblk);
+        fn->timed([&] { fn->dp->block_dots(st, t.p->data()); });
+      }
+      if (t.credit) slots->release();
+      t.ready = clk_.now() + lat_;
+      const int64_t b0 = clk_.now();
+      out->put(std::move(t));
+      accumulate += clk_.now() - b0;
+      last_end = clk_.now();
+    }
+  }
+};
+
+// Block scale-and-accumulate into one of acc.tiles output-tile accumulators. A tile's first k-step claims an
+// accumulator (waiting while write-back still holds them all); its last k-step also applies the per-tensor
+// factor and hands the finished tile to write-back. Pass chunks and markers go straight through.
+class Accumulator : public sc_module {
+ public:
+  TokenQueue *in = nullptr, *out = nullptr;
+  Credits* accs = nullptr;
+  Functional* fn = nullptr;
+  int64_t busy = 0, ops = 0;
+  SC_HAS_PROCESS(Accumulator);
+  Accumulator(sc_module_name n, Clock clk, const Config& c)
+      : sc_module(n), clk_(clk), lanes_(c.acc_lanes), lat_(c.acc_latency), buf_(size_t(c.acc_tiles)),
+        free_(size_t(c.acc_tiles), true) {
+    SC_THREAD(run);
+  }
+  void reset() { busy = ops = 0; }
+
+ private:
+  Clock clk_;
+  int64_t lanes_, lat_;
+  std::vector<std::vector<float>> buf_;
+  std::vector<bool> free_;
+  int current_ = 0;
+
+  void run() {
+    while (true) {
+      Token t = in->get();
+      clk_.wait_until(t.ready);
+      if (t.kind != Token::Kind::step) {
+        out->put(std::move(t));
+        continue;
+      }
+      if (t.first_k) {
+        accs->acquire();
+        current_ = int(std::find(free_.begin(), free_.end(), true) - free_.begin());
+        free_[size_t(current_)] = false;
+      }
+      const int64_t occ = ceil_div(t.acc_ops, lanes_);
+      clk_.wait_cycles(occ);
+      busy += occ;
+      ops += t.acc_ops;
+      if (fn->on()) {
+        std::vector<float>& acc = buf_[size_t(current_)];
+        if (t.first_k) acc.assign(size_t(t.tm) * t.tn, 0.0f);  // acc = +0.0f (contract)
+        const TileStep st = fn->step(t);
+        fn->timed([&] { fn->dp->scale_accumulate(st, t.p->data(), acc.data()); });
+        t.p.reset();
+        if (t.last_k) {
+          t.out = std::make_shared<std::vector<float>>(acc.size());
+          fn->timed([&] { fn->dp->finish(acc.data(), int64_t(acc.size()), fn->ga, fn->gb, t.out->data()); });
+        }
+      }
+      if (!t.last_k) continue;  // consumed into the accumulator
+      free_[size_t(current_)] = true;  // the values travel with the token; the credit stays until written
+      t.kind = Token::Kind::tile_done;
+      t.ready = clk_.now() + lat_;
+      out->put(std::move(t));
+    }
+  }
+};
+
+// Writes finished tiles and pass outputs; on a phase marker, reports to the barrier once its writes are in.
+class WriteBack : public sc_module {
+ public:
+  sc_port<MemoryIf> mem;
+  TokenQueue* in = nullptr;
+  Credits* accs = nullptr;
+  Barrier* barrier = nullptr;
+  Functional* fn = nullptr;
+  int64_t busy = 0;
+  int64_t n_cols = 0;  // N of the current GEMM (functional copy)
+  SC_HAS_PROCESS(WriteBack);
+  WriteBack(sc_module_name n, Clock clk) : sc_module(n), clk_(clk) { SC_THREAD(run); }
+  void reset() { busy = 0; last_done_ = clk_.now(); }
+
+ private:
+  Clock clk_;
+  int64_t last_done_ = 0;
+  void run() {
+    while (true) {
+      Token t = in->get();
+      clk_.wait_until(t.ready);
+      if (t.kind == Token::Kind::marker) {
+        barrier->arrive(std::max(last_done_, clk_.now()));
+        continue;
+      }
+      if (t.wr_bytes > 0) {
+        const int64_t now = clk_.now();
+        const Channel::Done d = mem->write(now, t.wr_key, t.wr_bytes);
+        clk_.wait_until(d.transferred);
+        busy += d.transferred - now;
+        last_done_ = std::max(last_done_, d.usable);
+      }
+      if (t.kind == Token::Kind::tile_done) {
+        if (fn->on() && t.out)
+          for (int i = 0; i < t.tm; ++i)
+            std::copy_n(t.out->data() + size_t(i) * t.tn, t.tn, fn->c->data() + (t.m0 + i) * n_cols + t.n0);
+        accs->release();
+      }
+    }
+  }
+};
+
+}  // namespace fp4lab::sim::detail
