@@ -102,6 +102,12 @@ void write_seeds(const std::string& dir) {
   write_safetensors(p("trace_shape"), {make_f32("g.fwd_x", {16, 32}, ramp(512)), make_f32("g.fwd_w", {16, 16}, ramp(256)),
                                        make_f32("g.bwd_dy", {16, 16}, ramp(256))},
                     v1);
+  write_safetensors(p("trace_block"), {make_f32("g.fwd_x", {16, 24}, ramp(384)), make_f32("g.fwd_w", {16, 24}, ramp(384)),
+                                       make_f32("g.bwd_dy", {16, 16}, ramp(256))},
+                    v1);
+  write_safetensors(p("trace_rank"), {make_f32("g.fwd_x", {1, 16, 16}, ramp(256)), {"g.fwd_w", DType::F16, {16, 16}, std::vector<uint8_t>(512)},
+                                      make_f32("g.bwd_dy", {16, 16}, ramp(256))},
+                    v1);
   write_safetensors(p("trace_nover"), {make_u8("g.fwd_x", {16, 16}, std::vector<uint8_t>(256))}, {{"model", "x"}});
   std::vector<float> nan = ramp(256);
   nan[7] = __builtin_nanf("");
