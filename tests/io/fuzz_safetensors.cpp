@@ -151,7 +151,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size % 16 == 0) {
     // The mmap path must agree with the in-memory path, message for message.
     struct Tmp {
-      std::string path = "/tmp/fp4lab_fuzz_" + std::to_string(getpid()) + ".safetensors";
+      std::string path = (std::filesystem::temp_directory_path() / ("fp4lab_fuzz_" + std::to_string(getpid()) + ".safetensors")).string();
       ~Tmp() { std::remove(path.c_str()); }
     };
     static const Tmp t;

@@ -56,7 +56,7 @@ DICT
 
 # ASAN_OPTIONS: leaks are findings; allocator_may_return_null=0 so a huge allocation is reported too.
 set +e
-ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=0 \
+TMPDIR="$work" ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=0 \
   "$work/fuzz_safetensors" -max_total_time="$secs" -max_len=8192 -timeout=10 -rss_limit_mb=2048 \
   -dict="$work/st.dict" -print_final_stats=1 -artifact_prefix="$work/" "$work/corpus" "$work/seeds" \
   >"$work/fuzz.log" 2>&1
