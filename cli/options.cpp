@@ -316,23 +316,24 @@ void put_metadata(std::map<std::string, std::string>& m, const std::string& pref
 }
 
 // ---- tensors -----------------------------------------------------------------------------------------
-Tensor load_tensor(const std::string& file, const std::string& name) {
+namespace {
+Tensor load(const std::string& file, const std::string& name, int rank) {
   const io::SafetensorsFile f(file);  // io::Error names the file and the fault
   Tensor t;
   t.file = file;
   t.name = name;
   t.shape = f.info(name).shape;
+  // The shape is checked before the data is read, so a wrong-rank tensor is reported as such.
+  if (rank >= 0 && int(t.shape.size()) != rank)
+    data_error(file, "tensor '" + name + "': expected a " + std::to_string(rank) + "-D tensor, got shape " +
+                         shape_string(t.shape) + " (rank " + std::to_string(t.shape.size()) + ")");
   t.v = f.read_f32(name, /*check_finite=*/true);
   return t;
 }
+}  // namespace
 
-Tensor load_matrix(const std::string& file, const std::string& name) {
-  Tensor t = load_tensor(file, name);
-  if (t.shape.size() != 2)
-    data_error(file, "tensor '" + name + "': expected a 2-D tensor, got shape " + shape_string(t.shape) + " (rank " +
-                         std::to_string(t.shape.size()) + ")");
-  return t;
-}
+Tensor load_tensor(const std::string& file, const std::string& name) { return load(file, name, -1); }
+Tensor load_matrix(const std::string& file, const std::string& name) { return load(file, name, 2); }
 
 std::pair<std::string, std::string> split_file_tensor(const std::string& spec, const char* option) {
   const size_t colon = spec.rfind(':');

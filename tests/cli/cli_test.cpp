@@ -1,0 +1,586 @@
+// End-to-end tests of the fp4lab command line: each subcommand is run as a process on files written here,
+// and its outputs are compared bit for bit with the golden model called directly (fp4lab::quantize,
+// fp4lab::reference::gemm_contract), with literal tables from SPEC.md, and every bad input must give one
+// line on stderr naming the file and the fault, with exit code 1 (data) or 2 (usage).
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "fp4lab/analysis.hpp"
+#include "fp4lab/format.hpp"
+#include "fp4lab/gemm.hpp"
+#include "fp4lab/io/safetensors.hpp"
+#include "fp4lab/philox.hpp"
+#include "fp4lab/quantize.hpp"
+#include "fp4lab/recipe.hpp"
+#include "fp4lab/rht.hpp"
+#include "reference/contract_gemm.hpp"
+
+#ifndef FP4LAB_BIN
+#error "FP4LAB_BIN (path of the fp4lab executable) must be defined by the build"
+#endif
+
+namespace fp4lab {
+namespace {
+
+using nlohmann::json;
+
+struct Result {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+template <class T>
+std::vector<uint8_t> bytes_of(const std::vector<T>& v) {
+  std::vector<uint8_t> b(v.size() * sizeof(T));
+  if (!b.empty()) std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+std::vector<float> normal(size_t n, uint32_t seed, float sigma = 1.0f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.0f, sigma);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(g);
+  return v;
+}
+
+constexpr int64_t kRows = 32, kCols = 128, kN = 48;
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "fp4lab_cli_XXXXXX").string();
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+    // x: Gaussian with outliers and one all-zero block; w: Gaussian; xb: x rounded to BF16, stored as BF16.
+    x_ = normal(size_t(kRows * kCols), 1);
+    x_[5] = 40.0f;
+    x_[3 * kCols + 77] = -25.0f;
+    for (int j = 0; j < 16; ++j) x_[7 * kCols + 32 + j] = 0.0f;
+    w_ = normal(size_t(kN * kCols), 2, 0.05f);
+    xb_ = x_;
+    for (float& v : xb_) v = round_to_bf16(v);
+    io::write_safetensors(path("in.safetensors"),
+                          {io::make_f32("x", {kRows, kCols}, x_), io::make_f32("w", {kN, kCols}, w_),
+                           io::make_bf16("xb", {kRows, kCols}, xb_)});
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string path(const std::string& name) const { return (std::filesystem::path(dir_) / name).string(); }
+
+  Result run(const std::vector<std::string>& args) const {
+    std::string cmd = quote(FP4LAB_BIN);
+    for (const auto& a : args) cmd += " " + quote(a);
+    cmd += " >" + quote(path("stdout.txt")) + " 2>" + quote(path("stderr.txt"));
+    const int st = std::system(cmd.c_str());
+    Result r;
+    r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+    r.out = slurp(path("stdout.txt"));
+    r.err = slurp(path("stderr.txt"));
+    return r;
+  }
+
+  std::string dir_;
+  std::vector<float> x_, w_, xb_;
+};
+
+// Raw bytes and shape of one output tensor, checked for dtype.
+std::vector<uint8_t> tensor_bytes(const io::SafetensorsFile& f, const std::string& name, io::DType dt,
+                                  const std::vector<int64_t>& shape) {
+  EXPECT_TRUE(f.has(name)) << f.path() << " lacks " << name;
+  if (!f.has(name)) return {};
+  const io::TensorInfo& i = f.info(name);
+  EXPECT_EQ(int(i.dtype), int(dt)) << name;
+  EXPECT_EQ(i.shape, shape) << name;
+  const uint8_t* p = f.data(name);
+  return std::vector<uint8_t>(p, p + (i.end - i.begin));
+}
+
+// ---- formats and bias: literal tables from SPEC.md section 1 and 6 ------------------------------------
+TEST_F(Cli, FormatsJsonMatchesSpecTable) {
+  const Result r = run({"formats", "--json", "-"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = json::parse(r.out);  // stdout holds nothing but the JSON with --json -
+  struct Row {
+    const char* name;
+    std::vector<double> levels;
+    std::vector<int> ints;
+    double factor, gmax;
+    int emax;
+  };
+  const Row spec[] = {
+      {"e2m1", {0, 0.5, 1, 1.5, 2, 3, 4, 6}, {0, 1, 2, 3, 4, 6, 8, 12}, 2, 6, 2},
+      {"e1m2", {0, 0.25, 0.5, 0.75, 1, 1.25, 1.5, 1.75}, {0, 1, 2, 3, 4, 5, 6, 7}, 4, 1.75, 0},
+      {"int4", {0, 1, 2, 3, 4, 5, 6, 7}, {0, 1, 2, 3, 4, 5, 6, 7}, 1, 7, 2},
+      {"e2m1_max2", {0, 0.5, 1, 1.5, 2}, {0, 1, 2, 3, 4}, 2, 2, 1},
+  };
+  ASSERT_EQ(j["formats"].size(), std::size(spec));
+  for (size_t k = 0; k < std::size(spec); ++k) {
+    const json& f = j["formats"][k];
+    SCOPED_TRACE(spec[k].name);
+    EXPECT_EQ(f["name"], spec[k].name);
+    EXPECT_EQ(f["levels"].get<std::vector<double>>(), spec[k].levels);
+    EXPECT_EQ(f["int_levels"].get<std::vector<int>>(), spec[k].ints);
+    EXPECT_EQ(f["int_factor"].get<double>(), spec[k].factor);
+    EXPECT_EQ(f["gmax"].get<double>(), spec[k].gmax);
+    EXPECT_EQ(f["emax"].get<int>(), spec[k].emax);
+  }
+  std::vector<std::string> scales;
+  for (const auto& s : j["scales"]) scales.push_back(s["name"]);
+  EXPECT_EQ(scales, (std::vector<std::string>{"fp32", "ue4m3", "ue8m0", "ue8m0-ceil"}));
+  EXPECT_EQ(j["scales"][1]["max"].get<double>(), 448.0);
+}
+
+TEST_F(Cli, FormatsTableListsEveryGrid) {
+  const Result r = run({"formats"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* s : {"e2m1", "e1m2", "int4", "e2m1_max2", "0 1 2 3 4 6 8 12", "ue4m3", "ue8m0-ceil"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << " missing from\n" << r.out;
+}
+
+TEST_F(Cli, BiasE2M1MatchesPaper) {
+  const Result r = run({"bias", "--format", "e2m1", "--json", "-"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = json::parse(r.out);
+  ASSERT_EQ(j["levels"].size(), 8u);
+  // The paper: E2M1 level 2 (index 4) has bin [1.75, 2.5], half-gaps 0.25 / 0.5, bias -0.125.
+  const json& l2 = j["levels"][4];
+  EXPECT_EQ(l2["level"].get<double>(), 2.0);
+  EXPECT_EQ(l2["left_halfgap"].get<double>(), 0.25);
+  EXPECT_EQ(l2["right_halfgap"].get<double>(), 0.5);
+  EXPECT_EQ(l2["bias"].get<double>(), -0.125);
+  const std::vector<LevelBias> model = analytic_bias(kE2M1);
+  for (size_t i = 0; i < model.size(); ++i) EXPECT_EQ(j["levels"][i]["bias"].get<double>(), model[i].bias) << i;
+}
+
+TEST_F(Cli, BiasE1M2InteriorLevelsAreUnbiased) {
+  const Result r = run({"bias", "--format", "e1m2", "--json", path("bias.json")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("bias"), std::string::npos);  // the table still goes to stdout
+  const json j = json::parse(slurp(path("bias.json")));
+  ASSERT_EQ(j["levels"].size(), 8u);
+  for (int i = 1; i < 7; ++i) EXPECT_EQ(j["levels"][i]["bias"].get<double>(), 0.0) << i;
+}
+
+// ---- quantize: outputs equal fp4lab::quantize bit for bit ---------------------------------------------
+struct QCase {
+  const char* name;
+  const char* tensor;
+  std::vector<std::string> args;
+  QuantConfig cfg;  // written out here, independently of the CLI's option code
+};
+
+QuantConfig cfg_with(QuantConfig c, auto&& edit) {
+  edit(c);
+  return c;
+}
+
+std::vector<QCase> quantize_cases() {
+  std::vector<float> signs16 = {1, -1, -1, 1, 1, 1, -1, 1, -1, -1, 1, -1, 1, 1, 1, -1};
+  return {
+      {"e1m2_b16_fp32scale_rht0_rtne", "x", {}, QuantConfig{}},
+      {"e1m2_b16_fp32scale_rht0_rtne_bf16in", "xb", {}, QuantConfig{}},
+      {"e2m1_b16_ue4m3scale_rht0_rtne", "x", {"--format", "e2m1", "--scale", "ue4m3"},
+       cfg_with(QuantConfig{}, [](QuantConfig& c) { c.format = kE2M1; c.scale = ScaleKind::ue4m3; })},
+      {"int4_b32_ue8m0scale_rht0_rtne", "x", {"--format", "int4", "--block", "32", "--scale", "ue8m0"},
+       cfg_with(QuantConfig{}, [](QuantConfig& c) { c.format = kInt4; c.block = 32; c.scale = ScaleKind::ue8m0; })},
+      {"e2m1_max2_b16_ue8m0-ceilscale_rht0_rtne", "x", {"--format", "e2m1_max2", "--scale", "ue8m0-ceil"},
+       cfg_with(QuantConfig{}, [](QuantConfig& c) { c.format = kE2M1Max2; c.scale = ScaleKind::ue8m0_ceil; })},
+      {"e1m2_b16_fp32scale_rht32seed7_sr", "x",
+       {"--rht", "32", "--rht-seed", "7", "--rounding", "sr", "--seed", "11", "--stream", "3"},
+       cfg_with(QuantConfig{}, [](QuantConfig& c) {
+         c.rht = 32;
+         c.rht_signs = rht_signs_from_seed(32, 7);
+         c.rounding = Rounding::sr;
+         c.seed = 11;
+         c.stream = 3 * 8;  // GEMM id 3, pass fwd_y, operand A
+       })},
+      {"e1m2_b16_fp32scale_rht16signs_rtne", "x",
+       {"--rht-signs", "+1,-1,-1,1,+,1,-,1,-1,-1,1,-1,1,1,1,-1"},
+       cfg_with(QuantConfig{}, [&](QuantConfig& c) { c.rht = 16; c.rht_signs = signs16; })},
+      {"mxfp4_fwd_x", "x", {"--recipe", "mxfp4"},
+       cfg_with(QuantConfig{}, [](QuantConfig& c) { c.format = kE2M1; c.block = 32; c.scale = ScaleKind::ue8m0; })},
+      {"nvfp4_fwd_w_tile2d", "x", {"--recipe", "nvfp4", "--role", "fwd_w"},
+       cfg_with(QuantConfig{}, [](QuantConfig& c) {
+         c.format = kE2M1;
+         c.scale = ScaleKind::ue4m3;
+         c.tile2d = true;
+         c.stream = 1;
+       })},
+      {"nvfp4_bwd_dw_dy_rht16bf16_sr", "x", {"--recipe", "nvfp4", "--pass", "bwd_dw", "--role", "bwd_dy", "--seed", "5"},
+       cfg_with(QuantConfig{}, [](QuantConfig& c) {
+         c.format = kE2M1;
+         c.scale = ScaleKind::ue4m3;
+         c.rht = 16;
+         c.rht_signs = rht_signs_te(16);
+         c.rht_bf16 = true;
+         c.rounding = Rounding::sr;
+         c.seed = 5;
+         c.stream = 2 * 2;  // pass bwd_dw, operand A
+       })},
+      {"ufp4_dy_overridden_e2m1_rtne", "x", {"--recipe", "ufp4", "--role", "bwd_dy", "--format", "e2m1", "--rounding", "rtne"},
+       cfg_with(QuantConfig{}, [](QuantConfig& c) {
+         c.format = kE2M1;
+         c.rht = 16;
+         c.rht_signs = rht_signs_te(16);
+         c.stream = 1 * 2;  // pass bwd_dx, operand A
+       })},
+      {"nvfp4_fwd_w_tile2d_off", "x", {"--recipe", "nvfp4", "--role", "fwd_w", "--tile2d=false"},
+       cfg_with(QuantConfig{}, [](QuantConfig& c) { c.format = kE2M1; c.scale = ScaleKind::ue4m3; c.stream = 1; })},
+  };
+}
+
+class Quantize : public Cli, public ::testing::WithParamInterface<QCase> {};
+
+TEST_P(Quantize, OutputsEqualModel) {
+  const QCase& k = GetParam();
+  const std::string out = path("q.safetensors");
+  std::vector<std::string> args = {"quantize", "--in", path("in.safetensors"), "--tensor", k.tensor, "--out", out,
+                                   "--json", path("q.json")};
+  args.insert(args.end(), k.args.begin(), k.args.end());
+  const Result r = run(args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+
+  const std::vector<float>& x = std::string(k.tensor) == "xb" ? xb_ : x_;
+  const QTensor q = quantize(x.data(), kRows, kCols, k.cfg);
+  const int64_t kb = kCols / k.cfg.block;
+  const std::string t = k.tensor;
+  const io::SafetensorsFile f(out);
+  EXPECT_EQ(tensor_bytes(f, t + ".codes", io::DType::U8, {kRows, kCols}), q.codes);
+  EXPECT_EQ(tensor_bytes(f, t + ".scales", io::DType::F32, {kRows, kb}), bytes_of(q.scales));
+  EXPECT_EQ(f.has(t + ".scale_codes"), k.cfg.scale != ScaleKind::fp32);
+  if (k.cfg.scale != ScaleKind::fp32) {
+    EXPECT_EQ(tensor_bytes(f, t + ".scale_codes", io::DType::U8, {kRows, kb}), q.scale_codes);
+  }
+  EXPECT_EQ(tensor_bytes(f, t + ".global_scale", io::DType::F32, {1}), bytes_of(std::vector<float>{q.global_dec}));
+  const std::vector<float> dq = q.dequantize();
+  EXPECT_EQ(tensor_bytes(f, t + ".dequant", io::DType::F32, {kRows, kCols}), bytes_of(dq));
+  EXPECT_EQ(f.metadata().at("fp4lab.config"), k.cfg.label());
+  EXPECT_EQ(f.metadata().at("fp4lab.config.rht_signs").size(), k.cfg.rht ? k.cfg.rht * 3 - 1 : 0u);
+  EXPECT_NE(f.metadata().at("fp4lab.command").find("quantize"), std::string::npos);
+
+  // Summary figures: SQNR and alpha against the values the quantiser saw (rotated when RHT is on).
+  const std::vector<float> seen = rotate(x.data(), kRows, kCols, k.cfg);
+  const json j = json::parse(slurp(path("q.json")));
+  EXPECT_EQ(j["config"]["label"], k.cfg.label());
+  EXPECT_EQ(j["sqnr_db"].get<double>(), sqnr_db(seen.data(), dq.data(), kRows * kCols));
+  EXPECT_EQ(j["beff"].get<double>(), beff(q));
+  EXPECT_EQ(j["alpha"].get<double>(), shrinkage_alpha(seen.data(), dq.data(), kRows * kCols));
+  EXPECT_NE(r.out.find(k.cfg.label()), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("SQNR"), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, Quantize, ::testing::ValuesIn(quantize_cases()),
+                         [](const auto& info) {
+                           std::string n = info.param.name;
+                           for (char& c : n)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return n;
+                         });
+
+// The same options from a config file; the command line wins where both give one.
+TEST_F(Cli, ConfigFileSharesOptionsAndCommandLineWins) {
+  std::ofstream(path("q.cfg")) << "# knobs for the wgrad dY operand\nrecipe = nvfp4\npass = bwd_dw\nrole = bwd_dy\n"
+                                  "seed = 9\nformat = int4\nstream = 2\n";
+  const Result r = run({"quantize", "--config", path("q.cfg"), "--format", "e2m1", "--in", path("in.safetensors"),
+                        "--tensor", "x", "--out", path("q.safetensors")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  Recipe rec = Recipe::preset("nvfp4");
+  rec.seed = 9;
+  QuantConfig c = rec.operand(Pass::bwd_dw, Operand::a, 2);
+  ASSERT_EQ(c.format.name, std::string("e2m1"));  // the preset's grid, which the command line restates
+  ASSERT_EQ(c.stream, 2u * 8 + 4);
+  const QTensor q = quantize(x_.data(), kRows, kCols, c);
+  const io::SafetensorsFile f(path("q.safetensors"));
+  EXPECT_EQ(tensor_bytes(f, "x.codes", io::DType::U8, {kRows, kCols}), q.codes);
+  EXPECT_EQ(tensor_bytes(f, "x.scale_codes", io::DType::U8, {kRows, kCols / 16}), q.scale_codes);
+  EXPECT_EQ(f.metadata().at("fp4lab.config"), "e2m1_b16_ue4m3scale_rht16_sr");
+  EXPECT_EQ(f.metadata().at("fp4lab.config.seed"), "9");
+
+  // Without the command-line --format, the config file's int4 applies.
+  const Result r2 = run({"quantize", "--config", path("q.cfg"), "--in", path("in.safetensors"), "--tensor", "x",
+                         "--out", path("q2.safetensors")});
+  ASSERT_EQ(r2.code, 0) << r2.err;
+  c.format = kInt4;
+  const QTensor q2 = quantize(x_.data(), kRows, kCols, c);
+  const io::SafetensorsFile f2(path("q2.safetensors"));
+  EXPECT_EQ(tensor_bytes(f2, "x.codes", io::DType::U8, {kRows, kCols}), q2.codes);
+  EXPECT_EQ(f2.metadata().at("fp4lab.config"), "int4_b16_ue4m3scale_rht16_sr");
+}
+
+// ---- cast: the codec alone -----------------------------------------------------------------------------
+TEST_F(Cli, CastRtneE2M1LiteralCodes) {
+  // Ties at every midpoint go to the even code; |x| > 6 saturates; -0 keeps its sign bit.
+  const std::vector<float> v = {0.0f, -0.0f, 0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f,
+                                7.0f, 1e30f, -0.2f, -0.3f, -2.6f, -100.0f, 0.2500001f, 4.9999995f};
+  const std::vector<uint8_t> want = {0b0'000, 0b1'000, 0b0'000, 0b0'010, 0b0'010, 0b0'100, 0b0'100, 0b0'110, 0b0'110,
+                                     0b0'111, 0b0'111, 0b0'111, 0b1'000, 0b1'001, 0b1'101, 0b1'111, 0b0'001, 0b0'110};
+  io::write_safetensors(path("v.safetensors"), {io::make_f32("v", {int64_t(v.size())}, v)});
+  const Result r = run({"cast", "--in", path("v.safetensors"), "--tensor", "v", "--format", "e2m1", "--out",
+                        path("c.safetensors"), "--json", "-"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["count"].get<int64_t>(), int64_t(v.size()));
+  EXPECT_EQ(j["saturated"].get<int64_t>(), 3);  // 7, 1e30, -100 (6 itself is a level)
+  const io::SafetensorsFile f(path("c.safetensors"));
+  const std::vector<int64_t> shape = {int64_t(v.size())};
+  EXPECT_EQ(tensor_bytes(f, "v.codes", io::DType::U8, shape), want);
+  std::vector<float> dq;
+  for (uint8_t c : want) dq.push_back(decode(kE2M1, c));
+  EXPECT_EQ(tensor_bytes(f, "v.dequant", io::DType::F32, shape), bytes_of(dq));
+}
+
+TEST_F(Cli, CastEveryFormatAndSrEqualModel) {
+  const std::vector<float> v = normal(4096, 3, 3.0f);
+  io::write_safetensors(path("v.safetensors"), {io::make_f32("v", {64, 64}, v)});
+  for (const ElemFormat& fm : kAllFormats)
+    for (const char* rounding : {"rtne", "sr"}) {
+      SCOPED_TRACE(std::string(fm.name) + " " + rounding);
+      const Result r = run({"cast", "--in", path("v.safetensors"), "--tensor", "v", "--format", fm.name,
+                            "--rounding", rounding, "--seed", "1234567890123", "--stream", "6", "--out",
+                            path("c.safetensors")});
+      ASSERT_EQ(r.code, 0) << r.err;
+      std::vector<uint8_t> want(v.size());
+      for (size_t i = 0; i < v.size(); ++i)
+        want[i] = std::string(rounding) == "rtne" ? round_rtne(fm, v[i])
+                                                  : round_sr(fm, v[i], random_bits(1234567890123ull, 6, i));
+      const io::SafetensorsFile f(path("c.safetensors"));
+      EXPECT_EQ(tensor_bytes(f, "v.codes", io::DType::U8, {64, 64}), want);
+    }
+}
+
+// ---- gemm: C equals reference::gemm_contract of the model's operands --------------------------------------
+struct GCase {
+  const char* name;
+  std::vector<std::string> args;
+  QuantConfig a, b;
+  bool bf16;
+};
+
+std::vector<GCase> gemm_cases() {
+  const Recipe ufp4 = Recipe::preset("ufp4"), mx = Recipe::preset("mxfp4");
+  Recipe nv = Recipe::preset("nvfp4");
+  nv.seed = 3;
+  QuantConfig ka, kb;  // knobs only: e2m1, ue4m3, RHT 16 (TE signs), SR, GEMM id 2
+  for (QuantConfig* c : {&ka, &kb}) {
+    c->format = kE2M1;
+    c->scale = ScaleKind::ue4m3;
+    c->rht = 16;
+    c->rht_signs = rht_signs_te(16);
+    c->rounding = Rounding::sr;
+  }
+  ka.stream = 2 * 8 + 0;
+  kb.stream = 2 * 8 + 1;
+  QuantConfig da, db;
+  db.stream = 1;
+  return {
+      {"default_e1m2_fwd_y", {}, da, db, false},
+      {"ufp4_fwd_y", {"--recipe", "ufp4"}, ufp4.operand(Pass::fwd_y, Operand::a), ufp4.operand(Pass::fwd_y, Operand::b), false},
+      {"nvfp4_bwd_dw_bf16out", {"--recipe", "nvfp4", "--pass", "bwd_dw", "--seed", "3", "--bf16-out"},
+       nv.operand(Pass::bwd_dw, Operand::a), nv.operand(Pass::bwd_dw, Operand::b), true},
+      {"mxfp4_fwd_y", {"--recipe", "mxfp4"}, mx.operand(Pass::fwd_y, Operand::a), mx.operand(Pass::fwd_y, Operand::b), false},
+      {"knobs_e2m1_ue4m3_rht16_sr", {"--format", "e2m1", "--scale", "ue4m3", "--rht", "16", "--rounding", "sr", "--stream", "2"},
+       ka, kb, false},
+  };
+}
+
+class Gemm : public Cli, public ::testing::WithParamInterface<GCase> {};
+
+TEST_P(Gemm, OutputBitsEqualContractReference) {
+  const GCase& k = GetParam();
+  const std::string in = path("in.safetensors"), out = path("c.safetensors");
+  std::vector<std::string> args = {"gemm", "--a", in + ":x", "--b", in + ":w", "--out", out, "--json", path("g.json")};
+  args.insert(args.end(), k.args.begin(), k.args.end());
+  const Result r = run(args);
+  ASSERT_EQ(r.code, 0) << r.err;
+
+  const QTensor qa = quantize(x_.data(), kRows, kCols, k.a), qb = quantize(w_.data(), kN, kCols, k.b);
+  std::vector<float> c = reference::gemm_contract(qa, qb);
+  const io::SafetensorsFile f(out);
+  if (k.bf16) {
+    std::vector<uint16_t> bits;
+    for (float& v : c) {
+      bits.push_back(f32_to_bf16(v));
+      v = bf16_to_f32(bits.back());
+    }
+    EXPECT_EQ(tensor_bytes(f, "C", io::DType::BF16, {kRows, kN}), bytes_of(bits));
+  } else {
+    EXPECT_EQ(tensor_bytes(f, "C", io::DType::F32, {kRows, kN}), bytes_of(c));
+  }
+  const std::vector<double> ref = gemm_f64(x_.data(), w_.data(), kRows, kN, kCols);
+  const std::vector<float> ref32(ref.begin(), ref.end());
+  EXPECT_EQ(tensor_bytes(f, "C.ref", io::DType::F32, {kRows, kN}), bytes_of(ref32));
+  // C.ref against a plain loop (a check on the reference itself, independent of Eigen's order).
+  for (int64_t m = 0; m < kRows; ++m)
+    for (int64_t n = 0; n < kN; ++n) {
+      double s = 0, mag = 0;
+      for (int64_t j = 0; j < kCols; ++j) {
+        s += double(x_[m * kCols + j]) * double(w_[n * kCols + j]);
+        mag += std::fabs(double(x_[m * kCols + j]) * double(w_[n * kCols + j]));
+      }
+      ASSERT_NEAR(ref[m * kN + n], s, 1e-12 * mag) << m << "," << n;
+    }
+  EXPECT_EQ(f.metadata().at("fp4lab.a.config"), k.a.label());
+  EXPECT_EQ(f.metadata().at("fp4lab.b.config"), k.b.label());
+
+  const json j = json::parse(slurp(path("g.json")));
+  EXPECT_EQ(j["sqnr_db"].get<double>(), sqnr_db(ref.data(), c.data(), kRows * kN));
+  const std::vector<float> sa = rotate(x_.data(), kRows, kCols, k.a), sb = rotate(w_.data(), kN, kCols, k.b);
+  const std::vector<float> da = qa.dequantize(), db = qb.dequantize();
+  EXPECT_EQ(j["eta"].get<double>(),
+            shrinkage_alpha(sa.data(), da.data(), kRows * kCols) * shrinkage_alpha(sb.data(), db.data(), kN * kCols));
+  EXPECT_GT(j["sqnr_db"].get<double>(), 5.0);  // a quantised product, not noise
+  EXPECT_NE(r.out.find("GEMM-output SQNR"), std::string::npos) << r.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, Gemm, ::testing::ValuesIn(gemm_cases()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// ---- --json on every subcommand ---------------------------------------------------------------------------
+TEST_F(Cli, JsonDashIsPureJsonOnEverySubcommand) {
+  const std::string in = path("in.safetensors");
+  const std::vector<std::vector<std::string>> cmds = {
+      {"formats"},
+      {"bias", "--format", "int4"},
+      {"quantize", "--in", in, "--tensor", "x", "--out", path("o1.safetensors")},
+      {"cast", "--in", in, "--tensor", "x", "--format", "e1m2", "--out", path("o2.safetensors")},
+      {"gemm", "--a", in + ":x", "--b", in + ":w", "--out", path("o3.safetensors")},
+  };
+  for (auto args : cmds) {
+    SCOPED_TRACE(args[0]);
+    args.insert(args.end(), {"--json", "-"});
+    const Result r = run(args);
+    ASSERT_EQ(r.code, 0) << r.err;
+    json j;
+    EXPECT_NO_THROW(j = json::parse(r.out)) << r.out;
+    EXPECT_TRUE(j.is_object());
+    if (args[0] != "formats" && args[0] != "bias") {
+      EXPECT_EQ(j["command"], args[0]);
+    }
+  }
+}
+
+// ---- usage -------------------------------------------------------------------------------------------------
+TEST_F(Cli, UsageAndHelp) {
+  Result r = run({"--help"});
+  EXPECT_EQ(r.code, 0);
+  // With no subcommand fp4lab runs `analyze` when that subcommand is built in (its own tests cover that);
+  // otherwise it prints the usage on stderr and exits 2.
+  if (r.out.find("analyze") == std::string::npos) {
+    const Result none = run({});
+    EXPECT_EQ(none.code, 2);
+    EXPECT_NE(none.err.find("quantize"), std::string::npos) << none.err;
+  }
+  for (const char* s : {"formats", "bias", "quantize", "cast", "gemm"}) {
+    EXPECT_NE(r.out.find(s), std::string::npos) << s;
+    const Result h = run({s, "--help"});
+    EXPECT_EQ(h.code, 0) << s;
+    EXPECT_NE(h.out.find("--json"), std::string::npos) << s;
+  }
+}
+
+// ---- errors: one line, naming the file and the fault, exit 1 (data) or 2 (usage) ------------------------------
+struct ErrCase {
+  std::vector<std::string> args;  // "@name" stands for path("name")
+  int code;
+  std::vector<std::string> want;  // substrings of the message ("@name" likewise)
+};
+
+TEST_F(Cli, ErrorsAreOneLineNamingFileAndFault) {
+  std::vector<float> nan(32, 1.0f), inf(32, 1.0f);
+  nan[17] = std::numeric_limits<float>::quiet_NaN();
+  inf[3] = -std::numeric_limits<float>::infinity();
+  io::write_safetensors(path("bad.safetensors"),
+                        {io::make_f32("nan", {2, 16}, nan), io::make_f32("inf", {2, 16}, inf),
+                         io::make_f32("r3", {2, 1, 16}, nan), io::make_u8("u8", {2, 16}, std::vector<uint8_t>(32, 1)),
+                         io::make_f32("odd", {2, 24}, std::vector<float>(48, 1.0f)),
+                         io::make_f32("k48", {4, 48}, std::vector<float>(192, 1.0f)),
+                         io::make_f32("k32", {4, 32}, std::vector<float>(128, 1.0f))});
+  std::ofstream(path("junk.safetensors")) << "not a safetensors file at all";
+  std::ofstream(path("bad.cfg")) << "format = e2m1\nno-such-knob = 3\n";
+  const std::vector<ErrCase> cases = {
+      {{"quantize", "--in", "@missing.safetensors", "--tensor", "x", "--out", "@o"}, 1, {"@missing.safetensors", "cannot open"}},
+      {{"quantize", "--in", "@in.safetensors", "--tensor", "nope", "--out", "@o"}, 1, {"@in.safetensors", "nope"}},
+      {{"quantize", "--in", "@bad.safetensors", "--tensor", "r3", "--out", "@o"}, 1, {"@bad.safetensors", "r3", "2-D"}},
+      {{"quantize", "--in", "@bad.safetensors", "--tensor", "nan", "--out", "@o"}, 1, {"@bad.safetensors", "nan", "NaN"}},
+      {{"quantize", "--in", "@bad.safetensors", "--tensor", "inf", "--out", "@o"}, 1, {"@bad.safetensors", "inf", "Inf"}},
+      {{"quantize", "--in", "@bad.safetensors", "--tensor", "u8", "--out", "@o"}, 1, {"@bad.safetensors", "U8"}},
+      {{"quantize", "--in", "@bad.safetensors", "--tensor", "odd", "--out", "@o"}, 1, {"@bad.safetensors", "odd", "multiple of the block size 16"}},
+      {{"quantize", "--in", "@bad.safetensors", "--tensor", "k48", "--block", "32", "--out", "@o"}, 1, {"@bad.safetensors", "multiple of the block size 32"}},
+      {{"quantize", "--in", "@junk.safetensors", "--tensor", "x", "--out", "@o"}, 1, {"@junk.safetensors"}},
+      {{"quantize", "--in", "@in.safetensors", "--tensor", "x", "--out", "@o", "--bogus"}, 2, {"--bogus"}},
+      {{"quantize", "--in", "@in.safetensors", "--tensor", "x", "--out", "@o", "stray"}, 2, {"positional"}},
+      {{"quantize", "--in", "@in.safetensors", "--tensor", "x"}, 2, {"--out"}},
+      {{"quantize", "--in", "@in.safetensors", "--tensor", "x", "--out", "@o", "--recipe", "fp8"}, 2, {"unknown recipe 'fp8'"}},
+      {{"quantize", "--in", "@in.safetensors", "--tensor", "x", "--out", "@o", "--rht-signs", "1,-1,2"}, 2, {"--rht-signs", "'2'"}},
+      {{"quantize", "--in", "@in.safetensors", "--tensor", "x", "--out", "@o", "--rht", "16", "--rht-signs", "1,-1"}, 2, {"2 signs", "16"}},
+      {{"quantize", "--in", "@in.safetensors", "--tensor", "x", "--out", "@o", "--rht", "32", "--rht-signs", "te"}, 2, {"d = 16"}},
+      {{"quantize", "--in", "@in.safetensors", "--tensor", "x", "--out", "@o", "--block", "24"}, 2, {"block size must be 16 or 32"}},
+      {{"quantize", "--in", "@in.safetensors", "--tensor", "x", "--out", "@o", "--format", "e3m0"}, 2, {"unknown format 'e3m0'"}},
+      {{"quantize", "--in", "@in.safetensors", "--tensor", "x", "--out", "@o", "--seed", "-1"}, 2, {"--seed", "'-1'"}},
+      {{"quantize", "--in", "@in.safetensors", "--tensor", "x", "--out", "@o", "--pass", "fwd_y", "--role", "bwd_dy"}, 2, {"bwd_dy", "fwd_y"}},
+      {{"quantize", "--in", "@in.safetensors", "--tensor", "x", "--out", "@o", "--config", "@missing.cfg"}, 2, {"@missing.cfg"}},
+      {{"quantize", "--in", "@in.safetensors", "--tensor", "x", "--out", "@o", "--config", "@bad.cfg"}, 2, {"@bad.cfg", "no-such-knob"}},
+      {{"quantize", "--in", "@in.safetensors", "--tensor", "x", "--out", "@nodir/o.safetensors"}, 1, {"@nodir/o.safetensors"}},
+      {{"cast", "--in", "@bad.safetensors", "--tensor", "nan", "--format", "e2m1", "--out", "@o"}, 1, {"@bad.safetensors", "NaN"}},
+      {{"cast", "--in", "@in.safetensors", "--tensor", "x", "--format", "e2m1", "--rounding", "up", "--out", "@o"}, 2, {"rounding 'up'"}},
+      {{"gemm", "--a", "@bad.safetensors:k48", "--b", "@bad.safetensors:k32", "--out", "@o"}, 1, {"@bad.safetensors", "k32", "does not match"}},
+      {{"gemm", "--a", "@bad.safetensors:r3", "--b", "@in.safetensors:w", "--out", "@o"}, 1, {"@bad.safetensors", "2-D"}},
+      {{"gemm", "--a", "@in.safetensors:x", "--b", "@missing.safetensors:w", "--out", "@o"}, 1, {"@missing.safetensors"}},
+      {{"gemm", "--a", "@in.safetensors", "--b", "@in.safetensors:w", "--out", "@o"}, 2, {"--a", "FILE:NAME"}},
+      {{"gemm", "--a", "@bad.safetensors:nan", "--b", "@bad.safetensors:inf", "--out", "@o"}, 1, {"@bad.safetensors", "NaN"}},
+      {{"bias", "--format", "e5m2"}, 2, {"unknown format 'e5m2'"}},
+      {{"bias"}, 2, {"--format"}},
+      {{"frobnicate"}, 2, {"unknown subcommand 'frobnicate'"}},
+  };
+  auto expand = [&](const std::string& s) {
+    const size_t at = s.find('@');
+    return at == std::string::npos ? s : s.substr(0, at) + path(s.substr(at + 1));
+  };
+  for (const ErrCase& k : cases) {
+    std::vector<std::string> args;
+    std::string shown;
+    for (const auto& a : k.args) {
+      args.push_back(expand(a));
+      shown += " " + a;
+    }
+    SCOPED_TRACE("fp4lab" + shown);
+    const Result r = run(args);
+    EXPECT_EQ(r.code, k.code) << r.err;
+    ASSERT_FALSE(r.err.empty());
+    EXPECT_EQ(r.err.back(), '\n');
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    const std::string prefix = args[0] == "frobnicate" ? "fp4lab: error: " : "fp4lab " + args[0] + ": error: ";
+    EXPECT_EQ(r.err.rfind(prefix, 0), 0u) << r.err;
+    for (const auto& w : k.want) EXPECT_NE(r.err.find(expand(w)), std::string::npos) << "want '" << expand(w) << "' in " << r.err;
+    EXPECT_FALSE(std::filesystem::exists(path("o"))) << "an output was written despite the error";
+  }
+}
+
+}  // namespace
+}  // namespace fp4lab
