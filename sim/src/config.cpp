@@ -10,7 +10,7 @@ const char* mac_kind_name(MacKind k) {
   return k == MacKind::e2m1 ? "e2m1" : k == MacKind::e1m2 ? "e1m2" : "dual";
 }
 const char* prep_mode_name(PrepMode m) {
-  return m == PrepMode::frontend ? "frontend" : m == PrepMode::fused ? "fused" : "unfused";
+  return m == PrepMode::frontend ? "frontend" : m == PrepMode::fused ? "fused" : m == PrepMode::unfused ? "unfused" : "none";
 }
 MacKind parse_mac_kind(const std::string& s) {
   for (MacKind k : {MacKind::e2m1, MacKind::e1m2, MacKind::dual})
@@ -18,9 +18,9 @@ MacKind parse_mac_kind(const std::string& s) {
   throw std::invalid_argument("mac.kind '" + s + "' is not one of e2m1, e1m2, dual");
 }
 PrepMode parse_prep_mode(const std::string& s) {
-  for (PrepMode m : {PrepMode::frontend, PrepMode::fused, PrepMode::unfused})
+  for (PrepMode m : {PrepMode::frontend, PrepMode::fused, PrepMode::unfused, PrepMode::none})
     if (s == prep_mode_name(m)) return m;
-  throw std::invalid_argument("prep.mode '" + s + "' is not one of frontend, fused, unfused");
+  throw std::invalid_argument("prep.mode '" + s + "' is not one of frontend, fused, unfused, none");
 }
 
 po::options_description Config::options() {
@@ -55,7 +55,8 @@ po::options_description Config::options() {
     ("acc.lanes", po::value<int>()->required(), "scale-and-accumulate operations per cycle")
     ("acc.latency", po::value<int>()->required(), "scale-and-accumulate latency, cycles")
     ("prep.mode", po::value<std::string>()->default_value("frontend"),
-     "frontend | fused | unfused: RHT + quantise in the TCU front-end, or as one or two passes through memory")
+     "frontend | fused | unfused | none: RHT + quantise in the TCU front-end, as one or two passes through "
+     "memory, or not at all (operands already quantised in memory)")
     ("operand.bytes", po::value<int>()->default_value(2), "bytes per unquantised operand element (BF16 = 2)")
     ("output.bytes", po::value<int>()->default_value(4), "bytes per output element (FP32 = 4, BF16 = 2)")
     ("energy.mac_e2m1_pj", po::value<double>()->required(), "pJ per MAC on an E2M1-only unit")

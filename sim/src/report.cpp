@@ -1,5 +1,6 @@
 #include "fp4lab/sim/report.hpp"
 
+#include <cmath>
 #include <cstdio>
 #include <iomanip>
 #include <sstream>
@@ -91,14 +92,26 @@ nlohmann::json Report::to_json() const {
 
 namespace {
 std::string si(double v, const char* unit) {
-  const char* p[] = {"", "k", "M", "G", "T"};
-  int i = 0;
-  while (std::abs(v) >= 1000 && i < 4) {
-    v /= 1000;
-    ++i;
+  static const char* up[] = {"", "k", "M", "G", "T"};
+  static const char* down[] = {"", "m", "u", "n", "p"};
+  const char* prefix = "";
+  if (v != 0 && std::abs(v) < 1) {
+    int i = 0;
+    while (std::abs(v) < 1 && i < 4) {
+      v *= 1000;
+      ++i;
+    }
+    prefix = down[i];
+  } else {
+    int i = 0;
+    while (std::abs(v) >= 1000 && i < 4) {
+      v /= 1000;
+      ++i;
+    }
+    prefix = up[i];
   }
   char b[64];
-  std::snprintf(b, sizeof b, "%.3g %s%s", v, p[i], unit);
+  std::snprintf(b, sizeof b, "%.3g %s%s", v, prefix, unit);
   return b;
 }
 std::string pct(double x) {

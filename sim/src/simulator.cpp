@@ -82,6 +82,8 @@ class Plan {
         if (any_amax) phases.push_back(PhaseKind::amax);
         phases.push_back(PhaseKind::quant);
         break;
+      case PrepMode::none:
+        break;
     }
     phases.push_back(PhaseKind::gemm);
     // Grouped raster order: groups of raster_group tile rows, column by column inside a group.

@@ -62,7 +62,7 @@ struct Token {
   int acc_slot = -1;
   int64_t m0 = 0, n0 = 0, k0 = 0;
   int tm = 0, tn = 0, tk = 0;
-  std::shared_ptr<std::vector<int32_t>> p;  // block products, MAC array -> accumulator (--check)
+  std::shared_ptr<int32_t[]> p;              // block products, MAC array -> accumulator (--check)
   std::shared_ptr<std::vector<float>> out;  // finished output tile, accumulator -> write-back (--check)
   int64_t ready = 0;                   // cycle at which the token's data is usable downstream
   Blame blame = Blame::bandwidth;
@@ -312,14 +312,16 @@ class Stage : public sc_module {
   virtual int64_t occupancy(const Token& t) const = 0;
   virtual int64_t latency(const Token& t) const = 0;
   virtual void work(Token&) {}
+  // One wait per token: until the data is there and the unit has done its work. A token with no work for this
+  // unit goes straight on (its ready time travels with it), so idle units cost no events.
   void run() {
     while (true) {
       Token t = in->get();
-      clk_.wait_until(t.ready);
-      const int64_t start = clk_.now(), occ = occupancy(t);
+      const int64_t occ = occupancy(t);
       if (occ > 0) {
+        const int64_t now = clk_.now(), start = std::max(now, t.ready);
         if (start > t.ready) t.blame = self_;
-        clk_.wait_cycles(occ);
+        clk_.wait_cycles(start + occ - now);
         busy += occ;
         t.ready = clk_.now() + latency(t);
         work(t);
@@ -389,25 +391,25 @@ class MacArray : public sc_module {
   void run() {
     while (true) {
       Token t = in->get();
-      clk_.wait_until(t.ready);
       if (t.kind != Token::Kind::step) {  // a pass's chunk leaves its staging slot here
+        clk_.wait_until(t.ready);
         if (t.credit) slots->release();
         out->put(std::move(t));
         continue;
       }
-      const int64_t s = clk_.now();
+      const int64_t now = clk_.now(), s = std::max(now, t.ready);
       if (first_start < 0)
         first_start = s;
       else
         stall[int(t.blame)] += s - last_end;
       const int64_t occ = occupancy(t.blocks16);
-      clk_.wait_cycles(occ);
+      clk_.wait_cycles(s + occ - now);
       compute += occ;
       blocks += t.blocks16;
       if (fn->on()) {
         const TileStep st = fn->step(t);
-        t.p = std::make_shared<std::vector<int32_t>>(size_t(t.tm) * t.tn * st.nblk);
-        fn->timed([&] { fn->dp->block_dots(st, t.p->data()); });
+        t.p.reset(new int32_t[size_t(t.tm) * t.tn * st.nblk]);
+        fn->timed([&] { fn->dp->block_dots(st, t.p.get()); });
       }
       if (t.credit) slots->release();
       t.ready = clk_.now() + lat_;
@@ -446,25 +448,25 @@ class Accumulator : public sc_module {
   void run() {
     while (true) {
       Token t = in->get();
-      clk_.wait_until(t.ready);
       if (t.kind != Token::Kind::step) {
         out->put(std::move(t));
         continue;
       }
-      if (t.first_k) {
+      if (t.first_k) {  // claim an accumulator when the tile's first step is here
+        clk_.wait_until(t.ready);
         accs->acquire();
         current_ = int(std::find(free_.begin(), free_.end(), true) - free_.begin());
         free_[size_t(current_)] = false;
       }
-      const int64_t occ = ceil_div(t.acc_ops, lanes_);
-      clk_.wait_cycles(occ);
+      const int64_t occ = ceil_div(t.acc_ops, lanes_), now = clk_.now();
+      clk_.wait_cycles(std::max(now, t.ready) + occ - now);
       busy += occ;
       ops += t.acc_ops;
       if (fn->on()) {
         std::vector<float>& acc = buf_[size_t(current_)];
         if (t.first_k) acc.assign(size_t(t.tm) * t.tn, 0.0f);  // acc = +0.0f (contract)
         const TileStep st = fn->step(t);
-        fn->timed([&] { fn->dp->scale_accumulate(st, t.p->data(), acc.data()); });
+        fn->timed([&] { fn->dp->scale_accumulate(st, t.p.get(), acc.data()); });
         t.p.reset();
         if (t.last_k) {
           t.out = std::make_shared<std::vector<float>>(acc.size());

@@ -18,8 +18,9 @@ namespace po = boost::program_options;
 enum class MacKind : uint8_t { e2m1, e1m2, dual };
 // Where RHT and quantisation run: in the TCU's front-end on operand tiles as they are fetched (BF16 in), as
 // one separate pass through memory (RHT + quantise fused in one kernel), or as two passes (an RHT pass, then
-// a quantise pass) -- the paper's fused-versus-unfused question.
-enum class PrepMode : uint8_t { frontend, fused, unfused };
+// a quantise pass) -- the paper's fused-versus-unfused question. `none`: the operands are already quantised in
+// memory (say FP4 weights kept quantised), so the job is the GEMM alone.
+enum class PrepMode : uint8_t { frontend, fused, unfused, none };
 
 const char* mac_kind_name(MacKind k);
 const char* prep_mode_name(PrepMode m);

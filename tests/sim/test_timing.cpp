@@ -1,0 +1,177 @@
+// Cycle counts of the teaching configuration (sim/configs/teaching.cfg), worked out by hand from its numbers:
+//   DRAM 64 B/cycle, latency 10; quantiser 16 elements/cycle, latency 2; RHT 16 elements/cycle, 1 cycle per
+//   stage (d = 16: 4 butterfly stages + the 1/4 scale = 5); MAC array 4 block units (64 MAC/cycle), latency 2;
+//   accumulator 8 operations/cycle, latency 1; tile 16 x 16 x 64; 2 operand-buffer slots; BF16 in, FP32 out.
+// Per k-step of a 16 x 16 tile (frontend mode, BF16 operands fetched and quantised in the TCU):
+//   fetch  A and B: 16 x 64 x 2 B = 2048 B each -> 32 + 32 cycles on the DRAM port, +10 latency
+//   quant  2 x 1024 elements / 16 = 128 cycles, +2
+//   MAC    16 x 16 x (64 / 16) = 1024 block products / 4 units = 256 cycles, +2
+//   acc    16 x 16 x 4 = 1024 scale-accumulates / 8 = 128 cycles; the last k-step adds the 256 final
+//          multiplies: 1280 / 8 = 160 cycles; +1
+//   write  16 x 16 x 4 B = 1024 B / 64 = 16 cycles, +10
+// The numbers below are these sums, not outputs of the model.
+#include <gtest/gtest.h>
+
+#include "sim_test_util.hpp"
+
+namespace fp4lab::sim::test {
+namespace {
+
+TEST(Timing, TeachingPipelineFillOneTileOneStep) {
+  Simulator sim(config("teaching"));
+  const JobReport r = sim.run(job(16, 16, 64));
+  // 64 (A then B on the port) + 10 + 128 + 2 + 256 + 2 + 160 + 1 + 16 + 10
+  EXPECT_EQ(r.cycles, 649);
+  EXPECT_EQ(r.prep_cycles, 0);
+  EXPECT_DOUBLE_EQ(r.stalls.at("fill"), 64 + 10 + 128 + 2);
+  EXPECT_DOUBLE_EQ(r.stalls.at("compute"), 256);
+  EXPECT_DOUBLE_EQ(r.stalls.at("tail"), 2 + 160 + 1 + 16 + 10);
+  EXPECT_DOUBLE_EQ(r.bytes.at("dram_read"), 4096);
+  EXPECT_DOUBLE_EQ(r.bytes.at("dram_write"), 1024);
+  EXPECT_DOUBLE_EQ(r.busy.at("mac"), 256.0 / 649.0);
+  EXPECT_DOUBLE_EQ(r.mac_util, 16.0 * 16 * 64 / (64.0 * 649));
+}
+
+TEST(Timing, TeachingComputeBound) {
+  Simulator sim(config("teaching"));
+  const JobReport r = sim.run(job(16, 16, 1024));
+  // 16 k-steps. The MAC array (256 cycles/step) is slower than fetch (64) and quantiser (128), and two slots
+  // cover the refill: step k is fetched when the MAC finishes step k-2, at 204 + 256(k-1); it is quantised
+  // by 256(k-1) + 408 < 204 + 256k, when the MAC wants it. So the MAC runs back to back from cycle 204:
+  //   fill 64 + 10 + 128 + 2 = 204, then 16 x 256 = 4096, then 2 + 160 + 1 + 16 + 10 = 189.
+  EXPECT_EQ(r.cycles, 204 + 4096 + 189);
+  EXPECT_DOUBLE_EQ(r.stalls.at("fill"), 204);
+  EXPECT_DOUBLE_EQ(r.stalls.at("compute"), 4096);
+  EXPECT_DOUBLE_EQ(r.stalls.at("bandwidth"), 0);
+  EXPECT_DOUBLE_EQ(r.stalls.at("tail"), 189);
+  EXPECT_DOUBLE_EQ(r.bytes.at("dram_read"), 16 * 4096);
+}
+
+TEST(Timing, TeachingBandwidthBound) {
+  Simulator sim(config("teaching", {"dram.bandwidth=8"}));
+  const JobReport r = sim.run(job(16, 16, 1024));
+  // At 8 B/cycle a step's operands take 2 x 2048 / 8 = 512 cycles on the port, twice the MAC's 256. The port
+  // never idles (a slot frees at 512k - 116, before the port does at 512k), so step k's data lands at
+  // 512(k+1) + 10 and reaches the MAC at 512(k+1) + 10 + 128 + 2.
+  //   total = 16 x 512 + 10 + 128 + 2 + 256 + 2 + 160 + 1 + 128 (1024 B at 8 B/cycle) + 10 = 8889
+  EXPECT_EQ(r.cycles, 8889);
+  EXPECT_DOUBLE_EQ(r.stalls.at("fill"), 512 + 10 + 128 + 2);
+  EXPECT_DOUBLE_EQ(r.stalls.at("compute"), 4096);
+  EXPECT_DOUBLE_EQ(r.stalls.at("bandwidth"), 15 * (512 - 256));  // the MAC waits 256 cycles before each later step
+  EXPECT_DOUBLE_EQ(r.stalls.at("rht") + r.stalls.at("quant"), 0);
+  EXPECT_DOUBLE_EQ(r.stalls.at("tail"), 2 + 160 + 1 + 128 + 10);
+}
+
+TEST(Timing, TeachingRhtFrontEnd) {
+  Simulator sim(config("teaching"));
+  const JobReport r = sim.run(job(16, 16, 64, plain(16)));
+  // The RHT adds 2048 / 16 = 128 cycles of occupancy and 5 of latency in front of the quantiser: 649 + 133.
+  EXPECT_EQ(r.cycles, 649 + 128 + 5);
+  EXPECT_DOUBLE_EQ(r.busy.at("rht"), 128.0 / 782.0);
+  // 2048 elements x 4 butterfly adds (the 1/4 scale is an exponent decrement, not counted as an add)
+  EXPECT_DOUBLE_EQ(r.energy_pj.at("rht"), 2048 * 4 * 0.3);
+}
+
+TEST(Timing, TeachingRhtBound) {
+  Simulator sim(config("teaching", {"rht.lanes=4"}));
+  const JobReport r = sim.run(job(16, 16, 1024, plain(16)));
+  // 4 lanes: 2048 / 4 = 512 RHT cycles per step, twice the MAC's 256. The first step reaches the RHT at 74,
+  // leaves it at 586 (+5), the quantiser at 719 (+2): the MAC starts at 721. The RHT then runs back to back, so
+  // step k reaches the MAC at 721 + 512k; the MAC waits 256 cycles before every later step, blamed on the RHT.
+  //   total = 721 + 15 x 512 + 256 + 2 + 160 + 1 + 16 + 10 = 8846
+  EXPECT_EQ(r.cycles, 8846);
+  EXPECT_DOUBLE_EQ(r.stalls.at("fill"), 721);
+  EXPECT_DOUBLE_EQ(r.stalls.at("rht"), 15 * 256);
+  EXPECT_DOUBLE_EQ(r.stalls.at("bandwidth") + r.stalls.at("quant"), 0);
+  EXPECT_DOUBLE_EQ(r.stalls.at("tail"), 189);
+}
+
+TEST(Timing, TeachingQuantiserBound) {
+  Simulator sim(config("teaching", {"quant.lanes=4"}));
+  const JobReport r = sim.run(job(16, 16, 1024));
+  // 4 lanes: 2048 / 4 = 512 quantiser cycles per step. First step: fetched by 74, quantised 74..586, +2: the MAC
+  // starts at 588 and then every 512 cycles, waiting 256 before each later step, blamed on the quantiser.
+  //   total = 588 + 15 x 512 + 256 + 2 + 160 + 1 + 16 + 10 = 8713
+  EXPECT_EQ(r.cycles, 8713);
+  EXPECT_DOUBLE_EQ(r.stalls.at("quant"), 15 * 256);
+  EXPECT_DOUBLE_EQ(r.stalls.at("bandwidth") + r.stalls.at("rht"), 0);
+}
+
+TEST(Timing, TeachingOperandReuseAcrossTiles) {
+  Simulator sim(config("teaching"));
+  const JobReport r = sim.run(job(32, 16, 64));
+  // Two output tiles in one column. The operand buffer keeps 16 KiB - 2 x 4 KiB streaming = 8 KiB of panels;
+  // B's panel (16 x 64 codes + 64 fp32 scales = 768 B) fits, so the second tile fetches only A:
+  //   DRAM reads 2048 (A0) + 2048 (B) + 2048 (A1).
+  EXPECT_DOUBLE_EQ(r.bytes.at("dram_read"), 6144);
+  // Tile 2's step (1024 elements) is quantised 202..266 and waits for the MAC, free at 460: MAC 460..716,
+  // accumulate (+2) 718..878, +1, write 879..895, +10.
+  EXPECT_EQ(r.cycles, 905);
+  EXPECT_DOUBLE_EQ(r.stalls.at("compute"), 512);
+}
+
+TEST(Timing, TeachingFusedPrepPass) {
+  Simulator sim(config("teaching", {"prep.mode=fused"}));
+  const JobReport r = sim.run(job(16, 16, 64, plain(16)));
+  // Pass 1 (RHT + quantise through memory), A then B, one 16 x 64 chunk each:
+  //   A: read 0..32 (+10) -> RHT 42..106 (+5) -> quant 111..175 (+2) -> write 768 B 177..189 (+10)
+  //   B: read 32..64 (+10) -> RHT 106..170 (+5) -> quant 175..239 (+2) -> write 241..253 (+10) = 263
+  // GEMM on the quantised operands: read 768 + 768 B 263..287 (+10), MAC 297..553 (+2), acc 555..715 (+1),
+  // write 716..732 (+10) = 742.
+  EXPECT_EQ(r.prep_cycles, 263);
+  EXPECT_EQ(r.cycles, 742);
+  EXPECT_DOUBLE_EQ(r.stalls.at("prep"), 263);
+  EXPECT_DOUBLE_EQ(r.bytes.at("dram_read"), 4096 + 1536);
+  EXPECT_DOUBLE_EQ(r.bytes.at("dram_write"), 1536 + 1024);
+}
+
+TEST(Timing, TeachingUnfusedPrepPasses) {
+  Simulator sim(config("teaching", {"prep.mode=unfused"}));
+  const JobReport r = sim.run(job(16, 16, 64, plain(16)));
+  // Pass 1 (RHT, BF16 out): A read 0..32 (+10), RHT 42..106 (+5), write 2048 B 111..143 (+10);
+  //                         B read 32..64 (+10), RHT 106..170 (+5), write 175..207 (+10): barrier at 217.
+  // Pass 2 (quantise):      A read 217..249 (+10), quant 259..323 (+2), write 768 B 325..337 (+10);
+  //                         B read 249..281 (+10), quant 323..387 (+2), write 389..401 (+10): barrier at 411.
+  // GEMM as in the fused case, 148 cycles later: 411 + (742 - 263) = 890.
+  EXPECT_EQ(r.prep_cycles, 411);
+  EXPECT_EQ(r.cycles, 890);
+  EXPECT_DOUBLE_EQ(r.bytes.at("dram_read"), 4096 + 4096 + 1536);
+  EXPECT_DOUBLE_EQ(r.bytes.at("dram_write"), 4096 + 1536 + 1024);
+}
+
+TEST(Timing, UnitsTakeTheirGridsAndFallBack) {
+  {
+    Simulator sim(config("teaching", {"mac.kind=e2m1"}));
+    EXPECT_THROW(sim.run(job(16, 16, 64)), std::invalid_argument);  // e1m2 on E2M1-only units, no fallback
+  }
+  Simulator sim(config("teaching", {"mac.kind=e2m1", "mac.fallback_rate=0.5"}));
+  const JobReport r = sim.run(job(16, 16, 64));
+  // At half rate the MAC takes 1024 / 2 = 512 cycles: 649 + 256.
+  EXPECT_EQ(r.cycles, 649 + 256);
+  EXPECT_FALSE(r.native);
+  QuantConfig e2 = plain();
+  e2.format = kE2M1;
+  EXPECT_EQ(sim.run(job(16, 16, 64, e2)).cycles, 649);
+}
+
+TEST(Timing, Block32HalvesTheAccumulatorWork) {
+  Simulator sim(config("teaching"));
+  const JobReport r = sim.run(job(16, 16, 64, plain(0, 32)));
+  // 16 x 16 x 2 blocks of 32 + 256 final multiplies = 768 / 8 = 96 accumulator cycles instead of 160; the MAC
+  // still takes 16-element passes (1024 / 4 = 256).
+  EXPECT_EQ(r.cycles, 649 - 160 + 96);
+}
+
+TEST(Timing, StallsSumToCycles) {
+  for (const char* mode : {"prep.mode=frontend", "prep.mode=fused", "prep.mode=unfused"}) {
+    Simulator sim(config("teaching", {mode, "tcu.count=3"}));
+    const JobReport r = sim.run(job(80, 48, 320, plain(16)));
+    double sum = 0;
+    for (const auto& [k, v] : r.stalls) sum += v;
+    EXPECT_NEAR(sum, double(r.cycles), 1e-6) << mode;
+    EXPECT_GT(r.stalls.at("compute"), 0) << mode;
+  }
+}
+
+}  // namespace
+}  // namespace fp4lab::sim::test
