@@ -3,6 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12 warns inside its own AVX-512 intrinsics (their _mm512_undefined_ps passthrough, GCC PR 105593).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 #include "fp4lab/philox.hpp"
 #include "fp4lab/rht.hpp"
@@ -47,17 +54,103 @@ void check_finite(const float* x, int64_t n, const char* what) {
                                   (std::isnan(x[i]) ? "NaN" : "Inf") + " (4-bit grids have no such codes)");
 }
 
+namespace {
+
+#if defined(__AVX512F__)
+// RHT-16 of one block held in one register: rht_block's operations exactly, 16 lanes at once. Stage h:
+// lane j with (j & h) == 0 takes y_j + y_{j+h}, lane j + h takes y_j - y_{j+h}; the partner lane comes
+// from a permute. Each result is the same single FP32 add or subtract of the same operands, so the bits
+// match rht_block's (checked in tests/bench/test_quantize_fast.cpp).
+inline __m512 rht16(__m512 y, __m512i sign_bits) {
+  y = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(y), sign_bits));  // s_j * x_j: a sign flip
+  __m512 p = _mm512_permute_ps(y, 0b10'11'00'01);  // h = 1: partner j ^ 1
+  y = _mm512_mask_sub_ps(_mm512_add_ps(y, p), 0xAAAA, p, y);
+  p = _mm512_permute_ps(y, 0b01'00'11'10);  // h = 2: partner j ^ 2
+  y = _mm512_mask_sub_ps(_mm512_add_ps(y, p), 0xCCCC, p, y);
+  p = _mm512_shuffle_f32x4(y, y, 0b10'11'00'01);  // h = 4: swap neighbouring 128-bit quarters
+  y = _mm512_mask_sub_ps(_mm512_add_ps(y, p), 0xF0F0, p, y);
+  p = _mm512_shuffle_f32x4(y, y, 0b01'00'11'10);  // h = 8: swap the 256-bit halves
+  y = _mm512_mask_sub_ps(_mm512_add_ps(y, p), 0xFF00, p, y);
+  return _mm512_mul_ps(y, _mm512_set1_ps(rht_inv_sqrt(16)));
+}
+#endif
+
+// dst = RHT of one row of src (cfg.rht != 0; dst may equal src), then BF16 rounding when asked.
+void rotate_row(const float* src, float* dst, int64_t cols, const QuantConfig& cfg) {
+  const int d = cfg.rht;
+#if defined(__AVX512F__)
+  if (d == 16) {
+    alignas(64) uint32_t bits[16];
+    for (int j = 0; j < 16; ++j) bits[j] = cfg.rht_signs[j] < 0 ? 0x8000'0000u : 0u;
+    const __m512i sign_bits = _mm512_load_si512(bits);
+    for (int64_t c = 0; c < cols; c += 16) _mm512_storeu_ps(dst + c, rht16(_mm512_loadu_ps(src + c), sign_bits));
+  } else
+#endif
+  {
+    if (dst != src) std::copy(src, src + cols, dst);
+    for (int64_t c = 0; c < cols; c += d) rht_block(dst + c, d, cfg.rht_signs.data());
+  }
+  if (cfg.rht_bf16)
+    for (int64_t c = 0; c < cols; ++c) dst[c] = round_to_bf16(dst[c]);
+}
+
+float block_amax(const float* y, int n) {
+  float m = 0.0f;
+  for (int j = 0; j < n; ++j) m = std::max(m, std::fabs(y[j]));
+  return m;
+}
+
+// The named grids as compile-time constants: with the format known, round_rtne's midpoints fold to
+// constants and the per-block loop vectorises. Any other tuple runs on the runtime format.
+template <const ElemFormat* F>
+struct FixedFormat {
+  const ElemFormat& get() const { return *F; }
+};
+struct RuntimeFormat {
+  ElemFormat f;
+  const ElemFormat& get() const { return f; }
+};
+bool same_grid(const ElemFormat& a, const ElemFormat& b) {
+  return a.ebits == b.ebits && a.mbits == b.mbits && a.bias == b.bias && a.max_index == b.max_index;
+}
+template <class Body>
+void with_format(const ElemFormat& f, Body&& body) {
+  if (same_grid(f, kE2M1)) return body(FixedFormat<&kE2M1>{});
+  if (same_grid(f, kE1M2)) return body(FixedFormat<&kE1M2>{});
+  if (same_grid(f, kInt4)) return body(FixedFormat<&kInt4>{});
+  if (same_grid(f, kE2M1Max2)) return body(FixedFormat<&kE2M1Max2>{});
+  body(RuntimeFormat{f});
+}
+
+// Scales and rounds the n values of one block; SR draws the word for element index base + j.
+template <class Fmt>
+void round_block(const Fmt& fmt, const float* __restrict y, int n, const BlockScale& bs, const QuantConfig& cfg,
+                 int64_t base, uint8_t* __restrict codes) {
+  const ElemFormat& f = fmt.get();
+  const BlockScale b = bs;
+  if (cfg.rounding == Rounding::rtne) {
+    // Testing scale_element's loop-invariant condition up front lets its inlined body fold to a single
+    // divide in the first loop: no branch left in either loop, so both vectorise.
+    const ScaleKind kind = cfg.scale;
+    if (kind == ScaleKind::fp32 && b.dec != 0.0f) {
+#pragma omp simd simdlen(16)
+      for (int j = 0; j < n; ++j) codes[j] = round_rtne(f, scale_element(ScaleKind::fp32, y[j], b));
+    } else {
+#pragma omp simd simdlen(16)
+      for (int j = 0; j < n; ++j) codes[j] = round_rtne(f, scale_element(kind, y[j], b));
+    }
+  } else
+    for (int j = 0; j < n; ++j)
+      codes[j] = round_sr(f, scale_element(cfg.scale, y[j], b), random_bits(cfg.seed, cfg.stream, uint64_t(base + j)));
+}
+
+}  // namespace
+
 std::vector<float> rotate(const float* x, int64_t rows, int64_t cols, const QuantConfig& cfg) {
   std::vector<float> y(x, x + rows * cols);
   if (cfg.rht == 0) return y;
-  const int d = cfg.rht;
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = y.data() + r * cols;
-    for (int64_t c = 0; c < cols; c += d) rht_block(row + c, d, cfg.rht_signs.data());
-    if (cfg.rht_bf16)
-      for (int64_t c = 0; c < cols; ++c) row[c] = round_to_bf16(row[c]);
-  }
+  for (int64_t r = 0; r < rows; ++r) rotate_row(y.data() + r * cols, y.data() + r * cols, cols, cfg);
   return y;
 }
 
@@ -73,14 +166,6 @@ QTensor quantize(const float* x_in, int64_t rows, int64_t cols, const QuantConfi
   check_finite(x_in, rows * cols, "input tensor");
   const ElemFormat& f = cfg.format;
 
-  // 1. What the scales see: the rotated tensor when RHT is on.
-  std::vector<float> rotated;
-  const float* x = x_in;
-  if (cfg.rht != 0) {
-    rotated = rotate(x_in, rows, cols, cfg);
-    x = rotated.data();
-  }
-
   QTensor q;
   q.format = f;
   q.scale_kind = cfg.scale;
@@ -93,15 +178,48 @@ QTensor quantize(const float* x_in, int64_t rows, int64_t cols, const QuantConfi
   q.scales.assign(size_t(rows * kb), 0.0f);
   if (cfg.scale != ScaleKind::fp32) q.scale_codes.assign(size_t(rows * kb), 0);
 
+  // Without 16x16 tiles or a tensor-wide scale (ue4m3) every row stands alone: one pass per row rotates
+  // it into a private buffer (when RHT is on), takes the block amax, scales and rounds, so the rotated
+  // tensor is never materialised. Same steps and operations as the general path below.
+  if (!cfg.tile2d && cfg.scale != ScaleKind::ue4m3) {
+    with_format(f, [&](const auto& fmt) {
+#pragma omp parallel
+      {
+        std::vector<float> buf(size_t(cfg.rht != 0 ? cols : 0));
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+          const float* y = x_in + r * cols;
+          if (cfg.rht != 0) {
+            rotate_row(y, buf.data(), cols, cfg);
+            y = buf.data();
+          }
+          for (int64_t b = 0; b < kb; ++b) {
+            const float* yb = y + b * cfg.block;
+            const BlockScale bs = block_scale(f, cfg.scale, block_amax(yb, cfg.block), 1.0f);
+            q.scales[r * kb + b] = bs.dec;
+            if (!q.scale_codes.empty()) q.scale_codes[r * kb + b] = bs.code;
+            const int64_t i0 = r * cols + b * cfg.block;
+            round_block(fmt, yb, cfg.block, bs, cfg, i0, q.codes.data() + i0);
+          }
+        }
+      }
+    });
+    return q;
+  }
+
+  // 1. What the scales see: the rotated tensor when RHT is on.
+  std::vector<float> rotated;
+  const float* x = x_in;
+  if (cfg.rht != 0) {
+    rotated = rotate(x_in, rows, cols, cfg);
+    x = rotated.data();
+  }
+
   // 2. Block amax (|x| max over the block, or over the 16x16 tile) and the tensor amax.
   std::vector<float> amax(size_t(rows * kb), 0.0f);
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t b = 0; b < kb; ++b) {
-      float m = 0.0f;
-      for (int j = 0; j < cfg.block; ++j) m = std::max(m, std::fabs(x[r * cols + b * cfg.block + j]));
-      amax[r * kb + b] = m;
-    }
+    for (int64_t b = 0; b < kb; ++b) amax[r * kb + b] = block_amax(x + r * cols + b * cfg.block, cfg.block);
   if (cfg.tile2d)
     for (int64_t r0 = 0; r0 < rows; r0 += 16)
       for (int64_t b = 0; b < kb; ++b) {
@@ -118,19 +236,17 @@ QTensor quantize(const float* x_in, int64_t rows, int64_t cols, const QuantConfi
   }
 
   // 3. Scale and round every element. SR draws the word for element index r*cols+c of this tensor.
+  with_format(f, [&](const auto& fmt) {
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t b = 0; b < kb; ++b) {
-      const BlockScale bs = block_scale(f, cfg.scale, amax[r * kb + b], s_enc);
-      q.scales[r * kb + b] = bs.dec;
-      if (!q.scale_codes.empty()) q.scale_codes[r * kb + b] = bs.code;
-      for (int j = 0; j < cfg.block; ++j) {
-        const int64_t i = r * cols + b * cfg.block + j;
-        const float v = scale_element(cfg.scale, x[i], bs);
-        q.codes[i] = cfg.rounding == Rounding::rtne ? round_rtne(f, v)
-                                                    : round_sr(f, v, random_bits(cfg.seed, cfg.stream, uint64_t(i)));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t b = 0; b < kb; ++b) {
+        const BlockScale bs = block_scale(f, cfg.scale, amax[r * kb + b], s_enc);
+        q.scales[r * kb + b] = bs.dec;
+        if (!q.scale_codes.empty()) q.scale_codes[r * kb + b] = bs.code;
+        const int64_t i0 = r * cols + b * cfg.block;
+        round_block(fmt, x + i0, cfg.block, bs, cfg, i0, q.codes.data() + i0);
       }
-    }
+  });
   return q;
 }
 

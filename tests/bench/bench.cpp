@@ -4,7 +4,8 @@
 //     M, N, K with the same thread count; plus the scalar reference contract's rate for context. The fast
 //     output is bit-compared against reference::gemm_contract on a sub-block of every shape.
 //  2. Quantisation with RHT-16 vs without, on the same tensor.
-// Times are medians over --reps repetitions after one warm-up. Exit status 1 if any bit comparison fails.
+// Times are medians over --reps repetitions after one warm-up, baseline and candidate run alternately.
+// Exit status 1 if any bit comparison fails.
 // GCC 12 warns inside its own AVX-512 intrinsics as Eigen inlines them (PR 105593, the
 // _mm512_undefined_* passthroughs); the pragma covers the intrinsic headers Eigen pulls in first.
 #pragma GCC diagnostic push
@@ -17,6 +18,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -37,16 +39,28 @@ using namespace fp4lab;
 
 namespace {
 
-double median_seconds(int reps, const std::function<void()>& fn) {
-  fn();  // warm-up: page faults, thread pool start, caches
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
+double seconds(const std::function<void()>& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> t) {
   std::sort(t.begin(), t.end());
   return t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
+}
+
+// Median times of a baseline and a candidate, run alternately (after one warm-up each) so that load from
+// other processes on a shared machine falls on both alike.
+std::pair<double, double> median_pair(int reps, const std::function<void()>& base, const std::function<void()>& cand) {
+  base();
+  cand();
+  std::vector<double> tb, tc;
+  for (int r = 0; r < reps; ++r) {
+    tb.push_back(seconds(base));
+    tc.push_back(seconds(cand));
+  }
+  return {median(tb), median(tc)};
 }
 
 std::vector<float> random_normal(int64_t n, uint32_t seed) {
@@ -131,8 +145,12 @@ int main(int argc, char** argv) {
                      ", \"gemm_path\": \"" + detail::gemm_path_name(detail::gemm_best_path()) + "\", \"gemm\": [";
   bool all_exact = true;
 
-  std::printf("fp4lab bench: %d thread(s) (Eigen %d), median of %d reps, GEMM path %s\n\n", threads,
-              Eigen::nbThreads(), reps, detail::gemm_path_name(detail::gemm_best_path()));
+  // Other processes' load skews wall-clock figures (ratios less so: each pair runs alternately); say what it was.
+  double load[3] = {0, 0, 0};
+  getloadavg(load, 3);
+  std::printf("fp4lab bench: %d thread(s) (Eigen %d), median of %d reps, GEMM path %s, %d CPUs, load average %.2f\n\n",
+              threads, Eigen::nbThreads(), reps, detail::gemm_path_name(detail::gemm_best_path()), omp_get_num_procs(),
+              load[0]);
 
   // ---- 1. GEMM ------------------------------------------------------------------------------------
   const std::vector<Shape> shapes =
@@ -151,7 +169,6 @@ int main(int argc, char** argv) {
     Eigen::MatrixXf ea = Eigen::Map<const Eigen::MatrixXf>(xa.data(), s.M, s.K);
     Eigen::MatrixXf eb = Eigen::Map<const Eigen::MatrixXf>(xb.data(), s.K, s.N);
     Eigen::MatrixXf ec(s.M, s.N);
-    const double t_eigen = median_seconds(reps, [&] { ec.noalias() = ea * eb; });
     for (const ElemFormat& f : {kE1M2, kE2M1}) {
       QuantConfig cfg;
       cfg.format = f;
@@ -159,7 +176,8 @@ int main(int argc, char** argv) {
       cfg.scale = ScaleKind::fp32;
       const QTensor qa = quantize(xa.data(), s.M, s.K, cfg), qb = quantize(xb.data(), s.N, s.K, cfg);
       std::vector<float> c;
-      const double t_fp4 = median_seconds(reps, [&] { c = gemm(qa, qb); });
+      const auto [t_eigen, t_fp4] =
+          median_pair(reps, [&] { ec.noalias() = ea * eb; }, [&] { c = gemm(qa, qb); });
       const int64_t checked = verify_corners(qa, qb, c, 24);
       all_exact = all_exact && checked > 0;
       char dims[64];
@@ -184,8 +202,8 @@ int main(int argc, char** argv) {
     const auto xa = random_normal(M * K, 3), xb = random_normal(N * K, 4);
     const QTensor qa = quantize(xa.data(), M, K, cfg), qb = quantize(xb.data(), N, K, cfg);
     std::vector<float> r, c;
-    const double t_ref = median_seconds(std::min(reps, 3), [&] { r = reference::gemm_contract(qa, qb); });
-    const double t_fast = median_seconds(reps, [&] { c = gemm(qa, qb); });
+    const auto [t_ref, t_fast] = median_pair(std::min(reps, 3), [&] { r = reference::gemm_contract(qa, qb); },
+                                             [&] { c = gemm(qa, qb); });
     const bool same = std::memcmp(r.data(), c.data(), r.size() * 4) == 0;
     all_exact = all_exact && same;
     const double macs = double(M) * N * K;
@@ -207,8 +225,8 @@ int main(int argc, char** argv) {
     QuantConfig rht = plain;
     rht.rht = 16;
     rht.rht_signs = rht_signs_te(16);
-    const double t_plain = median_seconds(reps, [&] { (void)quantize(x.data(), R, C, plain); });
-    const double t_rht = median_seconds(reps, [&] { (void)quantize(x.data(), R, C, rht); });
+    const auto [t_plain, t_rht] = median_pair(reps, [&] { (void)quantize(x.data(), R, C, plain); },
+                                              [&] { (void)quantize(x.data(), R, C, rht); });
     const double gel = double(R) * C / 1e9;
     std::printf("\nQuantise %lldx%lld e1m2 fp32 scales, block 16: plain %.1f ms (%.2f Gelem/s), RHT-16 %.1f ms "
                 "(%.2f Gelem/s), RHT/plain = %.3fx (goal <= 1.15x)\n",
@@ -217,6 +235,8 @@ int main(int argc, char** argv) {
             "\", \"plain_ms\": " + std::to_string(t_plain * 1e3) + ", \"rht16_ms\": " + std::to_string(t_rht * 1e3) +
             ", \"ratio\": " + std::to_string(t_rht / t_plain) + "}";
   }
+  getloadavg(load, 3);
+  std::printf("load average at the end: %.2f\n", load[0]);
   json += ", \"bit_exact\": " + std::string(all_exact ? "true" : "false") + "}\n";
   if (!json_path.empty()) {
     std::ofstream out(json_path);

@@ -1,0 +1,225 @@
+// The quantiser's fast paths against slow references written here from docs/datapath.md section 2 with the
+// shared per-element definitions (rht_block, block_scale, scale_element, round_rtne, round_sr):
+//  - round_rtne (branch-free) against the walk-up-the-levels form it replaced, around every midpoint;
+//  - rotate() (AVX-512 RHT-16 where compiled) against rht_block, block by block;
+//  - quantize() (fused per-row pass, compile-time formats, vectorised rounding) against a step-by-step
+//    quantiser, for every format, scale kind, block, RHT size, BF16 rotation, tiling and rounding mode.
+// Everything is compared as bit patterns.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fp4lab/philox.hpp"
+#include "fp4lab/quantize.hpp"
+#include "fp4lab/rht.hpp"
+
+namespace fp4lab {
+namespace {
+
+// Round to nearest by walking up the levels, ties to the even index (the form round_rtne had before it
+// became branch-free). A NaN walks past every midpoint.
+uint8_t walk_rtne(const ElemFormat& f, float v) {
+  const float u = int_view_of(f, v);
+  int i = 0;
+  for (; i < f.max_index; ++i) {
+    const float mid = 0.5f * float(f.int_level(i) + f.int_level(i + 1));
+    if (u < mid) break;
+    if (u == mid) {
+      if (i & 1) ++i;
+      break;
+    }
+  }
+  return make_code(std::signbit(v), i);
+}
+
+TEST(RoundRtneBranchFree, MatchesWalkAroundEveryMidpointAndLevel) {
+  int64_t checked = 0;
+  for (const ElemFormat& f : kAllFormats) {
+    std::vector<float> centres;
+    const float k = std::ldexp(1.0f, -f.int_shift());  // integer view -> value
+    for (int i = 0; i <= f.max_index; ++i) {
+      centres.push_back(float(f.int_level(i)) * k);
+      if (i < f.max_index) centres.push_back(0.5f * float(f.int_level(i) + f.int_level(i + 1)) * k);
+    }
+    centres.push_back(2.0f * f.gmax());
+    std::vector<float> values = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 1e-45f, FLT_MAX};
+    for (float c : centres)
+      for (float s : {1.0f, -1.0f}) {
+        const uint32_t b = f32_bits(c * s);
+        for (int d = -300; d <= 300; ++d) values.push_back(f32_from_bits(uint32_t(int64_t(b) + d)));
+      }
+    std::mt19937 g(11);
+    for (int i = 0; i < 200000; ++i) values.push_back(f32_from_bits(g()));
+    for (float v : values) {
+      ASSERT_EQ(round_rtne(f, v), walk_rtne(f, v)) << f.name << " v = " << v << " bits " << std::hex << f32_bits(v);
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+std::vector<float> test_tensor(int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> ud(-20.0f, 20.0f);
+  std::vector<float> x(size_t(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float mag = std::exp2(ud(g));
+    for (int64_t c = 0; c < cols; ++c) x[r * cols + c] = r % 5 == 2 ? 0.0f : nd(g) * mag;
+    if (r % 5 == 3) x[r * cols + r % cols] = std::ldexp(1.0f, -140);  // a subnormal
+  }
+  return x;
+}
+
+TEST(RotateFast, MatchesRhtBlockBits) {
+  const int64_t rows = 9, cols = 256;
+  const auto x = test_tensor(rows, cols, 3);
+  int64_t checked = 0;
+  for (int d : {16, 32, 64})
+    for (bool bf16 : {false, true})
+      for (int signs : {0, 1}) {
+        QuantConfig cfg;
+        cfg.rht = d;
+        cfg.rht_bf16 = bf16;
+        cfg.rht_signs = signs == 0 && d == 16 ? rht_signs_te(16) : rht_signs_from_seed(d, 77 + uint64_t(signs));
+        const auto got = rotate(x.data(), rows, cols, cfg);
+        std::vector<float> want = x;
+        for (int64_t c = 0; c < rows * cols; c += d) rht_block(want.data() + c, d, cfg.rht_signs.data());
+        if (bf16)
+          for (float& v : want) v = round_to_bf16(v);
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < want.size(); ++i) {
+          ASSERT_EQ(f32_bits(got[i]), f32_bits(want[i])) << "d=" << d << " bf16=" << bf16 << " element " << i;
+          ++checked;
+        }
+      }
+  EXPECT_GT(checked, 0);
+}
+
+// The quantiser written out step by step (docs/datapath.md section 2), one element at a time.
+QTensor slow_quantize(const std::vector<float>& x_in, int64_t rows, int64_t cols, const QuantConfig& cfg) {
+  std::vector<float> x = x_in;
+  if (cfg.rht != 0) {
+    for (int64_t c = 0; c < rows * cols; c += cfg.rht) rht_block(x.data() + c, cfg.rht, cfg.rht_signs.data());
+    if (cfg.rht_bf16)
+      for (float& v : x) v = round_to_bf16(v);
+  }
+  const int64_t kb = cols / cfg.block;
+  std::vector<float> amax(size_t(rows * kb), 0.0f);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      float& m = amax[r * kb + c / cfg.block];
+      m = std::max(m, std::fabs(x[r * cols + c]));
+    }
+  if (cfg.tile2d)
+    for (int64_t r0 = 0; r0 < rows; r0 += 16)
+      for (int64_t b = 0; b < kb; ++b) {
+        float m = 0.0f;
+        for (int r = 0; r < 16; ++r) m = std::max(m, amax[(r0 + r) * kb + b]);
+        for (int r = 0; r < 16; ++r) amax[(r0 + r) * kb + b] = m;
+      }
+  QTensor q;
+  q.rows = rows;
+  q.cols = cols;
+  float s_enc = 1.0f;
+  if (cfg.scale == ScaleKind::ue4m3) {
+    s_enc = nvfp4_global_encode(cfg.format, *std::max_element(amax.begin(), amax.end()));
+    q.global_dec = 1.0f / s_enc;
+  }
+  q.codes.resize(size_t(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < kb; ++b) {
+      const BlockScale bs = block_scale(cfg.format, cfg.scale, amax[r * kb + b], s_enc);
+      q.scales.push_back(bs.dec);
+      if (cfg.scale != ScaleKind::fp32) q.scale_codes.push_back(bs.code);
+      for (int j = 0; j < cfg.block; ++j) {
+        const int64_t i = r * cols + b * cfg.block + j;
+        const float v = scale_element(cfg.scale, x[i], bs);
+        q.codes[i] = cfg.rounding == Rounding::rtne ? round_rtne(cfg.format, v)
+                                                    : round_sr(cfg.format, v, random_bits(cfg.seed, cfg.stream, uint64_t(i)));
+      }
+    }
+  return q;
+}
+
+// One configuration, compared field by field; returns the number of codes compared.
+int64_t expect_same_quantisation(const std::vector<float>& x, int64_t rows, int64_t cols, const QuantConfig& cfg) {
+  const QTensor got = quantize(x.data(), rows, cols, cfg);
+  const QTensor want = slow_quantize(x, rows, cols, cfg);
+  const std::string what = cfg.label() + (cfg.rht_bf16 ? "_bf16rot" : "");
+  EXPECT_EQ(got.codes, want.codes) << what;
+  EXPECT_EQ(got.scale_codes, want.scale_codes) << what;
+  EXPECT_EQ(got.scales.size(), want.scales.size()) << what;
+  for (size_t i = 0; i < std::min(got.scales.size(), want.scales.size()); ++i)
+    if (f32_bits(got.scales[i]) != f32_bits(want.scales[i])) {
+      ADD_FAILURE() << what << " scale " << i << ": " << got.scales[i] << " vs " << want.scales[i];
+      break;
+    }
+  EXPECT_EQ(f32_bits(got.global_dec), f32_bits(want.global_dec)) << what;
+  return int64_t(want.codes.size());
+}
+
+TEST(QuantizeFast, MatchesStepByStepQuantiserBits) {
+  const int64_t rows = 32, cols = 128;
+  const auto x = test_tensor(rows, cols, 5);
+  // Hundreds of tiny tensors: a thread team is pure overhead here, and on a loaded 2-core machine each
+  // barrier can cost a scheduler tick. The threaded passes are covered by the test below.
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  int configs = 0;
+  int64_t checked = 0;
+  for (const ElemFormat& f : kAllFormats)
+    for (ScaleKind s : {ScaleKind::fp32, ScaleKind::ue4m3, ScaleKind::ue8m0, ScaleKind::ue8m0_ceil})
+      for (int block : {16, 32})
+        for (bool tile : {false, true})
+          for (int rht : {0, 16, 64})
+            for (bool bf16 : {false, true})
+              for (Rounding rnd : {Rounding::rtne, Rounding::sr}) {
+                if ((s == ScaleKind::ue4m3 || tile) && block != 16) continue;
+                if (bf16 && rht == 0) continue;
+                QuantConfig cfg;
+                cfg.format = f;
+                cfg.scale = s;
+                cfg.block = block;
+                cfg.tile2d = tile;
+                cfg.rht = rht;
+                cfg.rht_bf16 = bf16;
+                if (rht) cfg.rht_signs = rht == 16 ? rht_signs_te(16) : rht_signs_from_seed(rht, 5);
+                cfg.rounding = rnd;
+                cfg.seed = 0x1234'5678'9abcull;
+                cfg.stream = 3;
+                checked += expect_same_quantisation(x, rows, cols, cfg);
+                ++configs;
+              }
+  omp_set_num_threads(threads);
+  EXPECT_GT(configs, 100);
+  EXPECT_GT(checked, 0);
+}
+
+// Large enough that every pass runs on the thread team (the fused pass keeps a row buffer per thread).
+TEST(QuantizeFast, ThreadedPassesMatchStepByStepQuantiserBits) {
+  const int64_t rows = 256, cols = 1024;
+  const auto x = test_tensor(rows, cols, 9);
+  int64_t checked = 0;
+  for (ScaleKind s : {ScaleKind::fp32, ScaleKind::ue4m3}) {
+    QuantConfig cfg;
+    cfg.format = kE1M2;
+    cfg.scale = s;
+    cfg.tile2d = s == ScaleKind::ue4m3;
+    cfg.rht = 16;
+    cfg.rht_signs = rht_signs_te(16);
+    checked += expect_same_quantisation(x, rows, cols, cfg);
+    cfg.rounding = Rounding::sr;
+    checked += expect_same_quantisation(x, rows, cols, cfg);
+  }
+  EXPECT_GT(checked, 0);
+}
+
+}  // namespace
+}  // namespace fp4lab
