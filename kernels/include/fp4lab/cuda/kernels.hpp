@@ -1,0 +1,198 @@
+// fp4lab CUDA kernels: the fourth implementation of the datapath contract (docs/datapath.md).
+//
+// Every function here computes exactly what the golden model computes (fp4lab::quantize, fp4lab::gemm /
+// reference::gemm_contract), bit for bit, using the golden headers' own FP4LAB_HD functions in device code.
+// The one exception is the SM100 native path (gemm_native_sm100), whose tensor cores accumulate in an order
+// PTX leaves unspecified; it is checked against the golden model with the bound native_tolerance() states.
+//
+// Host API only: callers compile as plain C++ and link fp4lab_cuda.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fp4lab/quantize.hpp"
+
+namespace fp4lab::cuda {
+
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+// Throws Error("CUDA error in <what>: <cudaGetErrorString>") unless e is cudaSuccess.
+void check(cudaError_t e, const char* what);
+// The last launch error, then (when sync) the error of the work it queued.
+void check_launch(const char* what, bool sync = false);
+
+struct DeviceInfo {
+  int id = 0;
+  std::string name;
+  int cc_major = 0, cc_minor = 0;
+  int sms = 0;
+  size_t l2_bytes = 0, mem_bytes = 0;
+};
+// False (and why) when the CUDA runtime finds no usable device; never throws.
+bool device_available(std::string* why = nullptr);
+DeviceInfo device_info();
+
+// Device memory owned like a std::vector (cudaMalloc / cudaFree), move-only.
+template <class T>
+class Buffer {
+ public:
+  Buffer() = default;
+  explicit Buffer(size_t n) { resize(n); }
+  ~Buffer() { release(); }
+  Buffer(Buffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      p_ = std::exchange(o.p_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+    }
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  // Reallocates only to grow; contents are not kept.
+  void resize(size_t n) {
+    if (n <= cap_) {
+      n_ = n;
+      return;
+    }
+    release();
+    void* p = nullptr;
+    check(cudaMalloc(&p, n * sizeof(T)), "cudaMalloc");
+    p_ = static_cast<T*>(p);
+    n_ = cap_ = n;
+  }
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  void upload(const T* h, size_t n) {
+    resize(n);
+    if (n) check(cudaMemcpy(p_, h, n * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+  }
+  void upload(const std::vector<T>& v) { upload(v.data(), v.size()); }
+  std::vector<T> to_host() const {
+    std::vector<T> v(n_);
+    if (n_) check(cudaMemcpy(v.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+    return v;
+  }
+  // Every byte set to `byte` (tests poison outputs with 0xFF before a run).
+  void fill_bytes(int byte) {
+    if (n_) check(cudaMemset(p_, byte, n_ * sizeof(T)), "cudaMemset");
+  }
+
+ private:
+  void release() {
+    if (p_) cudaFree(p_);
+    p_ = nullptr;
+    n_ = cap_ = 0;
+  }
+  T* p_ = nullptr;
+  size_t n_ = 0, cap_ = 0;
+};
+
+// A quantised operand [rows, cols] on the GPU, blocks along cols (the GEMM's K).
+// codes: two 4-bit codes per byte, element 2i in the low nibble (the NVFP4 / OCP storage order).
+struct DQTensor {
+  ElemFormat format = kE1M2;
+  ScaleKind scale_kind = ScaleKind::fp32;
+  int block = 16;
+  bool tile2d = false;
+  int64_t rows = 0, cols = 0;
+  Buffer<uint8_t> codes;        // rows * cols / 2
+  Buffer<float> scales;         // rows * cols / block decoded block scales
+  Buffer<uint8_t> scale_codes;  // same count: E4M3 / E8M0 bit patterns; empty for fp32
+  Buffer<float> global_dec;     // one value: S_dec for ue4m3, else 1
+
+  int64_t kblocks() const { return cols / block; }
+};
+
+// Scratch memory of the quantiser (amax buffers, the rotated copy of the unfused path); reused across calls.
+struct QuantWorkspace {
+  Buffer<float> block_amax;
+  Buffer<unsigned> tensor_amax;
+  Buffer<int> nonfinite;
+  Buffer<float> rotated;
+};
+
+// Fused: one pass rotates (RHT-16/32), scales and rounds in registers. Unfused: an RHT pass writes the rotated
+// FP32 tensor, then the plain quantiser reads it back (what the paper compares against). RHT sizes 64 and 128
+// always take the unfused path. Both give the same bits.
+enum class RhtPath { fused, unfused };
+
+// Quantises x (device, FP32 [rows, cols], row-major) exactly as fp4lab::quantize does. Throws
+// std::invalid_argument on a configuration fp4lab::validate rejects; with check_finite, synchronises and throws
+// std::invalid_argument when x holds NaN or Inf (the golden model's rule); without it the caller vouches.
+void quantize(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor& out,
+              QuantWorkspace& ws, cudaStream_t stream = nullptr, RhtPath path = RhtPath::fused,
+              bool check_finite = true);
+// The unfused form's first pass alone: d_y = RHT(d_x) per block of cfg.rht (BF16-rounded when cfg.rht_bf16).
+void rht(const float* d_x, float* d_y, int64_t rows, int64_t cols, const QuantConfig& cfg,
+         cudaStream_t stream = nullptr);
+// Per-tensor maximum of |x| (the device half of the ue4m3 scale), into ws.tensor_amax as FP32 bits.
+void tensor_amax(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, QuantWorkspace& ws,
+                 cudaStream_t stream = nullptr);
+
+// Golden layout (one code per byte) <-> device layout.
+QTensor to_host(const DQTensor& d);
+void upload(const QTensor& q, DQTensor& d);
+
+// ---- block-scaled GEMM C[M, N] = A[M, K] . B[N, K]^T under the contract; d_c is FP32 [M, N] -----------------
+// Simple reference kernel: one thread per output, the golden contract_step / contract_finish, decoded codes.
+void gemm_reference(const DQTensor& a, const DQTensor& b, float* d_c, cudaStream_t stream = nullptr);
+
+// Int8 views and transposed scales the fast kernels read; reused across calls.
+struct GemmWorkspace {
+  Buffer<int8_t> a8, b8;    // [Mp, Kp], [Np, Kp] signed integer views, zero-padded
+  Buffer<float> sa, sb;     // [KBp, Mp], [KBp, Np] block scales, k-major, zero-padded
+  Buffer<uint8_t> na, nb;   // native path: element bytes in the tcgen05 layout
+  Buffer<uint8_t> nsa, nsb; // native path: scale bytes
+};
+// Fast kernel on the int8 tensor cores (mma.sync m16n8k16 for block 16, m16n8k32 for block 32): each mma
+// gives one block's exact int32 dot product; the block scaling and the FP32 accumulation in ascending block
+// order run on the CUDA cores with the golden contract_scale_add. Includes the int8 unpack pass.
+void gemm_fast(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspace& ws, cudaStream_t stream = nullptr);
+// The two halves of gemm_fast, for timing.
+void gemm_fast_prepare(const DQTensor& a, const DQTensor& b, GemmWorkspace& ws, cudaStream_t stream = nullptr);
+void gemm_fast_run(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspace& ws,
+                   cudaStream_t stream = nullptr);
+
+// ---- SM100 native block-scaled path (tcgen05.mma; built for sm_100a, never run here) ----------------------
+// kind::mxf4nvf4 for e2m1 with ue4m3 per 16 or ue8m0 per 32; kind::mxf8f6f4 for e1m2 / int4 embedded exactly
+// in E2M3 with ue8m0 per 32. False (and why) for any other combination.
+bool native_supported(const DQTensor& a, const DQTensor& b, std::string* why = nullptr);
+// False (and why) unless the current device is compute capability 10.0 (the sm_100a cubin's target).
+bool native_device_ok(std::string* why = nullptr);
+void gemm_native_sm100(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspace& ws,
+                       cudaStream_t stream = nullptr);
+// Per-output bound on |C_native - C_golden|, from the golden operands (see kernels/README.md):
+//   (K + K/B + 2) * 2^-23 * sum_j |a_j b_j| sa sb |ga gb|  (+ the smallest subnormal, for outputs near zero).
+std::vector<double> native_tolerance(const QTensor& a, const QTensor& b);
+// E2M3 byte of the integer view v in [-7, 7] (exact; E2M3 holds every integer up to 7.5). Host and device.
+uint8_t e2m3_of_int(int v);
+
+// ---- cuBLAS BF16 baseline, loaded at run time (libcublas.so) so nothing else depends on it -----------------
+class CublasBf16 {
+ public:
+  CublasBf16();  // throws Error naming the library when it cannot be loaded
+  ~CublasBf16();
+  CublasBf16(const CublasBf16&) = delete;
+  CublasBf16& operator=(const CublasBf16&) = delete;
+  // C[M, N] (FP32, row-major) = A[M, K] . B[N, K]^T with A, B BF16 row-major, FP32 compute.
+  void gemm(const uint16_t* d_a, const uint16_t* d_b, float* d_c, int64_t M, int64_t N, int64_t K,
+            cudaStream_t stream);
+
+ private:
+  struct Impl;
+  Impl* impl_ = nullptr;
+};
+
+}  // namespace fp4lab::cuda

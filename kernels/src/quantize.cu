@@ -1,0 +1,478 @@
+// Quantiser kernels: plain, fused RHT + quantise, the unfused RHT pass, amax passes, and the device<->golden
+// layout helpers. All arithmetic is the golden model's (rht_block, round_to_bf16, nvfp4_global_encode,
+// block_scale, scale_element, round_rtne, round_sr, random_bits), called from device code.
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "common.cuh"
+#include "fp4lab/cuda/kernels.hpp"
+#include "fp4lab/philox.hpp"
+#include "fp4lab/quantize.hpp"
+#include "fp4lab/rht.hpp"
+#include "fp4lab/scale.hpp"
+
+namespace fp4lab::cuda {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(e));
+}
+void check_launch(const char* what, bool sync) {
+  check(cudaGetLastError(), what);
+  if (sync) check(cudaDeviceSynchronize(), what);
+}
+
+bool device_available(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    if (why) *why = e != cudaSuccess ? std::string(cudaGetErrorString(e)) : std::string("no CUDA device");
+    cudaGetLastError();  // clear the sticky "no device" error for later callers
+    return false;
+  }
+  return true;
+}
+
+DeviceInfo device_info() {
+  DeviceInfo d;
+  check(cudaGetDevice(&d.id), "cudaGetDevice");
+  cudaDeviceProp p{};
+  check(cudaGetDeviceProperties(&p, d.id), "cudaGetDeviceProperties");
+  d.name = p.name;
+  d.cc_major = p.major;
+  d.cc_minor = p.minor;
+  d.sms = p.multiProcessorCount;
+  d.l2_bytes = size_t(p.l2CacheSize);
+  d.mem_bytes = p.totalGlobalMem;
+  return d;
+}
+
+namespace {
+
+constexpr int kThreads = 256;
+
+struct QArgs {
+  const float* x;
+  int64_t rows, cols;
+  uint8_t* codes;          // packed, rows * cols / 2
+  float* scales;           // rows * cols / B
+  uint8_t* scale_codes;    // null for fp32 scales
+  float* global_dec;       // one value, written by thread 0
+  const float* block_amax; // tile2d: the tile amax of every block; null = compute in registers
+  const unsigned* tensor_amax;  // ue4m3: FP32 bits of amax(tensor); null otherwise
+  int* nonfinite;          // set to 1 when an input is NaN or Inf; null = not checked
+  ScaleKind scale;
+  Rounding rounding;
+  bool rht_bf16;
+  uint64_t seed;
+  uint32_t stream;
+  float signs[32];         // RHT signs (D entries)
+};
+
+// Loads the G consecutive inputs of one thread with 16-byte loads (cols is a multiple of 16, so every group
+// starts 64-byte aligned when the tensor does).
+template <int G>
+__device__ __forceinline__ void load_group(const float* p, float (&y)[G]) {
+  const float4* q = reinterpret_cast<const float4*>(p);
+#pragma unroll
+  for (int i = 0; i < G / 4; ++i) {
+    const float4 v = __ldg(q + i);
+    y[4 * i] = v.x;
+    y[4 * i + 1] = v.y;
+    y[4 * i + 2] = v.z;
+    y[4 * i + 3] = v.w;
+  }
+}
+
+template <int G>
+__device__ __forceinline__ void flag_nonfinite(const float (&y)[G], int* flag) {
+  if (!flag) return;
+  bool bad = false;
+#pragma unroll
+  for (int j = 0; j < G; ++j) bad |= !isfinite(y[j]);
+  if (bad) *flag = 1;
+}
+
+// Step 1 of the contract (docs/datapath.md section 2) on the thread's G values: RHT-D per D consecutive
+// values with the golden rht_block, then BF16 rounding when the recipe asks (Transformer Engine's order).
+template <int G, int D>
+__device__ __forceinline__ void rotate_group(float (&y)[G], const float* signs, bool bf16) {
+  if constexpr (D > 0) {
+#pragma unroll
+    for (int s = 0; s < G; s += D) rht_block(y + s, D, signs);
+    if (bf16) {
+#pragma unroll
+      for (int j = 0; j < G; ++j) y[j] = round_to_bf16(y[j]);
+    }
+  }
+}
+
+// Scales and rounds block b of the thread's values into packed nibbles (element e -> bits 4(e%8) of word e/8).
+template <int F, int B, bool FP32, bool RTNE, int G>
+__device__ __forceinline__ void round_block(const float (&y)[G], int b, const BlockScale& bs, ScaleKind kind,
+                                            const QArgs& a, int64_t base, uint32_t (&packed)[G / 8]) {
+  constexpr ElemFormat f = kAllFormats[F];
+#pragma unroll
+  for (int j = 0; j < B; ++j) {
+    const int e = b * B + j;
+    const float v = scale_element(FP32 ? ScaleKind::fp32 : kind, y[e], bs);
+    const uint8_t c = RTNE ? round_rtne(f, v) : round_sr(f, v, random_bits(a.seed, a.stream, uint64_t(base + e)));
+    packed[e / 8] |= uint32_t(c) << (4 * (e % 8));
+  }
+}
+
+// One thread quantises G = max(B, D) consecutive elements of one row: G/B blocks, each wholly in registers.
+template <int F, int B, int D>
+__global__ void __launch_bounds__(kThreads) quantize_kernel(const QArgs a) {
+  constexpr ElemFormat f = kAllFormats[F];
+  constexpr int G = B > D ? B : D;
+  const int64_t groups_per_row = a.cols / G;
+  const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (g >= a.rows * groups_per_row) return;
+  const int64_t row = g / groups_per_row;
+  const int64_t col0 = (g - row * groups_per_row) * G;
+  const int64_t base = row * a.cols + col0;
+
+  float y[G];
+  load_group<G>(a.x + base, y);
+  flag_nonfinite<G>(y, a.nonfinite);
+  rotate_group<G, D>(y, a.signs, a.rht_bf16);
+
+  // The tensor-level half of ue4m3 (S_enc from amax(tensor)), as fp4lab::quantize computes it.
+  float s_enc = 1.0f;
+  if (a.scale == ScaleKind::ue4m3) s_enc = nvfp4_global_encode(f, __uint_as_float(*a.tensor_amax));
+  if (g == 0) *a.global_dec = a.scale == ScaleKind::ue4m3 ? 1.0f / s_enc : 1.0f;
+
+  const int64_t kb = a.cols / B;
+  uint32_t packed[G / 8];
+#pragma unroll
+  for (int w = 0; w < G / 8; ++w) packed[w] = 0;
+#pragma unroll
+  for (int b = 0; b < G / B; ++b) {
+    const int64_t sidx = row * kb + col0 / B + b;
+    float amax = 0.0f;
+    if (a.block_amax) {
+      amax = a.block_amax[sidx];
+    } else {
+#pragma unroll
+      for (int j = 0; j < B; ++j) amax = fmaxf(amax, fabsf(y[b * B + j]));
+    }
+    const BlockScale bs = block_scale(f, a.scale, amax, s_enc);
+    a.scales[sidx] = bs.dec;
+    if (a.scale_codes) a.scale_codes[sidx] = bs.code;
+    // Unswitched by hand so that neither the division of fp32 scales nor Philox runs where it is not needed.
+    if (a.scale == ScaleKind::fp32) {
+      if (a.rounding == Rounding::rtne)
+        round_block<F, B, true, true>(y, b, bs, ScaleKind::fp32, a, base, packed);
+      else
+        round_block<F, B, true, false>(y, b, bs, ScaleKind::fp32, a, base, packed);
+    } else {
+      if (a.rounding == Rounding::rtne)
+        round_block<F, B, false, true>(y, b, bs, a.scale, a, base, packed);
+      else
+        round_block<F, B, false, false>(y, b, bs, a.scale, a, base, packed);
+    }
+  }
+  uint8_t* out = a.codes + base / 2;
+  if constexpr (G == 16) {
+    *reinterpret_cast<uint2*>(out) = make_uint2(packed[0], packed[1]);
+  } else {
+#pragma unroll
+    for (int w = 0; w < G / 16; ++w)
+      reinterpret_cast<uint4*>(out)[w] =
+          make_uint4(packed[4 * w], packed[4 * w + 1], packed[4 * w + 2], packed[4 * w + 3]);
+  }
+}
+
+struct AmaxArgs {
+  const float* x;
+  int64_t rows, cols;
+  float* block_amax;   // rows * cols / B, or null
+  unsigned* tensor_amax;
+  bool rht_bf16;
+  float signs[32];
+};
+
+// Block amax of the (rotated) values, and the tensor amax as an atomic maximum of non-negative FP32 bit patterns
+// (their unsigned order is their numeric order).
+template <int B, int D>
+__global__ void __launch_bounds__(kThreads) amax_kernel(const AmaxArgs a) {
+  constexpr int G = B > D ? B : D;
+  const int64_t groups_per_row = a.cols / G;
+  const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  float m = 0.0f;
+  if (g < a.rows * groups_per_row) {
+    const int64_t row = g / groups_per_row;
+    const int64_t col0 = (g - row * groups_per_row) * G;
+    float y[G];
+    load_group<G>(a.x + row * a.cols + col0, y);
+    rotate_group<G, D>(y, a.signs, a.rht_bf16);
+#pragma unroll
+    for (int b = 0; b < G / B; ++b) {
+      float bm = 0.0f;
+#pragma unroll
+      for (int j = 0; j < B; ++j) bm = fmaxf(bm, fabsf(y[b * B + j]));
+      if (a.block_amax) a.block_amax[row * (a.cols / B) + col0 / B + b] = bm;
+      m = fmaxf(m, bm);
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+  if ((threadIdx.x & 31) == 0 && m > 0.0f) atomicMax(a.tensor_amax, __float_as_uint(m));
+}
+
+// 16x16 tiles (NVFP4 weights): every block of a tile takes the maximum over the tile's 16 rows.
+__global__ void tile_amax_kernel(float* amax, int64_t rows, int64_t kb) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= (rows / 16) * kb) return;
+  const int64_t r0 = (t / kb) * 16, b = t % kb;
+  float m = 0.0f;
+  for (int r = 0; r < 16; ++r) m = fmaxf(m, amax[(r0 + r) * kb + b]);
+  for (int r = 0; r < 16; ++r) amax[(r0 + r) * kb + b] = m;
+}
+
+struct RhtArgs {
+  const float* x;
+  float* y;
+  int64_t rows, cols;
+  bool bf16;
+  float signs[kMaxRht];
+};
+
+// The unfused form's first pass: one thread rotates one block of D values and writes them back as FP32.
+template <int D>
+__global__ void __launch_bounds__(kThreads) rht_kernel(const RhtArgs a) {
+  const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (g >= a.rows * a.cols / D) return;
+  float y[D];
+  load_group<D>(a.x + g * D, y);
+  rotate_group<D, D>(y, a.signs, a.bf16);
+  float4* out = reinterpret_cast<float4*>(a.y + g * D);
+#pragma unroll
+  for (int i = 0; i < D / 4; ++i) out[i] = make_float4(y[4 * i], y[4 * i + 1], y[4 * i + 2], y[4 * i + 3]);
+}
+
+// ---- dispatch -----------------------------------------------------------------------------------------------
+template <int F, int B, int D>
+void launch_quantize(const QArgs& a, cudaStream_t s) {
+  constexpr int G = B > D ? B : D;
+  const int64_t n = a.rows * (a.cols / G);
+  quantize_kernel<F, B, D><<<detail::blocks_for(n, kThreads), kThreads, 0, s>>>(a);
+}
+
+template <int F, int B>
+void launch_quantize_d(int d, const QArgs& a, cudaStream_t s) {
+  switch (d) {
+    case 0: return launch_quantize<F, B, 0>(a, s);
+    case 16: return launch_quantize<F, B, 16>(a, s);
+    case 32: return launch_quantize<F, B, 32>(a, s);
+  }
+  throw std::logic_error("fused RHT size must be 0, 16 or 32");
+}
+
+template <int F>
+void launch_quantize_bd(int block, int d, const QArgs& a, cudaStream_t s) {
+  if (block == 16) return launch_quantize_d<F, 16>(d, a, s);
+  return launch_quantize_d<F, 32>(d, a, s);
+}
+
+void launch_quantize_any(int fmt, int block, int d, const QArgs& a, cudaStream_t s) {
+  switch (fmt) {
+    case 0: return launch_quantize_bd<0>(block, d, a, s);
+    case 1: return launch_quantize_bd<1>(block, d, a, s);
+    case 2: return launch_quantize_bd<2>(block, d, a, s);
+    case 3: return launch_quantize_bd<3>(block, d, a, s);
+  }
+  throw std::logic_error("format index out of range");
+}
+
+template <int B, int D>
+void launch_amax(const AmaxArgs& a, cudaStream_t s) {
+  constexpr int G = B > D ? B : D;
+  const int64_t n = a.rows * (a.cols / G);
+  amax_kernel<B, D><<<detail::blocks_for(n, kThreads), kThreads, 0, s>>>(a);
+}
+void launch_amax_any(int block, int d, const AmaxArgs& a, cudaStream_t s) {
+  if (block == 16) {
+    if (d == 0) return launch_amax<16, 0>(a, s);
+    if (d == 16) return launch_amax<16, 16>(a, s);
+    if (d == 32) return launch_amax<16, 32>(a, s);
+  } else {
+    if (d == 0) return launch_amax<32, 0>(a, s);
+    if (d == 16) return launch_amax<32, 16>(a, s);
+    if (d == 32) return launch_amax<32, 32>(a, s);
+  }
+  throw std::logic_error("fused RHT size must be 0, 16 or 32");
+}
+
+void copy_signs(float* dst, int cap, const QuantConfig& cfg) {
+  for (int j = 0; j < cap; ++j) dst[j] = j < int(cfg.rht_signs.size()) ? cfg.rht_signs[j] : 1.0f;
+}
+
+}  // namespace
+
+void rht(const float* d_x, float* d_y, int64_t rows, int64_t cols, const QuantConfig& cfg, cudaStream_t s) {
+  if (cfg.rht == 0) throw std::invalid_argument("rht(): the configuration has no RHT");
+  validate(cfg, rows, cols);
+  RhtArgs a{};
+  a.x = d_x;
+  a.y = d_y;
+  a.rows = rows;
+  a.cols = cols;
+  a.bf16 = cfg.rht_bf16;
+  copy_signs(a.signs, kMaxRht, cfg);
+  const int64_t n = rows * cols / cfg.rht;
+  const unsigned grid = detail::blocks_for(n, kThreads);
+  switch (cfg.rht) {
+    case 16: rht_kernel<16><<<grid, kThreads, 0, s>>>(a); break;
+    case 32: rht_kernel<32><<<grid, kThreads, 0, s>>>(a); break;
+    case 64: rht_kernel<64><<<grid, kThreads, 0, s>>>(a); break;
+    case 128: rht_kernel<128><<<grid, kThreads, 0, s>>>(a); break;
+    default: throw std::invalid_argument("RHT size must be 16, 32, 64 or 128, not " + std::to_string(cfg.rht));
+  }
+  check_launch("rht_kernel");
+}
+
+namespace {
+// Block and tensor amax for the configurations that need them before quantising (ue4m3, 16x16 tiles).
+// x is already rotated when d == 0 and the caller took the unfused path.
+void amax_pass(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, int d, QuantWorkspace& ws,
+               bool want_blocks, cudaStream_t s) {
+  ws.tensor_amax.resize(1);
+  check(cudaMemsetAsync(ws.tensor_amax.data(), 0, sizeof(unsigned), s), "cudaMemsetAsync");
+  AmaxArgs a{};
+  a.x = d_x;
+  a.rows = rows;
+  a.cols = cols;
+  a.rht_bf16 = d > 0 && cfg.rht_bf16;
+  copy_signs(a.signs, 32, cfg);
+  a.tensor_amax = ws.tensor_amax.data();
+  if (want_blocks) {
+    ws.block_amax.resize(size_t(rows * (cols / cfg.block)));
+    a.block_amax = ws.block_amax.data();
+  }
+  launch_amax_any(cfg.block, d, a, s);
+  check_launch("amax_kernel");
+  if (want_blocks && cfg.tile2d) {
+    const int64_t kb = cols / cfg.block, n = (rows / 16) * kb;
+    tile_amax_kernel<<<detail::blocks_for(n, kThreads), kThreads, 0, s>>>(ws.block_amax.data(), rows, kb);
+    check_launch("tile_amax_kernel");
+  }
+}
+}  // namespace
+
+void tensor_amax(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, QuantWorkspace& ws,
+                 cudaStream_t s) {
+  validate(cfg, rows, cols);
+  const int d = (cfg.rht == 16 || cfg.rht == 32) ? cfg.rht : 0;
+  if (cfg.rht != 0 && d == 0) throw std::invalid_argument("tensor_amax(): RHT-" + std::to_string(cfg.rht) +
+                                                          " is only available unfused; rotate first");
+  amax_pass(d_x, rows, cols, cfg, d, ws, false, s);
+}
+
+void quantize(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor& out,
+              QuantWorkspace& ws, cudaStream_t s, RhtPath path, bool check_finite) {
+  validate(cfg, rows, cols);
+  const int fmt = detail::format_index(cfg.format);
+  if (rows * cols % 2 != 0) throw std::invalid_argument("odd element count");
+
+  // RHT-64/128 keep 64/128 values per thread in registers only in the standalone pass: take the unfused path.
+  const bool unfused = cfg.rht != 0 && (path == RhtPath::unfused || cfg.rht > 32);
+  const float* x = d_x;
+  int d = cfg.rht;
+  if (unfused) {
+    ws.rotated.resize(size_t(rows * cols));
+    rht(d_x, ws.rotated.data(), rows, cols, cfg, s);
+    x = ws.rotated.data();
+    d = 0;
+  }
+
+  out.format = cfg.format;
+  out.scale_kind = cfg.scale;
+  out.block = cfg.block;
+  out.tile2d = cfg.tile2d;
+  out.rows = rows;
+  out.cols = cols;
+  out.codes.resize(size_t(rows * cols / 2));
+  out.scales.resize(size_t(rows * (cols / cfg.block)));
+  if (cfg.scale != ScaleKind::fp32)
+    out.scale_codes.resize(size_t(rows * (cols / cfg.block)));
+  else
+    out.scale_codes = Buffer<uint8_t>();
+  out.global_dec.resize(1);
+
+  QArgs a{};
+  a.x = x;
+  a.rows = rows;
+  a.cols = cols;
+  a.codes = out.codes.data();
+  a.scales = out.scales.data();
+  a.scale_codes = cfg.scale != ScaleKind::fp32 ? out.scale_codes.data() : nullptr;
+  a.global_dec = out.global_dec.data();
+  a.scale = cfg.scale;
+  a.rounding = cfg.rounding;
+  a.rht_bf16 = d > 0 && cfg.rht_bf16;
+  a.seed = cfg.seed;
+  a.stream = cfg.stream;
+  copy_signs(a.signs, 32, cfg);
+
+  if (cfg.scale == ScaleKind::ue4m3 || cfg.tile2d) {
+    amax_pass(x, rows, cols, cfg, d, ws, cfg.tile2d, s);
+    a.tensor_amax = ws.tensor_amax.data();
+    if (cfg.tile2d) a.block_amax = ws.block_amax.data();
+  }
+  if (check_finite) {
+    ws.nonfinite.resize(1);
+    check(cudaMemsetAsync(ws.nonfinite.data(), 0, sizeof(int), s), "cudaMemsetAsync");
+    a.nonfinite = ws.nonfinite.data();
+  }
+  launch_quantize_any(fmt, cfg.block, d, a, s);
+  check_launch("quantize_kernel");
+  if (check_finite) {
+    int bad = 0;
+    check(cudaMemcpyAsync(&bad, ws.nonfinite.data(), sizeof(int), cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
+    check(cudaStreamSynchronize(s), "quantize");
+    if (bad) throw std::invalid_argument("input tensor holds NaN or Inf (4-bit grids have no such codes)");
+  }
+}
+
+QTensor to_host(const DQTensor& d) {
+  QTensor q;
+  q.format = d.format;
+  q.scale_kind = d.scale_kind;
+  q.block = d.block;
+  q.tile2d = d.tile2d;
+  q.rows = d.rows;
+  q.cols = d.cols;
+  const std::vector<uint8_t> packed = d.codes.to_host();
+  q.codes.resize(size_t(d.rows * d.cols));
+  for (size_t i = 0; i < q.codes.size(); ++i) q.codes[i] = (packed[i / 2] >> (4 * (i % 2))) & 0xF;
+  q.scales = d.scales.to_host();
+  q.scale_codes = d.scale_codes.to_host();
+  q.global_dec = d.global_dec.to_host().at(0);
+  return q;
+}
+
+void upload(const QTensor& q, DQTensor& d) {
+  if (q.rows * q.cols % 2 != 0) throw std::invalid_argument("odd element count");
+  d.format = q.format;
+  d.scale_kind = q.scale_kind;
+  d.block = q.block;
+  d.tile2d = q.tile2d;
+  d.rows = q.rows;
+  d.cols = q.cols;
+  std::vector<uint8_t> packed(q.codes.size() / 2);
+  for (size_t i = 0; i < packed.size(); ++i)
+    packed[i] = uint8_t((q.codes[2 * i] & 0xF) | ((q.codes[2 * i + 1] & 0xF) << 4));
+  d.codes.upload(packed);
+  d.scales.upload(q.scales);
+  if (q.scale_codes.empty())
+    d.scale_codes = Buffer<uint8_t>();
+  else
+    d.scale_codes.upload(q.scale_codes);
+  d.global_dec.upload(&q.global_dec, 1);
+}
+
+}  // namespace fp4lab::cuda

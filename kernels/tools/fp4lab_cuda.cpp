@@ -1,0 +1,563 @@
+// fp4lab-cuda: run the CUDA kernels against the golden model (check) and time them (bench).
+//
+//   fp4lab-cuda check --trace DIR [--recipe R]   every GEMM of a trace, quantised and multiplied on the GPU,
+//                                               compared bit for bit with the golden model; exit 1 on any
+//                                               mismatch (or when nothing was compared)
+//   fp4lab-cuda bench [--trace DIR]              quantise (plain / fused RHT / unfused RHT), achieved bandwidth
+//                                               against a device-to-device copy, block-scaled GEMM against
+//                                               cuBLAS BF16; trace shapes and 8192 x 8192
+// Exit codes: 0 ok, 1 mismatch or bad data, 2 usage, 3 no usable CUDA device.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <boost/program_options.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "fp4lab/cuda/kernels.hpp"
+#include "fp4lab/gemm.hpp"
+#include "fp4lab/io/safetensors.hpp"
+#include "fp4lab/quantize.hpp"
+#include "fp4lab/recipe.hpp"
+#include "fp4lab/rht.hpp"
+#include "fp4lab/scale.hpp"
+
+namespace po = boost::program_options;
+using Json = nlohmann::ordered_json;
+namespace fc = fp4lab::cuda;
+
+namespace {
+
+constexpr int kExitMismatch = 1, kExitUsage = 2, kExitNoDevice = 3;
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+uint32_t bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+std::string hex32(uint32_t u) {
+  char b[16];
+  std::snprintf(b, sizeof b, "0x%08x", u);
+  return b;
+}
+
+bool require_device(const char* cmd) {
+  std::string why;
+  if (fc::device_available(&why)) return true;
+  std::cerr << "fp4lab-cuda " << cmd << ": error: no usable CUDA device (" << why << ")" << std::endl;
+  return false;
+}
+
+// ---- check ---------------------------------------------------------------------------------------------------
+struct Tally {
+  std::string what;
+  uint64_t compared = 0, mismatched = 0, nan_pairs = 0;
+  int shown = 0;
+};
+
+struct Checker {
+  int show = 5;
+  std::map<std::string, Tally> t;
+
+  Tally& tally(const std::string& what) {
+    Tally& x = t[what];
+    x.what = what;
+    return x;
+  }
+  void mismatch(Tally& x, const std::string& line) {
+    ++x.mismatched;
+    if (x.shown++ < show) std::cout << "  MISMATCH " << x.what << ": " << line << "\n";
+  }
+  // Codes, scale codes: bytes.
+  void bytes(const std::string& what, const std::string& where, const std::vector<uint8_t>& gold,
+             const std::vector<uint8_t>& gpu, int64_t cols) {
+    Tally& x = tally(what);
+    if (gold.size() != gpu.size()) {
+      mismatch(x, where + ": sizes differ (" + std::to_string(gold.size()) + " vs " + std::to_string(gpu.size()) + ")");
+      return;
+    }
+    for (size_t i = 0; i < gold.size(); ++i) {
+      ++x.compared;
+      if (gold[i] != gpu[i])
+        mismatch(x, where + " [" + std::to_string(i / cols) + ", " + std::to_string(i % cols) + "]: golden " +
+                        std::to_string(gold[i]) + ", gpu " + std::to_string(gpu[i]));
+    }
+  }
+  // FP32 values by bit pattern. Two NaNs count as equal but are tallied: x86 and CUDA produce different
+  // canonical NaNs (0xffc00000 vs 0x7fffffff), so their payloads are not part of the contract.
+  void floats(const std::string& what, const std::string& where, const std::vector<float>& gold,
+              const std::vector<float>& gpu, int64_t cols) {
+    Tally& x = tally(what);
+    if (gold.size() != gpu.size()) {
+      mismatch(x, where + ": sizes differ");
+      return;
+    }
+    for (size_t i = 0; i < gold.size(); ++i) {
+      ++x.compared;
+      if (std::isnan(gold[i]) && std::isnan(gpu[i])) {
+        ++x.nan_pairs;
+        continue;
+      }
+      if (bits(gold[i]) != bits(gpu[i]))
+        mismatch(x, where + " [" + std::to_string(i / cols) + ", " + std::to_string(i % cols) + "]: golden " +
+                        hex32(bits(gold[i])) + " (" + std::to_string(gold[i]) + "), gpu " + hex32(bits(gpu[i])) +
+                        " (" + std::to_string(gpu[i]) + ")");
+    }
+  }
+  void tensor(const std::string& where, const fp4lab::QTensor& gold, const fp4lab::QTensor& gpu) {
+    bytes("codes", where, gold.codes, gpu.codes, gold.cols);
+    floats("scales", where, gold.scales, gpu.scales, gold.kblocks());
+    bytes("scale codes", where, gold.scale_codes, gpu.scale_codes, gold.kblocks());
+    floats("global scale", where, {gold.global_dec}, {gpu.global_dec}, 1);
+  }
+};
+
+int cmd_check(const std::vector<std::string>& args) {
+  po::options_description desc("fp4lab-cuda check options");
+  std::string trace, recipe_name = "ufp4", gemm_kind = "both";
+  int show = 5, limit = 0;
+  uint64_t seed = 0;
+  bool native = false;
+  desc.add_options()("help,h", "this help")("trace", po::value(&trace)->required(), "trace folder or file (SPEC 7)")(
+      "recipe", po::value(&recipe_name)->default_value("ufp4"), "ufp4, e2m1-ref, nvfp4 or mxfp4")(
+      "seed", po::value(&seed)->default_value(0), "stochastic-rounding seed")(
+      "gemm", po::value(&gemm_kind)->default_value("both"), "GPU GEMM kernels to check: fast, reference or both")(
+      "native", po::bool_switch(&native), "also run the SM100 tcgen05 path (sm_100 device only) within its tolerance")(
+      "show", po::value(&show)->default_value(5), "mismatches printed per category")(
+      "limit", po::value(&limit)->default_value(0), "check only the first N GEMMs of the trace (0 = all)");
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(desc).run(), vm);
+  if (vm.count("help")) {
+    std::cout << "usage: fp4lab-cuda check --trace DIR [--recipe R]\n" << desc;
+    return 0;
+  }
+  po::notify(vm);
+  if (gemm_kind != "fast" && gemm_kind != "reference" && gemm_kind != "both")
+    throw UsageError("--gemm must be fast, reference or both, not '" + gemm_kind + "'");
+  fp4lab::Recipe recipe = fp4lab::Recipe::preset(recipe_name);  // invalid_argument -> usage
+  recipe.seed = seed;
+  const fp4lab::io::Trace tr(trace, recipe.block);  // a bad trace is reported before the device is looked at
+  if (tr.records().empty()) throw fp4lab::io::Error(trace + ": no GEMM records");
+  if (!require_device("check")) return kExitNoDevice;
+  const fc::DeviceInfo dev = fc::device_info();
+  std::cout << "fp4lab-cuda check: trace " << trace << " (" << tr.records().size() << " GEMMs), recipe "
+            << recipe.name << ", device " << dev.name << " (sm_" << dev.cc_major << dev.cc_minor << ")\n";
+  std::string native_why;
+  const bool native_ok = native && fc::native_device_ok(&native_why);
+  if (native && !native_ok) std::cout << "SKIPPED native tcgen05 check: " << native_why << "\n";
+
+  Checker ck;
+  ck.show = show;
+  fc::QuantWorkspace ws;
+  fc::GemmWorkspace gws;
+  fc::Buffer<float> dx, dc;
+  uint64_t native_compared = 0, native_out_of_bound = 0;
+  double native_worst = 0.0;
+  int done = 0;
+  for (size_t ri = 0; ri < tr.records().size(); ++ri) {
+    if (limit > 0 && done >= limit) break;
+    ++done;
+    const fp4lab::io::TraceRecord& rec = tr.records()[ri];
+    const fp4lab::io::Trace::Layer L = tr.load(rec);
+    for (fp4lab::Pass pass : fp4lab::kPasses) {
+      const fp4lab::PassOperands ops =
+          fp4lab::pass_operands(pass, L.x.data(), L.w.data(), L.dy.data(), rec.tokens, rec.in, rec.out);
+      const std::string name = rec.gemm + "." + fp4lab::pass_name(pass);
+      const fp4lab::QuantConfig ca = recipe.operand(pass, fp4lab::Operand::a, uint32_t(ri));
+      const fp4lab::QuantConfig cb = recipe.operand(pass, fp4lab::Operand::b, uint32_t(ri));
+      const fp4lab::QTensor ga = fp4lab::quantize(ops.a.data(), ops.M, ops.K, ca);
+      const fp4lab::QTensor gb = fp4lab::quantize(ops.b.data(), ops.N, ops.K, cb);
+      const std::vector<float> gc = fp4lab::gemm(ga, gb);
+
+      fc::DQTensor qa, qb;
+      auto quantise_both_paths = [&](const std::vector<float>& x, int64_t rows, const fp4lab::QuantConfig& cfg,
+                                     const fp4lab::QTensor& gold, fc::DQTensor& out, const char* role) {
+        dx.upload(x);
+        if (cfg.rht != 0) {  // the unfused form first, then the fused one (kept for the GEMM)
+          fc::quantize(dx.data(), rows, ops.K, cfg, out, ws, nullptr, fc::RhtPath::unfused);
+          ck.tensor(name + " " + role + " (" + cfg.label() + ", unfused RHT)", gold, fc::to_host(out));
+        }
+        fc::quantize(dx.data(), rows, ops.K, cfg, out, ws, nullptr, fc::RhtPath::fused);
+        ck.tensor(name + " " + role + " (" + cfg.label() + ")", gold, fc::to_host(out));
+      };
+      quantise_both_paths(ops.a, ops.M, ca, ga, qa, "A");
+      quantise_both_paths(ops.b, ops.N, cb, gb, qb, "B");
+
+      dc.resize(size_t(ops.M * ops.N));
+      if (gemm_kind != "reference") {
+        dc.fill_bytes(0xFF);  // poison: an unwritten output cannot pass
+        fc::gemm_fast(qa, qb, dc.data(), gws);
+        ck.floats("gemm fast", name + " C", gc, dc.to_host(), ops.N);
+      }
+      if (gemm_kind != "fast") {
+        dc.fill_bytes(0xFF);
+        fc::gemm_reference(qa, qb, dc.data());
+        ck.floats("gemm reference", name + " C", gc, dc.to_host(), ops.N);
+      }
+      if (native_ok && fc::native_supported(qa, qb)) {
+        dc.fill_bytes(0xFF);
+        fc::gemm_native_sm100(qa, qb, dc.data(), gws);
+        const std::vector<float> nc = dc.to_host();
+        const std::vector<double> tol = fc::native_tolerance(ga, gb);
+        for (size_t i = 0; i < nc.size(); ++i) {
+          ++native_compared;
+          const double err = std::fabs(double(nc[i]) - double(gc[i]));
+          if (!(err <= tol[i])) ++native_out_of_bound;
+          native_worst = std::max(native_worst, tol[i] > 0 ? err / tol[i] : (err > 0 ? INFINITY : 0.0));
+        }
+      }
+      std::cout << "  " << name << "  M=" << ops.M << " N=" << ops.N << " K=" << ops.K << "  A " << ca.label()
+                << "  B " << cb.label() << "\n";
+    }
+  }
+
+  uint64_t total = 0, bad = 0;
+  std::cout << "\nsummary (GPU vs golden model, bit for bit):\n";
+  for (const auto& [k, x] : ck.t) {
+    std::cout << "  " << x.what << std::string(x.what.size() < 16 ? 16 - x.what.size() : 1, ' ') << x.compared
+              << " compared, " << x.mismatched << " mismatched";
+    if (x.nan_pairs) std::cout << " (" << x.nan_pairs << " NaN pairs counted equal)";
+    std::cout << "\n";
+    total += x.compared;
+    bad += x.mismatched;
+  }
+  if (native_ok)
+    std::cout << "  native sm100    " << native_compared << " compared, " << native_out_of_bound
+              << " outside the tolerance (worst |err|/tol " << native_worst << ")\n";
+  if (total == 0) {
+    std::cout << "FAIL: nothing was compared\n";
+    return kExitMismatch;
+  }
+  if (bad || native_out_of_bound) {
+    std::cout << "FAIL: " << bad << " mismatches\n";
+    return kExitMismatch;
+  }
+  std::cout << "PASS: " << total << " values, 0 mismatches\n";
+  return 0;
+}
+
+// ---- bench ---------------------------------------------------------------------------------------------------
+struct Timer {
+  cudaStream_t s;
+  cudaEvent_t e0, e1;
+  explicit Timer(cudaStream_t st) : s(st) {
+    fc::check(cudaEventCreate(&e0), "cudaEventCreate");
+    fc::check(cudaEventCreate(&e1), "cudaEventCreate");
+  }
+  ~Timer() {
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+  }
+  // Median over `reps` of the time of one call of f, in microseconds. Short calls run `batch` at a time, captured
+  // into a CUDA graph (launch gaps out of the figure) unless `graph` is false, and the time is divided by `batch`.
+  template <class F>
+  double median_us(F&& f, int reps, int batch = 1, bool graph = true) {
+    for (int i = 0; i < 2; ++i) f(i);  // warm-up: allocations, module load, attributes
+    fc::check(cudaStreamSynchronize(s), "warm-up");
+    cudaGraphExec_t exec = nullptr;
+    if (batch > 1 && graph) {
+      cudaGraph_t g;
+      fc::check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+      for (int i = 0; i < batch; ++i) f(i);
+      fc::check(cudaStreamEndCapture(s, &g), "cudaStreamEndCapture");
+      fc::check(cudaGraphInstantiate(&exec, g, 0), "cudaGraphInstantiate");
+      cudaGraphDestroy(g);
+      fc::check(cudaGraphLaunch(exec, s), "cudaGraphLaunch");  // warm the graph
+    }
+    std::vector<double> t;
+    for (int r = 0; r < reps; ++r) {
+      fc::check(cudaEventRecord(e0, s), "cudaEventRecord");
+      if (exec)
+        fc::check(cudaGraphLaunch(exec, s), "cudaGraphLaunch");
+      else
+        for (int i = 0; i < batch; ++i) f(r * batch + i);
+      fc::check(cudaEventRecord(e1, s), "cudaEventRecord");
+      fc::check(cudaEventSynchronize(e1), "cudaEventSynchronize");
+      float ms = 0;
+      fc::check(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
+      t.push_back(1000.0 * ms / batch);
+    }
+    if (exec) cudaGraphExecDestroy(exec);
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  }
+};
+
+// Inputs like training tensors: mostly Gaussian, a few large outliers (so block scales vary).
+std::vector<float> random_tensor(int64_t n, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> N(0.0f, 1.0f);
+  std::uniform_real_distribution<float> U(0.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = U(g) < 0.001f ? 20.0f * N(g) : N(g);
+  return v;
+}
+
+std::string fmt(double x, int prec = 1) {
+  std::ostringstream o;
+  o.setf(std::ios::fixed);
+  o.precision(prec);
+  o << x;
+  return o.str();
+}
+std::string pad(const std::string& s, size_t w) { return s.size() >= w ? s : std::string(w - s.size(), ' ') + s; }
+
+int cmd_bench(const std::vector<std::string>& args) {
+  po::options_description desc("fp4lab-cuda bench options");
+  std::string trace, json_path, recipe_name = "ufp4";
+  int reps = 20, big = 8192;
+  desc.add_options()("help,h", "this help")("trace", po::value(&trace), "add the shapes of this trace")(
+      "recipe", po::value(&recipe_name)->default_value("ufp4"), "quantiser format/block/scale (RTNE, RHT-16)")(
+      "size", po::value(&big)->default_value(8192), "the square shape benchmarked beside the trace shapes")(
+      "reps", po::value(&reps)->default_value(20), "timed repetitions (median reported)")(
+      "json", po::value(&json_path), "also write the figures as JSON to this file");
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(desc).run(), vm);
+  if (vm.count("help")) {
+    std::cout << "usage: fp4lab-cuda bench [--trace DIR] [--size N] [--reps N] [--json FILE]\n" << desc;
+    return 0;
+  }
+  po::notify(vm);
+  if (reps < 3 || big < 256 || big % 256 != 0) throw UsageError("--reps must be >= 3 and --size a multiple of 256");
+  const fp4lab::Recipe recipe = fp4lab::Recipe::preset(recipe_name);
+  if (!require_device("bench")) return kExitNoDevice;
+
+  const fc::DeviceInfo dev = fc::device_info();
+  int clock_khz = 0;
+  cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, dev.id);
+  cudaStream_t s;
+  fc::check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  Timer T(s);
+  Json J;
+  J["device"] = {{"name", dev.name}, {"sm", dev.cc_major * 10 + dev.cc_minor}, {"sms", dev.sms},
+                 {"l2_bytes", dev.l2_bytes}, {"clock_khz", clock_khz}};
+  std::cout << "fp4lab-cuda bench on " << dev.name << " (sm_" << dev.cc_major << dev.cc_minor << ", " << dev.sms
+            << " SMs, L2 " << dev.l2_bytes / (1 << 20) << " MiB, SM clock " << clock_khz / 1000 << " MHz)\n";
+
+  // Baseline 1: device-to-device copy (bytes read + bytes written).
+  const size_t copy_bytes = size_t(1) << 30;
+  fc::Buffer<uint8_t> c0(copy_bytes), c1(copy_bytes);
+  c0.fill_bytes(1);
+  const double copy_us = T.median_us(
+      [&](int) { fc::check(cudaMemcpyAsync(c1.data(), c0.data(), copy_bytes, cudaMemcpyDeviceToDevice, s), "copy"); },
+      reps);
+  const double copy_gbs = 2.0 * double(copy_bytes) / copy_us / 1e3;
+  c0 = fc::Buffer<uint8_t>();
+  c1 = fc::Buffer<uint8_t>();
+  std::cout << "device-to-device copy, 1 GiB: " << fmt(copy_us, 0) << " us, " << fmt(copy_gbs, 0)
+            << " GB/s (read + write)\n";
+  J["copy"] = {{"bytes", copy_bytes}, {"us", copy_us}, {"gbs", copy_gbs}};
+
+  // Shapes: quantiser operands (rows, K) and GEMMs (M, N, K) of the trace, then the big square.
+  std::set<std::pair<int64_t, int64_t>> qshapes;
+  std::set<std::tuple<int64_t, int64_t, int64_t>> gshapes;
+  if (!trace.empty()) {
+    const fp4lab::io::Trace tr(trace, 16);
+    for (const auto& r : tr.records()) {
+      qshapes.insert({r.tokens, r.in});
+      qshapes.insert({r.out, r.in});
+      qshapes.insert({r.tokens, r.out});
+      qshapes.insert({r.out, r.tokens});
+      qshapes.insert({r.in, r.tokens});
+      gshapes.insert({r.tokens, r.out, r.in});
+      gshapes.insert({r.tokens, r.in, r.out});
+      gshapes.insert({r.out, r.in, r.tokens});
+    }
+  }
+  std::vector<std::pair<int64_t, int64_t>> qlist(qshapes.begin(), qshapes.end());
+  qlist.push_back({big, big});
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> glist(gshapes.begin(), gshapes.end());
+  glist.push_back({big, big, big});
+
+  // ---- quantiser: plain, fused RHT-16 + quantise, unfused (RHT pass, then quantise) ----
+  fp4lab::QuantConfig plain;
+  plain.format = recipe.format;
+  plain.block = recipe.block;
+  plain.scale = recipe.scale;
+  plain.rounding = fp4lab::Rounding::rtne;
+  fp4lab::QuantConfig rot = plain;
+  rot.rht = 16;
+  rot.rht_signs = fp4lab::rht_signs_te(16);
+  std::cout << "\nquantise " << plain.label() << " vs " << rot.label()
+            << " (FP32 in; packed codes + FP32 scales out; median of " << reps
+            << "; inputs rotated through buffers > 4x L2; small shapes timed as CUDA-graph batches)\n";
+  std::cout << "  bandwidth = (4 B in + 0.5 B codes + 4/B B scales per element) / time, against the copy\n";
+  std::cout << pad("rows x K", 14) << pad("plain us", 11) << pad("fused us", 11) << pad("unfused us", 12)
+            << pad("fused/plain", 13) << pad("unfused/fused", 15) << pad("plain GB/s", 12) << pad("%copy", 7)
+            << pad("fused GB/s", 12) << pad("%copy", 7) << "\n";
+  Json jq = Json::array();
+  for (auto [rows, K] : qlist) {
+    const int64_t n = rows * K;
+    const size_t in_bytes = size_t(n) * 4;
+    // Enough copies of the input that one pass over them is 4x the L2, and a graph batch that visits them all.
+    const int nbuf = int(std::clamp<size_t>((4 * dev.l2_bytes + in_bytes - 1) / in_bytes, 1, 1024));
+    std::vector<fc::Buffer<float>> xs(static_cast<size_t>(nbuf));
+    const std::vector<float> h = random_tensor(n, 7);
+    for (auto& b : xs) b.upload(h);
+    fc::Buffer<float> rotated(static_cast<size_t>(n));
+    fc::DQTensor q;
+    fc::QuantWorkspace ws;
+    const int nb = int(xs.size());
+    const double est_us = double(in_bytes) / (copy_gbs * 1e3) * 2;
+    const int batch = std::max(nb, int(std::clamp(2000.0 / std::max(est_us, 1.0), 1.0, 200.0)));
+    auto x = [&](int i) { return xs[size_t(i % nb)].data(); };
+    const double t_plain =
+        T.median_us([&](int i) { fc::quantize(x(i), rows, K, plain, q, ws, s, fc::RhtPath::fused, false); }, reps, batch);
+    const double t_fused =
+        T.median_us([&](int i) { fc::quantize(x(i), rows, K, rot, q, ws, s, fc::RhtPath::fused, false); }, reps, batch);
+    const double t_unfused = T.median_us(
+        [&](int i) {
+          fc::rht(x(i), rotated.data(), rows, K, rot, s);
+          fc::quantize(rotated.data(), rows, K, plain, q, ws, s, fc::RhtPath::fused, false);
+        },
+        reps, batch);
+    const double bytes = double(n) * (4.0 + 0.5 + 4.0 / plain.block +
+                                      (plain.scale == fp4lab::ScaleKind::fp32 ? 0.0 : 1.0 / plain.block));
+    const double gbs_plain = bytes / t_plain / 1e3, gbs_fused = bytes / t_fused / 1e3;
+    std::cout << pad(std::to_string(rows) + "x" + std::to_string(K), 14) << pad(fmt(t_plain, 2), 11)
+              << pad(fmt(t_fused, 2), 11) << pad(fmt(t_unfused, 2), 12) << pad(fmt(t_fused / t_plain, 3), 13)
+              << pad(fmt(t_unfused / t_fused, 3), 15) << pad(fmt(gbs_plain, 0), 12)
+              << pad(fmt(100 * gbs_plain / copy_gbs, 0), 7) << pad(fmt(gbs_fused, 0), 12)
+              << pad(fmt(100 * gbs_fused / copy_gbs, 0), 7) << "\n";
+    jq.push_back({{"rows", rows}, {"K", K}, {"plain_us", t_plain}, {"fused_us", t_fused}, {"unfused_us", t_unfused},
+                  {"fused_over_plain", t_fused / t_plain}, {"unfused_over_fused", t_unfused / t_fused},
+                  {"plain_gbs", gbs_plain}, {"fused_gbs", gbs_fused}, {"graph_batch", batch}, {"buffers", nb}});
+  }
+  J["quantize"] = {{"plain", plain.label()}, {"fused", rot.label()}, {"shapes", jq}};
+
+  // ---- GEMM: block-scaled (fast kernel, int8 unpack included) vs cuBLAS BF16 ----
+  std::unique_ptr<fc::CublasBf16> cublas;
+  try {
+    cublas = std::make_unique<fc::CublasBf16>();
+  } catch (const std::exception& e) {
+    std::cout << "\ncuBLAS baseline unavailable: " << e.what() << "\n";
+  }
+  const double fp32_lanes_per_s = 128.0 * dev.sms * clock_khz * 1e3;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, double> cublas_us;  // per shape, measured once
+  Json jg = Json::array();
+  for (const char* rname : {"ufp4", "mxfp4"}) {
+    const fp4lab::Recipe gr = fp4lab::Recipe::preset(rname);
+    fp4lab::QuantConfig gc;
+    gc.format = gr.format;
+    gc.block = gr.block;
+    gc.scale = gr.scale;
+    // Bound from the contract's per-block epilogue: 4 FP32 instructions (exact int->float subtraction, two
+    // multiplies, one add) per output per block, on 128 FP32 lanes per SM.
+    const double bound_tops = fp32_lanes_per_s / 4.0 * 2.0 * gc.block / 1e12;
+    std::cout << "\nblock-scaled GEMM " << gc.label() << " (fast kernel: int8 mma.sync + FP32 contract epilogue;"
+              << " 'total' includes the int8 unpack pass) vs cuBLAS BF16 (BF16 in, FP32 out)\n";
+    std::cout << "  epilogue bound at this clock: " << fmt(bound_tops, 0) << " TOPS (4 FP32 instructions per output per "
+              << gc.block << "-element block)\n";
+    std::cout << pad("M x N x K", 20) << pad("unpack us", 11) << pad("mma us", 11) << pad("TOPS(total)", 13)
+              << pad("cuBLAS us", 11) << pad("TFLOPS", 9) << pad("ratio", 8) << "\n";
+    for (auto [M, N, K] : glist) {
+      if (K % gc.block) continue;
+      fc::Buffer<float> xa, xb, dc(size_t(M * N));
+      xa.upload(random_tensor(M * K, 11));
+      xb.upload(random_tensor(N * K, 13));
+      fc::DQTensor qa, qb;
+      fc::QuantWorkspace ws;
+      fc::quantize(xa.data(), M, K, gc, qa, ws, s);
+      fc::quantize(xb.data(), N, K, gc, qb, ws, s);
+      xa = fc::Buffer<float>();
+      xb = fc::Buffer<float>();
+      fc::GemmWorkspace gws;
+      const double flops = 2.0 * double(M) * double(N) * double(K);
+      const int batch = int(std::clamp(2e3 / std::max(flops / 200e12 * 1e6, 1.0), 1.0, 100.0));
+      // Plain launch loops, no graphs, for both sides: cuBLAS under stream capture needs its own workspace setup.
+      const double t_prep = T.median_us([&](int) { fc::gemm_fast_prepare(qa, qb, gws, s); }, reps, batch, false);
+      const double t_mma = T.median_us([&](int) { fc::gemm_fast_run(qa, qb, dc.data(), gws, s); }, reps, batch, false);
+      const double tops = flops / (t_prep + t_mma) / 1e6;
+      double t_cub = 0, tflops = 0;
+      if (cublas && cublas_us.count({M, N, K})) {
+        t_cub = cublas_us[{M, N, K}];
+        tflops = flops / t_cub / 1e6;
+      } else if (cublas) {
+        std::vector<uint16_t> ha(size_t(M * K)), hb(size_t(N * K));
+        const std::vector<float> fa = random_tensor(M * K, 17), fb = random_tensor(N * K, 19);
+        for (size_t i = 0; i < ha.size(); ++i) ha[i] = fp4lab::f32_to_bf16(fa[i]);
+        for (size_t i = 0; i < hb.size(); ++i) hb[i] = fp4lab::f32_to_bf16(fb[i]);
+        fc::Buffer<uint16_t> da, db;
+        da.upload(ha);
+        db.upload(hb);
+        t_cub = T.median_us([&](int) { cublas->gemm(da.data(), db.data(), dc.data(), M, N, K, s); }, reps, batch, false);
+        tflops = flops / t_cub / 1e6;
+        cublas_us[{M, N, K}] = t_cub;
+      }
+      std::cout << pad(std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K), 20)
+                << pad(fmt(t_prep, 2), 11) << pad(fmt(t_mma, 2), 11) << pad(fmt(tops, 1), 13)
+                << pad(cublas ? fmt(t_cub, 2) : "-", 11) << pad(cublas ? fmt(tflops, 1) : "-", 9)
+                << pad(cublas ? fmt(t_cub / (t_prep + t_mma), 3) : "-", 8) << "\n";
+      jg.push_back({{"recipe", rname}, {"label", gc.label()}, {"M", M}, {"N", N}, {"K", K}, {"unpack_us", t_prep},
+                    {"mma_us", t_mma}, {"tops", tops}, {"cublas_bf16_us", t_cub}, {"cublas_tflops", tflops},
+                    {"ratio_vs_cublas", cublas ? t_cub / (t_prep + t_mma) : 0.0}, {"epilogue_bound_tops", bound_tops}});
+    }
+  }
+  J["gemm"] = jg;
+  fc::check(cudaStreamDestroy(s), "cudaStreamDestroy");
+  if (!json_path.empty()) {
+    std::ofstream f(json_path);
+    if (!f) throw std::runtime_error(json_path + ": cannot open for writing");
+    f << J.dump(2) << "\n";
+  }
+  return 0;
+}
+
+void usage(std::ostream& os) {
+  os << "usage: fp4lab-cuda <check|bench> [options]   (fp4lab-cuda <subcommand> --help)\n"
+        "  check   quantise and multiply every GEMM of a trace on the GPU; compare with the golden model bit for bit\n"
+        "  bench   quantiser (plain / fused RHT / unfused RHT) and block-scaled GEMM timings beside their baselines\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    usage(std::cerr);
+    return kExitUsage;
+  }
+  const std::string cmd = argv[1];
+  const std::vector<std::string> args(argv + 2, argv + argc);
+  try {
+    if (cmd == "check") return cmd_check(args);
+    if (cmd == "bench") return cmd_bench(args);
+    if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+      usage(std::cout);
+      return 0;
+    }
+    usage(std::cerr);
+    return kExitUsage;
+  } catch (const po::error& e) {
+    std::cerr << "fp4lab-cuda " << cmd << ": error: " << e.what() << std::endl;
+    return kExitUsage;
+  } catch (const UsageError& e) {
+    std::cerr << "fp4lab-cuda " << cmd << ": error: " << e.what() << std::endl;
+    return kExitUsage;
+  } catch (const std::invalid_argument& e) {  // bad recipe name or configuration
+    std::cerr << "fp4lab-cuda " << cmd << ": error: " << e.what() << std::endl;
+    return kExitUsage;
+  } catch (const fp4lab::io::Error& e) {  // a bad trace file: the message names file and fault
+    std::cerr << "fp4lab-cuda " << cmd << ": error: " << e.what() << std::endl;
+    return kExitMismatch;
+  } catch (const std::exception& e) {
+    std::cerr << "fp4lab-cuda " << cmd << ": error: " << e.what() << std::endl;
+    return kExitMismatch;
+  }
+}

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Everything the CUDA layer needs a GPU for, in one call on the lent H200 (see kernels/README.md):
+# the cuda tests, fp4lab-cuda check on the bundled trace under every recipe, compute-sanitizer memcheck, and the
+# bench. The binaries are built on a machine with nvcc (cmake -DFP4LAB_NATIVE=OFF) and arrive in $CARRY with the
+# two shared libraries the GPU image may lack:
+#   $CARRY/bin/{fp4lab-cuda,fp4lab_kernels_tests}  $CARRY/lib/{libboost_program_options.so.1.74.0,libgomp.so.1}
+# Logs go to $LOGS (default ./h200-out). Exit status: the number of failed steps.
+set -u
+CARRY=${CARRY:-build-cuda-carry}
+LOGS=${LOGS:-h200-out}
+TRACE=${TRACE:-workloads/tiny-lm/step_005000}
+mkdir -p "$LOGS"
+export LD_LIBRARY_PATH="$PWD/$CARRY/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export PATH="/usr/local/cuda/bin:$PATH"
+command -v compute-sanitizer >/dev/null || PATH="$(dirname "$(find /usr/local /opt -name compute-sanitizer -type f 2>/dev/null | head -1)"):$PATH"
+# cuBLAS for the bench's BF16 baseline: the toolkit's, else the one PyTorch carries.
+if ! ldconfig -p | grep -q libcublas.so.13 && [ ! -e /usr/local/cuda/lib64/libcublas.so.13 ]; then
+  c=$(find /usr/local /opt -name 'libcublas.so.13' 2>/dev/null | head -1)
+  [ -n "$c" ] && export LD_LIBRARY_PATH="$(dirname "$c"):$LD_LIBRARY_PATH"
+fi
+fail=0
+step() {  # step NAME CMD...: runs CMD, tees its output to $LOGS/NAME.log, prints the tail
+  local name=$1
+  shift
+  echo "=== $name: $*"
+  local t0=$SECONDS
+  "$@" >"$LOGS/$name.log" 2>&1
+  local rc=$?
+  tail -n "${TAIL:-6}" "$LOGS/$name.log"
+  echo "=== $name: exit $rc, $((SECONDS - t0)) s"
+  [ $rc -eq 0 ] || fail=$((fail + 1))
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv >"$LOGS/env.log" 2>&1
+uname -r >>"$LOGS/env.log"
+cat "$LOGS/env.log"
+
+step tests "$CARRY/bin/fp4lab_kernels_tests" --gtest_brief=1
+for r in ufp4 e2m1-ref nvfp4 mxfp4; do
+  TAIL=3 step "check-$r" "$CARRY/bin/fp4lab-cuda" check --trace "$TRACE" --recipe "$r"
+done
+TAIL=3 step memcheck-tests timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 \
+  "$CARRY/bin/fp4lab_kernels_tests" --gtest_brief=1 \
+  --gtest_filter='*e1m2_b16_fp32scale_rht16*:*e2m1_b16_ue4m3scale*:*e2m1_b32_ue8m0scale*:*int4_b16x16*:*Gemm*:*Errors*-*1024*:*1088*'
+TAIL=3 step memcheck-check timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
+  "$CARRY/bin/fp4lab-cuda" check --trace "$TRACE" --recipe nvfp4 --limit 1
+TAIL=60 step bench "$CARRY/bin/fp4lab-cuda" bench --trace "$TRACE" --json "$LOGS/bench.json"
+echo "failed steps: $fail"
+exit $fail

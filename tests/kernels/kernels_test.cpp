@@ -1,0 +1,430 @@
+// CUDA kernels against the golden model, bit for bit (label `cuda`). Every GPU test skips with a visible
+// "SKIPPED: no CUDA device" where the runtime finds none; the host-side tests (E2M3 embedding, the native path's
+// tolerance bound) run everywhere.
+//
+// Quantiser: every format x scale x block (1x16, 1x32, 16x16) x RHT (none, 16 fused and unfused, BF16-rounded,
+// 32/64/128) x rounding (RTNE, SR), on random and adversarial inputs: codes, scale codes, decoded scales and the
+// tensor scale compared as bit patterns. GEMM: the reference and the fast kernel against
+// fp4lab::reference::gemm_contract (the scalar form of the contract), FP32 outputs compared as bit patterns.
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fp4lab/cuda/kernels.hpp"
+#include "fp4lab/gemm.hpp"
+#include "fp4lab/quantize.hpp"
+#include "fp4lab/rht.hpp"
+#include "reference/contract_gemm.hpp"
+
+namespace fc = fp4lab::cuda;
+using fp4lab::ElemFormat;
+using fp4lab::QTensor;
+using fp4lab::QuantConfig;
+using fp4lab::Rounding;
+using fp4lab::ScaleKind;
+
+namespace {
+
+std::string no_device_reason() {
+  std::string why;
+  return fc::device_available(&why) ? std::string() : why;
+}
+
+#define SKIP_WITHOUT_GPU()                                                         \
+  do {                                                                             \
+    const std::string why_ = no_device_reason();                                   \
+    if (!why_.empty()) GTEST_SKIP() << "SKIPPED: no CUDA device (" << why_ << ")"; \
+  } while (0)
+
+uint32_t bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+std::string show(float x) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.9g (0x%08x)", double(x), bits(x));
+  return b;
+}
+std::string gtest_name(std::string s) {
+  for (char& c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return s;
+}
+
+// ---- inputs ------------------------------------------------------------------------------------------------
+constexpr int64_t kRows = 64, kCols = 256;  // rows: 16x16 tiles; cols: RHT up to 128, blocks of 32
+
+// Gaussian rows whose magnitudes span 2^-10 .. 2^9, with rare outliers: block scales of every size.
+std::vector<float> random_input(uint64_t seed, int64_t rows = kRows, int64_t cols = kCols) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> N(0.0f, 1.0f);
+  std::uniform_real_distribution<float> U(0.0f, 1.0f);
+  std::vector<float> x(size_t(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float s = std::ldexp(1.0f, int(r % 20) - 10);
+    for (int64_t c = 0; c < cols; ++c) x[r * cols + c] = s * (U(g) < 0.01f ? 30.0f * N(g) : N(g));
+  }
+  return x;
+}
+
+// Rows built to land on the rounding decisions: exact midpoints between levels (blocks whose amax is gmax, so
+// fp32 and MX scales are 1) and one FP32 ulp either side, zeros of both signs, subnormals, values near the top
+// of FP32 (kept where a 16-point Hadamard sum stays finite), one outlier per block, constant blocks.
+std::vector<float> adversarial_input(const ElemFormat& f, uint64_t seed) {
+  std::vector<float> x = random_input(seed);
+  auto row = [&](int r) { return x.data() + r * kCols; };
+  std::vector<float> mids;
+  for (int i = 0; i < f.max_index; ++i) mids.push_back(0.5f * (f.level(i) + f.level(i + 1)));
+  for (int r = 0; r < 12; ++r) {
+    float* p = row(r);
+    for (int64_t c = 0; c < kCols; ++c) {
+      const float m = mids[size_t(c) % mids.size()];
+      const float sign = (c / 3) % 2 ? -1.0f : 1.0f;
+      switch (r) {
+        case 0: p[c] = 0.0f; break;
+        case 1: p[c] = -0.0f; break;
+        case 2: p[c] = c % 16 == 0 ? f.gmax() : sign * m; break;  // ties, amax = gmax in every 1x16 block
+        case 3: p[c] = c % 16 == 0 ? f.gmax() : sign * std::nextafter(m, 0.0f); break;
+        case 4: p[c] = c % 16 == 0 ? f.gmax() : sign * std::nextafter(m, 8.0f); break;
+        case 5: p[c] = sign * std::ldexp(float(1 + c % 7), -140); break;  // subnormal inputs
+        case 6: p[c] = sign * std::ldexp(1.0f + float(c % 5) / 8.0f, 122); break;  // ~1e37: huge, sums finite
+        case 7: p[c] = c % 16 == 5 ? 1000.0f : 1e-3f * sign; break;  // one outlier per block
+        case 8: p[c] = 0.3f; break;  // constant blocks
+        case 9: p[c] = c % 2 ? -f.gmax() : f.gmax(); break;
+        case 10: p[c] = sign * std::ldexp(1.0f, int(c % 40) - 20); break;  // powers of two
+        case 11: p[c] = c % 32 == 31 ? 7.0f : sign * 0.5f * m; break;  // 1x32 and 1x16 amax differ
+      }
+    }
+  }
+  return x;
+}
+
+// ---- quantiser tests ----------------------------------------------------------------------------------------
+struct QCase {
+  QuantConfig cfg;
+  std::string name() const { return gtest_name(cfg.label() + (cfg.rht_bf16 ? "_bf16" : "")); }
+};
+void PrintTo(const QCase& c, std::ostream* os) { *os << c.name(); }
+
+std::vector<QCase> quant_cases() {
+  struct SB {
+    ScaleKind s;
+    int block;
+    bool tile2d;
+  };
+  const SB sbs[] = {{ScaleKind::fp32, 16, false},       {ScaleKind::fp32, 32, false},
+                    {ScaleKind::fp32, 16, true},        {ScaleKind::ue4m3, 16, false},
+                    {ScaleKind::ue4m3, 16, true},       {ScaleKind::ue8m0, 16, false},
+                    {ScaleKind::ue8m0, 32, false},      {ScaleKind::ue8m0, 16, true},
+                    {ScaleKind::ue8m0_ceil, 16, false}, {ScaleKind::ue8m0_ceil, 32, false},
+                    {ScaleKind::ue8m0_ceil, 16, true}};
+  std::vector<QCase> v;
+  for (const ElemFormat& f : fp4lab::kAllFormats)
+    for (const SB& sb : sbs)
+      for (int rht : {0, 16})
+        for (bool bf16 : {false, true})
+          for (Rounding r : {Rounding::rtne, Rounding::sr}) {
+            if (bf16 && rht == 0) continue;
+            QCase c;
+            c.cfg.format = f;
+            c.cfg.scale = sb.s;
+            c.cfg.block = sb.block;
+            c.cfg.tile2d = sb.tile2d;
+            c.cfg.rht = rht;
+            if (rht) c.cfg.rht_signs = fp4lab::rht_signs_te(16);
+            c.cfg.rht_bf16 = bf16;
+            c.cfg.rounding = r;
+            c.cfg.seed = 0x1234'5678'9abcULL;
+            c.cfg.stream = 5;
+            v.push_back(c);
+          }
+  // Larger rotations (seeded signs): 32 runs fused, 64 and 128 through the unfused pass.
+  for (int rht : {32, 64, 128})
+    for (int k = 0; k < 3; ++k)
+      for (Rounding r : {Rounding::rtne, Rounding::sr}) {
+        QCase c;
+        c.cfg.format = k == 0 ? fp4lab::kE1M2 : fp4lab::kE2M1;
+        c.cfg.scale = k == 0 ? ScaleKind::fp32 : k == 1 ? ScaleKind::ue4m3 : ScaleKind::ue8m0;
+        c.cfg.block = k == 2 ? 32 : 16;
+        c.cfg.rht = rht;
+        c.cfg.rht_signs = fp4lab::rht_signs_from_seed(rht, 99);
+        c.cfg.rht_bf16 = k == 1;
+        c.cfg.rounding = r;
+        c.cfg.seed = 7;
+        v.push_back(c);
+      }
+  return v;
+}
+
+// Golden vs GPU, every field as bit patterns; returns the number of values compared.
+size_t expect_same(const QTensor& gold, const QTensor& gpu, const std::vector<float>& x, const std::string& what) {
+  size_t n = 0;
+  EXPECT_EQ(gold.codes.size(), gpu.codes.size()) << what;
+  EXPECT_EQ(gold.scales.size(), gpu.scales.size()) << what;
+  EXPECT_EQ(gold.scale_codes.size(), gpu.scale_codes.size()) << what;
+  if (gold.codes.size() != gpu.codes.size() || gold.scales.size() != gpu.scales.size() ||
+      gold.scale_codes.size() != gpu.scale_codes.size())
+    return 0;
+  int bad = 0;
+  for (size_t i = 0; i < gold.codes.size(); ++i, ++n)
+    if (gold.codes[i] != gpu.codes[i] && bad++ < 5)
+      ADD_FAILURE() << what << ": code [" << i / gold.cols << ", " << i % gold.cols << "] golden "
+                    << int(gold.codes[i]) << " gpu " << int(gpu.codes[i]) << ", input " << show(x[i]) << ", scale "
+                    << show(gold.scales[i / gold.block]);
+  for (size_t i = 0; i < gold.scales.size(); ++i, ++n)
+    if (bits(gold.scales[i]) != bits(gpu.scales[i]) && bad++ < 10)
+      ADD_FAILURE() << what << ": scale " << i << " golden " << show(gold.scales[i]) << " gpu " << show(gpu.scales[i]);
+  for (size_t i = 0; i < gold.scale_codes.size(); ++i, ++n)
+    if (gold.scale_codes[i] != gpu.scale_codes[i] && bad++ < 15)
+      ADD_FAILURE() << what << ": scale code " << i << " golden " << int(gold.scale_codes[i]) << " gpu "
+                    << int(gpu.scale_codes[i]);
+  ++n;
+  EXPECT_EQ(bits(gold.global_dec), bits(gpu.global_dec))
+      << what << ": tensor scale golden " << show(gold.global_dec) << " gpu " << show(gpu.global_dec);
+  return n;
+}
+
+class Quantize : public ::testing::TestWithParam<QCase> {};
+
+TEST_P(Quantize, MatchesGoldenBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const QuantConfig& cfg = GetParam().cfg;
+  size_t compared = 0;
+  fc::QuantWorkspace ws;
+  fc::Buffer<float> dx;
+  for (int input = 0; input < 2; ++input) {
+    const std::vector<float> x = input == 0 ? random_input(41) : adversarial_input(cfg.format, 43);
+    const QTensor gold = fp4lab::quantize(x.data(), kRows, kCols, cfg);
+    dx.upload(x);
+    for (fc::RhtPath path : {fc::RhtPath::fused, fc::RhtPath::unfused}) {
+      if (path == fc::RhtPath::unfused && cfg.rht == 0) continue;
+      fc::DQTensor q;
+      // Poison what the kernel must write: an unwritten byte cannot pass.
+      q.codes.resize(size_t(kRows * kCols / 2));
+      q.codes.fill_bytes(0xFF);
+      q.scales.resize(size_t(kRows * kCols / cfg.block));
+      q.scales.fill_bytes(0xFF);
+      fc::quantize(dx.data(), kRows, kCols, cfg, q, ws, nullptr, path);
+      compared += expect_same(gold, fc::to_host(q), x,
+                              std::string(input ? "adversarial" : "random") +
+                                  (path == fc::RhtPath::fused ? " fused" : " unfused"));
+    }
+  }
+  EXPECT_GT(compared, size_t(0)) << "checked nothing";
+}
+
+INSTANTIATE_TEST_SUITE_P(AllRecipesAndKnobs, Quantize, ::testing::ValuesIn(quant_cases()),
+                         [](const ::testing::TestParamInfo<QCase>& i) { return i.param.name(); });
+
+TEST(QuantizeErrors, RejectsNonFiniteInputAndBadConfigurations) {
+  SKIP_WITHOUT_GPU();
+  QuantConfig cfg;
+  cfg.format = fp4lab::kE1M2;
+  std::vector<float> x = random_input(3);
+  fc::QuantWorkspace ws;
+  fc::Buffer<float> dx;
+  fc::DQTensor q;
+  for (float bad : {NAN, INFINITY, -INFINITY}) {
+    x[1000] = bad;
+    dx.upload(x);
+    EXPECT_THROW(fc::quantize(dx.data(), kRows, kCols, cfg, q, ws), std::invalid_argument) << bad;
+  }
+  x[1000] = 0.0f;
+  dx.upload(x);
+  cfg.block = 24;
+  EXPECT_THROW(fc::quantize(dx.data(), kRows, kCols, cfg, q, ws), std::invalid_argument);
+  cfg.block = 16;
+  EXPECT_THROW(fc::quantize(dx.data(), kRows, kCols - 8, cfg, q, ws), std::invalid_argument);
+  ElemFormat odd = fp4lab::kE2M1;
+  odd.max_index = 6;  // not a format the kernels were built for
+  cfg.format = odd;
+  EXPECT_THROW(fc::quantize(dx.data(), kRows, kCols, cfg, q, ws), std::invalid_argument);
+}
+
+// ---- GEMM tests -----------------------------------------------------------------------------------------------
+struct GCase {
+  ElemFormat fa, fb;
+  ScaleKind scale;
+  int block;
+  int64_t M, N, K;
+  std::string name() const {
+    return gtest_name(std::string(fa.name) + (fa.name == fb.name ? "" : std::string("x") + fb.name) + "_b" +
+                      std::to_string(block) + "_" + fp4lab::scale_name(scale) + "scale_" + std::to_string(M) + "x" +
+                      std::to_string(N) + "x" + std::to_string(K));
+  }
+};
+void PrintTo(const GCase& c, std::ostream* os) { *os << c.name(); }
+
+std::vector<GCase> gemm_cases() {
+  std::vector<GCase> v;
+  struct SB {
+    ScaleKind s;
+    int block;
+  };
+  const SB sbs[] = {{ScaleKind::fp32, 16}, {ScaleKind::fp32, 32}, {ScaleKind::ue4m3, 16}, {ScaleKind::ue8m0, 32}};
+  for (const ElemFormat& f : fp4lab::kAllFormats)
+    for (const SB& sb : sbs) {
+      // K not a multiple of the 64-wide stage (tail blocks), M and N not multiples of the 128 tile.
+      v.push_back({f, f, sb.s, sb.block, 48, 40, sb.block == 16 ? 80 : 96});
+      v.push_back({f, f, sb.s, sb.block, 130, 136, 320});
+    }
+  // Many K stages (> the 4-deep pipeline), several CTA tiles, a single row, and mixed grids.
+  v.push_back({fp4lab::kE1M2, fp4lab::kE1M2, ScaleKind::fp32, 16, 300, 260, 1024});
+  v.push_back({fp4lab::kE2M1, fp4lab::kE2M1, ScaleKind::ue8m0, 32, 257, 129, 1088});
+  v.push_back({fp4lab::kE1M2, fp4lab::kE1M2, ScaleKind::fp32, 16, 1, 8, 64});
+  v.push_back({fp4lab::kE2M1, fp4lab::kE1M2, ScaleKind::fp32, 16, 64, 72, 256});
+  return v;
+}
+
+QuantConfig gemm_operand_config(const ElemFormat& f, const GCase& c) {
+  QuantConfig q;
+  q.format = f;
+  q.scale = c.scale;
+  q.block = c.block;
+  return q;
+}
+
+class Gemm : public ::testing::TestWithParam<GCase> {};
+
+TEST_P(Gemm, ReferenceAndFastKernelsMatchContractBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const GCase& c = GetParam();
+  const std::vector<float> xa = random_input(51, c.M, c.K), xb = random_input(53, c.N, c.K);
+  const QTensor qa = fp4lab::quantize(xa.data(), c.M, c.K, gemm_operand_config(c.fa, c));
+  const QTensor qb = fp4lab::quantize(xb.data(), c.N, c.K, gemm_operand_config(c.fb, c));
+  const std::vector<float> gold = fp4lab::reference::gemm_contract(qa, qb);
+
+  fc::DQTensor da, db;
+  fc::upload(qa, da);
+  fc::upload(qb, db);
+  fc::Buffer<float> dc(size_t(c.M * c.N));
+  fc::GemmWorkspace ws;
+  size_t compared = 0;
+  for (int kernel = 0; kernel < 2; ++kernel) {
+    dc.fill_bytes(0xFF);  // poison: 0xFFFFFFFF is a NaN the contract never produces here
+    if (kernel == 0)
+      fc::gemm_reference(da, db, dc.data());
+    else
+      fc::gemm_fast(da, db, dc.data(), ws);
+    const std::vector<float> out = dc.to_host();
+    int bad = 0;
+    for (size_t i = 0; i < out.size(); ++i, ++compared)
+      if (bits(out[i]) != bits(gold[i]) && bad++ < 5)
+        ADD_FAILURE() << (kernel ? "fast" : "reference") << " kernel C[" << i / c.N << ", " << i % c.N
+                      << "]: contract " << show(gold[i]) << ", gpu " << show(out[i]);
+  }
+  EXPECT_GT(compared, size_t(0)) << "checked nothing";
+}
+
+INSTANTIATE_TEST_SUITE_P(FormatsScalesShapes, Gemm, ::testing::ValuesIn(gemm_cases()),
+                         [](const ::testing::TestParamInfo<GCase>& i) { return i.param.name(); });
+
+TEST(GemmErrors, RejectsOperandsThatDoNotMultiply) {
+  SKIP_WITHOUT_GPU();
+  QuantConfig c16;
+  QuantConfig c32;
+  c32.block = 32;
+  const std::vector<float> x = random_input(5, 32, 64), y = random_input(6, 32, 128);
+  fc::DQTensor a, b, b32;
+  fc::upload(fp4lab::quantize(x.data(), 32, 64, c16), a);
+  fc::upload(fp4lab::quantize(y.data(), 32, 128, c16), b);
+  fc::upload(fp4lab::quantize(x.data(), 32, 64, c32), b32);
+  fc::Buffer<float> dc(32 * 32);
+  fc::GemmWorkspace ws;
+  EXPECT_THROW(fc::gemm_reference(a, b, dc.data()), std::invalid_argument);   // K 64 vs 128
+  EXPECT_THROW(fc::gemm_fast(a, b32, dc.data(), ws), std::invalid_argument);  // block 16 vs 32
+}
+
+// ---- SM100 native path ------------------------------------------------------------------------------------------
+// Host side, runs everywhere: the E2M3 embedding of the uniform grid, decoded independently of the encoder.
+TEST(NativeSm100, E2m3EmbeddingIsExactForEveryIntegerLevel) {
+  int checked = 0;
+  for (int v = -7; v <= 7; ++v) {
+    const uint8_t b = fc::e2m3_of_int(v);
+    ASSERT_EQ(b & 0xC0, 0) << "E2M3 lives in the low 6 bits";
+    const int e = (b >> 3) & 3, m = b & 7;
+    const double mag = e == 0 ? m / 8.0 : (1.0 + m / 8.0) * std::ldexp(1.0, e - 1);  // bias 1
+    EXPECT_EQ((b & 0x20 ? -mag : mag), double(v)) << "v = " << v << " byte " << int(b);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 15);
+  EXPECT_THROW(fc::e2m3_of_int(8), std::invalid_argument);
+}
+
+// The bound must at least cover the distance between the golden result and the exact (float64) block-scaled
+// sum: the golden order is one of the orders the tensor core may use.
+TEST(NativeSm100, ToleranceCoversTheGoldenOrderingError) {
+  for (int k = 0; k < 2; ++k) {
+    QuantConfig cfg;
+    cfg.format = k ? fp4lab::kE1M2 : fp4lab::kE2M1;
+    cfg.scale = k ? ScaleKind::ue8m0 : ScaleKind::ue4m3;
+    cfg.block = k ? 32 : 16;
+    const int64_t M = 24, N = 20, K = 512;
+    const std::vector<float> xa = random_input(61 + k, M, K), xb = random_input(71 + k, N, K);
+    const QTensor qa = fp4lab::quantize(xa.data(), M, K, cfg), qb = fp4lab::quantize(xb.data(), N, K, cfg);
+    const std::vector<float> gold = fp4lab::reference::gemm_contract(qa, qb);
+    const std::vector<double> tol = fc::native_tolerance(qa, qb);
+    const double g = std::ldexp(double(qa.global_dec) * double(qb.global_dec), -2 * qa.format.int_shift());
+    int nonzero = 0;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double exact = 0.0, mag = 0.0;  // the exact sum, and the sum of the magnitudes of its terms
+        for (int64_t j = 0; j < K; ++j) {
+          const double t = double(fp4lab::decode_int(qa.format, qa.codes[m * K + j])) *
+                           fp4lab::decode_int(qb.format, qb.codes[n * K + j]) *
+                           qa.scales[m * K / cfg.block + j / cfg.block] * qb.scales[n * K / cfg.block + j / cfg.block];
+          exact += t;
+          mag += std::fabs(t);
+        }
+        exact *= g;
+        mag *= std::fabs(g);
+        const double t = tol[m * N + n];
+        EXPECT_LE(std::fabs(double(gold[m * N + n]) - exact), t) << "C[" << m << ", " << n << "]";
+        // (K + K/B + 2) 2^-23 is about 6e-5 here: a bound that wide is still far below the terms it sums.
+        EXPECT_LT(t, 1e-4 * mag + 1e-30) << "bound too loose to mean anything at C[" << m << ", " << n << "]";
+        nonzero += exact != 0.0;
+      }
+    EXPECT_GT(nonzero, 0);
+  }
+}
+
+TEST(NativeSm100, WithinToleranceOnSm100) {
+  SKIP_WITHOUT_GPU();
+  std::string why;
+  if (!fc::native_device_ok(&why)) GTEST_SKIP() << "SKIPPED: " << why;
+  for (int k = 0; k < 3; ++k) {
+    QuantConfig cfg;
+    cfg.format = k == 2 ? fp4lab::kE1M2 : fp4lab::kE2M1;
+    cfg.scale = k == 0 ? ScaleKind::ue4m3 : ScaleKind::ue8m0;
+    cfg.block = k == 0 ? 16 : 32;
+    const int64_t M = 200, N = 136, K = 320;
+    const std::vector<float> xa = random_input(81, M, K), xb = random_input(83, N, K);
+    const QTensor qa = fp4lab::quantize(xa.data(), M, K, cfg), qb = fp4lab::quantize(xb.data(), N, K, cfg);
+    const std::vector<float> gold = fp4lab::reference::gemm_contract(qa, qb);
+    const std::vector<double> tol = fc::native_tolerance(qa, qb);
+    fc::DQTensor da, db;
+    fc::upload(qa, da);
+    fc::upload(qb, db);
+    ASSERT_TRUE(fc::native_supported(da, db, &why)) << why;
+    fc::Buffer<float> dc(size_t(M * N));
+    dc.fill_bytes(0xFF);
+    fc::GemmWorkspace ws;
+    fc::gemm_native_sm100(da, db, dc.data(), ws);
+    const std::vector<float> out = dc.to_host();
+    int bad = 0;
+    for (size_t i = 0; i < out.size(); ++i)
+      if (!(std::fabs(double(out[i]) - double(gold[i])) <= tol[i]) && bad++ < 5)
+        ADD_FAILURE() << cfg.label() << " C[" << i / N << ", " << i % N << "]: golden " << show(gold[i]) << ", native "
+                      << show(out[i]) << ", tolerance " << tol[i];
+  }
+}
+
+}  // namespace
