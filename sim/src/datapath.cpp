@@ -57,6 +57,10 @@ void GoldenDatapath::scale_accumulate(const TileStep& s, const int32_t* p, float
   }
 }
 
+void Datapath::output_tiles(const QTensor&, const QTensor&, const std::vector<OutputTile>&, float*) {
+  throw std::logic_error("datapath '" + name() + "' works on k-steps; output_tiles is not for it");
+}
+
 void GoldenDatapath::finish(const float* acc, int64_t n, float ga, float gb, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = contract_finish(acc[i], ga, gb);
 }

@@ -239,7 +239,7 @@ class Scheduler : public sc_module {
  public:
   TokenQueue* out = nullptr;
   Barrier* barrier = nullptr;
-  sc_event* start = nullptr;
+  sc_event start;
   Plan* plan = nullptr;
   int index = 0;
   SC_HAS_PROCESS(Scheduler);
@@ -249,14 +249,14 @@ class Scheduler : public sc_module {
   Clock clk_;
   void run() {
     while (true) {
-      sc_core::wait(*start);
+      sc_core::wait(start);
       for (size_t ph = 0; ph < plan->phases.size(); ++ph) {
         plan->emit(ph, index, [this](Token&& t) { out->put(std::move(t)); });
         Token m;
         m.kind = Token::Kind::marker;
         m.ready = clk_.now();
         out->put(std::move(m));
-        sc_core::wait(barrier->ev);
+        sc_core::wait(barrier->evs[size_t(index)]);
       }
     }
   }
@@ -272,7 +272,7 @@ struct Tcu {
   std::unique_ptr<MacArray> mac;
   std::unique_ptr<Accumulator> acc;
   std::unique_ptr<WriteBack> wb;
-  Tcu(int i, const Config& c, Clock clk, Memory& mem, Barrier& bar, sc_event& start, Functional& fn)
+  Tcu(int i, const Config& c, Clock clk, Memory& mem, Barrier& bar, Functional& fn)
       : slots(c.buffer_slots), accs(c.acc_tiles) {
     const std::string p = "tcu" + std::to_string(i) + "_";
     sched = std::make_unique<Scheduler>((p + "scheduler").c_str(), clk);
@@ -284,7 +284,6 @@ struct Tcu {
     wb = std::make_unique<WriteBack>((p + "writeback").c_str(), clk);
     sched->out = &q_sched;
     sched->barrier = &bar;
-    sched->start = &start;
     sched->index = i;
     fetch->in = &q_sched;
     fetch->out = &q_fetch;
@@ -323,7 +322,6 @@ struct Model {
   Clock clk;
   std::unique_ptr<Memory> mem;
   std::unique_ptr<Barrier> barrier;
-  std::unique_ptr<sc_event> start;
   std::vector<std::unique_ptr<Tcu>> tcus;
   Functional fn;
 };
@@ -348,11 +346,11 @@ Simulator::Simulator(const Config& cfg, std::shared_ptr<Datapath> datapath) : cf
   model_->clk.period = sc_time::from_value(uint64_t(std::llround(1e6 / cfg_.clock_ghz)));
   model_->mem = std::make_unique<detail::Memory>("memory", cfg_);
   model_->barrier = std::make_unique<detail::Barrier>(cfg_.tcus, model_->clk);
-  model_->start = std::make_unique<sc_event>("start");
   model_->fn.dp = dp_.get();
+  dp_->elaborate();
   for (int i = 0; i < cfg_.tcus; ++i)
-    model_->tcus.push_back(std::make_unique<detail::Tcu>(i, cfg_, model_->clk, *model_->mem, *model_->barrier,
-                                                         *model_->start, model_->fn));
+    model_->tcus.push_back(
+        std::make_unique<detail::Tcu>(i, cfg_, model_->clk, *model_->mem, *model_->barrier, model_->fn));
   // Elaboration done: run the initialisation phase so every thread waits at its first wait() before the
   // first job's start event is notified.
   sc_start(SC_ZERO_TIME);
@@ -362,7 +360,6 @@ Simulator::~Simulator() {
   if (model_) {
     sc_core::sc_simcontext* ctx = model_->context;
     model_->tcus.clear();
-    model_->start.reset();
     model_->barrier.reset();
     model_->mem.reset();
     model_.reset();
@@ -411,9 +408,11 @@ JobReport Simulator::run_impl(const GemmJob& job, const QTensor* qa, const QTens
   Plan plan(cfg_, job);
   m.mem->reset(t0);
   m.barrier->releases.clear();
+  // A k-step datapath computes as the tiles pass; an output-tile one (cycle-level RTL) after the timed run.
+  const bool per_step = dp_->granularity() == Datapath::Granularity::k_step;
   m.fn.a = qa;
   m.fn.b = qb;
-  m.fn.c = c;
+  m.fn.c = per_step ? c : nullptr;
   if (c) {
     c->assign(size_t(job.M * job.N), 0.0f);
     m.fn.ga = tensor_factor(qa->format, qa->global_dec);
@@ -425,12 +424,20 @@ JobReport Simulator::run_impl(const GemmJob& job, const QTensor* qa, const QTens
     t->mac->rate = native ? double(cfg_.mac_units) : cfg_.mac_units * cfg_.mac_fallback_rate;
     t->wb->n_cols = job.N;
   }
-  m.start->notify(sc_core::SC_ZERO_TIME);
+  for (auto& t : m.tcus) t->sched->start.notify(sc_core::SC_ZERO_TIME);  // in TCU order, see Barrier
   sc_core::sc_start();
   m.fn.c = nullptr;
   if (m.barrier->releases.size() != plan.phases.size())
     throw std::logic_error(where + "simulation stopped after " + std::to_string(m.barrier->releases.size()) + " of " +
                            std::to_string(plan.phases.size()) + " phases (internal deadlock)");
+  if (c && !per_step) {
+    std::vector<OutputTile> tiles;
+    tiles.reserve(plan.tiles.size());
+    for (const auto& [mi, ni] : plan.tiles)
+      tiles.push_back({mi * cfg_.tile_m, ni * cfg_.tile_n, int(std::min<int64_t>(cfg_.tile_m, job.M - mi * cfg_.tile_m)),
+                       int(std::min<int64_t>(cfg_.tile_n, job.N - ni * cfg_.tile_n))});
+    m.fn.timed([&] { dp_->output_tiles(*qa, *qb, tiles, c->data()); });
+  }
 
   const int64_t end = m.barrier->releases.back();
   const int64_t gemm_start = plan.phases.size() > 1 ? m.barrier->releases[plan.phases.size() - 2] : t0;

@@ -111,20 +111,25 @@ class Credits {
 // last of them is in memory -- a kernel boundary.
 class Barrier {
  public:
-  Barrier(int n, Clock clk) : n_(n), clk_(clk) {}
+  Barrier(int n, Clock clk) : evs(size_t(n)), n_(n), clk_(clk) {}
   void arrive(int64_t done) {
     latest_ = std::max(latest_, done);
     if (++arrived_ < n_) return;
     releases.push_back(latest_);
+    // One event per TCU, notified in TCU order: the order the schedulers wake in is then the same in every
+    // phase of every job, whatever order they arrived in -- and so is the order of their same-cycle requests
+    // at the shared memory, which keeps a job's result independent of the jobs run before it.
     const int64_t wait = latest_ - clk_.now();
-    if (wait > 0)
-      ev.notify(clk_.span(wait));
-    else
-      ev.notify(SC_ZERO_TIME);
+    for (sc_event& e : evs) {
+      if (wait > 0)
+        e.notify(clk_.span(wait));
+      else
+        e.notify(SC_ZERO_TIME);
+    }
     arrived_ = 0;
     latest_ = 0;
   }
-  sc_event ev;
+  std::vector<sc_event> evs;
   std::vector<int64_t> releases;  // release cycle of every phase since the last reset
 
  private:

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <random>
 
+#include "fp4lab/gemm.hpp"
 #include "fp4lab/io/safetensors.hpp"
 #include "fp4lab/recipe.hpp"
 #include "fp4lab/sim/run.hpp"
@@ -111,6 +112,50 @@ TEST(Check, ACorruptedProductIsReported) {
   EXPECT_EQ(rep.total_mismatches(), 1);
   // The third k-step token is the first (and only) step of the third 16 x 16 tile in row-major raster order.
   EXPECT_NE(rep.jobs[0].first_mismatch.find("C[0, 32]"), std::string::npos) << rep.jobs[0].first_mismatch;
+  fs::remove_all(dir);
+}
+
+// An output-tile datapath (the granularity of the Verilated RTL MAC): the scalar contract per output of each
+// tile, computed after the timed run. Checks that the tiles the Simulator hands over cover C exactly once.
+class TileGolden final : public Datapath {
+ public:
+  std::string name() const override { return "tile-golden"; }
+  Granularity granularity() const override { return Granularity::output_tile; }
+  void block_dots(const TileStep&, int32_t*) override { FAIL() << "k-step call on an output-tile datapath"; }
+  void scale_accumulate(const TileStep&, const int32_t*, float*) override { FAIL() << "k-step call"; }
+  void finish(const float*, int64_t, float, float, float*) override { FAIL() << "k-step call"; }
+  void output_tiles(const QTensor& a, const QTensor& b, const std::vector<OutputTile>& tiles, float* c) override {
+    const int64_t K = a.cols, B = a.block, KB = K / B, N = b.rows;
+    std::vector<int> seen(size_t(a.rows * N), 0);
+    for (const OutputTile& t : tiles)
+      for (int64_t m = t.m0; m < t.m0 + t.tm; ++m)
+        for (int64_t n = t.n0; n < t.n0 + t.tn; ++n) {
+          float acc = 0.0f;
+          for (int64_t k = 0; k < KB; ++k) {
+            int32_t p = 0;
+            for (int64_t j = k * B; j < (k + 1) * B; ++j)
+              p += decode_int(a.format, a.codes[m * K + j]) * decode_int(b.format, b.codes[n * K + j]);
+            acc = contract_step(acc, p, a.scales[m * KB + k], b.scales[n * KB + k]);
+          }
+          c[m * N + n] = contract_finish(acc, tensor_factor(a.format, a.global_dec), tensor_factor(b.format, b.global_dec));
+          ++seen[size_t(m * N + n)];
+        }
+    for (int v : seen) ASSERT_EQ(v, 1);
+    ++calls;
+  }
+  int calls = 0;
+};
+
+TEST(Check, OutputTileDatapathAfterTheTimedRun) {
+  const std::string dir = synthetic_trace("tiles_dp", 96, 160, 64);
+  const io::Trace trace(dir, 16);
+  auto dp = std::make_shared<TileGolden>();
+  Simulator sim(config("teaching", {"tcu.count=3", "tile.raster_group=2"}), dp);
+  const Report with = run_trace(sim, trace, dir, recipe_options("nvfp4"));
+  expect_clean(with, 96 * 64 + 96 * 160 + 64 * 160);
+  EXPECT_EQ(dp->calls, 3);
+  const Report without = run_trace(sim, trace, dir, recipe_options("nvfp4", false));
+  for (size_t i = 0; i < with.jobs.size(); ++i) EXPECT_EQ(with.jobs[i].cycles, without.jobs[i].cycles);
   fs::remove_all(dir);
 }
 

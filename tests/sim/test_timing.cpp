@@ -173,5 +173,23 @@ TEST(Timing, StallsSumToCycles) {
   }
 }
 
+TEST(Timing, AJobsResultDoesNotDependOnTheJobsBeforeIt) {
+  // Three TCUs contend for one DRAM port; same-cycle requests must be served in the same order whatever ran
+  // before (a fresh Simulator versus one that has run other jobs).
+  const std::vector<std::string> ov = {"tcu.count=3", "tile.raster_group=2", "prep.mode=unfused"};
+  QuantConfig q = plain(16);
+  q.scale = ScaleKind::ue4m3;  // adds the amax pass
+  int64_t fresh = 0;
+  {
+    Simulator sim(config("teaching", ov));
+    fresh = sim.run(job(64, 160, 96, q)).cycles;
+  }
+  Simulator sim(config("teaching", ov));
+  sim.run(job(96, 64, 160, q));
+  sim.run(job(48, 48, 320));
+  EXPECT_EQ(sim.run(job(64, 160, 96, q)).cycles, fresh);
+  EXPECT_EQ(sim.run(job(64, 160, 96, q)).cycles, fresh);
+}
+
 }  // namespace
 }  // namespace fp4lab::sim::test

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fp4lab/format.hpp"
+#include "fp4lab/quantize.hpp"
 
 namespace fp4lab::sim {
 
@@ -31,18 +32,39 @@ struct TileStep {
   int tm, tn, nblk, block;
 };
 
+// A Datapath works at one of two granularities:
+//  - k_step: the MAC array module calls block_dots and the accumulator module scale_accumulate / finish as
+//    each k-step tile passes through them during the timed run (the golden model);
+//  - output_tile: a cycle-level model with its own accumulator and clock (the Verilated RTL MAC, which must
+//    not advance the timing model's clock) computes whole output tiles, over all of K, in output_tiles(),
+//    which the Simulator calls after the timed run, in the schedule's tile order.
+// One output tile: rows [m0, m0+tm) of C, columns [n0, n0+tn).
+struct OutputTile {
+  int64_t m0, n0;
+  int tm, tn;
+};
+
 class Datapath {
  public:
+  enum class Granularity { k_step, output_tile };
   virtual ~Datapath() = default;
   virtual std::string name() const = 0;
-  // MAC array: the exact int32 dot product of every block, p[(i * nblk + k) * tn + j] for output (i, j) and
-  // block k (datapath contract step 1).
+  virtual Granularity granularity() const { return Granularity::k_step; }
+
+  // k_step. MAC array: the exact int32 dot product of every block, p[(i * nblk + k) * tn + j] for output (i, j)
+  // and block k (datapath contract step 1).
   virtual void block_dots(const TileStep& s, int32_t* p) = 0;
   // Scale-and-accumulate: for k = 0 .. nblk-1 in ascending order, acc[i*tn + j] = step(acc, p, sa[i][k],
   // sb[j][k]) (contract steps 2-5).
   virtual void scale_accumulate(const TileStep& s, const int32_t* p, float* acc) = 0;
   // After the last k-step: out = acc * (ga * gb) (contract step 6), n values.
   virtual void finish(const float* acc, int64_t n, float ga, float gb, float* out) = 0;
+
+  // output_tile. Called once while the Simulator elaborates its SystemC modules (a cycle-level datapath creates
+  // its own there); only one Simulator exists at a time.
+  virtual void elaborate() {}
+  // Every output tile of C = A . B^T (C row-major, N columns), contract steps 1-6, tiles in the given order.
+  virtual void output_tiles(const QTensor& a, const QTensor& b, const std::vector<OutputTile>& tiles, float* c);
 };
 
 // The golden model's arithmetic.

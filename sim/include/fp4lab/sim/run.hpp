@@ -15,7 +15,7 @@ namespace fp4lab::sim {
 struct RunOptions {
   std::string recipe = "custom";   // printed in the report
   OperandConfigFn quant;           // each operand's quantiser settings, by pass
-  std::vector<Pass> passes = {Pass::fwd_y, Pass::bwd_dx, Pass::bwd_dw};
+  std::vector<Pass> passes{std::begin(kPasses), std::end(kPasses)};
   bool check = false;              // traces only
 };
 
