@@ -4,7 +4,8 @@
 # bench. The binaries are built on a machine with nvcc (cmake -DFP4LAB_NATIVE=OFF) and arrive in $CARRY with the
 # two shared libraries the GPU image may lack:
 #   $CARRY/bin/{fp4lab-cuda,fp4lab_kernels_tests}  $CARRY/lib/{libboost_program_options.so.1.74.0,libgomp.so.1}
-# Logs go to $LOGS (default ./h200-out). Exit status: the number of failed steps.
+# Logs go to $LOGS (default ./h200-out), each step's also appended to $COMBINED when set. Exit status: the
+# number of failed steps.
 set -u
 CARRY=${CARRY:-build-cuda-carry}
 LOGS=${LOGS:-h200-out}
@@ -26,6 +27,7 @@ step() {  # step NAME CMD...: runs CMD, tees its output to $LOGS/NAME.log, print
   local t0=$SECONDS
   "$@" >"$LOGS/$name.log" 2>&1
   local rc=$?
+  [ -n "${COMBINED:-}" ] && { echo "=== $name: $*"; cat "$LOGS/$name.log"; echo "=== $name: exit $rc"; } >>"$COMBINED"
   tail -n "${TAIL:-6}" "$LOGS/$name.log"
   echo "=== $name: exit $rc, $((SECONDS - t0)) s"
   [ $rc -eq 0 ] || fail=$((fail + 1))
@@ -35,15 +37,15 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm 
 uname -r >>"$LOGS/env.log"
 cat "$LOGS/env.log"
 
-step tests "$CARRY/bin/fp4lab_kernels_tests" --gtest_brief=1
+step tests timeout 120 "$CARRY/bin/fp4lab_kernels_tests" --gtest_brief=1
 for r in ufp4 e2m1-ref nvfp4 mxfp4; do
-  TAIL=3 step "check-$r" "$CARRY/bin/fp4lab-cuda" check --trace "$TRACE" --recipe "$r"
+  TAIL=3 step "check-$r" timeout 45 "$CARRY/bin/fp4lab-cuda" check --trace "$TRACE" --recipe "$r"
 done
-TAIL=3 step memcheck-tests timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 \
+TAIL=60 step bench timeout 120 "$CARRY/bin/fp4lab-cuda" bench --trace "$TRACE" --json "$LOGS/bench.json"
+TAIL=3 step memcheck-tests timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 \
   "$CARRY/bin/fp4lab_kernels_tests" --gtest_brief=1 \
   --gtest_filter='*e1m2_b16_fp32scale_rht16*:*e2m1_b16_ue4m3scale*:*e2m1_b32_ue8m0scale*:*int4_b16x16*:*Gemm*:*Errors*-*1024*:*1088*'
-TAIL=3 step memcheck-check timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
+TAIL=3 step memcheck-check timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 \
   "$CARRY/bin/fp4lab-cuda" check --trace "$TRACE" --recipe nvfp4 --limit 1
-TAIL=60 step bench "$CARRY/bin/fp4lab-cuda" bench --trace "$TRACE" --json "$LOGS/bench.json"
 echo "failed steps: $fail"
 exit $fail
