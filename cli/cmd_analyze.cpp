@@ -2,6 +2,7 @@
 // and per training GEMM (fwd_y, bwd_dx, bwd_dw), for each grid with and without RHT — as the paper's Q1
 // table on stdout and analysis JSON v1 on request. With no --trace it runs on the bundled trace.
 #include <chrono>
+#include <exception>
 #include <cmath>
 #include <iostream>
 #include <map>
@@ -130,14 +131,37 @@ int cmd_analyze(const Invocation& inv) {
     const io::TraceRecord& rec = trace.records()[ri];
     progress.step(ri + 1, n, rec.gemm);
     const io::Trace::Layer layer = trace.load(rec);
-    const LayerView lv{layer.x.data(), layer.w.data(), layer.dy.data(), rec.tokens, rec.in, rec.out};
+    const LayerOperands lo({layer.x.data(), layer.w.data(), layer.dy.data(), rec.tokens, rec.in, rec.out});
     elements += rec.tokens * rec.in + rec.out * rec.in + rec.tokens * rec.out;
-    const PassRefs refs = gemm_references(lv);
 
     std::vector<Row> tr(3), gr(3);
     std::map<std::string, double> sqnr_no_rht;  // format/role -> SQNR without RHT, for the delta
-    for (const AnalysisSetting& s : settings) {
-      for (const TensorResult& t : analyze_tensors(lv, s)) {
+    // Settings and recipes are independent: one per core (the inner OpenMP regions then run serially),
+    // which keeps both cores busy without a fork/join per small tensor.
+    std::vector<LayerResults> by_setting(settings.size());
+    std::vector<std::vector<GemmResult>> by_recipe(recipes.size());
+    std::vector<std::exception_ptr> faults(settings.size() + recipes.size());
+#pragma omp parallel for schedule(dynamic, 1)
+    for (size_t t = 0; t < faults.size(); ++t) {
+      try {
+        if (t < settings.size()) by_setting[t] = analyze_setting(lo, settings[t]);
+        else by_recipe[t - settings.size()] = analyze_recipe(lo, recipes[t - settings.size()], stream);
+      } catch (...) {
+        faults[t] = std::current_exception();
+      }
+    }
+    for (const auto& f : faults)
+      if (f) {
+        try {
+          std::rethrow_exception(f);
+        } catch (const std::exception& e) {
+          data_error(rec.file, "gemm '" + rec.gemm + "': " + e.what());
+        }
+      }
+    for (size_t si = 0; si < settings.size(); ++si) {
+      const AnalysisSetting& s = settings[si];
+      const LayerResults& res = by_setting[si];
+      for (const TensorResult& t : res.tensors) {
         const size_t i = t.role == "fwd_x" ? 0 : t.role == "fwd_w" ? 1 : 2;
         tr[i].gemm = rec.gemm;
         tr[i].what = t.role;
@@ -152,7 +176,7 @@ int cmd_analyze(const Invocation& inv) {
         j["tokens"] = rec.tokens;
         tensors.push_back(j);
       }
-      for (const GemmResult& g : analyze_gemms(lv, s, refs)) {
+      for (const GemmResult& g : res.gemms) {
         const size_t i = g.pass == "fwd_y" ? 0 : g.pass == "bwd_dx" ? 1 : 2;
         gr[i].gemm = rec.gemm;
         gr[i].what = g.pass;
@@ -164,10 +188,10 @@ int cmd_analyze(const Invocation& inv) {
                          {"delta", 1.0 - g.eta}});
       }
     }
-    for (const Recipe& r : recipes)
-      for (const GemmResult& g : analyze_recipe(lv, r, stream, refs))
+    for (const auto& rg : by_recipe)
+      for (const GemmResult& g : rg)
         gemms.push_back({{"gemm", rec.gemm}, {"pass", g.pass}, {"format", g.format}, {"recipe", g.recipe},
-                         {"rht", r.rht_on[g.pass == "fwd_y" ? 0 : g.pass == "bwd_dx" ? 1 : 2] ? r.rht : 0},
+                         {"rht", g.rht},
                          {"sqnr_db", g.sqnr_db}, {"eta", g.eta}, {"eta_measured", g.eta_measured},
                          {"delta", 1.0 - g.eta}});
     ++stream;

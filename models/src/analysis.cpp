@@ -18,20 +18,24 @@ std::vector<LevelBias> analytic_bias(const ElemFormat& f) {
 
 std::vector<EmpiricalLevel> empirical_bias(const QTensor& q, const float* seen) {
   const int L = q.format.num_levels();
-  std::vector<double> sum(L, 0.0);
-  std::vector<int64_t> cnt(L, 0);
+  std::vector<double> sum(16, 0.0), level(16, 0.0);
+  std::vector<int64_t> cnt(16, 0);
+  for (int i = 0; i < L; ++i) level[i] = q.format.level(i);
   const int64_t kb = q.kblocks();
   for (int64_t r = 0; r < q.rows; ++r)
-    for (int64_t c = 0; c < q.cols; ++c) {
-      const double scale = double(q.scales[r * kb + c / q.block]) * q.global_dec;
+    for (int64_t b = 0; b < kb; ++b) {
+      const double scale = double(q.scales[r * kb + b]) * q.global_dec;
       if (scale == 0.0) continue;  // an all-zero block carries no information about the grid
-      const int i = code_index(q.codes[r * q.cols + c]);
-      if (i >= L) continue;
-      sum[i] += q.format.level(i) - std::fabs(double(seen[r * q.cols + c])) / scale;
-      ++cnt[i];
+      const double inv = 1.0 / scale;
+      const int64_t base = r * q.cols + b * q.block;
+      for (int j = 0; j < q.block; ++j) {
+        const int i = code_index(q.codes[base + j]);  // indices past max_index never come out of quantize()
+        sum[i] += level[i] - std::fabs(double(seen[base + j])) * inv;
+        ++cnt[i];
+      }
     }
   std::vector<EmpiricalLevel> out;
-  for (int i = 0; i < L; ++i) out.push_back({i, q.format.level(i), cnt[i], cnt[i] ? sum[i] / double(cnt[i]) : 0.0});
+  for (int i = 0; i < L; ++i) out.push_back({i, level[i], cnt[i], cnt[i] ? sum[i] / double(cnt[i]) : 0.0});
   return out;
 }
 

@@ -8,6 +8,22 @@ std::string AnalysisSetting::label() const {
   return std::string(format.name) + (rht ? " rht" + std::to_string(rht) : " no-rht");
 }
 
+LayerOperands::LayerOperands(const LayerView& v)
+    : l(v), wt(transpose(v.w, v.out, v.in)), dyt(transpose(v.dy, v.tokens, v.out)), xt(transpose(v.x, v.tokens, v.in)) {
+  for (Pass p : kPasses) {
+    const auto [a, b] = pass(p);
+    refs.push_back(gemm_f64(a.p, b.p, a.rows, b.rows, a.cols));
+  }
+}
+
+std::pair<LayerOperands::Operand, LayerOperands::Operand> LayerOperands::pass(Pass p) const {
+  switch (p) {
+    case Pass::fwd_y: return {{l.x, l.tokens, l.in}, {l.w, l.out, l.in}};
+    case Pass::bwd_dx: return {{l.dy, l.tokens, l.out}, {wt.data(), l.in, l.out}};
+    default: return {{dyt.data(), l.out, l.tokens}, {xt.data(), l.in, l.tokens}};
+  }
+}
+
 namespace {
 QuantConfig config_of(const AnalysisSetting& s) {
   QuantConfig c;
@@ -20,20 +36,26 @@ QuantConfig config_of(const AnalysisSetting& s) {
 }
 
 struct Quantised {
+  std::vector<float> seen;  // what the quantiser saw: the rotated operand, or the operand itself
   QTensor q;
-  std::vector<float> seen, deq;  // what the quantiser saw (rotated or not) and the dequantised values
+  std::vector<float> deq;
+  double alpha = 0;
 };
-Quantised quantise(const float* x, int64_t rows, int64_t cols, const QuantConfig& c) {
-  Quantised r{quantize(x, rows, cols, c), rotate(x, rows, cols, c), {}};
+// Rotating first and quantising the rotated values without RHT is exactly quantize() with RHT (the
+// rotation is its first step); it keeps the rotated copy the analyses compare against.
+Quantised quantise(const LayerOperands::Operand& o, const QuantConfig& c) {
+  Quantised r;
+  r.seen = rotate(o.p, o.rows, o.cols, c);
+  QuantConfig plain = c;
+  plain.rht = 0;
+  plain.rht_bf16 = false;
+  r.q = quantize(r.seen.data(), o.rows, o.cols, plain);
   r.deq = r.q.dequantize();
+  r.alpha = shrinkage_alpha(r.seen.data(), r.deq.data(), int64_t(r.seen.size()));
   return r;
 }
 
-double alpha_of(const Quantised& q) { return shrinkage_alpha(q.seen.data(), q.deq.data(), int64_t(q.seen.size())); }
-
-GemmResult gemm_result(Pass p, const PassOperands& o, const QuantConfig& ca, const QuantConfig& cb,
-                       const std::vector<double>& ref) {
-  const Quantised a = quantise(o.a.data(), o.M, o.K, ca), b = quantise(o.b.data(), o.N, o.K, cb);
+GemmResult gemm_result(Pass p, const Quantised& a, const Quantised& b, const std::vector<double>& ref) {
   const std::vector<float> c = gemm(a.q, b.q);
   double dot = 0, nn = 0;
   for (size_t i = 0; i < c.size(); ++i) {
@@ -42,61 +64,57 @@ GemmResult gemm_result(Pass p, const PassOperands& o, const QuantConfig& ca, con
   }
   GemmResult g;
   g.pass = pass_name(p);
-  g.format = ca.format.name;
-  g.rht = ca.rht;
+  g.format = a.q.format.name;
   g.sqnr_db = sqnr_db(ref.data(), c.data(), int64_t(c.size()));
-  g.eta = alpha_of(a) * alpha_of(b);
+  g.eta = a.alpha * b.alpha;
   g.eta_measured = nn == 0 ? 1.0 : dot / nn;
   return g;
 }
+
+TensorResult tensor_result(const char* role, const Quantised& q, int rht) {
+  TensorResult r;
+  r.role = role;
+  r.format = q.q.format.name;
+  r.rht = rht;
+  r.sqnr_db = sqnr_db(q.seen.data(), q.deq.data(), int64_t(q.seen.size()));
+  r.beff = beff(q.q);
+  r.alpha = q.alpha;
+  r.bias_per_level = empirical_bias(q.q, q.seen.data());
+  return r;
+}
 }  // namespace
 
-std::vector<TensorResult> analyze_tensors(const LayerView& l, const AnalysisSetting& s) {
+LayerResults analyze_setting(const LayerOperands& l, const AnalysisSetting& s) {
   const QuantConfig c = config_of(s);
-  struct T { const char* role; const float* p; int64_t rows, cols; };
-  const T ts[] = {{"fwd_x", l.x, l.tokens, l.in}, {"fwd_w", l.w, l.out, l.in}, {"bwd_dy", l.dy, l.tokens, l.out}};
-  std::vector<TensorResult> out;
-  for (const T& t : ts) {
-    const Quantised q = quantise(t.p, t.rows, t.cols, c);
-    TensorResult r;
-    r.role = t.role;
-    r.format = s.format.name;
-    r.rht = s.rht;
-    r.sqnr_db = sqnr_db(q.seen.data(), q.deq.data(), int64_t(q.seen.size()));
-    r.beff = beff(q.q);
-    r.alpha = alpha_of(q);
-    r.bias_per_level = empirical_bias(q.q, q.seen.data());
-    out.push_back(std::move(r));
+  LayerResults out;
+  Quantised q[3][2];  // [pass][operand]
+  for (Pass p : kPasses) {
+    const auto [a, b] = l.pass(p);
+    const size_t i = size_t(p);
+    q[i][0] = quantise(a, c);
+    q[i][1] = quantise(b, c);
+  }
+  // fwd_y's A and B are X and W along their last dimension; bwd_dx's A is dY along its last dimension.
+  out.tensors.push_back(tensor_result("fwd_x", q[0][0], s.rht));
+  out.tensors.push_back(tensor_result("fwd_w", q[0][1], s.rht));
+  out.tensors.push_back(tensor_result("bwd_dy", q[1][0], s.rht));
+  for (Pass p : kPasses) {
+    GemmResult g = gemm_result(p, q[size_t(p)][0], q[size_t(p)][1], l.refs[size_t(p)]);
+    g.rht = s.rht;
+    out.gemms.push_back(std::move(g));
   }
   return out;
 }
 
-PassRefs gemm_references(const LayerView& l) {
-  PassRefs refs;
-  for (Pass p : kPasses) {
-    const PassOperands o = pass_operands(p, l.x, l.w, l.dy, l.tokens, l.in, l.out);
-    refs.push_back(gemm_f64(o.a.data(), o.b.data(), o.M, o.N, o.K));
-  }
-  return refs;
-}
-
-std::vector<GemmResult> analyze_gemms(const LayerView& l, const AnalysisSetting& s, const PassRefs& refs) {
-  const QuantConfig c = config_of(s);
+std::vector<GemmResult> analyze_recipe(const LayerOperands& l, const Recipe& r, uint32_t stream) {
   std::vector<GemmResult> out;
   for (Pass p : kPasses) {
-    const PassOperands o = pass_operands(p, l.x, l.w, l.dy, l.tokens, l.in, l.out);
-    out.push_back(gemm_result(p, o, c, c, refs[size_t(p)]));
-  }
-  return out;
-}
-
-std::vector<GemmResult> analyze_recipe(const LayerView& l, const Recipe& r, uint32_t stream, const PassRefs& refs) {
-  std::vector<GemmResult> out;
-  for (Pass p : kPasses) {
-    const PassOperands o = pass_operands(p, l.x, l.w, l.dy, l.tokens, l.in, l.out);
-    GemmResult g = gemm_result(p, o, r.operand(p, Operand::a, stream), r.operand(p, Operand::b, stream), refs[size_t(p)]);
+    const auto [a, b] = l.pass(p);
+    const QuantConfig ca = r.operand(p, Operand::a, stream), cb = r.operand(p, Operand::b, stream);
+    GemmResult g = gemm_result(p, quantise(a, ca), quantise(b, cb), l.refs[size_t(p)]);
     g.format = r.format.name;
     g.recipe = r.name;
+    g.rht = ca.rht;
     out.push_back(std::move(g));
   }
   return out;

@@ -1,5 +1,6 @@
 #include "fp4lab/recipe.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "fp4lab/rht.hpp"
@@ -83,8 +84,12 @@ QuantConfig Recipe::operand(Pass p, Operand o, uint32_t stream) const {
 
 std::vector<float> transpose(const float* x, int64_t rows, int64_t cols) {
   std::vector<float> t(size_t(rows * cols));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = x[r * cols + c];
+  constexpr int64_t T = 32;  // tiles keep both the reads and the writes in cache
+#pragma omp parallel for schedule(static)
+  for (int64_t r0 = 0; r0 < rows; r0 += T)
+    for (int64_t c0 = 0; c0 < cols; c0 += T)
+      for (int64_t r = r0; r < std::min(rows, r0 + T); ++r)
+        for (int64_t c = c0; c < std::min(cols, c0 + T); ++c) t[c * rows + r] = x[r * cols + c];
   return t;
 }
 

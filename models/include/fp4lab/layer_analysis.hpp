@@ -39,6 +39,8 @@ struct GemmResult {
   double eta_measured = 0;  // <C_q, C_ref> / |C_ref|^2 on the GEMM output itself
 };
 
+using PassRefs = std::vector<std::vector<double>>;
+
 struct LayerView {
   const float* x;   // [tokens, in]
   const float* w;   // [out, in]
@@ -46,19 +48,34 @@ struct LayerView {
   int64_t tokens, in, out;
 };
 
-// Tensors quantised in 1 x block blocks along their last (row-contiguous) dimension, RTNE; with RHT the
-// reference is the rotated tensor (the rotation itself is not an error).
-std::vector<TensorResult> analyze_tensors(const LayerView& l, const AnalysisSetting& s);
+// A layer with the transposed copies its backward passes need, made once and shared by every setting.
+struct LayerOperands {
+  explicit LayerOperands(const LayerView& l);
+  LayerView l;
+  std::vector<float> wt, dyt, xt;  // W^T [in, out], dY^T [out, tokens], X^T [in, tokens]
+  struct Operand {
+    const float* p;
+    int64_t rows, cols;
+  };
+  // A and B of a pass, both K-major (C = A . B^T).
+  std::pair<Operand, Operand> pass(Pass p) const;
+  PassRefs refs;  // float64 reference of each pass
+};
 
-// The three training GEMMs with both operands quantised along the pass's reduction dimension; reference =
-// exact product of the unquantised operands (float64). With RHT both operands are rotated with the same
-// signs, which cancels in exact arithmetic, so the reference is the unrotated product.
-// `refs` holds the float64 reference of each pass (gemm_references), computed once per layer.
-using PassRefs = std::vector<std::vector<double>>;
-PassRefs gemm_references(const LayerView& l);
-std::vector<GemmResult> analyze_gemms(const LayerView& l, const AnalysisSetting& s, const PassRefs& refs);
+struct LayerResults {
+  std::vector<TensorResult> tensors;  // fwd_x, fwd_w, bwd_dy
+  std::vector<GemmResult> gemms;      // fwd_y, bwd_dx, bwd_dw
+};
 
-// The same three GEMMs under a training recipe's operand settings (its grid, scales, RHT per pass, SR on dY).
-std::vector<GemmResult> analyze_recipe(const LayerView& l, const Recipe& r, uint32_t stream, const PassRefs& refs);
+// Tensors are quantised in 1 x block blocks along their last (row-contiguous) dimension, RTNE; with RHT
+// the reference is the rotated tensor (the rotation itself is not an error). GEMMs quantise both operands
+// along the pass's reduction dimension; the reference is the exact product of the unquantised operands
+// (float64) — with RHT both operands are rotated with the same signs, which cancels in exact arithmetic.
+// A tensor's quantisation along its last dimension is also its operand quantisation in fwd_y (X, W) and
+// bwd_dx (dY), so those are computed once.
+LayerResults analyze_setting(const LayerOperands& l, const AnalysisSetting& s);
+
+// The three GEMMs under a training recipe's operand settings (its grid, scales, RHT per pass, SR on dY).
+std::vector<GemmResult> analyze_recipe(const LayerOperands& l, const Recipe& r, uint32_t stream);
 
 }  // namespace fp4lab
