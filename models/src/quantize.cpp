@@ -155,9 +155,18 @@ std::vector<float> rotate(const float* x, int64_t rows, int64_t cols, const Quan
 }
 
 std::vector<float> QTensor::dequantize() const {
+  // dequant(r, c) block by block: the same two FP32 multiplies, with the 16 code values from a table.
+  float value[16];
+  for (int c = 0; c < 16; ++c) value[c] = decode(format, uint8_t(c));
   std::vector<float> out(size_t(rows * cols));
+  const int64_t kb = kblocks();
+#pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = dequant(r, c);
+    for (int64_t b = 0; b < kb; ++b) {
+      const float s = scales[r * kb + b];
+      const int64_t base = r * cols + b * block;
+      for (int j = 0; j < block; ++j) out[base + j] = value[codes[base + j] & 15] * s * global_dec;
+    }
   return out;
 }
 
