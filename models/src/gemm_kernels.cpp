@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -352,6 +353,11 @@ std::vector<float> gemm_on(GemmPath p, const QTensor& a, const QTensor& b) {
   if (!gemm_path_compiled(p))
     throw std::invalid_argument(std::string("GEMM path ") + gemm_path_name(p) + " is not compiled into this build");
   if (a.block != 16 && a.block != 32) p = GemmPath::scalar;  // packed layouts assume 4-byte groups of 16/32
+  // The byte packing (bias 16, int16 pair sums on AVX2) holds for integer views up to 12 (e2m1); a
+  // wider custom grid takes the scalar path.
+  for (const ElemFormat* f : {&a.format, &b.format})
+    for (int c = 0; c < 16; ++c)
+      if (std::abs(decode_int(*f, uint8_t(c))) > 12) p = GemmPath::scalar;
   switch (p) {
 #if defined(FP4LAB_GEMM_AVX512)
     case GemmPath::avx512_vnni:

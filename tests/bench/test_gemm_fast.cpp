@@ -181,6 +181,20 @@ TEST(GemmFastExtremes, RawCodesAndExtremeScalesMatchReferenceBits) {
   EXPECT_GT(subnormal, 0);
 }
 
+// A custom grid wider than the byte packing allows (E3M0: integer views up to 64) must still be exact:
+// the SIMD paths hand it to the scalar one.
+TEST(GemmFastExtremes, WideCustomGridStaysExact) {
+  constexpr ElemFormat kE3M0{"e3m0", 3, 0, 1, 7};
+  ASSERT_GT(kE3M0.int_max(), 12);
+  const QTensor a = make_raw_operand(9, 64, kE3M0, 16, 1), b = make_raw_operand(21, 64, kE2M1, 16, 2);
+  const auto ref = reference::gemm_contract(a, b);
+  int64_t checked = 0;
+  for (GemmPath p : {GemmPath::scalar, GemmPath::avx2, GemmPath::avx512_vnni})
+    if (detail::gemm_path_compiled(p))
+      checked += expect_bit_equal(ref, detail::gemm_on(p, a, b), b.rows, detail::gemm_path_name(p));
+  EXPECT_GT(checked, 0);
+}
+
 // Big enough for several threads, panel groups and full tiles; through the public entry point.
 TEST(GemmFastPublic, MultiThreadedShapeMatchesReferenceBits) {
   for (int block : {16, 32}) {
