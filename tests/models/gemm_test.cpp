@@ -64,6 +64,7 @@ void expect_contract_and_bound(const QTensor& a, const QTensor& b, const std::st
 struct GemmParam {
   QuantConfig cfg;
 };
+void PrintTo(const GemmParam& p, std::ostream* os) { *os << p.cfg.label(); }
 
 std::vector<GemmParam> all_configs() {
   std::vector<GemmParam> out;
@@ -233,6 +234,50 @@ TEST(GemmHandWorked, AscendingBlockOrderRounds) {
   EXPECT_EQ(f32_bits(gemm(a, a)[0]), 0x4b800000u);
   EXPECT_EQ(f32_bits(reference::gemm_contract(a, a)[0]), 0x4b800000u);
   EXPECT_EQ(gemm_f64(a.dequantize().data(), a.dequantize().data(), 1, 1, 48)[0], 16777218.0);
+}
+
+// A hand-built int4 operand (integer view = value, int_shift 0): codes and decoded scales set directly.
+QTensor hand_int4(ScaleKind kind, std::vector<uint8_t> codes, std::vector<float> scales, float global_dec) {
+  QTensor q;
+  q.format = kInt4;
+  q.scale_kind = kind;
+  q.block = 16;
+  q.rows = 1;
+  q.cols = int64_t(codes.size());
+  q.codes = std::move(codes);
+  q.scales = std::move(scales);
+  if (kind != ScaleKind::fp32) q.scale_codes.assign(q.scales.size(), 0x38);  // E4M3 1.0 (not read by the GEMM)
+  q.global_dec = global_dec;
+  return q;
+}
+
+// Separate multiply and add (no FMA). K = 32, int4, fp32 scales: block 0 has p0 = (-3) * 1 with scales
+// 1 * 1, so acc = -3. Block 1 has p1 = 3 * 1 with sa = 1 + 2^-23, sb = 1: x = 3 (1 + 2^-23) = 3 + 1.5 ulp
+// (ulp 2^-22 in [2, 4)), a tie -> even mantissa: 3 + 2^-21. acc = -3 + 3 + 2^-21 = 2^-21 (0x35000000).
+// A fused multiply-add would give the exact 3 * 2^-23 (0x34c00000).
+TEST(GemmHandWorked, SeparateMultiplyAndAddNoFma) {
+  std::vector<uint8_t> ca(32, 0), cb(32, 0);
+  ca[0] = 0b1'011;  // -3
+  ca[16] = 0b0'011;  // 3
+  cb[0] = cb[16] = 0b0'001;  // 1
+  const QTensor a = hand_int4(ScaleKind::fp32, ca, {1.0f, 1.0f + 0x1p-23f}, 1.0f);
+  const QTensor b = hand_int4(ScaleKind::fp32, cb, {1.0f, 1.0f}, 1.0f);
+  EXPECT_EQ(f32_bits(gemm(a, b)[0]), 0x35000000u);
+  EXPECT_EQ(f32_bits(reference::gemm_contract(a, b)[0]), 0x35000000u);
+}
+
+// Step 6: out = acc * (ga * gb), the factor rounded first. int4 (2^-int_shift = 1), global_dec 1 + 2^-23
+// on both sides, acc = 3 (one block, 3 * 1, scales 1): ga * gb = 1 + 2^-22 + 2^-46 -> 1 + 2^-22;
+// 3 (1 + 2^-22) = 3 + 3 ulp exactly -> 0x40400003. The other order, (3 ga) gb, gives (3 + 2 ulp) gb
+// = 3 + 3.5 ulp + tiny -> 3 + 4 ulp (0x40400004).
+TEST(GemmHandWorked, GlobalFactorsMultipliedFirst) {
+  std::vector<uint8_t> ca(16, 0), cb(16, 0);
+  ca[0] = 0b0'011;
+  cb[0] = 0b0'001;
+  const QTensor a = hand_int4(ScaleKind::ue4m3, ca, {1.0f}, 1.0f + 0x1p-23f);
+  const QTensor b = hand_int4(ScaleKind::ue4m3, cb, {1.0f}, 1.0f + 0x1p-23f);
+  EXPECT_EQ(f32_bits(gemm(a, b)[0]), 0x40400003u);
+  EXPECT_EQ(f32_bits(reference::gemm_contract(a, b)[0]), 0x40400003u);
 }
 
 // Thread count does not change a single bit.

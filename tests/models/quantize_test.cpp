@@ -88,6 +88,34 @@ TEST(ScaleNvfp4, E4M3RoundingOfTheScaleChangesCodes) {
   expect_codes(q, 1, {0b0'111, 0b0'110, 0b0'101, 0b1'110, 0b0'100, 0b0'001});
 }
 
+// Transformer Engine's operation order is observable; two cases where the "natural" order differs.
+// (a) Tensor amax 12, block amax 1.125: exactly 1.125 * 224 / 6 = 42, a tie between E4M3 40 (M = 2, even)
+//     and 44 (M = 3). TE's order gives s = 1.125 * mult = 9 * 78293680 * 2^-24 = 704643120 * 2^-24 ->
+//     24 bits: 11010048.75 -> 11010049 * 2^-18 = 42.0000038 -> E4M3 44 (0x63: E = 12, M = 3), not 40
+//     (which amax * (S_enc / 6) = 42.0 exactly would give).
+// (b) Tensor amax 3: S_enc = 896, S_dec = FP32(1/896) = FP32(1/7) * 2^-7 with FP32(1/7) = (2^26 + 3) / 7 * 2^-26.
+//     Block amax 0.875: s = 130.67 -> E4M3 128 (0x70). enc = 1 / (128 * S_dec) = 1 / FP32(1/7)
+//     = 7 (1 - 3 * 2^-26) ~ 7 - 0.66 * 2^-21 -> FP32 7 - 2^-21 (not S_enc / 128 = 7).
+//     So 0.5 -> 3.5 - 2^-22 -> 3 (0b0'101), where 7 * 0.5 = 3.5 would tie to 4; 0.25 -> 1.75 - 2^-23 -> 1.5
+//     (0b0'011), not 2; 0.875 -> 6.12 -> 6 (0b0'111).
+TEST(ScaleNvfp4, TransformerEngineOperationOrder) {
+  std::vector<float> x(32, 0.0f);
+  put(x, 16, 0, {12});
+  put(x, 16, 1, {1.125f});
+  QTensor q = quantize(x.data(), 1, 32, config(kE2M1, ScaleKind::ue4m3, 16));
+  EXPECT_EQ(q.scale_codes[1], 0x63);
+  EXPECT_EQ(q.scales[1], 44.0f);
+
+  std::vector<float> y(32, 0.0f);
+  put(y, 16, 0, {3});
+  put(y, 16, 1, {0.875f, 0.5f, 0.25f});
+  q = quantize(y.data(), 1, 32, config(kE2M1, ScaleKind::ue4m3, 16));
+  EXPECT_EQ(q.scale_codes[0], 0x7E);
+  EXPECT_EQ(q.scale_codes[1], 0x70);
+  EXPECT_EQ(q.scales[1], 128.0f);
+  expect_codes(q, 1, {0b0'111, 0b0'101, 0b0'011});
+}
+
 // All-zero tensor: S_enc = 2688 / 0 is not finite -> 1 (S_dec = 1); block scales E4M3 0, codes +-0.
 TEST(ScaleNvfp4, AllZeroTensor) {
   std::vector<float> x(16, 0.0f);

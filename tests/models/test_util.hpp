@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,9 @@ inline const Golden kGolden[] = {
     {kInt4, "int4", 8, {0, 1, 2, 3, 4, 5, 6, 7}, {0, 1, 2, 3, 4, 5, 6, 7}, 0, 7.0, 2},
     {kE2M1Max2, "e2m1_max2", 5, {0, 0.5, 1, 1.5, 2}, {0, 1, 2, 3, 4}, 1, 2.0, 1},
 };
+
+// gtest prints a parameter with PrintTo: the format's name, not the struct's bytes.
+inline void PrintTo(const Golden& g, std::ostream* os) { *os << g.name; }
 
 // gtest parameter names allow [A-Za-z0-9_] only ("ue8m0-ceil" has a dash).
 inline std::string gtest_name(std::string s) {
