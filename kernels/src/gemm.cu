@@ -56,11 +56,13 @@ __global__ void gemm_reference_kernel(const RefArgs a) {
 }
 
 // ---- fast path: int8 views + mma.sync ------------------------------------------------------------------------
-constexpr int BM = 128, BN = 128, BK = 64, STAGES = 4, THREADS = 256;
+constexpr int BK = 64;  // K bytes per pipeline stage of the fast kernel
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// codes [rows, K] packed -> signed integer views [Rp, Kp] (zero padding), 16 outputs per thread.
+// codes [rows, K] packed -> signed integer views [Rp, Kp] (zero padding), 16 outputs per thread. The integer
+// view of each code (golden decode_int) sits in byte tables, four codes looked up per byte permute: magnitude
+// index -> value and -> negated value, then the sign bit picks one of the two.
 __global__ void unpack_kernel(ElemFormat f, const uint8_t* codes, int64_t rows, int64_t K, int8_t* out, int64_t Rp,
                               int64_t Kp) {
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -69,12 +71,19 @@ __global__ void unpack_kernel(ElemFormat f, const uint8_t* codes, int64_t rows, 
   const int64_t r = t / chunks, c = t - r * chunks;
   uint32_t w[4] = {0, 0, 0, 0};
   if (r < rows && c * 16 < K) {
-    const uint2 in = *reinterpret_cast<const uint2*>(codes + (r * K + c * 16) / 2);
-    const uint32_t src[2] = {in.x, in.y};
+    uint32_t pos[2] = {0, 0}, neg[2] = {0, 0};
 #pragma unroll
-    for (int e = 0; e < 16; ++e) {
-      const uint8_t code = (src[e / 8] >> (4 * (e % 8))) & 0xF;
-      w[e / 4] |= uint32_t(uint8_t(int8_t(decode_int(f, code)))) << (8 * (e % 4));
+    for (int i = 0; i < 8; ++i) {
+      pos[i / 4] |= uint32_t(uint8_t(int8_t(decode_int(f, uint8_t(i))))) << (8 * (i % 4));
+      neg[i / 4] |= uint32_t(uint8_t(int8_t(decode_int(f, uint8_t(8 | i))))) << (8 * (i % 4));
+    }
+    const uint2 in = *reinterpret_cast<const uint2*>(codes + (r * K + c * 16) / 2);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint32_t sel = ((q < 2 ? in.x : in.y) >> (16 * (q % 2))) & 0xFFFF;  // codes 4q .. 4q+3, one per nibble
+      const uint32_t idx = sel & 0x7777;                                      // magnitude indices
+      const uint32_t pv = __byte_perm(pos[0], pos[1], idx), nv = __byte_perm(neg[0], neg[1], idx);
+      w[q] = __byte_perm(pv, nv, 0x3210 | ((sel >> 1) & 0x4444));  // sign bit set: byte i of nv
     }
   }
   *reinterpret_cast<uint4*>(out + r * Kp + c * 16) = make_uint4(w[0], w[1], w[2], w[3]);
@@ -140,21 +149,32 @@ __device__ __forceinline__ void mma_k32(int32_t (&d)[4], const uint32_t (&a)[4],
 // ldmatrix phase reads into 8 different 16-byte bank groups.
 __device__ __forceinline__ int swz(int r, int c) { return r * BK + ((c ^ ((r >> 1) & 3)) << 4); }
 
-// CTA tile 128 x 128, 8 warps as 2 (M) x 4 (N), warp tile 64 x 32 = 4 x 4 mma tiles; K in stages of 64
-// (4 blocks of 16 or 2 of 32), 4-stage cp.async pipeline. Per block and output: one exact subtraction and the
-// golden contract_scale_add (two multiplies, one add), in ascending block order.
-template <int B>
-__global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const FastArgs p) {
+// Tile shapes of the fast kernel: warps WM x WN, each warp MT x NT mma tiles (16 x 8 outputs each), K in stages
+// of 64 bytes (4 blocks of 16 or 2 of 32) through a STAGES-deep cp.async pipeline, MINB CTAs per SM.
+template <int WM_, int WN_, int MT_, int NT_, int STAGES_, int MINB_>
+struct Tile {
+  static constexpr int WM = WM_, WN = WN_, MT = MT_, NT = NT_, STAGES = STAGES_, MINB = MINB_;
+  static constexpr int THREADS = 32 * WM * WN, BM = WM * MT * 16, BN = WN * NT * 8;
+};
+
+// Per block of the stage and output of the thread: one exact subtraction (step 2) and the golden
+// contract_scale_add (steps 3-5: two multiplies, one add), blocks in ascending order.
+template <int B, class T>
+__global__ void __launch_bounds__(T::THREADS, T::MINB) gemm_mma_kernel(const FastArgs p) {
+  constexpr int BM = T::BM, BN = T::BN, MT = T::MT, NT = T::NT, STAGES = T::STAGES, THREADS = T::THREADS;
   constexpr int KPS = BK / B;  // blocks per stage
   constexpr int A_BYTES = BM * BK, B_BYTES = BN * BK, SA_FLOATS = KPS * BM, SB_FLOATS = KPS * BN;
   constexpr int STAGE_BYTES = A_BYTES + B_BYTES + 4 * (SA_FLOATS + SB_FLOATS);
+  static_assert(MT % 2 == 0 && NT % 4 == 0, "ldmatrix.x4 loads two m-tiles or four n-tiles at a time");
+  static_assert((BM * 4) % THREADS == 0 && (BN * 4) % THREADS == 0, "whole 16-byte copies per thread");
   extern __shared__ __align__(128) uint8_t smem[];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int wm = warp & 1, wn = warp >> 1;
+  const int wm = warp % T::WM, wn = warp / T::WM;
   const int g = lane >> 2, t4 = lane & 3;
   const int64_t m0 = int64_t(blockIdx.y) * BM, n0 = int64_t(blockIdx.x) * BN;
   const int64_t ktiles = p.Kp / BK;
+  const int wrow = wm * MT * 16, wcol = wn * NT * 8;  // the warp's first row / column in the CTA tile
 
   auto stage_a = [&](int s) { return smem + s * STAGE_BYTES; };
   auto stage_b = [&](int s) { return smem + s * STAGE_BYTES + A_BYTES; };
@@ -166,26 +186,33 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const FastArgs p) 
   auto load_stage = [&](int s, int64_t kt) {
     const int64_t k0 = kt * BK;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < BM * 4 / THREADS; ++i) {
       const int id = tid + i * THREADS, r = id >> 2, c = id & 3;
       cp_async16(smem_u32(stage_a(s) + swz(r, c)), p.a + (m0 + r) * p.Kp + k0 + c * 16);
+    }
+#pragma unroll
+    for (int i = 0; i < BN * 4 / THREADS; ++i) {
+      const int id = tid + i * THREADS, r = id >> 2, c = id & 3;
       cp_async16(smem_u32(stage_b(s) + swz(r, c)), p.b + (n0 + r) * p.Kp + k0 + c * 16);
     }
-    // Scales: KPS rows of 128 floats for each operand, 16 bytes per thread.
-    if (tid < KPS * 32) {
-      const int kk = tid >> 5, q = tid & 31;
-      cp_async16(smem_u32(stage_sa(s) + kk * BM + q * 4), p.sa + (kt * KPS + kk) * p.Mp + m0 + q * 4);
-    } else if (tid >= 128 && tid < 128 + KPS * 32) {
-      const int kk = (tid - 128) >> 5, q = (tid - 128) & 31;
-      cp_async16(smem_u32(stage_sb(s) + kk * BN + q * 4), p.sb + (kt * KPS + kk) * p.Np + n0 + q * 4);
+    // Scales: KPS rows of BM (then BN) floats, 16 bytes per copy.
+    constexpr int QA = KPS * BM / 4, QB = KPS * BN / 4;
+    for (int id = tid; id < QA + QB; id += THREADS) {
+      if (id < QA) {
+        const int kk = id / (BM / 4), q = id % (BM / 4);
+        cp_async16(smem_u32(stage_sa(s) + kk * BM + q * 4), p.sa + (kt * KPS + kk) * p.Mp + m0 + q * 4);
+      } else {
+        const int kk = (id - QA) / (BN / 4), q = (id - QA) % (BN / 4);
+        cp_async16(smem_u32(stage_sb(s) + kk * BN + q * 4), p.sb + (kt * KPS + kk) * p.Np + n0 + q * 4);
+      }
     }
   };
 
-  float acc[4][4][4];
+  float acc[MT][NT][4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < MT; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
 
@@ -212,61 +239,62 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const FastArgs p) 
 
 #pragma unroll
     for (int kk = 0; kk < KPS; ++kk) {
-      int32_t d[4][4][4];
+      int32_t d[MT][NT][4];
       if constexpr (B == 16) {
-        uint32_t af[4][2], bf[4];
+        uint32_t af[MT][2], bf[NT];
 #pragma unroll
-        for (int pr = 0; pr < 2; ++pr) {  // two m-tiles per ldmatrix.x4: matrices (mt, rows 0-7 / 8-15)
+        for (int pr = 0; pr < MT / 2; ++pr) {  // two m-tiles per ldmatrix.x4: matrices (mt, rows 0-7 / 8-15)
           const int mi = lane >> 3, mt = pr * 2 + (mi >> 1);
-          const int row = wm * 64 + mt * 16 + (mi & 1) * 8 + (lane & 7);
+          const int row = wrow + mt * 16 + (mi & 1) * 8 + (lane & 7);
           ldmatrix_x4(smem_u32(As + swz(row, kk)), af[pr * 2][0], af[pr * 2][1], af[pr * 2 + 1][0],
                       af[pr * 2 + 1][1]);
         }
-        {
-          const int row = wn * 32 + (lane >> 3) * 8 + (lane & 7);  // matrix q = n-tile q
-          ldmatrix_x4(smem_u32(Bs + swz(row, kk)), bf[0], bf[1], bf[2], bf[3]);
+#pragma unroll
+        for (int q = 0; q < NT / 4; ++q) {  // four n-tiles per ldmatrix.x4
+          const int row = wcol + (q * 4 + (lane >> 3)) * 8 + (lane & 7);
+          ldmatrix_x4(smem_u32(Bs + swz(row, kk)), bf[q * 4], bf[q * 4 + 1], bf[q * 4 + 2], bf[q * 4 + 3]);
         }
 #pragma unroll
-        for (int mt = 0; mt < 4; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-          for (int nt = 0; nt < 4; ++nt) mma_k16(d[mt][nt], af[mt], bf[nt]);
+          for (int nt = 0; nt < NT; ++nt) mma_k16(d[mt][nt], af[mt], bf[nt]);
       } else {
-        uint32_t af[4][4], bf[4][2];
+        uint32_t af[MT][4], bf[NT][2];
 #pragma unroll
-        for (int mt = 0; mt < 4; ++mt) {  // matrices: (rows 0-7, k 0-15), (8-15, 0-15), (0-7, 16-31), (8-15, 16-31)
+        for (int mt = 0; mt < MT; ++mt) {  // matrices: (rows 0-7, k 0-15), (8-15, 0-15), (0-7, 16-31), (8-15, 16-31)
           const int mi = lane >> 3;
-          const int row = wm * 64 + mt * 16 + (mi & 1) * 8 + (lane & 7);
+          const int row = wrow + mt * 16 + (mi & 1) * 8 + (lane & 7);
           ldmatrix_x4(smem_u32(As + swz(row, 2 * kk + (mi >> 1))), af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
         }
 #pragma unroll
-        for (int pr = 0; pr < 2; ++pr) {  // two n-tiles per ldmatrix.x4: (nt, k 0-15), (nt, k 16-31)
+        for (int pr = 0; pr < NT / 2; ++pr) {  // two n-tiles per ldmatrix.x4: (nt, k 0-15), (nt, k 16-31)
           const int mi = lane >> 3, nt = pr * 2 + (mi >> 1);
-          const int row = wn * 32 + nt * 8 + (lane & 7);
+          const int row = wcol + nt * 8 + (lane & 7);
           ldmatrix_x4(smem_u32(Bs + swz(row, 2 * kk + (mi & 1))), bf[pr * 2][0], bf[pr * 2][1], bf[pr * 2 + 1][0],
                       bf[pr * 2 + 1][1]);
         }
 #pragma unroll
-        for (int mt = 0; mt < 4; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-          for (int nt = 0; nt < 4; ++nt) mma_k32(d[mt][nt], af[mt], bf[nt]);
+          for (int nt = 0; nt < NT; ++nt) mma_k32(d[mt][nt], af[mt], bf[nt]);
       }
       // Steps 2-5 for this block, every output of the thread.
-      float sa[4][2], sb[4][2];
+      float sa[MT][2], sb[NT][2];
 #pragma unroll
-      for (int mt = 0; mt < 4; ++mt) {
-        sa[mt][0] = SAs[kk * BM + wm * 64 + mt * 16 + g];
-        sa[mt][1] = SAs[kk * BM + wm * 64 + mt * 16 + g + 8];
+      for (int mt = 0; mt < MT; ++mt) {
+        sa[mt][0] = SAs[kk * BM + wrow + mt * 16 + g];
+        sa[mt][1] = SAs[kk * BM + wrow + mt * 16 + g + 8];
       }
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        const float2 v = *reinterpret_cast<const float2*>(SBs + kk * BN + wn * 32 + nt * 8 + t4 * 2);
+      for (int nt = 0; nt < NT; ++nt) {
+        const float2 v = *reinterpret_cast<const float2*>(SBs + kk * BN + wcol + nt * 8 + t4 * 2);
         sb[nt][0] = v.x;
         sb[nt][1] = v.y;
       }
 #pragma unroll
-      for (int mt = 0; mt < 4; ++mt)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
+        for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const float x = __fsub_rn(__int_as_float(d[mt][nt][e]), kMagic);  // = FP32(p), exact
@@ -279,13 +307,13 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const FastArgs p) 
   // Step 6 and the store (rows g / g+8, columns 2t4, 2t4+1 of each mma tile).
   const float ga = tensor_factor(p.fa, *p.gda), gb = tensor_factor(p.fb, *p.gdb);
 #pragma unroll
-  for (int mt = 0; mt < 4; ++mt)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int64_t m = m0 + wm * 64 + mt * 16 + g + h * 8;
-        const int64_t n = n0 + wn * 32 + nt * 8 + t4 * 2;
+        const int64_t m = m0 + wrow + mt * 16 + g + h * 8;
+        const int64_t n = n0 + wcol + nt * 8 + t4 * 2;
         if (m >= p.M) continue;
         const float c0 = contract_finish(acc[mt][nt][2 * h], ga, gb);
         const float c1 = contract_finish(acc[mt][nt][2 * h + 1], ga, gb);
@@ -299,19 +327,42 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const FastArgs p) 
       }
 }
 
-template <int B>
+// The tile shapes built; all are bit-identical (the tests run each). Operands are padded to multiples of 128 rows.
+using T128x128w64x32 = Tile<2, 4, 4, 4, 4, 1>;  // 8 warps, 64 outputs per thread
+using T128x128w32x32 = Tile<4, 4, 2, 4, 4, 1>;  // 16 warps, 32 outputs per thread
+using T128x64w64x32 = Tile<2, 2, 4, 4, 4, 2>;   // 4 warps, 2 CTAs per SM
+using T64x128w32x32 = Tile<2, 4, 2, 4, 4, 2>;   // 8 warps, 2 CTAs per SM
+constexpr const char* kVariantNames[] = {"128x128 w64x32 8 warps", "128x128 w32x32 16 warps",
+                                         "128x64 w64x32 4 warps x2", "64x128 w32x32 8 warps x2"};
+constexpr int kVariants = 4;
+int g_default_variant = 0;
+
+template <int B, class T>
 void launch_mma(const FastArgs& p, cudaStream_t s) {
   constexpr int KPS = BK / B;
-  constexpr int smem = STAGES * (BM * BK + BN * BK + 4 * KPS * (BM + BN));
-  static bool configured = false;  // the attribute is per function; set once per process
+  constexpr int smem = T::STAGES * (T::BM * BK + T::BN * BK + 4 * KPS * (T::BM + T::BN));
+  static bool configured = false;  // the attribute is per kernel; set once per process
   if (!configured) {
-    check(cudaFuncSetAttribute(gemm_mma_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+    check(cudaFuncSetAttribute(gemm_mma_kernel<B, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
           "cudaFuncSetAttribute");
     configured = true;
   }
-  const dim3 grid(unsigned(p.Np / BN), unsigned(p.Mp / BM));
-  gemm_mma_kernel<B><<<grid, THREADS, smem, s>>>(p);
+  const dim3 grid(unsigned(p.Np / T::BN), unsigned(p.Mp / T::BM));
+  gemm_mma_kernel<B, T><<<grid, T::THREADS, smem, s>>>(p);
 }
+
+template <int B>
+void launch_variant(int v, const FastArgs& p, cudaStream_t s) {
+  switch (v) {
+    case 0: return launch_mma<B, T128x128w64x32>(p, s);
+    case 1: return launch_mma<B, T128x128w32x32>(p, s);
+    case 2: return launch_mma<B, T128x64w64x32>(p, s);
+    case 3: return launch_mma<B, T64x128w32x32>(p, s);
+  }
+  throw std::invalid_argument("no fast GEMM variant " + std::to_string(v));
+}
+
+constexpr int kPad = 128;  // rows of A and B are padded to this (a multiple of every variant's BM and BN)
 
 }  // namespace
 
@@ -339,7 +390,7 @@ void gemm_reference(const DQTensor& a, const DQTensor& b, float* d_c, cudaStream
 void gemm_fast_prepare(const DQTensor& a, const DQTensor& b, GemmWorkspace& ws, cudaStream_t s) {
   check_operands(a, b);
   const int64_t K = a.cols, Kp = round_up(K, BK), KB = K / a.block, KBp = Kp / a.block;
-  const int64_t Mp = round_up(a.rows, BM), Np = round_up(b.rows, BN);
+  const int64_t Mp = round_up(a.rows, kPad), Np = round_up(b.rows, kPad);
   ws.a8.resize(size_t(Mp * Kp));
   ws.b8.resize(size_t(Np * Kp));
   ws.sa.resize(size_t(KBp * Mp));
@@ -356,12 +407,17 @@ void gemm_fast_prepare(const DQTensor& a, const DQTensor& b, GemmWorkspace& ws, 
   check_launch("gemm_fast_prepare");
 }
 
-void gemm_fast_run(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspace& ws, cudaStream_t s) {
+int gemm_fast_variants() { return kVariants; }
+const char* gemm_fast_variant_name(int v) { return v >= 0 && v < kVariants ? kVariantNames[v] : "?"; }
+int gemm_fast_default_variant() { return g_default_variant; }
+
+void gemm_fast_run(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspace& ws, cudaStream_t s,
+                   int variant) {
   check_operands(a, b);
   FastArgs p{};
   p.Kp = round_up(a.cols, BK);
-  p.Mp = round_up(a.rows, BM);
-  p.Np = round_up(b.rows, BN);
+  p.Mp = round_up(a.rows, kPad);
+  p.Np = round_up(b.rows, kPad);
   if (ws.a8.size() != size_t(p.Mp * p.Kp) || ws.b8.size() != size_t(p.Np * p.Kp))
     throw std::logic_error("gemm_fast_run: workspace not prepared for these operands");
   p.a = ws.a8.data();
@@ -375,18 +431,19 @@ void gemm_fast_run(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspa
   p.gda = a.global_dec.data();
   p.gdb = b.global_dec.data();
   p.c = d_c;
+  const int v = variant < 0 ? g_default_variant : variant;
   if (a.block == 16)
-    launch_mma<16>(p, s);
+    launch_variant<16>(v, p, s);
   else if (a.block == 32)
-    launch_mma<32>(p, s);
+    launch_variant<32>(v, p, s);
   else
     throw std::invalid_argument("block size must be 16 or 32");
   check_launch("gemm_mma_kernel");
 }
 
-void gemm_fast(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspace& ws, cudaStream_t s) {
+void gemm_fast(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspace& ws, cudaStream_t s, int variant) {
   gemm_fast_prepare(a, b, ws, s);
-  gemm_fast_run(a, b, d_c, ws, s);
+  gemm_fast_run(a, b, d_c, ws, s, variant);
 }
 
 }  // namespace fp4lab::cuda

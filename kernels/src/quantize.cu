@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common.cuh"
+#include "round_fast.cuh"
 #include "fp4lab/cuda/kernels.hpp"
 #include "fp4lab/philox.hpp"
 #include "fp4lab/quantize.hpp"
@@ -118,7 +119,8 @@ __device__ __forceinline__ void round_block(const float (&y)[G], int b, const Bl
   for (int j = 0; j < B; ++j) {
     const int e = b * B + j;
     const float v = scale_element(FP32 ? ScaleKind::fp32 : kind, y[e], bs);
-    const uint8_t c = RTNE ? round_rtne(f, v) : round_sr(f, v, random_bits(a.seed, a.stream, uint64_t(base + e)));
+    const uint8_t c =
+        RTNE ? detail::round_rtne_fast<F>(v) : round_sr(f, v, random_bits(a.seed, a.stream, uint64_t(base + e)));
     packed[e / 8] |= uint32_t(c) << (4 * (e % 8));
   }
 }
@@ -252,6 +254,23 @@ __global__ void __launch_bounds__(kThreads) rht_kernel(const RhtArgs a) {
   float4* out = reinterpret_cast<float4*>(a.y + g * D);
 #pragma unroll
   for (int i = 0; i < D / 4; ++i) out[i] = make_float4(y[4 * i], y[4 * i + 1], y[4 * i + 2], y[4 * i + 3]);
+}
+
+// Every FP32 bit pattern through both roundings; counts disagreements and keeps the smallest failing pattern.
+template <int F>
+__global__ void rtne_selftest_kernel(unsigned long long* count, unsigned* first, unsigned long long* evaluated) {
+  constexpr ElemFormat f = kAllFormats[F];
+  const uint64_t t = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  unsigned long long bad = 0;
+  for (uint64_t i = t * 64; i < t * 64 + 64; ++i) {
+    const float v = __uint_as_float(uint32_t(i));
+    if (round_rtne(f, v) != detail::round_rtne_fast<F>(v)) {
+      ++bad;
+      atomicMin(first, uint32_t(i));
+    }
+  }
+  if (bad) atomicAdd(count, bad);
+  if ((threadIdx.x & 31) == 0) atomicAdd(evaluated, 64ull * 32);  // 32 lanes x 64 patterns
 }
 
 // ---- dispatch -----------------------------------------------------------------------------------------------
@@ -436,6 +455,26 @@ void quantize(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& c
     check(cudaStreamSynchronize(s), "quantize");
     if (bad) throw std::invalid_argument("input tensor holds NaN or Inf (4-bit grids have no such codes)");
   }
+}
+
+uint64_t count_rtne_fast_mismatches(const ElemFormat& f, uint32_t* first_bad, uint64_t* evaluated) {
+  const int fmt = detail::format_index(f);
+  Buffer<unsigned long long> count(1), seen(1);
+  seen.fill_bytes(0);
+  Buffer<unsigned> first(1);
+  count.fill_bytes(0);
+  first.fill_bytes(0xFF);
+  const unsigned grid = unsigned((uint64_t(1) << 32) / 64 / kThreads);
+  switch (fmt) {
+    case 0: rtne_selftest_kernel<0><<<grid, kThreads>>>(count.data(), first.data(), seen.data()); break;
+    case 1: rtne_selftest_kernel<1><<<grid, kThreads>>>(count.data(), first.data(), seen.data()); break;
+    case 2: rtne_selftest_kernel<2><<<grid, kThreads>>>(count.data(), first.data(), seen.data()); break;
+    default: rtne_selftest_kernel<3><<<grid, kThreads>>>(count.data(), first.data(), seen.data()); break;
+  }
+  check_launch("rtne_selftest_kernel", true);
+  if (first_bad) *first_bad = first.to_host()[0];
+  if (evaluated) *evaluated = seen.to_host()[0];
+  return count.to_host()[0];
 }
 
 QTensor to_host(const DQTensor& d) {

@@ -465,11 +465,15 @@ int cmd_bench(const std::vector<std::string>& args) {
               << " 'total' includes the int8 unpack pass) vs cuBLAS BF16 (BF16 in, FP32 out)\n";
     std::cout << "  epilogue bound at this clock: " << fmt(bound_tops, 0) << " TOPS (4 FP32 instructions per output per "
               << gc.block << "-element block)\n";
-    std::cout << pad("M x N x K", 20) << pad("unpack us", 11) << pad("mma us", 11) << pad("TOPS(total)", 13)
-              << pad("cuBLAS us", 11) << pad("TFLOPS", 9) << pad("ratio", 8) << "\n";
+    std::cout << "  tile variants: ";
+    for (int v = 0; v < fc::gemm_fast_variants(); ++v)
+      std::cout << (v ? ", " : "") << v << " = " << fc::gemm_fast_variant_name(v)
+                << (v == fc::gemm_fast_default_variant() ? " (default)" : "");
+    std::cout << "\n" << pad("M x N x K", 20) << pad("variant", 8) << pad("unpack us", 11) << pad("mma us", 11)
+              << pad("TOPS(total)", 13) << pad("cuBLAS us", 11) << pad("TFLOPS", 9) << pad("ratio", 8) << "\n";
     for (auto [M, N, K] : glist) {
       if (K % gc.block) continue;
-      fc::Buffer<float> xa, xb, dc(size_t(M * N));
+      fc::Buffer<float> xa, xb, dc(static_cast<size_t>(M * N));
       xa.upload(random_tensor(M * K, 11));
       xb.upload(random_tensor(N * K, 13));
       fc::DQTensor qa, qb;
@@ -483,14 +487,11 @@ int cmd_bench(const std::vector<std::string>& args) {
       const int batch = int(std::clamp(2e3 / std::max(flops / 200e12 * 1e6, 1.0), 1.0, 100.0));
       // Plain launch loops, no graphs, for both sides: cuBLAS under stream capture needs its own workspace setup.
       const double t_prep = T.median_us([&](int) { fc::gemm_fast_prepare(qa, qb, gws, s); }, reps, batch, false);
-      const double t_mma = T.median_us([&](int) { fc::gemm_fast_run(qa, qb, dc.data(), gws, s); }, reps, batch, false);
-      const double tops = flops / (t_prep + t_mma) / 1e6;
       double t_cub = 0, tflops = 0;
       if (cublas && cublas_us.count({M, N, K})) {
         t_cub = cublas_us[{M, N, K}];
-        tflops = flops / t_cub / 1e6;
       } else if (cublas) {
-        std::vector<uint16_t> ha(size_t(M * K)), hb(size_t(N * K));
+        std::vector<uint16_t> ha(static_cast<size_t>(M * K)), hb(static_cast<size_t>(N * K));
         const std::vector<float> fa = random_tensor(M * K, 17), fb = random_tensor(N * K, 19);
         for (size_t i = 0; i < ha.size(); ++i) ha[i] = fp4lab::f32_to_bf16(fa[i]);
         for (size_t i = 0; i < hb.size(); ++i) hb[i] = fp4lab::f32_to_bf16(fb[i]);
@@ -498,16 +499,24 @@ int cmd_bench(const std::vector<std::string>& args) {
         da.upload(ha);
         db.upload(hb);
         t_cub = T.median_us([&](int) { cublas->gemm(da.data(), db.data(), dc.data(), M, N, K, s); }, reps, batch, false);
-        tflops = flops / t_cub / 1e6;
         cublas_us[{M, N, K}] = t_cub;
       }
-      std::cout << pad(std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K), 20)
-                << pad(fmt(t_prep, 2), 11) << pad(fmt(t_mma, 2), 11) << pad(fmt(tops, 1), 13)
-                << pad(cublas ? fmt(t_cub, 2) : "-", 11) << pad(cublas ? fmt(tflops, 1) : "-", 9)
-                << pad(cublas ? fmt(t_cub / (t_prep + t_mma), 3) : "-", 8) << "\n";
-      jg.push_back({{"recipe", rname}, {"label", gc.label()}, {"M", M}, {"N", N}, {"K", K}, {"unpack_us", t_prep},
-                    {"mma_us", t_mma}, {"tops", tops}, {"cublas_bf16_us", t_cub}, {"cublas_tflops", tflops},
-                    {"ratio_vs_cublas", cublas ? t_cub / (t_prep + t_mma) : 0.0}, {"epilogue_bound_tops", bound_tops}});
+      if (cublas) tflops = flops / t_cub / 1e6;
+      for (int variant = 0; variant < fc::gemm_fast_variants(); ++variant) {
+        const double t_mma =
+            T.median_us([&](int) { fc::gemm_fast_run(qa, qb, dc.data(), gws, s, variant); }, reps, batch, false);
+        const double tops = flops / (t_prep + t_mma) / 1e6;
+        std::cout << pad(std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K), 20)
+                  << pad(std::to_string(variant), 8) << pad(fmt(t_prep, 2), 11) << pad(fmt(t_mma, 2), 11)
+                  << pad(fmt(tops, 1), 13) << pad(cublas ? fmt(t_cub, 2) : "-", 11)
+                  << pad(cublas ? fmt(tflops, 1) : "-", 9) << pad(cublas ? fmt(t_cub / (t_prep + t_mma), 3) : "-", 8)
+                  << "\n";
+        jg.push_back({{"recipe", rname}, {"label", gc.label()}, {"M", M}, {"N", N}, {"K", K}, {"variant", variant},
+                      {"variant_name", fc::gemm_fast_variant_name(variant)}, {"unpack_us", t_prep}, {"mma_us", t_mma},
+                      {"tops", tops}, {"cublas_bf16_us", t_cub}, {"cublas_tflops", tflops},
+                      {"ratio_vs_cublas", cublas ? t_cub / (t_prep + t_mma) : 0.0},
+                      {"epilogue_bound_tops", bound_tops}});
+      }
     }
   }
   J["gemm"] = jg;

@@ -249,6 +249,18 @@ TEST(QuantizeErrors, RejectsNonFiniteInputAndBadConfigurations) {
   EXPECT_THROW(fc::quantize(dx.data(), kRows, kCols, cfg, q, ws), std::invalid_argument);
 }
 
+// The quantiser's fast RTNE search against the golden fp4lab::round_rtne, every FP32 bit pattern.
+TEST(QuantizeFastRounding, EqualsGoldenRoundRtneForAll2To32Inputs) {
+  SKIP_WITHOUT_GPU();
+  for (const ElemFormat& f : fp4lab::kAllFormats) {
+    uint32_t first = 0;
+    uint64_t seen = 0;
+    const uint64_t bad = fc::count_rtne_fast_mismatches(f, &first, &seen);
+    EXPECT_EQ(seen, uint64_t(1) << 32) << f.name << ": not every input was run";
+    EXPECT_EQ(bad, 0u) << f.name << ": first disagreement at input bits " << first;
+  }
+}
+
 // ---- GEMM tests -----------------------------------------------------------------------------------------------
 struct GCase {
   ElemFormat fa, fb;
@@ -308,18 +320,21 @@ TEST_P(Gemm, ReferenceAndFastKernelsMatchContractBitForBit) {
   fc::Buffer<float> dc(size_t(c.M * c.N));
   fc::GemmWorkspace ws;
   size_t compared = 0;
-  for (int kernel = 0; kernel < 2; ++kernel) {
+  // kernel 0: the reference kernel; kernel v + 1: fast-kernel tile variant v.
+  for (int kernel = 0; kernel <= fc::gemm_fast_variants(); ++kernel) {
     dc.fill_bytes(0xFF);  // poison: 0xFFFFFFFF is a NaN the contract never produces here
     if (kernel == 0)
       fc::gemm_reference(da, db, dc.data());
     else
-      fc::gemm_fast(da, db, dc.data(), ws);
+      fc::gemm_fast(da, db, dc.data(), ws, nullptr, kernel - 1);
     const std::vector<float> out = dc.to_host();
+    const std::string name = kernel ? std::string("fast kernel ") + fc::gemm_fast_variant_name(kernel - 1)
+                                    : std::string("reference kernel");
     int bad = 0;
     for (size_t i = 0; i < out.size(); ++i, ++compared)
       if (bits(out[i]) != bits(gold[i]) && bad++ < 5)
-        ADD_FAILURE() << (kernel ? "fast" : "reference") << " kernel C[" << i / c.N << ", " << i % c.N
-                      << "]: contract " << show(gold[i]) << ", gpu " << show(out[i]);
+        ADD_FAILURE() << name << " C[" << i / c.N << ", " << i % c.N << "]: contract " << show(gold[i]) << ", gpu "
+                      << show(out[i]);
   }
   EXPECT_GT(compared, size_t(0)) << "checked nothing";
 }

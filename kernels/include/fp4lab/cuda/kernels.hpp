@@ -141,6 +141,12 @@ void rht(const float* d_x, float* d_y, int64_t rows, int64_t cols, const QuantCo
 void tensor_amax(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, QuantWorkspace& ws,
                  cudaStream_t stream = nullptr);
 
+// The quantiser's RTNE hot path finds the level with one FP32 addition instead of the golden model's search over
+// midpoints (kernels/src/round_fast.cuh). Runs both over all 2^32 FP32 bit patterns on the GPU and returns how
+// many disagree (and the smallest such pattern, and how many patterns were run); the cuda tests require 0 for every
+// format.
+uint64_t count_rtne_fast_mismatches(const ElemFormat& f, uint32_t* first_bad = nullptr, uint64_t* evaluated = nullptr);
+
 // Golden layout (one code per byte) <-> device layout.
 QTensor to_host(const DQTensor& d);
 void upload(const QTensor& q, DQTensor& d);
@@ -159,11 +165,16 @@ struct GemmWorkspace {
 // Fast kernel on the int8 tensor cores (mma.sync m16n8k16 for block 16, m16n8k32 for block 32): each mma
 // gives one block's exact int32 dot product; the block scaling and the FP32 accumulation in ascending block
 // order run on the CUDA cores with the golden contract_scale_add. Includes the int8 unpack pass.
-void gemm_fast(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspace& ws, cudaStream_t stream = nullptr);
+// `variant` picks one of the tile shapes (all bit-identical); -1 is the default, the fastest measured on the H200.
+void gemm_fast(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspace& ws, cudaStream_t stream = nullptr,
+               int variant = -1);
 // The two halves of gemm_fast, for timing.
 void gemm_fast_prepare(const DQTensor& a, const DQTensor& b, GemmWorkspace& ws, cudaStream_t stream = nullptr);
 void gemm_fast_run(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspace& ws,
-                   cudaStream_t stream = nullptr);
+                   cudaStream_t stream = nullptr, int variant = -1);
+int gemm_fast_variants();
+const char* gemm_fast_variant_name(int variant);
+int gemm_fast_default_variant();
 
 // ---- SM100 native block-scaled path (tcgen05.mma; built for sm_100a, never run here) ----------------------
 // kind::mxf4nvf4 for e2m1 with ue4m3 per 16 or ue8m0 per 32; kind::mxf8f6f4 for e1m2 / int4 embedded exactly

@@ -1,0 +1,45 @@
+// RTNE onto a 4-bit grid without the golden model's level search, for the quantiser's hot path.
+//
+// fp4lab::round_rtne compares the integer view u with every midpoint (about 4 instructions per level, 28 per
+// element): that made the quantiser issue-bound at half the memory bandwidth. Here the grid's own structure does
+// the search: inside exponent field k >= 1 of the format, the integer-view levels are spaced 2^(k-1) apart (the
+// subnormal field shares field 1's spacing of 1), so rounding u to the nearest level, ties to the even index, is
+// rounding u / 2^(k-1) to the nearest integer, ties to even. One FP32 addition of 1.5 * 2^(23+k-1) does exactly
+// that (the sum's ulp is 2^(k-1), and the default rounding is ties-to-even); the integer difference of the bit
+// patterns is the rounded multiple, and index = multiple + (k-1) * 2^M. A result that rounds up to the next
+// field's first level gets that level's index by the same formula.
+//
+// The integer view, the saturation and the code are the golden functions (int_view_of, make_code); only the
+// search is replaced, and count_rtne_fast_mismatches() checks it against fp4lab::round_rtne for all 2^32 FP32
+// inputs of every format (NaN and infinities included) in the cuda tests.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "fp4lab/format.hpp"
+
+namespace fp4lab::cuda::detail {
+
+template <int F>
+__device__ __forceinline__ uint8_t round_rtne_fast(float v) {
+  constexpr ElemFormat f = kAllFormats[F];
+  constexpr int M = f.mbits;
+  constexpr int KMAX = f.max_index >> M;  // highest exponent field in use
+  const float u = int_view_of(f, v);      // |v| saturated at gmax, times 2^int_shift (golden)
+  float magic = 12582912.0f;              // 1.5 * 2^23: rounds to integers (fields 0 and 1)
+  int offset = 0;
+#pragma unroll
+  for (int k = 2; k <= KMAX; ++k) {  // field k holds u in [2^(M+k-1), 2^(M+k)), spacing 2^(k-1)
+    const bool in = u >= float(1 << (M + k - 1));
+    magic = in ? 12582912.0f * float(1 << (k - 1)) : magic;
+    offset = in ? (k - 1) << M : offset;
+  }
+  const float t = __fadd_rn(u, magic);
+  // NaN (never produced from finite inputs) makes the difference huge: clamped to max_index, as the golden
+  // search also ends there.
+  const unsigned idx = unsigned(__float_as_int(t) - __float_as_int(magic) + offset);
+  return make_code(std::signbit(v), int(idx < unsigned(f.max_index) ? idx : unsigned(f.max_index)));
+}
+
+}  // namespace fp4lab::cuda::detail
