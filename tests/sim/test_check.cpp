@@ -4,6 +4,7 @@
 // corrupts one product must be caught; and the bundled trace (workloads/tiny-lm/step_005000).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <random>
@@ -157,6 +158,33 @@ TEST(Check, OutputTileDatapathAfterTheTimedRun) {
   const Report without = run_trace(sim, trace, dir, recipe_options("nvfp4", false));
   for (size_t i = 0; i < with.jobs.size(); ++i) EXPECT_EQ(with.jobs[i].cycles, without.jobs[i].cycles);
   fs::remove_all(dir);
+}
+
+// The Verilated RTL block MAC as the datapath (fp4lab sim --check --rtl), when this build has it.
+TEST(Check, RtlDatapathEveryRecipe) {
+  const auto names = datapath_names();
+  if (std::find(names.begin(), names.end(), "rtl") == names.end())
+    GTEST_SKIP() << "this build has no RTL datapath (FP4LAB_RTL=OFF, or Verilator / the fp4lab_rtl_sc target missing)";
+  const std::string dir = synthetic_trace("rtl", 32, 64, 96);
+  const io::Trace trace(dir, 32);
+  Simulator sim(config("teaching", {"tcu.count=2"}), make_datapath("rtl"));
+  for (const std::string& recipe : Recipe::preset_names()) {
+    SCOPED_TRACE(recipe);
+    const Report rep = run_trace(sim, trace, dir, recipe_options(recipe));
+    expect_clean(rep, 32 * 96 + 32 * 64 + 96 * 64);
+  }
+  fs::remove_all(dir);
+}
+
+// Slow (label `slow`, ~3 M RTL beats): one record of the bundled trace through the RTL MAC.
+TEST(SlowCheck, RtlDatapathBundledTraceOneRecord) {
+  const auto names = datapath_names();
+  if (std::find(names.begin(), names.end(), "rtl") == names.end())
+    GTEST_SKIP() << "this build has no RTL datapath";
+  const std::string file = root() + "/workloads/tiny-lm/step_005000/layers.0.attn.proj.safetensors";
+  const io::Trace trace(file, 16);
+  Simulator sim(config("h100-class"), make_datapath("rtl"));
+  expect_clean(run_trace(sim, trace, file, recipe_options("ufp4")), 3 * 256 * 256);
 }
 
 TEST(Check, TimingDoesNotDependOnCheck) {

@@ -63,6 +63,8 @@ class Datapath {
   // output_tile. Called once while the Simulator elaborates its SystemC modules (a cycle-level datapath creates
   // its own there); only one Simulator exists at a time.
   virtual void elaborate() {}
+  // Called before that Simulator's kernel context is destroyed: drop the modules elaborate() made.
+  virtual void unelaborate() {}
   // Every output tile of C = A . B^T (C row-major, N columns), contract steps 1-6, tiles in the given order.
   virtual void output_tiles(const QTensor& a, const QTensor& b, const std::vector<OutputTile>& tiles, float* c);
 };

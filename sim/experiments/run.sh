@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The four TCU-model experiments of docs/sim.md. Writes every `fp4lab sim --json` report into OUT_DIR, then
+# prints the summary tables (sim/experiments/summarize.py).
+# Usage: sim/experiments/run.sh [OUT_DIR]     (from the repository root; FP4LAB=path/to/fp4lab, default
+#        build/bin/fp4lab). AREA_E2M1, AREA_E1M2, AREA_DUAL: cell areas of one 16-element block dot-product
+#        unit of each kind, for the "same area" rows (defaults: docs/area.md, see below).
+set -euo pipefail
+FP4LAB=${FP4LAB:-build/bin/fp4lab}
+OUT=${1:-sim-experiments}
+CFG=sim/configs/h100-class.cfg
+TRACE=workloads/tiny-lm/step_005000
+SHAPES=workloads/shapes/dense-1.5b.csv
+# Yosys cell counts of fp4_dot (N = 16) built for one grid or both (docs/area.md).
+AREA_E2M1=${AREA_E2M1:?set AREA_E2M1 (docs/area.md)}
+AREA_E1M2=${AREA_E1M2:?set AREA_E1M2 (docs/area.md)}
+AREA_DUAL=${AREA_DUAL:?set AREA_DUAL (docs/area.md)}
+AREA_NOTE=${AREA_NOTE:-"fp4_dot cell counts E2M1-only ${AREA_E2M1}, E1M2-only ${AREA_E1M2}, dual ${AREA_DUAL}"}
+mkdir -p "$OUT"
+sim() { "$FP4LAB" sim --config "$CFG" "$@" > /dev/null; }
+
+# 1. Unit kinds at the same MAC budget (256 units per SM) and at the same area (the area of 256 dual units).
+python3 - "$OUT" "$SHAPES" "$AREA_NOTE" <<'PY'
+import json, sys
+json.dump({"shapes": sys.argv[2], "area_note": sys.argv[3]}, open(sys.argv[1] + "/1_meta.json", "w"))
+PY
+for kind in e2m1 e1m2 dual; do
+  area_var="AREA_${kind^^}"
+  units=$(( 256 * AREA_DUAL / ${!area_var} ))
+  for recipe in ufp4 e2m1-ref; do
+    sim --shapes "$SHAPES" --recipe "$recipe" --mac.kind "$kind" --json "$OUT/1_mac_${kind}_${recipe}.json"
+    sim --shapes "$SHAPES" --recipe "$recipe" --mac.kind "$kind" --mac.units "$units" --json "$OUT/1_area_${kind}_${recipe}.json"
+  done
+done
+
+# 2. Plain quantisation (RHT off), fused RHT + quantise pass, unfused RHT and quantise passes, TCU front-end.
+for src in trace shapes; do
+  if [ "$src" = trace ]; then in=(--trace "$TRACE"); else in=(--shapes "$SHAPES"); fi
+  sim "${in[@]}" --recipe ufp4 --rht 0 --prep.mode fused --json "$OUT/2_${src}_plain.json"
+  for mode in fused unfused frontend; do
+    sim "${in[@]}" --recipe ufp4 --prep.mode "$mode" --json "$OUT/2_${src}_${mode}.json"
+  done
+done
+
+# 3. Block 16 vs 32 with the accumulator at 1, 1/2 and 1/4 of the block units' rate.
+for lanes in 256 128 64; do
+  for b in 16 32; do
+    sim --shapes "$SHAPES" --recipe ufp4 --block "$b" --acc.lanes "$lanes" --json "$OUT/3_acc${lanes}_b${b}.json"
+  done
+done
+
+# 4. A training step, ufp4 vs e2m1-ref, on the bundled trace and on the dense 1.5B shapes.
+for recipe in ufp4 e2m1-ref; do
+  sim --trace "$TRACE" --recipe "$recipe" --json "$OUT/4_trace_${recipe}.json"
+  sim --shapes "$SHAPES" --recipe "$recipe" --json "$OUT/4_shapes_${recipe}.json"
+done
+
+python3 "$(dirname "$0")/summarize.py" "$OUT"
