@@ -66,14 +66,13 @@ class AlignedBytes {
 };
 
 // ---- scalar path: the contract written plainly on int8 views (used where no SIMD path is compiled) ----
-std::vector<float> gemm_scalar(const QTensor& a, const QTensor& b) {
+void gemm_scalar(const QTensor& a, const QTensor& b, float* c) {
   const int64_t M = a.rows, N = b.rows, K = a.cols, B = a.block, KB = K / B;
   const IntLut la(a.format), lb(b.format);
   std::vector<int8_t> ia(a.codes.size()), ib(b.codes.size());
   for (size_t i = 0; i < ia.size(); ++i) ia[i] = la(a.codes[i]);
   for (size_t i = 0; i < ib.size(); ++i) ib[i] = lb(b.codes[i]);
   const float ga = tensor_factor(a.format, a.global_dec), gb = tensor_factor(b.format, b.global_dec);
-  std::vector<float> c(size_t(M * N));
 #pragma omp parallel for schedule(dynamic, 4) if (double(M) * double(N) * double(K) > kParallelMacs)
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) {
@@ -87,7 +86,6 @@ std::vector<float> gemm_scalar(const QTensor& a, const QTensor& b) {
       }
       c[m * N + n] = contract_finish(acc, ga, gb);
     }
-  return c;
 }
 
 #if defined(FP4LAB_GEMM_AVX512) || defined(FP4LAB_GEMM_AVX2)
@@ -169,13 +167,12 @@ void dispatch(int mr, int nv, const TileArgs& t) {
 // Runs every tile of C, threads splitting the (panel group, row tile) grid panel-major so each thread
 // keeps its B panels in its own L2 while A streams from the shared L3.
 template <template <int, int> class Tile, int MR, int NV, int L>
-std::vector<float> gemm_tiled(const QTensor& a, const QTensor& b) {
+void gemm_tiled(const QTensor& a, const QTensor& b, float* c) {
   const int64_t M = a.rows, N = b.rows, K = a.cols, KB = K / a.block;
   const AlignedBytes pa = pack_a(a);
   const AlignedBytes pb = pack_b(b, L);
   const int64_t panel = KB * record_bytes(L, a.block / 4);
   const float gg = FP4LAB_FMUL(tensor_factor(a.format, a.global_dec), tensor_factor(b.format, b.global_dec));
-  std::vector<float> c(size_t(M * N));
   const int64_t nvp = (N + L - 1) / L, groups = (nvp + NV - 1) / NV, mtiles = (M + MR - 1) / MR;
 #pragma omp parallel for collapse(2) schedule(static) if (double(M) * double(N) * double(K) > kParallelMacs)
   for (int64_t g = 0; g < groups; ++g)
@@ -189,12 +186,11 @@ std::vector<float> gemm_tiled(const QTensor& a, const QTensor& b) {
       t.b = pb.data() + v0 * panel;
       t.panel = panel;
       t.gg = gg;
-      t.c = c.data() + m0 * N + n0;
+      t.c = c + m0 * N + n0;
       t.ldc = N;
       t.ncols = std::min<int64_t>(NV * L, N - n0);
       dispatch<Tile, MR, NV>(int(std::min<int64_t>(MR, M - m0)), int(std::min<int64_t>(NV, nvp - v0)), t);
     }
-  return c;
 }
 
 #endif  // any SIMD path
@@ -349,27 +345,33 @@ GemmPath gemm_best_path() {
 #endif
 }
 
-std::vector<float> gemm_on(GemmPath p, const QTensor& a, const QTensor& b) {
+void gemm_into(GemmPath p, const QTensor& a, const QTensor& b, float* c) {
   if (!gemm_path_compiled(p))
     throw std::invalid_argument(std::string("GEMM path ") + gemm_path_name(p) + " is not compiled into this build");
   if (a.block != 16 && a.block != 32) p = GemmPath::scalar;  // packed layouts assume 4-byte groups of 16/32
   // The byte packing (bias 16, int16 pair sums on AVX2) holds for integer views up to 12 (e2m1); a
   // wider custom grid takes the scalar path.
   for (const ElemFormat* f : {&a.format, &b.format})
-    for (int c = 0; c < 16; ++c)
-      if (std::abs(decode_int(*f, uint8_t(c))) > 12) p = GemmPath::scalar;
+    for (int code = 0; code < 16; ++code)
+      if (std::abs(decode_int(*f, uint8_t(code))) > 12) p = GemmPath::scalar;
   switch (p) {
 #if defined(FP4LAB_GEMM_AVX512)
     case GemmPath::avx512_vnni:
-      return a.block == 16 ? gemm_tiled<Avx512B16, 6, 2, 16>(a, b) : gemm_tiled<Avx512B32, 6, 2, 16>(a, b);
+      return a.block == 16 ? gemm_tiled<Avx512B16, 6, 2, 16>(a, b, c) : gemm_tiled<Avx512B32, 6, 2, 16>(a, b, c);
 #endif
 #if defined(FP4LAB_GEMM_AVX2)
     case GemmPath::avx2:
-      return a.block == 16 ? gemm_tiled<Avx2B16, 4, 1, 8>(a, b) : gemm_tiled<Avx2B32, 4, 1, 8>(a, b);
+      return a.block == 16 ? gemm_tiled<Avx2B16, 4, 1, 8>(a, b, c) : gemm_tiled<Avx2B32, 4, 1, 8>(a, b, c);
 #endif
     default:
-      return gemm_scalar(a, b);
+      return gemm_scalar(a, b, c);
   }
+}
+
+std::vector<float> gemm_on(GemmPath p, const QTensor& a, const QTensor& b) {
+  std::vector<float> c(size_t(a.rows * b.rows));
+  gemm_into(p, a, b, c.data());
+  return c;
 }
 
 }  // namespace fp4lab::detail

@@ -22,5 +22,9 @@ GemmPath gemm_best_path();
 // C[M,N] = A . B^T on the given path; operands must already have passed check_gemm_operands.
 // Throws std::invalid_argument if the path is not compiled in.
 std::vector<float> gemm_on(GemmPath p, const QTensor& a, const QTensor& b);
+// The same into a caller's buffer of a.rows * b.rows floats (every element is written). Allocating and
+// zero-filling a fresh result costs as much as the product itself for small K on a VM (page faults),
+// so repeated products of one shape can reuse a buffer this way.
+void gemm_into(GemmPath p, const QTensor& a, const QTensor& b, float* c);
 
 }  // namespace fp4lab::detail

@@ -205,6 +205,21 @@ TEST(GemmFastPublic, MultiThreadedShapeMatchesReferenceBits) {
   }
 }
 
+// gemm_into must write every element of the caller's buffer (pre-filled with a NaN sentinel here).
+TEST(GemmFastPublic, IntoBufferWritesEveryOutput) {
+  const QTensor a = make_operand(25, 96, kE2M1, ScaleKind::ue8m0, 32, 4);
+  const QTensor b = make_operand(41, 96, kInt4, ScaleKind::ue8m0, 32, 5);
+  const auto ref = reference::gemm_contract(a, b);
+  int64_t checked = 0;
+  for (GemmPath p : {GemmPath::scalar, GemmPath::avx2, GemmPath::avx512_vnni}) {
+    if (!detail::gemm_path_compiled(p)) continue;
+    std::vector<float> c(ref.size(), f32_from_bits(0x7FC0'0123u));
+    detail::gemm_into(p, a, b, c.data());
+    checked += expect_bit_equal(ref, c, b.rows, std::string("gemm_into ") + detail::gemm_path_name(p));
+  }
+  EXPECT_GT(checked, 0);
+}
+
 TEST(GemmFastPublic, RejectsMismatchedOperands) {
   const QTensor a = make_operand(4, 32, kE2M1, ScaleKind::fp32, 16, 1);
   const QTensor b = make_operand(4, 64, kE2M1, ScaleKind::fp32, 16, 2);
