@@ -2,19 +2,23 @@
 # The four TCU-model experiments of docs/sim.md. Writes every `fp4lab sim --json` report into OUT_DIR, then
 # prints the summary tables (sim/experiments/summarize.py).
 # Usage: sim/experiments/run.sh [OUT_DIR]     (from the repository root; FP4LAB=path/to/fp4lab, default
-#        build/bin/fp4lab). AREA_E2M1, AREA_E1M2, AREA_DUAL: cell areas of one 16-element block dot-product
-#        unit of each kind, for the "same area" rows (defaults: docs/area.md, see below).
+#        build/bin/fp4lab). AREA_E2M1, AREA_E1M2, AREA_DUAL: gate counts of one 16-element block dot-product
+#        unit of each kind, for the "same area" rows (default: rtl/area.json, written by scripts/area.sh).
 set -euo pipefail
 FP4LAB=${FP4LAB:-build/bin/fp4lab}
 OUT=${1:-sim-experiments}
 CFG=sim/configs/h100-class.cfg
 TRACE=workloads/tiny-lm/step_005000
 SHAPES=workloads/shapes/dense-1.5b.csv
-# Yosys cell counts of fp4_dot (N = 16) built for one grid or both (docs/area.md).
-AREA_E2M1=${AREA_E2M1:?set AREA_E2M1 (docs/area.md)}
-AREA_E1M2=${AREA_E1M2:?set AREA_E1M2 (docs/area.md)}
-AREA_DUAL=${AREA_DUAL:?set AREA_DUAL (docs/area.md)}
-AREA_NOTE=${AREA_NOTE:-"fp4_dot cell counts E2M1-only ${AREA_E2M1}, E1M2-only ${AREA_E1M2}, dual ${AREA_DUAL}"}
+# Logic-gate counts of the block dot-product unit (fp4_dot_unit, N = 16) built for E2M1 only, E1M2 only and
+# both grids, from rtl/area.json (scripts/area.sh, tabulated in docs/area.md) unless given.
+AREA_JSON=${AREA_JSON:-rtl/area.json}
+area() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['builds'][sys.argv[2]]['gates'])" "$AREA_JSON" "$1"; }
+if [ -z "${AREA_E2M1:-}" ] || [ -z "${AREA_E1M2:-}" ] || [ -z "${AREA_DUAL:-}" ]; then
+  [ -f "$AREA_JSON" ] || { echo "run.sh: $AREA_JSON missing: run scripts/area.sh or set AREA_E2M1/E1M2/DUAL" >&2; exit 2; }
+  AREA_E2M1=$(area dot_e2m1); AREA_E1M2=$(area dot_e1m2); AREA_DUAL=$(area dot_dual)
+fi
+AREA_NOTE=${AREA_NOTE:-"block dot-product unit logic gates (Yosys, $AREA_JSON): E2M1-only ${AREA_E2M1}, E1M2-only ${AREA_E1M2}, dual ${AREA_DUAL}; each kind gets the area of 256 dual units"}
 mkdir -p "$OUT"
 sim() { "$FP4LAB" sim --config "$CFG" "$@" > /dev/null; }
 

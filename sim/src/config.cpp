@@ -28,53 +28,67 @@ po::options_description Config::options() {
   // clang-format off
   d.add_options()
     ("name", po::value<std::string>()->default_value("custom"), "configuration name, printed in reports")
-    ("clock.ghz", po::value<double>()->required(), "TCU clock, GHz")
-    ("tcu.count", po::value<int>()->required(), "TCUs sharing the memory levels; output tiles are dealt round-robin")
-    ("tile.m", po::value<int>()->required(), "output tile rows")
-    ("tile.n", po::value<int>()->required(), "output tile columns")
-    ("tile.k", po::value<int>()->required(), "reduction elements per k-step (a multiple of 32 and of the RHT size)")
+    ("clock.ghz", po::value<double>(), "TCU clock, GHz")
+    ("tcu.count", po::value<int>(), "TCUs sharing the memory levels; output tiles are dealt round-robin")
+    ("tile.m", po::value<int>(), "output tile rows")
+    ("tile.n", po::value<int>(), "output tile columns")
+    ("tile.k", po::value<int>(), "reduction elements per k-step (a multiple of 32 and of the RHT size)")
     ("tile.raster_group", po::value<int>()->default_value(1), "tile rows visited together (grouped raster order)")
-    ("buffer.bytes", po::value<int64_t>()->required(), "operand buffer per TCU, bytes")
+    ("buffer.bytes", po::value<int64_t>(), "operand buffer per TCU, bytes")
     ("buffer.slots", po::value<int>()->default_value(2), "k-step tiles in flight from fetch to the MAC array")
     ("acc.tiles", po::value<int>()->default_value(2), "output-tile accumulators per TCU")
-    ("dram.bandwidth", po::value<double>()->required(), "off-chip memory bandwidth, bytes per cycle")
-    ("dram.latency", po::value<int64_t>()->required(), "off-chip memory latency, cycles")
+    ("dram.bandwidth", po::value<double>(), "off-chip memory bandwidth, bytes per cycle")
+    ("dram.latency", po::value<int64_t>(), "off-chip memory latency, cycles")
     ("l2.bytes", po::value<int64_t>()->default_value(0), "shared cache capacity, bytes (0 = none)")
     ("l2.bandwidth", po::value<double>()->default_value(0), "shared cache bandwidth, bytes per cycle")
     ("l2.latency", po::value<int64_t>()->default_value(0), "shared cache latency, cycles")
-    ("rht.lanes", po::value<int>()->required(), "RHT front-end elements per cycle")
+    ("rht.lanes", po::value<int>(), "RHT front-end elements per cycle")
     ("rht.stage_latency", po::value<int>()->default_value(1), "cycles per butterfly stage")
-    ("quant.lanes", po::value<int>()->required(), "quantiser elements per cycle (RTNE)")
+    ("quant.lanes", po::value<int>(), "quantiser elements per cycle (RTNE)")
     ("quant.sr_lanes", po::value<int>()->default_value(0), "quantiser elements per cycle with SR (0 = quant.lanes)")
-    ("quant.latency", po::value<int>()->required(), "quantiser latency, cycles")
-    ("mac.units", po::value<int>()->required(), "16-element block dot-product units per TCU")
-    ("mac.kind", po::value<std::string>()->required(), "e2m1 | e1m2 | dual: grids the units take natively")
+    ("quant.latency", po::value<int>(), "quantiser latency, cycles")
+    ("mac.units", po::value<int>(), "16-element block dot-product units per TCU")
+    ("mac.kind", po::value<std::string>(), "e2m1 | e1m2 | dual: grids the units take natively")
     ("mac.fallback_rate", po::value<double>()->default_value(0),
      "throughput relative to native for a grid the units lack (0 = such a GEMM is refused)")
-    ("mac.latency", po::value<int>()->required(), "MAC array latency, cycles")
-    ("acc.lanes", po::value<int>()->required(), "scale-and-accumulate operations per cycle")
-    ("acc.latency", po::value<int>()->required(), "scale-and-accumulate latency, cycles")
+    ("mac.latency", po::value<int>(), "MAC array latency, cycles")
+    ("acc.lanes", po::value<int>(), "scale-and-accumulate operations per cycle")
+    ("acc.latency", po::value<int>(), "scale-and-accumulate latency, cycles")
     ("prep.mode", po::value<std::string>()->default_value("frontend"),
      "frontend | fused | unfused | none: RHT + quantise in the TCU front-end, as one or two passes through "
      "memory, or not at all (operands already quantised in memory)")
     ("operand.bytes", po::value<int>()->default_value(2), "bytes per unquantised operand element (BF16 = 2)")
     ("output.bytes", po::value<int>()->default_value(4), "bytes per output element (FP32 = 4, BF16 = 2)")
-    ("energy.mac_e2m1_pj", po::value<double>()->required(), "pJ per MAC on an E2M1-only unit")
-    ("energy.mac_e1m2_pj", po::value<double>()->required(), "pJ per MAC on an E1M2-only unit")
-    ("energy.mac_dual_pj", po::value<double>()->required(), "pJ per MAC on a dual-format unit")
+    ("energy.mac_e2m1_pj", po::value<double>(), "pJ per MAC on an E2M1-only unit")
+    ("energy.mac_e1m2_pj", po::value<double>(), "pJ per MAC on an E1M2-only unit")
+    ("energy.mac_dual_pj", po::value<double>(), "pJ per MAC on a dual-format unit")
     ("energy.mac_fallback_pj", po::value<double>()->default_value(0), "pJ per MAC on the fallback path")
-    ("energy.acc_pj", po::value<double>()->required(), "pJ per block scale-and-accumulate")
-    ("energy.rht_add_pj", po::value<double>()->required(), "pJ per butterfly add or subtract")
-    ("energy.quant_pj", po::value<double>()->required(), "pJ per element quantised")
+    ("energy.acc_pj", po::value<double>(), "pJ per block scale-and-accumulate")
+    ("energy.rht_add_pj", po::value<double>(), "pJ per butterfly add or subtract")
+    ("energy.quant_pj", po::value<double>(), "pJ per element quantised")
     ("energy.sr_pj", po::value<double>()->default_value(0), "extra pJ per stochastically rounded element")
-    ("energy.dram_byte_pj", po::value<double>()->required(), "pJ per off-chip byte")
+    ("energy.dram_byte_pj", po::value<double>(), "pJ per off-chip byte")
     ("energy.l2_byte_pj", po::value<double>()->default_value(0), "pJ per shared-cache byte")
-    ("energy.buffer_byte_pj", po::value<double>()->required(), "pJ per operand-buffer byte");
+    ("energy.buffer_byte_pj", po::value<double>(), "pJ per operand-buffer byte");
   // clang-format on
   return d;
 }
 
+namespace {
+// Keys without a default: a configuration must give them (checked here rather than by Boost, so that the
+// message can say where they come from).
+const char* const kRequired[] = {
+    "clock.ghz", "tcu.count", "tile.m", "tile.n", "tile.k", "buffer.bytes", "dram.bandwidth", "dram.latency",
+    "rht.lanes", "quant.lanes", "quant.latency", "mac.units", "mac.kind", "mac.latency", "acc.lanes", "acc.latency",
+    "energy.mac_e2m1_pj", "energy.mac_e1m2_pj", "energy.mac_dual_pj", "energy.acc_pj", "energy.rht_add_pj",
+    "energy.quant_pj", "energy.dram_byte_pj", "energy.buffer_byte_pj"};
+}  // namespace
+
 Config Config::from(const po::variables_map& vm) {
+  for (const char* k : kRequired)
+    if (!vm.count(k))
+      throw std::invalid_argument(std::string("missing key '") + k +
+                                  "' (a TCU configuration file gives it: --config sim/configs/teaching.cfg)");
   Config c;
   auto I = [&](const char* k) { return vm[k].as<int>(); };
   auto L = [&](const char* k) { return vm[k].as<int64_t>(); };
