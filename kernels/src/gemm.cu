@@ -327,15 +327,223 @@ __global__ void __launch_bounds__(T::THREADS, T::MINB) gemm_mma_kernel(const Fas
       }
 }
 
+// Second generation: the same arithmetic, less bookkeeping per stage. K stages of BK2 bytes (128: 8 blocks of
+// 16 or 4 of 32 per barrier), 128-byte shared rows with the usual XOR swizzle, and every copy and ldmatrix
+// address computed once per thread (a fixed offset from the stage base plus the stage's K offset).
+template <int WM_, int WN_, int MT_, int NT_, int STAGES_, int MINB_, int BK_>
+struct Tile2 : Tile<WM_, WN_, MT_, NT_, STAGES_, MINB_> {
+  static constexpr int BKB = BK_;  // K bytes per stage (and per shared row)
+};
+
+template <int BKB>
+__device__ __forceinline__ int swz2(int r, int c) {  // chunk c of row r; 128-byte rows: c ^ (r & 7)
+  if constexpr (BKB == 128)
+    return r * 128 + ((c ^ (r & 7)) << 4);
+  else
+    return r * 64 + ((c ^ ((r >> 1) & 3)) << 4);
+}
+
+template <int B, class T>
+__global__ void __launch_bounds__(T::THREADS, T::MINB) gemm_mma_kernel2(const FastArgs p) {
+  constexpr int BM = T::BM, BN = T::BN, MT = T::MT, NT = T::NT, STAGES = T::STAGES, THREADS = T::THREADS;
+  constexpr int BKB = T::BKB, CH = BKB / 16;  // 16-byte chunks per row
+  constexpr int KPS = BKB / B;                // blocks per stage
+  constexpr int A_BYTES = BM * BKB, B_BYTES = BN * BKB, SA_FLOATS = KPS * BM, SB_FLOATS = KPS * BN;
+  constexpr int STAGE_BYTES = A_BYTES + B_BYTES + 4 * (SA_FLOATS + SB_FLOATS);
+  constexpr int RS = THREADS / CH;  // rows between one thread's successive copies
+  constexpr int QA = KPS * BM / 4, QB = KPS * BN / 4;
+  static_assert(MT % 2 == 0 && NT % 4 == 0, "ldmatrix.x4 loads two m-tiles or four n-tiles at a time");
+  static_assert(THREADS % CH == 0 && BM % RS == 0 && BN % RS == 0 && RS % 8 == 0, "uniform copy pattern");
+  constexpr int NS = (QA + QB + THREADS - 1) / THREADS;  // scale copies per thread (the last may be idle)
+  extern __shared__ __align__(128) uint8_t smem[];
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp % T::WM, wn = warp / T::WM;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int64_t m0 = int64_t(blockIdx.y) * BM, n0 = int64_t(blockIdx.x) * BN;
+  const int64_t ktiles = p.Kp / BKB;
+  const int wrow = wm * MT * 16, wcol = wn * NT * 8;
+  const uint32_t smem0 = smem_u32(smem);
+
+  // Copies: thread tid moves chunk (tid % CH) of rows tid / CH + i * RS.
+  const int cr = tid / CH, cc = tid % CH;
+  const int8_t* a_src = p.a + (m0 + cr) * p.Kp + cc * 16;
+  const int8_t* b_src = p.b + (n0 + cr) * p.Kp + cc * 16;
+  const uint32_t ab_dst = uint32_t(swz2<BKB>(cr, cc));  // + i * RS * BKB for copy i
+  // Scale copies: id = tid + i * THREADS; ids below QA are A's (row kk = id / (BM / 4)), the rest B's.
+  const float* s_src[NS];
+  uint32_t s_dst[NS];
+#pragma unroll
+  for (int i = 0; i < NS; ++i) {
+    const int id = tid + i * THREADS;
+    s_src[i] = nullptr;
+    s_dst[i] = 0;
+    if (id >= QA + QB) continue;
+    if (id < QA) {
+      const int kk = id / (BM / 4), q = id % (BM / 4);
+      s_src[i] = p.sa + int64_t(kk) * p.Mp + m0 + q * 4;
+      s_dst[i] = uint32_t(A_BYTES + B_BYTES + 4 * (kk * BM + q * 4));
+    } else {
+      const int kk = (id - QA) / (BN / 4), q = (id - QA) % (BN / 4);
+      s_src[i] = p.sb + int64_t(kk) * p.Np + n0 + q * 4;
+      s_dst[i] = uint32_t(A_BYTES + B_BYTES + 4 * (SA_FLOATS + kk * BN + q * 4));
+    }
+  }
+  const int64_t sa_step = int64_t(KPS) * p.Mp, sb_step = int64_t(KPS) * p.Np;
+
+  auto load_stage = [&](int s, int64_t kt) {
+    const uint32_t base = smem0 + uint32_t(s * STAGE_BYTES);
+    const int64_t k0 = kt * BKB;
+#pragma unroll
+    for (int i = 0; i < BM / RS; ++i)
+      cp_async16(base + ab_dst + i * RS * BKB, a_src + int64_t(i) * RS * p.Kp + k0);
+#pragma unroll
+    for (int i = 0; i < BN / RS; ++i)
+      cp_async16(base + A_BYTES + ab_dst + i * RS * BKB, b_src + int64_t(i) * RS * p.Kp + k0);
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+      const int id = tid + i * THREADS;
+      if (id < QA + QB) cp_async16(base + s_dst[i], s_src[i] + kt * (id < QA ? sa_step : sb_step));
+    }
+  };
+
+  // ldmatrix rows of this lane: A (k16: two m-tiles per x4; k32: one m-tile per x4), B likewise.
+  const int mi = lane >> 3, r8 = lane & 7;
+  const uint32_t x7 = uint32_t(r8) << 4;  // every ldmatrix row of this lane has row & 7 == r8 (BKB == 128)
+  int a_row, b_row;
+  if constexpr (B == 16) {
+    a_row = wrow + (mi >> 1) * 16 + (mi & 1) * 8 + r8;  // + pr * 32
+    b_row = wcol + mi * 8 + r8;                          // + q * 32
+  } else {
+    a_row = wrow + (mi & 1) * 8 + r8;                    // + mt * 16; chunk + (mi >> 1)
+    b_row = wcol + (mi >> 1) * 8 + r8;                   // + pr * 16; chunk + (mi & 1)
+  }
+  auto ld_addr = [&](uint32_t stage_base, int row, int chunk) -> uint32_t {
+    if constexpr (BKB == 128)
+      return stage_base + uint32_t(row * 128) + ((uint32_t(chunk) << 4) ^ x7);
+    else
+      return stage_base + uint32_t(swz2<BKB>(row, chunk));
+  };
+
+  float acc[MT][NT][4];
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < ktiles) load_stage(s, s);
+    cp_async_commit();
+  }
+
+  for (int64_t kt = 0; kt < ktiles; ++kt) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    {
+      const int64_t next = kt + STAGES - 1;
+      if (next < ktiles) load_stage(int(next % STAGES), next);
+      cp_async_commit();
+    }
+    const int s = int(kt % STAGES);
+    const uint32_t As = smem0 + uint32_t(s * STAGE_BYTES), Bs = As + A_BYTES;
+    const float* SAs = reinterpret_cast<const float*>(smem + s * STAGE_BYTES + A_BYTES + B_BYTES);
+    const float* SBs = SAs + SA_FLOATS;
+
+#pragma unroll
+    for (int kk = 0; kk < KPS; ++kk) {
+      int32_t d[MT][NT][4];
+      if constexpr (B == 16) {
+        uint32_t af[MT][2], bf[NT];
+#pragma unroll
+        for (int pr = 0; pr < MT / 2; ++pr)
+          ldmatrix_x4(ld_addr(As, a_row + pr * 32, kk), af[pr * 2][0], af[pr * 2][1], af[pr * 2 + 1][0],
+                      af[pr * 2 + 1][1]);
+#pragma unroll
+        for (int q = 0; q < NT / 4; ++q)
+          ldmatrix_x4(ld_addr(Bs, b_row + q * 32, kk), bf[q * 4], bf[q * 4 + 1], bf[q * 4 + 2], bf[q * 4 + 3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) mma_k16(d[mt][nt], af[mt], bf[nt]);
+      } else {
+        uint32_t af[MT][4], bf[NT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+          ldmatrix_x4(ld_addr(As, a_row + mt * 16, 2 * kk + (mi >> 1)), af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
+#pragma unroll
+        for (int pr = 0; pr < NT / 2; ++pr)
+          ldmatrix_x4(ld_addr(Bs, b_row + pr * 16, 2 * kk + (mi & 1)), bf[pr * 2][0], bf[pr * 2][1],
+                      bf[pr * 2 + 1][0], bf[pr * 2 + 1][1]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) mma_k32(d[mt][nt], af[mt], bf[nt]);
+      }
+      float sa[MT][2], sb[NT][2];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        sa[mt][0] = SAs[kk * BM + wrow + mt * 16 + g];
+        sa[mt][1] = SAs[kk * BM + wrow + mt * 16 + g + 8];
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const float2 v = *reinterpret_cast<const float2*>(SBs + kk * BN + wcol + nt * 8 + t4 * 2);
+        sb[nt][0] = v.x;
+        sb[nt][1] = v.y;
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float x = __fsub_rn(__int_as_float(d[mt][nt][e]), kMagic);  // = FP32(p), exact
+            acc[mt][nt][e] = contract_scale_add(acc[mt][nt][e], x, sa[mt][e >> 1], sb[nt][e & 1]);
+          }
+    }
+  }
+  cp_async_wait<0>();
+
+  const float ga = tensor_factor(p.fa, *p.gda), gb = tensor_factor(p.fb, *p.gdb);
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t m = m0 + wrow + mt * 16 + g + h * 8;
+        const int64_t n = n0 + wcol + nt * 8 + t4 * 2;
+        if (m >= p.M) continue;
+        const float c0 = contract_finish(acc[mt][nt][2 * h], ga, gb);
+        const float c1 = contract_finish(acc[mt][nt][2 * h + 1], ga, gb);
+        float* out = p.c + m * p.N + n;
+        if (n + 1 < p.N && (p.N % 2) == 0) {
+          *reinterpret_cast<float2*>(out) = make_float2(c0, c1);
+        } else {
+          if (n < p.N) out[0] = c0;
+          if (n + 1 < p.N) out[1] = c1;
+        }
+      }
+}
+
 // The tile shapes built; all are bit-identical (the tests run each). Operands are padded to multiples of 128 rows.
 using T128x128w64x32 = Tile<2, 4, 4, 4, 4, 1>;  // 8 warps, 64 outputs per thread
 using T128x128w32x32 = Tile<4, 4, 2, 4, 4, 1>;  // 16 warps, 32 outputs per thread
 using T128x64w64x32 = Tile<2, 2, 4, 4, 4, 2>;   // 4 warps, 2 CTAs per SM
 using T64x128w32x32 = Tile<2, 4, 2, 4, 4, 2>;   // 8 warps, 2 CTAs per SM
-constexpr const char* kVariantNames[] = {"128x128 w64x32 8 warps", "128x128 w32x32 16 warps",
-                                         "128x64 w64x32 4 warps x2", "64x128 w32x32 8 warps x2"};
-constexpr int kVariants = 4;
-int g_default_variant = 0;
+using T2_128x128w64x32 = Tile2<2, 4, 4, 4, 3, 1, 128>;  // second generation, 128-byte K stages
+using T2_64x128w32x32 = Tile2<2, 4, 2, 4, 3, 2, 128>;
+using T2_128x128w32x32 = Tile2<4, 4, 2, 4, 3, 1, 128>;
+constexpr const char* kVariantNames[] = {"128x128 w64x32 8 warps",      "128x128 w32x32 16 warps",
+                                         "128x64 w64x32 4 warps x2",    "64x128 w32x32 8 warps x2",
+                                         "v2 128x128 w64x32 8 warps",   "v2 64x128 w32x32 8 warps x2",
+                                         "v2 128x128 w32x32 16 warps"};
+constexpr int kVariants = 7;
+// Defaults per block size: the fastest at 8192^3 on the H200 (docs/results/cuda-bench-h200.txt).
+int g_default_variant16 = 6, g_default_variant32 = 4;
 
 template <int B, class T>
 void launch_mma(const FastArgs& p, cudaStream_t s) {
@@ -351,6 +559,20 @@ void launch_mma(const FastArgs& p, cudaStream_t s) {
   gemm_mma_kernel<B, T><<<grid, T::THREADS, smem, s>>>(p);
 }
 
+template <int B, class T>
+void launch_mma2(const FastArgs& p, cudaStream_t s) {
+  constexpr int KPS = T::BKB / B;
+  constexpr int smem = T::STAGES * (T::BM * T::BKB + T::BN * T::BKB + 4 * KPS * (T::BM + T::BN));
+  static bool configured = false;
+  if (!configured) {
+    check(cudaFuncSetAttribute(gemm_mma_kernel2<B, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+          "cudaFuncSetAttribute");
+    configured = true;
+  }
+  const dim3 grid(unsigned(p.Np / T::BN), unsigned(p.Mp / T::BM));
+  gemm_mma_kernel2<B, T><<<grid, T::THREADS, smem, s>>>(p);
+}
+
 template <int B>
 void launch_variant(int v, const FastArgs& p, cudaStream_t s) {
   switch (v) {
@@ -358,11 +580,15 @@ void launch_variant(int v, const FastArgs& p, cudaStream_t s) {
     case 1: return launch_mma<B, T128x128w32x32>(p, s);
     case 2: return launch_mma<B, T128x64w64x32>(p, s);
     case 3: return launch_mma<B, T64x128w32x32>(p, s);
+    case 4: return launch_mma2<B, T2_128x128w64x32>(p, s);
+    case 5: return launch_mma2<B, T2_64x128w32x32>(p, s);
+    case 6: return launch_mma2<B, T2_128x128w32x32>(p, s);
   }
   throw std::invalid_argument("no fast GEMM variant " + std::to_string(v));
 }
 
-constexpr int kPad = 128;  // rows of A and B are padded to this (a multiple of every variant's BM and BN)
+constexpr int kPad = 128;   // rows of A and B are padded to this (a multiple of every variant's BM and BN)
+constexpr int kKPad = 128;  // and K to this (a multiple of every variant's stage)
 
 }  // namespace
 
@@ -389,7 +615,7 @@ void gemm_reference(const DQTensor& a, const DQTensor& b, float* d_c, cudaStream
 
 void gemm_fast_prepare(const DQTensor& a, const DQTensor& b, GemmWorkspace& ws, cudaStream_t s) {
   check_operands(a, b);
-  const int64_t K = a.cols, Kp = round_up(K, BK), KB = K / a.block, KBp = Kp / a.block;
+  const int64_t K = a.cols, Kp = round_up(K, kKPad), KB = K / a.block, KBp = Kp / a.block;
   const int64_t Mp = round_up(a.rows, kPad), Np = round_up(b.rows, kPad);
   ws.a8.resize(size_t(Mp * Kp));
   ws.b8.resize(size_t(Np * Kp));
@@ -409,13 +635,13 @@ void gemm_fast_prepare(const DQTensor& a, const DQTensor& b, GemmWorkspace& ws, 
 
 int gemm_fast_variants() { return kVariants; }
 const char* gemm_fast_variant_name(int v) { return v >= 0 && v < kVariants ? kVariantNames[v] : "?"; }
-int gemm_fast_default_variant() { return g_default_variant; }
+int gemm_fast_default_variant(int block) { return block == 16 ? g_default_variant16 : g_default_variant32; }
 
 void gemm_fast_run(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspace& ws, cudaStream_t s,
                    int variant) {
   check_operands(a, b);
   FastArgs p{};
-  p.Kp = round_up(a.cols, BK);
+  p.Kp = round_up(a.cols, kKPad);
   p.Mp = round_up(a.rows, kPad);
   p.Np = round_up(b.rows, kPad);
   if (ws.a8.size() != size_t(p.Mp * p.Kp) || ws.b8.size() != size_t(p.Np * p.Kp))
@@ -431,7 +657,7 @@ void gemm_fast_run(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspa
   p.gda = a.global_dec.data();
   p.gdb = b.global_dec.data();
   p.c = d_c;
-  const int v = variant < 0 ? g_default_variant : variant;
+  const int v = variant >= 0 ? variant : a.block == 16 ? g_default_variant16 : g_default_variant32;
   if (a.block == 16)
     launch_variant<16>(v, p, s);
   else if (a.block == 32)

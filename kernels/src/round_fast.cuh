@@ -21,8 +21,9 @@
 
 namespace fp4lab::cuda::detail {
 
+// `negative` is the code's sign bit: signbit(v), or (for the hoisted division below) the dividend's.
 template <int F>
-__device__ __forceinline__ uint8_t round_rtne_fast(float v) {
+__device__ __forceinline__ uint8_t round_rtne_fast(float v, bool negative) {
   constexpr ElemFormat f = kAllFormats[F];
   constexpr int M = f.mbits;
   constexpr int KMAX = f.max_index >> M;  // highest exponent field in use
@@ -39,7 +40,31 @@ __device__ __forceinline__ uint8_t round_rtne_fast(float v) {
   // NaN (never produced from finite inputs) makes the difference huge: clamped to max_index, as the golden
   // search also ends there.
   const unsigned idx = unsigned(__float_as_int(t) - __float_as_int(magic) + offset);
-  return make_code(std::signbit(v), int(idx < unsigned(f.max_index) ? idx : unsigned(f.max_index)));
+  return make_code(negative, int(idx < unsigned(f.max_index) ? idx : unsigned(f.max_index)));
+}
+template <int F>
+__device__ __forceinline__ uint8_t round_rtne_fast(float v) {
+  return round_rtne_fast<F>(v, std::signbit(v));
+}
+
+// Division by a block's fp32 scale, x / dec, for the whole block at once. __fdiv_rn (what x / dec compiles to
+// with -prec-div=true) runs, for every element: an approximate reciprocal of dec refined by one Newton step,
+// q0 = RN(x r), one correction q = RN(q0 + (x - q0 dec) r), plus a range check (FCHK) that sends exotic operand
+// pairs to a slow path. Here the reciprocal is computed once per block (the same instructions), the per-element
+// part is the same three FMAs, and the range check is made once per block: dec within [2^-100, 2^100], where
+// the only pairs the per-element check can still reject are those whose quotient underflows. Those quantise to
+// magnitude index 0 whatever their exact value, and the code's sign is taken from x (the quotient's sign, IEEE)
+// because the correction step can turn an underflowed -0 into +0. count_div_fast_mismatches() checks quotients
+// and codes against x / dec for every FP32 x with |x / dec| <= 16 and 128 divisors, in the cuda tests.
+__device__ __forceinline__ bool div_fast_ok(float dec) { return dec >= 0x1p-100f && dec <= 0x1p100f; }
+__device__ __forceinline__ float div_reciprocal(float dec) {
+  float r0;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(dec));
+  return __fmaf_rn(r0, __fmaf_rn(r0, -dec, 1.0f), r0);
+}
+__device__ __forceinline__ float div_by(float x, float dec, float r) {
+  const float q0 = __fmaf_rn(x, r, 0.0f);
+  return __fmaf_rn(r, __fmaf_rn(q0, -dec, x), q0);
 }
 
 }  // namespace fp4lab::cuda::detail

@@ -399,9 +399,11 @@ int cmd_bench(const std::vector<std::string>& args) {
             << " (FP32 in; packed codes + FP32 scales out; median of " << reps
             << "; inputs rotated through buffers > 4x L2; small shapes timed as CUDA-graph batches)\n";
   std::cout << "  bandwidth = (4 B in + 0.5 B codes + 4/B B scales per element) / time, against the copy\n";
-  std::cout << pad("rows x K", 14) << pad("plain us", 11) << pad("fused us", 11) << pad("unfused us", 12)
-            << pad("fused/plain", 13) << pad("unfused/fused", 15) << pad("plain GB/s", 12) << pad("%copy", 7)
-            << pad("fused GB/s", 12) << pad("%copy", 7) << "\n";
+  std::cout << "  division (fp32 scales): 'block' = reciprocal hoisted per block (default), 'elem' = x / dec per "
+               "element as the golden scale_element writes it; both bit-identical to the golden model\n";
+  std::cout << pad("rows x K", 14) << pad("div", 6) << pad("plain us", 11) << pad("fused us", 11)
+            << pad("unfused us", 12) << pad("fused/plain", 13) << pad("unfused/fused", 15) << pad("plain GB/s", 12)
+            << pad("%copy", 7) << pad("fused GB/s", 12) << pad("%copy", 7) << "\n";
   Json jq = Json::array();
   for (auto [rows, K] : qlist) {
     const int64_t n = rows * K;
@@ -418,27 +420,33 @@ int cmd_bench(const std::vector<std::string>& args) {
     const double est_us = double(in_bytes) / (copy_gbs * 1e3) * 2;
     const int batch = std::max(nb, int(std::clamp(2000.0 / std::max(est_us, 1.0), 1.0, 200.0)));
     auto x = [&](int i) { return xs[size_t(i % nb)].data(); };
-    const double t_plain =
-        T.median_us([&](int i) { fc::quantize(x(i), rows, K, plain, q, ws, s, fc::RhtPath::fused, false); }, reps, batch);
-    const double t_fused =
-        T.median_us([&](int i) { fc::quantize(x(i), rows, K, rot, q, ws, s, fc::RhtPath::fused, false); }, reps, batch);
-    const double t_unfused = T.median_us(
-        [&](int i) {
-          fc::rht(x(i), rotated.data(), rows, K, rot, s);
-          fc::quantize(rotated.data(), rows, K, plain, q, ws, s, fc::RhtPath::fused, false);
-        },
-        reps, batch);
-    const double bytes = double(n) * (4.0 + 0.5 + 4.0 / plain.block +
-                                      (plain.scale == fp4lab::ScaleKind::fp32 ? 0.0 : 1.0 / plain.block));
-    const double gbs_plain = bytes / t_plain / 1e3, gbs_fused = bytes / t_fused / 1e3;
-    std::cout << pad(std::to_string(rows) + "x" + std::to_string(K), 14) << pad(fmt(t_plain, 2), 11)
-              << pad(fmt(t_fused, 2), 11) << pad(fmt(t_unfused, 2), 12) << pad(fmt(t_fused / t_plain, 3), 13)
-              << pad(fmt(t_unfused / t_fused, 3), 15) << pad(fmt(gbs_plain, 0), 12)
-              << pad(fmt(100 * gbs_plain / copy_gbs, 0), 7) << pad(fmt(gbs_fused, 0), 12)
-              << pad(fmt(100 * gbs_fused / copy_gbs, 0), 7) << "\n";
-    jq.push_back({{"rows", rows}, {"K", K}, {"plain_us", t_plain}, {"fused_us", t_fused}, {"unfused_us", t_unfused},
-                  {"fused_over_plain", t_fused / t_plain}, {"unfused_over_fused", t_unfused / t_fused},
-                  {"plain_gbs", gbs_plain}, {"fused_gbs", gbs_fused}, {"graph_batch", batch}, {"buffers", nb}});
+    for (bool block_div : {true, false}) {
+      if (!block_div && plain.scale != fp4lab::ScaleKind::fp32) break;
+      fc::set_quantize_fast_division(block_div);
+      const double t_plain = T.median_us(
+          [&](int i) { fc::quantize(x(i), rows, K, plain, q, ws, s, fc::RhtPath::fused, false); }, reps, batch);
+      const double t_fused = T.median_us(
+          [&](int i) { fc::quantize(x(i), rows, K, rot, q, ws, s, fc::RhtPath::fused, false); }, reps, batch);
+      const double t_unfused = T.median_us(
+          [&](int i) {
+            fc::rht(x(i), rotated.data(), rows, K, rot, s);
+            fc::quantize(rotated.data(), rows, K, plain, q, ws, s, fc::RhtPath::fused, false);
+          },
+          reps, batch);
+      const double bytes = double(n) * (4.0 + 0.5 + 4.0 / plain.block +
+                                        (plain.scale == fp4lab::ScaleKind::fp32 ? 0.0 : 1.0 / plain.block));
+      const double gbs_plain = bytes / t_plain / 1e3, gbs_fused = bytes / t_fused / 1e3;
+      std::cout << pad(std::to_string(rows) + "x" + std::to_string(K), 14) << pad(block_div ? "block" : "elem", 6)
+                << pad(fmt(t_plain, 2), 11) << pad(fmt(t_fused, 2), 11) << pad(fmt(t_unfused, 2), 12)
+                << pad(fmt(t_fused / t_plain, 3), 13) << pad(fmt(t_unfused / t_fused, 3), 15)
+                << pad(fmt(gbs_plain, 0), 12) << pad(fmt(100 * gbs_plain / copy_gbs, 0), 7)
+                << pad(fmt(gbs_fused, 0), 12) << pad(fmt(100 * gbs_fused / copy_gbs, 0), 7) << "\n";
+      jq.push_back({{"rows", rows}, {"K", K}, {"division", block_div ? "block" : "element"}, {"plain_us", t_plain},
+                    {"fused_us", t_fused}, {"unfused_us", t_unfused}, {"fused_over_plain", t_fused / t_plain},
+                    {"unfused_over_fused", t_unfused / t_fused}, {"plain_gbs", gbs_plain}, {"fused_gbs", gbs_fused},
+                    {"graph_batch", batch}, {"buffers", nb}});
+    }
+    fc::set_quantize_fast_division(true);
   }
   J["quantize"] = {{"plain", plain.label()}, {"fused", rot.label()}, {"shapes", jq}};
 
@@ -468,7 +476,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     std::cout << "  tile variants: ";
     for (int v = 0; v < fc::gemm_fast_variants(); ++v)
       std::cout << (v ? ", " : "") << v << " = " << fc::gemm_fast_variant_name(v)
-                << (v == fc::gemm_fast_default_variant() ? " (default)" : "");
+                << (v == fc::gemm_fast_default_variant(gc.block) ? " (default)" : "");
     std::cout << "\n" << pad("M x N x K", 20) << pad("variant", 8) << pad("unpack us", 11) << pad("mma us", 11)
               << pad("TOPS(total)", 13) << pad("cuBLAS us", 11) << pad("TFLOPS", 9) << pad("ratio", 8) << "\n";
     for (auto [M, N, K] : glist) {
@@ -502,10 +510,16 @@ int cmd_bench(const std::vector<std::string>& args) {
         cublas_us[{M, N, K}] = t_cub;
       }
       if (cublas) tflops = flops / t_cub / 1e6;
+      int best = -1;
+      double best_tops = 0;
       for (int variant = 0; variant < fc::gemm_fast_variants(); ++variant) {
         const double t_mma =
             T.median_us([&](int) { fc::gemm_fast_run(qa, qb, dc.data(), gws, s, variant); }, reps, batch, false);
         const double tops = flops / (t_prep + t_mma) / 1e6;
+        if (tops > best_tops) {
+          best_tops = tops;
+          best = variant;
+        }
         std::cout << pad(std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K), 20)
                   << pad(std::to_string(variant), 8) << pad(fmt(t_prep, 2), 11) << pad(fmt(t_mma, 2), 11)
                   << pad(fmt(tops, 1), 13) << pad(cublas ? fmt(t_cub, 2) : "-", 11)
@@ -517,6 +531,9 @@ int cmd_bench(const std::vector<std::string>& args) {
                       {"ratio_vs_cublas", cublas ? t_cub / (t_prep + t_mma) : 0.0},
                       {"epilogue_bound_tops", bound_tops}});
       }
+      std::cout << pad("best: variant " + std::to_string(best), 28) << ", " << fmt(best_tops, 1) << " TOPS = "
+                << fmt(100 * best_tops / bound_tops, 0) << "% of the epilogue bound"
+                << (cublas ? ", " + fmt(best_tops / tflops, 3) + "x cuBLAS BF16" : std::string()) << "\n";
     }
   }
   J["gemm"] = jg;

@@ -48,11 +48,13 @@ TAIL=3 step memcheck-tests timeout 100 compute-sanitizer --tool memcheck --error
   --gtest_filter='*e1m2_b16_fp32scale_rht16*:*e2m1_b16_ue4m3scale*:*e2m1_b32_ue8m0scale*:*int4_b16x16*:*Gemm*:*Errors*-*1024*:*1088*'
 TAIL=3 step memcheck-check timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 \
   "$CARRY/bin/fp4lab-cuda" check --trace "$TRACE" --recipe nvfp4 --limit 1
-if [ -n "${NCU:-}" ]; then  # hardware counters of one 8192^3 fast-GEMM launch and one 8192^2 quantise launch
+if [ -n "${NCU:-}" ]; then  # hardware counters: one 8192^3 fast-GEMM launch (default block-16 variant), one fused quantise
   NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats --section WarpStateStats"
-  TAIL=40 step ncu-gemm timeout 150 ncu --clock-control none -k regex:gemm_mma_kernel --launch-skip 2 --launch-count 1 \
+  TAIL=40 step ncu-gemm timeout 150 ncu --clock-control none --kernel-name-base mangled \
+    -k regex:gemm_mma_kernel2ILi16ENS1_5Tile2ILi4ELi4 --launch-skip 2 --launch-count 1 \
     $NCU_SECTIONS "$CARRY/bin/fp4lab-cuda" bench --reps 3
-  TAIL=40 step ncu-quantize timeout 100 ncu --clock-control none -k regex:quantize_kernel --launch-skip 2 --launch-count 1 \
+  TAIL=40 step ncu-quantize timeout 100 ncu --clock-control none --kernel-name-base mangled \
+    -k regex:quantize_kernelILi1ELi16ELi16E --launch-skip 2 --launch-count 1 \
     $NCU_SECTIONS "$CARRY/bin/fp4lab-cuda" bench --reps 3 --size 8192
 fi
 echo "failed steps: $fail"

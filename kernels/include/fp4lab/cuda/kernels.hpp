@@ -147,6 +147,14 @@ void tensor_amax(const float* d_x, int64_t rows, int64_t cols, const QuantConfig
 // format.
 uint64_t count_rtne_fast_mismatches(const ElemFormat& f, uint32_t* first_bad = nullptr, uint64_t* evaluated = nullptr);
 
+// With fp32 scales and RTNE the quantiser divides by the block scale through a per-block reciprocal (CUDA's own
+// division sequence, its range check made once per block; kernels/src/round_fast.cuh). On by default; off gives
+// the per-element x / dec of the golden scale_element. count_div_fast_mismatches() compares both, quotients and
+// codes of every format, for every FP32 x with |x / dec| <= 16 and 128 divisors; the cuda tests require 0.
+void set_quantize_fast_division(bool on);
+bool quantize_fast_division();
+uint64_t count_div_fast_mismatches(uint32_t* first_bad = nullptr, uint64_t* evaluated = nullptr);
+
 // Golden layout (one code per byte) <-> device layout.
 QTensor to_host(const DQTensor& d);
 void upload(const QTensor& q, DQTensor& d);
@@ -174,7 +182,7 @@ void gemm_fast_run(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspa
                    cudaStream_t stream = nullptr, int variant = -1);
 int gemm_fast_variants();
 const char* gemm_fast_variant_name(int variant);
-int gemm_fast_default_variant();
+int gemm_fast_default_variant(int block);
 
 // ---- SM100 native block-scaled path (tcgen05.mma; built for sm_100a, never run here) ----------------------
 // kind::mxf4nvf4 for e2m1 with ue4m3 per 16 or ue8m0 per 32; kind::mxf8f6f4 for e1m2 / int4 embedded exactly
