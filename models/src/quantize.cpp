@@ -202,6 +202,10 @@ QTensor quantize(const float* x_in, int64_t rows, int64_t cols, const QuantConfi
             rotate_row(y, buf.data(), cols, cfg);
             y = buf.data();
           }
+          // Fetch the next row into L2 while this one is scaled and rounded; otherwise the rotation's
+          // streaming read of it would wait on memory instead of overlapping with the rounding.
+          if (r + 1 < rows)
+            for (int64_t c = 0; c < cols; c += 16) __builtin_prefetch(x_in + (r + 1) * cols + c, 0, 2);
           for (int64_t b = 0; b < kb; ++b) {
             const float* yb = y + b * cfg.block;
             const BlockScale bs = block_scale(f, cfg.scale, block_amax(yb, cfg.block), 1.0f);
