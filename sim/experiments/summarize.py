@@ -32,21 +32,21 @@ def exp1(out):
     print("### 1. E2M1-only vs E1M2-only vs dual-format units\n")
     meta = load(out, "1_meta")
     print(f"Workload `{meta['shapes']}`, config h100-class; same area: {meta['area_note']}\n")
-    print("| TCU | budget | units/SM | ufp4 step (ms) | ufp4 energy (mJ) | e2m1-ref step (ms) | e2m1-ref energy (mJ) |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    for budget in ("mac", "area"):
+    print("| TCU | budget | units/SM | acc lanes/SM | ufp4 step (ms) | ufp4 energy (mJ) | e2m1-ref step (ms) | e2m1-ref energy (mJ) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    names = {"mac": "same MAC count", "dot": "same dot-product area", "unit": "same block-MAC area"}
+    for budget in ("mac", "dot", "unit"):
         for kind in ("e2m1", "e1m2", "dual"):
             row = []
-            units = None
             for recipe in ("ufp4", "e2m1-ref"):
                 r = load(out, f"1_{budget}_{kind}_{recipe}")
-                units = r["config"]["mac"]["units"]
+                units, lanes = r["config"]["mac"]["units"], r["config"]["acc"]["lanes"]
                 t = tot(r)
                 native = all(g["native"] for g in r["gemms"])
                 mark = "" if native else " (fallback)"
                 row += [fmt(t["time_us"] / 1e3, 3) + mark, fmt(t["energy_total_pj"] / 1e9, 1)]
             label = {"e2m1": "E2M1-only", "e1m2": "E1M2-only", "dual": "dual-format"}[kind]
-            print(f"| {label} | same {'MACs' if budget == 'mac' else 'area'} | {units} | " + " | ".join(row) + " |")
+            print(f"| {label} | {names[budget]} | {units} | {lanes} | " + " | ".join(row) + " |")
     print()
 
 
