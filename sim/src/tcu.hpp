@@ -59,7 +59,6 @@ struct Token {
   int64_t buf_read = 0, buf_write = 0;
   bool credit = false;                 // holds an operand-buffer slot until the MAC array is done with it
   bool first_k = false, last_k = false;
-  int acc_slot = -1;
   int64_t m0 = 0, n0 = 0, k0 = 0;
   int tm = 0, tn = 0, tk = 0;
   std::shared_ptr<int32_t[]> p;              // block products, MAC array -> accumulator (--check)
