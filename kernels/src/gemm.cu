@@ -542,8 +542,13 @@ constexpr const char* kVariantNames[] = {"128x128 w64x32 8 warps",      "128x128
                                          "v2 128x128 w64x32 8 warps",   "v2 64x128 w32x32 8 warps x2",
                                          "v2 128x128 w32x32 16 warps"};
 constexpr int kVariants = 7;
-// Defaults per block size: the fastest at 8192^3 on the H200 (docs/results/cuda-bench-h200.txt).
-int g_default_variant16 = 6, g_default_variant32 = 4;
+// Default tile shapes, from the H200 measurements in docs/results/cuda-bench-h200.txt: "v2 64x128" (variant 5)
+// was fastest at every shape for block 32 and at every trace shape for block 16; "v2 128x128 w64x32" (variant 4)
+// at 8192^3 for block 16 (152 vs 149 TOPS). Variant 4 is taken once the 128x128 tiles fill the GPU twice.
+int default_variant(int block, int64_t Mp, int64_t Np) {
+  if (block == 32) return 5;
+  return (Mp / 128) * (Np / 128) >= 264 ? 4 : 5;
+}
 
 template <int B, class T>
 void launch_mma(const FastArgs& p, cudaStream_t s) {
@@ -635,7 +640,9 @@ void gemm_fast_prepare(const DQTensor& a, const DQTensor& b, GemmWorkspace& ws, 
 
 int gemm_fast_variants() { return kVariants; }
 const char* gemm_fast_variant_name(int v) { return v >= 0 && v < kVariants ? kVariantNames[v] : "?"; }
-int gemm_fast_default_variant(int block) { return block == 16 ? g_default_variant16 : g_default_variant32; }
+int gemm_fast_default_variant(int block, int64_t M, int64_t N) {
+  return default_variant(block, round_up(M, kPad), round_up(N, kPad));
+}
 
 void gemm_fast_run(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspace& ws, cudaStream_t s,
                    int variant) {
@@ -657,7 +664,7 @@ void gemm_fast_run(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspa
   p.gda = a.global_dec.data();
   p.gdb = b.global_dec.data();
   p.c = d_c;
-  const int v = variant >= 0 ? variant : a.block == 16 ? g_default_variant16 : g_default_variant32;
+  const int v = variant >= 0 ? variant : default_variant(a.block, p.Mp, p.Np);
   if (a.block == 16)
     launch_variant<16>(v, p, s);
   else if (a.block == 32)

@@ -399,8 +399,8 @@ int cmd_bench(const std::vector<std::string>& args) {
             << " (FP32 in; packed codes + FP32 scales out; median of " << reps
             << "; inputs rotated through buffers > 4x L2; small shapes timed as CUDA-graph batches)\n";
   std::cout << "  bandwidth = (4 B in + 0.5 B codes + 4/B B scales per element) / time, against the copy\n";
-  std::cout << "  division (fp32 scales): 'block' = reciprocal hoisted per block (default), 'elem' = x / dec per "
-               "element as the golden scale_element writes it; both bit-identical to the golden model\n";
+  std::cout << "  division (fp32 scales): 'elem' = x / dec per element as the golden scale_element writes it "
+               "(default); 'block' = reciprocal hoisted per block (opt-in, kernels/README.md)\n";
   std::cout << pad("rows x K", 14) << pad("div", 6) << pad("plain us", 11) << pad("fused us", 11)
             << pad("unfused us", 12) << pad("fused/plain", 13) << pad("unfused/fused", 15) << pad("plain GB/s", 12)
             << pad("%copy", 7) << pad("fused GB/s", 12) << pad("%copy", 7) << "\n";
@@ -420,8 +420,9 @@ int cmd_bench(const std::vector<std::string>& args) {
     const double est_us = double(in_bytes) / (copy_gbs * 1e3) * 2;
     const int batch = std::max(nb, int(std::clamp(2000.0 / std::max(est_us, 1.0), 1.0, 200.0)));
     auto x = [&](int i) { return xs[size_t(i % nb)].data(); };
-    for (bool block_div : {true, false}) {
-      if (!block_div && plain.scale != fp4lab::ScaleKind::fp32) break;
+    const bool default_div = fc::quantize_fast_division();
+    for (bool block_div : {false, true}) {
+      if (block_div && plain.scale != fp4lab::ScaleKind::fp32) break;  // only fp32 scales divide
       fc::set_quantize_fast_division(block_div);
       const double t_plain = T.median_us(
           [&](int i) { fc::quantize(x(i), rows, K, plain, q, ws, s, fc::RhtPath::fused, false); }, reps, batch);
@@ -446,7 +447,7 @@ int cmd_bench(const std::vector<std::string>& args) {
                     {"unfused_over_fused", t_unfused / t_fused}, {"plain_gbs", gbs_plain}, {"fused_gbs", gbs_fused},
                     {"graph_batch", batch}, {"buffers", nb}});
     }
-    fc::set_quantize_fast_division(true);
+    fc::set_quantize_fast_division(default_div);
   }
   J["quantize"] = {{"plain", plain.label()}, {"fused", rot.label()}, {"shapes", jq}};
 
@@ -476,7 +477,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     std::cout << "  tile variants: ";
     for (int v = 0; v < fc::gemm_fast_variants(); ++v)
       std::cout << (v ? ", " : "") << v << " = " << fc::gemm_fast_variant_name(v)
-                << (v == fc::gemm_fast_default_variant(gc.block) ? " (default)" : "");
+                << (v == fc::gemm_fast_default_variant(gc.block, big, big) ? " (default at the big shape)" : "");
     std::cout << "\n" << pad("M x N x K", 20) << pad("variant", 8) << pad("unpack us", 11) << pad("mma us", 11)
               << pad("TOPS(total)", 13) << pad("cuBLAS us", 11) << pad("TFLOPS", 9) << pad("ratio", 8) << "\n";
     for (auto [M, N, K] : glist) {

@@ -147,10 +147,11 @@ void tensor_amax(const float* d_x, int64_t rows, int64_t cols, const QuantConfig
 // format.
 uint64_t count_rtne_fast_mismatches(const ElemFormat& f, uint32_t* first_bad = nullptr, uint64_t* evaluated = nullptr);
 
-// With fp32 scales and RTNE the quantiser divides by the block scale through a per-block reciprocal (CUDA's own
-// division sequence, its range check made once per block; kernels/src/round_fast.cuh). On by default; off gives
-// the per-element x / dec of the golden scale_element. count_div_fast_mismatches() compares both, quotients and
-// codes of every format, for every FP32 x with |x / dec| <= 16 and 128 divisors; the cuda tests require 0.
+// Opt-in: with fp32 scales and RTNE, divide by the block scale through a per-block reciprocal (CUDA's own division
+// sequence, its range check made once per block; kernels/src/round_fast.cuh) instead of the golden scale_element's
+// per-element x / dec. Off by default: see kernels/README.md for what has and has not been verified on a GPU.
+// count_div_fast_mismatches() compares the two over every FP32 x with |x / dec| <= 16 and 128 divisors: the codes
+// of every format always, the quotients where they are at least 2^-10 (below that every format's code is index 0).
 void set_quantize_fast_division(bool on);
 bool quantize_fast_division();
 uint64_t count_div_fast_mismatches(uint32_t* first_bad = nullptr, uint64_t* evaluated = nullptr);
@@ -173,7 +174,8 @@ struct GemmWorkspace {
 // Fast kernel on the int8 tensor cores (mma.sync m16n8k16 for block 16, m16n8k32 for block 32): each mma
 // gives one block's exact int32 dot product; the block scaling and the FP32 accumulation in ascending block
 // order run on the CUDA cores with the golden contract_scale_add. Includes the int8 unpack pass.
-// `variant` picks one of the tile shapes (all bit-identical); -1 is the default, the fastest measured on the H200.
+// `variant` picks one of the tile shapes (all bit-identical); -1 is the default: the fastest measured on the H200
+// for that block size and problem size (gemm_fast_default_variant).
 void gemm_fast(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspace& ws, cudaStream_t stream = nullptr,
                int variant = -1);
 // The two halves of gemm_fast, for timing.
@@ -182,7 +184,7 @@ void gemm_fast_run(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspa
                    cudaStream_t stream = nullptr, int variant = -1);
 int gemm_fast_variants();
 const char* gemm_fast_variant_name(int variant);
-int gemm_fast_default_variant(int block);
+int gemm_fast_default_variant(int block, int64_t M, int64_t N);
 
 // ---- SM100 native block-scaled path (tcgen05.mma; built for sm_100a, never run here) ----------------------
 // kind::mxf4nvf4 for e2m1 with ue4m3 per 16 or ue8m0 per 32; kind::mxf8f6f4 for e1m2 / int4 embedded exactly
