@@ -1,0 +1,34 @@
+// fp4_decode: a 4-bit element code to the internal super format {sign, sig, sh} (magnitude = sig << sh)
+// and to its exact signed integer view (format.hpp decode_int). Every grid lands on the same super format,
+// so a multi-format datapath is one datapath; in a build whose formats share one (E, M) layout the
+// format input is ignored and the decode is constant logic.
+module fp4_decode #(
+  parameter fp4lab_pkg::fmt_mask_t FORMATS = fp4lab_pkg::FMTS_ALL
+) (
+  input  logic [3:0]            code_i,
+  input  fp4lab_pkg::fmt_t      fmt_i,   // ignored when FORMATS share one layout
+  output fp4lab_pkg::raw4_t     raw_o,
+  output logic signed [4:0]     int_o
+);
+  localparam bit FIXED = fp4lab_pkg::mask_one_layout(FORMATS);
+  localparam fp4lab_pkg::fmt_t FIRST = 2'(fp4lab_pkg::mask_first(FORMATS));
+
+  fp4lab_pkg::fmt_t fmt;
+  logic [4:0] mag;
+
+  if (FIXED) begin : gen_fixed
+    assign fmt = FIRST;
+    /* verilator lint_off UNUSEDSIGNAL */
+    logic unused_fmt;
+    assign unused_fmt = ^fmt_i;
+    /* verilator lint_on UNUSEDSIGNAL */
+  end else begin : gen_runtime
+    assign fmt = fmt_i;
+  end
+
+  always_comb begin
+    raw_o = fp4lab_pkg::decode_raw(fmt, code_i);
+    mag = 5'(raw_o.sig) << raw_o.sh;
+    int_o = raw_o.sign ? -$signed(mag) : $signed(mag);
+  end
+endmodule
