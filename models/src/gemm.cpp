@@ -33,8 +33,12 @@ std::vector<double> gemm_f64(const float* a, const float* b, int64_t M, int64_t 
   using RowMatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   using RowMatD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   Eigen::Map<const RowMatF> A(a, M, K), Bm(b, N, K);
-  RowMatD C = A.cast<double>() * Bm.cast<double>().transpose();
-  return std::vector<double>(C.data(), C.data() + M * N);
+  // Widen once up front: a cast inside the product expression is re-evaluated in every packing pass.
+  const RowMatD Ad = A.cast<double>(), Bd = Bm.cast<double>();
+  std::vector<double> c(size_t(M * N));
+  Eigen::Map<RowMatD> C(c.data(), M, N);
+  C.noalias() = Ad * Bd.transpose();
+  return c;
 }
 
 }  // namespace fp4lab
