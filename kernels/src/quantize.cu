@@ -53,7 +53,6 @@ DeviceInfo device_info() {
 namespace {
 
 constexpr int kThreads = 256;
-bool g_fast_division = false;  // opt-in, see kernels.hpp
 
 struct QArgs {
   const float* x;
@@ -68,7 +67,6 @@ struct QArgs {
   ScaleKind scale;
   Rounding rounding;
   bool rht_bf16;
-  bool fast_div;           // fp32 scales, RTNE: the per-block division of round_fast.cuh
   uint64_t seed;
   uint32_t stream;
   float signs[32];         // RHT signs (D entries)
@@ -117,18 +115,6 @@ template <int F, int B, bool FP32, bool RTNE, int G>
 __device__ __forceinline__ void round_block(const float (&y)[G], int b, const BlockScale& bs, ScaleKind kind,
                                             const QArgs& a, int64_t base, uint32_t (&packed)[G / 8]) {
   constexpr ElemFormat f = kAllFormats[F];
-  if constexpr (FP32 && RTNE) {  // the hot path: division hoisted per block (round_fast.cuh)
-    if (a.fast_div && detail::div_fast_ok(bs.dec)) {
-      const float r = detail::div_reciprocal(bs.dec);
-#pragma unroll
-      for (int j = 0; j < B; ++j) {
-        const int e = b * B + j;
-        const uint8_t c = detail::round_rtne_fast<F>(detail::div_by(y[e], bs.dec, r), std::signbit(y[e]));
-        packed[e / 8] |= uint32_t(c) << (4 * (e % 8));
-      }
-      return;
-    }
-  }
 #pragma unroll
   for (int j = 0; j < B; ++j) {
     const int e = b * B + j;
@@ -285,37 +271,6 @@ __global__ void rtne_selftest_kernel(unsigned long long* count, unsigned* first,
   }
   if (bad) atomicAdd(count, bad);
   if ((threadIdx.x & 31) == 0) atomicAdd(evaluated, 64ull * 32);  // 32 lanes x 64 patterns
-}
-
-// x / dec against the hoisted division, every FP32 x with |x / dec| <= 16, one divisor per blockIdx.y: the codes
-// of every format, and the quotient bits where |x / dec| >= 2^-10. (Smaller quotients are index 0 in every format;
-// there the residual x - q0 dec can underflow and the two quotients differ in their last bits, as the H200 run of
-// an earlier, stricter version of this check showed for dec near 2^-100.)
-__global__ void div_selftest_kernel(const float* divisors, unsigned long long* count, unsigned long long* evaluated,
-                                    unsigned* first) {
-  const float d = divisors[blockIdx.y];
-  const float r = detail::div_reciprocal(d);
-  const uint64_t t = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  unsigned long long bad = 0, seen = 0;
-  for (uint64_t i = t * 64; i < t * 64 + 64; ++i) {
-    const float x = __uint_as_float(uint32_t(i));
-    const float q = x / d;  // __fdiv_rn: the golden scale_element's division
-    if (!(fabsf(q) <= 16.0f)) continue;
-    ++seen;
-    const float qf = detail::div_by(x, d, r);
-    bool ok = fabsf(q) < 0x1p-10f || __float_as_uint(q) == __float_as_uint(qf);
-    constexpr ElemFormat f0 = kAllFormats[0], f1 = kAllFormats[1], f2 = kAllFormats[2], f3 = kAllFormats[3];
-    ok &= round_rtne(f0, q) == detail::round_rtne_fast<0>(qf, std::signbit(x));
-    ok &= round_rtne(f1, q) == detail::round_rtne_fast<1>(qf, std::signbit(x));
-    ok &= round_rtne(f2, q) == detail::round_rtne_fast<2>(qf, std::signbit(x));
-    ok &= round_rtne(f3, q) == detail::round_rtne_fast<3>(qf, std::signbit(x));
-    if (!ok) {
-      ++bad;
-      atomicMin(first, uint32_t(i));
-    }
-  }
-  if (bad) atomicAdd(count, bad);
-  if (seen) atomicAdd(evaluated, seen);
 }
 
 // ---- dispatch -----------------------------------------------------------------------------------------------
@@ -478,7 +433,6 @@ void quantize(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& c
   a.scale = cfg.scale;
   a.rounding = cfg.rounding;
   a.rht_bf16 = d > 0 && cfg.rht_bf16;
-  a.fast_div = g_fast_division;
   a.seed = cfg.seed;
   a.stream = cfg.stream;
   copy_signs(a.signs, 32, cfg);
@@ -518,48 +472,6 @@ uint64_t count_rtne_fast_mismatches(const ElemFormat& f, uint32_t* first_bad, ui
     default: rtne_selftest_kernel<3><<<grid, kThreads>>>(count.data(), first.data(), seen.data()); break;
   }
   check_launch("rtne_selftest_kernel", true);
-  if (first_bad) *first_bad = first.to_host()[0];
-  if (evaluated) *evaluated = seen.to_host()[0];
-  return count.to_host()[0];
-}
-
-void set_quantize_fast_division(bool on) { g_fast_division = on; }
-bool quantize_fast_division() { return g_fast_division; }
-
-std::vector<float> div_selftest_divisors() {
-  std::vector<float> d;
-  for (int k : {-90, -89, -64, -33, -20, -7, -1, 0, 1, 2, 3, 20, 64, 99}) {
-    d.push_back(std::ldexp(1.0f, k));
-    d.push_back(std::nextafter(std::ldexp(1.0f, k + 1), 0.0f));  // all-ones significand
-    d.push_back(std::ldexp(1.5f, k));
-  }
-  for (float v : {1.75f, 6.0f, 7.0f, 1.0f / 1.75f, 1.0f / 6.0f, 1.0f / 7.0f, 1.0f / 3.0f, 0.1f, 3.0e29f, 1.0e-29f})
-    d.push_back(v);
-  uint64_t s = 0x9E3779B97F4A7C15ull;  // splitmix64: exponents uniform in [-89, 99], random significands
-  while (d.size() < 128) {
-    s += 0x9E3779B97F4A7C15ull;
-    uint64_t z = s;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    const int e = int(z % 189) - 89;
-    d.push_back(std::ldexp(1.0f + float((z >> 40) & 0x7FFFFF) / 8388608.0f, e));
-  }
-  return d;
-}
-
-uint64_t count_div_fast_mismatches(uint32_t* first_bad, uint64_t* evaluated) {
-  const std::vector<float> divisors = div_selftest_divisors();
-  Buffer<float> dd;
-  dd.upload(divisors);
-  Buffer<unsigned long long> count(1), seen(1);
-  Buffer<unsigned> first(1);
-  count.fill_bytes(0);
-  seen.fill_bytes(0);
-  first.fill_bytes(0xFF);
-  const dim3 grid(unsigned((uint64_t(1) << 32) / 64 / kThreads), unsigned(divisors.size()));
-  div_selftest_kernel<<<grid, kThreads>>>(dd.data(), count.data(), seen.data(), first.data());
-  check_launch("div_selftest_kernel", true);
   if (first_bad) *first_bad = first.to_host()[0];
   if (evaluated) *evaluated = seen.to_host()[0];
   return count.to_host()[0];

@@ -21,9 +21,8 @@
 
 namespace fp4lab::cuda::detail {
 
-// `negative` is the code's sign bit: signbit(v), or (for the hoisted division below) the dividend's.
 template <int F>
-__device__ __forceinline__ uint8_t round_rtne_fast(float v, bool negative) {
+__device__ __forceinline__ uint8_t round_rtne_fast(float v) {
   constexpr ElemFormat f = kAllFormats[F];
   constexpr int M = f.mbits;
   constexpr int KMAX = f.max_index >> M;  // highest exponent field in use
@@ -40,32 +39,7 @@ __device__ __forceinline__ uint8_t round_rtne_fast(float v, bool negative) {
   // NaN (never produced from finite inputs) makes the difference huge: clamped to max_index, as the golden
   // search also ends there.
   const unsigned idx = unsigned(__float_as_int(t) - __float_as_int(magic) + offset);
-  return make_code(negative, int(idx < unsigned(f.max_index) ? idx : unsigned(f.max_index)));
-}
-template <int F>
-__device__ __forceinline__ uint8_t round_rtne_fast(float v) {
-  return round_rtne_fast<F>(v, std::signbit(v));
-}
-
-// Division by a block's fp32 scale, x / dec, for the whole block at once. __fdiv_rn (what x / dec compiles to
-// with -prec-div=true) runs, for every element: an approximate reciprocal of dec refined by one Newton step,
-// q0 = RN(x r), one correction q = RN(q0 + (x - q0 dec) r), plus a range check (FCHK) that sends exotic operand
-// pairs to a slow path. Here the reciprocal is computed once per block (the same instructions), the per-element
-// part is the same three FMAs, and the range check is made once per block: dec within [2^-90, 2^100]. Then any
-// quotient that can reach a nonzero magnitude index (|x / dec| >= 2^-3) has |x| >= 2^-93, so the residual
-// x - q0 dec is a multiple of 2^-149 and the FMA computes it exactly, as in the fast path proper. Smaller quotients
-// may come out a few ulps off when the residual underflows (seen on the H200 for dec near 2^-100), but they
-// quantise to index 0 either way; the code's sign is taken from x (the quotient's sign, IEEE) because the
-// correction step can turn an underflowed -0 into +0. Opt-in (set_quantize_fast_division); see kernels/README.md.
-__device__ __forceinline__ bool div_fast_ok(float dec) { return dec >= 0x1p-90f && dec <= 0x1p100f; }
-__device__ __forceinline__ float div_reciprocal(float dec) {
-  float r0;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(dec));
-  return __fmaf_rn(r0, __fmaf_rn(r0, -dec, 1.0f), r0);
-}
-__device__ __forceinline__ float div_by(float x, float dec, float r) {
-  const float q0 = __fmaf_rn(x, r, 0.0f);
-  return __fmaf_rn(r, __fmaf_rn(q0, -dec, x), q0);
+  return make_code(std::signbit(v), int(idx < unsigned(f.max_index) ? idx : unsigned(f.max_index)));
 }
 
 }  // namespace fp4lab::cuda::detail

@@ -399,8 +399,7 @@ int cmd_bench(const std::vector<std::string>& args) {
             << " (FP32 in; packed codes + FP32 scales out; median of " << reps
             << "; inputs rotated through buffers > 4x L2; small shapes timed as CUDA-graph batches)\n";
   std::cout << "  bandwidth = (4 B in + 0.5 B codes + 4/B B scales per element) / time, against the copy\n";
-  std::cout << "  division (fp32 scales): 'elem' = x / dec per element as the golden scale_element writes it "
-               "(default); 'block' = reciprocal hoisted per block (opt-in, kernels/README.md)\n";
+  std::cout << "  division (fp32 scales): 'elem' = x / dec per element as the golden scale_element writes it\n";
   std::cout << pad("rows x K", 14) << pad("div", 6) << pad("plain us", 11) << pad("fused us", 11)
             << pad("unfused us", 12) << pad("fused/plain", 13) << pad("unfused/fused", 15) << pad("plain GB/s", 12)
             << pad("%copy", 7) << pad("fused GB/s", 12) << pad("%copy", 7) << "\n";
@@ -420,34 +419,28 @@ int cmd_bench(const std::vector<std::string>& args) {
     const double est_us = double(in_bytes) / (copy_gbs * 1e3) * 2;
     const int batch = std::max(nb, int(std::clamp(2000.0 / std::max(est_us, 1.0), 1.0, 200.0)));
     auto x = [&](int i) { return xs[size_t(i % nb)].data(); };
-    const bool default_div = fc::quantize_fast_division();
-    for (bool block_div : {false, true}) {
-      if (block_div && plain.scale != fp4lab::ScaleKind::fp32) break;  // only fp32 scales divide
-      fc::set_quantize_fast_division(block_div);
-      const double t_plain = T.median_us(
-          [&](int i) { fc::quantize(x(i), rows, K, plain, q, ws, s, fc::RhtPath::fused, false); }, reps, batch);
-      const double t_fused = T.median_us(
-          [&](int i) { fc::quantize(x(i), rows, K, rot, q, ws, s, fc::RhtPath::fused, false); }, reps, batch);
-      const double t_unfused = T.median_us(
-          [&](int i) {
-            fc::rht(x(i), rotated.data(), rows, K, rot, s);
-            fc::quantize(rotated.data(), rows, K, plain, q, ws, s, fc::RhtPath::fused, false);
-          },
-          reps, batch);
-      const double bytes = double(n) * (4.0 + 0.5 + 4.0 / plain.block +
-                                        (plain.scale == fp4lab::ScaleKind::fp32 ? 0.0 : 1.0 / plain.block));
-      const double gbs_plain = bytes / t_plain / 1e3, gbs_fused = bytes / t_fused / 1e3;
-      std::cout << pad(std::to_string(rows) + "x" + std::to_string(K), 14) << pad(block_div ? "block" : "elem", 6)
-                << pad(fmt(t_plain, 2), 11) << pad(fmt(t_fused, 2), 11) << pad(fmt(t_unfused, 2), 12)
-                << pad(fmt(t_fused / t_plain, 3), 13) << pad(fmt(t_unfused / t_fused, 3), 15)
-                << pad(fmt(gbs_plain, 0), 12) << pad(fmt(100 * gbs_plain / copy_gbs, 0), 7)
-                << pad(fmt(gbs_fused, 0), 12) << pad(fmt(100 * gbs_fused / copy_gbs, 0), 7) << "\n";
-      jq.push_back({{"rows", rows}, {"K", K}, {"division", block_div ? "block" : "element"}, {"plain_us", t_plain},
-                    {"fused_us", t_fused}, {"unfused_us", t_unfused}, {"fused_over_plain", t_fused / t_plain},
-                    {"unfused_over_fused", t_unfused / t_fused}, {"plain_gbs", gbs_plain}, {"fused_gbs", gbs_fused},
-                    {"graph_batch", batch}, {"buffers", nb}});
-    }
-    fc::set_quantize_fast_division(default_div);
+    const double t_plain = T.median_us(
+        [&](int i) { fc::quantize(x(i), rows, K, plain, q, ws, s, fc::RhtPath::fused, false); }, reps, batch);
+    const double t_fused = T.median_us(
+        [&](int i) { fc::quantize(x(i), rows, K, rot, q, ws, s, fc::RhtPath::fused, false); }, reps, batch);
+    const double t_unfused = T.median_us(
+        [&](int i) {
+          fc::rht(x(i), rotated.data(), rows, K, rot, s);
+          fc::quantize(rotated.data(), rows, K, plain, q, ws, s, fc::RhtPath::fused, false);
+        },
+        reps, batch);
+    const double bytes = double(n) * (4.0 + 0.5 + 4.0 / plain.block +
+                                      (plain.scale == fp4lab::ScaleKind::fp32 ? 0.0 : 1.0 / plain.block));
+    const double gbs_plain = bytes / t_plain / 1e3, gbs_fused = bytes / t_fused / 1e3;
+    std::cout << pad(std::to_string(rows) + "x" + std::to_string(K), 14) << pad("elem", 6)
+              << pad(fmt(t_plain, 2), 11) << pad(fmt(t_fused, 2), 11) << pad(fmt(t_unfused, 2), 12)
+              << pad(fmt(t_fused / t_plain, 3), 13) << pad(fmt(t_unfused / t_fused, 3), 15)
+              << pad(fmt(gbs_plain, 0), 12) << pad(fmt(100 * gbs_plain / copy_gbs, 0), 7)
+              << pad(fmt(gbs_fused, 0), 12) << pad(fmt(100 * gbs_fused / copy_gbs, 0), 7) << "\n";
+    jq.push_back({{"rows", rows}, {"K", K}, {"division", "element"}, {"plain_us", t_plain},
+                  {"fused_us", t_fused}, {"unfused_us", t_unfused}, {"fused_over_plain", t_fused / t_plain},
+                  {"unfused_over_fused", t_unfused / t_fused}, {"plain_gbs", gbs_plain}, {"fused_gbs", gbs_fused},
+                  {"graph_batch", batch}, {"buffers", nb}});
   }
   J["quantize"] = {{"plain", plain.label()}, {"fused", rot.label()}, {"shapes", jq}};
 

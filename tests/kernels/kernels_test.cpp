@@ -261,41 +261,6 @@ TEST(QuantizeFastRounding, EqualsGoldenRoundRtneForAll2To32Inputs) {
   }
 }
 
-// The opt-in per-block division (fp32 scales, RTNE) against x / dec: the codes of every format, and the quotients
-// where they are at least 2^-10.
-TEST(QuantizeFastRounding, HoistedDivisionEqualsPerElementDivision) {
-  SKIP_WITHOUT_GPU();
-  uint32_t first = 0;
-  uint64_t seen = 0;
-  const uint64_t bad = fc::count_div_fast_mismatches(&first, &seen);
-  EXPECT_GT(seen, uint64_t(1) << 36) << "too few (x, dec) pairs ran";  // about 2^30 per divisor, 128 divisors
-  EXPECT_EQ(bad, 0u) << "first disagreement at x bits " << first;
-}
-
-// The opt-in per-block division path against the golden model (the parameterised suite runs the default,
-// per-element one).
-TEST(QuantizeFastRounding, BlockDivisionPathAlsoMatchesGolden) {
-  SKIP_WITHOUT_GPU();
-  fc::set_quantize_fast_division(true);
-  size_t compared = 0;
-  for (const ElemFormat& f : fp4lab::kAllFormats)
-    for (int rht : {0, 16}) {
-      QuantConfig cfg;
-      cfg.format = f;
-      cfg.rht = rht;
-      if (rht) cfg.rht_signs = fp4lab::rht_signs_te(16);
-      const std::vector<float> x = adversarial_input(f, 47);
-      fc::Buffer<float> dx;
-      dx.upload(x);
-      fc::DQTensor q;
-      fc::QuantWorkspace ws;
-      fc::quantize(dx.data(), kRows, kCols, cfg, q, ws);
-      compared += expect_same(fp4lab::quantize(x.data(), kRows, kCols, cfg), fc::to_host(q), x, cfg.label());
-    }
-  fc::set_quantize_fast_division(false);
-  EXPECT_GT(compared, size_t(0));
-}
-
 // ---- GEMM tests -----------------------------------------------------------------------------------------------
 struct GCase {
   ElemFormat fa, fb;

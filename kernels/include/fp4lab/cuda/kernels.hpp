@@ -147,15 +147,6 @@ void tensor_amax(const float* d_x, int64_t rows, int64_t cols, const QuantConfig
 // format.
 uint64_t count_rtne_fast_mismatches(const ElemFormat& f, uint32_t* first_bad = nullptr, uint64_t* evaluated = nullptr);
 
-// Opt-in: with fp32 scales and RTNE, divide by the block scale through a per-block reciprocal (CUDA's own division
-// sequence, its range check made once per block; kernels/src/round_fast.cuh) instead of the golden scale_element's
-// per-element x / dec. Off by default: see kernels/README.md for what has and has not been verified on a GPU.
-// count_div_fast_mismatches() compares the two over every FP32 x with |x / dec| <= 16 and 128 divisors: the codes
-// of every format always, the quotients where they are at least 2^-10 (below that every format's code is index 0).
-void set_quantize_fast_division(bool on);
-bool quantize_fast_division();
-uint64_t count_div_fast_mismatches(uint32_t* first_bad = nullptr, uint64_t* evaluated = nullptr);
-
 // Golden layout (one code per byte) <-> device layout.
 QTensor to_host(const DQTensor& d);
 void upload(const QTensor& q, DQTensor& d);
