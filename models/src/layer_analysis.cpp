@@ -1,5 +1,8 @@
 #include "fp4lab/layer_analysis.hpp"
 
+#include <cmath>
+#include <limits>
+
 #include "fp4lab/gemm.hpp"
 
 namespace fp4lab {
@@ -36,7 +39,9 @@ QuantConfig config_of(const AnalysisSetting& s) {
 }
 
 struct Quantised {
-  std::vector<float> seen;  // what the quantiser saw: the rotated operand, or the operand itself
+  std::vector<float> rotated;  // the rotated operand (RHT on only)
+  const float* seen = nullptr;  // what the quantiser saw: rotated, or the operand itself
+  int64_t n = 0;
   QTensor q;
   std::vector<float> deq;
   double alpha = 0;
@@ -45,27 +50,34 @@ struct Quantised {
 // rotation is its first step); it keeps the rotated copy the analyses compare against.
 Quantised quantise(const LayerOperands::Operand& o, const QuantConfig& c) {
   Quantised r;
-  r.seen = rotate(o.p, o.rows, o.cols, c);
+  r.n = o.rows * o.cols;
+  r.seen = o.p;
+  if (c.rht != 0) {
+    r.rotated = rotate(o.p, o.rows, o.cols, c);
+    r.seen = r.rotated.data();
+  }
   QuantConfig plain = c;
   plain.rht = 0;
   plain.rht_bf16 = false;
-  r.q = quantize(r.seen.data(), o.rows, o.cols, plain);
+  r.q = quantize(r.seen, o.rows, o.cols, plain);
   r.deq = r.q.dequantize();
-  r.alpha = shrinkage_alpha(r.seen.data(), r.deq.data(), int64_t(r.seen.size()));
+  r.alpha = shrinkage_alpha(r.seen, r.deq.data(), r.n);
   return r;
 }
 
 GemmResult gemm_result(Pass p, const Quantised& a, const Quantised& b, const std::vector<double>& ref) {
   const std::vector<float> c = gemm(a.q, b.q);
-  double dot = 0, nn = 0;
+  double dot = 0, nn = 0, err = 0;  // one pass for eta_measured and the SQNR (sqnr_db's definition)
   for (size_t i = 0; i < c.size(); ++i) {
+    const double d = double(c[i]) - ref[i];
     dot += double(c[i]) * ref[i];
     nn += ref[i] * ref[i];
+    err += d * d;
   }
   GemmResult g;
   g.pass = pass_name(p);
   g.format = a.q.format.name;
-  g.sqnr_db = sqnr_db(ref.data(), c.data(), int64_t(c.size()));
+  g.sqnr_db = err == 0.0 ? std::numeric_limits<double>::infinity() : 10.0 * std::log10(nn / err);
   g.eta = a.alpha * b.alpha;
   g.eta_measured = nn == 0 ? 1.0 : dot / nn;
   return g;
@@ -76,10 +88,10 @@ TensorResult tensor_result(const char* role, const Quantised& q, int rht) {
   r.role = role;
   r.format = q.q.format.name;
   r.rht = rht;
-  r.sqnr_db = sqnr_db(q.seen.data(), q.deq.data(), int64_t(q.seen.size()));
+  r.sqnr_db = sqnr_db(q.seen, q.deq.data(), q.n);
   r.beff = beff(q.q);
   r.alpha = q.alpha;
-  r.bias_per_level = empirical_bias(q.q, q.seen.data());
+  r.bias_per_level = empirical_bias(q.q, q.seen);
   return r;
 }
 }  // namespace
