@@ -16,7 +16,6 @@ module fp32_round #(
   localparam int unsigned DW = $clog2(W + 1);
 
   logic [DW-1:0]  dshift;      // right shift into the subnormal range, clamped to W
-  logic [2*W-1:0] ext;
   logic [W-1:0]   sig_den;     // significand after denormalisation
   logic           lost;        // bits shifted out by the denormalisation
   logic [7:0]     exp_field;
@@ -32,9 +31,14 @@ module fp32_round #(
       dshift = (12'sd1 - exp_i) >= $signed(12'(W)) ? DW'(W) : DW'(12'sd1 - exp_i);
       exp_field = 8'd0;
     end
-    ext = {sig_i, {W{1'b0}}} >> dshift;
-    sig_den = ext[2*W-1:W];
-    lost = |ext[W-1:0];
+    // (no intermediate wider than W bits: Verilated models stay in machine words)
+    if (dshift >= DW'(W)) begin
+      sig_den = '0;
+      lost = sig_i != '0;
+    end else begin
+      sig_den = sig_i >> dshift;
+      lost = (sig_i & ~({W{1'b1}} << dshift)) != '0;
+    end
     // 2. Keep 23 fraction bits under the leading bit; next bit rounds, the rest is sticky.
     packed_mag = {exp_field, sig_den[W-2 -: 23]};
     round_bit = sig_den[W-25];

@@ -175,6 +175,16 @@ package fp4lab_pkg;
     decode_raw = {code[3], sig, sh};
   endfunction
 
+  // decode_raw for every format and magnitude index, evaluated at elaboration: entry 8*f + i holds
+  // {sig, sh} (5 bits). Run-time decoding is then a table lookup.
+  function automatic logic [NUM_FMT*8*5-1:0] raw_table();
+    raw_table = '0;
+    for (int f = 0; f < NUM_FMT; f++)
+      for (int i = 0; i < 8; i++)
+        raw_table[5*(8*f + i) +: 5] = 5'(decode_raw(2'(f), 4'(i)));  // drop the sign bit
+  endfunction
+  localparam logic [NUM_FMT*8*5-1:0] RAW_TABLE = raw_table();
+
   // ---- scales -------------------------------------------------------------------------------------
   // Block-scale kinds, in the order of fp4lab::ScaleKind.
   typedef enum logic [1:0] {

@@ -36,18 +36,29 @@ uint64_t scaled(uint64_t n);
 template <class M>
 class Dut {
  public:
+  // Verilator 5.006 registers and erases a model's scopes in the *thread's current* context, not the
+  // model's own, so with several models per process (each with its own context) that pointer must be
+  // ours whenever a model is built or destroyed; otherwise it may point at a context already freed.
   explicit Dut(const std::string& name) : name_(name), ctx_(std::make_unique<VerilatedContext>()) {
     if (trace_requested()) ctx_->traceEverOn(true);
+    Verilated::threadContextp(ctx_.get());
     m_ = std::make_unique<M>(ctx_.get(), name.c_str());
     if (trace_requested()) {
+#if VM_TRACE
       vcd_ = std::make_unique<VerilatedVcdC>();
       m_->trace(vcd_.get(), 99);
       vcd_->open((name + ".vcd").c_str());
+#else
+      ADD_FAILURE() << "+trace: these models were Verilated without --trace (see rtl/verilator.f)";
+#endif
     }
   }
   ~Dut() {
+    Verilated::threadContextp(ctx_.get());
     if (vcd_) vcd_->close();
     m_->final();
+    vcd_.reset();
+    m_.reset();
   }
   Dut(const Dut&) = delete;
   Dut& operator=(const Dut&) = delete;
@@ -66,6 +77,19 @@ class Dut {
     m_->eval();
     if (vcd_) vcd_->dump(time_++);
     m_->clk_i = 0;
+    m_->eval();
+    if (vcd_) vcd_->dump(time_++);
+    ++cycles_;
+  }
+  // The two halves of a cycle, for drivers that set inputs on the falling edge (one eval settles both the
+  // falling edge and the new inputs) and then read the handshake before the rising edge.
+  void fall() {
+    m_->clk_i = 0;
+    m_->eval();
+    if (vcd_) vcd_->dump(time_++);
+  }
+  void rise() {
+    m_->clk_i = 1;
     m_->eval();
     if (vcd_) vcd_->dump(time_++);
     ++cycles_;
@@ -135,15 +159,17 @@ uint64_t run_stream(Dut<M>& dut, uint64_t n, uint64_t expected_outputs, const st
   const uint64_t budget = (n + 16) * max_cycles_per_beat;
   bool keep_going = true;
   while ((sent < n || got < expected_outputs) && keep_going && cycles < budget) {
+    // Inputs change with the falling edge; the handshake is read once they have settled and takes
+    // effect at the rising edge (two evaluations per cycle).
     const bool offer = sent < n && !(p_idle > 0 && idle(rng));
     dut->in_valid_i = offer;
     if (offer) drive(sent);
     dut->out_ready_i = !(p_stall > 0 && stall(rng));
-    dut->eval();  // settle ready/valid for this cycle
+    dut.fall();
     const bool in_fire = offer && dut->in_ready_o;
     const bool out_fire = dut->out_valid_o && dut->out_ready_i;
     if (out_fire) keep_going = take(got++);
-    dut.tick();
+    dut.rise();
     if (in_fire) ++sent;
     ++cycles;
   }
