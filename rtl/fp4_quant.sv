@@ -11,11 +11,12 @@
 // The per-tensor S_enc (ue4m3) and, for 16x16 weight tiles or 1x32 MX blocks, the amax of the whole
 // tile come from outside: a controller runs a first pass reading amax_o and feeds the maximum back.
 module fp4_quant #(
-  parameter fp4lab_pkg::fmt_mask_t FORMATS = fp4lab_pkg::FMTS_ALL
+  parameter fp4lab_pkg::fmt_mask_t   FORMATS = fp4lab_pkg::FMTS_ALL,
+  parameter fp4lab_pkg::scale_mask_t SCALES  = fp4lab_pkg::SCALES_ALL
 ) (
   input  logic [511:0]       y_i,            // 16 FP32 values (rotated already when RHT is on), finite
   input  fp4lab_pkg::fmt_t   fmt_i,          // ignored in a single-format build
-  input  fp4lab_pkg::scale_t scale_i,
+  input  fp4lab_pkg::scale_t scale_i,        // ignored in a single-scale build
   input  logic               sr_i,           // stochastic rounding
   input  logic [383:0]       rbits_i,        // 16 x (r >> 8) of each element's Philox word
   input  logic [31:0]        s_enc_i,        // NVFP4 S_enc of the tensor (ue4m3 only)
@@ -30,15 +31,10 @@ module fp4_quant #(
   localparam fp4lab_pkg::fmt_t FIRST = 2'(fp4lab_pkg::mask_first(FORMATS));
 
   fp4lab_pkg::fmt_t fmt;
-  if (SINGLE) begin : gen_fixed
-    assign fmt = FIRST;
-    /* verilator lint_off UNUSEDSIGNAL */
-    logic unused_fmt;
-    assign unused_fmt = ^fmt_i;
-    /* verilator lint_on UNUSEDSIGNAL */
-  end else begin : gen_runtime
-    assign fmt = fmt_i;
-  end
+  assign fmt = SINGLE ? FIRST : fmt_i;  // a constant in a fixed build: synthesis drops the select
+
+  fp4lab_pkg::scale_t scale;
+  assign scale = fp4lab_pkg::mask_single(SCALES) ? 2'(fp4lab_pkg::mask_first(SCALES)) : scale_i;
 
   // ---- block amax: |y| compared as bit patterns (finite, non-negative) ----
   logic [31:0] amax;
@@ -83,11 +79,11 @@ module fp4_quant #(
     ilogb_q = q_fp32[30:23] != '0 ? $signed({2'b00, q_fp32[30:23]}) - 10'sd127 : -10'sd127 - $signed({5'd0, lz_q});
     q_pow2 = q_fp32[30:23] != '0 ? q_fp32[22:0] == '0 : (q_fp32[22:0] & (q_fp32[22:0] - 23'd1)) == '0;
     x_floor = ilogb_amax - 10'(fp4lab_pkg::fmt_emax(fmt));
-    // ceil_log2 via frexp: amax / gmax may underflow to 0, for which frexp gives exponent 0.
-    if (q_fp32[30:0] == '0) x_ceil = '0;
+    // amax / gmax may underflow to 0: the exact ceil(log2) is below -127, so the smallest scale (quantize.hpp)
+    if (q_fp32[30:0] == '0) x_ceil = -10'sd127;
     else x_ceil = ilogb_q + (q_pow2 ? 10'sd0 : 10'sd1);
     if (amax[30:0] == '0) x8 = -10'sd127;
-    else x8 = scale_i == fp4lab_pkg::SCALE_UE8M0 ? x_floor : x_ceil;
+    else x8 = scale == fp4lab_pkg::SCALE_UE8M0 ? x_floor : x_ceil;
     x8 = x8 < -10'sd127 ? -10'sd127 : (x8 > 10'sd127 ? 10'sd127 : x8);
     code8 = 8'(x8 + 10'sd127);
     // 2^X and 2^-X (scale.hpp e8m0_decode): 2^-127 is the subnormal 0x00400000
@@ -99,7 +95,7 @@ module fp4_quant #(
   logic [31:0] enc;
   logic        dec_zero;
   always_comb begin
-    unique case (scale_i)
+    unique case (scale)
       fp4lab_pkg::SCALE_FP32: begin
         dec_o = q_fp32;
         scode_o = 8'd0;
@@ -126,7 +122,7 @@ module fp4_quant #(
     fp32_div u_div (.a_i(y), .b_i(dec_o), .y_o(v_div));
     fp32_mul u_mul (.a_i(y), .b_i(enc), .y_o(v_mul));
     // fp32 scale: y / dec, or y * 0 = +-0 when the scale underflowed to zero
-    assign v = scale_i != fp4lab_pkg::SCALE_FP32 ? v_mul : dec_zero ? {y[31], 31'd0} : v_div;
+    assign v = scale != fp4lab_pkg::SCALE_FP32 ? v_mul : dec_zero ? {y[31], 31'd0} : v_div;
     fp4_round #(.FORMATS(FORMATS)) u_round (
       .v_i(v), .fmt_i(fmt), .sr_i, .rbits_i(rbits_i[24*j +: 24]), .code_o(codes_o[4*j +: 4]));
   end

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cfloat>
 #include <cmath>
 #include <functional>
@@ -179,6 +180,26 @@ TEST(ScaleMx, CeilExponentHandWorked) {
   expect_codes(q, 1, {0b0'110, 0b0'101, 0b0'100});
   expect_codes(q, 2, {0b0'110, 0b0'110, 0b0'011});
   expect_codes(q, 3, {0b0'111, 0b0'010});
+}
+
+// A block whose amax / gmax underflows to 0 (E2M1: amax <= 3 * 2^-149) has an exact ceil(log2(amax / 6))
+// below -127, so it takes the smallest scale, code 0, like an all-zero block; 4 * 2^-149 / 6 is 2^-149
+// (RTNE), ceil(log2) = -149, which clamps to code 0 too. Under floor, amax 3 * 2^-149 gives X = -149 - 2.
+TEST(ScaleMx, CeilExponentOfUnderflowingQuotient) {
+  std::vector<float> x(96, 0.0f);
+  put(x, 32, 0, {0x1p-149f, -0x1p-149f});
+  put(x, 32, 1, {3 * 0x1p-149f});
+  put(x, 32, 2, {4 * 0x1p-149f});
+  for (ScaleKind s : {ScaleKind::ue8m0_ceil, ScaleKind::ue8m0}) {
+    const QTensor q = quantize(x.data(), 1, 96, config(kE2M1, s, 32));
+    for (int b = 0; b < 3; ++b) {
+      EXPECT_EQ(q.scale_codes[b], 0) << scale_name(s) << " block " << b;
+      EXPECT_EQ(std::bit_cast<uint32_t>(q.scales[b]), 0x00400000u) << scale_name(s) << " block " << b;  // 2^-127
+    }
+    expect_codes(q, 0, {0b0'000, 0b1'000});  // the sign survives rounding to zero
+    expect_codes(q, 1, {0b0'000});
+    expect_codes(q, 2, {0b0'000});
+  }
 }
 
 // MX exponent of the other grids: emax(e1m2) = 0, emax(int4) = 2, emax(e2m1_max2) = 1.

@@ -18,7 +18,7 @@ std::vector<std::vector<float>> test_tensors(std::mt19937_64& rng, int64_t rows,
   std::student_t_distribution<float> heavy(2.5f);
   std::vector<std::vector<float>> out;
   const int64_t n = rows * cols;
-  for (float scale : {1.0f, 3e-3f, 1e-30f, 2e-39f, 1e30f}) {
+  for (float scale : {1.0f, 3e-3f, 1e-30f, 2e-39f, 1e30f, 1.5e-45f}) {  // 1.5e-45: amax a few ulps of 2^-149
     std::vector<float> x(static_cast<size_t>(n));
     for (float& v : x) v = scale * gauss(rng);
     out.push_back(x);

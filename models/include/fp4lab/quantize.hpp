@@ -53,9 +53,11 @@ FP4LAB_HD inline BlockScale block_scale(const ElemFormat& f, ScaleKind kind, flo
     }
     case ScaleKind::ue8m0:
     case ScaleKind::ue8m0_ceil: {
-      int X = -127;  // an all-zero block takes the smallest scale
-      if (amax > 0.0f)
-        X = kind == ScaleKind::ue8m0 ? floor_log2(amax) - f.emax() : ceil_log2(amax / f.gmax());
+      // An all-zero block takes the smallest scale, and so does a block whose amax / gmax underflows to 0
+      // (amax <= 3 * 2^-149 for E2M1): the exact ceil(log2) is then below -127 and clamps there.
+      int X = -127;
+      if (kind == ScaleKind::ue8m0 && amax > 0.0f) X = floor_log2(amax) - f.emax();
+      if (kind == ScaleKind::ue8m0_ceil && amax / f.gmax() > 0.0f) X = ceil_log2(amax / f.gmax());
       b.code = e8m0_encode_exp(X);
       b.dec = e8m0_decode(b.code);
       b.enc = e8m0_decode(uint8_t(254 - b.code));  // 2^-X, exact
