@@ -15,12 +15,7 @@ namespace fp4lab::cuda {
 namespace {
 
 void check_operands(const DQTensor& a, const DQTensor& b) {
-  if (a.cols != b.cols)
-    throw std::invalid_argument("GEMM operands disagree on K: A has " + std::to_string(a.cols) + ", B has " +
-                                std::to_string(b.cols));
-  if (a.block != b.block)
-    throw std::invalid_argument("GEMM operands disagree on block size: " + std::to_string(a.block) + " vs " +
-                                std::to_string(b.block));
+  check_gemm_operands(a, b);
   if (a.codes.size() != size_t(a.rows * a.cols / 2) || b.codes.size() != size_t(b.rows * b.cols / 2))
     throw std::invalid_argument("GEMM operand is not quantised (no codes on the device)");
 }

@@ -14,15 +14,6 @@
 
 namespace fp4lab {
 
-void check_gemm_operands(const QTensor& a, const QTensor& b) {
-  if (a.cols != b.cols)
-    throw std::invalid_argument("GEMM operands disagree on K: A has " + std::to_string(a.cols) + ", B has " +
-                                std::to_string(b.cols));
-  if (a.block != b.block)
-    throw std::invalid_argument("GEMM operands disagree on block size: " + std::to_string(a.block) + " vs " +
-                                std::to_string(b.block));
-}
-
 std::vector<float> gemm(const QTensor& a, const QTensor& b) {
   check_gemm_operands(a, b);
   // The fastest SIMD path this build compiled in (AVX-512 VNNI, AVX2 or scalar); see gemm_kernels.cpp.

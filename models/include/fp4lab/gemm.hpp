@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "fp4lab/format.hpp"
@@ -41,8 +43,17 @@ FP4LAB_HD inline float tensor_factor(const ElemFormat& f, float global_dec) {
 }
 FP4LAB_HD inline float contract_finish(float acc, float ga, float gb) { return FP4LAB_FMUL(acc, FP4LAB_FMUL(ga, gb)); }
 
-// Throws std::invalid_argument when A and B cannot be multiplied (K or block mismatch).
-void check_gemm_operands(const QTensor& a, const QTensor& b);
+// Throws std::invalid_argument when A and B cannot be multiplied (K or block mismatch). A template so the
+// host QTensor and the CUDA layer's device tensors share one rule and one message.
+template <class Q>
+void check_gemm_operands(const Q& a, const Q& b) {
+  if (a.cols != b.cols)
+    throw std::invalid_argument("GEMM operands disagree on K: A has " + std::to_string(a.cols) + ", B has " +
+                                std::to_string(b.cols));
+  if (a.block != b.block)
+    throw std::invalid_argument("GEMM operands disagree on block size: " + std::to_string(a.block) + " vs " +
+                                std::to_string(b.block));
+}
 
 // Fast CPU implementation (vectorised, both cores); bit-identical to reference::gemm_contract.
 std::vector<float> gemm(const QTensor& a, const QTensor& b);
