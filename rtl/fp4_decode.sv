@@ -16,15 +16,7 @@ module fp4_decode #(
   fp4lab_pkg::fmt_t fmt;
   logic [4:0] mag;
 
-  if (FIXED) begin : gen_fixed
-    assign fmt = FIRST;
-    /* verilator lint_off UNUSEDSIGNAL */
-    logic unused_fmt;
-    assign unused_fmt = ^fmt_i;
-    /* verilator lint_on UNUSEDSIGNAL */
-  end else begin : gen_runtime
-    assign fmt = fmt_i;
-  end
+  assign fmt = FIXED ? FIRST : fmt_i;  // a constant in a fixed build: synthesis drops the select
 
   always_comb begin
     // decode_raw(fmt, code_i), looked up in the table the package evaluated at elaboration

@@ -1,8 +1,9 @@
 // fp4_quant_unit: the block quantiser fp4_quant behind DEPTH pipeline registers with valid/ready.
 // Latency DEPTH cycles, one 1x16 block per cycle.
 module fp4_quant_unit #(
-  parameter fp4lab_pkg::fmt_mask_t FORMATS = fp4lab_pkg::FMTS_ALL,
-  parameter int unsigned           DEPTH   = 1
+  parameter fp4lab_pkg::fmt_mask_t   FORMATS = fp4lab_pkg::FMTS_ALL,
+  parameter fp4lab_pkg::scale_mask_t SCALES  = fp4lab_pkg::SCALES_ALL,  // one kind: a fixed-scale build
+  parameter int unsigned             DEPTH   = 1
 ) (
   input  logic               clk_i,
   input  logic               rst_ni,
@@ -27,7 +28,7 @@ module fp4_quant_unit #(
   logic [31:0] dec, amax;
   logic [7:0]  scode;
 
-  fp4_quant #(.FORMATS(FORMATS)) u_quant (
+  fp4_quant #(.FORMATS(FORMATS), .SCALES(SCALES)) u_quant (
     .y_i, .fmt_i, .scale_i, .sr_i, .rbits_i, .s_enc_i, .amax_ext_en_i, .amax_ext_i,
     .codes_o(codes), .dec_o(dec), .scode_o(scode), .amax_o(amax));
 

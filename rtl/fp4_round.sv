@@ -20,15 +20,7 @@ module fp4_round #(
   localparam fp4lab_pkg::fmt_t FIRST = 2'(fp4lab_pkg::mask_first(FORMATS));
 
   fp4lab_pkg::fmt_t fmt;
-  if (SINGLE) begin : gen_fixed
-    assign fmt = FIRST;
-    /* verilator lint_off UNUSEDSIGNAL */
-    logic unused_fmt;
-    assign unused_fmt = ^fmt_i;
-    /* verilator lint_on UNUSEDSIGNAL */
-  end else begin : gen_runtime
-    assign fmt = fmt_i;
-  end
+  assign fmt = SINGLE ? FIRST : fmt_i;  // a constant in a fixed build: synthesis drops the select
 
   logic [31:0] levels;            // int_level(i) in bits [4i+3:4i]
   logic [30:0] gmax;              // gmax's bits without the (zero) sign

@@ -194,6 +194,11 @@ package fp4lab_pkg;
     SCALE_UE8M0_CEIL = 2'd3   // Transformer Engine MXFP4: X = ceil(log2(amax / gmax))
   } scale_e;
   typedef logic [1:0] scale_t;
+  // Scale kinds a quantiser build supports (bit k: kind k). One kind fixes the select at build time, so
+  // synthesis drops the other kinds' datapaths (scripts/area.sh prices NVFP4's ue4m3-only quantiser so);
+  // mask_single / mask_first serve this mask as they serve fmt_mask_t.
+  typedef logic [3:0] scale_mask_t;
+  localparam scale_mask_t SCALES_ALL = 4'b1111;
 
   // ---- FP32 constants -----------------------------------------------------------------------------
   localparam logic [31:0] F32_ONE      = 32'h3F80_0000;
@@ -202,6 +207,18 @@ package fp4lab_pkg;
   localparam logic [31:0] F32_MAX      = 32'h7F7F_FFFF;  // FLT_MAX
   localparam logic [31:0] F32_INF      = 32'h7F80_0000;
   localparam logic [31:0] F32_QNAN     = 32'h7FC0_0000;  // NaN payload and sign are not part of the contract
+
+  // ---- FP32 operand fields, read alike by the multiplier and the divider ----------------------------
+  typedef struct packed {
+    logic        sign, zero, inf, nan;
+    logic [7:0]  e;  // effective exponent: subnormals count as exponent 1
+    logic [23:0] m;  // significand, hidden bit set for normals only
+  } f32_t;
+  function automatic f32_t f32_unpack(logic [31:0] x);
+    // One concatenation in field order: Yosys 0.23 cannot assign struct members of a function result.
+    f32_unpack = {x[31], x[30:0] == '0, x[30:23] == 8'hFF && x[22:0] == '0, x[30:23] == 8'hFF && x[22:0] != '0,
+                  x[30:23] == '0 ? 8'd1 : x[30:23], x[30:23] != '0, x[22:0]};
+  endfunction
 
   /* verilator lint_on UNUSEDPARAM */
 endpackage

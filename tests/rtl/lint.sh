@@ -39,7 +39,18 @@ for f in "${files[@]}"; do
   fi
   grep -q -E "^\s*module\s+$top\b" "$f" || { echo "FAIL: $f does not hold module $top"; missing=1; continue; }
   fmts=("")
-  grep -q 'parameter fp4lab_pkg::fmt_mask_t FORMATS' "$f" && fmts=("4'b0001" "4'b0010" "4'b0100" "4'b1111")
+  grep -q -E 'parameter fp4lab_pkg::fmt_mask_t\s+FORMATS' "$f" && fmts=("4'b0001" "4'b0010" "4'b0100" "4'b1111")
+  # Single-scale builds of the quantiser (all formats, DEPTH 1), one per scale kind.
+  if grep -q -E 'parameter fp4lab_pkg::scale_mask_t\s+SCALES' "$f"; then
+    for sm in 0001 0010 0100 1000; do
+      dp=()
+      grep -q -E 'parameter int unsigned\s+DEPTH' "$f" && dp=(-GDEPTH=1)
+      add lint_one "verilator $top SCALES=4'b$sm" \
+        verilator --lint-only -f verilator.f --top-module "$top" "-GSCALES=4'b$sm" "${dp[@]}" "${files[@]}"
+      add lint_one "yosys $top SCALES=4'b$sm" \
+        yosys -q -p "read_verilog -sv ${files[*]}; hierarchy -check -top $top -chparam SCALES $((2#$sm)); proc; check -assert"
+    done
+  fi
   depths=("")
   grep -q -E 'parameter int unsigned\s+DEPTH' "$f" && depths=(0 1 3)
   for m in "${fmts[@]}"; do
