@@ -6,23 +6,33 @@
 # Builds: the block dot-product unit (fp4_dot_unit, N = 16, one pipeline stage) for E2M1 only, E1M2
 # only, INT4 only and both grids (dual: e2m1, e1m2, int4, e2m1_max2 at run time); the block MAC
 # (fp4_mac_unit, the dot product plus block-scale multiply and FP32 accumulation) in the same four
-# builds; the quantiser (fp4_quant_unit) for E2M1 only, E1M2 only and all formats; the RHT-16 unit.
+# builds; the quantiser (fp4_quant_unit) with NVFP4's ue4m3 block scale for E2M1 only, E1M2 only and
+# dual, with the fp32 block scale (true divisions) for E2M1 only and E1M2 only, and with every format and
+# scale kind; the RHT-16 unit.
+#
+# The FP32 units (fp32_add, fp32_mul, fp32_div, fp32_from_int) are synthesised once each, flat, and the
+# builds that use them keep them as black boxes: their instances are counted and priced at the unit's own
+# figures. One FP32 divider alone takes ABC minutes, and the quantiser has 19 of them, so flattening
+# everything cost an hour per build; the price is that a constant operand (dividing by a fixed gmax in a
+# single-format quantiser) does not simplify the unit it feeds. The RHT's 16 multiplies by 0.25 are left
+# flat for that reason: they fold to exponent arithmetic.
 #
 # Two mappings per build, both after `synth` (each module once), `flatten` and `opt -full` (so constants
-# and format selects propagate across module boundaries):
+# and format selects propagate across the remaining module boundaries):
 #   gates:  abc -g AND,NAND,OR,NOR,XOR,XNOR,ANDNOT,ORNOT,MUX  -> cell and gate counts
 #   cmos2:  abc -g cmos2 (NAND, NOR, NOT)                     -> `stat -tech cmos` transistor estimate
 # Flip-flops are counted apart (they are not in either gate set) and left out of the transistor figure.
 #
-# Usage: scripts/area.sh [-j JOBS] [--only REGEX]   (from anywhere; needs yosys 0.23+ and python3)
+# Usage: scripts/area.sh [-j JOBS]   (from anywhere; needs yosys 0.23+ and python3)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-jobs=2 only=""
+cmdline="scripts/area.sh${*:+ $*}"
+jobs=2
 while [ $# -gt 0 ]; do
   case $1 in
     -j) jobs=$2; shift 2 ;;
-    --only) only=$2; shift 2 ;;
-    *) echo "usage: $0 [-j JOBS] [--only REGEX]" >&2; exit 2 ;;
+    -j*) jobs=${1#-j}; shift ;;
+    *) echo "usage: $0 [-j JOBS]" >&2; exit 2 ;;
   esac
 done
 command -v yosys >/dev/null || { echo "area.sh: yosys not found (apt-get install yosys)" >&2; exit 1; }
@@ -31,25 +41,35 @@ files=$(grep -v -E '^\s*(//|$)' files.f | tr '\n' ' ')
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# name | top | chparams
+# name | top | chparams | FP32 units kept as black boxes
+prims=(
+  "fp32_div|fp32_div||"
+  "fp32_mul|fp32_mul||"
+  "fp32_add|fp32_add||"
+  "fp32_from_int|fp32_from_int||"
+)
+fp="fp32_add fp32_mul fp32_div fp32_from_int"
 builds=(
-  "dot_e2m1|fp4_dot_unit|-chparam FORMATS 1 -chparam DEPTH 1"
-  "dot_e1m2|fp4_dot_unit|-chparam FORMATS 2 -chparam DEPTH 1"
-  "dot_int4|fp4_dot_unit|-chparam FORMATS 4 -chparam DEPTH 1"
-  "dot_dual|fp4_dot_unit|-chparam FORMATS 15 -chparam DEPTH 1"
-  "mac_e2m1|fp4_mac_unit|-chparam FORMATS 1 -chparam DEPTH 1"
-  "mac_e1m2|fp4_mac_unit|-chparam FORMATS 2 -chparam DEPTH 1"
-  "mac_int4|fp4_mac_unit|-chparam FORMATS 4 -chparam DEPTH 1"
-  "mac_dual|fp4_mac_unit|-chparam FORMATS 15 -chparam DEPTH 1"
-  "quant_e2m1|fp4_quant_unit|-chparam FORMATS 1 -chparam DEPTH 1"
-  "quant_e1m2|fp4_quant_unit|-chparam FORMATS 2 -chparam DEPTH 1"
-  "quant_all|fp4_quant_unit|-chparam FORMATS 15 -chparam DEPTH 1"
-  "rht16|fp32_rht16_unit|-chparam DEPTH 1"
+  "dot_e2m1|fp4_dot_unit|-chparam FORMATS 1 -chparam DEPTH 1|"
+  "dot_e1m2|fp4_dot_unit|-chparam FORMATS 2 -chparam DEPTH 1|"
+  "dot_int4|fp4_dot_unit|-chparam FORMATS 4 -chparam DEPTH 1|"
+  "dot_dual|fp4_dot_unit|-chparam FORMATS 15 -chparam DEPTH 1|"
+  "mac_e2m1|fp4_mac_unit|-chparam FORMATS 1 -chparam DEPTH 1|$fp"
+  "mac_e1m2|fp4_mac_unit|-chparam FORMATS 2 -chparam DEPTH 1|$fp"
+  "mac_int4|fp4_mac_unit|-chparam FORMATS 4 -chparam DEPTH 1|$fp"
+  "mac_dual|fp4_mac_unit|-chparam FORMATS 15 -chparam DEPTH 1|$fp"
+  "quant_e2m1_ue4m3|fp4_quant_unit|-chparam FORMATS 1 -chparam SCALES 2 -chparam DEPTH 1|$fp"
+  "quant_e1m2_ue4m3|fp4_quant_unit|-chparam FORMATS 2 -chparam SCALES 2 -chparam DEPTH 1|$fp"
+  "quant_dual_ue4m3|fp4_quant_unit|-chparam FORMATS 15 -chparam SCALES 2 -chparam DEPTH 1|$fp"
+  "quant_e2m1_fp32|fp4_quant_unit|-chparam FORMATS 1 -chparam SCALES 1 -chparam DEPTH 1|$fp"
+  "quant_e1m2_fp32|fp4_quant_unit|-chparam FORMATS 2 -chparam SCALES 1 -chparam DEPTH 1|$fp"
+  "quant_all|fp4_quant_unit|-chparam FORMATS 15 -chparam SCALES 15 -chparam DEPTH 1|$fp"
+  "rht16|fp32_rht16_unit|-chparam DEPTH 1|fp32_add"
 )
 
-synth_one() {  # synth_one "name|top|params"
-  IFS='|' read -r name top params <<<"$1"
-  local script="read_verilog -sv $files; hierarchy -check -top $top $params; synth -top $top; \
+synth_one() {  # synth_one "name|top|params|blackboxes"
+  IFS='|' read -r name top params boxes <<<"$1"
+  local script="read_verilog -sv $files; ${boxes:+blackbox $boxes;} hierarchy -check -top $top $params; synth -top $top; \
 flatten; opt -full; design -save synthed; \
 abc -g AND,NAND,OR,NOR,XOR,XNOR,ANDNOT,ORNOT,MUX; opt_clean; tee -q -o $work/$name.gates stat; \
 design -load synthed; abc -g cmos2; opt_clean; tee -q -o $work/$name.cmos stat -tech cmos"
@@ -65,45 +85,54 @@ design -load synthed; abc -g cmos2; opt_clean; tee -q -o $work/$name.cmos stat -
 export -f synth_one
 export files work
 
-sel=()
-for b in "${builds[@]}"; do
-  [ -z "$only" ] || [[ ${b%%|*} =~ $only ]] && sel+=("$b")
-done
-echo "area.sh: synthesising ${#sel[@]} builds with $jobs parallel Yosys runs" >&2
-printf '%s\n' "${sel[@]}" | xargs -P "$jobs" -I{} bash -c 'synth_one "$@"' _ {}
+echo "area.sh: synthesising ${#prims[@]} FP32 units, then ${#builds[@]} builds, $jobs Yosys runs at a time" >&2
+printf '%s\n' "${prims[@]}" "${builds[@]}" | xargs -P "$jobs" -I{} bash -c 'synth_one "$@"' _ {}
 
 yosys_version=$(yosys -V)
-cmdline="scripts/area.sh${*:+ $*}"
-python3 - "$work" "$root" "$yosys_version" "$cmdline" "${sel[@]}" <<'PY'
+python3 - "$work" "$root" "$yosys_version" "$cmdline" "${prims[@]}" "${builds[@]}" <<'PY'
 import json, re, sys
 work, root, yver, cmdline = sys.argv[1:5]
-builds = [b.split('|') for b in sys.argv[5:]]
+specs = [b.split('|') for b in sys.argv[5:]]
+FP32 = ('fp32_add', 'fp32_mul', 'fp32_div', 'fp32_from_int')
 
-def stat(path):
+def stat(path):  # cell counts by type ($_AND_ ..., and black-box instances by module name), transistors
     txt = open(path).read()
-    types = {m.group(1): int(m.group(2)) for m in re.finditer(r'^\s+(\$\S+)\s+(\d+)\s*$', txt, re.M)}
+    types = {m.group(1): int(m.group(2)) for m in re.finditer(r'^\s+(\$\S+|fp32_\w+)\s+(\d+)\s*$', txt, re.M)}
     tr = re.search(r'Estimated number of transistors:\s+(\d+)', txt)
     return types, int(tr.group(1)) if tr else None
 
 rows = {}
-for name, top, params in builds:
+for name, top, params, boxes in specs:  # FP32 units come first: the builds are priced from them
     g, _ = stat(f'{work}/{name}.gates')
     c, trans = stat(f'{work}/{name}.cmos')
+    units = {k: g.get(k, 0) for k in FP32 if g.get(k, 0)}
     ff = sum(v for k, v in g.items() if 'DFF' in k)
-    rows[name] = dict(top=top, params=params.strip(), cells=sum(g.values()), gates=sum(g.values()) - ff, ffs=ff,
-                      nand_nor_not=sum(v for k, v in c.items() if 'DFF' not in k), transistors=trans,
-                      cell_types=g, yosys_seconds=int(open(f'{work}/{name}.secs').read()))
+    own_gates = sum(v for k, v in g.items() if k.startswith('$') and 'DFF' not in k)
+    own_nnn = sum(v for k, v in c.items() if k.startswith('$') and 'DFF' not in k)
+    r = dict(top=top, params=params.strip(), fp32_units=units, own_gates=own_gates, ffs=ff,
+             gates=own_gates + sum(n * rows[k]['gates'] for k, n in units.items()),
+             nand_nor_not=own_nnn + sum(n * rows[k]['nand_nor_not'] for k, n in units.items()),
+             transistors=trans + sum(n * rows[k]['transistors'] for k, n in units.items()),
+             cell_types=g, yosys_seconds=int(open(f'{work}/{name}.secs').read()))
+    rows[name] = r
 flow = ('synth; flatten; opt -full; gates: abc -g AND,NAND,OR,NOR,XOR,XNOR,ANDNOT,ORNOT,MUX; '
-        'transistors: abc -g cmos2 then stat -tech cmos (flip-flops excluded)')
+        'transistors: abc -g cmos2 then stat -tech cmos (flip-flops excluded); FP32 units synthesised once '
+        'and priced per instance')
 json.dump({'generated_by': cmdline, 'yosys': yver, 'flow': flow, 'builds': rows},
           open(f'{root}/rtl/area.json', 'w'), indent=1, sort_keys=True)
 
 label = {
+    'fp32_div': 'FP32 divide (RTNE, subnormals)', 'fp32_mul': 'FP32 multiply', 'fp32_add': 'FP32 add',
+    'fp32_from_int': 'int32 to FP32',
     'dot_e2m1': 'block dot product, E2M1 only', 'dot_e1m2': 'block dot product, E1M2 only',
     'dot_int4': 'block dot product, INT4 only', 'dot_dual': 'block dot product, dual (E2M1 + E1M2/INT4)',
     'mac_e2m1': 'block MAC, E2M1 only', 'mac_e1m2': 'block MAC, E1M2 only', 'mac_int4': 'block MAC, INT4 only',
-    'mac_dual': 'block MAC, dual', 'quant_e2m1': 'quantiser, E2M1 only', 'quant_e1m2': 'quantiser, E1M2 only',
-    'quant_all': 'quantiser, all four formats', 'rht16': 'RHT-16 butterfly (FP32)'}
+    'mac_dual': 'block MAC, dual',
+    'quant_e2m1_ue4m3': 'quantiser, E2M1, ue4m3 scale (NVFP4)', 'quant_e1m2_ue4m3': 'quantiser, E1M2, ue4m3 scale',
+    'quant_dual_ue4m3': 'quantiser, dual, ue4m3 scale', 'quant_e2m1_fp32': 'quantiser, E2M1, fp32 scale',
+    'quant_e1m2_fp32': 'quantiser, E1M2, fp32 scale (UFP4)',
+    'quant_all': 'quantiser, every format and scale kind', 'rht16': 'RHT-16 butterfly (FP32)'}
+short = {'fp32_div': 'div', 'fp32_mul': 'mul', 'fp32_add': 'add', 'fp32_from_int': 'i2f'}
 md = ['# Area: what uniform-grid support costs', '',
       'Generated by `' + cmdline + '` (' + yver + '); do not edit by hand. Machine-readable copy: '
       '[`rtl/area.json`](../rtl/area.json).', '',
@@ -113,46 +142,64 @@ md = ['# Area: what uniform-grid support costs', '',
       '`abc -g cmos2` (NAND, NOR, NOT) with `stat -tech cmos` for a transistor estimate. Flip-flops are '
       'counted apart and are not in the transistor figure. Generic cells, no timing constraints: these '
       'are relative costs of one design family, not a standard-cell area.', '',
-      '| build | top | parameters | cells | logic gates | flip-flops | NAND/NOR/NOT gates | transistors (logic) |',
-      '|---|---|---|---:|---:|---:|---:|---:|']
+      'The FP32 units are synthesised once each (first four rows). A build that uses them keeps them as '
+      'black boxes; its "own logic" column is everything else, and its totals add each unit at its own '
+      'count per instance. A constant operand therefore does not simplify the unit it feeds (the fixed '
+      'gmax divisor of a single-format quantiser, for example); the RHT\'s multiplies by 0.25 are left '
+      'flat for that reason.', '',
+      '| build | top | parameters | FP32 units | own logic gates | flip-flops | logic gates | NAND/NOR/NOT gates | transistors (logic) |',
+      '|---|---|---|---|---:|---:|---:|---:|---:|']
 for name, r in rows.items():
-    tr = f"{r['transistors']:,}" if r['transistors'] is not None else 'n/a'
-    md.append(f"| {label.get(name, name)} | `{r['top']}` | `{r['params']}` | {r['cells']:,} | {r['gates']:,} | "
-              f"{r['ffs']:,} | {r['nand_nor_not']:,} | {tr} |")
+    units = ', '.join(f"{n} {short[k]}" for k, n in r['fp32_units'].items()) or '—'
+    md.append(f"| {label.get(name, name)} | `{r['top']}` | `{r['params'] or '—'}` | {units} | {r['own_gates']:,} | "
+              f"{r['ffs']:,} | **{r['gates']:,}** | {r['nand_nor_not']:,} | {r['transistors']:,} |")
 md += ['', '## Reading', '']
 
 def over(a, b, key='gates'):
     return 100.0 * (rows[a][key] - rows[b][key]) / rows[b][key]
 
-if all(k in rows for k in ('dot_e2m1', 'dot_e1m2', 'dot_dual')):
-    md.append(f"- **Dual-format dot product vs E2M1 only: {over('dot_dual', 'dot_e2m1'):+.1f}% logic gates "
-              f"({over('dot_dual', 'dot_e2m1', 'transistors'):+.1f}% transistors).** Both grids share one "
-              "datapath (`fp4_decode` maps every code to a {sign, 3-bit significand, 2-bit shift} super format); "
-              "the overhead is the 3x3-bit significand multiplier where E2M1 needs 2x2, and the shifter and "
-              "wider adder tree that must hold E2M1's products (up to 144) at the same time.")
-    md.append(f"- **E1M2 only vs E2M1 only: {over('dot_e1m2', 'dot_e2m1'):+.1f}% logic gates.** The uniform grid's "
-              "products are at most 7x7 = 49 with no shift, so its 16-lane adder tree is narrower "
-              "(sum of 16 fits 11 bits against 13 for E2M1).")
-if 'dot_int4' in rows and 'dot_e1m2' in rows:
-    d = rows['dot_int4']['gates'] - rows['dot_e1m2']['gates']
-    md.append(f"- **INT4 only and E1M2 only are the same datapath** ({rows['dot_int4']['gates']:,} vs "
-              f"{rows['dot_e1m2']['gates']:,} logic gates{'' if d == 0 else f'; the {abs(d)}-gate difference is ABC mapping the same logic from differently named netlists'}): "
-              "the two grids have the same integer view 0..7 and differ only by the power of two 2^-int_shift, "
-              "which the contract folds into the per-tensor factor g of the final FP32 multiply.")
-if all(k in rows for k in ('mac_e2m1', 'mac_dual')):
-    md.append(f"- **Whole MAC (dot product + block-scale multiply + FP32 accumulate): dual vs E2M1 only "
-              f"{over('mac_dual', 'mac_e2m1'):+.1f}% logic gates, E1M2 only vs E2M1 only "
-              f"{over('mac_e1m2', 'mac_e2m1'):+.1f}%.** The FP32 part (int-to-float, three multipliers, one "
-              "adder) is the same in every build and dilutes the format cost.")
-if all(k in rows for k in ('quant_e2m1', 'quant_all')):
-    md.append(f"- **Quantiser: all formats vs E2M1 only {over('quant_all', 'quant_e2m1'):+.1f}% logic gates"
-              + (f", E1M2 only vs E2M1 only {over('quant_e1m2', 'quant_e2m1'):+.1f}%" if 'quant_e1m2' in rows else '')
-              + ".** It is dominated by the 17 FP32 dividers of the contract's fp32 scale (v = y / dec, one "
-              "per element, plus amax / gmax) and the 16 multipliers of the ue4m3/ue8m0 scales; the grid "
-              "rounding itself is small.")
-if 'rht16' in rows:
-    md.append(f"- **RHT-16:** {rows['rht16']['gates']:,} logic gates for 64 FP32 adders (4 butterfly stages) and "
-              "16 multiplies by 0.25, one block of 16 per cycle.")
+md.append(f"- **Dual-format dot product vs E2M1 only: {over('dot_dual', 'dot_e2m1'):+.1f}% logic gates "
+          f"({over('dot_dual', 'dot_e2m1', 'transistors'):+.1f}% transistors).** Both grids share one "
+          "datapath (`fp4_decode` maps every code to a {sign, 3-bit significand, 2-bit shift} super format); "
+          "the overhead is the 3x3-bit significand multiplier where E2M1 needs 2x2, and the shifter and "
+          "wider adder tree that must hold E2M1's products (up to 144) at the same time.")
+md.append(f"- **E1M2 only vs E2M1 only: {over('dot_e1m2', 'dot_e2m1'):+.1f}% logic gates.** The uniform grid's "
+          "products are at most 7x7 = 49 with no shift, so its 16-lane adder tree is narrower "
+          "(a sum of 16 fits 11 bits against 13 for E2M1).")
+d = rows['dot_int4']['gates'] - rows['dot_e1m2']['gates']
+md.append(f"- **INT4 only and E1M2 only are the same datapath** ({rows['dot_int4']['gates']:,} vs "
+          f"{rows['dot_e1m2']['gates']:,} logic gates"
+          + ('' if d == 0 else f"; ABC maps the same logic {abs(d)} gate{'s' if abs(d) > 1 else ''} apart") + "): "
+          "the two grids have the same integer view 0..7 and differ only by the power of two 2^-int_shift, "
+          "which the contract folds into the per-tensor factor g of the final FP32 multiply.")
+fp32_mac = rows['mac_e2m1']['gates'] - rows['mac_e2m1']['own_gates']
+md.append(f"- **Whole block MAC (dot product + block-scale multiply + FP32 accumulate): dual vs E2M1 only "
+          f"{over('mac_dual', 'mac_e2m1'):+.1f}% logic gates, E1M2 only vs E2M1 only "
+          f"{over('mac_e1m2', 'mac_e2m1'):+.1f}%.** The FP32 units (int-to-float, "
+          f"{rows['mac_e2m1']['fp32_units']['fp32_mul']} multipliers, one adder: {fp32_mac:,} gates) are the same in every build and dilute the format cost: per block of 16, "
+          f"scaling and accumulating in FP32 costs {fp32_mac / rows['dot_e2m1']['gates']:.1f}x the E2M1 dot product itself.")
+q = lambda k: rows[k]['gates']
+md.append(f"- **Quantiser, at NVFP4's ue4m3 block scale: E1M2 only vs E2M1 only "
+          f"{over('quant_e1m2_ue4m3', 'quant_e2m1_ue4m3'):+.1f}% logic gates, dual vs E2M1 only "
+          f"{over('quant_dual_ue4m3', 'quant_e2m1_ue4m3'):+.1f}%.** The grid is a small part of a quantiser: "
+          f"{q('quant_e2m1_ue4m3') - rows['quant_e2m1_ue4m3']['own_gates']:,} of the E2M1 build's "
+          f"{q('quant_e2m1_ue4m3'):,} gates are its FP32 units ({rows['quant_e2m1_ue4m3']['fp32_units'].get('fp32_mul', 0)} "
+          f"multipliers, one per element plus the scale's, and {rows['quant_e2m1_ue4m3']['fp32_units'].get('fp32_div', 0)} "
+          "dividers for the encode reciprocals); the amax tree, E4M3 scale and grid rounding are the rest.")
+u = lambda k, key: rows[k][key]
+md.append(f"- **fp32 vs ue4m3 block scale: E1M2 with the fp32 scale (the ufp4 and e2m1-ref presets) is "
+          f"{over('quant_e1m2_fp32', 'quant_e1m2_ue4m3'):+.1f}% logic gates and "
+          f"{over('quant_e1m2_fp32', 'quant_e1m2_ue4m3', 'transistors'):+.1f}% transistors against E1M2 with ue4m3.** "
+          "The fp32 scale divides every element where ue4m3 multiplies by a reciprocal; a divider is "
+          f"{u('fp32_div', 'gates') / u('fp32_mul', 'gates'):.2f}x a multiplier in generic gates but "
+          f"{u('fp32_div', 'transistors') / u('fp32_mul', 'transistors'):.2f}x in transistors, and ue4m3 pays "
+          "for its E4M3 scale and two reciprocals. Next to the grid's ~1%, the scale kind moves more, but "
+          "what prices a quantiser is its per-element FP32 arithmetic, whichever the kind.")
+md.append(f"- **Every format and scale kind in one quantiser:** {q('quant_all'):,} logic gates, "
+          f"{q('quant_all') / q('quant_e2m1_ue4m3'):.2f}x the NVFP4-only build.")
+md.append(f"- **RHT-16:** {rows['rht16']['gates']:,} logic gates ({q('rht16') / q('quant_e2m1_ue4m3'):.2f}x "
+          "the NVFP4 quantiser) for 64 FP32 adders (4 butterfly stages of 16) and 16 multiplies by 0.25, one "
+          "block of 16 per cycle. A front-end that rotates before quantising adds this to each quantiser lane.")
 open(f'{root}/docs/area.md', 'w').write('\n'.join(md) + '\n')
 PY
 echo "area.sh: wrote docs/area.md and rtl/area.json" >&2
