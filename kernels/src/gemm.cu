@@ -51,8 +51,6 @@ __global__ void gemm_reference_kernel(const RefArgs a) {
 }
 
 // ---- fast path: int8 views + mma.sync ------------------------------------------------------------------------
-constexpr int BK = 64;  // K bytes per pipeline stage of the fast kernel
-
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // codes [rows, K] packed -> signed integer views [Rp, Kp] (zero padding), 16 outputs per thread. The integer
@@ -140,206 +138,24 @@ __device__ __forceinline__ void mma_k32(int32_t (&d)[4], const uint32_t (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(kMagicBits));
 }
 
-// Shared-memory byte offset of 16-byte chunk c (0..3) of row r (64 bytes per row). The XOR puts the 8 rows one
-// ldmatrix phase reads into 8 different 16-byte bank groups.
-__device__ __forceinline__ int swz(int r, int c) { return r * BK + ((c ^ ((r >> 1) & 3)) << 4); }
-
 // Tile shapes of the fast kernel: warps WM x WN, each warp MT x NT mma tiles (16 x 8 outputs each), K in stages
-// of 64 bytes (4 blocks of 16 or 2 of 32) through a STAGES-deep cp.async pipeline, MINB CTAs per SM.
+// of 128 bytes (8 blocks of 16 or 4 of 32 per barrier) through a STAGES-deep cp.async pipeline, MINB CTAs per SM.
 template <int WM_, int WN_, int MT_, int NT_, int STAGES_, int MINB_>
 struct Tile {
   static constexpr int WM = WM_, WN = WN_, MT = MT_, NT = NT_, STAGES = STAGES_, MINB = MINB_;
   static constexpr int THREADS = 32 * WM * WN, BM = WM * MT * 16, BN = WN * NT * 8;
+  static constexpr int BKB = 128;  // K bytes per stage (and per shared row)
 };
+
+// Shared-memory byte offset of 16-byte chunk c (0..7) of row r (128-byte rows): the XOR puts the 8 rows one
+// ldmatrix phase reads into 8 different 16-byte bank groups.
+__device__ __forceinline__ int swz(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
 // Per block of the stage and output of the thread: one exact subtraction (step 2) and the golden
-// contract_scale_add (steps 3-5: two multiplies, one add), blocks in ascending order.
+// contract_scale_add (steps 3-5: two multiplies, one add), blocks in ascending order. Every copy and ldmatrix
+// address is computed once per thread (a fixed offset from the stage base plus the stage's K offset).
 template <int B, class T>
 __global__ void __launch_bounds__(T::THREADS, T::MINB) gemm_mma_kernel(const FastArgs p) {
-  constexpr int BM = T::BM, BN = T::BN, MT = T::MT, NT = T::NT, STAGES = T::STAGES, THREADS = T::THREADS;
-  constexpr int KPS = BK / B;  // blocks per stage
-  constexpr int A_BYTES = BM * BK, B_BYTES = BN * BK, SA_FLOATS = KPS * BM, SB_FLOATS = KPS * BN;
-  constexpr int STAGE_BYTES = A_BYTES + B_BYTES + 4 * (SA_FLOATS + SB_FLOATS);
-  static_assert(MT % 2 == 0 && NT % 4 == 0, "ldmatrix.x4 loads two m-tiles or four n-tiles at a time");
-  static_assert((BM * 4) % THREADS == 0 && (BN * 4) % THREADS == 0, "whole 16-byte copies per thread");
-  extern __shared__ __align__(128) uint8_t smem[];
-
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int wm = warp % T::WM, wn = warp / T::WM;
-  const int g = lane >> 2, t4 = lane & 3;
-  const int64_t m0 = int64_t(blockIdx.y) * BM, n0 = int64_t(blockIdx.x) * BN;
-  const int64_t ktiles = p.Kp / BK;
-  const int wrow = wm * MT * 16, wcol = wn * NT * 8;  // the warp's first row / column in the CTA tile
-
-  auto stage_a = [&](int s) { return smem + s * STAGE_BYTES; };
-  auto stage_b = [&](int s) { return smem + s * STAGE_BYTES + A_BYTES; };
-  auto stage_sa = [&](int s) { return reinterpret_cast<float*>(smem + s * STAGE_BYTES + A_BYTES + B_BYTES); };
-  auto stage_sb = [&](int s) {
-    return reinterpret_cast<float*>(smem + s * STAGE_BYTES + A_BYTES + B_BYTES + 4 * SA_FLOATS);
-  };
-
-  auto load_stage = [&](int s, int64_t kt) {
-    const int64_t k0 = kt * BK;
-#pragma unroll
-    for (int i = 0; i < BM * 4 / THREADS; ++i) {
-      const int id = tid + i * THREADS, r = id >> 2, c = id & 3;
-      cp_async16(smem_u32(stage_a(s) + swz(r, c)), p.a + (m0 + r) * p.Kp + k0 + c * 16);
-    }
-#pragma unroll
-    for (int i = 0; i < BN * 4 / THREADS; ++i) {
-      const int id = tid + i * THREADS, r = id >> 2, c = id & 3;
-      cp_async16(smem_u32(stage_b(s) + swz(r, c)), p.b + (n0 + r) * p.Kp + k0 + c * 16);
-    }
-    // Scales: KPS rows of BM (then BN) floats, 16 bytes per copy.
-    constexpr int QA = KPS * BM / 4, QB = KPS * BN / 4;
-    for (int id = tid; id < QA + QB; id += THREADS) {
-      if (id < QA) {
-        const int kk = id / (BM / 4), q = id % (BM / 4);
-        cp_async16(smem_u32(stage_sa(s) + kk * BM + q * 4), p.sa + (kt * KPS + kk) * p.Mp + m0 + q * 4);
-      } else {
-        const int kk = (id - QA) / (BN / 4), q = (id - QA) % (BN / 4);
-        cp_async16(smem_u32(stage_sb(s) + kk * BN + q * 4), p.sb + (kt * KPS + kk) * p.Np + n0 + q * 4);
-      }
-    }
-  };
-
-  float acc[MT][NT][4];
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
-
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < ktiles) load_stage(s, s);
-    cp_async_commit();
-  }
-
-  for (int64_t kt = 0; kt < ktiles; ++kt) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();
-    // Refill the stage consumed in the previous iteration (every warp is past it: barrier above).
-    {
-      const int64_t next = kt + STAGES - 1;
-      if (next < ktiles) load_stage(int(next % STAGES), next);
-      cp_async_commit();
-    }
-    const int s = int(kt % STAGES);
-    const uint8_t* As = stage_a(s);
-    const uint8_t* Bs = stage_b(s);
-    const float* SAs = stage_sa(s);
-    const float* SBs = stage_sb(s);
-
-#pragma unroll
-    for (int kk = 0; kk < KPS; ++kk) {
-      int32_t d[MT][NT][4];
-      if constexpr (B == 16) {
-        uint32_t af[MT][2], bf[NT];
-#pragma unroll
-        for (int pr = 0; pr < MT / 2; ++pr) {  // two m-tiles per ldmatrix.x4: matrices (mt, rows 0-7 / 8-15)
-          const int mi = lane >> 3, mt = pr * 2 + (mi >> 1);
-          const int row = wrow + mt * 16 + (mi & 1) * 8 + (lane & 7);
-          ldmatrix_x4(smem_u32(As + swz(row, kk)), af[pr * 2][0], af[pr * 2][1], af[pr * 2 + 1][0],
-                      af[pr * 2 + 1][1]);
-        }
-#pragma unroll
-        for (int q = 0; q < NT / 4; ++q) {  // four n-tiles per ldmatrix.x4
-          const int row = wcol + (q * 4 + (lane >> 3)) * 8 + (lane & 7);
-          ldmatrix_x4(smem_u32(Bs + swz(row, kk)), bf[q * 4], bf[q * 4 + 1], bf[q * 4 + 2], bf[q * 4 + 3]);
-        }
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) mma_k16(d[mt][nt], af[mt], bf[nt]);
-      } else {
-        uint32_t af[MT][4], bf[NT][2];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {  // matrices: (rows 0-7, k 0-15), (8-15, 0-15), (0-7, 16-31), (8-15, 16-31)
-          const int mi = lane >> 3;
-          const int row = wrow + mt * 16 + (mi & 1) * 8 + (lane & 7);
-          ldmatrix_x4(smem_u32(As + swz(row, 2 * kk + (mi >> 1))), af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
-        }
-#pragma unroll
-        for (int pr = 0; pr < NT / 2; ++pr) {  // two n-tiles per ldmatrix.x4: (nt, k 0-15), (nt, k 16-31)
-          const int mi = lane >> 3, nt = pr * 2 + (mi >> 1);
-          const int row = wcol + nt * 8 + (lane & 7);
-          ldmatrix_x4(smem_u32(Bs + swz(row, 2 * kk + (mi & 1))), bf[pr * 2][0], bf[pr * 2][1], bf[pr * 2 + 1][0],
-                      bf[pr * 2 + 1][1]);
-        }
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) mma_k32(d[mt][nt], af[mt], bf[nt]);
-      }
-      // Steps 2-5 for this block, every output of the thread.
-      float sa[MT][2], sb[NT][2];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        sa[mt][0] = SAs[kk * BM + wrow + mt * 16 + g];
-        sa[mt][1] = SAs[kk * BM + wrow + mt * 16 + g + 8];
-      }
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const float2 v = *reinterpret_cast<const float2*>(SBs + kk * BN + wcol + nt * 8 + t4 * 2);
-        sb[nt][0] = v.x;
-        sb[nt][1] = v.y;
-      }
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float x = __fsub_rn(__int_as_float(d[mt][nt][e]), kMagic);  // = FP32(p), exact
-            acc[mt][nt][e] = contract_scale_add(acc[mt][nt][e], x, sa[mt][e >> 1], sb[nt][e & 1]);
-          }
-    }
-  }
-  cp_async_wait<0>();
-
-  // Step 6 and the store (rows g / g+8, columns 2t4, 2t4+1 of each mma tile).
-  const float ga = tensor_factor(p.fa, *p.gda), gb = tensor_factor(p.fb, *p.gdb);
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t m = m0 + wrow + mt * 16 + g + h * 8;
-        const int64_t n = n0 + wcol + nt * 8 + t4 * 2;
-        if (m >= p.M) continue;
-        const float c0 = contract_finish(acc[mt][nt][2 * h], ga, gb);
-        const float c1 = contract_finish(acc[mt][nt][2 * h + 1], ga, gb);
-        float* out = p.c + m * p.N + n;
-        if (n + 1 < p.N && (p.N % 2) == 0) {
-          *reinterpret_cast<float2*>(out) = make_float2(c0, c1);
-        } else {
-          if (n < p.N) out[0] = c0;
-          if (n + 1 < p.N) out[1] = c1;
-        }
-      }
-}
-
-// Second generation: the same arithmetic, less bookkeeping per stage. K stages of BK2 bytes (128: 8 blocks of
-// 16 or 4 of 32 per barrier), 128-byte shared rows with the usual XOR swizzle, and every copy and ldmatrix
-// address computed once per thread (a fixed offset from the stage base plus the stage's K offset).
-template <int WM_, int WN_, int MT_, int NT_, int STAGES_, int MINB_, int BK_>
-struct Tile2 : Tile<WM_, WN_, MT_, NT_, STAGES_, MINB_> {
-  static constexpr int BKB = BK_;  // K bytes per stage (and per shared row)
-};
-
-template <int BKB>
-__device__ __forceinline__ int swz2(int r, int c) {  // chunk c of row r; 128-byte rows: c ^ (r & 7)
-  if constexpr (BKB == 128)
-    return r * 128 + ((c ^ (r & 7)) << 4);
-  else
-    return r * 64 + ((c ^ ((r >> 1) & 3)) << 4);
-}
-
-template <int B, class T>
-__global__ void __launch_bounds__(T::THREADS, T::MINB) gemm_mma_kernel2(const FastArgs p) {
   constexpr int BM = T::BM, BN = T::BN, MT = T::MT, NT = T::NT, STAGES = T::STAGES, THREADS = T::THREADS;
   constexpr int BKB = T::BKB, CH = BKB / 16;  // 16-byte chunks per row
   constexpr int KPS = BKB / B;                // blocks per stage
@@ -364,7 +180,7 @@ __global__ void __launch_bounds__(T::THREADS, T::MINB) gemm_mma_kernel2(const Fa
   const int cr = tid / CH, cc = tid % CH;
   const int8_t* a_src = p.a + (m0 + cr) * p.Kp + cc * 16;
   const int8_t* b_src = p.b + (n0 + cr) * p.Kp + cc * 16;
-  const uint32_t ab_dst = uint32_t(swz2<BKB>(cr, cc));  // + i * RS * BKB for copy i
+  const uint32_t ab_dst = uint32_t(swz(cr, cc));  // + i * RS * BKB for copy i
   // Scale copies: id = tid + i * THREADS; ids below QA are A's (row kk = id / (BM / 4)), the rest B's.
   const float* s_src[NS];
   uint32_t s_dst[NS];
@@ -404,7 +220,7 @@ __global__ void __launch_bounds__(T::THREADS, T::MINB) gemm_mma_kernel2(const Fa
 
   // ldmatrix rows of this lane: A (k16: two m-tiles per x4; k32: one m-tile per x4), B likewise.
   const int mi = lane >> 3, r8 = lane & 7;
-  const uint32_t x7 = uint32_t(r8) << 4;  // every ldmatrix row of this lane has row & 7 == r8 (BKB == 128)
+  const uint32_t x7 = uint32_t(r8) << 4;  // every ldmatrix row of this lane has row & 7 == r8
   int a_row, b_row;
   if constexpr (B == 16) {
     a_row = wrow + (mi >> 1) * 16 + (mi & 1) * 8 + r8;  // + pr * 32
@@ -413,11 +229,8 @@ __global__ void __launch_bounds__(T::THREADS, T::MINB) gemm_mma_kernel2(const Fa
     a_row = wrow + (mi & 1) * 8 + r8;                    // + mt * 16; chunk + (mi >> 1)
     b_row = wcol + (mi >> 1) * 8 + r8;                   // + pr * 16; chunk + (mi & 1)
   }
-  auto ld_addr = [&](uint32_t stage_base, int row, int chunk) -> uint32_t {
-    if constexpr (BKB == 128)
-      return stage_base + uint32_t(row * 128) + ((uint32_t(chunk) << 4) ^ x7);
-    else
-      return stage_base + uint32_t(swz2<BKB>(row, chunk));
+  auto ld_addr = [&](uint32_t stage_base, int row, int chunk) -> uint32_t {  // swz(row, chunk) + stage_base
+    return stage_base + uint32_t(row * 128) + ((uint32_t(chunk) << 4) ^ x7);
   };
 
   float acc[MT][NT][4];
@@ -525,30 +338,25 @@ __global__ void __launch_bounds__(T::THREADS, T::MINB) gemm_mma_kernel2(const Fa
 }
 
 // The tile shapes built; all are bit-identical (the tests run each). Operands are padded to multiples of 128 rows.
-using T128x128w64x32 = Tile<2, 4, 4, 4, 4, 1>;  // 8 warps, 64 outputs per thread
-using T128x128w32x32 = Tile<4, 4, 2, 4, 4, 1>;  // 16 warps, 32 outputs per thread
-using T128x64w64x32 = Tile<2, 2, 4, 4, 4, 2>;   // 4 warps, 2 CTAs per SM
-using T64x128w32x32 = Tile<2, 4, 2, 4, 4, 2>;   // 8 warps, 2 CTAs per SM
-using T2_128x128w64x32 = Tile2<2, 4, 4, 4, 3, 1, 128>;  // second generation, 128-byte K stages
-using T2_64x128w32x32 = Tile2<2, 4, 2, 4, 3, 2, 128>;
-using T2_128x128w32x32 = Tile2<4, 4, 2, 4, 3, 1, 128>;
-constexpr const char* kVariantNames[] = {"128x128 w64x32 8 warps",      "128x128 w32x32 16 warps",
-                                         "128x64 w64x32 4 warps x2",    "64x128 w32x32 8 warps x2",
-                                         "v2 128x128 w64x32 8 warps",   "v2 64x128 w32x32 8 warps x2",
-                                         "v2 128x128 w32x32 16 warps"};
-constexpr int kVariants = 7;
-// Default tile shapes, from the H200 measurements in docs/results/cuda-bench-h200.txt: "v2 64x128" (variant 5)
-// was fastest at every shape for block 32 and at every trace shape for block 16; "v2 128x128 w64x32" (variant 4)
-// at 8192^3 for block 16 (152 vs 149 TOPS). Variant 4 is taken once the 128x128 tiles fill the GPU twice.
+using T128x128w64x32 = Tile<2, 4, 4, 4, 3, 1>;  // 8 warps, 64 outputs per thread
+using T64x128w32x32 = Tile<2, 4, 2, 4, 3, 2>;   // 8 warps, 2 CTAs per SM
+using T128x128w32x32 = Tile<4, 4, 2, 4, 3, 1>;  // 16 warps, 32 outputs per thread
+constexpr const char* kVariantNames[] = {"128x128 w64x32 8 warps", "64x128 w32x32 8 warps x2",
+                                         "128x128 w32x32 16 warps"};
+constexpr int kVariants = 3;
+// Default tile shapes, from the H200 measurements in docs/results/cuda-bench-h200.txt (where these three are
+// variants 4-6, beside a first kernel with 64-byte K stages that never won and was removed): "64x128" was
+// fastest at every shape for block 32 and at every trace shape for block 16; "128x128 w64x32" at 8192^3 for
+// block 16 (152 vs 149 TOPS). The latter is taken once the 128x128 tiles fill the GPU twice.
 int default_variant(int block, int64_t Mp, int64_t Np) {
-  if (block == 32) return 5;
-  return (Mp / 128) * (Np / 128) >= 264 ? 4 : 5;
+  if (block == 32) return 1;
+  return (Mp / 128) * (Np / 128) >= 264 ? 0 : 1;
 }
 
 template <int B, class T>
 void launch_mma(const FastArgs& p, cudaStream_t s) {
-  constexpr int KPS = BK / B;
-  constexpr int smem = T::STAGES * (T::BM * BK + T::BN * BK + 4 * KPS * (T::BM + T::BN));
+  constexpr int KPS = T::BKB / B;
+  constexpr int smem = T::STAGES * (T::BM * T::BKB + T::BN * T::BKB + 4 * KPS * (T::BM + T::BN));
   static bool configured = false;  // the attribute is per kernel; set once per process
   if (!configured) {
     check(cudaFuncSetAttribute(gemm_mma_kernel<B, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
@@ -559,30 +367,12 @@ void launch_mma(const FastArgs& p, cudaStream_t s) {
   gemm_mma_kernel<B, T><<<grid, T::THREADS, smem, s>>>(p);
 }
 
-template <int B, class T>
-void launch_mma2(const FastArgs& p, cudaStream_t s) {
-  constexpr int KPS = T::BKB / B;
-  constexpr int smem = T::STAGES * (T::BM * T::BKB + T::BN * T::BKB + 4 * KPS * (T::BM + T::BN));
-  static bool configured = false;
-  if (!configured) {
-    check(cudaFuncSetAttribute(gemm_mma_kernel2<B, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-          "cudaFuncSetAttribute");
-    configured = true;
-  }
-  const dim3 grid(unsigned(p.Np / T::BN), unsigned(p.Mp / T::BM));
-  gemm_mma_kernel2<B, T><<<grid, T::THREADS, smem, s>>>(p);
-}
-
 template <int B>
 void launch_variant(int v, const FastArgs& p, cudaStream_t s) {
   switch (v) {
     case 0: return launch_mma<B, T128x128w64x32>(p, s);
-    case 1: return launch_mma<B, T128x128w32x32>(p, s);
-    case 2: return launch_mma<B, T128x64w64x32>(p, s);
-    case 3: return launch_mma<B, T64x128w32x32>(p, s);
-    case 4: return launch_mma2<B, T2_128x128w64x32>(p, s);
-    case 5: return launch_mma2<B, T2_64x128w32x32>(p, s);
-    case 6: return launch_mma2<B, T2_128x128w32x32>(p, s);
+    case 1: return launch_mma<B, T64x128w32x32>(p, s);
+    case 2: return launch_mma<B, T128x128w32x32>(p, s);
   }
   throw std::invalid_argument("no fast GEMM variant " + std::to_string(v));
 }

@@ -51,7 +51,7 @@ TAIL=3 step memcheck-check timeout 60 compute-sanitizer --tool memcheck --error-
 if [ -n "${NCU:-}" ]; then  # hardware counters: one 8192^3 fast-GEMM launch (default block-16 variant), one fused quantise
   NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats --section WarpStateStats"
   TAIL=40 step ncu-gemm timeout 150 ncu --clock-control none --kernel-name-base mangled \
-    -k regex:gemm_mma_kernel2ILi16ENS1_5Tile2ILi4ELi4 --launch-skip 2 --launch-count 1 \
+    -k regex:gemm_mma_kernelILi16ENS1_4TileILi2ELi4ELi4ELi4E --launch-skip 2 --launch-count 1 \
     $NCU_SECTIONS "$CARRY/bin/fp4lab-cuda" bench --reps 3
   TAIL=40 step ncu-quantize timeout 100 ncu --clock-control none --kernel-name-base mangled \
     -k regex:quantize_kernelILi1ELi16ELi16E --launch-skip 2 --launch-count 1 \
