@@ -136,18 +136,33 @@ int cmd_analyze(const Invocation& inv) {
 
     std::vector<Row> tr(3), gr(3);
     std::map<std::string, double> sqnr_no_rht;  // format/role -> SQNR without RHT, for the delta
-    // Settings and recipes are independent: one per core (the inner OpenMP regions then run serially),
-    // which keeps both cores busy without a fork/join per small tensor.
-    std::vector<LayerResults> by_setting(settings.size());
-    std::vector<std::vector<GemmResult>> by_recipe(recipes.size());
-    std::vector<std::exception_ptr> faults(settings.size() + recipes.size());
+    // Every (setting or recipe, pass) is independent: one per core at a time (the inner OpenMP regions then
+    // run serially), which keeps both cores busy without a fork/join per small tensor. Three tasks per
+    // setting rather than one even out settings of unequal cost (with and without RHT).
+    const size_t tasks = 3 * (settings.size() + recipes.size());
+    std::vector<LayerResults> by_task(tasks);
+    std::vector<GemmResult> by_recipe_task(tasks);
+    std::vector<std::exception_ptr> faults(tasks);
 #pragma omp parallel for schedule(dynamic, 1)
-    for (size_t t = 0; t < faults.size(); ++t) {
+    for (size_t t = 0; t < tasks; ++t) {
+      const size_t job = t / 3;
+      const Pass p = kPasses[t % 3];
       try {
-        if (t < settings.size()) by_setting[t] = analyze_setting(lo, settings[t]);
-        else by_recipe[t - settings.size()] = analyze_recipe(lo, recipes[t - settings.size()], stream);
+        if (job < settings.size()) by_task[t] = analyze_setting_pass(lo, settings[job], p);
+        else by_recipe_task[t] = analyze_recipe_pass(lo, recipes[job - settings.size()], stream, p);
       } catch (...) {
         faults[t] = std::current_exception();
+      }
+    }
+    std::vector<LayerResults> by_setting(settings.size());
+    std::vector<std::vector<GemmResult>> by_recipe(recipes.size());
+    for (size_t t = 0; t < tasks; ++t) {
+      const size_t job = t / 3;
+      if (job < settings.size()) {
+        for (auto& r : by_task[t].tensors) by_setting[job].tensors.push_back(std::move(r));
+        for (auto& g : by_task[t].gemms) by_setting[job].gemms.push_back(std::move(g));
+      } else {
+        by_recipe[job - settings.size()].push_back(std::move(by_recipe_task[t]));
       }
     }
     for (const auto& f : faults)

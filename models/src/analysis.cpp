@@ -18,8 +18,8 @@ std::vector<LevelBias> analytic_bias(const ElemFormat& f) {
 
 std::vector<EmpiricalLevel> empirical_bias(const QTensor& q, const float* seen) {
   const int L = q.format.num_levels();
-  std::vector<double> sum(16, 0.0), level(16, 0.0);
-  std::vector<int64_t> cnt(16, 0);
+  double sum[16] = {}, level[16] = {};  // on the stack: the per-element scatter then stays out of memory
+  int64_t cnt[16] = {};
   for (int i = 0; i < L; ++i) level[i] = q.format.level(i);
   const int64_t kb = q.kblocks();
   for (int64_t r = 0; r < q.rows; ++r)
@@ -39,41 +39,87 @@ std::vector<EmpiricalLevel> empirical_bias(const QTensor& q, const float* seen) 
   return out;
 }
 
-template <class R>
-static double sqnr_impl(const R* ref, const float* q, int64_t n) {
-  double s = 0, e = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double r = double(ref[i]), d = double(q[i]) - r;
-    s += r * r;
-    e += d * d;
-  }
-  if (e == 0.0) return std::numeric_limits<double>::infinity();
-  return 10.0 * std::log10(s / e);
+double Moments::sqnr_db() const {
+  return err2 == 0.0 ? std::numeric_limits<double>::infinity() : 10.0 * std::log10(ref2 / err2);
 }
-double sqnr_db(const float* ref, const float* q, int64_t n) { return sqnr_impl(ref, q, n); }
-double sqnr_db(const double* ref, const float* q, int64_t n) { return sqnr_impl(ref, q, n); }
+double Moments::alpha() const { return ref2 == 0.0 ? 1.0 : dot / ref2; }
+
+namespace {
+constexpr int kLanes = 8;
+struct Lanes {
+  double r2[kLanes] = {}, e2[kLanes] = {}, d[kLanes] = {};
+  void add(int l, double r, double q) {
+    const double e = q - r;
+    r2[l] += r * r;
+    e2[l] += e * e;
+    d[l] += q * r;
+  }
+  Moments sum() const {
+    Moments m;
+    for (int l = 0; l < kLanes; ++l) {
+      m.ref2 += r2[l];
+      m.err2 += e2[l];
+      m.dot += d[l];
+    }
+    return m;
+  }
+};
+template <class R>
+Moments moments_impl(const R* ref, const float* q, int64_t n) {
+  Lanes acc;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc.add(l, double(ref[i + l]), double(q[i + l]));
+  for (int l = 0; i < n; ++i, ++l) acc.add(l, double(ref[i]), double(q[i]));
+  return acc.sum();
+}
+}  // namespace
+
+Moments moments(const float* ref, const float* q, int64_t n) { return moments_impl(ref, q, n); }
+Moments moments(const double* ref, const float* q, int64_t n) { return moments_impl(ref, q, n); }
+
+// Element i's lane is i % 8 as in moments_impl (rows are multiples of the block, so of 8), and every value is
+// QTensor::dequant's: (grid value * block scale) * global_dec.
+Moments moments(const float* ref, const QTensor& q) {
+  Lanes acc;
+  float grid[16];
+  for (int c = 0; c < 16; ++c) grid[c] = decode(q.format, uint8_t(c));
+  const int64_t kb = q.kblocks();
+  for (int64_t r = 0; r < q.rows; ++r)
+    for (int64_t b = 0; b < kb; ++b) {
+      const float s = q.scales[r * kb + b];
+      const int64_t base = r * q.cols + b * q.block;
+      for (int64_t j = 0; j < q.block; j += kLanes)
+        for (int l = 0; l < kLanes; ++l) {
+          const float v = grid[q.codes[base + j + l] & 15] * s * q.global_dec;
+          acc.add(l, double(ref[base + j + l]), double(v));
+        }
+    }
+  return acc.sum();
+}
+
+double sqnr_db(const float* ref, const float* q, int64_t n) { return moments(ref, q, n).sqnr_db(); }
+double sqnr_db(const double* ref, const float* q, int64_t n) { return moments(ref, q, n).sqnr_db(); }
 
 double beff(const QTensor& q) {
   const int L = q.format.num_levels();
-  std::vector<int64_t> cnt(16, 0);
-  for (uint8_t c : q.codes) ++cnt[code_index(c)];
+  int64_t cnt[4][16] = {};  // four histograms, so that consecutive equal codes do not wait on each other
+  const size_t n4 = q.codes.size() / 4 * 4;
+  for (size_t i = 0; i < n4; i += 4)
+    for (int h = 0; h < 4; ++h) ++cnt[h][code_index(q.codes[i + h])];
+  for (size_t i = n4; i < q.codes.size(); ++i) ++cnt[0][code_index(q.codes[i])];
+  for (int h = 1; h < 4; ++h)
+    for (int i = 0; i < 16; ++i) cnt[0][i] += cnt[h][i];
   const double n = double(q.codes.size());
   double h = 0;
   for (int i = 0; i < L; ++i)
-    if (cnt[i]) {
-      const double p = double(cnt[i]) / n;
+    if (cnt[0][i]) {
+      const double p = double(cnt[0][i]) / n;
       h -= p * std::log(p);
     }
   return std::exp(h) / L;
 }
 
-double shrinkage_alpha(const float* ref, const float* q, int64_t n) {
-  double dot = 0, nn = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    dot += double(q[i]) * double(ref[i]);
-    nn += double(ref[i]) * double(ref[i]);
-  }
-  return nn == 0.0 ? 1.0 : dot / nn;
-}
+double shrinkage_alpha(const float* ref, const float* q, int64_t n) { return moments(ref, q, n).alpha(); }
 
 }  // namespace fp4lab

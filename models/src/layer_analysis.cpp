@@ -43,8 +43,7 @@ struct Quantised {
   const float* seen = nullptr;  // what the quantiser saw: rotated, or the operand itself
   int64_t n = 0;
   QTensor q;
-  std::vector<float> deq;
-  double alpha = 0;
+  Moments m;  // of the dequantised values against what the quantiser saw
 };
 // Rotating first and quantising the rotated values without RHT is exactly quantize() with RHT (the
 // rotation is its first step); it keeps the rotated copy the analyses compare against.
@@ -60,26 +59,19 @@ Quantised quantise(const LayerOperands::Operand& o, const QuantConfig& c) {
   plain.rht = 0;
   plain.rht_bf16 = false;
   r.q = quantize(r.seen, o.rows, o.cols, plain);
-  r.deq = r.q.dequantize();
-  r.alpha = shrinkage_alpha(r.seen, r.deq.data(), r.n);
+  r.m = moments(r.seen, r.q);
   return r;
 }
 
 GemmResult gemm_result(Pass p, const Quantised& a, const Quantised& b, const std::vector<double>& ref) {
   const std::vector<float> c = gemm(a.q, b.q);
-  double dot = 0, nn = 0, err = 0;  // one pass for eta_measured and the SQNR (sqnr_db's definition)
-  for (size_t i = 0; i < c.size(); ++i) {
-    const double d = double(c[i]) - ref[i];
-    dot += double(c[i]) * ref[i];
-    nn += ref[i] * ref[i];
-    err += d * d;
-  }
+  const Moments m = moments(ref.data(), c.data(), int64_t(c.size()));  // SQNR and eta_measured in one pass
   GemmResult g;
   g.pass = pass_name(p);
   g.format = a.q.format.name;
-  g.sqnr_db = err == 0.0 ? std::numeric_limits<double>::infinity() : 10.0 * std::log10(nn / err);
-  g.eta = a.alpha * b.alpha;
-  g.eta_measured = nn == 0 ? 1.0 : dot / nn;
+  g.sqnr_db = m.sqnr_db();
+  g.eta = a.m.alpha() * b.m.alpha();
+  g.eta_measured = m.alpha();
   return g;
 }
 
@@ -88,47 +80,55 @@ TensorResult tensor_result(const char* role, const Quantised& q, int rht) {
   r.role = role;
   r.format = q.q.format.name;
   r.rht = rht;
-  r.sqnr_db = sqnr_db(q.seen, q.deq.data(), q.n);
+  r.sqnr_db = q.m.sqnr_db();
   r.beff = beff(q.q);
-  r.alpha = q.alpha;
+  r.alpha = q.m.alpha();
   r.bias_per_level = empirical_bias(q.q, q.seen);
   return r;
 }
 }  // namespace
 
-LayerResults analyze_setting(const LayerOperands& l, const AnalysisSetting& s) {
+LayerResults analyze_setting_pass(const LayerOperands& l, const AnalysisSetting& s, Pass p) {
   const QuantConfig c = config_of(s);
+  const auto [a, b] = l.pass(p);
+  const Quantised qa = quantise(a, c), qb = quantise(b, c);
   LayerResults out;
-  Quantised q[3][2];  // [pass][operand]
-  for (Pass p : kPasses) {
-    const auto [a, b] = l.pass(p);
-    const size_t i = size_t(p);
-    q[i][0] = quantise(a, c);
-    q[i][1] = quantise(b, c);
-  }
   // fwd_y's A and B are X and W along their last dimension; bwd_dx's A is dY along its last dimension.
-  out.tensors.push_back(tensor_result("fwd_x", q[0][0], s.rht));
-  out.tensors.push_back(tensor_result("fwd_w", q[0][1], s.rht));
-  out.tensors.push_back(tensor_result("bwd_dy", q[1][0], s.rht));
+  if (p == Pass::fwd_y) {
+    out.tensors.push_back(tensor_result("fwd_x", qa, s.rht));
+    out.tensors.push_back(tensor_result("fwd_w", qb, s.rht));
+  } else if (p == Pass::bwd_dx) {
+    out.tensors.push_back(tensor_result("bwd_dy", qa, s.rht));
+  }
+  GemmResult g = gemm_result(p, qa, qb, l.refs[size_t(p)]);
+  g.rht = s.rht;
+  out.gemms.push_back(std::move(g));
+  return out;
+}
+
+LayerResults analyze_setting(const LayerOperands& l, const AnalysisSetting& s) {
+  LayerResults out;
   for (Pass p : kPasses) {
-    GemmResult g = gemm_result(p, q[size_t(p)][0], q[size_t(p)][1], l.refs[size_t(p)]);
-    g.rht = s.rht;
-    out.gemms.push_back(std::move(g));
+    LayerResults r = analyze_setting_pass(l, s, p);
+    for (auto& t : r.tensors) out.tensors.push_back(std::move(t));
+    out.gemms.push_back(std::move(r.gemms.front()));
   }
   return out;
 }
 
+GemmResult analyze_recipe_pass(const LayerOperands& l, const Recipe& r, uint32_t stream, Pass p) {
+  const auto [a, b] = l.pass(p);
+  const QuantConfig ca = r.operand(p, Operand::a, stream), cb = r.operand(p, Operand::b, stream);
+  GemmResult g = gemm_result(p, quantise(a, ca), quantise(b, cb), l.refs[size_t(p)]);
+  g.format = r.format.name;
+  g.recipe = r.name;
+  g.rht = ca.rht;
+  return g;
+}
+
 std::vector<GemmResult> analyze_recipe(const LayerOperands& l, const Recipe& r, uint32_t stream) {
   std::vector<GemmResult> out;
-  for (Pass p : kPasses) {
-    const auto [a, b] = l.pass(p);
-    const QuantConfig ca = r.operand(p, Operand::a, stream), cb = r.operand(p, Operand::b, stream);
-    GemmResult g = gemm_result(p, quantise(a, ca), quantise(b, cb), l.refs[size_t(p)]);
-    g.format = r.format.name;
-    g.recipe = r.name;
-    g.rht = ca.rht;
-    out.push_back(std::move(g));
-  }
+  for (Pass p : kPasses) out.push_back(analyze_recipe_pass(l, r, stream, p));
   return out;
 }
 

@@ -30,6 +30,19 @@ struct EmpiricalLevel {
 };
 std::vector<EmpiricalLevel> empirical_bias(const QTensor& q, const float* seen);
 
+// The sums every comparison of a quantised tensor (or product) q with its reference needs, in double:
+// sum ref^2, sum (q - ref)^2 and sum q * ref. One pass, accumulated in 8 interleaved partial sums that are
+// added in a fixed order at the end: every caller gets the same bits, and the lanes vectorise.
+struct Moments {
+  double ref2 = 0, err2 = 0, dot = 0;
+  double sqnr_db() const;  // 10 log10(ref2 / err2); +inf when the error is zero
+  double alpha() const;    // dot / ref2 (the shrinkage factor); 1 for an all-zero reference
+};
+Moments moments(const float* ref, const float* q, int64_t n);
+Moments moments(const double* ref, const float* q, int64_t n);
+// The same against the dequantised values of q, computed on the fly (no dequantised copy).
+Moments moments(const float* ref, const QTensor& q);
+
 // 10 log10(sum ref^2 / sum (q - ref)^2); +inf when the error is zero.
 double sqnr_db(const float* ref, const float* q, int64_t n);
 double sqnr_db(const double* ref, const float* q, int64_t n);

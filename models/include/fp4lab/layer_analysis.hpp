@@ -74,8 +74,12 @@ struct LayerResults {
 // A tensor's quantisation along its last dimension is also its operand quantisation in fwd_y (X, W) and
 // bwd_dx (dY), so those are computed once.
 LayerResults analyze_setting(const LayerOperands& l, const AnalysisSetting& s);
+// One pass of it: that pass's GEMM, and the tensors quantised along their last dimension in it (fwd_x and
+// fwd_w in fwd_y, bwd_dy in bwd_dx). Independent of the other passes, so callers can run them side by side.
+LayerResults analyze_setting_pass(const LayerOperands& l, const AnalysisSetting& s, Pass p);
 
 // The three GEMMs under a training recipe's operand settings (its grid, scales, RHT per pass, SR on dY).
 std::vector<GemmResult> analyze_recipe(const LayerOperands& l, const Recipe& r, uint32_t stream);
+GemmResult analyze_recipe_pass(const LayerOperands& l, const Recipe& r, uint32_t stream, Pass p);
 
 }  // namespace fp4lab
