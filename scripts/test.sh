@@ -15,3 +15,8 @@ ctest --test-dir build-asan -L unit --output-on-failure -j"$JOBS"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$JOBS"
 ctest --test-dir build --output-on-failure -j"$JOBS"
+# The RTL and SystemC harnesses' own summaries (vectors checked, mismatches, verified vectors/s), which a
+# passing ctest run does not show.
+echo "== rtl / co-simulation vector counts (from build/Testing/Temporary/LastTest.log) =="
+grep -h -E 'vectors checked|verified vectors/s|bit-exact|mismatches' build/Testing/Temporary/LastTest.log \
+  | grep -E '^\[(fp|e4m3|ue4m3|format_table|rht16|trace_tiles|sc_)' || true
