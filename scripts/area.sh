@@ -23,16 +23,20 @@
 #   cmos2:  abc -g cmos2 (NAND, NOR, NOT)                     -> `stat -tech cmos` transistor estimate
 # Flip-flops are counted apart (they are not in either gate set) and left out of the transistor figure.
 #
-# Usage: scripts/area.sh [-j JOBS]   (from anywhere; needs yosys 0.23+ and python3)
+# Usage: scripts/area.sh [-j JOBS] [--check]   (from anywhere; needs yosys 0.23+ and python3)
+#   --check: resynthesise only the fast builds (dot products and block MACs, seconds each) and compare their
+#   own-logic gate and flip-flop counts and FP32 unit instances with rtl/area.json, writing nothing; exit 1
+#   when the RTL has changed since docs/area.md was made (ctest rtl.area_current runs this).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cmdline="scripts/area.sh${*:+ $*}"
-jobs=2
+jobs=2 check=0
 while [ $# -gt 0 ]; do
   case $1 in
     -j) jobs=$2; shift 2 ;;
     -j*) jobs=${1#-j}; shift ;;
-    *) echo "usage: $0 [-j JOBS]" >&2; exit 2 ;;
+    --check) check=1; shift ;;
+    *) echo "usage: $0 [-j JOBS] [--check]" >&2; exit 2 ;;
   esac
 done
 command -v yosys >/dev/null || { echo "area.sh: yosys not found (apt-get install yosys)" >&2; exit 1; }
@@ -84,6 +88,35 @@ design -load synthed; abc -g cmos2; opt_clean; tee -q -o $work/$name.cmos stat -
 }
 export -f synth_one
 export files work
+
+if [ $check = 1 ]; then
+  fast=()
+  for b in "${builds[@]}"; do [[ $b == dot_* || $b == mac_* ]] && fast+=("$b"); done
+  printf '%s\n' "${fast[@]}" | xargs -P "$jobs" -I{} bash -c 'synth_one "$@"' _ {} || exit 1
+  python3 - "$work" "$root/rtl/area.json" "${fast[@]}" <<'PY'
+import json, re, sys
+work, area = sys.argv[1:3]
+have = json.load(open(area))['builds']
+stale = 0
+for spec in sys.argv[3:]:
+    name = spec.split('|')[0]
+    txt = open(f'{work}/{name}.gates').read()
+    types = {m.group(1): int(m.group(2)) for m in re.finditer(r'^\s+(\$\S+|fp32_\w+)\s+(\d+)\s*$', txt, re.M)}
+    got = dict(own_gates=sum(v for k, v in types.items() if k.startswith('$') and 'DFF' not in k),
+               ffs=sum(v for k, v in types.items() if 'DFF' in k),
+               fp32_units={k: v for k, v in types.items() if k.startswith('fp32_')})
+    want = {k: have.get(name, {}).get(k) for k in got}
+    ok = got == want
+    stale += not ok
+    print(f"{'ok   ' if ok else 'STALE'} {name}: synthesised {got}" + ('' if ok else f", rtl/area.json has {want}"))
+if stale:
+    print(f"area.sh --check: {stale} build(s) differ from rtl/area.json: the RTL changed since docs/area.md was "
+          "made; rerun scripts/area.sh and commit docs/area.md and rtl/area.json")
+    sys.exit(1)
+print("area.sh --check: rtl/area.json matches the RTL")
+PY
+  exit $?
+fi
 
 echo "area.sh: synthesising ${#prims[@]} FP32 units, then ${#builds[@]} builds, $jobs Yosys runs at a time" >&2
 printf '%s\n' "${prims[@]}" "${builds[@]}" | xargs -P "$jobs" -I{} bash -c 'synth_one "$@"' _ {}
