@@ -1,8 +1,5 @@
 #include "fp4lab/layer_analysis.hpp"
 
-#include <cmath>
-#include <limits>
-
 #include "fp4lab/gemm.hpp"
 
 namespace fp4lab {
@@ -41,7 +38,6 @@ QuantConfig config_of(const AnalysisSetting& s) {
 struct Quantised {
   std::vector<float> rotated;  // the rotated operand (RHT on only)
   const float* seen = nullptr;  // what the quantiser saw: rotated, or the operand itself
-  int64_t n = 0;
   QTensor q;
   Moments m;  // of the dequantised values against what the quantiser saw
 };
@@ -49,7 +45,6 @@ struct Quantised {
 // rotation is its first step); it keeps the rotated copy the analyses compare against.
 Quantised quantise(const LayerOperands::Operand& o, const QuantConfig& c) {
   Quantised r;
-  r.n = o.rows * o.cols;
   r.seen = o.p;
   if (c.rht != 0) {
     r.rotated = rotate(o.p, o.rows, o.cols, c);
