@@ -6,6 +6,7 @@
 // _mm512_undefined_* passthroughs); the pragma covers the intrinsic headers Eigen pulls in first.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wunused-variable"
 #include <Eigen/Dense>
 #pragma GCC diagnostic pop

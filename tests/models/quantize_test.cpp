@@ -271,8 +271,12 @@ TEST(ScaleAllKinds, AllZeroBlock) {
     const QTensor q = quantize(x.data(), 1, 32, config(kE2M1, s, 16));
     for (int j = 0; j < 16; ++j) EXPECT_EQ(q.codes[j], j == 1 ? 0b1'000 : 0b0'000) << j;
     EXPECT_EQ(q.codes[16], 0b0'111);
-    if (s == ScaleKind::fp32) EXPECT_EQ(q.scales[0], 0.0f);
-    if (s == ScaleKind::ue4m3) EXPECT_EQ(q.scale_codes[0], 0);
+    if (s == ScaleKind::fp32) {
+      EXPECT_EQ(q.scales[0], 0.0f);
+    }
+    if (s == ScaleKind::ue4m3) {
+      EXPECT_EQ(q.scale_codes[0], 0);
+    }
     if (s == ScaleKind::ue8m0 || s == ScaleKind::ue8m0_ceil) {
       EXPECT_EQ(q.scale_codes[0], 0);
       EXPECT_EQ(q.scales[0], 0x1p-127f);
@@ -304,9 +308,13 @@ TEST(ScaleTile2d, SixteenRowsShareOneScale) {
         for (int64_t r = 16 * t; r < 16 * t + 16; ++r)
           for (int64_t c = 16 * b; c < 16 * b + 16; ++c) amax = std::max(amax, std::fabs(x[r * cols + c]));
         for (int64_t r = 16 * t; r < 16 * t + 16; ++r) {
-          if (s == ScaleKind::fp32) EXPECT_EQ(q.scales[r * 2 + b], amax / 6.0f) << r << " " << b;
+          if (s == ScaleKind::fp32) {
+            EXPECT_EQ(q.scales[r * 2 + b], amax / 6.0f) << r << " " << b;
+          }
           EXPECT_EQ(q.scales[r * 2 + b], q.scales[16 * t * 2 + b]);
-          if (s == ScaleKind::ue4m3) EXPECT_EQ(q.scale_codes[r * 2 + b], q.scale_codes[16 * t * 2 + b]);
+          if (s == ScaleKind::ue4m3) {
+            EXPECT_EQ(q.scale_codes[r * 2 + b], q.scale_codes[16 * t * 2 + b]);
+          }
         }
       }
     EXPECT_EQ(q.scales[0 * 2 + 0], s == ScaleKind::fp32 ? 16.0f : 448.0f);  // 96/6; or 96 * 2688/96 / 6 = 448

@@ -46,8 +46,12 @@ TEST_P(RhtSize, RealisesSylvesterHadamardTimesSigns) {
   EXPECT_EQ(checked, d * d);
   // 1/sqrt(d) is the FP32 rounding of the exact value (exactly 1/4 and 1/8 for d = 16, 64).
   EXPECT_EQ(rht_inv_sqrt(d), float(1.0 / std::sqrt(double(d))));
-  if (d == 16) EXPECT_EQ(rht_inv_sqrt(d), 0.25f);
-  if (d == 64) EXPECT_EQ(rht_inv_sqrt(d), 0.125f);
+  if (d == 16) {
+    EXPECT_EQ(rht_inv_sqrt(d), 0.25f);
+  }
+  if (d == 64) {
+    EXPECT_EQ(rht_inv_sqrt(d), 0.125f);
+  }
 }
 
 // M M^T = I. Entries are +-r with r = FP32(1/sqrt d) = (1 + e)/sqrt(d), |e| <= 2^-24. In double the
