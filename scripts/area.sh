@@ -13,7 +13,7 @@
 # The FP32 units (fp32_add, fp32_mul, fp32_div, fp32_from_int) are synthesised once each, flat, and the
 # builds that use them keep them as black boxes: their instances are counted and priced at the unit's own
 # figures. One FP32 divider alone takes ABC minutes, and the quantiser has 19 of them, so flattening
-# everything cost an hour per build; the price is that a constant operand (dividing by a fixed gmax in a
+# everything would cost it tens of minutes per build and mapping; the price is that a constant operand (dividing by a fixed gmax in a
 # single-format quantiser) does not simplify the unit it feeds. The RHT's 16 multiplies by 0.25 are left
 # flat for that reason: they fold to exponent arithmetic.
 #
