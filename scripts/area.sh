@@ -76,6 +76,7 @@ synth_one() {  # synth_one "name|top|params|blackboxes"
   local script="read_verilog -sv $files; ${boxes:+blackbox $boxes;} hierarchy -check -top $top $params; synth -top $top; \
 flatten; opt -full; design -save synthed; \
 abc -g AND,NAND,OR,NOR,XOR,XNOR,ANDNOT,ORNOT,MUX; opt_clean; tee -q -o $work/$name.gates stat; \
+tee -q -o $work/$name.ltp ltp -noff; \
 design -load synthed; abc -g cmos2; opt_clean; tee -q -o $work/$name.cmos stat -tech cmos"
   local t0=$SECONDS
   if ! yosys -q -l "$work/$name.log" -p "$script" >/dev/null 2>&1; then
@@ -139,6 +140,9 @@ for name, top, params, boxes in specs:  # FP32 units come first: the builds are 
     g, _ = stat(f'{work}/{name}.gates')
     c, trans = stat(f'{work}/{name}.cmos')
     units = {k: g.get(k, 0) for k in FP32 if g.get(k, 0)}
+    # Longest register-to-register path in generic gates (Yosys ltp): a first-order timing proxy, only where
+    # no black box hides part of the path.
+    depth = int(re.search(r'Longest topological path .* \(length=(\d+)\)', open(f'{work}/{name}.ltp').read()).group(1))
     ff = sum(v for k, v in g.items() if 'DFF' in k)
     own_gates = sum(v for k, v in g.items() if k.startswith('$') and 'DFF' not in k)
     own_nnn = sum(v for k, v in c.items() if k.startswith('$') and 'DFF' not in k)
@@ -146,7 +150,7 @@ for name, top, params, boxes in specs:  # FP32 units come first: the builds are 
              gates=own_gates + sum(n * rows[k]['gates'] for k, n in units.items()),
              nand_nor_not=own_nnn + sum(n * rows[k]['nand_nor_not'] for k, n in units.items()),
              transistors=trans + sum(n * rows[k]['transistors'] for k, n in units.items()),
-             cell_types=g, yosys_seconds=int(open(f'{work}/{name}.secs').read()))
+             depth=None if units else depth, cell_types=g, yosys_seconds=int(open(f'{work}/{name}.secs').read()))
     rows[name] = r
 flow = ('synth; flatten; opt -full; gates: abc -g AND,NAND,OR,NOR,XOR,XNOR,ANDNOT,ORNOT,MUX; '
         'transistors: abc -g cmos2 then stat -tech cmos (flip-flops excluded); FP32 units synthesised once '
@@ -180,12 +184,16 @@ md = ['# Area: what uniform-grid support costs', '',
       'count per instance. A constant operand therefore does not simplify the unit it feeds (the fixed '
       'gmax divisor of a single-format quantiser, for example); the RHT\'s multiplies by 0.25 are left '
       'flat for that reason.', '',
-      '| build | top | parameters | FP32 units | own logic gates | flip-flops | logic gates | NAND/NOR/NOT gates | transistors (logic) |',
-      '|---|---|---|---|---:|---:|---:|---:|---:|']
+      'Logic depth is the longest path between registers and ports in the generic-gate netlist, in gates '
+      '(Yosys `ltp -noff`), a first-order proxy for timing; it is given only for builds with no black box on '
+      'the path.', '',
+      '| build | top | parameters | FP32 units | own logic gates | flip-flops | logic gates | NAND/NOR/NOT gates | transistors (logic) | logic depth |',
+      '|---|---|---|---|---:|---:|---:|---:|---:|---:|']
 for name, r in rows.items():
     units = ', '.join(f"{n} {short[k]}" for k, n in r['fp32_units'].items()) or '—'
     md.append(f"| {label.get(name, name)} | `{r['top']}` | `{r['params'] or '—'}` | {units} | {r['own_gates']:,} | "
-              f"{r['ffs']:,} | **{r['gates']:,}** | {r['nand_nor_not']:,} | {r['transistors']:,} |")
+              f"{r['ffs']:,} | **{r['gates']:,}** | {r['nand_nor_not']:,} | {r['transistors']:,} | "
+              f"{r['depth'] if r['depth'] is not None else '—'} |")
 md += ['', '## Reading', '']
 
 def over(a, b, key='gates'):
@@ -196,6 +204,12 @@ md.append(f"- **Dual-format dot product vs E2M1 only: {over('dot_dual', 'dot_e2m
           "datapath (`fp4_decode` maps every code to a {sign, 3-bit significand, 2-bit shift} super format); "
           "the overhead is the 3x3-bit significand multiplier where E2M1 needs 2x2, and the shifter and "
           "wider adder tree that must hold E2M1's products (up to 144) at the same time.")
+dd = lambda k: rows[k]['depth']
+md.append(f"- **Logic depth of the dot product: E2M1 only {dd('dot_e2m1')}, E1M2 only {dd('dot_e1m2')}, dual "
+          f"{dd('dot_dual')} gates** ({dd('dot_dual') - dd('dot_e2m1'):+d} for dual against E2M1 only): the "
+          "run-time format select and the wider products lengthen the path less than they grow the area. "
+          f"The FP32 units behind it are {dd('fp32_mul')} (multiply), {dd('fp32_add')} (add) and "
+          f"{dd('fp32_div')} (divide) gates deep.")
 md.append(f"- **E1M2 only vs E2M1 only: {over('dot_e1m2', 'dot_e2m1'):+.1f}% logic gates.** The uniform grid's "
           "products are at most 7x7 = 49 with no shift, so its 16-lane adder tree is narrower "
           "(a sum of 16 fits 11 bits against 13 for E2M1).")
