@@ -94,7 +94,7 @@ class Cli : public ::testing::Test {
 
   Result run(const std::vector<std::string>& args) const {
     std::string cmd = quote(FP4LAB_BIN);
-    for (const auto& a : args) cmd += " " + quote(a);
+    for (const auto& a : args) cmd.append(" ").append(quote(a));  // not " " + ...: GCC 12 -Wrestrict false positive
     cmd += " >" + quote(path("stdout.txt")) + " 2>" + quote(path("stderr.txt"));
     const int st = std::system(cmd.c_str());
     Result r;

@@ -69,11 +69,11 @@ TEST(Rht, Butterfly) {
         }
         return chk.check(ok, [&] {
           std::string s = "neg=" + hex32(v.neg) + (v.bf16 ? " bf16" : "") + "\n    x:";
-          for (int j = 0; j < 16; ++j) s += " " + hex32(f32_bits(v.x[j]));
+          for (int j = 0; j < 16; ++j) s.append(" ").append(hex32(f32_bits(v.x[j])));
           s += "\n    want:";
-          for (int j = 0; j < 16; ++j) s += " " + hex32(f32_bits(y[j]));
+          for (int j = 0; j < 16; ++j) s.append(" ").append(hex32(f32_bits(y[j])));
           s += "\n    got: ";
-          for (int j = 0; j < 16; ++j) s += " " + hex32(dut->y_o[j]);
+          for (int j = 0; j < 16; ++j) s.append(" ").append(hex32(dut->y_o[j]));
           return s;
         });
       },
