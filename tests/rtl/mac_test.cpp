@@ -71,9 +71,7 @@ class ChainGen {
         b.fmt_b = fb;
         b.sa = sa;
         b.sb = sb;
-        b.join = h + 1 < halves;
-        b.first = k == 0;
-        b.last = k + 1 == blocks && !b.join;
+        rtl::set_beat_position(b, k, blocks, h, halves);
         b.ga = ga;
         b.gb = gb;
         cur_.push_back(b);

@@ -33,6 +33,15 @@ struct MacBeat {
   uint32_t ga = 0, gb = 0;     // FP32 bits of the per-tensor factors (read on last beats)
 };
 
+// The unit's beat protocol: beat h of `halves` 16-element beats of block k of `blocks`. Every beat but a
+// block's last is a join beat; the first block opens the output and the last beat of the last block
+// closes it (and carries the per-tensor factors).
+inline void set_beat_position(MacBeat& beat, int64_t k, int64_t blocks, int64_t h, int64_t halves) {
+  beat.join = h + 1 < halves;
+  beat.first = k == 0;
+  beat.last = k + 1 == blocks && !beat.join;
+}
+
 // Packs 16 consecutive codes starting at `codes`.
 inline uint64_t pack16(const uint8_t* codes) {
   uint64_t v = 0;
@@ -61,9 +70,7 @@ inline void append_mac_beats(const QTensor& a, int64_t m, const QTensor& b, int6
       beat.fmt_b = fb;
       beat.sa = f32_bits(a.scales[size_t(m * KB + k)]);
       beat.sb = f32_bits(b.scales[size_t(n * KB + k)]);
-      beat.join = h + 1 < halves;
-      beat.first = k == 0;
-      beat.last = k + 1 == KB && !beat.join;
+      set_beat_position(beat, k, KB, h, halves);
       beat.ga = ga;
       beat.gb = gb;
       out.push_back(beat);
