@@ -140,8 +140,7 @@ int cmd_analyze(const Invocation& inv) {
     // run serially), which keeps both cores busy without a fork/join per small tensor. Three tasks per
     // setting rather than one even out settings of unequal cost (with and without RHT).
     const size_t tasks = 3 * (settings.size() + recipes.size());
-    std::vector<LayerResults> by_task(tasks);
-    std::vector<GemmResult> by_recipe_task(tasks);
+    std::vector<LayerResults> by_task(tasks);  // a recipe task's one GEMM in gemms
     std::vector<std::exception_ptr> faults(tasks);
 #pragma omp parallel for schedule(dynamic, 1)
     for (size_t t = 0; t < tasks; ++t) {
@@ -149,20 +148,9 @@ int cmd_analyze(const Invocation& inv) {
       const Pass p = kPasses[t % 3];
       try {
         if (job < settings.size()) by_task[t] = analyze_setting_pass(lo, settings[job], p);
-        else by_recipe_task[t] = analyze_recipe_pass(lo, recipes[job - settings.size()], stream, p);
+        else by_task[t].gemms.push_back(analyze_recipe_pass(lo, recipes[job - settings.size()], stream, p));
       } catch (...) {
         faults[t] = std::current_exception();
-      }
-    }
-    std::vector<LayerResults> by_setting(settings.size());
-    std::vector<std::vector<GemmResult>> by_recipe(recipes.size());
-    for (size_t t = 0; t < tasks; ++t) {
-      const size_t job = t / 3;
-      if (job < settings.size()) {
-        for (auto& r : by_task[t].tensors) by_setting[job].tensors.push_back(std::move(r));
-        for (auto& g : by_task[t].gemms) by_setting[job].gemms.push_back(std::move(g));
-      } else {
-        by_recipe[job - settings.size()].push_back(std::move(by_recipe_task[t]));
       }
     }
     for (const auto& f : faults)
@@ -173,6 +161,14 @@ int cmd_analyze(const Invocation& inv) {
           data_error(rec.file, "gemm '" + rec.gemm + "': " + e.what());
         }
       }
+    // Every task succeeded (a fault ended above), so each recipe task holds its GEMM.
+    std::vector<LayerResults> by_setting(settings.size());
+    std::vector<std::vector<GemmResult>> by_recipe(recipes.size());
+    for (size_t t = 0; t < tasks; ++t) {
+      const size_t job = t / 3;
+      if (job < settings.size()) by_setting[job].append(std::move(by_task[t]));
+      else by_recipe[job - settings.size()].push_back(std::move(by_task[t].gemms.front()));
+    }
     for (size_t si = 0; si < settings.size(); ++si) {
       const AnalysisSetting& s = settings[si];
       const LayerResults& res = by_setting[si];

@@ -101,13 +101,14 @@ LayerResults analyze_setting_pass(const LayerOperands& l, const AnalysisSetting&
   return out;
 }
 
+void LayerResults::append(LayerResults&& part) {
+  for (auto& t : part.tensors) tensors.push_back(std::move(t));
+  for (auto& g : part.gemms) gemms.push_back(std::move(g));
+}
+
 LayerResults analyze_setting(const LayerOperands& l, const AnalysisSetting& s) {
   LayerResults out;
-  for (Pass p : kPasses) {
-    LayerResults r = analyze_setting_pass(l, s, p);
-    for (auto& t : r.tensors) out.tensors.push_back(std::move(t));
-    out.gemms.push_back(std::move(r.gemms.front()));
-  }
+  for (Pass p : kPasses) out.append(analyze_setting_pass(l, s, p));
   return out;
 }
 

@@ -65,6 +65,7 @@ struct LayerOperands {
 struct LayerResults {
   std::vector<TensorResult> tensors;  // fwd_x, fwd_w, bwd_dy
   std::vector<GemmResult> gemms;      // fwd_y, bwd_dx, bwd_dw
+  void append(LayerResults&& part);   // a later pass's results after this one's
 };
 
 // Tensors are quantised in 1 x block blocks along their last (row-contiguous) dimension, RTNE; with RHT
