@@ -1,11 +1,24 @@
 // cuBLAS BF16 GEMM, the baseline `fp4lab-cuda bench` prints beside the block-scaled kernels. Loaded with
-// dlopen so that the library, the tests and `check` run without cuBLAS; only `bench` needs it.
-#include <cublas_v2.h>
-#include <dlfcn.h>
-
+// dlopen so that the library, the tests and `check` run without cuBLAS; only `bench` needs it. A toolkit
+// without cuBLAS's headers builds the rest: the baseline then reports itself unavailable (FP4LAB_HAVE_CUBLAS=0).
 #include <string>
 
 #include "fp4lab/cuda/kernels.hpp"
+
+#if !FP4LAB_HAVE_CUBLAS
+namespace fp4lab::cuda {
+struct CublasBf16::Impl {};
+CublasBf16::CublasBf16() {
+  throw Error("this build has no cuBLAS baseline: cublas_v2.h was not found when it was compiled");
+}
+CublasBf16::~CublasBf16() = default;
+void CublasBf16::gemm(const uint16_t*, const uint16_t*, float*, int64_t, int64_t, int64_t, cudaStream_t) {
+  throw Error("this build has no cuBLAS baseline");
+}
+}  // namespace fp4lab::cuda
+#else
+#include <cublas_v2.h>
+#include <dlfcn.h>
 
 namespace fp4lab::cuda {
 
@@ -75,3 +88,4 @@ void CublasBf16::gemm(const uint16_t* d_a, const uint16_t* d_b, float* d_c, int6
 }
 
 }  // namespace fp4lab::cuda
+#endif  // FP4LAB_HAVE_CUBLAS
