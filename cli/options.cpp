@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "fp4lab/io/safetensors.hpp"
+#include "fp4lab/knobs.hpp"
 #include "fp4lab/rht.hpp"
 
 namespace fp4lab::cli {
@@ -103,83 +104,32 @@ void JsonOut::write(const Json& j) const {
   if (!out) data_error(dest, "write failed");
 }
 
-// ---- value parsers -----------------------------------------------------------------------------------
-ElemFormat parse_format(const std::string& name) {
-  std::string known;
-  for (const ElemFormat& f : kAllFormats) {
-    if (name == f.name) return f;
-    known.append(known.empty() ? "" : ", ").append(f.name);
+// ---- value parsers: fp4lab/knobs.hpp's, with its KnobError as a usage error -------------------------
+namespace {
+template <class F>
+auto knob(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const KnobError& e) {
+    usage_error(e.what());
   }
-  usage_error("unknown format '" + name + "' (known: " + known + ")");
 }
+}  // namespace
 
-ScaleKind parse_scale(const std::string& name) {
-  for (ScaleKind s : {ScaleKind::fp32, ScaleKind::ue4m3, ScaleKind::ue8m0, ScaleKind::ue8m0_ceil})
-    if (name == scale_name(s)) return s;
-  usage_error("unknown scale '" + name + "' (known: fp32, ue4m3, ue8m0, ue8m0-ceil)");
-}
-
-Rounding parse_rounding(const std::string& name) {
-  if (name == "rtne") return Rounding::rtne;
-  if (name == "sr") return Rounding::sr;
-  usage_error("unknown rounding '" + name + "' (known: rtne, sr)");
-}
-
+ElemFormat parse_format(const std::string& name) { return knob([&] { return fp4lab::parse_format(name); }); }
+ScaleKind parse_scale(const std::string& name) { return knob([&] { return fp4lab::parse_scale(name); }); }
+Rounding parse_rounding(const std::string& name) { return knob([&] { return fp4lab::parse_rounding(name); }); }
+Pass parse_pass(const std::string& name) { return knob([&] { return fp4lab::parse_pass(name); }); }
 uint64_t parse_uint(const std::string& text, const std::string& option, uint64_t max) {
-  // Decimal digits only: strtoull would accept "-1" (and wrap it), "+1", spaces and "0x..".
-  const bool digits = !text.empty() && text.size() <= 20 && text.find_first_not_of("0123456789") == std::string::npos;
-  errno = 0;
-  const unsigned long long v = digits ? std::strtoull(text.c_str(), nullptr, 10) : 0;
-  if (!digits || errno == ERANGE || v > max)
-    usage_error("--" + option + ": '" + text + "' is not an integer from 0 to " + std::to_string(max));
-  return v;
+  return knob([&] { return fp4lab::parse_uint(text, option, max); });
 }
-
 uint64_t uint_option(const po::variables_map& vm, const std::string& option, uint64_t max) {
   return parse_uint(vm[option].as<std::string>(), option, max);
 }
-
-Pass parse_pass(const std::string& name) {
-  for (Pass p : kPasses)
-    if (name == pass_name(p)) return p;
-  usage_error("unknown pass '" + name + "' (known: fwd_y, bwd_dx, bwd_dw)");
-}
-
 std::vector<float> parse_rht_signs(const std::string& text, int d) {
-  if (text == "te") {
-    try {
-      return rht_signs_te(d);
-    } catch (const std::invalid_argument& e) {
-      usage_error(std::string("--rht-signs te: ") + e.what());
-    }
-  }
-  std::vector<float> s;
-  size_t pos = 0;
-  while (true) {
-    const size_t comma = text.find(',', pos);
-    const std::string tok = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    if (tok == "+1" || tok == "1" || tok == "+")
-      s.push_back(1.0f);
-    else if (tok == "-1" || tok == "-")
-      s.push_back(-1.0f);
-    else
-      usage_error("--rht-signs: sign " + std::to_string(s.size() + 1) + " is '" + tok + "', not +1 or -1");
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  if (d != 0 && int(s.size()) != d)
-    usage_error("--rht-signs gives " + std::to_string(s.size()) + " signs but the RHT size is " + std::to_string(d));
-  return s;
+  return knob([&] { return fp4lab::parse_rht_signs(text, d); });
 }
-
-std::string signs_string(const std::vector<float>& s) {
-  std::string r;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (i) r += ',';
-    r += s[i] < 0 ? "-1" : "+1";
-  }
-  return r;
-}
+std::string signs_string(const std::vector<float>& s) { return fp4lab::signs_string(s); }
 
 // ---- recipe knobs -----------------------------------------------------------------------------------
 void add_recipe_options(po::options_description& desc, bool with_role) {
@@ -212,89 +162,27 @@ void add_recipe_options(po::options_description& desc, bool with_role) {
        "GEMM id in the SR counter; an operand's stream is N*8 + pass*2 + operand (default 0)");
 }
 
-Pass selected_pass(const po::variables_map& vm) {
-  if (vm.count("pass")) return parse_pass(vm["pass"].as<std::string>());
-  if (vm.count("role") && vm["role"].as<std::string>() == "bwd_dy") return Pass::bwd_dx;
-  return Pass::fwd_y;
+Knobs recipe_knobs(const po::variables_map& vm) {
+  Knobs k;
+  for (const std::string& name : knob_names(/*with_role=*/true)) {
+    if (!vm.count(name)) continue;
+    const boost::any& v = vm[name].value();
+    // Typed options arrive as their values; the shared parser takes text.
+    if (const int* i = boost::any_cast<int>(&v)) k[name] = std::to_string(*i);
+    else if (const bool* b = boost::any_cast<bool>(&v)) k[name] = *b ? "true" : "false";
+    else k[name] = boost::any_cast<std::string>(v);
+  }
+  return k;
 }
 
+Pass selected_pass(const po::variables_map& vm) { return knob([&] { return fp4lab::selected_pass(recipe_knobs(vm)); }); }
+
 Operand selected_operand(const po::variables_map& vm, Pass pass) {
-  if (!vm.count("role")) return Operand::a;
-  const std::string role = vm["role"].as<std::string>();
-  if (role != "fwd_x" && role != "fwd_w" && role != "bwd_dy")
-    usage_error("unknown role '" + role + "' (known: fwd_x, fwd_w, bwd_dy)");
-  for (Operand o : {Operand::a, Operand::b})
-    if (role == operand_role(pass, o)) return o;
-  usage_error("role " + role + " is not an operand of pass " + pass_name(pass) + " (A = " +
-              operand_role(pass, Operand::a) + ", B = " + operand_role(pass, Operand::b) + ")");
+  return knob([&] { return fp4lab::selected_operand(recipe_knobs(vm), pass); });
 }
 
 QuantConfig operand_config(const po::variables_map& vm, Pass pass, Operand operand) {
-  Recipe base;  // "custom": e1m2, block 16, fp32, no RHT, RTNE
-  if (vm.count("recipe")) {
-    try {
-      base = Recipe::preset(vm["recipe"].as<std::string>());
-    } catch (const std::invalid_argument& e) {
-      usage_error(e.what());
-    }
-  }
-  if (vm.count("seed")) base.seed = uint_option(vm, "seed", UINT64_MAX);
-  const uint32_t stream = vm.count("stream") ? uint32_t(uint_option(vm, "stream", UINT32_MAX)) : 0u;
-  QuantConfig c = base.operand(pass, operand, stream);
-
-  if (vm.count("format")) c.format = parse_format(vm["format"].as<std::string>());
-  if (vm.count("block")) c.block = vm["block"].as<int>();
-  if (vm.count("scale")) c.scale = parse_scale(vm["scale"].as<std::string>());
-  if (vm.count("tile2d")) c.tile2d = vm["tile2d"].as<bool>();
-  if (vm.count("rounding")) c.rounding = parse_rounding(vm["rounding"].as<std::string>());
-
-  // RHT: --rht D sets the size (0 turns it off); signs come from --rht-signs, --rht-seed, the recipe (when
-  // the size matches) or, for d = 16, Transformer Engine's vector.
-  if (vm.count("rht")) {
-    c.rht = vm["rht"].as<int>();
-    if (c.rht < 0) usage_error("--rht must be 0 or a power of two from 16 to 128, not " + std::to_string(c.rht));
-    if (int(c.rht_signs.size()) != c.rht) c.rht_signs.clear();
-  }
-  if (vm.count("rht-signs") && vm.count("rht-seed")) usage_error("give --rht-signs or --rht-seed, not both");
-  if (vm.count("rht-signs")) {
-    const std::string text = vm["rht-signs"].as<std::string>();
-    if (c.rht == 0 && vm.count("rht")) usage_error("--rht-signs given with --rht 0");
-    if (c.rht == 0 && text != "te") {
-      c.rht_signs = parse_rht_signs(text, 0);  // the count gives the size
-      c.rht = int(c.rht_signs.size());
-    } else {
-      if (c.rht == 0) c.rht = 16;
-      c.rht_signs = parse_rht_signs(text, c.rht);
-    }
-  } else if (vm.count("rht-seed")) {
-    if (c.rht == 0) usage_error("--rht-seed needs an RHT size (--rht D)");
-    if (!rht_size_ok(c.rht)) usage_error("RHT size must be a power of two from 16 to 128, not " + std::to_string(c.rht));
-    c.rht_signs = rht_signs_from_seed(c.rht, uint_option(vm, "rht-seed", UINT64_MAX));
-  }
-  if (c.rht != 0 && int(c.rht_signs.size()) != c.rht) {
-    if (c.rht != 16)
-      usage_error("--rht " + std::to_string(c.rht) +
-                  " needs --rht-signs or --rht-seed (Transformer Engine's vector is defined for d = 16 only)");
-    c.rht_signs = rht_signs_te(16);
-  }
-  if (c.rht == 0) {
-    c.rht_signs.clear();
-    c.rht_bf16 = false;
-  }
-  if (vm.count("rht-bf16")) {
-    c.rht_bf16 = vm["rht-bf16"].as<bool>();
-    if (c.rht_bf16 && c.rht == 0) usage_error("--rht-bf16 needs an RHT (--rht D)");
-  }
-
-  if (c.tile2d && c.block != 16) usage_error("--tile2d (16x16 scale tiles) needs block 16, not " + std::to_string(c.block));
-  // The knob checks of the model's own validate(), on a shape every valid knob accepts (16 rows for 2-D
-  // tiles, 128 columns for every block and RHT size): what fails here is the options, not the data.
-  try {
-    validate(c, 16, 128);
-  } catch (const std::invalid_argument& e) {
-    usage_error(e.what());
-  }
-  return c;
+  return knob([&] { return fp4lab::operand_config(recipe_knobs(vm), pass, operand); });
 }
 
 Json config_json(const QuantConfig& c) {

@@ -13,6 +13,7 @@
 
 #include "commands.hpp"
 #include "fp4lab/format.hpp"
+#include "fp4lab/knobs.hpp"
 #include "fp4lab/quantize.hpp"
 #include "fp4lab/recipe.hpp"
 #include "fp4lab/scale.hpp"
@@ -60,6 +61,8 @@ struct JsonOut {
 // --rounding --seed --stream. With `with_role` (quantize) --role picks the operand.
 void add_recipe_options(po::options_description& desc, bool with_role);
 
+// The recipe knobs given in vm, as text for fp4lab::operand_config (fp4lab/knobs.hpp).
+Knobs recipe_knobs(const po::variables_map& vm);
 // The quantiser settings for one operand: the recipe's config (or the defaults e1m2, block 16, fp32, no
 // RHT, RTNE without --recipe) for that operand of the pass, then every knob given explicitly on top.
 // --stream N is the GEMM id in the SR counter: the operand's stream is N*8 + pass*2 + operand, as in

@@ -1,0 +1,52 @@
+// Recipe knobs as text: the one parser from option values ("--format e1m2 --rht 16 ...") to the quantiser
+// settings of an operand. The command line (cli/options.cpp) and the Python package (python/src/core.cpp)
+// both call it, so a knob means the same thing, and fails with the same message, everywhere.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "fp4lab/quantize.hpp"
+#include "fp4lab/recipe.hpp"
+
+namespace fp4lab {
+
+// A bad knob value or an inconsistent combination; what() is one line.
+struct KnobError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+// Option name without the leading dashes ("rht-signs") -> its text as typed; absent keys are not given.
+using Knobs = std::map<std::string, std::string>;
+
+// The recipe-knob names, in the order the CLI's help lists them.
+const std::vector<std::string>& knob_names(bool with_role);
+
+ElemFormat parse_format(const std::string& name);
+ScaleKind parse_scale(const std::string& name);
+Rounding parse_rounding(const std::string& name);
+Pass parse_pass(const std::string& name);
+// An unsigned decimal integer <= max; `option` (without dashes) names it in the error.
+uint64_t parse_uint(const std::string& text, const std::string& option, uint64_t max);
+// A decimal integer (sign allowed) that fits an int.
+int parse_int(const std::string& text, const std::string& option);
+// true/false, 1/0, yes/no, on/off (Boost.Program_options' spellings).
+bool parse_bool(const std::string& text, const std::string& option);
+// "s1,s2,...,sD" with each s one of +1, 1, -1, +, -; or "te" for Transformer Engine's vector (needs d = 16).
+// d = 0 accepts any count.
+std::vector<float> parse_rht_signs(const std::string& text, int d);
+std::string signs_string(const std::vector<float>& s);
+
+Pass selected_pass(const Knobs& k);                      // "pass", default from "role", else fwd_y
+Operand selected_operand(const Knobs& k, Pass pass);     // from "role", default operand A
+
+// The quantiser settings for one operand: the recipe's config (or the defaults e1m2, block 16, fp32, no RHT,
+// RTNE without "recipe") for that operand of the pass, then every knob given explicitly on top. "stream" N
+// is the GEMM id in the SR counter: the operand's stream is N*8 + pass*2 + operand, as in Recipe::operand.
+// Throws KnobError.
+QuantConfig operand_config(const Knobs& k, Pass pass, Operand operand);
+
+}  // namespace fp4lab

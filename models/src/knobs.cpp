@@ -1,0 +1,214 @@
+#include "fp4lab/knobs.hpp"
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+
+#include "fp4lab/rht.hpp"
+
+namespace fp4lab {
+
+namespace {
+[[noreturn]] void fail(const std::string& m) { throw KnobError(m); }
+const std::string* get(const Knobs& k, const char* name) {
+  const auto it = k.find(name);
+  return it == k.end() ? nullptr : &it->second;
+}
+}  // namespace
+
+const std::vector<std::string>& knob_names(bool with_role) {
+  static const std::vector<std::string> with = {"recipe", "pass", "role", "format", "block", "scale", "tile2d",
+                                                "rht", "rht-signs", "rht-seed", "rht-bf16", "rounding", "seed",
+                                                "stream"};
+  static const std::vector<std::string> without = [] {
+    std::vector<std::string> v = with;
+    v.erase(v.begin() + 2);
+    return v;
+  }();
+  return with_role ? with : without;
+}
+
+ElemFormat parse_format(const std::string& name) {
+  std::string known;
+  for (const ElemFormat& f : kAllFormats) {
+    if (name == f.name) return f;
+    known.append(known.empty() ? "" : ", ").append(f.name);
+  }
+  fail("unknown format '" + name + "' (known: " + known + ")");
+}
+
+ScaleKind parse_scale(const std::string& name) {
+  for (ScaleKind s : {ScaleKind::fp32, ScaleKind::ue4m3, ScaleKind::ue8m0, ScaleKind::ue8m0_ceil})
+    if (name == scale_name(s)) return s;
+  fail("unknown scale '" + name + "' (known: fp32, ue4m3, ue8m0, ue8m0-ceil)");
+}
+
+Rounding parse_rounding(const std::string& name) {
+  if (name == "rtne") return Rounding::rtne;
+  if (name == "sr") return Rounding::sr;
+  fail("unknown rounding '" + name + "' (known: rtne, sr)");
+}
+
+Pass parse_pass(const std::string& name) {
+  for (Pass p : kPasses)
+    if (name == pass_name(p)) return p;
+  fail("unknown pass '" + name + "' (known: fwd_y, bwd_dx, bwd_dw)");
+}
+
+uint64_t parse_uint(const std::string& text, const std::string& option, uint64_t max) {
+  // Decimal digits only: strtoull would accept "-1" (and wrap it), "+1", spaces and "0x..".
+  const bool digits = !text.empty() && text.size() <= 20 && text.find_first_not_of("0123456789") == std::string::npos;
+  errno = 0;
+  const unsigned long long v = digits ? std::strtoull(text.c_str(), nullptr, 10) : 0;
+  if (!digits || errno == ERANGE || v > max)
+    fail("--" + option + ": '" + text + "' is not an integer from 0 to " + std::to_string(max));
+  return v;
+}
+
+int parse_int(const std::string& text, const std::string& option) {
+  const bool neg = !text.empty() && text[0] == '-';
+  const std::string digits = neg ? text.substr(1) : text;
+  const bool ok = !digits.empty() && digits.size() <= 10 && digits.find_first_not_of("0123456789") == std::string::npos;
+  const long long v = ok ? std::strtoll(digits.c_str(), nullptr, 10) : 0;
+  if (!ok || v > INT_MAX) fail("--" + option + ": '" + text + "' is not an integer");
+  return int(neg ? -v : v);
+}
+
+bool parse_bool(const std::string& text, const std::string& option) {
+  if (text == "true" || text == "1" || text == "yes" || text == "on") return true;
+  if (text == "false" || text == "0" || text == "no" || text == "off") return false;
+  fail("--" + option + ": '" + text + "' is not true or false");
+}
+
+std::vector<float> parse_rht_signs(const std::string& text, int d) {
+  if (text == "te") {
+    try {
+      return rht_signs_te(d);
+    } catch (const std::invalid_argument& e) {
+      fail(std::string("--rht-signs te: ") + e.what());
+    }
+  }
+  std::vector<float> s;
+  size_t pos = 0;
+  while (true) {
+    const size_t comma = text.find(',', pos);
+    const std::string tok = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    if (tok == "+1" || tok == "1" || tok == "+")
+      s.push_back(1.0f);
+    else if (tok == "-1" || tok == "-")
+      s.push_back(-1.0f);
+    else
+      fail("--rht-signs: sign " + std::to_string(s.size() + 1) + " is '" + tok + "', not +1 or -1");
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  if (d != 0 && int(s.size()) != d)
+    fail("--rht-signs gives " + std::to_string(s.size()) + " signs but the RHT size is " + std::to_string(d));
+  return s;
+}
+
+std::string signs_string(const std::vector<float>& s) {
+  std::string r;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) r += ',';
+    r += s[i] < 0 ? "-1" : "+1";
+  }
+  return r;
+}
+
+Pass selected_pass(const Knobs& k) {
+  if (const std::string* p = get(k, "pass")) return parse_pass(*p);
+  if (const std::string* r = get(k, "role"); r && *r == "bwd_dy") return Pass::bwd_dx;
+  return Pass::fwd_y;
+}
+
+Operand selected_operand(const Knobs& k, Pass pass) {
+  const std::string* r = get(k, "role");
+  if (!r) return Operand::a;
+  const std::string& role = *r;
+  if (role != "fwd_x" && role != "fwd_w" && role != "bwd_dy")
+    fail("unknown role '" + role + "' (known: fwd_x, fwd_w, bwd_dy)");
+  for (Operand o : {Operand::a, Operand::b})
+    if (role == operand_role(pass, o)) return o;
+  fail("role " + role + " is not an operand of pass " + pass_name(pass) + " (A = " + operand_role(pass, Operand::a) +
+       ", B = " + operand_role(pass, Operand::b) + ")");
+}
+
+QuantConfig operand_config(const Knobs& k, Pass pass, Operand operand) {
+  for (const auto& [name, value] : k) {
+    (void)value;
+    bool known = false;
+    for (const auto& n : knob_names(true)) known = known || n == name;
+    if (!known) fail("unknown knob '" + name + "'");
+  }
+  Recipe base;  // "custom": e1m2, block 16, fp32, no RHT, RTNE
+  if (const std::string* r = get(k, "recipe")) {
+    try {
+      base = Recipe::preset(*r);
+    } catch (const std::invalid_argument& e) {
+      fail(e.what());
+    }
+  }
+  if (const std::string* s = get(k, "seed")) base.seed = parse_uint(*s, "seed", UINT64_MAX);
+  const std::string* st = get(k, "stream");
+  const uint32_t stream = st ? uint32_t(parse_uint(*st, "stream", UINT32_MAX)) : 0u;
+  QuantConfig c = base.operand(pass, operand, stream);
+
+  if (const std::string* v = get(k, "format")) c.format = parse_format(*v);
+  if (const std::string* v = get(k, "block")) c.block = parse_int(*v, "block");
+  if (const std::string* v = get(k, "scale")) c.scale = parse_scale(*v);
+  if (const std::string* v = get(k, "tile2d")) c.tile2d = parse_bool(*v, "tile2d");
+  if (const std::string* v = get(k, "rounding")) c.rounding = parse_rounding(*v);
+
+  // RHT: "rht" D sets the size (0 turns it off); signs come from rht-signs, rht-seed, the recipe (when the
+  // size matches) or, for d = 16, Transformer Engine's vector.
+  const std::string* rht = get(k, "rht");
+  if (rht) {
+    c.rht = parse_int(*rht, "rht");
+    if (c.rht < 0) fail("--rht must be 0 or a power of two from 16 to 128, not " + std::to_string(c.rht));
+    if (int(c.rht_signs.size()) != c.rht) c.rht_signs.clear();
+  }
+  const std::string* signs = get(k, "rht-signs");
+  const std::string* rseed = get(k, "rht-seed");
+  if (signs && rseed) fail("give --rht-signs or --rht-seed, not both");
+  if (signs) {
+    if (c.rht == 0 && rht) fail("--rht-signs given with --rht 0");
+    if (c.rht == 0 && *signs != "te") {
+      c.rht_signs = parse_rht_signs(*signs, 0);  // the count gives the size
+      c.rht = int(c.rht_signs.size());
+    } else {
+      if (c.rht == 0) c.rht = 16;
+      c.rht_signs = parse_rht_signs(*signs, c.rht);
+    }
+  } else if (rseed) {
+    if (c.rht == 0) fail("--rht-seed needs an RHT size (--rht D)");
+    if (!rht_size_ok(c.rht)) fail("RHT size must be a power of two from 16 to 128, not " + std::to_string(c.rht));
+    c.rht_signs = rht_signs_from_seed(c.rht, parse_uint(*rseed, "rht-seed", UINT64_MAX));
+  }
+  if (c.rht != 0 && int(c.rht_signs.size()) != c.rht) {
+    if (c.rht != 16)
+      fail("--rht " + std::to_string(c.rht) +
+           " needs --rht-signs or --rht-seed (Transformer Engine's vector is defined for d = 16 only)");
+    c.rht_signs = rht_signs_te(16);
+  }
+  if (c.rht == 0) {
+    c.rht_signs.clear();
+    c.rht_bf16 = false;
+  }
+  if (const std::string* v = get(k, "rht-bf16")) {
+    c.rht_bf16 = parse_bool(*v, "rht-bf16");
+    if (c.rht_bf16 && c.rht == 0) fail("--rht-bf16 needs an RHT (--rht D)");
+  }
+
+  if (c.tile2d && c.block != 16) fail("--tile2d (16x16 scale tiles) needs block 16, not " + std::to_string(c.block));
+  // The knob checks of the model's own validate(), on a shape every valid knob accepts (16 rows for 2-D
+  // tiles, 128 columns for every block and RHT size): what fails here is the knobs, not the data.
+  try {
+    validate(c, 16, 128);
+  } catch (const std::invalid_argument& e) {
+    fail(e.what());
+  }
+  return c;
+}
+
+}  // namespace fp4lab
