@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "fp4lab/philox.hpp"
 #include "fp4lab/rht.hpp"
 
 namespace fp4lab {
@@ -114,6 +115,14 @@ PassOperands pass_operands(Pass p, const float* x, const float* w, const float* 
       break;
   }
   return o;
+}
+
+uint64_t training_seed(uint64_t seed, uint64_t step) {
+  const uint32_t k[2] = {uint32_t(seed), uint32_t(seed >> 32)};
+  const uint32_t c[4] = {uint32_t(step), uint32_t(step >> 32), kStepStream, 0u};
+  uint32_t o[4];
+  Philox4x32::generate(c, k, o);
+  return uint64_t(o[0]) | (uint64_t(o[1]) << 32);
 }
 
 }  // namespace fp4lab

@@ -55,4 +55,11 @@ PassOperands pass_operands(Pass p, const float* x, const float* w, const float* 
 
 std::vector<float> transpose(const float* x, int64_t rows, int64_t cols);
 
+// Stochastic-rounding key of a training step (docs/spec.md §12). Step t of a run seeded `seed` quantises with
+// the seed training_seed(seed, t): the first two Philox4x32-10 words under key `seed` and counter
+// (t low, t high, kStepStream, 0). The layer's index is the GEMM id N of Recipe::operand (stream N*8 + pass*2
+// + operand), so every (seed, step, layer, pass, operand) draws its own bits, on any device and thread count.
+inline constexpr uint32_t kStepStream = 0x53544550u;  // "STEP"
+uint64_t training_seed(uint64_t seed, uint64_t step);
+
 }  // namespace fp4lab
