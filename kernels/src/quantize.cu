@@ -392,7 +392,7 @@ void tensor_amax(const float* d_x, int64_t rows, int64_t cols, const QuantConfig
 }
 
 void quantize(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor& out,
-              QuantWorkspace& ws, cudaStream_t s, RhtPath path, bool check_finite) {
+              QuantWorkspace& ws, cudaStream_t s, RhtPath path, bool check_finite, int* d_nonfinite_flag) {
   validate(cfg, rows, cols);
   const int fmt = detail::format_index(cfg.format);
   if (rows * cols % 2 != 0) throw std::invalid_argument("odd element count");
@@ -446,6 +446,8 @@ void quantize(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& c
     ws.nonfinite.resize(1);
     check(cudaMemsetAsync(ws.nonfinite.data(), 0, sizeof(int), s), "cudaMemsetAsync");
     a.nonfinite = ws.nonfinite.data();
+  } else {
+    a.nonfinite = d_nonfinite_flag;
   }
   launch_quantize_any(fmt, cfg.block, d, a, s);
   check_launch("quantize_kernel");

@@ -130,10 +130,12 @@ enum class RhtPath { fused, unfused };
 
 // Quantises x (device, FP32 [rows, cols], row-major) exactly as fp4lab::quantize does. Throws
 // std::invalid_argument on a configuration fp4lab::validate rejects; with check_finite, synchronises and throws
-// std::invalid_argument when x holds NaN or Inf (the golden model's rule); without it the caller vouches.
+// std::invalid_argument when x holds NaN or Inf (the golden model's rule). Without it, a non-null
+// d_nonfinite_flag (device int) is set to 1 when x holds NaN or Inf and never cleared, with no synchronisation:
+// a training step checks it once instead of stalling the stream at every operand; with neither the caller vouches.
 void quantize(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor& out,
               QuantWorkspace& ws, cudaStream_t stream = nullptr, RhtPath path = RhtPath::fused,
-              bool check_finite = true);
+              bool check_finite = true, int* d_nonfinite_flag = nullptr);
 // The unfused form's first pass alone: d_y = RHT(d_x) per block of cfg.rht (BF16-rounded when cfg.rht_bf16).
 void rht(const float* d_x, float* d_y, int64_t rows, int64_t cols, const QuantConfig& cfg,
          cudaStream_t stream = nullptr);
