@@ -1,0 +1,183 @@
+"""fp4lab: bit-exact 4-bit block-scaled quantisation and GEMM (E2M1, E1M2, INT4), the training recipes of
+docs/spec.md §2, and the analyses of §6, on numpy arrays.
+
+Every function calls the C++ golden model the ``fp4lab`` command line calls (through the nanobind module
+``fp4lab._core``), with the same knobs and the same one-line error messages, so results are bit-identical to
+the CLI. ``fp4lab.torch`` (where PyTorch is installed) adds the same arithmetic on torch tensors, the CUDA
+kernels, and a drop-in ``Linear`` that trains under a recipe.
+
+    import numpy as np, fp4lab
+    x = np.random.default_rng(0).standard_normal((64, 256), dtype=np.float32)
+    q = fp4lab.quantize(x, "ufp4", pass_="fwd_y", role="fwd_x")   # codes, scales, dequantize()
+    c = fp4lab.gemm(q, fp4lab.quantize(x, "ufp4", role="fwd_w"))  # [64, 64] FP32, datapath contract
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import Any, Iterable, Mapping, Optional
+
+import numpy as np
+
+from . import _core
+from ._core import QTensor, QuantConfig
+
+__version__: str = _core.__version__
+__all__ = ["QTensor", "QuantConfig", "analyze", "config", "formats", "gemm", "quantize", "recipes", "__version__"]
+
+# Knob names as Python keywords ("rht_signs") -> the CLI option they stand for ("rht-signs").
+_KNOBS = {n.replace("-", "_"): n for n in _core.knob_names(True) if n not in ("recipe", "pass", "role")}
+
+
+def _knob_text(name: str, value: Any) -> str:
+    """A knob value as the command line would spell it."""
+    if isinstance(value, (bool, np.bool_)):
+        return "true" if value else "false"
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if name == "rht-signs" and not isinstance(value, str):
+        # A sequence of +1/-1 entries; anything else is passed through for the parser to name.
+        out = []
+        for s in value:
+            out.append("+1" if s == 1 else "-1" if s == -1 else str(s))
+        return ",".join(out)
+    if isinstance(value, str):
+        return value
+    raise TypeError(f"knob {name.replace('-', '_')}: {type(value).__name__} is not a valid value")
+
+
+def _knobs(func: str, recipe: Optional[str], pass_: Optional[str], role: Optional[str],
+           knobs: Mapping[str, Any]) -> dict:
+    k = {}
+    if recipe is not None:
+        k["recipe"] = recipe
+    if pass_ is not None:
+        k["pass"] = pass_
+    if role is not None:
+        k["role"] = role
+    for name, value in knobs.items():
+        if name not in _KNOBS:
+            raise TypeError(f"{func}() got an unexpected keyword argument '{name}' "
+                            f"(knobs: {', '.join(sorted(_KNOBS))})")
+        if value is not None:
+            k[_KNOBS[name]] = _knob_text(_KNOBS[name], value)
+    return k
+
+
+def config(recipe: Optional[str] = None, *, pass_: Optional[str] = None, role: Optional[str] = None,
+           operand: Optional[str] = None, **knobs) -> QuantConfig:
+    """The quantiser settings of one operand: the recipe's for that pass and operand, then the knobs on top.
+
+    Without ``pass_`` the pass is fwd_y (bwd_dx for ``role="bwd_dy"``), as on the command line; ``operand``
+    ("a" or "b") picks an operand where ``role`` does not.
+    """
+    k = _knobs("config", recipe, pass_, role, knobs)
+    return _core.operand_config(k, pass_ or "", operand or "")
+
+
+def _as_matrix(x: Any, func: str) -> np.ndarray:
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{func}(): x must be a numpy array, not {type(x).__name__}")
+    if x.ndim != 2:
+        raise ValueError(f"{func}(): x must be 2-D [rows, K] (quantised along its last dimension), got shape "
+                         f"{list(x.shape)}")
+    if not x.flags.c_contiguous:
+        raise ValueError(f"{func}(): x must be C-contiguous (np.ascontiguousarray makes a copy that is)")
+    return x
+
+
+def _is_bf16(dtype: np.dtype) -> bool:
+    return dtype.name == "bfloat16"  # ml_dtypes.bfloat16, without importing ml_dtypes where it is absent
+
+
+def quantize(x: np.ndarray, recipe: Optional[str] = None, *, pass_: Optional[str] = None,
+             role: Optional[str] = None, **knobs) -> QTensor:
+    """Block-quantise a 2-D float32 or ml_dtypes.bfloat16 array along its last dimension.
+
+    ``recipe`` is a preset (``fp4lab.recipes()``) whose settings for ``pass_`` and ``role`` apply; knobs named
+    as the CLI's options (``format``, ``block``, ``scale``, ``tile2d``, ``rht``, ``rht_signs`` (list or "te"),
+    ``rht_seed``, ``rht_bf16``, ``rounding``, ``seed``, ``stream``) override it. Returns a QTensor with
+    ``codes`` (uint8 [rows, K]), ``scales`` (float32 [rows, K/B]), ``scale_codes`` (uint8 or None),
+    ``global_scale`` and ``dequantize()``.
+    """
+    x = _as_matrix(x, "quantize")
+    cfg = config(recipe, pass_=pass_, role=role, **knobs)
+    if x.dtype == np.float32:
+        return _core.quantize_f32(x, cfg)
+    if _is_bf16(x.dtype):
+        return _core.quantize_bf16(x.view(np.uint16), cfg)
+    raise TypeError(f"quantize(): x must be float32 or ml_dtypes.bfloat16, not {x.dtype}")
+
+
+def quantize_with(x: np.ndarray, cfg: QuantConfig) -> QTensor:
+    """Quantise with a QuantConfig from ``config()`` (the knobs already resolved)."""
+    x = _as_matrix(x, "quantize_with")
+    if x.dtype == np.float32:
+        return _core.quantize_f32(x, cfg)
+    if _is_bf16(x.dtype):
+        return _core.quantize_bf16(x.view(np.uint16), cfg)
+    raise TypeError(f"quantize_with(): x must be float32 or ml_dtypes.bfloat16, not {x.dtype}")
+
+
+def gemm(qa: QTensor, qb: QTensor) -> np.ndarray:
+    """C = A · Bᵀ (float32 [M, N]) of two operands quantised along K, under the datapath contract
+    (docs/datapath.md): exact int32 block dot products, FP32 scaling and accumulation in ascending block order."""
+    if not isinstance(qa, QTensor) or not isinstance(qb, QTensor):
+        raise TypeError("gemm(): both operands must be fp4lab.QTensor (from fp4lab.quantize)")
+    return _core.gemm(qa, qb)
+
+
+def formats() -> list:
+    """The element grids: levels, integer view, gmax, emax (docs/spec.md §1)."""
+    return _core.formats()
+
+
+def recipes() -> dict:
+    """Each preset's settings for operand a and b of fwd_y, bwd_dx and bwd_dw (docs/spec.md §2)."""
+    return {name: _core.recipe_table(name) for name in _core.recipe_names()}
+
+
+def cli_path() -> str:
+    """The fp4lab command line this package runs for analyze(): the one installed with it, else $FP4LAB_BIN, else
+    the one built beside an in-tree build (build/bin/fp4lab next to build/python)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for p in (os.path.join(here, "bin", "fp4lab"), os.environ.get("FP4LAB_BIN", ""),
+              os.path.join(here, "..", "..", "bin", "fp4lab")):
+        if p and os.path.isfile(p) and os.access(p, os.X_OK):
+            return os.path.abspath(p)
+    raise RuntimeError("the fp4lab command line is not installed with this package (it needs Boost.Program_options "
+                       "at build time); set FP4LAB_BIN to a built fp4lab")
+
+
+def _list_text(v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    if isinstance(v, Iterable):
+        return ",".join("none" if x in (None, 0) else str(x) for x in v)
+    return "none" if v in (None, 0) else str(v)
+
+
+def analyze(trace: str, *, formats: Any = None, rht: Any = None, rht_signs: Any = None, rht_seed: Any = None,
+            recipe: Any = None, block: Optional[int] = None, scale: Optional[str] = None,
+            seed: Optional[int] = None) -> dict:
+    """The analyses of docs/spec.md §6 on a trace folder or file: the same dict ``fp4lab analyze --json`` writes
+    (it runs that command). ``formats``, ``rht`` and ``recipe`` take lists or comma-separated strings; ``rht``
+    entries None or 0 mean no rotation."""
+    args = [cli_path(), "analyze", "--trace", os.fspath(trace), "--json", "-"]
+    for opt, v in (("formats", formats), ("rht", rht), ("recipe", recipe)):
+        if v is not None:
+            args += ["--" + opt, _list_text(v)]
+    if rht_signs is not None:
+        args += ["--rht-signs", _knob_text("rht-signs", rht_signs)]
+    for opt, v in (("rht-seed", rht_seed), ("block", block), ("scale", scale), ("seed", seed)):
+        if v is not None:
+            args += ["--" + opt, str(v)]
+    r = subprocess.run(args, capture_output=True, text=True)
+    if r.returncode != 0:
+        lines = [ln for ln in r.stderr.splitlines() if ": error: " in ln]
+        msg = lines[-1].split(": error: ", 1)[1] if lines else (r.stderr.strip() or f"exit {r.returncode}")
+        if r.returncode < 0:
+            raise RuntimeError(f"fp4lab analyze was killed by signal {-r.returncode}")
+        raise ValueError(msg)
+    return json.loads(r.stdout)

@@ -1,0 +1,315 @@
+// fp4lab._core: the Python binding of the golden model (and of the CUDA kernels where they are built).
+//
+// No arithmetic lives here: every call goes to the same C++ functions the command line calls
+// (fp4lab::operand_config for the knobs, fp4lab::quantize, fp4lab::gemm, fp4lab::cuda::*), so results are
+// bit-identical to the CLI by construction. Errors keep the C++ one-line messages: std::invalid_argument
+// (and fp4lab::KnobError) arrive in Python as ValueError.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fp4lab/gemm.hpp"
+#include "fp4lab/knobs.hpp"
+#include "fp4lab/quantize.hpp"
+#include "fp4lab/recipe.hpp"
+#include "fp4lab/rht.hpp"
+#if FP4LAB_PY_CUDA
+#include "fp4lab/cuda/kernels.hpp"
+#endif
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace fp4lab::py {
+namespace {
+
+using CpuIn = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using CpuBf16In = nb::ndarray<const uint16_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+// A numpy array that owns a moved-in std::vector (no copy of the data).
+template <class T>
+nb::ndarray<nb::numpy, T> owned(std::vector<T>&& v, std::initializer_list<size_t> shape) {
+  auto* heap = new std::vector<T>(std::move(v));
+  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return nb::ndarray<nb::numpy, T>(heap->data(), shape, owner);
+}
+
+// A read-only numpy view of a member of `self` (kept alive by the view).
+template <class T>
+nb::ndarray<nb::numpy, const T> view(const std::vector<T>& v, size_t rows, size_t cols, nb::handle self) {
+  return nb::ndarray<nb::numpy, const T>(v.data(), {rows, cols}, self);
+}
+
+nb::dict config_dict(const QuantConfig& c) {
+  nb::dict d;
+  d["label"] = c.label();
+  d["format"] = c.format.name;
+  d["block"] = c.block;
+  d["tile2d"] = c.tile2d;
+  d["scale"] = scale_name(c.scale);
+  d["rht"] = c.rht;
+  d["rht_signs"] = signs_string(c.rht_signs);
+  d["rht_bf16"] = c.rht_bf16;
+  d["rounding"] = c.rounding == Rounding::rtne ? "rtne" : "sr";
+  d["seed"] = c.seed;
+  d["stream"] = c.stream;
+  return d;
+}
+
+nb::dict format_dict(const ElemFormat& f) {
+  nb::dict d;
+  std::vector<float> levels;
+  std::vector<int> ints;
+  for (int i = 0; i < f.num_levels(); ++i) {
+    levels.push_back(f.level(i));
+    ints.push_back(f.int_level(i));
+  }
+  d["name"] = f.name;
+  d["ebits"] = f.ebits;
+  d["mbits"] = f.mbits;
+  d["bias"] = f.bias;
+  d["max_index"] = f.max_index;
+  d["levels"] = levels;
+  d["int_levels"] = ints;
+  d["int_shift"] = f.int_shift();
+  d["gmax"] = f.gmax();
+  d["emax"] = f.emax();
+  return d;
+}
+
+QTensor quantize_f32(CpuIn x, const QuantConfig& cfg) {
+  const int64_t rows = int64_t(x.shape(0)), cols = int64_t(x.shape(1));
+  nb::gil_scoped_release release;  // the quantiser runs on OpenMP threads; other Python threads may go on
+  return quantize(x.data(), rows, cols, cfg);
+}
+
+QTensor quantize_bf16(CpuBf16In x, const QuantConfig& cfg) {
+  const int64_t rows = int64_t(x.shape(0)), cols = int64_t(x.shape(1));
+  nb::gil_scoped_release release;
+  // BF16 -> FP32 is exact (a shift), as the trace reader does it.
+  std::vector<float> f(size_t(rows * cols));
+  for (size_t i = 0; i < f.size(); ++i) f[i] = bf16_to_f32(x.data()[i]);
+  return quantize(f.data(), rows, cols, cfg);
+}
+
+// A QTensor from its parts (codes one per byte, decoded scales), checked like the CLI checks a file.
+QTensor make_qtensor(const std::string& format, const std::string& scale, int block, bool tile2d,
+                     nb::ndarray<const uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> codes,
+                     nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu> scales, float global_dec) {
+  QTensor q;
+  q.format = parse_format(format);
+  q.scale_kind = parse_scale(scale);
+  q.block = block;
+  q.tile2d = tile2d;
+  q.rows = int64_t(codes.shape(0));
+  q.cols = int64_t(codes.shape(1));
+  if (block != 16 && block != 32) throw std::invalid_argument("block size must be 16 or 32, not " + std::to_string(block));
+  if (q.cols % block != 0)
+    throw std::invalid_argument("codes have " + std::to_string(q.cols) + " columns, not a multiple of the block size " +
+                                std::to_string(block));
+  if (int64_t(scales.shape(0)) != q.rows || int64_t(scales.shape(1)) != q.cols / block)
+    throw std::invalid_argument("scales must have shape [" + std::to_string(q.rows) + ", " +
+                                std::to_string(q.cols / block) + "]");
+  q.codes.assign(codes.data(), codes.data() + codes.size());
+  for (uint8_t c : q.codes)
+    if (!code_valid(q.format, c))
+      throw std::invalid_argument("code " + std::to_string(int(c)) + " is not a " + std::string(q.format.name) + " code");
+  q.scales.assign(scales.data(), scales.data() + scales.size());
+  check_finite(q.scales.data(), int64_t(q.scales.size()), "scales");
+  q.global_dec = global_dec;
+  return q;
+}
+
+#if FP4LAB_PY_CUDA
+namespace fc = fp4lab::cuda;
+using CudaIn = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cuda>;
+using CudaOut = nb::ndarray<float, nb::ndim<2>, nb::c_contig, nb::device::cuda>;
+using CudaFlag = nb::ndarray<int, nb::ndim<1>, nb::c_contig, nb::device::cuda>;
+
+// Scratch memory of the kernels, one set per process, reused across calls (kernels run in stream order).
+struct Workspaces {
+  fc::QuantWorkspace quant;
+  fc::GemmWorkspace gemm;
+};
+Workspaces& workspaces() {
+  static Workspaces* w = new Workspaces;  // never destroyed: freeing device memory at exit races the driver
+  return *w;
+}
+cudaStream_t as_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+
+// A device view of a DQTensor buffer, owned by the Python object `self`.
+template <class T>
+nb::ndarray<nb::pytorch, T> device_view(fc::Buffer<T>& b, std::initializer_list<size_t> shape, nb::handle self) {
+  int dev = 0;
+  fc::check(cudaGetDevice(&dev), "cudaGetDevice");
+  return nb::ndarray<nb::pytorch, T>(b.data(), shape, self, {}, nb::dtype<T>(), nb::device::cuda::value, dev);
+}
+#endif
+
+}  // namespace
+}  // namespace fp4lab::py
+
+NB_MODULE(_core, m) {
+  using namespace fp4lab;
+  using namespace fp4lab::py;
+  m.doc() = "fp4lab golden model (C++) bindings; use the fp4lab package, not this module";
+  m.attr("__version__") = FP4LAB_VERSION;
+  m.attr("cuda_built") = bool(FP4LAB_PY_CUDA);
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const std::invalid_argument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+
+  nb::class_<QuantConfig>(m, "QuantConfig")
+      .def_prop_ro("label", &QuantConfig::label)
+      .def("to_dict", &config_dict)
+      .def("__repr__", [](const QuantConfig& c) { return "<fp4lab.QuantConfig " + c.label() + ">"; });
+
+  m.def("knob_names", &knob_names, "with_role"_a = true);
+  m.def("operand_config", [](const Knobs& k, const std::string& pass, const std::string& operand) {
+    const Pass p = pass.empty() ? selected_pass(k) : parse_pass(pass);
+    Operand o;
+    if (operand.empty()) o = selected_operand(k, p);
+    else if (operand == "a") o = Operand::a;
+    else if (operand == "b") o = Operand::b;
+    else throw std::invalid_argument("operand must be 'a' or 'b', not '" + operand + "'");
+    return operand_config(k, p, o);
+  }, "knobs"_a, "pass_"_a = "", "operand"_a = "",
+        "Quantiser settings of one operand: the recipe's, then the knobs on top (the CLI's rules and messages).");
+  m.def("selected_pass", [](const Knobs& k) { return std::string(pass_name(selected_pass(k))); });
+  m.def("training_seed", &training_seed, "seed"_a, "step"_a);
+  m.def("decode_table", [](const std::string& format) {
+    const ElemFormat f = parse_format(format);
+    std::vector<float> t(16);
+    for (int c = 0; c < 16; ++c) t[size_t(c)] = code_valid(f, uint8_t(c)) ? decode(f, uint8_t(c)) : NAN;
+    return t;
+  }, "format"_a, "The value of each 4-bit code (NaN for codes the format does not use).");
+  m.def("recipe_names", &Recipe::preset_names);
+  m.def("formats", [] {
+    nb::list l;
+    for (const ElemFormat& f : kAllFormats) l.append(format_dict(f));
+    return l;
+  });
+  m.def("recipe_table", [](const std::string& name) {
+    const Recipe r = Recipe::preset(name);
+    nb::dict out;
+    for (Pass p : kPasses) {
+      nb::dict pd;
+      for (Operand o : {Operand::a, Operand::b}) {
+        nb::dict od = config_dict(r.operand(p, o));
+        od["role"] = operand_role(p, o);
+        pd[o == Operand::a ? "a" : "b"] = od;
+      }
+      out[pass_name(p)] = pd;
+    }
+    return out;
+  });
+
+  nb::class_<QTensor>(m, "QTensor")
+      .def_prop_ro("rows", [](const QTensor& q) { return q.rows; })
+      .def_prop_ro("cols", [](const QTensor& q) { return q.cols; })
+      .def_prop_ro("format", [](const QTensor& q) { return std::string(q.format.name); })
+      .def_prop_ro("scale", [](const QTensor& q) { return std::string(scale_name(q.scale_kind)); })
+      .def_prop_ro("block", [](const QTensor& q) { return q.block; })
+      .def_prop_ro("tile2d", [](const QTensor& q) { return q.tile2d; })
+      .def_prop_ro("global_scale", [](const QTensor& q) { return q.global_dec; })
+      .def_prop_ro("codes", [](nb::handle self) {
+        const QTensor& q = nb::cast<const QTensor&>(self);
+        return view(q.codes, size_t(q.rows), size_t(q.cols), self);
+      })
+      .def_prop_ro("scales", [](nb::handle self) {
+        const QTensor& q = nb::cast<const QTensor&>(self);
+        return view(q.scales, size_t(q.rows), size_t(q.kblocks()), self);
+      })
+      .def_prop_ro("scale_codes", [](nb::handle self) -> nb::object {
+        const QTensor& q = nb::cast<const QTensor&>(self);
+        if (q.scale_codes.empty()) return nb::none();
+        return nb::cast(view(q.scale_codes, size_t(q.rows), size_t(q.kblocks()), self));
+      })
+      .def("dequantize", [](const QTensor& q) {
+        return owned(q.dequantize(), {size_t(q.rows), size_t(q.cols)});
+      });
+
+  m.def("quantize_f32", &quantize_f32, "x"_a.noconvert(), "config"_a);
+  m.def("quantize_bf16", &quantize_bf16, "x"_a.noconvert(), "config"_a);
+  m.def("rotate", [](CpuIn x, const QuantConfig& cfg) {
+    const int64_t rows = int64_t(x.shape(0)), cols = int64_t(x.shape(1));
+    validate(cfg, rows, cols);
+    return owned(rotate(x.data(), rows, cols, cfg), {size_t(rows), size_t(cols)});
+  }, "x"_a.noconvert(), "config"_a);
+  m.def("validate", [](const QuantConfig& cfg, int64_t rows, int64_t cols) { validate(cfg, rows, cols); },
+        "config"_a, "rows"_a, "cols"_a, "Raises ValueError when a [rows, cols] operand cannot be quantised so.");
+  m.def("make_qtensor", &make_qtensor, "format"_a, "scale"_a, "block"_a, "tile2d"_a, "codes"_a, "scales"_a,
+        "global_scale"_a);
+  m.def("gemm", [](const QTensor& a, const QTensor& b) {
+    std::vector<float> c;
+    {
+      nb::gil_scoped_release release;
+      c = gemm(a, b);
+    }
+    return owned(std::move(c), {size_t(a.rows), size_t(b.rows)});
+  }, "a"_a, "b"_a, "C = A . B^T under the datapath contract (docs/datapath.md)");
+
+#if FP4LAB_PY_CUDA
+  namespace fc = fp4lab::cuda;
+  m.def("cuda_available", [] {
+    std::string why;
+    return nb::make_tuple(fc::device_available(&why), why);
+  });
+  nb::class_<fc::DQTensor>(m, "CudaQTensor")
+      .def(nb::init<>())
+      .def_prop_ro("rows", [](const fc::DQTensor& q) { return q.rows; })
+      .def_prop_ro("cols", [](const fc::DQTensor& q) { return q.cols; })
+      .def_prop_ro("block", [](const fc::DQTensor& q) { return q.block; })
+      .def_prop_ro("format", [](const fc::DQTensor& q) { return std::string(q.format.name); })
+      .def_prop_ro("scale", [](const fc::DQTensor& q) { return std::string(scale_name(q.scale_kind)); })
+      // Two 4-bit codes per byte, element 2i in the low nibble (the device layout).
+      .def_prop_ro("packed_codes", [](nb::handle self) {
+        auto& q = nb::cast<fc::DQTensor&>(self);
+        return device_view(q.codes, {size_t(q.rows), size_t(q.cols / 2)}, self);
+      })
+      .def_prop_ro("scales", [](nb::handle self) {
+        auto& q = nb::cast<fc::DQTensor&>(self);
+        return device_view(q.scales, {size_t(q.rows), size_t(q.kblocks())}, self);
+      })
+      .def_prop_ro("global_scale", [](nb::handle self) {
+        auto& q = nb::cast<fc::DQTensor&>(self);
+        return device_view(q.global_dec, {size_t(1)}, self);
+      })
+      .def("to_host", [](const fc::DQTensor& q) { return fc::to_host(q); });
+  m.def("cuda_upload", [](const QTensor& q, fc::DQTensor& out) { fc::upload(q, out); }, "q"_a, "out"_a);
+  m.def("cuda_quantize", [](CudaIn x, const QuantConfig& cfg, fc::DQTensor& out, uintptr_t stream,
+                            const std::string& path, bool check_finite, nb::object flag) {
+    int* d_flag = nullptr;
+    if (!flag.is_none()) d_flag = nb::cast<CudaFlag>(flag).data();
+    if (path != "fused" && path != "unfused") throw std::invalid_argument("rht path must be fused or unfused");
+    fc::quantize(x.data(), int64_t(x.shape(0)), int64_t(x.shape(1)), cfg, out, workspaces().quant, as_stream(stream),
+                 path == "fused" ? fc::RhtPath::fused : fc::RhtPath::unfused, check_finite, d_flag);
+  }, "x"_a, "config"_a, "out"_a, "stream"_a, "path"_a = "fused", "check_finite"_a = true, "nonfinite_flag"_a = nb::none());
+  m.def("cuda_gemm", [](const fc::DQTensor& a, const fc::DQTensor& b, CudaOut c, uintptr_t stream,
+                        const std::string& kernel) {
+    check_gemm_operands(a, b);
+    if (int64_t(c.shape(0)) != a.rows || int64_t(c.shape(1)) != b.rows)
+      throw std::invalid_argument("output must have shape [" + std::to_string(a.rows) + ", " + std::to_string(b.rows) + "]");
+    if (kernel == "fast")
+      fc::gemm_fast(a, b, c.data(), workspaces().gemm, as_stream(stream));
+    else if (kernel == "reference")
+      fc::gemm_reference(a, b, c.data(), as_stream(stream));
+    else
+      throw std::invalid_argument("kernel must be fast or reference, not '" + kernel + "'");
+  }, "a"_a, "b"_a, "out"_a, "stream"_a, "kernel"_a = "fast");
+#else
+  m.def("cuda_available", [] { return nb::make_tuple(false, std::string("this fp4lab was built without CUDA (no nvcc found)")); });
+#endif
+}

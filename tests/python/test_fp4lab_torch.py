@@ -1,0 +1,248 @@
+"""fp4lab.torch on CPU tensors: the forward GEMM and both backward GEMMs of fp4lab.torch.Linear bit-identical to
+the golden model (the numpy API) applied to the same operands, for every recipe; SR reproducible across runs
+and thread counts and keyed by step and layer; the bf16 recipe equal to nn.Linear; convert() keeping parameters
+and state-dict keys; a small model's loss going down under every recipe.
+
+On a machine with a GPU the same module also checks the CUDA path against the CPU path bit for bit."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import fp4lab
+import fp4lab.torch as ft
+from fp4lab import _core
+
+QUANT_RECIPES = ["ufp4", "e2m1-ref", "nvfp4", "mxfp4"]
+CUDA = torch.cuda.is_available() and _core.cuda_built
+
+
+def bits(t):
+    a = t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
+    return a.view(np.uint32)
+
+
+def golden(a, b, recipe, p, layer, step, seed=0):
+    """C = A · Bᵀ with both operands quantised by the numpy API under the recipe's training settings."""
+    kw = dict(seed=_core.training_seed(seed, step), stream=layer)
+    qa = fp4lab.quantize_with(np.ascontiguousarray(a, np.float32), fp4lab.config(recipe, pass_=p, operand="a", **kw))
+    qb = fp4lab.quantize_with(np.ascontiguousarray(b, np.float32), fp4lab.config(recipe, pass_=p, operand="b", **kw))
+    return fp4lab.gemm(qa, qb)
+
+
+def make_layer(recipe, in_f=64, out_f=96, layer_id=3, seed=0, mode="exact"):
+    torch.manual_seed(seed)
+    lin = ft.Linear(in_f, out_f, bias=False, recipe=ft.Recipe(recipe, mode=mode), layer_id=layer_id)
+    return lin
+
+
+@pytest.mark.parametrize("recipe", QUANT_RECIPES)
+def test_linear_gemms_bit_identical_to_golden(recipe):
+    lin = make_layer(recipe)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 32, 64, generator=g) * 3  # tokens = 64
+    x[0, 5, 7] = 40.0  # an outlier, so the scales differ across blocks
+    x.requires_grad_(True)
+    dy = torch.randn(2, 32, 96, generator=g)
+    for step in range(2):  # step 1 draws other SR bits
+        assert lin.step == step
+        y = lin(x)
+        y.backward(dy)
+        X = x.detach().reshape(64, 64).numpy()
+        W = lin.weight.detach().numpy()
+        DY = dy.reshape(64, 96).numpy()
+        y_ref = golden(X, W, recipe, "fwd_y", 3, step)
+        dx_ref = golden(DY, W.T, recipe, "bwd_dx", 3, step)
+        dw_ref = golden(DY.T, X.T, recipe, "bwd_dw", 3, step)
+        assert np.array_equal(bits(y.reshape(64, 96)), bits(y_ref)), (recipe, step, "fwd_y")
+        assert np.array_equal(bits(x.grad.reshape(64, 64)), bits(dx_ref)), (recipe, step, "bwd_dx")
+        assert np.array_equal(bits(lin.weight.grad), bits(dw_ref)), (recipe, step, "bwd_dw")
+        x.grad = None
+        lin.weight.grad = None
+
+
+def test_bias_and_bf16_activations():
+    torch.manual_seed(0)
+    lin = ft.Linear(64, 32, bias=True, recipe="ufp4", layer_id=0).to(torch.bfloat16)
+    x = torch.randn(64, 64).to(torch.bfloat16)
+    y = lin(x)
+    assert y.dtype == torch.bfloat16
+    ref = golden(x.float().numpy(), lin.weight.float().detach().numpy(), "ufp4", "fwd_y", 0, 0)
+    want = torch.from_numpy(ref).to(torch.bfloat16) + lin.bias.detach()
+    assert torch.equal(y, want)
+
+
+def test_bf16_recipe_is_nn_linear():
+    torch.manual_seed(0)
+    ref = nn.Linear(48, 80).to(torch.bfloat16)
+    ours = ft.Linear.from_linear(ref, "bf16")
+    x1 = torch.randn(5, 48).to(torch.bfloat16).requires_grad_(True)
+    x2 = x1.detach().clone().requires_grad_(True)
+    y1, y2 = ref(x1), ours(x2)
+    assert torch.equal(y1, y2)
+    dy = torch.randn_like(y1)
+    y1.backward(dy)
+    g1 = (x1.grad.clone(), ref.weight.grad.clone(), ref.bias.grad.clone())
+    ref.weight.grad = ref.bias.grad = None
+    y2.backward(dy)
+    assert torch.equal(g1[0], x2.grad) and torch.equal(g1[1], ours.weight.grad) and torch.equal(g1[2], ours.bias.grad)
+
+
+def test_sr_keyed_by_step_layer_and_seed():
+    torch.manual_seed(0)
+    dy = torch.randn(64, 64).numpy()
+    r = ft.Recipe("ufp4")
+    codes = lambda **k: fp4lab.quantize_with(dy, r.config("bwd_dx", "a", **k)).codes  # noqa: E731
+    base = codes(layer=0, step=0)
+    assert np.array_equal(base, codes(layer=0, step=0))
+    assert not np.array_equal(base, codes(layer=0, step=1))
+    assert not np.array_equal(base, codes(layer=1, step=0))
+    assert not np.array_equal(base, fp4lab.quantize_with(dy, ft.Recipe("ufp4", seed=1).config("bwd_dx", "a", layer=0,
+                                                                                                 step=0)).codes)
+    # Operands that the recipe rounds to nearest do not depend on the key.
+    assert np.array_equal(fp4lab.quantize_with(dy, r.config("fwd_y", "a", layer=0, step=0)).codes,
+                          fp4lab.quantize_with(dy, r.config("fwd_y", "a", layer=5, step=9)).codes)
+
+
+TRAIN_SNIPPET = r"""
+import hashlib, sys, torch, fp4lab.torch as ft
+torch.set_num_threads(int(sys.argv[1]))
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64))
+ft.convert(m, ft.Recipe(sys.argv[2], seed=7))
+opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+g = torch.Generator().manual_seed(1)
+for _ in range(3):
+    x = torch.randn(64, 64, generator=g)
+    loss = (m(x) - x.flip(1)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+h = hashlib.sha256()
+for p in m.parameters():
+    h.update(p.detach().numpy().tobytes())
+print(h.hexdigest())
+"""
+
+
+@pytest.mark.parametrize("recipe", ["ufp4", "nvfp4"])
+def test_training_reproducible_across_runs_and_thread_counts(recipe):
+    digests = set()
+    for threads in ("1", "2", "2"):
+        env = dict(os.environ, OMP_NUM_THREADS=threads)
+        r = subprocess.run([sys.executable, "-c", TRAIN_SNIPPET, threads, recipe], capture_output=True, text=True,
+                           env=env, timeout=300)
+        assert r.returncode == 0, r.stderr
+        digests.add(r.stdout.strip())
+    assert len(digests) == 1, digests
+
+
+def test_convert_keeps_parameters_and_state_dict():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 16)))
+    keys = list(m.state_dict().keys())
+    params = [id(p) for p in m.parameters()]
+    sd = {k: v.clone() for k, v in m.state_dict().items()}
+    ft.convert(m, "e2m1-ref", exclude=r"^2\.1$")
+    assert list(m.state_dict().keys()) == keys
+    assert [id(p) for p in m.parameters()] == params
+    assert isinstance(m[0], ft.Linear) and isinstance(m[2][0], ft.Linear)
+    assert type(m[2][1]) is nn.Linear  # excluded
+    assert (m[0].layer_id, m[2][0].layer_id) == (0, 1)
+    m.load_state_dict(sd)  # checkpoints load either way
+    m2 = nn.Sequential(nn.Linear(32, 64), nn.Linear(64, 64))
+    ft.convert(m2, "ufp4", include=r"^1$")
+    assert type(m2[0]) is nn.Linear and isinstance(m2[1], ft.Linear)
+
+
+def test_fast_mode_same_operands_dequantised():
+    lin = make_layer("nvfp4", mode="fast")
+    x = torch.randn(64, 64)
+    y = lin(x)
+    r = lin.recipe
+    qa = ft.quantize(x, r.config("fwd_y", "a", layer=3, step=0))
+    qb = ft.quantize(lin.weight, r.config("fwd_y", "b", layer=3, step=0))
+    assert torch.equal(y, ft.dequantize(qa) @ ft.dequantize(qb).t())
+    exact = make_layer("nvfp4")(x)
+    rel = ((y - exact).norm() / exact.norm()).item()
+    assert 0 < rel < 1e-5  # FP32 rounding order only: both multiply the same quantised values
+
+
+def test_shape_faults():
+    lin = make_layer("mxfp4")
+    # 48 tokens suit fwd_y (K = in = 64) but not wgrad (K = tokens): refused before the forward GEMM runs.
+    with pytest.raises(ValueError, match="bwd_dw.*reduction dimension 48 is not a multiple of the block size 32"):
+        lin(torch.randn(48, 64, requires_grad=True))
+    with torch.no_grad():
+        assert lin(torch.randn(48, 64)).shape == (48, 96)  # inference needs no wgrad
+    lin2 = ft.Linear(40, 32, recipe="ufp4", layer_id=0)
+    with pytest.raises(ValueError, match="reduction dimension 40 is not a multiple of the block size 16"):
+        lin2(torch.randn(16, 40))
+    with pytest.raises(ValueError, match="unknown recipe"):
+        ft.Recipe("fp3")
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        ft.Recipe("ufp4", fromat="e2m1")
+    with pytest.raises(ValueError, match="unknown format"):
+        ft.Recipe(format="e3m0")
+    x = torch.randn(16, 32)
+    x[3, 4] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        ft.Linear(32, 16, recipe="ufp4", layer_id=0)(x)
+
+
+@pytest.mark.parametrize("recipe", ["bf16"] + QUANT_RECIPES)
+def test_small_model_learns(recipe):
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(32, 128), nn.GELU(), nn.Linear(128, 32))
+    ft.convert(m, recipe)
+    opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(2)
+    target = torch.randn(32, 32, generator=g) / 4
+    losses = []
+    for _ in range(60):
+        x = torch.randn(64, 32, generator=g)
+        loss = (m(x) - x @ target).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:5]), (recipe, losses[:5], losses[-10:])
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
+@pytest.mark.parametrize("recipe", QUANT_RECIPES)
+def test_cuda_linear_bit_identical_to_cpu(recipe):
+    for dev_mode in ("exact",):
+        cpu = make_layer(recipe, mode=dev_mode)
+        gpu = make_layer(recipe, mode=dev_mode).cuda()
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(2, 32, 64, generator=g)
+        dy = torch.randn(2, 32, 96, generator=g)
+        xc, xg = x.clone().requires_grad_(True), x.cuda().requires_grad_(True)
+        yc, yg = cpu(xc), gpu(xg)
+        yc.backward(dy)
+        yg.backward(dy.cuda())
+        assert np.array_equal(bits(yc), bits(yg)), recipe
+        assert np.array_equal(bits(xc.grad), bits(xg.grad)), recipe
+        assert np.array_equal(bits(cpu.weight.grad), bits(gpu.weight.grad)), recipe
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
+def test_cuda_quantize_and_reference_kernel_match_golden():
+    torch.manual_seed(0)
+    a = torch.randn(128, 256) * 5
+    b = torch.randn(64, 256)
+    for recipe in QUANT_RECIPES:
+        for p in ("fwd_y", "bwd_dx", "bwd_dw"):
+            ca, cb = fp4lab.config(recipe, pass_=p, operand="a"), fp4lab.config(recipe, pass_=p, operand="b")
+            ha, hb = ft.quantize(a, ca), ft.quantize(b, cb)
+            for path in ("fused", "unfused"):
+                da, db = ft.quantize(a.cuda(), ca, rht_path=path), ft.quantize(b.cuda(), cb, rht_path=path)
+                assert np.array_equal(da.to_host().codes, ha.codes) and np.array_equal(db.to_host().codes, hb.codes)
+                assert np.array_equal(bits(da.to_host().scales), bits(ha.scales))
+                want = bits(ft.gemm(ha, hb))
+                assert np.array_equal(bits(ft.gemm(da, db)), want), (recipe, p, path)
+                assert np.array_equal(bits(ft.gemm(da, db, kernel="reference")), want), (recipe, p, path)
+                assert torch.equal(ft.dequantize(da).cpu(), ft.dequantize(ha))
