@@ -55,7 +55,7 @@ namespace {
 constexpr int kThreads = 256;
 
 struct QArgs {
-  const float* x;
+  const void* x;           // float, or BF16 bits (uint16_t): the kernel's T
   int64_t rows, cols;
   uint8_t* codes;          // packed, rows * cols / 2
   float* scales;           // rows * cols / B
@@ -73,7 +73,8 @@ struct QArgs {
 };
 
 // Loads the G consecutive inputs of one thread with 16-byte loads (cols is a multiple of 16, so every group
-// starts 64-byte aligned when the tensor does).
+// starts 64-byte (FP32) or 32-byte (BF16) aligned when the tensor does). BF16 inputs widen exactly to FP32, as
+// the golden model's reader does, so a BF16 tensor quantises to the bits its FP32 copy would.
 template <int G>
 __device__ __forceinline__ void load_group(const float* p, float (&y)[G]) {
   const float4* q = reinterpret_cast<const float4*>(p);
@@ -84,6 +85,20 @@ __device__ __forceinline__ void load_group(const float* p, float (&y)[G]) {
     y[4 * i + 1] = v.y;
     y[4 * i + 2] = v.z;
     y[4 * i + 3] = v.w;
+  }
+}
+template <int G>
+__device__ __forceinline__ void load_group(const uint16_t* p, float (&y)[G]) {
+  const uint4* q = reinterpret_cast<const uint4*>(p);
+#pragma unroll
+  for (int i = 0; i < G / 8; ++i) {
+    const uint4 v = __ldg(q + i);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      y[8 * i + 2 * j] = bf16_to_f32(uint16_t(w[j] & 0xFFFFu));
+      y[8 * i + 2 * j + 1] = bf16_to_f32(uint16_t(w[j] >> 16));
+    }
   }
 }
 
@@ -126,7 +141,7 @@ __device__ __forceinline__ void round_block(const float (&y)[G], int b, const Bl
 }
 
 // One thread quantises G = max(B, D) consecutive elements of one row: G/B blocks, each wholly in registers.
-template <int F, int B, int D>
+template <class T, int F, int B, int D>
 __global__ void __launch_bounds__(kThreads) quantize_kernel(const QArgs a) {
   constexpr ElemFormat f = kAllFormats[F];
   constexpr int G = B > D ? B : D;
@@ -138,7 +153,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const QArgs a) {
   const int64_t base = row * a.cols + col0;
 
   float y[G];
-  load_group<G>(a.x + base, y);
+  load_group<G>(static_cast<const T*>(a.x) + base, y);
   flag_nonfinite<G>(y, a.nonfinite);
   rotate_group<G, D>(y, a.signs, a.rht_bf16);
 
@@ -189,7 +204,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const QArgs a) {
 }
 
 struct AmaxArgs {
-  const float* x;
+  const void* x;  // float or BF16 bits, the kernel's T
   int64_t rows, cols;
   float* block_amax;   // rows * cols / B, or null
   unsigned* tensor_amax;
@@ -199,7 +214,7 @@ struct AmaxArgs {
 
 // Block amax of the (rotated) values, and the tensor amax as an atomic maximum of non-negative FP32 bit patterns
 // (their unsigned order is their numeric order).
-template <int B, int D>
+template <class T, int B, int D>
 __global__ void __launch_bounds__(kThreads) amax_kernel(const AmaxArgs a) {
   constexpr int G = B > D ? B : D;
   const int64_t groups_per_row = a.cols / G;
@@ -209,7 +224,7 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const AmaxArgs a) {
     const int64_t row = g / groups_per_row;
     const int64_t col0 = (g - row * groups_per_row) * G;
     float y[G];
-    load_group<G>(a.x + row * a.cols + col0, y);
+    load_group<G>(static_cast<const T*>(a.x) + row * a.cols + col0, y);
     rotate_group<G, D>(y, a.signs, a.rht_bf16);
 #pragma unroll
     for (int b = 0; b < G / B; ++b) {
@@ -236,7 +251,7 @@ __global__ void tile_amax_kernel(float* amax, int64_t rows, int64_t kb) {
 }
 
 struct RhtArgs {
-  const float* x;
+  const void* x;  // float or BF16 bits, the kernel's T
   float* y;
   int64_t rows, cols;
   bool bf16;
@@ -244,12 +259,12 @@ struct RhtArgs {
 };
 
 // The unfused form's first pass: one thread rotates one block of D values and writes them back as FP32.
-template <int D>
+template <class T, int D>
 __global__ void __launch_bounds__(kThreads) rht_kernel(const RhtArgs a) {
   const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (g >= a.rows * a.cols / D) return;
   float y[D];
-  load_group<D>(a.x + g * D, y);
+  load_group<D>(static_cast<const T*>(a.x) + g * D, y);
   rotate_group<D, D>(y, a.signs, a.bf16);
   float4* out = reinterpret_cast<float4*>(a.y + g * D);
 #pragma unroll
@@ -274,54 +289,56 @@ __global__ void rtne_selftest_kernel(unsigned long long* count, unsigned* first,
 }
 
 // ---- dispatch -----------------------------------------------------------------------------------------------
-template <int F, int B, int D>
+template <class T, int F, int B, int D>
 void launch_quantize(const QArgs& a, cudaStream_t s) {
   constexpr int G = B > D ? B : D;
   const int64_t n = a.rows * (a.cols / G);
-  quantize_kernel<F, B, D><<<detail::blocks_for(n, kThreads), kThreads, 0, s>>>(a);
+  quantize_kernel<T, F, B, D><<<detail::blocks_for(n, kThreads), kThreads, 0, s>>>(a);
 }
 
-template <int F, int B>
+template <class T, int F, int B>
 void launch_quantize_d(int d, const QArgs& a, cudaStream_t s) {
   switch (d) {
-    case 0: return launch_quantize<F, B, 0>(a, s);
-    case 16: return launch_quantize<F, B, 16>(a, s);
-    case 32: return launch_quantize<F, B, 32>(a, s);
+    case 0: return launch_quantize<T, F, B, 0>(a, s);
+    case 16: return launch_quantize<T, F, B, 16>(a, s);
+    case 32: return launch_quantize<T, F, B, 32>(a, s);
   }
   throw std::logic_error("fused RHT size must be 0, 16 or 32");
 }
 
-template <int F>
+template <class T, int F>
 void launch_quantize_bd(int block, int d, const QArgs& a, cudaStream_t s) {
-  if (block == 16) return launch_quantize_d<F, 16>(d, a, s);
-  return launch_quantize_d<F, 32>(d, a, s);
+  if (block == 16) return launch_quantize_d<T, F, 16>(d, a, s);
+  return launch_quantize_d<T, F, 32>(d, a, s);
 }
 
+template <class T>
 void launch_quantize_any(int fmt, int block, int d, const QArgs& a, cudaStream_t s) {
   switch (fmt) {
-    case 0: return launch_quantize_bd<0>(block, d, a, s);
-    case 1: return launch_quantize_bd<1>(block, d, a, s);
-    case 2: return launch_quantize_bd<2>(block, d, a, s);
-    case 3: return launch_quantize_bd<3>(block, d, a, s);
+    case 0: return launch_quantize_bd<T, 0>(block, d, a, s);
+    case 1: return launch_quantize_bd<T, 1>(block, d, a, s);
+    case 2: return launch_quantize_bd<T, 2>(block, d, a, s);
+    case 3: return launch_quantize_bd<T, 3>(block, d, a, s);
   }
   throw std::logic_error("format index out of range");
 }
 
-template <int B, int D>
+template <class T, int B, int D>
 void launch_amax(const AmaxArgs& a, cudaStream_t s) {
   constexpr int G = B > D ? B : D;
   const int64_t n = a.rows * (a.cols / G);
-  amax_kernel<B, D><<<detail::blocks_for(n, kThreads), kThreads, 0, s>>>(a);
+  amax_kernel<T, B, D><<<detail::blocks_for(n, kThreads), kThreads, 0, s>>>(a);
 }
+template <class T>
 void launch_amax_any(int block, int d, const AmaxArgs& a, cudaStream_t s) {
   if (block == 16) {
-    if (d == 0) return launch_amax<16, 0>(a, s);
-    if (d == 16) return launch_amax<16, 16>(a, s);
-    if (d == 32) return launch_amax<16, 32>(a, s);
+    if (d == 0) return launch_amax<T, 16, 0>(a, s);
+    if (d == 16) return launch_amax<T, 16, 16>(a, s);
+    if (d == 32) return launch_amax<T, 16, 32>(a, s);
   } else {
-    if (d == 0) return launch_amax<32, 0>(a, s);
-    if (d == 16) return launch_amax<32, 16>(a, s);
-    if (d == 32) return launch_amax<32, 32>(a, s);
+    if (d == 0) return launch_amax<T, 32, 0>(a, s);
+    if (d == 16) return launch_amax<T, 32, 16>(a, s);
+    if (d == 32) return launch_amax<T, 32, 32>(a, s);
   }
   throw std::logic_error("fused RHT size must be 0, 16 or 32");
 }
@@ -332,7 +349,8 @@ void copy_signs(float* dst, int cap, const QuantConfig& cfg) {
 
 }  // namespace
 
-void rht(const float* d_x, float* d_y, int64_t rows, int64_t cols, const QuantConfig& cfg, cudaStream_t s) {
+template <class T>
+void rht_impl(const T* d_x, float* d_y, int64_t rows, int64_t cols, const QuantConfig& cfg, cudaStream_t s) {
   if (cfg.rht == 0) throw std::invalid_argument("rht(): the configuration has no RHT");
   validate(cfg, rows, cols);
   RhtArgs a{};
@@ -345,19 +363,24 @@ void rht(const float* d_x, float* d_y, int64_t rows, int64_t cols, const QuantCo
   const int64_t n = rows * cols / cfg.rht;
   const unsigned grid = detail::blocks_for(n, kThreads);
   switch (cfg.rht) {
-    case 16: rht_kernel<16><<<grid, kThreads, 0, s>>>(a); break;
-    case 32: rht_kernel<32><<<grid, kThreads, 0, s>>>(a); break;
-    case 64: rht_kernel<64><<<grid, kThreads, 0, s>>>(a); break;
-    case 128: rht_kernel<128><<<grid, kThreads, 0, s>>>(a); break;
+    case 16: rht_kernel<T, 16><<<grid, kThreads, 0, s>>>(a); break;
+    case 32: rht_kernel<T, 32><<<grid, kThreads, 0, s>>>(a); break;
+    case 64: rht_kernel<T, 64><<<grid, kThreads, 0, s>>>(a); break;
+    case 128: rht_kernel<T, 128><<<grid, kThreads, 0, s>>>(a); break;
     default: throw std::invalid_argument("RHT size must be 16, 32, 64 or 128, not " + std::to_string(cfg.rht));
   }
   check_launch("rht_kernel");
 }
 
+void rht(const float* d_x, float* d_y, int64_t rows, int64_t cols, const QuantConfig& cfg, cudaStream_t s) {
+  rht_impl(d_x, d_y, rows, cols, cfg, s);
+}
+
 namespace {
 // Block and tensor amax for the configurations that need them before quantising (ue4m3, 16x16 tiles).
 // x is already rotated when d == 0 and the caller took the unfused path.
-void amax_pass(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, int d, QuantWorkspace& ws,
+template <class T>
+void amax_pass(const T* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, int d, QuantWorkspace& ws,
                bool want_blocks, cudaStream_t s) {
   ws.tensor_amax.resize(1);
   check(cudaMemsetAsync(ws.tensor_amax.data(), 0, sizeof(unsigned), s), "cudaMemsetAsync");
@@ -372,7 +395,7 @@ void amax_pass(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& 
     ws.block_amax.resize(size_t(rows * (cols / cfg.block)));
     a.block_amax = ws.block_amax.data();
   }
-  launch_amax_any(cfg.block, d, a, s);
+  launch_amax_any<T>(cfg.block, d, a, s);
   check_launch("amax_kernel");
   if (want_blocks && cfg.tile2d) {
     const int64_t kb = cols / cfg.block, n = (rows / 16) * kb;
@@ -391,23 +414,12 @@ void tensor_amax(const float* d_x, int64_t rows, int64_t cols, const QuantConfig
   amax_pass(d_x, rows, cols, cfg, d, ws, false, s);
 }
 
-void quantize(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor& out,
-              QuantWorkspace& ws, cudaStream_t s, RhtPath path, bool check_finite, int* d_nonfinite_flag) {
-  validate(cfg, rows, cols);
-  const int fmt = detail::format_index(cfg.format);
-  if (rows * cols % 2 != 0) throw std::invalid_argument("odd element count");
-
-  // RHT-64/128 keep 64/128 values per thread in registers only in the standalone pass: take the unfused path.
-  const bool unfused = cfg.rht != 0 && (path == RhtPath::unfused || cfg.rht > 32);
-  const float* x = d_x;
-  int d = cfg.rht;
-  if (unfused) {
-    ws.rotated.resize(size_t(rows * cols));
-    rht(d_x, ws.rotated.data(), rows, cols, cfg, s);
-    x = ws.rotated.data();
-    d = 0;
-  }
-
+namespace {
+// The quantise pass over x (T: float or BF16 bits), rotated in registers by RHT-d (d = 0: x is already rotated
+// or the configuration has no RHT), after the amax pass the scale kind needs.
+template <class T>
+void quantize_pass(const T* x, int d, int fmt, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor& out,
+                   QuantWorkspace& ws, cudaStream_t s, bool check_finite, int* d_nonfinite_flag) {
   out.format = cfg.format;
   out.scale_kind = cfg.scale;
   out.block = cfg.block;
@@ -449,7 +461,7 @@ void quantize(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& c
   } else {
     a.nonfinite = d_nonfinite_flag;
   }
-  launch_quantize_any(fmt, cfg.block, d, a, s);
+  launch_quantize_any<T>(fmt, cfg.block, d, a, s);
   check_launch("quantize_kernel");
   if (check_finite) {
     int bad = 0;
@@ -457,6 +469,32 @@ void quantize(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& c
     check(cudaStreamSynchronize(s), "quantize");
     if (bad) throw std::invalid_argument("input tensor holds NaN or Inf (4-bit grids have no such codes)");
   }
+}
+
+template <class T>
+void quantize_impl(const T* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor& out,
+                   QuantWorkspace& ws, cudaStream_t s, RhtPath path, bool check_finite, int* d_nonfinite_flag) {
+  validate(cfg, rows, cols);
+  const int fmt = detail::format_index(cfg.format);
+  if (rows * cols % 2 != 0) throw std::invalid_argument("odd element count");
+  // RHT-64/128 keep 64/128 values per thread in registers only in the standalone pass: take the unfused path.
+  if (cfg.rht != 0 && (path == RhtPath::unfused || cfg.rht > 32)) {
+    ws.rotated.resize(size_t(rows * cols));
+    rht_impl(d_x, ws.rotated.data(), rows, cols, cfg, s);
+    return quantize_pass<float>(ws.rotated.data(), 0, fmt, rows, cols, cfg, out, ws, s, check_finite,
+                                d_nonfinite_flag);
+  }
+  quantize_pass<T>(d_x, cfg.rht, fmt, rows, cols, cfg, out, ws, s, check_finite, d_nonfinite_flag);
+}
+}  // namespace
+
+void quantize(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor& out,
+              QuantWorkspace& ws, cudaStream_t s, RhtPath path, bool check_finite, int* d_nonfinite_flag) {
+  quantize_impl(d_x, rows, cols, cfg, out, ws, s, path, check_finite, d_nonfinite_flag);
+}
+void quantize_bf16(const uint16_t* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor& out,
+                   QuantWorkspace& ws, cudaStream_t s, RhtPath path, bool check_finite, int* d_nonfinite_flag) {
+  quantize_impl(d_x, rows, cols, cfg, out, ws, s, path, check_finite, d_nonfinite_flag);
 }
 
 uint64_t count_rtne_fast_mismatches(const ElemFormat& f, uint32_t* first_bad, uint64_t* evaluated) {
@@ -478,6 +516,61 @@ uint64_t count_rtne_fast_mismatches(const ElemFormat& f, uint32_t* first_bad, ui
   if (evaluated) *evaluated = seen.to_host()[0];
   return count.to_host()[0];
 }
+
+namespace {
+struct DequantArgs {
+  const uint32_t* codes;  // eight packed codes per word
+  const float* scales;
+  const float* global_dec;
+  int64_t words, cols, kb;
+  int block;
+  float value[16];  // decode(format, code)
+};
+
+inline __device__ void store8(float* out, const float (&v)[8]) {
+  reinterpret_cast<float4*>(out)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(out)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+inline __device__ void store8(uint16_t* out, const float (&v)[8]) {
+  uint32_t w[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) w[j] = uint32_t(f32_to_bf16(v[2 * j])) | (uint32_t(f32_to_bf16(v[2 * j + 1])) << 16);
+  *reinterpret_cast<uint4*>(out) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// One thread: the eight elements of one packed word (all in one block, as cols is a multiple of 16).
+template <class Out>
+__global__ void __launch_bounds__(kThreads) dequantize_kernel(const DequantArgs a, Out* out) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= a.words) return;
+  const int64_t e0 = t * 8, row = e0 / a.cols, col = e0 - row * a.cols;
+  const float s = a.scales[row * a.kb + col / a.block], g = *a.global_dec;
+  const uint32_t w = a.codes[t];
+  float v[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = __fmul_rn(__fmul_rn(a.value[(w >> (4 * j)) & 15u], s), g);
+  store8(out + e0, v);
+}
+
+template <class Out>
+void dequantize_impl(const DQTensor& q, Out* d_out, cudaStream_t s) {
+  if (q.cols % 16 != 0) throw std::invalid_argument("dequantize: cols must be a multiple of 16");
+  DequantArgs a{};
+  a.codes = reinterpret_cast<const uint32_t*>(q.codes.data());
+  a.scales = q.scales.data();
+  a.global_dec = q.global_dec.data();
+  a.words = q.rows * q.cols / 8;
+  a.cols = q.cols;
+  a.kb = q.kblocks();
+  a.block = q.block;
+  for (int c = 0; c < 16; ++c) a.value[c] = code_valid(q.format, uint8_t(c)) ? decode(q.format, uint8_t(c)) : 0.0f;
+  dequantize_kernel<Out><<<detail::blocks_for(a.words, kThreads), kThreads, 0, s>>>(a, d_out);
+  check_launch("dequantize_kernel");
+}
+}  // namespace
+
+void dequantize(const DQTensor& q, float* d_out, cudaStream_t s) { dequantize_impl(q, d_out, s); }
+void dequantize_bf16(const DQTensor& q, uint16_t* d_out, cudaStream_t s) { dequantize_impl(q, d_out, s); }
 
 QTensor to_host(const DQTensor& d) {
   QTensor q;

@@ -130,7 +130,10 @@ QTensor make_qtensor(const std::string& format, const std::string& scale, int bl
 
 #if FP4LAB_PY_CUDA
 namespace fc = fp4lab::cuda;
-using CudaIn = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cuda>;
+// FP32 or BF16 (torch.bfloat16) input, checked at run time.
+using CudaIn = nb::ndarray<nb::ndim<2>, nb::c_contig, nb::device::cuda>;
+using CudaAny2 = nb::ndarray<nb::ndim<2>, nb::c_contig, nb::device::cuda>;
+const nb::dlpack::dtype kBf16{uint8_t(nb::dlpack::dtype_code::Bfloat), 16, 1};
 using CudaOut = nb::ndarray<float, nb::ndim<2>, nb::c_contig, nb::device::cuda>;
 using CudaFlag = nb::ndarray<int, nb::ndim<1>, nb::c_contig, nb::device::cuda>;
 
@@ -294,9 +297,27 @@ NB_MODULE(_core, m) {
     int* d_flag = nullptr;
     if (!flag.is_none()) d_flag = nb::cast<CudaFlag>(flag).data();
     if (path != "fused" && path != "unfused") throw std::invalid_argument("rht path must be fused or unfused");
-    fc::quantize(x.data(), int64_t(x.shape(0)), int64_t(x.shape(1)), cfg, out, workspaces().quant, as_stream(stream),
-                 path == "fused" ? fc::RhtPath::fused : fc::RhtPath::unfused, check_finite, d_flag);
+    const auto p = path == "fused" ? fc::RhtPath::fused : fc::RhtPath::unfused;
+    const int64_t rows = int64_t(x.shape(0)), cols = int64_t(x.shape(1));
+    if (x.dtype() == nb::dtype<float>())
+      fc::quantize(static_cast<const float*>(x.data()), rows, cols, cfg, out, workspaces().quant, as_stream(stream), p,
+                   check_finite, d_flag);
+    else if (x.dtype() == kBf16)
+      fc::quantize_bf16(static_cast<const uint16_t*>(x.data()), rows, cols, cfg, out, workspaces().quant,
+                        as_stream(stream), p, check_finite, d_flag);
+    else
+      throw std::invalid_argument("the CUDA quantiser takes float32 or bfloat16 tensors");
   }, "x"_a, "config"_a, "out"_a, "stream"_a, "path"_a = "fused", "check_finite"_a = true, "nonfinite_flag"_a = nb::none());
+  m.def("cuda_dequantize", [](const fc::DQTensor& q, CudaAny2 out, uintptr_t stream) {
+    if (int64_t(out.shape(0)) != q.rows || int64_t(out.shape(1)) != q.cols)
+      throw std::invalid_argument("output must have shape [" + std::to_string(q.rows) + ", " + std::to_string(q.cols) + "]");
+    if (out.dtype() == nb::dtype<float>())
+      fc::dequantize(q, static_cast<float*>(out.data()), as_stream(stream));
+    else if (out.dtype() == kBf16)
+      fc::dequantize_bf16(q, static_cast<uint16_t*>(out.data()), as_stream(stream));
+    else
+      throw std::invalid_argument("dequantize writes float32 or bfloat16");
+  }, "q"_a, "out"_a, "stream"_a);
   m.def("cuda_gemm", [](const fc::DQTensor& a, const fc::DQTensor& b, CudaOut c, uintptr_t stream,
                         const std::string& kernel) {
     check_gemm_operands(a, b);

@@ -246,3 +246,9 @@ def test_cuda_quantize_and_reference_kernel_match_golden():
                 assert np.array_equal(bits(ft.gemm(da, db)), want), (recipe, p, path)
                 assert np.array_equal(bits(ft.gemm(da, db, kernel="reference")), want), (recipe, p, path)
                 assert torch.equal(ft.dequantize(da).cpu(), ft.dequantize(ha))
+                assert torch.equal(ft._dequantize(da, torch.bfloat16).cpu(), ft.dequantize(ha).to(torch.bfloat16))
+            # A BF16 tensor quantises on the GPU to the bits of its FP32 copy on the host.
+            a16 = a.to(torch.bfloat16)
+            h16, d16 = ft.quantize(a16, ca), ft.quantize(a16.cuda(), ca)
+            assert np.array_equal(d16.to_host().codes, h16.codes), (recipe, p)
+            assert np.array_equal(bits(d16.to_host().scales), bits(h16.scales)), (recipe, p)

@@ -74,6 +74,7 @@ class Recipe:
             if p not in _PASSES or o not in ("a", "b"):
                 raise ValueError(f"per_operand keys are (pass, 'a'|'b'), not {(p, o)!r}")
         self._knobs: Dict[Tuple[str, str], dict] = {}
+        self._configs: Dict[tuple, "_core.QuantConfig"] = {}
         for p in _PASSES:
             for o in ("a", "b"):
                 k = dict(knobs)
@@ -90,10 +91,16 @@ class Recipe:
 
     def config(self, pass_: str, operand: str, *, layer: int, step: int) -> "_core.QuantConfig":
         """The QuantConfig of one operand of one pass at a training step, SR keyed by (seed, step, layer)."""
-        k = dict(self._knobs[(pass_, operand)])
-        k["seed"] = str(_core.training_seed(self.seed, step))
-        k["stream"] = str(layer)
-        return _core.operand_config(k, pass_, operand)
+        key = (pass_, operand, layer, step)
+        c = self._configs.get(key)
+        if c is None:
+            if len(self._configs) > 4096:  # one step's worth for a large model; older steps are not asked again
+                self._configs.clear()
+            k = dict(self._knobs[(pass_, operand)])
+            k["seed"] = str(_core.training_seed(self.seed, step))
+            k["stream"] = str(layer)
+            c = self._configs[key] = _core.operand_config(k, pass_, operand)
+        return c
 
     def __repr__(self) -> str:
         return f"fp4lab.torch.Recipe({self.name!r}, mode={self.mode!r}, seed={self.seed})"
@@ -165,9 +172,11 @@ def quantize(x: torch.Tensor, cfg: Any = None, *, out: Optional[QTensorCUDA] = N
     if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise TypeError(f"quantize(): x must be float32, bfloat16 or float16, not {x.dtype}")
     x = x.detach()
-    if x.dtype != torch.float32:
-        x = x.float()  # exact: every BF16 / FP16 value is an FP32 value
-    x = x.contiguous()
+    if x.is_cuda and x.dtype == torch.bfloat16:
+        x = x.contiguous()  # the kernels widen BF16 to FP32 as they load it (exactly)
+    else:
+        # One copy at most: FP16/BF16 widen exactly to FP32, and a transposed view is laid out row-major.
+        x = x.to(torch.float32, memory_format=torch.contiguous_format).contiguous()
     if x.is_cuda:
         if not _core.cuda_built:
             raise RuntimeError("this fp4lab was built without CUDA")
@@ -183,14 +192,16 @@ def quantize(x: torch.Tensor, cfg: Any = None, *, out: Optional[QTensorCUDA] = N
 
 def dequantize(q) -> torch.Tensor:
     """FP32 values of a quantised operand: (grid value · block scale) · global scale, in that FP32 order."""
+    return _dequantize(q, torch.float32)
+
+
+def _dequantize(q, dtype: torch.dtype) -> torch.Tensor:
     if isinstance(q, QTensorCUDA):
-        h = q._h
-        table = torch.tensor(_core.decode_table(h.format), dtype=torch.float32, device=h.packed_codes.device)
-        packed = h.packed_codes
-        codes = torch.stack((packed & 15, packed >> 4), dim=-1).reshape(h.rows, h.cols).long()
-        scales = h.scales.repeat_interleave(h.block, dim=1)
-        return table[codes] * scales * h.global_scale
-    return torch.from_numpy(q.dequantize())
+        out = torch.empty(q.shape, dtype=dtype, device=q.packed_codes.device)
+        with torch.cuda.device(out.device):
+            _core.cuda_dequantize(q._h, out, _stream())
+        return out
+    return torch.from_numpy(q.dequantize()).to(dtype)
 
 
 def gemm(qa, qb, *, kernel: str = "fast") -> torch.Tensor:
@@ -210,7 +221,8 @@ def gemm(qa, qb, *, kernel: str = "fast") -> torch.Tensor:
 # ---- the training layer -------------------------------------------------------------------------------------
 
 def _qmatmul(a: torch.Tensor, b: torch.Tensor, cfg_a, cfg_b, recipe: Recipe, cache: dict, key: str) -> torch.Tensor:
-    """A [M, K] · B [N, K]ᵀ with both operands quantised along K under the given settings; FP32 [M, N]."""
+    """A [M, K] · B [N, K]ᵀ with both operands quantised along K under the given settings: FP32 [M, N] (BF16 in
+    fast mode on CUDA)."""
     if a.is_cuda:
         qa = cache.setdefault(key + ".a", QTensorCUDA())
         qb = cache.setdefault(key + ".b", QTensorCUDA())
@@ -218,8 +230,9 @@ def _qmatmul(a: torch.Tensor, b: torch.Tensor, cfg_a, cfg_b, recipe: Recipe, cac
         quantize(b, cfg_b, out=qb, check_finite=recipe.check_finite)
         if recipe.mode == "exact":
             return gemm(qa, qb)
-        # fast: the same codes and scales, dequantised to BF16 and multiplied by cuBLAS with FP32 accumulation.
-        return torch.matmul(dequantize(qa).to(torch.bfloat16), dequantize(qb).to(torch.bfloat16).t()).float()
+        # fast: the same codes and scales, dequantised to BF16 and multiplied by cuBLAS (FP32 accumulation, the
+        # product rounded to BF16 as any BF16 matmul's is).
+        return torch.matmul(_dequantize(qa, torch.bfloat16), _dequantize(qb, torch.bfloat16).t())
     qa, qb = quantize(a, cfg_a), quantize(b, cfg_b)
     if recipe.mode == "exact":
         return gemm(qa, qb)

@@ -136,6 +136,15 @@ enum class RhtPath { fused, unfused };
 void quantize(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor& out,
               QuantWorkspace& ws, cudaStream_t stream = nullptr, RhtPath path = RhtPath::fused,
               bool check_finite = true, int* d_nonfinite_flag = nullptr);
+// The same for a BF16 tensor (d_x holds the bit patterns): each value widens exactly to FP32 as it is loaded, so
+// the result is that of quantize() on the FP32 copy, without making the copy.
+void quantize_bf16(const uint16_t* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor& out,
+                   QuantWorkspace& ws, cudaStream_t stream = nullptr, RhtPath path = RhtPath::fused,
+                   bool check_finite = true, int* d_nonfinite_flag = nullptr);
+// Dequantised values of q, (grid value * block scale) * global scale in that FP32 order as QTensor::dequant
+// computes them, into d_out [rows, cols] as FP32, or rounded to BF16 (RTNE) as bit patterns.
+void dequantize(const DQTensor& q, float* d_out, cudaStream_t stream = nullptr);
+void dequantize_bf16(const DQTensor& q, uint16_t* d_out, cudaStream_t stream = nullptr);
 // The unfused form's first pass alone: d_y = RHT(d_x) per block of cfg.rht (BF16-rounded when cfg.rht_bf16).
 void rht(const float* d_x, float* d_y, int64_t rows, int64_t cols, const QuantConfig& cfg,
          cudaStream_t stream = nullptr);

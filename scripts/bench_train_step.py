@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Training-step time of a 103M-parameter SwiGLU decoder under fp4lab recipes, beside BF16 in the same process.
+
+The model (d 1024, 8 layers, 16 heads, FFN 2816, sequence 1024, batch 8, BF16 weights, AdamW) is the one
+docs/spec.md §12 gives reference timings for. Every linear layer of the blocks runs under the recipe
+(fp4lab.torch.convert); the embedding and the output head stay BF16. For each recipe and GEMM mode it prints the
+median step time over --steps timed steps (CUDA events, after --warmup steps), the ratio to BF16, and the loss at
+the first and the last step on a learnable synthetic token stream (so a recipe that breaks training shows).
+
+    python3 scripts/bench_train_step.py [--recipes bf16,ufp4,nvfp4] [--modes fast,exact] [--json out.json]
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fp4lab
+import fp4lab.torch as ft
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads, ffn):
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.RMSNorm(d)
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.proj = nn.Linear(d, d, bias=False)
+        self.norm2 = nn.RMSNorm(d)
+        self.fc1 = nn.Linear(d, 2 * ffn, bias=False)  # gate and up, one GEMM
+        self.fc2 = nn.Linear(ffn, d, bias=False)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        g, u = self.fc1(self.norm2(x)).chunk(2, dim=-1)
+        return x + self.fc2(F.silu(g) * u)
+
+
+class Decoder(nn.Module):
+    def __init__(self, vocab, d, layers, heads, ffn, seq):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(seq, d)
+        self.blocks = nn.ModuleList(Block(d, heads, ffn) for _ in range(layers))
+        self.norm = nn.RMSNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx):
+        x = self.emb(idx) + self.pos.weight[: idx.shape[1]]
+        for b in self.blocks:
+            x = b(x)
+        return self.head(self.norm(x))
+
+
+def batches(vocab, batch, seq, device, seed):
+    """A learnable stream: each sequence repeats a random 64-token motif with 10% of tokens replaced at random."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    while True:
+        motif = torch.randint(0, vocab, (batch, 64), generator=g)
+        x = motif.repeat(1, seq // 64 + 1)[:, : seq + 1]
+        noise = torch.rand(x.shape, generator=g) < 0.1
+        x = torch.where(noise, torch.randint(0, vocab, x.shape, generator=g), x)
+        yield x.to(device, non_blocking=True)
+
+
+def run(args, recipe, mode, device, profile=False):
+    torch.manual_seed(0)
+    model = Decoder(args.vocab, args.d, args.layers, args.heads, args.ffn, args.seq).to(device, torch.bfloat16)
+    if recipe != "bf16":
+        ft.convert(model, ft.Recipe(recipe, mode=mode, check_finite="deferred"), include=r"^blocks\.")
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=device.type == "cuda")
+    data = batches(args.vocab, args.batch, args.seq, device, seed=1)
+    times, losses = [], []
+    prof = None
+    for step in range(args.warmup + args.steps):
+        if profile and step == args.warmup + args.steps - 2:
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA,
+                                                      torch.profiler.ProfilerActivity.CPU])
+            prof.__enter__()
+        x = next(data)
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        logits = model(x[:, :-1])
+        loss = F.cross_entropy(logits.float().view(-1, args.vocab), x[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if device.type == "cuda":
+            end.record()
+            end.synchronize()
+            ms = start.elapsed_time(end)
+        else:
+            ms = (time.perf_counter() - t0) * 1e3
+        if recipe != "bf16" and device.type == "cuda":
+            ft.check_finite()
+        losses.append(loss.item())
+        if step >= args.warmup:
+            times.append(ms)
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18), flush=True)
+    params = sum(p.numel() for n, p in model.named_parameters() if n.startswith("blocks."))
+    return {"recipe": recipe, "mode": mode if recipe != "bf16" else "-", "median_ms": statistics.median(times),
+            "min_ms": min(times), "max_ms": max(times), "loss_first": losses[0], "loss_last": losses[-1],
+            "block_params": params, "steps_timed": len(times)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--recipes", default="bf16,ufp4,nvfp4")
+    ap.add_argument("--modes", default="fast,exact")
+    ap.add_argument("--d", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--ffn", type=int, default=2816)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--profile", metavar="RECIPE:MODE", help="also profile two steps of this run: top CUDA kernels")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    if args.seq % 64 or args.batch * args.seq % 32:
+        ap.error("--seq must be a multiple of 64 and batch * seq of 32 (the recipes' block and RHT sizes)")
+    rows = []
+    names = args.recipes.split(",")
+    if "bf16" not in names:
+        names.insert(0, "bf16")  # the baseline always runs, first, in this process
+    for r in names:
+        for mode in (["-"] if r == "bf16" else args.modes.split(",")):
+            row = run(args, r, mode, device, profile=args.profile == f"{r}:{mode}")
+            rows.append(row)
+            print(f"{r:9s} {row['mode']:6s} {row['median_ms']:9.2f} ms/step (min {row['min_ms']:.2f}, max "
+                  f"{row['max_ms']:.2f})  loss {row['loss_first']:.3f} -> {row['loss_last']:.3f}", flush=True)
+    base = rows[0]["median_ms"]
+    for row in rows:
+        row["vs_bf16"] = row["median_ms"] / base
+    print(f"\n{'recipe':9s} {'mode':6s} {'ms/step':>9s} {'x BF16':>7s}  loss first -> last")
+    for row in rows:
+        print(f"{row['recipe']:9s} {row['mode']:6s} {row['median_ms']:9.2f} {row['vs_bf16']:7.2f}  "
+              f"{row['loss_first']:.3f} -> {row['loss_last']:.3f}")
+    info = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "fp4lab": fp4lab.__version__, "command": " ".join(sys.argv),
+            "model": {k: getattr(args, k) for k in ("d", "layers", "heads", "ffn", "seq", "batch", "vocab")},
+            "block_params": rows[0]["block_params"], "rows": rows}
+    if args.json:
+        with open(args.json + ".tmp", "w") as f:
+            json.dump(info, f, indent=1)
+        os.replace(args.json + ".tmp", args.json)
+    bad = [r for r in rows if not math.isfinite(r["loss_last"]) or r["loss_last"] >= r["loss_first"]]
+    if bad:
+        print("loss did not go down under: " + ", ".join(f"{r['recipe']}/{r['mode']}" for r in bad))
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
