@@ -9,9 +9,12 @@ APT_PACKAGES=(
   googletest libgtest-dev
   libsystemc-dev verilator yosys
   clang libclang-rt-14-dev        # libFuzzer for the trace-reader fuzz target
-  python3 python3-pip
+  python3 python3-pip python3-dev
 )
-PY_PACKAGES=(numpy ml_dtypes safetensors matplotlib pytest)
+# module:pip requirement. PyTorch is pinned to the CPU build this machine kind carries on disk (a plain `torch`
+# would pull a multi-GB CUDA build); nanobind and scikit-build-core build the Python package (pip install .).
+PY_PACKAGES=(numpy ml_dtypes safetensors matplotlib pytest torch:torch==2.13.0 nanobind
+             scikit_build_core:scikit-build-core)
 
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -29,7 +32,7 @@ fi
 PY=${PYTHON:-python3}
 pymissing=()
 for p in "${PY_PACKAGES[@]}"; do
-  "$PY" -c "import ${p}" 2>/dev/null || pymissing+=("$p")
+  "$PY" -c "import ${p%%:*}" 2>/dev/null || pymissing+=("${p#*:}")
 done
 if [ ${#pymissing[@]} -gt 0 ]; then
   echo "install-deps: pip install ${pymissing[*]}"

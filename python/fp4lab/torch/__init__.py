@@ -34,7 +34,7 @@ from torch import nn
 import fp4lab as _fp
 from fp4lab import _core
 
-__all__ = ["Recipe", "Linear", "convert", "set_step", "quantize", "gemm", "dequantize", "QTensorCUDA",
+__all__ = ["Recipe", "Linear", "convert", "set_step", "quantize", "gemm", "product", "dequantize", "QTensorCUDA",
            "check_finite", "RECIPES"]
 
 # bf16 is the passthrough recipe (plain F.linear); the others are the presets of docs/spec.md §2.
@@ -220,23 +220,28 @@ def gemm(qa, qb, *, kernel: str = "fast") -> torch.Tensor:
 
 # ---- the training layer -------------------------------------------------------------------------------------
 
-def _qmatmul(a: torch.Tensor, b: torch.Tensor, cfg_a, cfg_b, recipe: Recipe, cache: dict, key: str) -> torch.Tensor:
-    """A [M, K] · B [N, K]ᵀ with both operands quantised along K under the given settings: FP32 [M, N] (BF16 in
-    fast mode on CUDA)."""
-    if a.is_cuda:
-        qa = cache.setdefault(key + ".a", QTensorCUDA())
-        qb = cache.setdefault(key + ".b", QTensorCUDA())
-        quantize(a, cfg_a, out=qa, check_finite=recipe.check_finite)
-        quantize(b, cfg_b, out=qb, check_finite=recipe.check_finite)
-        if recipe.mode == "exact":
-            return gemm(qa, qb)
-        # fast: the same codes and scales, dequantised to BF16 and multiplied by cuBLAS (FP32 accumulation, the
-        # product rounded to BF16 as any BF16 matmul's is).
-        return torch.matmul(_dequantize(qa, torch.bfloat16), _dequantize(qb, torch.bfloat16).t())
-    qa, qb = quantize(a, cfg_a), quantize(b, cfg_b)
-    if recipe.mode == "exact":
+def product(qa, qb, mode: str = "exact") -> torch.Tensor:
+    """A · Bᵀ of two quantised operands in a GEMM mode: "exact" is ``gemm`` (the datapath contract, FP32);
+    "fast" multiplies the dequantised operands with torch's matmul: cuBLAS on BF16 values with FP32 accumulation
+    and a BF16 product on CUDA, FP32 on the CPU."""
+    if mode == "exact":
         return gemm(qa, qb)
+    if mode != "fast":
+        raise ValueError(f"mode must be 'exact' or 'fast', not {mode!r}")
+    if isinstance(qa, QTensorCUDA):
+        return torch.matmul(_dequantize(qa, torch.bfloat16), _dequantize(qb, torch.bfloat16).t())
     return torch.matmul(dequantize(qa), dequantize(qb).t())
+
+
+def _qmatmul(a: torch.Tensor, b: torch.Tensor, cfg_a, cfg_b, recipe: Recipe, cache: dict, key: str) -> torch.Tensor:
+    """A [M, K] · B [N, K]ᵀ with both operands quantised along K under the given settings, in the recipe's mode.
+    CUDA operands reuse the layer's device buffers from step to step."""
+    if a.is_cuda:
+        qa = quantize(a, cfg_a, out=cache.setdefault(key + ".a", QTensorCUDA()), check_finite=recipe.check_finite)
+        qb = quantize(b, cfg_b, out=cache.setdefault(key + ".b", QTensorCUDA()), check_finite=recipe.check_finite)
+    else:
+        qa, qb = quantize(a, cfg_a), quantize(b, cfg_b)
+    return product(qa, qb, recipe.mode)
 
 
 class _LinearFn(torch.autograd.Function):

@@ -1,0 +1,65 @@
+"""The fp4lab package as `pip install .` installed it (scripts/test.sh installs it before ctest runs): imported
+from site-packages rather than the source tree, its version that of the CMake project, its `fp4lab` script and
+the command line it ships working, and fp4lab.torch importable."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+@pytest.fixture(scope="module")
+def fp4lab():
+    # Import the installed copy: no PYTHONPATH, started away from the source tree.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, "-c", "import fp4lab, sys; print(fp4lab.__file__)"], capture_output=True,
+                       text=True, cwd="/", env=env)
+    assert r.returncode == 0, "fp4lab is not installed (scripts/test.sh runs `pip install .`): " + r.stderr
+    path = r.stdout.strip()
+    assert "site-packages" in path or "dist-packages" in path, path
+    return path
+
+
+def run_installed(code):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_version_is_the_cmake_project_version(fp4lab):
+    want = re.search(r"project\(fp4lab VERSION ([0-9.]+)", open(os.path.join(ROOT, "CMakeLists.txt")).read()).group(1)
+    assert run_installed("import fp4lab; print(fp4lab.__version__)") == want
+
+
+def test_console_script_runs_the_shipped_cli(fp4lab):
+    exe = shutil.which("fp4lab", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    assert exe, "the fp4lab console script is not on PATH"
+    r = subprocess.run([exe, "formats"], capture_output=True, text=True, cwd="/")
+    assert r.returncode == 0 and "e1m2" in r.stdout, r.stderr
+    cli = run_installed("import fp4lab; print(fp4lab.cli_path())")
+    assert cli.startswith(os.path.dirname(fp4lab)), cli
+
+
+def test_installed_package_matches_its_cli_and_trains(fp4lab, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    x = np.linspace(-3, 3, 64 * 32, dtype=np.float32).reshape(64, 32)
+    src, out = str(tmp_path / "x.safetensors"), str(tmp_path / "q.safetensors")
+    save_file({"x": x}, src)
+    codes = run_installed(
+        "import numpy as np, fp4lab, fp4lab.torch as ft, torch, subprocess\n"
+        f"x = np.linspace(-3, 3, 64 * 32, dtype=np.float32).reshape(64, 32)\n"
+        f"subprocess.run([fp4lab.cli_path(), 'quantize', '--in', {src!r}, '--tensor', 'x', '--recipe', 'ufp4',"
+        f" '--out', {out!r}], check=True, capture_output=True)\n"
+        "q = fp4lab.quantize(x, 'ufp4')\n"
+        "lin = ft.Linear(32, 16, recipe='nvfp4', layer_id=0)\n"
+        "lin(torch.from_numpy(x)).sum().backward()\n"
+        "assert lin.weight.grad is not None and torch.isfinite(lin.weight.grad).all()\n"
+        "print(q.codes.tobytes().hex())")
+    assert bytes.fromhex(codes) == load_file(out)["x.codes"].tobytes()
