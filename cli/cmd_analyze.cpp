@@ -1,4 +1,4 @@
-// fp4lab analyze: the SPEC section 6 analyses of every GEMM in a trace — per tensor (fwd_x, fwd_w, bwd_dy)
+// fp4lab analyze: the docs/spec.md §6 analyses of every GEMM in a trace — per tensor (fwd_x, fwd_w, bwd_dy)
 // and per training GEMM (fwd_y, bwd_dx, bwd_dw), for each grid with and without RHT — as the paper's Q1
 // table on stdout and analysis JSON v1 on request. With no --trace it runs on the bundled trace.
 #include <chrono>
@@ -65,7 +65,7 @@ int cmd_analyze(const Invocation& inv) {
        "seed of the RHT signs for sizes without --rht-signs other than 16")
       ("block", po::value<int>()->default_value(16)->value_name("B"), "block size along the reduction dimension")
       ("scale", po::value<std::string>()->default_value("fp32")->value_name("S"),
-       "block scale fp32|ue4m3|ue8m0|ue8m0-ceil (SPEC 6 pins fp32 amax/gmax)")
+       "block scale fp32|ue4m3|ue8m0|ue8m0-ceil (docs/spec.md §6 pins fp32 amax/gmax)")
       ("recipe", po::value<std::string>()->value_name("R,..|all"),
        "also run the three GEMMs under these training recipes (ufp4, e2m1-ref, nvfp4, mxfp4)")
       ("seed", po::value<std::string>()->default_value("0")->value_name("S"), "stochastic-rounding seed of recipe runs");

@@ -1,4 +1,4 @@
-// fp4lab bias --format F: the analytic per-level shrinkage bias (SPEC section 6; the paper's Figure 1a).
+// fp4lab bias --format F: the analytic per-level shrinkage bias (docs/spec.md §6; the paper's Figure 1a).
 #include <iostream>
 
 #include "commands.hpp"

@@ -26,6 +26,7 @@ struct Command {
 
 int cmd_formats(const Invocation&);
 int cmd_bias(const Invocation&);
+int cmd_recipes(const Invocation&);
 int cmd_quantize(const Invocation&);
 int cmd_cast(const Invocation&);
 int cmd_gemm(const Invocation&);

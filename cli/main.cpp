@@ -23,6 +23,7 @@ const Command kCommands[] = {
 #endif
     {"formats", "every element grid (levels, integer view, gmax, emax) and scale format", cmd_formats},
     {"bias", "analytic per-level shrinkage bias of a grid (the paper's Figure 1a)", cmd_bias},
+    {"recipes", "what each operand of each training GEMM gets under every named recipe", cmd_recipes},
     {"quantize", "block-quantise a 2-D tensor of a safetensors file", cmd_quantize},
     {"cast", "round every element onto a grid with no scaling (the codec alone)", cmd_cast},
     {"gemm", "block-scaled GEMM C = A . B^T under the datapath contract, beside a float64 reference", cmd_gemm},

@@ -3,7 +3,7 @@
 // mantissa bits, bias, highest index in use) and every other property is derived from it by a function
 // below. tests/rtl/format_table_test.cpp checks this table against fp4lab::kAllFormats.
 //
-// Kept inside what both Verilator 5.006 and Yosys 0.23 accept (docs: SPEC section 11): the table is one
+// Kept inside what both Verilator 5.006 and Yosys 0.23 accept (docs/spec.md §11): the table is one
 // flat packed localparam read through accessor functions (Yosys has no unpacked or multi-dimensional
 // localparams), functions assign to their own name (no `return`), and constant functions use no structs.
 package fp4lab_pkg;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A straightforward numpy implementation of fp4lab's pinned analyses (SPEC section 6).
+"""A straightforward numpy implementation of fp4lab's pinned analyses (docs/spec.md §6).
 
 Written independently of the C++ code from the definitions alone, for two uses:
   * the baseline that `scripts/bench_analyze.py` times `fp4lab analyze` against, and

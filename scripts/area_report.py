@@ -3,8 +3,8 @@
 either writes rtl/area.json and docs/area.md (`write`) or compares the builds it finds with rtl/area.json
 (`check`, exit 1 on any difference). Run by area.sh, not by hand.
 
-    area_report.py write WORK ROOT YOSYS_VERSION CMDLINE SPEC...
-    area_report.py check WORK ROOT SPEC...          (SPEC = name|top|params|black boxes)
+    area_report.py write WORK ROOT YOSYS_VERSION CMDLINE BUILD...
+    area_report.py check WORK ROOT BUILD...         (BUILD = name|top|params|black boxes)
 """
 import json, re, sys
 

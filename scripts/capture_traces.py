@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Capture fp4lab trace v1 files (SPEC section 7) from the nn.Linear layers of any PyTorch model.
+"""Capture fp4lab trace v1 files (docs/spec.md §7) from the nn.Linear layers of any PyTorch model.
 
 A trace is a folder of .safetensors files. For each captured linear layer `<gemm>` (its dotted module name)
 the file `<gemm>.safetensors` holds the operands of the layer's three training GEMMs at one step:
@@ -380,7 +380,7 @@ def tensor_stats(a) -> Dict[str, float]:
 
 
 def check_trace(path: str, block: int = 16) -> List[dict]:
-    """Validates a trace folder (or one file) as SPEC section 7 says; returns one dict per gemm."""
+    """Validates a trace folder (or one file) as docs/spec.md §7 says; returns one dict per gemm."""
     import numpy as np  # noqa: PLC0415
     if os.path.isdir(path):
         files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".safetensors"))

@@ -135,7 +135,8 @@ int cmd_check(const std::vector<std::string>& args) {
   int show = 5, limit = 0;
   uint64_t seed = 0;
   bool native = false;
-  desc.add_options()("help,h", "this help")("trace", po::value(&trace)->required(), "trace folder or file (SPEC 7)")(
+  desc.add_options()("help,h", "this help")(
+      "trace", po::value(&trace)->required(), "trace folder or file (docs/spec.md §7)")(
       "recipe", po::value(&recipe_name)->default_value("ufp4"), "ufp4, e2m1-ref, nvfp4 or mxfp4")(
       "seed", po::value(&seed)->default_value(0), "stochastic-rounding seed")(
       "gemm", po::value(&gemm_kind)->default_value("both"), "GPU GEMM kernels to check: fast, reference or both")(

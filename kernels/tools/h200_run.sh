@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything the CUDA layer needs a GPU for, in one call on the lent H200 (see kernels/README.md):
+# Everything the CUDA layer needs a GPU for, in one call on an H200 (see kernels/README.md):
 # the cuda tests, fp4lab-cuda check on the bundled trace under every recipe, compute-sanitizer memcheck, and the
 # bench. The binaries are built on a machine with nvcc (cmake -DFP4LAB_NATIVE=OFF) and arrive in $CARRY with the
 # two shared libraries the GPU image may lack:

@@ -1,6 +1,6 @@
 // End-to-end tests of the fp4lab command line: each subcommand is run as a process on files written here,
 // and its outputs are compared bit for bit with the golden model called directly (fp4lab::quantize,
-// fp4lab::reference::gemm_contract), with literal tables from SPEC.md, and every bad input must give one
+// fp4lab::reference::gemm_contract), with literal tables from docs/spec.md, and every bad input must give one
 // line on stderr naming the file and the fault, with exit code 1 (data) or 2 (usage).
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -120,7 +120,7 @@ std::vector<uint8_t> tensor_bytes(const io::SafetensorsFile& f, const std::strin
   return std::vector<uint8_t>(p, p + (i.end - i.begin));
 }
 
-// ---- formats and bias: literal tables from SPEC.md section 1 and 6 ------------------------------------
+// ---- formats and bias: literal tables from docs/spec.md §1 and §6 ------------------------------------
 TEST_F(Cli, FormatsJsonMatchesSpecTable) {
   const Result r = run({"formats", "--json", "-"});
   ASSERT_EQ(r.code, 0) << r.err;
@@ -184,6 +184,118 @@ TEST_F(Cli, BiasE1M2InteriorLevelsAreUnbiased) {
   const json j = json::parse(slurp(path("bias.json")));
   ASSERT_EQ(j["levels"].size(), 8u);
   for (int i = 1; i < 7; ++i) EXPECT_EQ(j["levels"][i]["bias"].get<double>(), 0.0) << i;
+}
+
+// ---- recipes: the table of every preset, and docs/spec.md's copy of it ---------------------------------------
+json recipe_rows(const Result& r) {
+  EXPECT_EQ(r.code, 0) << r.err;
+  return json::parse(r.out)["operands"];
+}
+const json* find_row(const json& rows, const std::string& recipe, const std::string& pass, const std::string& op) {
+  for (const json& j : rows)
+    if (j["recipe"] == recipe && j["pass"] == pass && j["operand"] == op) return &j;
+  return nullptr;
+}
+
+TEST_F(Cli, RecipesListsWhatEachOperandGets) {
+  const json rows = recipe_rows(run({"recipes", "--json", "-"}));
+  ASSERT_EQ(rows.size(), Recipe::preset_names().size() * 3 * 2);
+  // Rows written out from docs/spec.md §2's description of the presets, not from recipe.cpp.
+  const json* r = find_row(rows, "ufp4", "bwd_dx", "A");
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ((*r)["role"], "bwd_dy");
+  EXPECT_EQ((*r)["format"], "e1m2");
+  EXPECT_EQ((*r)["rounding"], "sr");
+  EXPECT_EQ((*r)["rht"], 16);
+  EXPECT_EQ((*r)["rht_signs_kind"], "te");
+  r = find_row(rows, "ufp4", "bwd_dx", "B");
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ((*r)["role"], "fwd_w");
+  EXPECT_EQ((*r)["rounding"], "rtne");
+  r = find_row(rows, "nvfp4", "fwd_y", "B");
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ((*r)["role"], "fwd_w");
+  EXPECT_EQ((*r)["tile2d"], true);
+  EXPECT_EQ((*r)["scale"], "ue4m3");
+  EXPECT_EQ((*r)["rht"], 0);
+  r = find_row(rows, "nvfp4", "bwd_dw", "B");
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ((*r)["role"], "fwd_x");
+  EXPECT_EQ((*r)["tile2d"], false);
+  EXPECT_EQ((*r)["rht"], 16);
+  EXPECT_EQ((*r)["rht_bf16"], true);
+  r = find_row(rows, "e2m1-ref", "fwd_y", "A");
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ((*r)["rht"], 0);
+  EXPECT_EQ((*r)["rht_signs_kind"], "-");
+  for (const json& j : rows) {
+    if (j["recipe"] != "mxfp4") continue;
+    SCOPED_TRACE(j.dump());
+    EXPECT_EQ(j["format"], "e2m1");
+    EXPECT_EQ(j["block"], 32);
+    EXPECT_EQ(j["scale"], "ue8m0");
+    EXPECT_EQ(j["rht"], 0);
+    EXPECT_EQ(j["rounding"], "rtne");
+  }
+  // And every row is what the model gives that operand.
+  for (const json& j : rows) {
+    SCOPED_TRACE(j.dump());
+    const Pass p = j["pass"] == "fwd_y" ? Pass::fwd_y : j["pass"] == "bwd_dx" ? Pass::bwd_dx : Pass::bwd_dw;
+    const Operand o = j["operand"] == "A" ? Operand::a : Operand::b;
+    const QuantConfig c = Recipe::preset(j["recipe"].get<std::string>()).operand(p, o);
+    EXPECT_EQ(j["role"], operand_role(p, o));
+    EXPECT_EQ(j["label"], c.label());
+    EXPECT_EQ(j["rht_bf16"], c.rht_bf16);
+  }
+}
+
+// docs/spec.md §2 carries the table `fp4lab recipes --markdown` prints; it is parsed here and compared cell
+// by cell with the JSON, so the document cannot drift from the code.
+TEST_F(Cli, SpecRecipeTableAgreesWithRecipes) {
+  const json rows = recipe_rows(run({"recipes", "--json", "-"}));
+  std::istringstream doc(slurp(FP4LAB_SOURCE_DIR "/docs/spec.md"));
+  auto cells = [](const std::string& line) {
+    std::vector<std::string> c;
+    std::stringstream ss(line.substr(1));
+    for (std::string cell; std::getline(ss, cell, '|');) {
+      cell.erase(std::remove(cell.begin(), cell.end(), '`'), cell.end());
+      const size_t b = cell.find_first_not_of(' '), e = cell.find_last_not_of(' ');
+      c.push_back(b == std::string::npos ? "" : cell.substr(b, e - b + 1));
+    }
+    return c;
+  };
+  // Column heading -> JSON key.
+  const std::vector<std::pair<std::string, std::string>> columns = {
+      {"recipe", "recipe"}, {"pass", "pass"},       {"operand", "operand"},     {"role", "role"},
+      {"grid", "format"},   {"block", "block"},     {"scale", "scale"},         {"2-D tiles", "tile2d"},
+      {"RHT", "rht"},       {"RHT signs", "rht_signs_kind"}, {"BF16 rotation", "rht_bf16"}, {"rounding", "rounding"}};
+  std::vector<std::string> heading;
+  for (const auto& [h, k] : columns) heading.push_back(h);
+  std::vector<std::vector<std::string>> table;
+  bool in_table = false;
+  for (std::string line; std::getline(doc, line);) {
+    if (!in_table) {
+      in_table = line.rfind("|", 0) == 0 && cells(line) == heading;
+      if (in_table) std::getline(doc, line);  // the |---| line
+      continue;
+    }
+    if (line.rfind("|", 0) != 0) break;
+    table.push_back(cells(line));
+  }
+  ASSERT_TRUE(in_table) << "docs/spec.md has no recipe table with the columns of `fp4lab recipes --markdown`";
+  ASSERT_EQ(table.size(), rows.size()) << "docs/spec.md's recipe table has another number of rows";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    ASSERT_EQ(table[i].size(), columns.size()) << "row " << i + 1;
+    for (size_t c = 0; c < columns.size(); ++c) {
+      const json& v = rows[i][columns[c].second];
+      const std::string want = v.is_boolean() ? (v.get<bool>() ? "yes" : "no")
+                               : v.is_string() ? v.get<std::string>()
+                                               : v.dump();
+      EXPECT_EQ(table[i][c], want) << "docs/spec.md recipe table row " << i + 1 << " (" << rows[i]["recipe"] << " "
+                                   << rows[i]["pass"] << " " << rows[i]["operand"] << "), column "
+                                   << columns[c].first;
+    }
+  }
 }
 
 // ---- quantize: outputs equal fp4lab::quantize bit for bit ---------------------------------------------
@@ -467,6 +579,7 @@ TEST_F(Cli, JsonDashIsPureJsonOnEverySubcommand) {
   const std::vector<std::vector<std::string>> cmds = {
       {"formats"},
       {"bias", "--format", "int4"},
+      {"recipes"},
       {"quantize", "--in", in, "--tensor", "x", "--out", path("o1.safetensors")},
       {"cast", "--in", in, "--tensor", "x", "--format", "e1m2", "--out", path("o2.safetensors")},
       {"gemm", "--a", in + ":x", "--b", in + ":w", "--out", path("o3.safetensors")},
@@ -479,7 +592,7 @@ TEST_F(Cli, JsonDashIsPureJsonOnEverySubcommand) {
     json j;
     EXPECT_NO_THROW(j = json::parse(r.out)) << r.out;
     EXPECT_TRUE(j.is_object());
-    if (args[0] != "formats" && args[0] != "bias") {
+    if (args[0] != "formats" && args[0] != "bias" && args[0] != "recipes") {
       EXPECT_EQ(j["command"], args[0]);
     }
   }
@@ -496,7 +609,7 @@ TEST_F(Cli, UsageAndHelp) {
     EXPECT_EQ(none.code, 2);
     EXPECT_NE(none.err.find("quantize"), std::string::npos) << none.err;
   }
-  for (const char* s : {"formats", "bias", "quantize", "cast", "gemm"}) {
+  for (const char* s : {"formats", "bias", "recipes", "quantize", "cast", "gemm"}) {
     EXPECT_NE(r.out.find(s), std::string::npos) << s;
     const Result h = run({s, "--help"});
     EXPECT_EQ(h.code, 0) << s;

@@ -1,4 +1,4 @@
-// Trace v1: a valid folder (ordering, extras, loading values bit for bit) and every rejection in SPEC 7.
+// Trace v1: a valid folder (ordering, extras, loading values bit for bit) and every rejection in docs/spec.md §7.
 #include <cmath>
 
 #include "io_test_util.hpp"

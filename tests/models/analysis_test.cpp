@@ -1,4 +1,4 @@
-// Pinned analyses (analysis.hpp, SPEC section 6): shrinkage bias (analytic and empirical), SQNR,
+// Pinned analyses (analysis.hpp, docs/spec.md §6): shrinkage bias (analytic and empirical), SQNR,
 // B_eff and the shrinkage factor, on hand-worked cases.
 #include <gtest/gtest.h>
 
@@ -20,7 +20,7 @@ struct BiasTable {
   double left[8], right[8], bias[8];  // half-gaps l_i, r_i and (l_i - r_i)/2, by hand from the levels
 };
 
-// Half-gaps from SPEC section 1's levels; level 0's bin starts at 0, the top level's bin is one-sided.
+// Half-gaps from docs/spec.md §1's levels; level 0's bin starts at 0, the top level's bin is one-sided.
 const BiasTable kBias[] = {
     // e2m1: 0 .5 1 1.5 2 3 4 6
     {kE2M1,

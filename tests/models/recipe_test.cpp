@@ -1,4 +1,4 @@
-// Recipe presets (recipe.hpp) against SPEC section 2's table, and the pass operand layouts.
+// Recipe presets (recipe.hpp) against docs/spec.md §2's table, and the pass operand layouts.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -15,7 +15,7 @@
 namespace fp4lab::test {
 namespace {
 
-// SPEC section 2, one row per preset, written from the table:
+// docs/spec.md §2, one row per preset, written from the table:
 //   rht_passes: the GEMMs whose both operands are rotated; sr on dY operands; tiles on the weight.
 struct PresetRow {
   const char* name;
@@ -68,7 +68,7 @@ TEST(RecipePresets, EveryOperandOfEveryPassMatchesTheTable) {
 }
 
 // The presets that rotate carry 16 valid signs; nvfp4 must match Transformer Engine, so it uses TE's
-// fixed vector (SPEC section 3). (The sign choice of ufp4 / e2m1-ref is not pinned by the spec.)
+// fixed vector (docs/spec.md §3). (The sign choice of ufp4 / e2m1-ref is not pinned by the spec.)
 TEST(RecipePresets, RotatingPresetsUseValidSigns) {
   for (const char* name : {"ufp4", "e2m1-ref", "nvfp4"}) {
     const Recipe r = Recipe::preset(name);

@@ -124,7 +124,7 @@ TEST_P(RhtSize, SeededSignsReproducibleAndMixed) {
 INSTANTIATE_TEST_SUITE_P(Sizes, RhtSize, ::testing::Values(16, 32, 64, 128),
                          [](const ::testing::TestParamInfo<int>& i) { return "rht" + std::to_string(i.param); });
 
-// SPEC section 3: Transformer Engine's vector, written here from the spec's text.
+// docs/spec.md §3: Transformer Engine's vector, written here from the spec's text.
 TEST(RhtSigns, TransformerEngineVectorMatchesSpec) {
   const std::string spec = "+++-+------+-+--";
   const auto s = rht_signs_te(16);

@@ -1,4 +1,4 @@
-// Shared helpers for the golden-model tests: hand-written golden tables (SPEC section 1), a small
+// Shared helpers for the golden-model tests: hand-written golden tables (docs/spec.md §1), a small
 // deterministic input generator, and gtest name sanitising. Nothing here re-derives a format.
 #pragma once
 
@@ -14,12 +14,12 @@
 
 namespace fp4lab::test {
 
-// ---- golden tables, written by hand from SPEC section 1 (not from format.hpp) ----------------------
+// ---- golden tables, written by hand from docs/spec.md §1 (not from format.hpp) ----------------------
 struct Golden {
   ElemFormat f;            // the model's format under test
   const char* name;        // expected name
   int num_levels;          // magnitudes in use
-  double levels[8];        // magnitudes, SPEC section 1
+  double levels[8];        // magnitudes, docs/spec.md §1
   int ints[8];             // integer view
   int int_shift;           // log2 of the integer-view factor
   double gmax;

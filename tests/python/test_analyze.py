@@ -1,4 +1,4 @@
-"""`fp4lab analyze` against an independent numpy implementation of SPEC section 6 (scripts/analysis_numpy.py),
+"""`fp4lab analyze` against an independent numpy implementation of docs/spec.md §6 (scripts/analysis_numpy.py),
 its JSON schema, the bundled-trace default, and its rejection of bad traces.
 
 FP4LAB_BIN names the built binary (ctest sets it)."""

@@ -40,7 +40,7 @@ def oracle_values(rng):
     parts = [
         E2M1_LEVELS,
         mids,
-        np.nextafter(mids, np.float32(0)),  # one ulp either side, as the issue asks
+        np.nextafter(mids, np.float32(0)),  # one ulp either side: a wrong tie rule shows here
         np.nextafter(mids, np.float32(np.inf)),
         ulp_neighbours(mids, 1000),
         ulp_neighbours(E2M1_LEVELS[1:], 200),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every RTL file through both tools the project supports (SPEC section 11): Verilator 5.006 with the
+# Every RTL file through both tools the project supports (docs/spec.md §11): Verilator 5.006 with the
 # shared flags (verilator.f: -Wall) in --lint-only mode, and Yosys 0.23's SystemVerilog reader followed
 # by elaboration, `proc` and `check -assert`, with any warning of either tool treated as an error. Each
 # module is linted in every build its parameters offer (format sets x pipeline depths 0/1/3); Yosys

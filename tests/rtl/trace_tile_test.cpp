@@ -31,7 +31,7 @@ TEST(TraceTile, PresetsThroughRtl) {
   ASSERT_TRUE(std::filesystem::exists(dir)) << dir << ": no such trace folder";
   const io::Trace trace(dir);
   ASSERT_FALSE(trace.records().empty()) << dir << ": the trace holds no linear-layer records";
-  // The outlier-heavy fc2 input when there is one (SPEC section 8), else the first layer.
+  // The outlier-heavy fc2 input when there is one (docs/spec.md §8), else the first layer.
   const io::TraceRecord* pick = &trace.records().front();
   for (const io::TraceRecord& r : trace.records())
     if (r.gemm.size() >= 3 && r.gemm.compare(r.gemm.size() - 3, 3, "fc2") == 0) {

@@ -1,4 +1,4 @@
-// Pinned analysis definitions (SPEC section 6). All sums in float64.
+// Pinned analysis definitions (docs/spec.md §6). All sums in float64.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The SPEC section 6 analyses of one captured linear layer (X, W, dY): per tensor and per GEMM pass, for
+// The docs/spec.md §6 analyses of one captured linear layer (X, W, dY): per tensor and per GEMM pass, for
 // a grid and an RHT size. Pure numerics: the trace reader and the report formatting live in the CLI.
 #pragma once
 

@@ -15,7 +15,7 @@
 
 namespace fp4lab {
 
-// ---- per-tensor and per-block scale arithmetic (SPEC section 2) ----------------------------------
+// ---- per-tensor and per-block scale arithmetic (docs/spec.md §2) ----------------------------------
 
 // NVFP4 global encode scale S_enc = 448 * gmax / amax(tensor); 1 when that is 0 or not finite.
 // (Transformer Engine's reference gives FLT_MAX for an all-zero tensor instead; its codes are the

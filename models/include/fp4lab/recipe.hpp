@@ -1,4 +1,4 @@
-// Training recipes (SPEC section 2): which grid, block, scale, RHT and rounding each operand of the three
+// Training recipes (docs/spec.md §2): which grid, block, scale, RHT and rounding each operand of the three
 // training GEMMs of a linear layer gets. Presets are named; every knob is also settable alone.
 //
 // Linear layer with X [tokens, in], W [out, in], dY [tokens, out]; every pass is C = A . B^T with both

@@ -21,7 +21,7 @@ namespace fp4lab {
 
 inline constexpr int kMaxRht = 128;
 
-// Transformer Engine's fixed sign vector for d = 16 (SPEC section 3).
+// Transformer Engine's fixed sign vector for d = 16 (docs/spec.md §3).
 inline constexpr float kTeSigns16[16] = {+1, +1, +1, -1, +1, -1, -1, -1, -1, -1, -1, +1, -1, +1, -1, -1};
 
 FP4LAB_HD inline float rht_inv_sqrt(int d) {

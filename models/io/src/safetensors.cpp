@@ -1,4 +1,4 @@
-// safetensors reader/writer and trace v1 (SPEC section 7). Layout of a safetensors file:
+// safetensors reader/writer and trace v1 (docs/spec.md §7). Layout of a safetensors file:
 //   [8 bytes: little-endian u64 N][N bytes: JSON header][data section]
 // The header maps tensor names to {"dtype", "shape", "data_offsets": [begin, end)} (offsets relative to
 // the data section) plus an optional "__metadata__" string->string map. Every check below throws

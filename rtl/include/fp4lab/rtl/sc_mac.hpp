@@ -1,7 +1,7 @@
 // fp4lab::rtl::ScMac: the RTL block MAC (rtl/fp4_mac_unit.sv, dual-format build, Verilated with --sc) as
 // a SystemC module, for a tensor-core model that wants the real datapath in place of the golden
 // contract (fp4lab sim --rtl). Link the CMake target fp4lab_rtl_sc; translation units that include this
-// header must define SC_CPLUSPLUS=201703L (the target exports it), see SPEC section 11.
+// header must define SC_CPLUSPLUS=201703L (the target exports it), see docs/spec.md §11.
 //
 // Timing: one 16-element block (beat) per clock when the RTL is ready; a result leaves latency() cycles
 // after its last beat. Bind `clk` to the model's clock and call run_tile() from an SC_THREAD.

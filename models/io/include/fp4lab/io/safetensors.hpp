@@ -1,4 +1,4 @@
-// safetensors files and fp4lab trace v1 folders (SPEC section 7). Kept apart from the numerics: the format
+// safetensors files and fp4lab trace v1 folders (docs/spec.md §7). Kept apart from the numerics: the format
 // headers never include this. Every failure throws fp4lab::io::Error whose what() is one line naming the
 // file and the fault, e.g. "trace/layer1.safetensors: tensor 'x.fwd_x': data offsets [0, 4096) run past
 // the end of the file (3000 bytes of data)".
