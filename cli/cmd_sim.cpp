@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "commands.hpp"
+#include "files.hpp"
 #include "fp4lab/io/safetensors.hpp"
 #include "fp4lab/sim/config.hpp"
 #include "fp4lab/sim/run.hpp"
@@ -69,6 +70,7 @@ int cmd_sim(const Invocation& inv) {
     } catch (const std::invalid_argument& e) {
       throw Error(kExitData, e.what());  // already "FILE:LINE: fault"
     }
+    check_outputs(vm, {}, {path});  // before the run: --json must not name an input
     try {
       report = sim::run_shapes(simulator, layers, path, opt);
     } catch (const std::invalid_argument& e) {
@@ -77,6 +79,9 @@ int cmd_sim(const Invocation& inv) {
   } else {
     const std::string path = vm["trace"].as<std::string>();
     const io::Trace trace(path, opt.quant(Pass::fwd_y, Operand::a).block);
+    std::vector<std::string> inputs = {path};
+    for (const io::TraceRecord& r : trace.records()) inputs.push_back(r.file);
+    check_outputs(vm, {}, inputs);  // before the run: --json must not name an input or a trace file
     try {
       report = sim::run_trace(simulator, trace, path, opt);
     } catch (const std::invalid_argument& e) {
