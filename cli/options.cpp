@@ -65,14 +65,14 @@ constexpr int kCommandLineStyle = po::command_line_style::default_style & ~po::c
 
 bool parse_args(const Invocation& inv, const po::options_description& desc, const std::string& synopsis,
                 po::variables_map& vm) {
-  const std::string hint = " (see fp4lab " + inv.command + " --help)";
+  const std::string hint = " (see " + inv.program + " " + inv.command + " --help)";
   try {
     // An empty positional description makes a stray bare word an error instead of being ignored.
     const po::positional_options_description no_positionals;
     po::store(po::command_line_parser(inv.args).options(desc).style(kCommandLineStyle).positional(no_positionals).run(),
               vm);
     if (vm.count("help")) {
-      std::cout << "usage: fp4lab " << inv.command << " " << synopsis << "\n\n" << desc;
+      std::cout << "usage: " << inv.program << " " << inv.command << " " << synopsis << "\n\n" << desc;
       return false;
     }
     if (vm.count("version")) {
