@@ -11,12 +11,12 @@
 
 namespace fp4lab::cli {
 
-std::string printable(const std::string& s) {
+std::string printable(const std::string& s, bool keep_newlines) {
   std::string r;
   r.reserve(s.size());
   for (const char ch : s) {
     const unsigned char c = static_cast<unsigned char>(ch);
-    if (c < 0x20 || c == 0x7F) {
+    if ((c < 0x20 && !(keep_newlines && c == '\n')) || c == 0x7F) {
       char buf[8];
       std::snprintf(buf, sizeof buf, "\\x%02X", c);
       r += buf;

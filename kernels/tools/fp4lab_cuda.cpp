@@ -192,7 +192,7 @@ int cmd_check(const std::vector<std::string>& args) {
     for (fp4lab::Pass pass : fp4lab::kPasses) {
       const fp4lab::PassOperands ops =
           fp4lab::pass_operands(pass, L.x.data(), L.w.data(), L.dy.data(), rec.tokens, rec.in, rec.out);
-      const std::string name = rec.gemm + "." + fp4lab::pass_name(pass);
+      const std::string name = cli::printable(rec.gemm) + "." + fp4lab::pass_name(pass);  // echoed: escaped
       const fp4lab::QuantConfig ca = recipe.operand(pass, fp4lab::Operand::a, uint32_t(ri));
       const fp4lab::QuantConfig cb = recipe.operand(pass, fp4lab::Operand::b, uint32_t(ri));
       fp4lab::QTensor ga, gb;

@@ -735,6 +735,12 @@ TEST_F(Cli, OptionsAreSpeltOutAndEchoesAreEscaped) {
   expect_one_line_error(r, "quantize", 2, {"\\x1B[31mevil"});
   EXPECT_EQ(r.err.find('\x1b'), std::string::npos) << "raw ESC on stderr";
   EXPECT_FALSE(std::filesystem::exists(path("o")));
+  // A tensor name from a file, echoed in the table.
+  io::write_safetensors(path("esc.safetensors"), {io::make_f32("e\x1b[31m", {kRows, kCols}, x_)});
+  const Result t = run({"quantize", "--in", path("esc.safetensors"), "--tensor", "e\x1b[31m", "--out", path("o")});
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_NE(t.out.find("e\\x1B[31m"), std::string::npos) << t.out;
+  EXPECT_EQ(t.out.find('\x1b'), std::string::npos) << "raw ESC on stdout";
 }
 
 TEST_F(Cli, VersionNamesReleaseAndCommit) {
