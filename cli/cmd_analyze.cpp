@@ -1,14 +1,18 @@
 // fp4lab analyze: the docs/spec.md §6 analyses of every GEMM in a trace — per tensor (fwd_x, fwd_w, bwd_dy)
 // and per training GEMM (fwd_y, bwd_dx, bwd_dw), for each grid with and without RHT — as the paper's Q1
 // table on stdout and analysis JSON v1 on request. With no --trace it runs on the bundled trace.
+#include <unistd.h>
+
 #include <chrono>
 #include <exception>
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <map>
 #include <sstream>
 
 #include "commands.hpp"
+#include "files.hpp"
 #include "fp4lab/io/safetensors.hpp"
 #include "fp4lab/layer_analysis.hpp"
 #include "fp4lab/rht.hpp"
@@ -29,14 +33,36 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
-// Progress on stderr, only once a run has taken more than two seconds.
+// Progress on stderr, only once a run has taken more than two seconds and only to a terminal: captured
+// stderr then holds nothing but the one-line error when a run fails.
 struct Progress {
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  bool tty = ::isatty(STDERR_FILENO) == 1;
   void step(size_t i, size_t n, const std::string& what) const {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (s > 2.0) std::cerr << fmt("analyze: [%zu/%zu] %s (%.1f s)\n", i, n, what.c_str(), s);
+    if (tty && s > 2.0) std::cerr << fmt("analyze: [%zu/%zu] %s (%.1f s)\n", i, n, printable(what).c_str(), s);
   }
 };
+
+// The quantiser config of one analysis setting, as layer_analysis builds it.
+QuantConfig setting_config(const AnalysisSetting& s) {
+  QuantConfig c;
+  c.format = s.format;
+  c.block = s.block;
+  c.scale = s.scale;
+  c.rht = s.rht;
+  c.rht_signs = s.rht_signs;
+  return c;
+}
+
+// Operand shapes [rows, cols] (cols = reduction dimension) of the three GEMMs of a record.
+struct PassShapes {
+  Pass pass;
+  int64_t a_rows, b_rows, k;
+};
+std::vector<PassShapes> pass_shapes(const io::TraceRecord& r) {
+  return {{Pass::fwd_y, r.tokens, r.out, r.in}, {Pass::bwd_dx, r.tokens, r.in, r.out}, {Pass::bwd_dw, r.out, r.in, r.tokens}};
+}
 
 std::string db(double v) { return std::isfinite(v) ? fmt("%7.2f", v) : std::string("    inf"); }
 
@@ -84,6 +110,7 @@ int cmd_analyze(const Invocation& inv) {
     rhts.push_back(r == "none" ? 0 : int(parse_uint(r, "rht", kMaxRht)));
   if (rhts.empty()) usage_error("--rht lists no setting");
   const int block = vm["block"].as<int>();
+  if (block != 16 && block != 32) usage_error("--block: block size must be 16 or 32, not " + std::to_string(block));
   const ScaleKind scale = parse_scale(vm["scale"].as<std::string>());
   const uint64_t rht_seed = uint_option(vm, "rht-seed", UINT64_MAX);
   std::vector<AnalysisSetting> settings;
@@ -114,9 +141,43 @@ int cmd_analyze(const Invocation& inv) {
     }
   }
 
+  // Knob combinations are usage faults, found on a shape every valid knob accepts (as operand_config does).
+  for (const AnalysisSetting& s : settings) {
+    try {
+      validate(setting_config(s), 16, 128);
+    } catch (const std::invalid_argument& e) {
+      usage_error(std::string(e.what()) + " (setting " + s.label() + ")");
+    }
+  }
+
   const std::string trace_path = vm["trace"].as<std::string>();
   const io::Trace trace(trace_path, block);  // validates every header and shape up front
   if (trace.records().empty()) data_error(trace_path, "the trace holds no GEMM records");
+  // Every operand of every GEMM against every setting's and recipe's block and RHT sizes, before any work
+  // (a record that fails would otherwise surface only after the records before it were analysed).
+  std::vector<std::string> inputs = {trace_path};
+  for (const io::TraceRecord& rec : trace.records()) {
+    inputs.push_back(rec.file);
+    for (const PassShapes& p : pass_shapes(rec)) {
+      struct Use { std::string what; QuantConfig cfg; Operand operand; };
+      std::vector<Use> uses;
+      for (Operand o : {Operand::a, Operand::b}) {
+        for (const AnalysisSetting& s : settings) uses.push_back({s.label(), setting_config(s), o});
+        for (const Recipe& r : recipes) uses.push_back({"recipe " + r.name, r.operand(p.pass, o, 0), o});
+      }
+      for (const Use& u : uses) {
+        const int64_t rows = u.operand == Operand::a ? p.a_rows : p.b_rows;
+        try {
+          validate(u.cfg, rows, p.k);
+        } catch (const std::invalid_argument& e) {
+          data_error(printable(rec.file), "gemm '" + printable(rec.gemm) + "' " + pass_name(p.pass) + " operand " +
+                                              (u.operand == Operand::a ? "A" : "B") + " [" + std::to_string(rows) +
+                                              ", " + std::to_string(p.k) + "] under " + u.what + ": " + e.what());
+        }
+      }
+    }
+  }
+  check_outputs(vm, {}, inputs);
 
   Json tensors = Json::array(), gemms = Json::array();
   // Q1 table rows: per (gemm, role) the SQNR and B_eff of each setting; per (gemm, pass) the GEMM SQNR.
@@ -238,19 +299,23 @@ int cmd_analyze(const Invocation& inv) {
 
   if (json.table()) {
     std::cout << fmt("fp4lab analyze: %s — %zu GEMMs, %lld elements, 1x%d blocks, %s scales, RTNE (%.1f s)\n\n",
-                     trace_path.c_str(), n, (long long)elements, block, scale_name(scale), seconds);
+                     printable(trace_path).c_str(), n, (long long)elements, block, scale_name(scale), seconds);
+    // One column width for every setting, wide enough for its longest header ("Beff e2m1 no-rht"), so no
+    // header is cut and the cells line up under it.
+    int w = 14;
+    for (const auto& s : settings) w = std::max(w, int(("Beff " + s.label()).size()));
     auto header = [&](const char* title, bool with_beff) {
       std::cout << title << "\n" << fmt("%-26s %-7s", "gemm", "");
-      for (const auto& s : settings) std::cout << fmt(" %13s", s.label().c_str());
+      for (const auto& s : settings) std::cout << fmt(" %*s", w, s.label().c_str());
       if (can_invert) std::cout << fmt(" %8s %8s", "dE2M1", "dE1M2");
-      if (with_beff) for (const auto& s : settings) std::cout << fmt(" %13s", ("Beff " + s.label()).substr(0, 13).c_str());
+      if (with_beff) for (const auto& s : settings) std::cout << fmt(" %*s", w, ("Beff " + s.label()).c_str());
       std::cout << "\n";
     };
     auto row = [&](const Row& r, bool with_beff) {
-      std::cout << fmt("%-26s %-7s", r.gemm.c_str(), r.what.c_str());
-      for (double v : r.sqnr) std::cout << fmt("  %s dB   ", db(v).c_str());
+      std::cout << fmt("%-26s %-7s", printable(r.gemm).c_str(), r.what.c_str());
+      for (double v : r.sqnr) std::cout << fmt(" %*s", w, (db(v) + " dB").c_str());
       if (can_invert) std::cout << fmt(" %+8.2f %+8.2f", r.sqnr[e2_r] - r.sqnr[e2_0], r.sqnr[e1_r] - r.sqnr[e1_0]);
-      if (with_beff) for (double v : r.beff) std::cout << fmt(" %13.3f", v);
+      if (with_beff) for (double v : r.beff) std::cout << fmt(" %*.3f", w, v);
       if (can_invert && inverted(r)) std::cout << "  inversion";
       std::cout << "\n";
     };
@@ -269,7 +334,7 @@ int cmd_analyze(const Invocation& inv) {
       for (const auto& g : gemms)
         if (g.contains("recipe"))
           std::cout << fmt("  %-10s %-26s %-7s SQNR %s dB  eta %.6f\n", g["recipe"].get<std::string>().c_str(),
-                           g["gemm"].get<std::string>().c_str(), g["pass"].get<std::string>().c_str(),
+                           printable(g["gemm"].get<std::string>()).c_str(), g["pass"].get<std::string>().c_str(),
                            db(g["sqnr_db"].get<double>()).c_str(), g["eta"].get<double>());
     }
   }

@@ -4,6 +4,8 @@
 #include <iostream>
 
 #include "commands.hpp"
+#include "files.hpp"
+#include "fp4lab/io/files.hpp"
 #include "fp4lab/io/safetensors.hpp"
 #include "fp4lab/philox.hpp"
 #include "options.hpp"
@@ -32,6 +34,7 @@ int cmd_cast(const Invocation& inv) {
   const uint32_t stream = uint32_t(uint_option(vm, "stream", UINT32_MAX));
   const std::string in = vm["in"].as<std::string>(), name = vm["tensor"].as<std::string>();
   const std::string out = vm["out"].as<std::string>();
+  check_outputs(vm, {out}, {in});
 
   const Tensor x = load_tensor(in, name);
   const int64_t n = int64_t(x.v.size());
@@ -52,12 +55,13 @@ int cmd_cast(const Invocation& inv) {
                                              {"fp4lab.rounding", rname},
                                              {"fp4lab.seed", std::to_string(seed)},
                                              {"fp4lab.stream", std::to_string(stream)}};
-  io::write_safetensors(out, {io::make_u8(name + ".codes", x.shape, codes), io::make_f32(name + ".dequant", x.shape, dq)},
+  io::AtomicFile out_file(out);  // renamed into place after the JSON is written
+  io::write_safetensors(out_file, {io::make_u8(name + ".codes", x.shape, codes), io::make_f32(name + ".dequant", x.shape, dq)},
                         meta);
 
   if (json.table())
-    std::cout << fmt("%s:%s %s -> %s: %lld values cast to %s (%s), %lld saturated at gmax %g\n", in.c_str(),
-                     name.c_str(), shape_string(x.shape).c_str(), out.c_str(), (long long)n, f.name, rname.c_str(),
+    std::cout << fmt("%s:%s %s -> %s: %lld values cast to %s (%s), %lld saturated at gmax %g\n",
+                     printable(in).c_str(), printable(name).c_str(), shape_string(x.shape).c_str(), printable(out).c_str(), (long long)n, f.name, rname.c_str(),
                      (long long)saturated, double(f.gmax()));
   json.write({{"command", "cast"},
               {"input", in},
@@ -70,6 +74,7 @@ int cmd_cast(const Invocation& inv) {
               {"count", n},
               {"saturated", saturated},
               {"out", out}});
+  out_file.commit();
   return kExitOk;
 }
 

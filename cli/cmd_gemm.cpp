@@ -1,11 +1,14 @@
 // fp4lab gemm: C = A . B^T with A [M, K] and B [N, K] both K-major, each operand block-quantised with its
 // recipe config for the chosen pass, multiplied under the datapath contract (fp4lab::gemm), beside the
 // float64 product of the unquantised operands.
+#include <cmath>
 #include <iostream>
 
 #include "commands.hpp"
+#include "files.hpp"
 #include "fp4lab/analysis.hpp"
 #include "fp4lab/gemm.hpp"
+#include "fp4lab/io/files.hpp"
 #include "fp4lab/io/safetensors.hpp"
 #include "options.hpp"
 
@@ -27,8 +30,13 @@ QuantOperand quantize_operand(Tensor t, const QuantConfig& cfg) {
   } catch (const std::invalid_argument& e) {
     data_error(o.t.file, "tensor '" + o.t.name + "' " + shape_string(o.t.shape) + ": " + e.what());
   }
-  o.q = quantize(o.t.v.data(), rows, cols, cfg);
-  const std::vector<float> seen = rotate(o.t.v.data(), rows, cols, cfg);
+  std::vector<float> seen;
+  try {
+    o.q = quantize(o.t.v.data(), rows, cols, cfg);
+    seen = rotate(o.t.v.data(), rows, cols, cfg);
+  } catch (const std::invalid_argument& e) {  // e.g. "RHT overflows FP32 at row r, block b"
+    data_error(o.t.file, "tensor '" + o.t.name + "': " + e.what());
+  }
   const std::vector<float> dq = o.q.dequantize();
   o.alpha = shrinkage_alpha(seen.data(), dq.data(), rows * cols);
   o.sqnr = sqnr_db(seen.data(), dq.data(), rows * cols);
@@ -58,6 +66,7 @@ int cmd_gemm(const Invocation& inv) {
   const auto [file_b, name_b] = split_file_tensor(vm["b"].as<std::string>(), "--b");
   const std::string out = vm["out"].as<std::string>();
   const bool bf16 = vm["bf16-out"].as<bool>();
+  check_outputs(vm, {out}, {file_a, file_b});
 
   Tensor ta = load_matrix(file_a, name_a), tb = load_matrix(file_b, name_b);
   const int64_t M = ta.shape[0], N = tb.shape[0], K = ta.shape[1];
@@ -68,9 +77,19 @@ int cmd_gemm(const Invocation& inv) {
   const std::vector<double> ref = gemm_f64(ta.v.data(), tb.v.data(), M, N, K);
   const QuantOperand a = quantize_operand(std::move(ta), cfg_a), b = quantize_operand(std::move(tb), cfg_b);
 
-  std::vector<float> c = gemm(a.q, b.q);
+  std::vector<float> c;
+  try {
+    c = gemm(a.q, b.q);
+  } catch (const std::invalid_argument& e) {  // "GEMM output overflows FP32 at C[i, j]"
+    data_error(file_a + ":" + name_a + " . " + file_b + ":" + name_b + "^T", e.what());
+  }
   if (bf16)
     for (float& v : c) v = round_to_bf16(v);  // the values written, so the SQNR is that of the output
+  // BF16 rounding of a value near FLT_MAX can carry into Inf: the written C must be finite too.
+  for (size_t i = 0; i < c.size(); ++i)
+    if (!std::isfinite(c[i]))
+      data_error(file_a + ":" + name_a + " . " + file_b + ":" + name_b + "^T",
+                 fmt("GEMM output overflows BF16 at C[%lld, %lld]", (long long)(int64_t(i) / N), (long long)(int64_t(i) % N)));
   const double sqnr = sqnr_db(ref.data(), c.data(), M * N), eta = a.alpha * b.alpha;
   const std::vector<float> ref32(ref.begin(), ref.end());
 
@@ -85,13 +104,14 @@ int cmd_gemm(const Invocation& inv) {
                                              {"fp4lab.b.config", cfg_b.label()}};
   put_metadata(meta, "fp4lab.a.config.", config_json(cfg_a));
   put_metadata(meta, "fp4lab.b.config.", config_json(cfg_b));
-  io::write_safetensors(out, {bf16 ? io::make_bf16("C", {M, N}, c) : io::make_f32("C", {M, N}, c),
+  io::AtomicFile out_file(out);  // renamed into place after the JSON is written
+  io::write_safetensors(out_file, {bf16 ? io::make_bf16("C", {M, N}, c) : io::make_f32("C", {M, N}, c),
                               io::make_f32("C.ref", {M, N}, ref32)},
                         meta);
 
   if (json.table()) {
     std::cout << fmt("C[%lld, %lld] = A[%lld, %lld] . B[%lld, %lld]^T -> %s (%s)\n", (long long)M, (long long)N,
-                     (long long)M, (long long)K, (long long)N, (long long)K, out.c_str(), bf16 ? "BF16" : "FP32");
+                     (long long)M, (long long)K, (long long)N, (long long)K, printable(out).c_str(), bf16 ? "BF16" : "FP32");
     std::cout << fmt("recipe %s, pass %s\n", recipe.c_str(), pass_name(pass));
     std::cout << fmt("A  %-34s SQNR %8.4f dB  alpha %.6f\n", cfg_a.label().c_str(), a.sqnr, a.alpha);
     std::cout << fmt("B  %-34s SQNR %8.4f dB  alpha %.6f\n", cfg_b.label().c_str(), b.sqnr, b.alpha);
@@ -112,6 +132,7 @@ int cmd_gemm(const Invocation& inv) {
               {"sqnr_db", sqnr},
               {"eta", eta},
               {"out", out}});
+  out_file.commit();
   return kExitOk;
 }
 

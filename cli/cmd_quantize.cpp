@@ -3,7 +3,9 @@
 #include <iostream>
 
 #include "commands.hpp"
+#include "files.hpp"
 #include "fp4lab/analysis.hpp"
+#include "fp4lab/io/files.hpp"
 #include "fp4lab/io/safetensors.hpp"
 #include "options.hpp"
 
@@ -28,6 +30,7 @@ int cmd_quantize(const Invocation& inv) {
   const QuantConfig cfg = operand_config(vm, pass, operand);
   const std::string in = vm["in"].as<std::string>(), name = vm["tensor"].as<std::string>();
   const std::string out = vm["out"].as<std::string>();
+  check_outputs(vm, {out}, {in});
 
   const Tensor x = load_matrix(in, name);
   const int64_t rows = x.shape[0], cols = x.shape[1];
@@ -37,8 +40,14 @@ int cmd_quantize(const Invocation& inv) {
     data_error(in, "tensor '" + name + "' " + shape_string(x.shape) + ": " + e.what());
   }
 
-  const QTensor q = quantize(x.v.data(), rows, cols, cfg);
-  const std::vector<float> seen = rotate(x.v.data(), rows, cols, cfg);  // SQNR reference: rotated when RHT is on
+  QTensor q;
+  std::vector<float> seen;  // SQNR reference: rotated when RHT is on
+  try {
+    q = quantize(x.v.data(), rows, cols, cfg);
+    seen = rotate(x.v.data(), rows, cols, cfg);
+  } catch (const std::invalid_argument& e) {  // e.g. "RHT overflows FP32 at row r, block b"
+    data_error(in, "tensor '" + name + "': " + e.what());
+  }
   const std::vector<float> dq = q.dequantize();
   const int64_t n = rows * cols;
   const double sqnr = sqnr_db(seen.data(), dq.data(), n), be = beff(q), alpha = shrinkage_alpha(seen.data(), dq.data(), n);
@@ -59,10 +68,13 @@ int cmd_quantize(const Invocation& inv) {
   if (!q.scale_codes.empty()) outs.push_back(io::make_u8(name + ".scale_codes", {rows, kb}, q.scale_codes));
   outs.push_back(io::make_f32(name + ".global_scale", {1}, {q.global_dec}));
   outs.push_back(io::make_f32(name + ".dequant", {rows, cols}, dq));
-  io::write_safetensors(out, outs, meta);
+  // Written and closed now, renamed into place only after the JSON is written too.
+  io::AtomicFile out_file(out);
+  io::write_safetensors(out_file, outs, meta);
 
   if (json.table()) {
-    std::cout << fmt("%s:%s %s -> %s\n", in.c_str(), name.c_str(), shape_string(x.shape).c_str(), out.c_str());
+    std::cout << fmt("%s:%s %s -> %s\n", printable(in).c_str(), printable(name).c_str(), shape_string(x.shape).c_str(),
+                     printable(out).c_str());
     std::cout << fmt("config   %s (recipe %s, pass %s, role %s)\n", cfg.label().c_str(), recipe.c_str(),
                      pass_name(pass), operand_role(pass, operand));
     std::cout << fmt("SQNR     %.4f dB%s\n", sqnr, cfg.rht ? " (against the rotated tensor)" : "");
@@ -81,6 +93,7 @@ int cmd_quantize(const Invocation& inv) {
               {"alpha", alpha},
               {"global_scale", q.global_dec},
               {"out", out}});
+  out_file.commit();
   return kExitOk;
 }
 

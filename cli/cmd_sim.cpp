@@ -4,8 +4,10 @@
 // With --check the simulated MAC array and accumulator compute every output through the datapath (the golden
 // model's arithmetic, or the Verilated RTL with --rtl) and each is compared bit for bit with fp4lab::gemm.
 #include <iostream>
+#include <sstream>
 
 #include "commands.hpp"
+#include "files.hpp"
 #include "fp4lab/io/safetensors.hpp"
 #include "fp4lab/sim/config.hpp"
 #include "fp4lab/sim/run.hpp"
@@ -69,6 +71,7 @@ int cmd_sim(const Invocation& inv) {
     } catch (const std::invalid_argument& e) {
       throw Error(kExitData, e.what());  // already "FILE:LINE: fault"
     }
+    check_outputs(vm, {}, {path});  // before the run: --json must not name an input
     try {
       report = sim::run_shapes(simulator, layers, path, opt);
     } catch (const std::invalid_argument& e) {
@@ -77,6 +80,9 @@ int cmd_sim(const Invocation& inv) {
   } else {
     const std::string path = vm["trace"].as<std::string>();
     const io::Trace trace(path, opt.quant(Pass::fwd_y, Operand::a).block);
+    std::vector<std::string> inputs = {path};
+    for (const io::TraceRecord& r : trace.records()) inputs.push_back(r.file);
+    check_outputs(vm, {}, inputs);  // before the run: --json must not name an input or a trace file
     try {
       report = sim::run_trace(simulator, trace, path, opt);
     } catch (const std::invalid_argument& e) {
@@ -84,7 +90,12 @@ int cmd_sim(const Invocation& inv) {
     }
   }
 
-  if (json.table()) report.print(std::cout);
+  if (json.table()) {
+    // GEMM names come from the trace's tensor names: no control byte of theirs reaches the terminal raw.
+    std::ostringstream table;
+    report.print(table);
+    std::cout << printable(table.str(), /*keep_newlines=*/true);
+  }
   nlohmann::json j = report.to_json();
   j["command"] = inv.command_line;
   json.write(j);

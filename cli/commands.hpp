@@ -9,6 +9,7 @@
 namespace fp4lab::cli {
 
 struct Invocation {
+  std::string program = "fp4lab"; // the executable, in usage lines ("fp4lab-cuda" shares these helpers)
   std::string command;            // subcommand name, e.g. "quantize"
   std::vector<std::string> args;  // the arguments after it
   std::string command_line;       // the whole command line, shell-quoted (recorded in output metadata)

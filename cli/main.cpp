@@ -11,6 +11,7 @@
 #include <string>
 
 #include "commands.hpp"
+#include "files.hpp"
 #include "fp4lab/io/safetensors.hpp"
 #include "options.hpp"
 
@@ -46,12 +47,21 @@ std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
-// One line, whatever the message holds.
+// One line, whatever the message holds: control bytes (a name from a file or the command line may carry
+// escape sequences) are shown as \xNN, never sent to the terminal raw.
 void report(const std::string& cmd, const std::string& msg) {
-  std::string line = msg;
-  for (char& c : line)
-    if (c == '\n' || c == '\r') c = ' ';
-  std::cerr << "fp4lab" << (cmd.empty() ? "" : " " + cmd) << ": error: " << line << std::endl;
+  std::cerr << "fp4lab" << (cmd.empty() ? "" : " ") << printable(cmd) << ": error: " << printable(msg) << std::endl;
+}
+
+// The table or JSON went to stdout through a buffer: a full disk or closed pipe shows only at the flush,
+// and must not end in exit 0.
+int flushed(const std::string& cmd, int code) {
+  std::cout.flush();
+  if (!std::cout) {
+    report(cmd, "stdout: write failed");
+    return code == kExitOk ? kExitData : code;
+  }
+  return code;
 }
 
 }  // namespace
@@ -73,7 +83,11 @@ int main(int argc, char** argv) {
   int first_arg = 2;
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     usage(std::cout);
-    return kExitOk;
+    return flushed("", kExitOk);
+  }
+  if (cmd == "--version") {
+    std::cout << version_line() << "\n";
+    return flushed("", kExitOk);
   }
 #ifdef FP4LAB_CLI_HAS_ANALYZE
   // No subcommand (or options only): analyze, which defaults to the bundled trace.
@@ -99,7 +113,7 @@ int main(int argc, char** argv) {
   inv.command = cmd;
   for (int i = first_arg; i < argc; ++i) inv.args.emplace_back(argv[i]);
   try {
-    return entry->run(inv);
+    return flushed(cmd, entry->run(inv));
   } catch (const Error& e) {
     report(cmd, e.what());
     return e.exit_code;

@@ -5,12 +5,15 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
+#include <sstream>
 
+#include "files.hpp"
+#include "fp4lab/io/files.hpp"
 #include "fp4lab/io/safetensors.hpp"
 #include "fp4lab/knobs.hpp"
 #include "fp4lab/rht.hpp"
+#include "fp4lab/version.hpp"
 
 namespace fp4lab::cli {
 
@@ -48,33 +51,56 @@ std::string shape_string(const std::vector<int64_t>& s) {
 void add_common_options(po::options_description& desc) {
   desc.add_options()
       ("help,h", "print this help and exit")
+      ("version", "print the fp4lab version and git commit and exit")
       ("config", po::value<std::string>()->value_name("FILE"),
        "read further options from FILE (lines `option = value`; the command line wins)")
       ("json", po::value<std::string>()->value_name("FILE|-"),
        "write machine-readable JSON to FILE, or to stdout instead of the table with -");
 }
 
+std::string version_line() { return std::string("fp4lab ") + kVersion + " (git " + kGitCommit + ")"; }
+
+// Boost's default style lets any unambiguous prefix stand for an option (--rec for --recipe, --mac.unit for
+// --mac.units), so a typo silently sets another knob; every option must be spelt out.
+constexpr int kCommandLineStyle = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
+
 bool parse_args(const Invocation& inv, const po::options_description& desc, const std::string& synopsis,
                 po::variables_map& vm) {
-  const std::string hint = " (see fp4lab " + inv.command + " --help)";
+  const std::string hint = " (see " + inv.program + " " + inv.command + " --help)";
   try {
     // An empty positional description makes a stray bare word an error instead of being ignored.
     const po::positional_options_description no_positionals;
-    po::store(po::command_line_parser(inv.args).options(desc).positional(no_positionals).run(), vm);
+    po::store(po::command_line_parser(inv.args).options(desc).style(kCommandLineStyle).positional(no_positionals).run(),
+              vm);
     if (vm.count("help")) {
-      std::cout << "usage: fp4lab " << inv.command << " " << synopsis << "\n\n" << desc;
+      std::cout << "usage: " << inv.program << " " << inv.command << " " << synopsis << "\n\n" << desc;
+      return false;
+    }
+    if (vm.count("version")) {
+      std::cout << version_line() << "\n";
       return false;
     }
     if (vm.count("config")) {
       const std::string path = vm["config"].as<std::string>();
-      std::ifstream in(path);
-      if (!in) usage_error(path + ": cannot open config file");
+      std::string text;
       try {
-        // Stored after the command line: po::store keeps values already present, so the command line wins.
-        po::store(po::parse_config_file(in, desc), vm);
-      } catch (const po::error& e) {
-        usage_error(path + ": " + e.what());
+        text = io::read_regular_file(path, "config file");  // a FIFO or device is refused, not waited on
+      } catch (const io::Error& e) {
+        usage_error(e.what());
       }
+      std::istringstream in(text);
+      po::parsed_options parsed(&desc);
+      try {
+        parsed = po::parse_config_file(in, desc);
+      } catch (const po::error& e) {
+        usage_error(printable(path) + ": " + e.what());
+      }
+      // Config files do not nest: a `config = other.cfg` line would otherwise be stored and silently ignored.
+      for (const po::option& o : parsed.options)
+        if (o.string_key == "config" || o.string_key == "help" || o.string_key == "version")
+          usage_error(printable(path) + ": '" + o.string_key + "' cannot be set in a config file");
+      // Stored after the command line: po::store keeps values already present, so the command line wins.
+      po::store(parsed, vm);
     }
     po::notify(vm);
   } catch (const po::error& e) {
@@ -88,20 +114,26 @@ JsonOut::JsonOut(const po::variables_map& vm) {
     dest = vm["json"].as<std::string>();
     if (dest.empty()) usage_error("--json needs a file name or -");
   }
+  // The destination is checked now (folder, not a device, not the config file); commands that read inputs
+  // check it against those too, with their --out, before any work.
+  check_outputs(vm, {}, {});
 }
 
 void JsonOut::write(const Json& j) const {
   if (dest.empty()) return;
+  Json out = j;
+  if (out.is_object()) {  // every JSON output says which build wrote it
+    out["fp4lab_version"] = kVersion;
+    out["git_commit"] = kGitCommit;
+  }
   // Infinite SQNR (zero error) has no JSON number; nlohmann writes null for it.
-  const std::string text = j.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
+  const std::string text = out.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
   if (dest == "-") {
-    std::cout << text;
+    std::cout << text << std::flush;
+    if (!std::cout) data_error("stdout", "write failed");
     return;
   }
-  std::ofstream out(dest);
-  if (!out) data_error(dest, "cannot open for writing");
-  out << text;
-  if (!out) data_error(dest, "write failed");
+  io::write_file_atomic(dest, text);  // io::Error names the file; nothing is left under it on failure
 }
 
 // ---- value parsers: fp4lab/knobs.hpp's, with its KnobError as a usage error -------------------------

@@ -39,11 +39,14 @@ struct Error : std::runtime_error {
 [[noreturn]] void data_error(const std::string& file, const std::string& msg);
 
 // ---- parsing ---------------------------------------------------------------------------------------
-// Adds --help, --config FILE and --json FILE|- to `desc`.
+// Adds --help, --version, --config FILE and --json FILE|- to `desc`.
 void add_common_options(po::options_description& desc);
+std::string version_line();  // "fp4lab <version> (git <commit>)"
 
 // Parses inv.args against `desc` (command line first, then --config FILE, so the command line wins), and
-// checks required options. Returns false after printing help (exit 0). Throws Error on bad usage.
+// checks required options. Returns false after printing help or the version (exit 0). Throws Error on bad
+// usage. Options must be spelt out in full (no prefix guessing); a config file must be a regular file and
+// cannot name another config file.
 bool parse_args(const Invocation& inv, const po::options_description& desc, const std::string& synopsis,
                 po::variables_map& vm);
 

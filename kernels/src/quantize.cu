@@ -63,7 +63,7 @@ struct QArgs {
   float* global_dec;       // one value, written by thread 0
   const float* block_amax; // tile2d: the tile amax of every block; null = compute in registers
   const unsigned* tensor_amax;  // ue4m3: FP32 bits of amax(tensor); null otherwise
-  int* nonfinite;          // set to 1 when an input is NaN or Inf; null = not checked
+  int* nonfinite;          // bit 0: an input is NaN or Inf; bit 1: its RHT overflowed FP32; null = not checked
   ScaleKind scale;
   Rounding rounding;
   bool rht_bf16;
@@ -103,12 +103,12 @@ __device__ __forceinline__ void load_group(const uint16_t* p, float (&y)[G]) {
 }
 
 template <int G>
-__device__ __forceinline__ void flag_nonfinite(const float (&y)[G], int* flag) {
+__device__ __forceinline__ void flag_nonfinite(const float (&y)[G], int* flag, int bit) {
   if (!flag) return;
   bool bad = false;
 #pragma unroll
   for (int j = 0; j < G; ++j) bad |= !isfinite(y[j]);
-  if (bad) *flag = 1;
+  if (bad) atomicOr(flag, bit);
 }
 
 // Step 1 of the contract (docs/datapath.md section 2) on the thread's G values: RHT-D per D consecutive
@@ -154,8 +154,10 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const QArgs a) {
 
   float y[G];
   load_group<G>(static_cast<const T*>(a.x) + base, y);
-  flag_nonfinite<G>(y, a.nonfinite);
+  flag_nonfinite<G>(y, a.nonfinite, 1);
   rotate_group<G, D>(y, a.signs, a.rht_bf16);
+  // As fp4lab::quantize: finite inputs near FLT_MAX can rotate to Inf/NaN, which has no code.
+  if constexpr (D > 0) flag_nonfinite<G>(y, a.nonfinite, 2);
 
   // The tensor-level half of ue4m3 (S_enc from amax(tensor)), as fp4lab::quantize computes it.
   float s_enc = 1.0f;
@@ -467,7 +469,8 @@ void quantize_pass(const T* x, int d, int fmt, int64_t rows, int64_t cols, const
     int bad = 0;
     check(cudaMemcpyAsync(&bad, ws.nonfinite.data(), sizeof(int), cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
     check(cudaStreamSynchronize(s), "quantize");
-    if (bad) throw std::invalid_argument("input tensor holds NaN or Inf (4-bit grids have no such codes)");
+    if (bad & 1) throw std::invalid_argument("input tensor holds NaN or Inf (4-bit grids have no such codes)");
+    if (bad & 2) throw std::invalid_argument("RHT overflows FP32 (a rotated value is Inf or NaN; 4-bit grids have no such codes)");
   }
 }
 

@@ -6,6 +6,8 @@
 //   fp4lab-cuda bench [--trace DIR]              quantise (plain / fused RHT / unfused RHT), achieved bandwidth
 //                                               against a device-to-device copy, block-scaled GEMM against
 //                                               cuBLAS BF16; trace shapes and 8192 x 8192
+// Options, --help/--version/--config FILE/--json FILE|-, output-path checks and one-line errors come from fp4lab's
+// own helpers (cli/options.hpp, cli/files.hpp), so both tools parse and report alike.
 // Exit codes: 0 ok, 1 mismatch or bad data, 2 usage, 3 no usable CUDA device.
 #include <cuda_runtime_api.h>
 
@@ -27,6 +29,7 @@
 #include <tuple>
 #include <vector>
 
+#include "files.hpp"
 #include "fp4lab/cuda/kernels.hpp"
 #include "fp4lab/gemm.hpp"
 #include "fp4lab/io/safetensors.hpp"
@@ -34,18 +37,27 @@
 #include "fp4lab/recipe.hpp"
 #include "fp4lab/rht.hpp"
 #include "fp4lab/scale.hpp"
+#include "options.hpp"
 
 namespace po = boost::program_options;
 using Json = nlohmann::ordered_json;
 namespace fc = fp4lab::cuda;
+namespace cli = fp4lab::cli;
 
 namespace {
 
 constexpr int kExitMismatch = 1, kExitUsage = 2, kExitNoDevice = 3;
 
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+// The usage fault of fp4lab's helpers (exit 2).
+[[noreturn]] void usage_error(const std::string& msg) { cli::usage_error(msg); }
+
+cli::Invocation invocation(const char* cmd, const std::vector<std::string>& args) {
+  cli::Invocation inv;
+  inv.program = "fp4lab-cuda";
+  inv.command = cmd;
+  inv.args = args;
+  return inv;
+}
 
 uint32_t bits(float x) {
   uint32_t u;
@@ -135,34 +147,34 @@ int cmd_check(const std::vector<std::string>& args) {
   int show = 5, limit = 0;
   uint64_t seed = 0;
   bool native = false;
-  desc.add_options()("help,h", "this help")(
-      "trace", po::value(&trace)->required(), "trace folder or file (docs/spec.md §7)")(
+  desc.add_options()("trace", po::value(&trace)->required(), "trace folder or file (docs/spec.md §7)")(
       "recipe", po::value(&recipe_name)->default_value("ufp4"), "ufp4, e2m1-ref, nvfp4 or mxfp4")(
       "seed", po::value(&seed)->default_value(0), "stochastic-rounding seed")(
       "gemm", po::value(&gemm_kind)->default_value("both"), "GPU GEMM kernels to check: fast, reference or both")(
       "native", po::bool_switch(&native), "also run the SM100 tcgen05 path (sm_100 device only) within its tolerance")(
       "show", po::value(&show)->default_value(5), "mismatches printed per category")(
       "limit", po::value(&limit)->default_value(0), "check only the first N GEMMs of the trace (0 = all)");
+  cli::add_common_options(desc);
   po::variables_map vm;
-  po::store(po::command_line_parser(args).options(desc).run(), vm);
-  if (vm.count("help")) {
-    std::cout << "usage: fp4lab-cuda check --trace DIR [--recipe R]\n" << desc;
-    return 0;
-  }
-  po::notify(vm);
+  if (!cli::parse_args(invocation("check", args), desc, "--trace DIR [--recipe R] [--json FILE|-]", vm)) return 0;
+  const cli::JsonOut json(vm);
   if (gemm_kind != "fast" && gemm_kind != "reference" && gemm_kind != "both")
-    throw UsageError("--gemm must be fast, reference or both, not '" + gemm_kind + "'");
+    usage_error("--gemm must be fast, reference or both, not '" + gemm_kind + "'");
   fp4lab::Recipe recipe = fp4lab::Recipe::preset(recipe_name);  // invalid_argument -> usage
   recipe.seed = seed;
   const fp4lab::io::Trace tr(trace, recipe.block);  // a bad trace is reported before the device is looked at
   if (tr.records().empty()) throw fp4lab::io::Error(trace + ": no GEMM records");
+  std::vector<std::string> inputs = {trace};
+  for (const auto& r : tr.records()) inputs.push_back(r.file);
+  cli::check_outputs(vm, {}, inputs);
   if (!require_device("check")) return kExitNoDevice;
   const fc::DeviceInfo dev = fc::device_info();
-  std::cout << "fp4lab-cuda check: trace " << trace << " (" << tr.records().size() << " GEMMs), recipe "
+  std::ostream& out = json.table() ? std::cout : std::cerr;  // with --json -, stdout holds only the JSON
+  out << "fp4lab-cuda check: trace " << cli::printable(trace) << " (" << tr.records().size() << " GEMMs), recipe "
             << recipe.name << ", device " << dev.name << " (sm_" << dev.cc_major << dev.cc_minor << ")\n";
   std::string native_why;
   const bool native_ok = native && fc::native_device_ok(&native_why);
-  if (native && !native_ok) std::cout << "SKIPPED native tcgen05 check: " << native_why << "\n";
+  if (native && !native_ok) out << "SKIPPED native tcgen05 check: " << native_why << "\n";
 
   Checker ck;
   ck.show = show;
@@ -180,12 +192,18 @@ int cmd_check(const std::vector<std::string>& args) {
     for (fp4lab::Pass pass : fp4lab::kPasses) {
       const fp4lab::PassOperands ops =
           fp4lab::pass_operands(pass, L.x.data(), L.w.data(), L.dy.data(), rec.tokens, rec.in, rec.out);
-      const std::string name = rec.gemm + "." + fp4lab::pass_name(pass);
+      const std::string name = cli::printable(rec.gemm) + "." + fp4lab::pass_name(pass);  // echoed: escaped
       const fp4lab::QuantConfig ca = recipe.operand(pass, fp4lab::Operand::a, uint32_t(ri));
       const fp4lab::QuantConfig cb = recipe.operand(pass, fp4lab::Operand::b, uint32_t(ri));
-      const fp4lab::QTensor ga = fp4lab::quantize(ops.a.data(), ops.M, ops.K, ca);
-      const fp4lab::QTensor gb = fp4lab::quantize(ops.b.data(), ops.N, ops.K, cb);
-      const std::vector<float> gc = fp4lab::gemm(ga, gb);
+      fp4lab::QTensor ga, gb;
+      std::vector<float> gc;
+      try {
+        ga = fp4lab::quantize(ops.a.data(), ops.M, ops.K, ca);
+        gb = fp4lab::quantize(ops.b.data(), ops.N, ops.K, cb);
+        gc = fp4lab::gemm(ga, gb);
+      } catch (const std::invalid_argument& e) {  // the data's fault (e.g. an RHT that overflows FP32), exit 1
+        cli::data_error(rec.file, "gemm '" + rec.gemm + "' " + fp4lab::pass_name(pass) + ": " + e.what());
+      }
 
       fc::DQTensor qa, qb;
       auto quantise_both_paths = [&](const std::vector<float>& x, int64_t rows, const fp4lab::QuantConfig& cfg,
@@ -224,33 +242,40 @@ int cmd_check(const std::vector<std::string>& args) {
           native_worst = std::max(native_worst, tol[i] > 0 ? err / tol[i] : (err > 0 ? INFINITY : 0.0));
         }
       }
-      std::cout << "  " << name << "  M=" << ops.M << " N=" << ops.N << " K=" << ops.K << "  A " << ca.label()
+      out << "  " << name << "  M=" << ops.M << " N=" << ops.N << " K=" << ops.K << "  A " << ca.label()
                 << "  B " << cb.label() << "\n";
     }
   }
 
   uint64_t total = 0, bad = 0;
-  std::cout << "\nsummary (GPU vs golden model, bit for bit):\n";
+  out << "\nsummary (GPU vs golden model, bit for bit):\n";
   for (const auto& [k, x] : ck.t) {
-    std::cout << "  " << x.what << std::string(x.what.size() < 16 ? 16 - x.what.size() : 1, ' ') << x.compared
+    out << "  " << x.what << std::string(x.what.size() < 16 ? 16 - x.what.size() : 1, ' ') << x.compared
               << " compared, " << x.mismatched << " mismatched";
-    if (x.nan_pairs) std::cout << " (" << x.nan_pairs << " NaN pairs counted equal)";
-    std::cout << "\n";
+    if (x.nan_pairs) out << " (" << x.nan_pairs << " NaN pairs counted equal)";
+    out << "\n";
     total += x.compared;
     bad += x.mismatched;
   }
   if (native_ok)
-    std::cout << "  native sm100    " << native_compared << " compared, " << native_out_of_bound
+    out << "  native sm100    " << native_compared << " compared, " << native_out_of_bound
               << " outside the tolerance (worst |err|/tol " << native_worst << ")\n";
+  Json tallies = Json::array();
+  for (const auto& [k, x] : ck.t)
+    tallies.push_back({{"what", x.what}, {"compared", x.compared}, {"mismatched", x.mismatched}, {"nan_pairs", x.nan_pairs}});
+  Json j = {{"command", "check"}, {"trace", trace}, {"recipe", recipe.name}, {"device", dev.name},
+            {"tallies", tallies}, {"compared", total}, {"mismatched", bad}};
+  if (native_ok) j["native"] = {{"compared", native_compared}, {"out_of_bound", native_out_of_bound}, {"worst", native_worst}};
+  json.write(j);
   if (total == 0) {
-    std::cout << "FAIL: nothing was compared\n";
+    out << "FAIL: nothing was compared\n";
     return kExitMismatch;
   }
   if (bad || native_out_of_bound) {
-    std::cout << "FAIL: " << bad << " mismatches\n";
+    out << "FAIL: " << bad << " mismatches\n";
     return kExitMismatch;
   }
-  std::cout << "PASS: " << total << " values, 0 mismatches\n";
+  out << "PASS: " << total << " values, 0 mismatches\n";
   return 0;
 }
 
@@ -322,22 +347,20 @@ std::string pad(const std::string& s, size_t w) { return s.size() >= w ? s : std
 
 int cmd_bench(const std::vector<std::string>& args) {
   po::options_description desc("fp4lab-cuda bench options");
-  std::string trace, json_path, recipe_name = "ufp4";
+  std::string trace, recipe_name = "ufp4";
   int reps = 20, big = 8192;
-  desc.add_options()("help,h", "this help")("trace", po::value(&trace), "add the shapes of this trace")(
+  desc.add_options()("trace", po::value(&trace), "add the shapes of this trace")(
       "recipe", po::value(&recipe_name)->default_value("ufp4"), "quantiser format/block/scale (RTNE, RHT-16)")(
       "size", po::value(&big)->default_value(8192), "the square shape benchmarked beside the trace shapes")(
-      "reps", po::value(&reps)->default_value(20), "timed repetitions (median reported)")(
-      "json", po::value(&json_path), "also write the figures as JSON to this file");
+      "reps", po::value(&reps)->default_value(20), "timed repetitions (median reported)");
+  cli::add_common_options(desc);
   po::variables_map vm;
-  po::store(po::command_line_parser(args).options(desc).run(), vm);
-  if (vm.count("help")) {
-    std::cout << "usage: fp4lab-cuda bench [--trace DIR] [--size N] [--reps N] [--json FILE]\n" << desc;
+  if (!cli::parse_args(invocation("bench", args), desc, "[--trace DIR] [--size N] [--reps N] [--json FILE]", vm))
     return 0;
-  }
-  po::notify(vm);
-  if (reps < 3 || big < 256 || big % 256 != 0) throw UsageError("--reps must be >= 3 and --size a multiple of 256");
+  const cli::JsonOut json(vm);
+  if (reps < 3 || big < 256 || big % 256 != 0) usage_error("--reps must be >= 3 and --size a multiple of 256");
   const fp4lab::Recipe recipe = fp4lab::Recipe::preset(recipe_name);
+  if (!trace.empty()) cli::check_outputs(vm, {}, {trace});
   if (!require_device("bench")) return kExitNoDevice;
 
   const fc::DeviceInfo dev = fc::device_info();
@@ -533,11 +556,8 @@ int cmd_bench(const std::vector<std::string>& args) {
   }
   J["gemm"] = jg;
   fc::check(cudaStreamDestroy(s), "cudaStreamDestroy");
-  if (!json_path.empty()) {
-    std::ofstream f(json_path);
-    if (!f) throw std::runtime_error(json_path + ": cannot open for writing");
-    f << J.dump(2) << "\n";
-  }
+  J["command"] = "bench";
+  json.write(J);  // a temporary file renamed into place; adds fp4lab_version and git_commit
   return 0;
 }
 
@@ -556,29 +576,38 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);
+  // One line per fault, control bytes escaped, as fp4lab reports them.
+  auto report = [&](const std::string& msg, int code) {
+    std::cerr << "fp4lab-cuda " << cli::printable(cmd) << ": error: " << cli::printable(msg) << std::endl;
+    return code;
+  };
   try {
-    if (cmd == "check") return cmd_check(args);
-    if (cmd == "bench") return cmd_bench(args);
-    if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    int code = kExitUsage;
+    if (cmd == "check") {
+      code = cmd_check(args);
+    } else if (cmd == "bench") {
+      code = cmd_bench(args);
+    } else if (cmd == "--help" || cmd == "-h" || cmd == "help") {
       usage(std::cout);
-      return 0;
+      code = 0;
+    } else if (cmd == "--version") {
+      std::cout << "fp4lab-cuda: " << cli::version_line() << "\n";
+      code = 0;
+    } else {
+      usage(std::cerr);
     }
-    usage(std::cerr);
-    return kExitUsage;
+    std::cout.flush();
+    if (!std::cout) return report("stdout: write failed", code == 0 ? kExitMismatch : code);
+    return code;
+  } catch (const cli::Error& e) {  // usage (2) or data (1), from the shared helpers
+    return report(e.what(), e.exit_code);
   } catch (const po::error& e) {
-    std::cerr << "fp4lab-cuda " << cmd << ": error: " << e.what() << std::endl;
-    return kExitUsage;
-  } catch (const UsageError& e) {
-    std::cerr << "fp4lab-cuda " << cmd << ": error: " << e.what() << std::endl;
-    return kExitUsage;
+    return report(std::string(e.what()) + " (see fp4lab-cuda " + cmd + " --help)", kExitUsage);
   } catch (const std::invalid_argument& e) {  // bad recipe name or configuration
-    std::cerr << "fp4lab-cuda " << cmd << ": error: " << e.what() << std::endl;
-    return kExitUsage;
+    return report(e.what(), kExitUsage);
   } catch (const fp4lab::io::Error& e) {  // a bad trace file: the message names file and fault
-    std::cerr << "fp4lab-cuda " << cmd << ": error: " << e.what() << std::endl;
-    return kExitMismatch;
+    return report(e.what(), kExitMismatch);
   } catch (const std::exception& e) {
-    std::cerr << "fp4lab-cuda " << cmd << ": error: " << e.what() << std::endl;
-    return kExitMismatch;
+    return report(e.what(), kExitMismatch);
   }
 }

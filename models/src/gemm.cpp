@@ -10,6 +10,7 @@
 #pragma GCC diagnostic ignored "-Wunused-variable"
 #include <Eigen/Dense>
 #pragma GCC diagnostic pop
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -18,7 +19,15 @@ namespace fp4lab {
 std::vector<float> gemm(const QTensor& a, const QTensor& b) {
   check_gemm_operands(a, b);
   // The fastest SIMD path this build compiled in (AVX-512 VNNI, AVX2 or scalar); see gemm_kernels.cpp.
-  return detail::gemm_on(detail::gemm_best_path(), a, b);
+  std::vector<float> c = detail::gemm_on(detail::gemm_best_path(), a, b);
+  // Finite operands can still accumulate past FLT_MAX; an Inf (or the NaN of Inf - Inf) is no result, so
+  // the product is refused here, where every layer (CLI, analyze, sim --check) gets it from.
+  const int64_t N = b.rows;
+  for (size_t i = 0; i < c.size(); ++i)
+    if (!std::isfinite(c[i]))
+      throw std::invalid_argument("GEMM output overflows FP32 at C[" + std::to_string(int64_t(i) / N) + ", " +
+                                  std::to_string(int64_t(i) % N) + "]");
+  return c;
 }
 
 std::vector<double> gemm_f64(const float* a, const float* b, int64_t M, int64_t N, int64_t K) {

@@ -103,6 +103,42 @@ void rotate_row(const float* src, float* dst, int64_t cols, const QuantConfig& c
     for (int64_t c = 0; c < cols; ++c) dst[c] = round_to_bf16(dst[c]);
 }
 
+// The first column of a rotated row that is not finite, or -1. Finite inputs near FLT_MAX can rotate to Inf
+// (a butterfly add overflows, or the BF16 rounding carries into the exponent), and Inf - Inf gives NaN;
+// neither has a code, so a rotation that overflows is refused rather than quantised into Inf/NaN outputs.
+int64_t first_nonfinite(const float* y, int64_t cols) {
+  uint32_t all_ones = 0;  // branch-free scan (vectorises); located only on a fault
+  for (int64_t c = 0; c < cols; ++c) {
+    uint32_t b;
+    std::memcpy(&b, y + c, 4);
+    all_ones |= uint32_t((b & 0x7F800000u) == 0x7F800000u);
+  }
+  if (!all_ones) return -1;
+  for (int64_t c = 0; c < cols; ++c)
+    if (!std::isfinite(y[c])) return c;
+  return -1;
+}
+
+// The lowest faulty (row, column) over the rows an OpenMP team rotated: exceptions cannot leave a parallel
+// region, so rows record faults here and the caller throws after the region.
+struct RotationFault {
+  int64_t row = -1, col = -1;
+  void note(int64_t r, int64_t c) {
+#pragma omp critical(fp4lab_rotation_fault)
+    if (row < 0 || r < row) {
+      row = r;
+      col = c;
+    }
+  }
+  void raise(const QuantConfig& cfg) const {
+    if (row >= 0)
+      throw std::invalid_argument("RHT overflows FP32 at row " + std::to_string(row) + ", block " +
+                                  std::to_string(col / cfg.rht) + " (RHT-" + std::to_string(cfg.rht) +
+                                  " block of columns " + std::to_string(col / cfg.rht * cfg.rht) + ".." +
+                                  std::to_string(col / cfg.rht * cfg.rht + cfg.rht - 1) + ")");
+  }
+};
+
 float block_amax(const float* y, int n) {
   float m = 0.0f;
   for (int j = 0; j < n; ++j) m = std::max(m, std::fabs(y[j]));
@@ -156,10 +192,19 @@ void round_block(const Fmt& fmt, const float* __restrict y, int n, const BlockSc
 }  // namespace
 
 std::vector<float> rotate(const float* x, int64_t rows, int64_t cols, const QuantConfig& cfg) {
+  // The shape is checked here too: rotating a row whose length is not a multiple of the RHT size would
+  // run past its end (analyze rotates before it quantises).
+  validate(cfg, rows, cols);
   std::vector<float> y(x, x + rows * cols);
   if (cfg.rht == 0) return y;
+  check_finite(x, rows * cols, "input tensor");
+  RotationFault fault;
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) rotate_row(y.data() + r * cols, y.data() + r * cols, cols, cfg);
+  for (int64_t r = 0; r < rows; ++r) {
+    rotate_row(y.data() + r * cols, y.data() + r * cols, cols, cfg);
+    if (const int64_t c = first_nonfinite(y.data() + r * cols, cols); c >= 0) fault.note(r, c);
+  }
+  fault.raise(cfg);
   return y;
 }
 
@@ -200,6 +245,7 @@ QTensor quantize(const float* x_in, int64_t rows, int64_t cols, const QuantConfi
   // it into a private buffer (when RHT is on), takes the block amax, scales and rounds, so the rotated
   // tensor is never materialised. Same steps and operations as the general path below.
   if (!cfg.tile2d && cfg.scale != ScaleKind::ue4m3) {
+    RotationFault fault;
     with_format(f, [&](const auto& fmt) {
 #pragma omp parallel
       {
@@ -210,6 +256,10 @@ QTensor quantize(const float* x_in, int64_t rows, int64_t cols, const QuantConfi
           if (cfg.rht != 0) {
             rotate_row(y, buf.data(), cols, cfg);
             y = buf.data();
+            if (const int64_t c = first_nonfinite(y, cols); c >= 0) {
+              fault.note(r, c);
+              continue;
+            }
           }
           // Fetch the next row into L2 while this one is scaled and rounded; otherwise the rotation's
           // streaming read of it would wait on memory instead of overlapping with the rounding.
@@ -226,6 +276,7 @@ QTensor quantize(const float* x_in, int64_t rows, int64_t cols, const QuantConfi
         }
       }
     });
+    fault.raise(cfg);
     return q;
   }
 

@@ -21,6 +21,7 @@
 #include "fp4lab/quantize.hpp"
 #include "fp4lab/recipe.hpp"
 #include "fp4lab/rht.hpp"
+#include "fp4lab/version.hpp"
 #if FP4LAB_PY_CUDA
 #include "fp4lab/cuda/kernels.hpp"
 #endif
@@ -164,7 +165,8 @@ NB_MODULE(_core, m) {
   using namespace fp4lab;
   using namespace fp4lab::py;
   m.doc() = "fp4lab golden model (C++) bindings; use the fp4lab package, not this module";
-  m.attr("__version__") = FP4LAB_VERSION;
+  m.attr("__version__") = kVersion;
+  m.attr("git_commit") = kGitCommit;
   m.attr("cuda_built") = bool(FP4LAB_PY_CUDA);
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {

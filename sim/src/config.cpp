@@ -1,10 +1,21 @@
 #include "fp4lab/sim/config.hpp"
 
-#include <fstream>
+#include <cmath>
 #include <sstream>
+
+#include "fp4lab/io/files.hpp"
+#include "fp4lab/io/safetensors.hpp"  // io::Error
 #include <stdexcept>
 
 namespace fp4lab::sim {
+
+namespace {
+std::string fmt_num(double v) {
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+}  // namespace
 
 const char* mac_kind_name(MacKind k) {
   return k == MacKind::e2m1 ? "e2m1" : k == MacKind::e1m2 ? "e1m2" : "dual";
@@ -139,25 +150,57 @@ void Config::validate() const {
   auto need = [](bool ok, const std::string& what) {
     if (!ok) throw std::invalid_argument(what);
   };
-  need(clock_ghz > 0, "clock.ghz must be positive");
-  need(tcus >= 1, "tcu.count must be at least 1");
-  need(tile_m >= 1 && tile_n >= 1, "tile.m and tile.n must be at least 1");
-  need(tile_k >= 32 && tile_k % 32 == 0, "tile.k must be a positive multiple of 32 (both block sizes), not " +
-                                             std::to_string(tile_k));
-  need(raster_group >= 1, "tile.raster_group must be at least 1");
-  need(buffer_slots >= 1, "buffer.slots must be at least 1");
-  need(acc_tiles >= 1, "acc.tiles must be at least 1");
-  need(dram.bandwidth > 0 && dram.latency >= 0, "dram.bandwidth must be positive and dram.latency >= 0");
-  need(l2.bytes >= 0, "l2.bytes must be >= 0");
-  need(l2.bytes == 0 || (l2.bandwidth > 0 && l2.latency >= 0), "an L2 (l2.bytes > 0) needs l2.bandwidth > 0");
-  need(rht_lanes >= 1 && rht_stage_latency >= 0, "rht.lanes must be >= 1 and rht.stage_latency >= 0");
-  need(quant_lanes >= 1 && quant_sr_lanes >= 1 && quant_latency >= 0, "quant.lanes must be >= 1, quant.latency >= 0");
-  need(mac_units >= 1 && mac_latency >= 0, "mac.units must be >= 1 and mac.latency >= 0");
-  need(mac_fallback_rate >= 0 && mac_fallback_rate <= 1, "mac.fallback_rate must lie in [0, 1]");
-  need(acc_lanes >= 1 && acc_latency >= 0, "acc.lanes must be >= 1 and acc.latency >= 0");
-  need(input_bytes >= 1 && output_bytes >= 1, "operand.bytes and output.bytes must be >= 1");
+  // Documented bounds (docs/sim.md, and each key's --help): wide enough for any real unit, narrow enough that
+  // no product of them overflows the model's int64 cycle and byte counts or its 64-bit picosecond clock, and
+  // that the model's per-TCU threads and per-tile work stay small. NaN fails every comparison, so each check
+  // is written as "inside the range".
+  auto in_range = [&](double v, double lo, double hi, const char* key) {
+    need(std::isfinite(v) && v >= lo && v <= hi,
+         std::string(key) + " = " + fmt_num(v) + " is outside [" + fmt_num(lo) + ", " + fmt_num(hi) + "]");
+  };
+  in_range(clock_ghz, kMinClockGhz, kMaxClockGhz, "clock.ghz");
+  in_range(tcus, 1, kMaxTcus, "tcu.count");
+  in_range(tile_m, 1, kMaxTile, "tile.m");
+  in_range(tile_n, 1, kMaxTile, "tile.n");
+  in_range(tile_k, 32, kMaxTileK, "tile.k");
+  need(tile_k % 32 == 0, "tile.k must be a positive multiple of 32 (both block sizes), not " + std::to_string(tile_k));
+  in_range(raster_group, 1, kMaxUnits, "tile.raster_group");
+  in_range(buffer_slots, 1, kMaxSlots, "buffer.slots");
+  in_range(acc_tiles, 1, kMaxSlots, "acc.tiles");
+  in_range(double(buffer_bytes), 0, kMaxBytes, "buffer.bytes");
+  in_range(dram.bandwidth, kMinBandwidth, kMaxBandwidth, "dram.bandwidth");
+  in_range(double(dram.latency), 0, kMaxLatency, "dram.latency");
+  in_range(double(l2.bytes), 0, kMaxBytes, "l2.bytes");
+  if (l2.bytes > 0) {
+    in_range(l2.bandwidth, kMinBandwidth, kMaxBandwidth, "l2.bandwidth (an L2, l2.bytes > 0, needs it)");
+    in_range(double(l2.latency), 0, kMaxLatency, "l2.latency");
+  } else {
+    in_range(l2.bandwidth, 0, kMaxBandwidth, "l2.bandwidth");
+    in_range(double(l2.latency), 0, kMaxLatency, "l2.latency");
+  }
+  in_range(rht_lanes, 1, kMaxUnits, "rht.lanes");
+  in_range(rht_stage_latency, 0, kMaxLatency, "rht.stage_latency");
+  in_range(quant_lanes, 1, kMaxUnits, "quant.lanes");
+  in_range(quant_sr_lanes, 1, kMaxUnits, "quant.sr_lanes");
+  in_range(quant_latency, 0, kMaxLatency, "quant.latency");
+  in_range(mac_units, 1, kMaxUnits, "mac.units");
+  in_range(mac_latency, 0, kMaxLatency, "mac.latency");
+  need(std::isfinite(mac_fallback_rate) && (mac_fallback_rate == 0 || (mac_fallback_rate >= kMinRate && mac_fallback_rate <= 1)),
+       "mac.fallback_rate = " + fmt_num(mac_fallback_rate) + " must be 0 (refuse) or lie in [" + fmt_num(kMinRate) + ", 1]");
+  in_range(acc_lanes, 1, kMaxUnits, "acc.lanes");
+  in_range(acc_latency, 0, kMaxLatency, "acc.latency");
+  in_range(input_bytes, 1, 8, "operand.bytes");
+  in_range(output_bytes, 1, 8, "output.bytes");
+  const std::pair<const char*, double> energies[] = {
+      {"energy.mac_e2m1_pj", energy.mac_e2m1}, {"energy.mac_e1m2_pj", energy.mac_e1m2},
+      {"energy.mac_dual_pj", energy.mac_dual}, {"energy.mac_fallback_pj", energy.mac_fallback},
+      {"energy.acc_pj", energy.acc_op},        {"energy.rht_add_pj", energy.rht_add},
+      {"energy.quant_pj", energy.quant_elem},  {"energy.sr_pj", energy.sr_elem},
+      {"energy.dram_byte_pj", energy.dram_byte}, {"energy.l2_byte_pj", energy.l2_byte},
+      {"energy.buffer_byte_pj", energy.buffer_byte}};
+  for (const auto& [key, v] : energies) in_range(v, 0, kMaxEnergyPj, key);
   // The streaming slots alone must fit: every slot holds one A and one B k-step tile in BF16.
-  const int64_t slot = int64_t(tile_m + tile_n) * tile_k * input_bytes;
+  const int64_t slot = (int64_t(tile_m) + tile_n) * tile_k * input_bytes;
   need(buffer_bytes >= int64_t(buffer_slots) * slot,
        "buffer.bytes = " + std::to_string(buffer_bytes) + " cannot hold buffer.slots = " +
            std::to_string(buffer_slots) + " k-step tiles of (tile.m + tile.n) x tile.k BF16 elements (" +
@@ -170,12 +213,19 @@ Config Config::load(const std::string& path, const std::vector<std::string>& ove
   try {
     std::vector<std::string> args;
     for (const std::string& o : overrides) args.push_back("--" + o);
-    po::store(po::command_line_parser(args).options(desc).run(), vm);
-    std::ifstream in(path);
-    if (!in) throw std::invalid_argument("cannot open config file");
-    po::store(po::parse_config_file(in, desc), vm);
+    po::store(po::command_line_parser(args)
+                  .options(desc)
+                  .style(po::command_line_style::default_style & ~po::command_line_style::allow_guessing)
+                  .run(),
+              vm);
+    // A FIFO or device is refused, not waited on; config files do not nest.
+    std::istringstream in(io::read_regular_file(path, "config file"));
+    const po::parsed_options parsed = po::parse_config_file(in, desc);
+    po::store(parsed, vm);
     po::notify(vm);
     return from(vm);
+  } catch (const io::Error& e) {  // already "<path>: <fault>"
+    throw std::invalid_argument(e.what());
   } catch (const std::exception& e) {
     throw std::invalid_argument(path + ": " + e.what());
   }

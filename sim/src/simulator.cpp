@@ -1,6 +1,9 @@
 #include "fp4lab/sim/simulator.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -384,6 +387,39 @@ JobReport Simulator::run(const GemmJob& job, const QTensor& a, const QTensor& b,
   return run_impl(job, &a, &b, &c);
 }
 
+// Simulated time is SystemC's 64-bit picosecond counter and cycles are int64: a job that could run past either
+// (a huge shape on a slow memory) would wrap and report a small cycle count. It is refused before it runs,
+// against a generous bound: every k-step tile paying every unit's occupancy and latency in series, with the
+// memory shared by all TCUs, plus the separate passes over both operands and the output write-back.
+void Simulator::check_time_range(const GemmJob& job, bool native, int64_t t0) const {
+  const Config& c = cfg_;
+  const double mt = std::ceil(double(job.M) / c.tile_m), nt = std::ceil(double(job.N) / c.tile_n),
+               kt = std::ceil(double(job.K) / c.tile_k);
+  const double tiles = mt * nt * kt;
+  const double bw = c.l2.bytes > 0 ? std::min(c.dram.bandwidth, c.l2.bandwidth) : c.dram.bandwidth;
+  const double elems = (double(c.tile_m) + c.tile_n) * c.tile_k, blocks = double(c.tile_m) * c.tile_n * c.tile_k / 16;
+  const double rate = native ? double(c.mac_units) : c.mac_units * c.mac_fallback_rate;
+  const double latency = double(c.dram.latency) + double(c.l2.latency) + 8.0 * c.rht_stage_latency + c.quant_latency +
+                         c.mac_latency + c.acc_latency + 1;
+  const double per_tile = elems * (c.input_bytes + 1) * c.tcus / bw + elems / c.rht_lanes +
+                          elems / std::min(c.quant_lanes, c.quant_sr_lanes) + blocks / rate + blocks / c.acc_lanes +
+                          latency + c.tcus;
+  const double operands = (double(job.M) + double(job.N)) * double(job.K);
+  const double passes = 4 * operands * (c.input_bytes + 1) / bw + 4 * operands;  // amax, RHT, quantise passes
+  const double out = double(job.M) * double(job.N) * c.output_bytes * c.tcus / bw + mt * nt * latency;
+  const double cycles = double(t0) + 2 * (tiles * per_tile + passes + out);
+  const double period_ps = std::max(1.0, std::round(1e3 / c.clock_ghz));
+  constexpr double kLimit = 4.0e18;  // below 2^63 (cycles) and 2^64 (picoseconds), with margin
+  constexpr double kMaxTiles = double(1 << 28);  // the plan lists every output tile; beyond this a run takes hours
+  if (!(tiles < kMaxTiles) || !(cycles < kLimit) || !(cycles * period_ps < kLimit)) {
+    std::ostringstream o;
+    o << job.name() << ": too large to simulate: " << tiles << " k-step tiles and up to " << cycles
+      << " cycles at " << c.clock_ghz << " GHz (limits 2^28 tiles, 4e18 cycles and 4e18 ps of simulated time; "
+      << "raise dram.bandwidth or split the job)";
+    throw std::invalid_argument(o.str());
+  }
+}
+
 JobReport Simulator::run_impl(const GemmJob& job, const QTensor* qa, const QTensor* qb, std::vector<float>* c) {
   using namespace detail;
   const std::string where = job.name() + ": ";
@@ -408,6 +444,7 @@ JobReport Simulator::run_impl(const GemmJob& job, const QTensor* qa, const QTens
 
   Model& m = *model_;
   const int64_t t0 = m.clk.now();
+  check_time_range(job, native, t0);
   Plan plan(cfg_, job);
   m.mem->reset(t0);
   m.barrier->releases.clear();

@@ -1,5 +1,8 @@
 #include "fp4lab/sim/workload.hpp"
 
+#include "fp4lab/io/files.hpp"
+#include "fp4lab/io/safetensors.hpp"  // io::Error
+
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -41,9 +44,15 @@ std::vector<std::string> split(const std::string& s) {
 }
 }  // namespace
 
+constexpr long long kMaxShapeDim = 1LL << 31;
+
 std::vector<LayerShape> read_shapes(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::invalid_argument(path + ": cannot open shape list");
+  std::istringstream in;
+  try {
+    in.str(io::read_regular_file(path, "shape list"));  // a FIFO or device is refused, not waited on
+  } catch (const io::Error& e) {
+    throw std::invalid_argument(e.what());
+  }
   std::vector<LayerShape> out;
   std::string line;
   int lineno = 0;
@@ -76,8 +85,10 @@ std::vector<LayerShape> read_shapes(const std::string& path) {
       } catch (const std::exception&) {
         used = 0;
       }
-      if (used != f[1 + i].size() || v <= 0)
-        throw std::invalid_argument(where + names[i] + " = '" + f[1 + i] + "' is not a positive integer");
+      // Bounded so that products of two dimensions (M*N outputs, M*K operands) stay far inside int64.
+      if (used != f[1 + i].size() || v <= 0 || v > kMaxShapeDim)
+        throw std::invalid_argument(where + names[i] + " = '" + f[1 + i] + "' is not a positive integer (at most " +
+                                    std::to_string(kMaxShapeDim) + ")");
       *dst[i] = v;
     }
     if (f.size() == 5) {

@@ -4,6 +4,7 @@
 // line on stderr naming the file and the fault, with exit code 1 (data) or 2 (usage).
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -92,14 +93,16 @@ class Cli : public ::testing::Test {
 
   std::string path(const std::string& name) const { return (std::filesystem::path(dir_) / name).string(); }
 
-  Result run(const std::vector<std::string>& args) const {
-    std::string cmd = quote(FP4LAB_BIN);
+  // stdout goes to `out` (a file of the test folder unless given). A hang becomes exit 124 (timeout), so a
+  // regression fails the test instead of stalling the suite.
+  Result run(const std::vector<std::string>& args, const std::string& out = "") const {
+    std::string cmd = "timeout 120 " + quote(FP4LAB_BIN);
     for (const auto& a : args) cmd.append(" ").append(quote(a));  // not " " + ...: GCC 12 -Wrestrict false positive
-    cmd += " >" + quote(path("stdout.txt")) + " 2>" + quote(path("stderr.txt"));
+    cmd += " >" + quote(out.empty() ? path("stdout.txt") : out) + " 2>" + quote(path("stderr.txt"));
     const int st = std::system(cmd.c_str());
     Result r;
     r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-    r.out = slurp(path("stdout.txt"));
+    r.out = out.empty() ? slurp(path("stdout.txt")) : "";
     r.err = slurp(path("stderr.txt"));
     return r;
   }
@@ -595,6 +598,9 @@ TEST_F(Cli, JsonDashIsPureJsonOnEverySubcommand) {
     if (args[0] != "formats" && args[0] != "bias" && args[0] != "recipes") {
       EXPECT_EQ(j["command"], args[0]);
     }
+    // Every JSON output says which build wrote it.
+    EXPECT_EQ(j.value("fp4lab_version", ""), FP4LAB_VERSION) << args[0];
+    EXPECT_FALSE(j.value("git_commit", "").empty()) << args[0];
   }
 }
 
@@ -692,6 +698,169 @@ TEST_F(Cli, ErrorsAreOneLineNamingFileAndFault) {
     EXPECT_EQ(r.err.rfind(prefix, 0), 0u) << r.err;
     for (const auto& w : k.want) EXPECT_NE(r.err.find(expand(w)), std::string::npos) << "want '" << expand(w) << "' in " << r.err;
     EXPECT_FALSE(std::filesystem::exists(path("o"))) << "an output was written despite the error";
+  }
+}
+
+// ---- hostile input -------------------------------------------------------------------------------------------
+// Each fault ends as one line "fp4lab <cmd>: error: ..." with exit 1 (data) or 2 (usage): never a signal, a
+// hang (run() turns one into exit 124), an overwritten input, or exit 0 with a non-finite number.
+
+// A trace v1 file with one gemm "g": fwd_x [tokens, in], fwd_w [out, in], bwd_dy [tokens, out].
+void write_trace(const std::string& file, int64_t tokens, int64_t in, int64_t out, float x0 = 0.0f) {
+  std::vector<float> x = normal(size_t(tokens * in), 3), w = normal(size_t(out * in), 4, 0.05f),
+                     dy = normal(size_t(tokens * out), 5, 0.01f);
+  if (x0 != 0.0f)
+    for (int j = 0; j < 16; ++j) x[size_t(j)] = x0;
+  io::write_safetensors(file, {io::make_f32("g.fwd_x", {tokens, in}, x), io::make_f32("g.fwd_w", {out, in}, w),
+                               io::make_f32("g.bwd_dy", {tokens, out}, dy)},
+                        {{"fp4lab.trace.version", "1"}});
+}
+
+void expect_one_line_error(const Result& r, const std::string& cmd, int code, const std::vector<std::string>& want) {
+  EXPECT_EQ(r.code, code) << r.err;
+  ASSERT_FALSE(r.err.empty());
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_EQ(r.err.rfind("fp4lab " + cmd + ": error: ", 0), 0u) << r.err;
+  for (const auto& w : want) EXPECT_NE(r.err.find(w), std::string::npos) << "want '" << w << "' in " << r.err;
+}
+
+// analyze rotated rows whose length the RHT size does not divide (heap corruption, SIGABRT/SIGSEGV, or a hang);
+// every operand of every GEMM is now checked against every setting before any work or progress line.
+TEST_F(Cli, AnalyzeChecksEveryShapeAgainstBlockAndRhtSizesFirst) {
+  write_trace(path("t48.safetensors"), 48, 64, 64);  // tokens = 48: a multiple of 16, not of 32
+  const Result r = run({"analyze", "--trace", path("t48.safetensors"), "--rht", "none,32", "--rht-seed", "1"});
+  expect_one_line_error(r, "analyze", 1, {path("t48.safetensors"), "gemm 'g'", "bwd_dw", "48", "RHT size 32"});
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  // The same trace is fine at RHT-16 and gives a table whose headers are not cut.
+  const Result ok = run({"analyze", "--trace", path("t48.safetensors")});
+  ASSERT_EQ(ok.code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("Beff e2m1 no-rht"), std::string::npos) << ok.out;
+  EXPECT_NE(ok.out.find("Beff e1m2 rht16"), std::string::npos) << ok.out;
+  // A bad block size is a usage fault.
+  expect_one_line_error(run({"analyze", "--trace", path("t48.safetensors"), "--block", "24"}), "analyze", 2, {"--block"});
+}
+
+// Finite values near FLT_MAX rotate to Inf: quantize and gemm exited 0 with Inf/NaN outputs and analyze blamed a
+// NaN that is not in the file. The golden model refuses the rotation, and a GEMM output that overflows.
+TEST_F(Cli, RhtAndGemmOverflowAreDataErrorsNotInfOutputs) {
+  std::vector<float> big = x_;
+  for (int j = 0; j < 16; ++j) big[size_t(2 * kCols + 16 + j)] = 3.0e38f;  // row 2, block 1
+  std::vector<float> huge(size_t(kN * kCols), 1.0e30f);
+  io::write_safetensors(path("big.safetensors"),
+                        {io::make_f32("big", {kRows, kCols}, big), io::make_f32("huge", {kN, kCols}, huge)});
+  const std::string in = path("big.safetensors");
+  for (const char* recipe : {"custom", "nvfp4"}) {  // the row-wise path and the tensor-scale (ue4m3) path
+    SCOPED_TRACE(recipe);
+    std::vector<std::string> args = {"quantize", "--in", in, "--tensor", "big", "--rht", "16", "--out", path("o")};
+    if (std::string(recipe) != "custom") args.insert(args.end(), {"--recipe", recipe});
+    expect_one_line_error(run(args), "quantize", 1, {in, "tensor 'big'", "RHT overflows FP32 at row 2, block 1"});
+    EXPECT_FALSE(std::filesystem::exists(path("o")));
+  }
+  expect_one_line_error(run({"gemm", "--a", in + ":big", "--b", path("in.safetensors") + ":w", "--rht", "16", "--out",
+                             path("o")}),
+                        "gemm", 1, {in, "RHT overflows FP32"});
+  expect_one_line_error(run({"gemm", "--a", in + ":huge", "--b", in + ":huge", "--out", path("o")}), "gemm", 1,
+                        {"GEMM output overflows FP32 at C[0, 0]"});
+  EXPECT_FALSE(std::filesystem::exists(path("o")));
+  write_trace(path("tbig.safetensors"), 32, 64, 64, 3.0e38f);
+  // --rht 16 alone: without RHT the same values make the GEMM output overflow (also refused, as above).
+  expect_one_line_error(run({"analyze", "--trace", path("tbig.safetensors"), "--rht", "16"}), "analyze", 1,
+                        {path("tbig.safetensors"), "gemm 'g'", "RHT overflows FP32 at row 0, block 0"});
+}
+
+// A FIFO as an input hung the open; a device or folder as --config was read or ignored. Inputs must be
+// regular files; a config file cannot include another.
+TEST_F(Cli, InputsMustBeRegularFiles) {
+  const std::string fifo = path("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::ofstream(path("nest.cfg")) << "format = e2m1\nconfig = other.cfg\n";
+  const std::string in = path("in.safetensors");
+  const std::vector<std::string> q = {"quantize", "--in", in, "--tensor", "x", "--out", path("o")};
+  auto with = [&](std::vector<std::string> a, std::initializer_list<std::string> more) {
+    a.insert(a.end(), more);
+    return a;
+  };
+  expect_one_line_error(run({"quantize", "--in", fifo, "--tensor", "x", "--out", path("o")}), "quantize", 1,
+                        {fifo, "a FIFO, not a regular file"});
+  expect_one_line_error(run(with(q, {"--config", fifo})), "quantize", 2, {fifo, "config file is a FIFO"});
+  expect_one_line_error(run(with(q, {"--config", "/dev/null"})), "quantize", 2, {"/dev/null", "character device"});
+  expect_one_line_error(run(with(q, {"--config", dir_})), "quantize", 2, {dir_, "a directory"});
+  expect_one_line_error(run(with(q, {"--config", path("nest.cfg")})), "quantize", 2,
+                        {path("nest.cfg"), "'config' cannot be set in a config file"});
+  expect_one_line_error(run({"analyze", "--trace", fifo}), "analyze", 1, {fifo, "a FIFO"});
+  EXPECT_FALSE(std::filesystem::exists(path("o")));
+}
+
+// --out or --json naming an input overwrote it; outputs are checked before any work.
+TEST_F(Cli, OutputsNeverOverwriteInputs) {
+  const std::string in = path("in.safetensors");
+  const std::string before = slurp(in);
+  std::filesystem::create_hard_link(in, path("alias.safetensors"));
+  std::ofstream(path("q.cfg")) << "format = e2m1\n";
+  write_trace(path("t.safetensors"), 32, 64, 64);
+  std::filesystem::create_directory(path("tr"));
+  write_trace(path("tr/t.safetensors"), 32, 64, 64);
+  const std::vector<std::vector<std::string>> cases = {
+      {"quantize", "--in", in, "--tensor", "x", "--out", in},
+      {"quantize", "--in", in, "--tensor", "x", "--out", path("alias.safetensors")},  // same inode
+      {"quantize", "--in", in, "--tensor", "x", "--out", path("o"), "--json", in},
+      {"quantize", "--in", in, "--tensor", "x", "--out", path("o"), "--config", path("q.cfg"), "--json", path("q.cfg")},
+      {"quantize", "--in", in, "--tensor", "x", "--out", path("o"), "--json", path("o")},
+      {"cast", "--in", in, "--tensor", "x", "--format", "e2m1", "--out", path("./in.safetensors")},
+      {"gemm", "--a", in + ":x", "--b", in + ":w", "--out", in},
+      {"analyze", "--trace", path("t.safetensors"), "--json", path("t.safetensors")},
+      {"analyze", "--trace", path("tr"), "--json", path("tr/t.safetensors")},  // a file of a trace folder
+  };
+  for (const auto& args : cases) {
+    SCOPED_TRACE(args.back());
+    expect_one_line_error(run(args), args[0], 2, {"output"});
+    EXPECT_EQ(slurp(in), before);
+    EXPECT_FALSE(std::filesystem::exists(path("o")));
+  }
+  // An output path the file system refuses fails before work too, leaving nothing behind.
+  expect_one_line_error(run({"quantize", "--in", in, "--tensor", "x", "--out", path("o"), "--json", "/dev/full"}),
+                        "quantize", 1, {"/dev/full", "not a regular file"});
+  expect_one_line_error(run({"quantize", "--in", in, "--tensor", "x", "--out", path("o"), "--json", path("no/j.json")}),
+                        "quantize", 1, {path("no/j.json"), "no such folder"});
+  EXPECT_FALSE(std::filesystem::exists(path("o")));
+  // A full stdout is a failure, not exit 0.
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"formats"},
+                                               {"quantize", "--in", in, "--tensor", "x", "--out", path("o"), "--json", "-"}}) {
+    const Result r = run(args, "/dev/full");
+    expect_one_line_error(r, args[0], 1, {"stdout", "write failed"});
+  }
+  // Outputs land under their names only when complete: no temporary file is left in the folder.
+  ASSERT_EQ(run({"quantize", "--in", in, "--tensor", "x", "--out", path("o"), "--json", path("o.json")}).code, 0);
+  for (const auto& e : std::filesystem::directory_iterator(dir_))
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+}
+
+// Boost guessed option names from prefixes (--rec meant --recipe); a control byte in a config key reached the
+// terminal raw.
+TEST_F(Cli, OptionsAreSpeltOutAndEchoesAreEscaped) {
+  const std::string in = path("in.safetensors");
+  expect_one_line_error(run({"quantize", "--in", in, "--tensor", "x", "--out", path("o"), "--rec", "nvfp4"}), "quantize",
+                        2, {"--rec"});
+  expect_one_line_error(run({"quantize", "--in", in, "--tensor", "x", "--out", path("o"), "--form", "e2m1"}), "quantize",
+                        2, {"--form"});
+  std::ofstream(path("esc.cfg")) << "\x1b[31mevil = 1\n";
+  const Result r = run({"quantize", "--in", in, "--tensor", "x", "--out", path("o"), "--config", path("esc.cfg")});
+  expect_one_line_error(r, "quantize", 2, {"\\x1B[31mevil"});
+  EXPECT_EQ(r.err.find('\x1b'), std::string::npos) << "raw ESC on stderr";
+  EXPECT_FALSE(std::filesystem::exists(path("o")));
+  // A tensor name from a file, echoed in the table.
+  io::write_safetensors(path("esc.safetensors"), {io::make_f32("e\x1b[31m", {kRows, kCols}, x_)});
+  const Result t = run({"quantize", "--in", path("esc.safetensors"), "--tensor", "e\x1b[31m", "--out", path("o")});
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_NE(t.out.find("e\\x1B[31m"), std::string::npos) << t.out;
+  EXPECT_EQ(t.out.find('\x1b'), std::string::npos) << "raw ESC on stdout";
+}
+
+TEST_F(Cli, VersionNamesReleaseAndCommit) {
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"--version"}, {"quantize", "--version"}}) {
+    const Result r = run(args);
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out.rfind(std::string("fp4lab ") + FP4LAB_VERSION + " (git ", 0), 0u) << r.out;
   }
 }
 

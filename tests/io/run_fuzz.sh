@@ -23,7 +23,7 @@ if ! "$cxx" -fsanitize=fuzzer,address "$work/probe.cpp" -o "$work/probe" 2>/dev/
   exit 77
 fi
 
-srcs=("$root/models/io/src/safetensors.cpp" "$root/tests/io/fuzz_safetensors.cpp")
+srcs=("$root/models/io/src/safetensors.cpp" "$root/models/io/src/files.cpp" "$root/tests/io/fuzz_safetensors.cpp")
 incs=(-I"$root/models/io/include" -I"$root/models/include")
 t0=$(date +%s)
 "$cxx" -std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \

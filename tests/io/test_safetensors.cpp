@@ -1,9 +1,14 @@
 // safetensors reader and writer: round trips for every dtype, the exact bytes the writer produces, and one
 // test per malformed-file fault (the bad bytes are built here), each checking the one-line message.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <random>
 
+#include "fp4lab/io/files.hpp"
 #include "io_test_util.hpp"
 
 namespace fp4lab::io::test {
@@ -345,6 +350,56 @@ TEST_F(Malformed, NotARegularFileOrMissing) {
   expect_error([&] { SafetensorsFile f(dir_); }, dir_, "not a regular file");
   const std::string p = path("absent.safetensors");
   expect_error([&] { SafetensorsFile f(p); }, p, "cannot open: No such file or directory");
+}
+
+// A FIFO or a device opened as an input would block or read forever; it is refused before any read.
+// alarm() turns a regression (a hang in open) into a failed test instead of a stuck one.
+TEST_F(Malformed, FifoAndDeviceAreRefusedWithoutBlocking) {
+  const std::string fifo = path("pipe.safetensors");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  ::alarm(20);
+  expect_error([&] { SafetensorsFile f(fifo); }, fifo, "a FIFO, not a regular file");
+  expect_error([&] { read_regular_file(fifo, "config file"); }, fifo, "config file is a FIFO");
+  expect_error([&] { read_regular_file("/dev/zero"); }, "/dev/zero", "a character device, not a regular file");
+  expect_error([&] { Trace t(fifo); }, fifo, "a FIFO");
+  ::alarm(0);
+}
+
+// Header parsing and writing are linear in the tensor count: 100k tensors take well under a second (the
+// ordered_json header took minutes).
+TEST_F(Safetensors, HundredThousandTensorsParseInLinearTime) {
+  const int n = 100000;
+  std::vector<OutTensor> out;
+  out.reserve(n);
+  for (int i = 0; i < n; ++i) out.push_back(make_u8("t" + std::to_string(i), {1}, {uint8_t(i)}));
+  const std::string p = path("many.safetensors");
+  const auto t0 = std::chrono::steady_clock::now();
+  write_safetensors(p, out);
+  const SafetensorsFile f(p);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(f.tensors().size(), size_t(n));
+  EXPECT_EQ(f.tensors()[12345].name, "t12345");  // header order kept
+  EXPECT_EQ(f.data("t99999")[0], uint8_t(99999 % 256));
+  EXPECT_LT(s, 5.0) << "write + parse of " << n << " tensors";
+}
+
+// Outputs appear under their final name only when complete: a failed write leaves neither the final name
+// nor the temporary behind, and an existing file there is untouched.
+TEST_F(Safetensors, AtomicWriteLeavesNothingOnFailure) {
+  const std::string p = path("keep.safetensors");
+  write_bytes(p, {1, 2, 3});
+  expect_error([&] { write_safetensors(p, {make_u8("a", {1}, {1}), make_u8("a", {1}, {2})}); }, p, "given twice");
+  EXPECT_EQ(read_bytes(p), (std::vector<uint8_t>{1, 2, 3}));
+  {
+    AtomicFile f(path("never.json"));
+    f.write("{}", 2);
+  }  // destroyed without commit
+  EXPECT_FALSE(std::filesystem::exists(path("never.json")));
+  size_t files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir_)) files += e.is_regular_file();
+  EXPECT_EQ(files, 1u) << "a temporary file was left behind";
+  write_file_atomic(path("done.json"), "{}\n");
+  EXPECT_EQ(read_bytes(path("done.json")).size(), 3u);
 }
 
 // ---- read_f32 errors -----------------------------------------------------------------------------

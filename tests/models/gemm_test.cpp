@@ -137,6 +137,20 @@ TEST_P(GemmContract, HugeDynamicRange) {
   expect_contract_and_bound(q(a, M, K, 1), q(b, N, K, 2), cfg.label() + " huge range");
 }
 
+// Finite operands whose products sum past FLT_MAX: the output would be Inf, so gemm() refuses it.
+TEST(GemmHandWorked, OutputOverflowThrows) {
+  QuantConfig cfg;
+  cfg.format = kE1M2;
+  const std::vector<float> a(2 * 32, 1.0e30f), b(3 * 32, 1.0e30f);
+  const QTensor qa = quantize(a.data(), 2, 32, cfg), qb = quantize(b.data(), 3, 32, cfg);
+  try {
+    gemm(qa, qb);
+    ADD_FAILURE() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("GEMM output overflows FP32 at C[0, 0]"), std::string::npos) << e.what();
+  }
+}
+
 // All-zero rows (+0 and -0) in both operands: their outputs are +0 in both implementations.
 TEST_P(GemmContract, AllZeroRows) {
   const QuantConfig& cfg = GetParam().cfg;

@@ -368,6 +368,28 @@ TEST(QuantizeBadInput, NonFiniteInputThrowsWithMessage) {
   }
 }
 
+// Finite inputs near FLT_MAX rotate to Inf (or Inf - Inf = NaN): every path of quantize() and rotate()
+// refuses them, naming the row and block, instead of producing Inf scales and NaN codes.
+TEST(QuantizeBadInput, RhtOverflowThrowsNamingRowAndBlock) {
+  std::vector<float> x(32 * 64, 1.0f);
+  for (int j = 0; j < 16; ++j) x[size_t(17 * 64 + 32 + j)] = 3.0e38f;  // row 17, block 2
+  for (ScaleKind k : {ScaleKind::fp32, ScaleKind::ue4m3, ScaleKind::ue8m0}) {
+    QuantConfig cfg = config(kE2M1, k, 16);
+    cfg.rht = 16;
+    cfg.rht_signs.assign(16, 1.0f);
+    const std::string msg = what_of([&] { quantize(x.data(), 32, 64, cfg); });
+    EXPECT_NE(msg.find("RHT overflows FP32 at row 17, block 2"), std::string::npos) << msg;
+    EXPECT_NE(what_of([&] { rotate(x.data(), 32, 64, cfg); }).find("row 17, block 2"), std::string::npos);
+    cfg.tile2d = true;
+    EXPECT_NE(what_of([&] { quantize(x.data(), 32, 64, cfg); }).find("row 17, block 2"), std::string::npos);
+  }
+  // rotate() checks the shape itself: a row the RHT size does not divide was rotated past its end.
+  QuantConfig cfg = config(kE1M2, ScaleKind::fp32, 16);
+  cfg.rht = 32;
+  cfg.rht_signs.assign(32, 1.0f);
+  EXPECT_THROW(rotate(x.data(), 4, 48, cfg), std::invalid_argument);
+}
+
 TEST(QuantizeBadInput, ShapeAndConfigurationErrors) {
   std::vector<float> x(64 * 64, 1.0f);
   std::string msg = what_of([&] { quantize(x.data(), 2, 24, config(kE1M2, ScaleKind::fp32, 16)); });

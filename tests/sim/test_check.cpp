@@ -187,6 +187,28 @@ TEST(SlowCheck, RtlDatapathBundledTraceOneRecord) {
   expect_clean(run_trace(sim, trace, file, recipe_options("ufp4")), 3 * 256 * 256);
 }
 
+// Finite inputs whose RHT overflows FP32 used to quantise to Inf/NaN on both sides and compare "equal"
+// (0 mismatches); the golden model now refuses them, so --check reports the fault instead of passing.
+TEST(Check, RhtOverflowIsAnErrorNotZeroMismatches) {
+  const fs::path dir = fs::temp_directory_path() / ("fp4lab_sim_overflow_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::vector<float> x(32 * 64, 1.0f), w(64 * 64, 0.01f), dy(32 * 64, 0.01f);
+  for (int j = 0; j < 16; ++j) x[size_t(3 * 64 + j)] = 3.0e38f;
+  io::write_safetensors((dir / "g.safetensors").string(),
+                        {io::make_f32("g.fwd_x", {32, 64}, x), io::make_f32("g.fwd_w", {64, 64}, w),
+                         io::make_f32("g.bwd_dy", {32, 64}, dy)},
+                        {{"fp4lab.trace.version", "1"}});
+  const io::Trace trace(dir.string(), 16);
+  Simulator sim(config("teaching"));
+  try {
+    run_trace(sim, trace, dir.string(), recipe_options("ufp4"));
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("RHT overflows FP32 at row 3, block 0"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
 TEST(Check, TimingDoesNotDependOnCheck) {
   const std::string dir = synthetic_trace("same", 64, 96, 128);
   const io::Trace trace(dir, 16);

@@ -1,5 +1,7 @@
 // Bad configurations, shape lists and jobs give one-line errors that name the file (and line) and the fault.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -101,6 +103,61 @@ TEST(Config, JobsTheHardwareCannotRunAreRefused) {
   EXPECT_NE(e.find("K = 40 is not a multiple of the block size 16"), std::string::npos) << e;
   e = error_of([&] { sim.run(job(16, 16, 64, plain(128))); });
   EXPECT_NE(e.find("RHT size 128 must divide"), std::string::npos) << e;
+}
+
+// Every key has a documented range (docs/sim.md); NaN, Inf and values that would overflow the model's int
+// arithmetic, hang it (a million TCU threads) or make its cycle counts meaningless are refused, naming the key.
+TEST(Config, ValuesOutsideTheirRangeAreRefused) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"clock.ghz=inf", "clock.ghz = inf is outside"},
+      {"clock.ghz=nan", "clock.ghz = nan is outside"},
+      {"clock.ghz=1e-9", "clock.ghz"},
+      {"dram.bandwidth=1e-300", "dram.bandwidth = 1e-300 is outside"},
+      {"dram.bandwidth=inf", "dram.bandwidth"},
+      {"energy.acc_pj=-1", "energy.acc_pj = -1 is outside"},
+      {"energy.quant_pj=nan", "energy.quant_pj = nan is outside"},
+      {"tile.m=2147483647", "tile.m = 2.14748e+09 is outside"},
+      {"tile.k=2147483616", "tile.k"},
+      {"tcu.count=1000000", "tcu.count = 1e+06 is outside"},
+      {"mac.fallback_rate=1e-300", "mac.fallback_rate"},
+      {"dram.latency=9223372036854775807", "dram.latency"},
+      {"buffer.bytes=9223372036854775807", "buffer.bytes"},
+  };
+  for (const auto& [kv, want] : cases) {
+    const std::string e = error_of([&] { config("teaching", {kv}); });
+    EXPECT_NE(e.find(want), std::string::npos) << kv << ": " << e;
+  }
+}
+
+// Option names are matched exactly: Boost's prefix guessing made `mac.unit` set mac.units.
+TEST(Config, KeysAreNotGuessedFromPrefixes) {
+  const std::string e = error_of([&] { config("teaching", {"mac.unit=3"}); });
+  EXPECT_NE(e.find("mac.unit"), std::string::npos) << e;
+  EXPECT_EQ(e.find("(no error)"), std::string::npos) << e;
+}
+
+// A FIFO as a config file or shape list is refused at once (alarm turns a hang into a failure).
+TEST(Config, FifoInputsAreRefusedNotWaitedOn) {
+  const std::string fifo = write_temp("fifo", "");
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  ::alarm(20);
+  std::string e = error_of([&] { Config::load(fifo); });
+  EXPECT_NE(e.find(fifo + ": config file is a FIFO"), std::string::npos) << e;
+  e = error_of([&] { read_shapes(fifo); });
+  EXPECT_NE(e.find(fifo + ": shape list is a FIFO"), std::string::npos) << e;
+  e = error_of([&] { Config::load("/dev/null"); });
+  EXPECT_NE(e.find("/dev/null: config file is a character device"), std::string::npos) << e;
+  ::alarm(0);
+  std::filesystem::remove(fifo);
+}
+
+// A job whose simulated time would pass the 64-bit picosecond clock is refused before it runs; it used to wrap
+// and report a small cycle count.
+TEST(Config, JobsPastTheClockRangeAreRefused) {
+  Simulator sim(config("teaching", {"dram.bandwidth=0.001", "clock.ghz=0.001"}));
+  const std::string e = error_of([&] { sim.run(job(1 << 20, 1 << 20, 1 << 20)); });
+  EXPECT_NE(e.find("too large to simulate"), std::string::npos) << e;
 }
 
 TEST(Config, OneSimulatorAtATime) {

@@ -22,6 +22,7 @@
 #include <set>
 #include <nlohmann/json.hpp>
 
+#include "fp4lab/io/files.hpp"
 #include "fp4lab/scale.hpp"  // f32_to_bf16 (RTNE), bf16_to_f32, f32_from_bits: the project's one BF16
 
 namespace fp4lab::io {
@@ -30,7 +31,9 @@ static_assert(std::endian::native == std::endian::little, "safetensors is little
 
 namespace {
 
-using ojson = nlohmann::ordered_json;  // keeps header order, which defines tensor and record order
+// A std::map-backed JSON: ordered_json looks keys up linearly, which made a header of n tensors parse (and
+// write) in O(n^2). Header order, which defines tensor and record order, is kept separately.
+using ojson = nlohmann::json;
 
 // The safetensors reference implementation refuses headers above 100 MB; so do we, before allocating.
 constexpr uint64_t kMaxHeader = 100u << 20;
@@ -153,19 +156,10 @@ int64_t TensorInfo::numel() const {
 // ---- reader --------------------------------------------------------------------------------------
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path_, std::string("cannot open: ") + std::strerror(errno));
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    fail(path_, std::string("cannot stat: ") + std::strerror(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(path_, "not a regular file");
-  }
-  map_size_ = size_t(st.st_size);
+  // Non-blocking open + regular-file check: a FIFO or device named as an input is refused, not waited on.
+  size_t size = 0;
+  const int fd = open_regular(path, size);
+  map_size_ = size;
   if (map_size_ > 0) {  // mmap of length 0 is an error; an empty file fails the length check in parse()
     void* p = ::mmap(nullptr, map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
     const int err = errno;
@@ -210,25 +204,54 @@ void SafetensorsFile::parse() {
   data_offset_ = 8 + n;
   const uint64_t data_size = map_size_ - data_offset_;
 
-  // 2. JSON syntax. The callback rejects duplicate keys (nlohmann would silently keep one) and bounds
-  //    the nesting depth.
-  std::vector<std::set<std::string>> keys;
-  auto cb = [&](int, nlohmann::detail::parse_event_t ev, ojson& j) -> bool {
-    using E = nlohmann::detail::parse_event_t;
-    if (ev == E::object_start || ev == E::array_start) {
-      if (keys.size() >= size_t(kMaxDepth)) fail(path_, "header nests deeper than " + std::to_string(kMaxDepth) + " levels");
+  // 2. JSON syntax, in two linear passes. A SAX pass first rejects duplicate keys (nlohmann would silently
+  //    keep one), bounds the nesting depth before any DOM is built, and records the top-level keys in header
+  //    order; then the DOM parse. (nlohmann's callback parser rescans the parent object at every object end,
+  //    which made a header of n tensors cost O(n^2): minutes for 100k tensors.)
+  struct Sax : nlohmann::json_sax<ojson> {
+    const std::string& path;
+    std::vector<std::set<std::string>> keys;  // per open object or array: its keys so far
+    std::vector<std::string> order;           // top-level keys in header order
+    size_t error_at = 0;
+    bool syntax_error = false, out_of_range = false;
+    explicit Sax(const std::string& p) : path(p) {}
+    bool open() {
+      if (keys.size() >= size_t(kMaxDepth)) fail(path, "header nests deeper than " + std::to_string(kMaxDepth) + " levels");
       keys.emplace_back();
-    } else if (ev == E::object_end || ev == E::array_end) {
-      keys.pop_back();
-    } else if (ev == E::key) {
-      if (!keys.back().insert(j.get<std::string>()).second)
-        fail(path_, "header has duplicate key " + q(j.get<std::string>()));
+      return true;
     }
-    return true;
-  };
+    bool null() override { return true; }
+    bool boolean(bool) override { return true; }
+    bool number_integer(number_integer_t) override { return true; }
+    bool number_unsigned(number_unsigned_t) override { return true; }
+    bool number_float(number_float_t, const string_t&) override { return true; }
+    bool string(string_t&) override { return true; }
+    bool binary(binary_t&) override { return true; }
+    bool start_object(std::size_t) override { return open(); }
+    bool start_array(std::size_t) override { return open(); }
+    bool end_object() override { keys.pop_back(); return true; }
+    bool end_array() override { keys.pop_back(); return true; }
+    bool key(string_t& k) override {
+      if (!keys.back().insert(k).second) fail(path, "header has duplicate key " + q(k));
+      if (keys.size() == 1) order.push_back(k);
+      return true;
+    }
+    bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& e) override {
+      syntax_error = true;
+      out_of_range = dynamic_cast<const ojson::out_of_range*>(&e) != nullptr;  // 1e999 (found by the fuzzer)
+      error_at = position;
+      return false;
+    }
+  } sax(path_);
+  if (!ojson::sax_parse(map_ + 8, map_ + 8 + n, &sax) || sax.syntax_error) {
+    if (sax.out_of_range) fail(path_, "header is not valid JSON (a number is out of range)");
+    fail(path_, "header is not valid JSON (syntax error near byte " + std::to_string(sax.error_at) + " of " +
+                    std::to_string(n) + ")");
+  }
+  const std::vector<std::string> header_order = std::move(sax.order);
   ojson h;
   try {
-    h = ojson::parse(map_ + 8, map_ + 8 + n, cb);
+    h = ojson::parse(map_ + 8, map_ + 8 + n);
   } catch (const ojson::parse_error& e) {
     fail(path_, "header is not valid JSON (syntax error near byte " + std::to_string(e.byte) + " of " +
                     std::to_string(n) + ")");
@@ -238,7 +261,8 @@ void SafetensorsFile::parse() {
   if (!h.is_object()) fail(path_, std::string("header is not a JSON object (it is a ") + h.type_name() + ")");
 
   // 3. Each entry: __metadata__ or a tensor with dtype, shape and data_offsets that agree.
-  for (const auto& [name, v] : h.items()) {
+  for (const std::string& name : header_order) {
+    const ojson& v = h.at(name);
     if (name == "__metadata__") {
       if (!v.is_object())
         fail(path_, std::string("__metadata__ is not a map of strings to strings (it is a ") + v.type_name() + ")");
@@ -256,13 +280,13 @@ void SafetensorsFile::parse() {
 
     TensorInfo ti;
     ti.name = name;
-    const ojson& dt = v["dtype"];
+    const ojson& dt = v.at("dtype");
     if (!dt.is_string()) fail(path_, t + "dtype " + json_text(dt) + " is not a string");
     const DTypeRow* row = find_dtype(dt.get<std::string>());
     if (!row) fail(path_, t + "unknown dtype " + json_text(dt));
     ti.dtype = row->d;
 
-    const ojson& sh = v["shape"];
+    const ojson& sh = v.at("shape");
     if (!sh.is_array()) fail(path_, t + "shape " + json_text(sh) + " is not an array");
     uint64_t numel = 1;
     bool overflow = false;
@@ -282,7 +306,7 @@ void SafetensorsFile::parse() {
     overflow |= __builtin_mul_overflow(numel, uint64_t(row->size), &need) || numel > uint64_t(INT64_MAX);
     if (overflow) fail(path_, t + "shape " + shape_str(ti.shape) + " has more bytes than fit in 64 bits");
 
-    const ojson& off = v["data_offsets"];
+    const ojson& off = v.at("data_offsets");
     int64_t b = 0, e = 0;
     if (!off.is_array() || off.size() != 2 || as_index(off[0], b) != IntKind::ok || as_index(off[1], e) != IntKind::ok)
       fail(path_, t + "data_offsets " + json_text(off) + " is not a pair of non-negative integers");
@@ -401,41 +425,50 @@ OutTensor make_bf16(const std::string& name, std::vector<int64_t> shape, const s
   return t;
 }
 
-void write_safetensors(const std::string& path, const std::vector<OutTensor>& tensors,
+void write_safetensors(AtomicFile& f, const std::vector<OutTensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
-  ojson h = ojson::object();
-  if (!metadata.empty()) {
-    ojson m = ojson::object();
-    for (const auto& [k, v] : metadata) m[k] = v;
-    h["__metadata__"] = std::move(m);
-  }
-  uint64_t off = 0;
-  for (const OutTensor& t : tensors) {
-    if (t.name == "__metadata__") fail(path, "tensor name '__metadata__' is reserved");
-    if (h.contains(t.name)) fail(path, "tensor " + q(t.name) + " given twice");
-    if (dtype_size(t.dtype) == 0) fail(path, "tensor " + q(t.name) + ": invalid dtype");
-    if (t.bytes.size() % dtype_size(t.dtype) != 0)
-      fail(path, "tensor " + q(t.name) + ": " + std::to_string(t.bytes.size()) + " bytes is not a whole number of " +
-                     dtype_name(t.dtype) + " elements");
-    checked_numel(path, t.name, t.shape, t.bytes.size() / dtype_size(t.dtype), "are in its bytes");
-    h[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {off, off + t.bytes.size()}}};
-    off += t.bytes.size();
-  }
-  std::string js;
+  const std::string& path = f.path();
+  // The header is assembled entry by entry in the given order (a JSON object of n entries built with
+  // ordered_json costs O(n^2)); a set finds repeated names.
+  std::string js = "{";
   try {
-    js = h.dump();  // strict: a name that is not UTF-8 cannot be written
+    if (!metadata.empty()) {
+      ojson m = ojson::object();
+      for (const auto& [k, v] : metadata) m[k] = v;
+      js += "\"__metadata__\":" + m.dump();  // strict: a string that is not UTF-8 cannot be written
+    }
+    std::set<std::string> names;
+    uint64_t off = 0;
+    for (const OutTensor& t : tensors) {
+      if (t.name == "__metadata__") fail(path, "tensor name '__metadata__' is reserved");
+      if (!names.insert(t.name).second) fail(path, "tensor " + q(t.name) + " given twice");
+      if (dtype_size(t.dtype) == 0) fail(path, "tensor " + q(t.name) + ": invalid dtype");
+      if (t.bytes.size() % dtype_size(t.dtype) != 0)
+        fail(path, "tensor " + q(t.name) + ": " + std::to_string(t.bytes.size()) + " bytes is not a whole number of " +
+                       dtype_name(t.dtype) + " elements");
+      checked_numel(path, t.name, t.shape, t.bytes.size() / dtype_size(t.dtype), "are in its bytes");
+      if (js.size() > 1) js += ',';
+      js += ojson(t.name).dump() + ":{\"dtype\":\"" + dtype_name(t.dtype) + "\",\"shape\":" + ojson(t.shape).dump() +
+            ",\"data_offsets\":[" + std::to_string(off) + "," + std::to_string(off + t.bytes.size()) + "]}";
+      off += t.bytes.size();
+    }
   } catch (const ojson::exception&) {
     fail(path, "a tensor name or metadata string is not valid UTF-8");
   }
+  js += '}';
   js.append((8 - js.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned, as the spec pads it
   const uint64_t n = js.size();
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) fail(path, std::string("cannot create: ") + std::strerror(errno));
-  f.write(reinterpret_cast<const char*>(&n), 8);
-  f.write(js.data(), std::streamsize(js.size()));
-  for (const OutTensor& t : tensors) f.write(reinterpret_cast<const char*>(t.bytes.data()), std::streamsize(t.bytes.size()));
+  f.write(&n, 8);
+  f.write(js.data(), js.size());
+  for (const OutTensor& t : tensors) f.write(t.bytes.data(), t.bytes.size());
   f.close();
-  if (!f) fail(path, std::string("write failed: ") + std::strerror(errno));
+}
+
+void write_safetensors(const std::string& path, const std::vector<OutTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  AtomicFile f(path);
+  write_safetensors(f, tensors, metadata);
+  f.commit();
 }
 
 // ---- trace v1 ------------------------------------------------------------------------------------

@@ -77,6 +77,20 @@ struct Config {
 
   Energy energy;
 
+  // Bounds validate() enforces (also listed in docs/sim.md). They keep every product of configuration values
+  // inside the model's int64 counts, a run's time inside SystemC's 64-bit picosecond clock, and the number of
+  // TCU threads small; a value outside (or NaN/Inf) is a configuration error, not a silently wrong result.
+  static constexpr double kMinClockGhz = 1e-3, kMaxClockGhz = 1e3;  // the period is kept in whole picoseconds
+  static constexpr int kMaxTcus = 1024;                  // one SystemC thread set per TCU
+  static constexpr int kMaxTile = 4096, kMaxTileK = 65536;
+  static constexpr int kMaxSlots = 64;                   // buffer.slots, acc.tiles
+  static constexpr int kMaxUnits = 1 << 20;              // lanes, MAC units, raster group
+  static constexpr double kMaxBytes = double(int64_t(1) << 50);  // buffer.bytes, l2.bytes
+  static constexpr double kMinBandwidth = 1e-3, kMaxBandwidth = 1e9;  // bytes per cycle
+  static constexpr double kMinRate = 1e-3;               // mac.fallback_rate, when not 0
+  static constexpr double kMaxLatency = 1e9;             // cycles
+  static constexpr double kMaxEnergyPj = 1e9;            // every energy.* key, >= 0
+
   double period_ns() const { return 1.0 / clock_ghz; }
   int64_t peak_macs_per_cycle() const { return int64_t(tcus) * mac_units * 16; }
 

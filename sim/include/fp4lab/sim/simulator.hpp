@@ -48,6 +48,7 @@ class Simulator {
   std::shared_ptr<Datapath> dp_;
   std::unique_ptr<detail::Model> model_;
   JobReport run_impl(const GemmJob& job, const QTensor* a, const QTensor* b, std::vector<float>* c);
+  void check_time_range(const GemmJob& job, bool native, int64_t t0) const;
 };
 
 // True when MAC units of `kind` multiply `f` natively (e2m1_max2 rides on E2M1 units, int4 on E1M2 units).

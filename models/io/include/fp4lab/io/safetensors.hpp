@@ -81,7 +81,12 @@ struct OutTensor {
 OutTensor make_f32(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& v);
 OutTensor make_u8(const std::string& name, std::vector<int64_t> shape, const std::vector<uint8_t>& v);
 OutTensor make_bf16(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& v);  // RTNE
+// Writes through an AtomicFile (files.hpp): the file appears under `path` only when complete.
 void write_safetensors(const std::string& path, const std::vector<OutTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+// Writes and closes `f` without committing it, so a caller can commit several outputs together.
+class AtomicFile;
+void write_safetensors(AtomicFile& f, const std::vector<OutTensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
 // ---- trace v1 ------------------------------------------------------------------------------------
