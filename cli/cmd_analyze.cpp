@@ -44,26 +44,6 @@ struct Progress {
   }
 };
 
-// The quantiser config of one analysis setting, as layer_analysis builds it.
-QuantConfig setting_config(const AnalysisSetting& s) {
-  QuantConfig c;
-  c.format = s.format;
-  c.block = s.block;
-  c.scale = s.scale;
-  c.rht = s.rht;
-  c.rht_signs = s.rht_signs;
-  return c;
-}
-
-// Operand shapes [rows, cols] (cols = reduction dimension) of the three GEMMs of a record.
-struct PassShapes {
-  Pass pass;
-  int64_t a_rows, b_rows, k;
-};
-std::vector<PassShapes> pass_shapes(const io::TraceRecord& r) {
-  return {{Pass::fwd_y, r.tokens, r.out, r.in}, {Pass::bwd_dx, r.tokens, r.in, r.out}, {Pass::bwd_dw, r.out, r.in, r.tokens}};
-}
-
 std::string db(double v) { return std::isfinite(v) ? fmt("%7.2f", v) : std::string("    inf"); }
 
 Json level_json(const std::vector<EmpiricalLevel>& levels) {
@@ -144,7 +124,7 @@ int cmd_analyze(const Invocation& inv) {
   // Knob combinations are usage faults, found on a shape every valid knob accepts (as operand_config does).
   for (const AnalysisSetting& s : settings) {
     try {
-      validate(setting_config(s), 16, 128);
+      validate(s.config(), 16, 128);
     } catch (const std::invalid_argument& e) {
       usage_error(std::string(e.what()) + " (setting " + s.label() + ")");
     }
@@ -158,21 +138,22 @@ int cmd_analyze(const Invocation& inv) {
   std::vector<std::string> inputs = {trace_path};
   for (const io::TraceRecord& rec : trace.records()) {
     inputs.push_back(rec.file);
-    for (const PassShapes& p : pass_shapes(rec)) {
+    for (Pass pass : kPasses) {
+      const PassGeometry g = pass_geometry(pass, rec.tokens, rec.in, rec.out);
       struct Use { std::string what; QuantConfig cfg; Operand operand; };
       std::vector<Use> uses;
       for (Operand o : {Operand::a, Operand::b}) {
-        for (const AnalysisSetting& s : settings) uses.push_back({s.label(), setting_config(s), o});
-        for (const Recipe& r : recipes) uses.push_back({"recipe " + r.name, r.operand(p.pass, o, 0), o});
+        for (const AnalysisSetting& s : settings) uses.push_back({s.label(), s.config(), o});
+        for (const Recipe& r : recipes) uses.push_back({"recipe " + r.name, r.operand(pass, o, 0), o});
       }
       for (const Use& u : uses) {
-        const int64_t rows = u.operand == Operand::a ? p.a_rows : p.b_rows;
+        const int64_t rows = u.operand == Operand::a ? g.M : g.N;
         try {
-          validate(u.cfg, rows, p.k);
+          validate(u.cfg, rows, g.K);
         } catch (const std::invalid_argument& e) {
-          data_error(printable(rec.file), "gemm '" + printable(rec.gemm) + "' " + pass_name(p.pass) + " operand " +
+          data_error(printable(rec.file), "gemm '" + printable(rec.gemm) + "' " + pass_name(pass) + " operand " +
                                               (u.operand == Operand::a ? "A" : "B") + " [" + std::to_string(rows) +
-                                              ", " + std::to_string(p.k) + "] under " + u.what + ": " + e.what());
+                                              ", " + std::to_string(g.K) + "] under " + u.what + ": " + e.what());
         }
       }
     }

@@ -17,15 +17,16 @@ LayerOperands::LayerOperands(const LayerView& v)
 }
 
 std::pair<LayerOperands::Operand, LayerOperands::Operand> LayerOperands::pass(Pass p) const {
+  const PassGeometry g = pass_geometry(p, l.tokens, l.in, l.out);
   switch (p) {
-    case Pass::fwd_y: return {{l.x, l.tokens, l.in}, {l.w, l.out, l.in}};
-    case Pass::bwd_dx: return {{l.dy, l.tokens, l.out}, {wt.data(), l.in, l.out}};
-    default: return {{dyt.data(), l.out, l.tokens}, {xt.data(), l.in, l.tokens}};
+    case Pass::fwd_y: return {{l.x, g.M, g.K}, {l.w, g.N, g.K}};
+    case Pass::bwd_dx: return {{l.dy, g.M, g.K}, {wt.data(), g.N, g.K}};
+    default: return {{dyt.data(), g.M, g.K}, {xt.data(), g.N, g.K}};
   }
 }
 
-namespace {
-QuantConfig config_of(const AnalysisSetting& s) {
+QuantConfig AnalysisSetting::config() const {
+  const AnalysisSetting& s = *this;
   QuantConfig c;
   c.format = s.format;
   c.block = s.block;
@@ -34,6 +35,8 @@ QuantConfig config_of(const AnalysisSetting& s) {
   c.rht_signs = s.rht_signs;
   return c;
 }
+
+namespace {
 
 struct Quantised {
   std::vector<float> rotated;  // the rotated operand (RHT on only)
@@ -84,7 +87,7 @@ TensorResult tensor_result(const char* role, const Quantised& q, int rht) {
 }  // namespace
 
 LayerResults analyze_setting_pass(const LayerOperands& l, const AnalysisSetting& s, Pass p) {
-  const QuantConfig c = config_of(s);
+  const QuantConfig c = s.config();
   const auto [a, b] = l.pass(p);
   const Quantised qa = quantise(a, c), qb = quantise(b, c);
   LayerResults out;

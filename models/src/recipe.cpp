@@ -94,22 +94,29 @@ std::vector<float> transpose(const float* x, int64_t rows, int64_t cols) {
   return t;
 }
 
+PassGeometry pass_geometry(Pass p, int64_t tokens, int64_t in, int64_t out) {
+  switch (p) {
+    case Pass::fwd_y: return {tokens, out, in};   // X . W^T
+    case Pass::bwd_dx: return {tokens, in, out};  // dY . W
+    default: return {out, in, tokens};            // dY^T . X
+  }
+}
+
 PassOperands pass_operands(Pass p, const float* x, const float* w, const float* dy, int64_t tokens, int64_t in,
                            int64_t out) {
   PassOperands o;
+  const PassGeometry g = pass_geometry(p, tokens, in, out);
+  o.M = g.M; o.N = g.N; o.K = g.K;
   switch (p) {
     case Pass::fwd_y:
-      o.M = tokens; o.N = out; o.K = in;
       o.a.assign(x, x + tokens * in);
       o.b.assign(w, w + out * in);
       break;
     case Pass::bwd_dx:
-      o.M = tokens; o.N = in; o.K = out;
       o.a.assign(dy, dy + tokens * out);
       o.b = transpose(w, out, in);
       break;
     case Pass::bwd_dw:
-      o.M = out; o.N = in; o.K = tokens;
       o.a = transpose(dy, tokens, out);
       o.b = transpose(x, tokens, in);
       break;

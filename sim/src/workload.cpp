@@ -16,11 +16,10 @@ std::vector<GemmJob> training_gemms(const LayerShape& l, const OperandConfigFn& 
     GemmJob j;
     j.layer = l.gemm;
     j.pass = p;
-    switch (p) {  // the shapes of fp4lab::pass_operands
-      case Pass::fwd_y: j.M = l.tokens; j.N = l.out; j.K = l.in; break;
-      case Pass::bwd_dx: j.M = l.tokens; j.N = l.in; j.K = l.out; break;
-      case Pass::bwd_dw: j.M = l.out; j.N = l.in; j.K = l.tokens; break;
-    }
+    const PassGeometry g = pass_geometry(p, l.tokens, l.in, l.out);
+    j.M = g.M;
+    j.N = g.N;
+    j.K = g.K;
     j.a = quant(p, Operand::a);
     j.b = quant(p, Operand::b);
     j.count = l.count;

@@ -19,6 +19,7 @@ struct AnalysisSetting {
   int block = 16;
   ScaleKind scale = ScaleKind::fp32;  // the paper's setting: one FP32 scale amax/gmax per block
   std::string label() const;          // "e1m2 rht16"
+  QuantConfig config() const;         // the quantiser settings of a tensor or operand under this setting
 };
 
 struct TensorResult {

@@ -45,6 +45,14 @@ struct Recipe {
   QuantConfig operand(Pass p, Operand o, uint32_t stream = 0) const;
 };
 
+// The shape of a pass, C [M, N] = A [M, K] . B [N, K]^T, for a layer of `tokens` rows, `in` inputs and `out`
+// outputs: the table at the top of this file, written once (the quantiser, the analyses, the simulator's jobs and
+// the CLI's shape checks all take it from here).
+struct PassGeometry {
+  int64_t M = 0, N = 0, K = 0;
+};
+PassGeometry pass_geometry(Pass p, int64_t tokens, int64_t in, int64_t out);
+
 // One pass's operands, laid out K-major (transposed copies where the pass needs them).
 struct PassOperands {
   int64_t M = 0, N = 0, K = 0;
