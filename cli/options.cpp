@@ -5,8 +5,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
+#include <unistd.h>
 
 #include "fp4lab/io/safetensors.hpp"
 #include "fp4lab/rht.hpp"
@@ -97,10 +99,28 @@ void JsonOut::write(const Json& j) const {
     std::cout << text;
     return;
   }
-  std::ofstream out(dest);
-  if (!out) data_error(dest, "cannot open for writing");
-  out << text;
-  if (!out) data_error(dest, "write failed");
+  write_text_atomic(dest, text);
+}
+
+void write_text_atomic(const std::string& path, const std::string& text) {
+  // A temporary name in the same folder, renamed over `path` once complete: a reader (or a failed run) never
+  // sees a partial report under the real name.
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    if (!out) data_error(path, "cannot open for writing");
+    out << text;
+    out.close();
+    if (!out) {
+      std::remove(tmp.c_str());
+      data_error(path, "write failed");
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    data_error(path, std::string("cannot rename the finished file into place: ") + std::strerror(err));
+  }
 }
 
 // ---- value parsers -----------------------------------------------------------------------------------
