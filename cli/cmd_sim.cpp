@@ -14,7 +14,17 @@
 
 namespace fp4lab::cli {
 
+// --sweep FILE: many runs of this command over MPI ranks (cli/sim_sweep.cpp), each through run_sim.
+bool sim_sweep_requested(const Invocation& inv);
+int cmd_sim_sweep(const Invocation& inv);
+int run_sim(const Invocation& inv, nlohmann::json* capture);
+
 int cmd_sim(const Invocation& inv) {
+  return sim_sweep_requested(inv) ? cmd_sim_sweep(inv) : run_sim(inv, nullptr);
+}
+
+// One run. With `capture` the report goes there (for a sweep) instead of to stdout and --json.
+int run_sim(const Invocation& inv, nlohmann::json* capture) {
   po::options_description desc("fp4lab sim options");
   desc.add_options()
       ("trace", po::value<std::string>()->value_name("DIR"), "trace v1 folder (or one .safetensors file) to replay")
@@ -84,10 +94,11 @@ int cmd_sim(const Invocation& inv) {
     }
   }
 
-  if (json.table()) report.print(std::cout);
+  if (json.table() && !capture) report.print(std::cout);
   nlohmann::json j = report.to_json();
   j["command"] = inv.command_line;
-  json.write(j);
+  if (capture) *capture = j;
+  else json.write(j);
   if (check) {
     if (report.total_checked() == 0) data_error("", "--check compared no outputs (empty trace or no pass selected)");
     if (report.total_mismatches() > 0) {

@@ -121,13 +121,13 @@ config = "{root}/sim/configs/h100-class.cfg"
 
 [[grid]]
 name = "{{recipe}}_{{mac.kind}}"
-shapes = "{root}/workloads/shapes/dense-1.5b.csv"
+shapes = "{shapes}"
 recipe = ["ufp4", "e2m1-ref"]
 mac.kind = ["e2m1", "dual"]
 
 [[grid]]
 name = "b{{block}}_lanes{{acc.lanes}}"
-shapes = "{root}/workloads/shapes/dense-1.5b.csv"
+shapes = "{shapes}"
 recipe = "ufp4"
 block = [16, 32]
 "acc.lanes" = [256, 128]
@@ -141,9 +141,13 @@ recipe = "ufp4"
 
 
 def sweep(a, tmp):
+    # Small shapes keep each run well under a second on the 2-core CI machine.
+    shapes = os.path.join(tmp, "small.csv")
+    with open(shapes, "w") as fh:
+        fh.write("gemm,tokens,in,out,count\nqkv,512,1024,1536,4\nfc2,512,2048,1024,4\n")
     f = os.path.join(tmp, "s.toml")
     with open(f, "w") as fh:
-        fh.write(SWEEP.format(root=ROOT))
+        fh.write(SWEEP.format(root=ROOT, shapes=shapes))
     plain, dist = os.path.join(tmp, "plain"), os.path.join(tmp, "mpi")
     run([a.fp4lab, "sim", "--sweep", f, "--out", plain])
     p = run(mpi(a, a.np) + [a.fp4lab, "sim", "--sweep", f, "--out", dist])
