@@ -32,7 +32,9 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
        "GEMM shape list (workloads/shapes/*.csv): timing only")
       ("check", po::bool_switch(), "compute every output through the simulated datapath and compare it bit for bit "
                                    "with fp4lab::gemm (traces only); any mismatch is an error")
-      ("rtl", po::bool_switch(), "use the Verilated RTL datapath for the MAC array and accumulator (with --check)");
+      ("rtl", po::bool_switch(), "use the Verilated RTL datapath for the MAC array and accumulator (with --check)")
+      ("sweep", po::value<std::string>()->value_name("FILE"),
+       "run every configuration of a TOML sweep file instead (fp4lab sim --sweep FILE --help; docs/mpi.md)");
   po::options_description knobs("recipe and knobs (each operand of each pass takes its recipe config; --pass picks "
                                 "one of the three GEMMs)");
   add_recipe_options(knobs, /*with_role=*/false);
