@@ -6,6 +6,7 @@
   test_mpi.py fault --np N              a NaN in one file among good ones: non-zero exit, the file and
                                         fault named once, no report left behind (not even a temporary)
   test_mpi.py sweep --np N              `fp4lab sim --sweep` JSON and CSV byte-identical to the plain run
+  test_mpi.py sweep-fault --np N        a sweep with one bad run: non-zero exit, that run named once, no outputs
 Plain Python: no pytest needed. Exit 0 on success, 1 with a message on failure.
 """
 import argparse
@@ -163,16 +164,35 @@ def sweep(a, tmp):
     print(f"ok: {len(runs)} sweep runs, JSON and CSV identical with -np {a.np}")
 
 
+def sweep_fault(a, tmp):
+    shapes = os.path.join(tmp, "small.csv")
+    with open(shapes, "w") as fh:
+        fh.write("gemm,tokens,in,out,count\nqkv,512,1024,1536,4\n")
+    f = os.path.join(tmp, "bad.toml")
+    with open(f, "w") as fh:
+        fh.write(f'[defaults]\nconfig = "{ROOT}/sim/configs/h100-class.cfg"\nshapes = "{shapes}"\n'
+                 '[[grid]]\nname = "r_{recipe}"\nrecipe = ["ufp4", "e2m1-ref", "nosuch", "nvfp4"]\n')
+    out = os.path.join(tmp, "out", "res")
+    os.makedirs(os.path.dirname(out))
+    p = run(mpi(a, a.np) + [a.fp4lab, "sim", "--sweep", f, "--out", out], check=False)
+    lines = [l for l in p.stderr.splitlines() if "error:" in l]
+    if p.returncode == 0 or len(lines) != 1 or "r_nosuch" not in lines[0] or "nosuch" not in lines[0]:
+        fail(f"exit {p.returncode}, expected one error line naming run r_nosuch:\n{p.stderr}")
+    if os.listdir(os.path.dirname(out)):
+        fail(f"a failed sweep left {os.listdir(os.path.dirname(out))} behind")
+    print(f"ok: -np {a.np} exit {p.returncode}, one line: {lines[0]}")
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("case", choices=["analyze", "fault", "sweep"])
+    ap.add_argument("case", choices=["analyze", "fault", "sweep", "sweep-fault"])
     ap.add_argument("--fp4lab", required=True)
     ap.add_argument("--mpirun", default="mpirun")
     ap.add_argument("--np", type=int, default=2)
     ap.add_argument("--two", action="store_true", help="analyze: two trace folders")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="fp4lab-mpi-") as tmp:
-        {"analyze": analyze, "fault": fault, "sweep": sweep}[a.case](a, tmp)
+        {"analyze": analyze, "fault": fault, "sweep": sweep, "sweep-fault": sweep_fault}[a.case](a, tmp)
 
 
 if __name__ == "__main__":
