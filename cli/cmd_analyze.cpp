@@ -7,8 +7,10 @@
 #include <exception>
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <sstream>
 
 #include "commands.hpp"
@@ -16,6 +18,7 @@
 #include "fp4lab/io/safetensors.hpp"
 #include "fp4lab/layer_analysis.hpp"
 #include "fp4lab/rht.hpp"
+#include "mpi_dist.hpp"
 #include "options.hpp"
 
 #ifndef FP4LAB_DEFAULT_TRACE
@@ -60,8 +63,12 @@ Json level_json(const std::vector<EmpiricalLevel>& levels) {
 int cmd_analyze(const Invocation& inv) {
   po::options_description desc("fp4lab analyze options");
   desc.add_options()
-      ("trace", po::value<std::string>()->default_value(FP4LAB_DEFAULT_TRACE)->value_name("DIR|FILE"),
-       "trace v1 folder or file (default: the bundled trace)")
+      ("trace",
+       po::value<std::vector<std::string>>()
+           ->multitoken()
+           ->default_value(std::vector<std::string>{FP4LAB_DEFAULT_TRACE}, FP4LAB_DEFAULT_TRACE)
+           ->value_name("DIR|FILE .."),
+       "trace v1 folders or files, e.g. several steps of a run (default: the bundled trace)")
       ("formats", po::value<std::string>()->default_value("e2m1,e1m2")->value_name("F,.."), "grids to compare")
       ("rht", po::value<std::string>()->default_value("none,16")->value_name("D,.."),
        "RHT settings to compare: none (or 0) and Hadamard sizes 16..128")
@@ -130,13 +137,37 @@ int cmd_analyze(const Invocation& inv) {
     }
   }
 
-  const std::string trace_path = vm["trace"].as<std::string>();
-  const io::Trace trace(trace_path, block);  // validates every header and shape up front
-  if (trace.records().empty()) data_error(trace_path, "the trace holds no GEMM records");
+  const std::vector<std::string> trace_paths = vm["trace"].as<std::vector<std::string>>();
+  const bool multi = trace_paths.size() > 1;  // entries then name their folder
+  std::string trace_path;
+  for (const auto& p : trace_paths) trace_path += (trace_path.empty() ? "" : ", ") + p;
+  // Every rank opens every header (no tensor data: cheap) so that all see the same record list; agreed on,
+  // so a folder one rank cannot read fails the whole job at once.
+  std::vector<std::unique_ptr<io::Trace>> traces;
+  dist::agree("analyze", [&] {
+    for (const auto& p : trace_paths) {
+      traces.push_back(std::make_unique<io::Trace>(p, block));  // validates every header and shape up front
+      if (traces.back()->records().empty()) data_error(p, "the trace holds no GEMM records");
+    }
+  });
+  struct Ref {
+    size_t trace;
+    const io::TraceRecord* rec;
+  };
+  std::vector<Ref> refs;  // every folder's records in order: the single-process order
+  std::vector<uint64_t> sizes;
+  for (size_t ti = 0; ti < traces.size(); ++ti)
+    for (const io::TraceRecord& r : traces[ti]->records()) {
+      refs.push_back({ti, &r});
+      sizes.push_back(uint64_t(r.tokens * r.in + r.out * r.in + r.tokens * r.out));
+    }
+  // Records by operand size, largest first, to the least-loaded rank (cli/mpi_dist.hpp).
+  const std::vector<int> owner = dist::assign(sizes, dist::size());
   // Every operand of every GEMM against every setting's and recipe's block and RHT sizes, before any work
   // (a record that fails would otherwise surface only after the records before it were analysed).
-  std::vector<std::string> inputs = {trace_path};
-  for (const io::TraceRecord& rec : trace.records()) {
+  std::vector<std::string> inputs(trace_paths.begin(), trace_paths.end());
+  for (const Ref& ref : refs) {
+    const io::TraceRecord& rec = *ref.rec;
     inputs.push_back(rec.file);
     for (Pass pass : kPasses) {
       const PassGeometry g = pass_geometry(pass, rec.tokens, rec.in, rec.out);
@@ -166,91 +197,140 @@ int cmd_analyze(const Invocation& inv) {
   std::vector<Row> trows, grows;
   std::map<std::string, double> log_eta_sum;  // setting -> sum of log eta over fwd_y (the K-GEMM decay)
   Progress progress;
-  uint32_t stream = 0;
   int64_t elements = 0;
-  const size_t n = trace.records().size();
+  const size_t n = refs.size();
+  size_t mine = 0, done = 0;
+  for (int o : owner) mine += o == dist::rank();
+  // Each record's results travel to rank 0 as CBOR (doubles as raw IEEE bits, infinities kept), where they
+  // are merged in record order exactly as one process merges them.
+  auto rows_json = [](const std::vector<Row>& rows) {
+    Json a = Json::array();
+    for (const Row& r : rows) a.push_back({r.gemm, r.what, r.sqnr, r.beff, r.eta});
+    return a;
+  };
+  std::vector<dist::Item> items;
+  dist::Fault fault;
   for (size_t ri = 0; ri < n; ++ri) {
-    const io::TraceRecord& rec = trace.records()[ri];
-    progress.step(ri + 1, n, rec.gemm);
-    const io::Trace::Layer layer = trace.load(rec);
-    const LayerOperands lo({layer.x.data(), layer.w.data(), layer.dy.data(), rec.tokens, rec.in, rec.out});
-    elements += rec.tokens * rec.in + rec.out * rec.in + rec.tokens * rec.out;
+    if (owner[ri] != dist::rank()) continue;
+    const io::Trace& trace = *traces[refs[ri].trace];
+    const io::TraceRecord& rec = *refs[ri].rec;
+    const std::string& tpath = trace_paths[refs[ri].trace];
+    const std::string gname =
+        multi ? std::filesystem::path(tpath).lexically_normal().filename().string() + ":" + rec.gemm : rec.gemm;
+    const uint32_t stream = uint32_t(ri);  // the GEMM id in the SR counter: the record's global position
+    try {
+      progress.step(++done, mine, dist::size() > 1 ? rec.gemm + " (rank " + std::to_string(dist::rank()) + ")" : rec.gemm);
+      const io::Trace::Layer layer = trace.load(rec);
+      const LayerOperands lo({layer.x.data(), layer.w.data(), layer.dy.data(), rec.tokens, rec.in, rec.out});
+      const int64_t rec_elements = rec.tokens * rec.in + rec.out * rec.in + rec.tokens * rec.out;
+      Json rec_tensors = Json::array(), rec_gemms = Json::array();
+      auto head = [&] { return multi ? Json{{"trace", tpath}, {"gemm", rec.gemm}} : Json{{"gemm", rec.gemm}}; };
 
-    std::vector<Row> tr(3), gr(3);
-    std::map<std::string, double> sqnr_no_rht;  // format/role -> SQNR without RHT, for the delta
-    // Every (setting or recipe, pass) is independent: one per core at a time (the inner OpenMP regions then
-    // run serially), which keeps both cores busy without a fork/join per small tensor. Three tasks per
-    // setting rather than one even out settings of unequal cost (with and without RHT).
-    const size_t tasks = 3 * (settings.size() + recipes.size());
-    std::vector<LayerResults> by_task(tasks);  // a recipe task's one GEMM in gemms
-    std::vector<std::exception_ptr> faults(tasks);
+      std::vector<Row> tr(3), gr(3);
+      std::map<std::string, double> sqnr_no_rht;  // format/role -> SQNR without RHT, for the delta
+      // Every (setting or recipe, pass) is independent: one per core at a time (the inner OpenMP regions then
+      // run serially), which keeps both cores busy without a fork/join per small tensor. Three tasks per
+      // setting rather than one even out settings of unequal cost (with and without RHT).
+      const size_t tasks = 3 * (settings.size() + recipes.size());
+      std::vector<LayerResults> by_task(tasks);  // a recipe task's one GEMM in gemms
+      std::vector<std::exception_ptr> faults(tasks);
 #pragma omp parallel for schedule(dynamic, 1)
-    for (size_t t = 0; t < tasks; ++t) {
-      const size_t job = t / 3;
-      const Pass p = kPasses[t % 3];
-      try {
-        if (job < settings.size()) by_task[t] = analyze_setting_pass(lo, settings[job], p);
-        else by_task[t].gemms.push_back(analyze_recipe_pass(lo, recipes[job - settings.size()], stream, p));
-      } catch (...) {
-        faults[t] = std::current_exception();
-      }
-    }
-    for (const auto& f : faults)
-      if (f) {
+      for (size_t t = 0; t < tasks; ++t) {
+        const size_t job = t / 3;
+        const Pass p = kPasses[t % 3];
         try {
-          std::rethrow_exception(f);
-        } catch (const std::exception& e) {
-          data_error(rec.file, "gemm '" + rec.gemm + "': " + e.what());
+          if (job < settings.size()) by_task[t] = analyze_setting_pass(lo, settings[job], p);
+          else by_task[t].gemms.push_back(analyze_recipe_pass(lo, recipes[job - settings.size()], stream, p));
+        } catch (...) {
+          faults[t] = std::current_exception();
         }
       }
-    // Every task succeeded (a fault ended above), so each recipe task holds its GEMM.
-    std::vector<LayerResults> by_setting(settings.size());
-    std::vector<std::vector<GemmResult>> by_recipe(recipes.size());
-    for (size_t t = 0; t < tasks; ++t) {
-      const size_t job = t / 3;
-      if (job < settings.size()) by_setting[job].append(std::move(by_task[t]));
-      else by_recipe[job - settings.size()].push_back(std::move(by_task[t].gemms.front()));
-    }
-    for (size_t si = 0; si < settings.size(); ++si) {
-      const AnalysisSetting& s = settings[si];
-      const LayerResults& res = by_setting[si];
-      for (const TensorResult& t : res.tensors) {
-        const size_t i = t.role == "fwd_x" ? 0 : t.role == "fwd_w" ? 1 : 2;
-        tr[i].gemm = rec.gemm;
-        tr[i].what = t.role;
-        tr[i].sqnr.push_back(t.sqnr_db);
-        tr[i].beff.push_back(t.beff);
-        Json j = {{"gemm", rec.gemm}, {"role", t.role}, {"format", t.format}, {"rht", t.rht},
-                  {"sqnr_db", t.sqnr_db}, {"beff", t.beff}, {"alpha", t.alpha}};
-        const std::string key = t.format + "/" + t.role;
-        if (t.rht == 0) sqnr_no_rht[key] = t.sqnr_db;
-        else if (sqnr_no_rht.count(key)) j["delta_sqnr_db"] = t.sqnr_db - sqnr_no_rht[key];
-        j.update(level_json(t.bias_per_level));
-        j["tokens"] = rec.tokens;
-        tensors.push_back(j);
+      for (const auto& f : faults)
+        if (f) {
+          try {
+            std::rethrow_exception(f);
+          } catch (const std::exception& e) {
+            data_error(rec.file, "gemm '" + rec.gemm + "': " + e.what());
+          }
+        }
+      // Every task succeeded (a fault ended above), so each recipe task holds its GEMM.
+      std::vector<LayerResults> by_setting(settings.size());
+      std::vector<std::vector<GemmResult>> by_recipe(recipes.size());
+      for (size_t t = 0; t < tasks; ++t) {
+        const size_t job = t / 3;
+        if (job < settings.size()) by_setting[job].append(std::move(by_task[t]));
+        else by_recipe[job - settings.size()].push_back(std::move(by_task[t].gemms.front()));
       }
-      for (const GemmResult& g : res.gemms) {
-        const size_t i = g.pass == "fwd_y" ? 0 : g.pass == "bwd_dx" ? 1 : 2;
-        gr[i].gemm = rec.gemm;
-        gr[i].what = g.pass;
-        gr[i].sqnr.push_back(g.sqnr_db);
-        gr[i].eta.push_back(g.eta);
-        if (g.pass == "fwd_y") log_eta_sum[s.label()] += std::log(g.eta);
-        gemms.push_back({{"gemm", rec.gemm}, {"pass", g.pass}, {"format", g.format}, {"rht", g.rht},
-                         {"sqnr_db", g.sqnr_db}, {"eta", g.eta}, {"eta_measured", g.eta_measured},
-                         {"delta", 1.0 - g.eta}});
+      for (size_t si = 0; si < settings.size(); ++si) {
+        const LayerResults& res = by_setting[si];
+        for (const TensorResult& t : res.tensors) {
+          const size_t i = t.role == "fwd_x" ? 0 : t.role == "fwd_w" ? 1 : 2;
+          tr[i].gemm = gname;
+          tr[i].what = t.role;
+          tr[i].sqnr.push_back(t.sqnr_db);
+          tr[i].beff.push_back(t.beff);
+          Json j = head();
+          j.update(Json{{"role", t.role}, {"format", t.format}, {"rht", t.rht},
+                        {"sqnr_db", t.sqnr_db}, {"beff", t.beff}, {"alpha", t.alpha}});
+          const std::string key = t.format + "/" + t.role;
+          if (t.rht == 0) sqnr_no_rht[key] = t.sqnr_db;
+          else if (sqnr_no_rht.count(key)) j["delta_sqnr_db"] = t.sqnr_db - sqnr_no_rht[key];
+          j.update(level_json(t.bias_per_level));
+          j["tokens"] = rec.tokens;
+          rec_tensors.push_back(j);
+        }
+        for (const GemmResult& g : res.gemms) {
+          const size_t i = g.pass == "fwd_y" ? 0 : g.pass == "bwd_dx" ? 1 : 2;
+          gr[i].gemm = gname;
+          gr[i].what = g.pass;
+          gr[i].sqnr.push_back(g.sqnr_db);
+          gr[i].eta.push_back(g.eta);
+          Json j = head();
+          j.update(Json{{"pass", g.pass}, {"format", g.format}, {"rht", g.rht},
+                        {"sqnr_db", g.sqnr_db}, {"eta", g.eta}, {"eta_measured", g.eta_measured},
+                        {"delta", 1.0 - g.eta}});
+          rec_gemms.push_back(j);
+        }
       }
+      for (const auto& rg : by_recipe)
+        for (const GemmResult& g : rg) {
+          Json j = head();
+          j.update(Json{{"pass", g.pass}, {"format", g.format}, {"recipe", g.recipe},
+                        {"rht", g.rht},
+                        {"sqnr_db", g.sqnr_db}, {"eta", g.eta}, {"eta_measured", g.eta_measured},
+                        {"delta", 1.0 - g.eta}});
+          rec_gemms.push_back(j);
+        }
+      const Json item = {{"tensors", rec_tensors}, {"gemms", rec_gemms}, {"trows", rows_json(tr)},
+                         {"grows", rows_json(gr)}, {"elements", rec_elements}};
+      const std::vector<uint8_t> cbor = Json::to_cbor(item);
+      items.push_back({ri, std::string(cbor.begin(), cbor.end())});
+    } catch (...) {
+      // A rank stops at its first fault, as one process does; gather() names the first in record order.
+      fault.index = ri;
+      fault.code = dist::describe(std::current_exception(), "analyze", fault.msg);
+      break;
     }
-    for (const auto& rg : by_recipe)
-      for (const GemmResult& g : rg)
-        gemms.push_back({{"gemm", rec.gemm}, {"pass", g.pass}, {"format", g.format}, {"recipe", g.recipe},
-                         {"rht", g.rht},
-                         {"sqnr_db", g.sqnr_db}, {"eta", g.eta}, {"eta_measured", g.eta_measured},
-                         {"delta", 1.0 - g.eta}});
-    ++stream;
-    trows.insert(trows.end(), tr.begin(), tr.end());
-    grows.insert(grows.end(), gr.begin(), gr.end());
   }
+  const std::vector<std::string> results = dist::gather("analyze", std::move(items), fault);
+  if (!dist::root()) return kExitOk;  // rank 0 writes the one report
+  auto rows_from = [](const Json& a, std::vector<Row>& out) {
+    for (const Json& r : a)
+      out.push_back({r[0].get<std::string>(), r[1].get<std::string>(), r[2].get<std::vector<double>>(),
+                     r[3].get<std::vector<double>>(), r[4].get<std::vector<double>>()});
+  };
+  for (const std::string& b : results) {
+    const Json r = Json::from_cbor(b);
+    for (const Json& j : r["tensors"]) tensors.push_back(j);
+    for (const Json& j : r["gemms"]) gemms.push_back(j);
+    rows_from(r["trows"], trows);
+    rows_from(r["grows"], grows);
+    elements += r["elements"].get<int64_t>();
+  }
+  // The decay, summed in record order and setting order as the rows were produced.
+  for (const Row& r : grows)
+    if (r.what == "fwd_y")
+      for (size_t si = 0; si < settings.size(); ++si) log_eta_sum[settings[si].label()] += std::log(r.eta[si]);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - progress.t0).count();
 
@@ -326,7 +406,7 @@ int cmd_analyze(const Invocation& inv) {
   Json recipes_json = Json::array();
   for (const auto& r : recipes) recipes_json.push_back(r.name);
   json.write({{"fp4lab.analysis.version", 1},
-              {"config", {{"trace", trace_path}, {"block", block}, {"scale", scale_name(scale)}, {"rounding", "rtne"},
+              {"config", {{"trace", multi ? Json(trace_paths) : Json(trace_paths.front())}, {"block", block}, {"scale", scale_name(scale)}, {"rounding", "rtne"},
                           {"settings", settings_json}, {"recipes", recipes_json}, {"command", inv.command_line},
                           {"seconds", seconds}, {"elements", elements}}},
               {"tensors", tensors},

@@ -16,7 +16,17 @@
 
 namespace fp4lab::cli {
 
+// --sweep FILE: many runs of this command over MPI ranks (cli/sim_sweep.cpp), each through run_sim.
+bool sim_sweep_requested(const Invocation& inv);
+int cmd_sim_sweep(const Invocation& inv);
+int run_sim(const Invocation& inv, nlohmann::json* capture);
+
 int cmd_sim(const Invocation& inv) {
+  return sim_sweep_requested(inv) ? cmd_sim_sweep(inv) : run_sim(inv, nullptr);
+}
+
+// One run. With `capture` the report goes there (for a sweep) instead of to stdout and --json.
+int run_sim(const Invocation& inv, nlohmann::json* capture) {
   po::options_description desc("fp4lab sim options");
   desc.add_options()
       ("trace", po::value<std::string>()->value_name("DIR"), "trace v1 folder (or one .safetensors file) to replay")
@@ -24,7 +34,9 @@ int cmd_sim(const Invocation& inv) {
        "GEMM shape list (workloads/shapes/*.csv): timing only")
       ("check", po::bool_switch(), "compute every output through the simulated datapath and compare it bit for bit "
                                    "with fp4lab::gemm (traces only); any mismatch is an error")
-      ("rtl", po::bool_switch(), "use the Verilated RTL datapath for the MAC array and accumulator (with --check)");
+      ("rtl", po::bool_switch(), "use the Verilated RTL datapath for the MAC array and accumulator (with --check)")
+      ("sweep", po::value<std::string>()->value_name("FILE"),
+       "run every configuration of a TOML sweep file instead (fp4lab sim --sweep FILE --help; docs/mpi.md)");
   po::options_description knobs("recipe and knobs (each operand of each pass takes its recipe config; --pass picks "
                                 "one of the three GEMMs)");
   add_recipe_options(knobs, /*with_role=*/false);
@@ -90,7 +102,7 @@ int cmd_sim(const Invocation& inv) {
     }
   }
 
-  if (json.table()) {
+  if (json.table() && !capture) {
     // GEMM names come from the trace's tensor names: no control byte of theirs reaches the terminal raw.
     std::ostringstream table;
     report.print(table);
@@ -98,7 +110,8 @@ int cmd_sim(const Invocation& inv) {
   }
   nlohmann::json j = report.to_json();
   j["command"] = inv.command_line;
-  json.write(j);
+  if (capture) *capture = j;
+  else json.write(j);
   if (check) {
     if (report.total_checked() == 0) data_error("", "--check compared no outputs (empty trace or no pass selected)");
     if (report.total_mismatches() > 0) {

@@ -1,7 +1,6 @@
 // fp4lab: the command-line front end of the golden model. `fp4lab <subcommand> [options]`; each subcommand
 // lives in cli/cmd_<name>.cpp and is listed in kCommands. Every fault ends as one line on stderr,
 // "fp4lab <cmd>: error: <file>: <fault>", with exit code 2 (usage) or 1 (data); nothing escapes main.
-#include <boost/program_options/errors.hpp>
 #include <malloc.h>
 
 #include <cstring>
@@ -13,6 +12,7 @@
 #include "commands.hpp"
 #include "files.hpp"
 #include "fp4lab/io/safetensors.hpp"
+#include "mpi_dist.hpp"
 #include "options.hpp"
 
 namespace fp4lab::cli {
@@ -112,25 +112,22 @@ int main(int argc, char** argv) {
 
   inv.command = cmd;
   for (int i = first_arg; i < argc; ++i) inv.args.emplace_back(argv[i]);
+  // Under mpirun every rank runs the subcommand; a fault anywhere is agreed on and named once, by rank 0
+  // (cli/mpi_dist.hpp). MPI ends before main returns, on every path.
+  dist::init(&argc, &argv);
+  struct Finalize {
+    ~Finalize() { dist::finalize(); }
+  } finalize;
+  int rc = kExitOk;
   try {
-    return flushed(cmd, entry->run(inv));
-  } catch (const Error& e) {
-    report(cmd, e.what());
-    return e.exit_code;
-  } catch (const boost::program_options::error& e) {
-    report(cmd, std::string(e.what()) + " (see fp4lab " + cmd + " --help)");
-    return kExitUsage;
-  } catch (const fp4lab::io::Error& e) {  // already names the file and the fault
-    report(cmd, e.what());
-    return kExitData;
-  } catch (const std::bad_alloc&) {
-    report(cmd, "out of memory");
-    return kExitData;
-  } catch (const std::exception& e) {
-    report(cmd, e.what());
-    return kExitData;
+    dist::agree(cmd, [&] { rc = entry->run(inv); });
+    return flushed(cmd, rc);
+  } catch (const dist::Quiet& q) {
+    return q.code;
   } catch (...) {
-    report(cmd, "unexpected internal error");
-    return kExitData;
+    std::string msg;
+    const int code = dist::describe(std::current_exception(), cmd, msg);
+    report(cmd, msg);
+    return code;
   }
 }

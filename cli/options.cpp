@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <sstream>
 
@@ -134,6 +135,10 @@ void JsonOut::write(const Json& j) const {
     return;
   }
   io::write_file_atomic(dest, text);  // io::Error names the file; nothing is left under it on failure
+}
+
+void write_text_atomic(const std::string& path, const std::string& text) {
+  io::write_file_atomic(path, text);  // a temporary name renamed into place; io::Error names the file
 }
 
 // ---- value parsers: fp4lab/knobs.hpp's, with its KnobError as a usage error -------------------------

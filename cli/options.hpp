@@ -58,6 +58,8 @@ struct JsonOut {
   bool table() const { return dest != "-"; }  // print the human table?
   void write(const Json& j) const;
 };
+// Writes `text` to a temporary file beside `path` and renames it into place (data error naming `path`).
+void write_text_atomic(const std::string& path, const std::string& text);
 
 // ---- recipe knobs -----------------------------------------------------------------------------------
 // --recipe --pass [--role] --format --block --scale --tile2d --rht --rht-signs --rht-seed --rht-bf16

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds everything and runs every test: the unit label under AddressSanitizer + UndefinedBehaviorSanitizer,
-# then the whole ctest suite (labels unit, rtl, sim, cuda, slow) on the Release build.
+# then the whole ctest suite (labels unit, rtl, sim, cuda, slow, mpi) on the Release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-2}

@@ -1,8 +1,12 @@
 // fp4lab-cuda: run the CUDA kernels against the golden model (check) and time them (bench).
 //
-//   fp4lab-cuda check --trace DIR [--recipe R]   every GEMM of a trace, quantised and multiplied on the GPU,
+//   fp4lab-cuda check --trace DIR [DIR ..] [--recipe R]
+//                                               every GEMM of the traces, quantised and multiplied on the GPU,
 //                                               compared bit for bit with the golden model; exit 1 on any
-//                                               mismatch (or when nothing was compared)
+//                                               mismatch (or when nothing was compared). Under mpirun -np N
+//                                               (built with MPI) rank r takes GPU r % device count and a share
+//                                               of the records (largest first, to the least-loaded rank);
+//                                               rank 0 prints the combined summary.
 //   fp4lab-cuda bench [--trace DIR]              quantise (plain / fused RHT / unfused RHT), achieved bandwidth
 //                                               against a device-to-device copy, block-scaled GEMM against
 //                                               cuBLAS BF16; trace shapes and 8192 x 8192
@@ -38,6 +42,10 @@
 #include "fp4lab/rht.hpp"
 #include "fp4lab/scale.hpp"
 #include "options.hpp"
+
+#ifdef FP4LAB_HAVE_MPI
+#include <mpi.h>
+#endif
 
 namespace po = boost::program_options;
 using Json = nlohmann::ordered_json;
@@ -76,6 +84,77 @@ bool require_device(const char* cmd) {
   std::cerr << "fp4lab-cuda " << cmd << ": error: no usable CUDA device (" << why << ")" << std::endl;
   return false;
 }
+
+// ---- ranks ---------------------------------------------------------------------------------------------------
+// One process per GPU under mpirun; without MPI (or without a launcher) one process, as before.
+namespace ranks {
+int g_rank = 0, g_size = 1;
+[[maybe_unused]] bool g_mpi = false;  // unused without FP4LAB_HAVE_MPI
+void init(int* argc, char*** argv) {
+#ifdef FP4LAB_HAVE_MPI
+  // MPI only when a launcher started us, so a plain run needs no MPI runtime.
+  if (!std::getenv("OMPI_COMM_WORLD_SIZE") && !std::getenv("PMI_SIZE") && !std::getenv("PMIX_RANK")) return;
+  MPI_Init(argc, argv);
+  g_mpi = true;
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+#else
+  (void)argc;
+  (void)argv;
+#endif
+}
+void finalize() {
+#ifdef FP4LAB_HAVE_MPI
+  if (g_mpi) MPI_Finalize();
+  g_mpi = false;
+#endif
+}
+// Every rank's text, on rank 0 in rank order (others get an empty vector).
+std::vector<std::string> gather(const std::string& mine) {
+  std::vector<std::string> out;
+#ifdef FP4LAB_HAVE_MPI
+  if (g_size > 1) {
+    int len = int(mine.size());
+    std::vector<int> lens(static_cast<size_t>(g_size)), displs(static_cast<size_t>(g_size));
+    MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+    std::string all;
+    if (g_rank == 0) {
+      int total = 0;
+      for (int r = 0; r < g_size; ++r) displs[size_t(r)] = total, total += lens[size_t(r)];
+      all.resize(size_t(total));
+    }
+    MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, 0, MPI_COMM_WORLD);
+    if (g_rank == 0)
+      for (int r = 0; r < g_size; ++r) out.push_back(all.substr(size_t(displs[size_t(r)]), size_t(lens[size_t(r)])));
+    return out;
+  }
+#endif
+  out.push_back(mine);
+  return out;
+}
+// Rank 0's exit code, on every rank.
+int share_exit_code(int rc) {
+#ifdef FP4LAB_HAVE_MPI
+  if (g_size > 1) MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
+#endif
+  return rc;
+}
+// Owner rank of each record: largest first, to the least-loaded rank (the rule of fp4lab analyze,
+// cli/mpi_dist.cpp assign()), so every rank computes the same table without communicating.
+std::vector<int> assign(const std::vector<uint64_t>& sizes, int n) {
+  std::vector<size_t> order(sizes.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sizes[a] > sizes[b]; });
+  std::vector<uint64_t> load(size_t(std::max(n, 1)), 0);
+  std::vector<int> owner(sizes.size(), 0);
+  for (size_t i : order) {
+    const size_t r = size_t(std::min_element(load.begin(), load.end()) - load.begin());
+    owner[i] = int(r);
+    load[r] += sizes[i];
+  }
+  return owner;
+}
+}  // namespace ranks
 
 // ---- check ---------------------------------------------------------------------------------------------------
 struct Tally {
@@ -143,35 +222,63 @@ struct Checker {
 
 int cmd_check(const std::vector<std::string>& args) {
   po::options_description desc("fp4lab-cuda check options");
-  std::string trace, recipe_name = "ufp4", gemm_kind = "both";
+  std::vector<std::string> traces;
+  std::string recipe_name = "ufp4", gemm_kind = "both";
   int show = 5, limit = 0;
   uint64_t seed = 0;
   bool native = false;
-  desc.add_options()("trace", po::value(&trace)->required(), "trace folder or file (docs/spec.md §7)")(
+  desc.add_options()(
+      "trace", po::value(&traces)->multitoken()->required(), "trace folders or files (docs/spec.md §7), e.g. several steps")(
       "recipe", po::value(&recipe_name)->default_value("ufp4"), "ufp4, e2m1-ref, nvfp4 or mxfp4")(
       "seed", po::value(&seed)->default_value(0), "stochastic-rounding seed")(
       "gemm", po::value(&gemm_kind)->default_value("both"), "GPU GEMM kernels to check: fast, reference or both")(
       "native", po::bool_switch(&native), "also run the SM100 tcgen05 path (sm_100 device only) within its tolerance")(
       "show", po::value(&show)->default_value(5), "mismatches printed per category")(
-      "limit", po::value(&limit)->default_value(0), "check only the first N GEMMs of the trace (0 = all)");
+      "limit", po::value(&limit)->default_value(0), "check only the first N GEMMs of the traces (0 = all)");
   cli::add_common_options(desc);
   po::variables_map vm;
-  if (!cli::parse_args(invocation("check", args), desc, "--trace DIR [--recipe R] [--json FILE|-]", vm)) return 0;
+  if (!cli::parse_args(invocation("check", args), desc, "--trace DIR [DIR ..] [--recipe R] [--json FILE|-]", vm))
+    return 0;
   const cli::JsonOut json(vm);
   if (gemm_kind != "fast" && gemm_kind != "reference" && gemm_kind != "both")
     usage_error("--gemm must be fast, reference or both, not '" + gemm_kind + "'");
   fp4lab::Recipe recipe = fp4lab::Recipe::preset(recipe_name);  // invalid_argument -> usage
   recipe.seed = seed;
-  const fp4lab::io::Trace tr(trace, recipe.block);  // a bad trace is reported before the device is looked at
-  if (tr.records().empty()) throw fp4lab::io::Error(trace + ": no GEMM records");
-  std::vector<std::string> inputs = {trace};
-  for (const auto& r : tr.records()) inputs.push_back(r.file);
+  // Every rank opens every header (cheap, no tensor data): a bad trace is reported before the device is looked at.
+  std::vector<std::unique_ptr<fp4lab::io::Trace>> trs;
+  struct Ref {
+    const fp4lab::io::Trace* tr;
+    const fp4lab::io::TraceRecord* rec;
+  };
+  std::vector<Ref> refs;  // all folders' records in order; a record's position is its SR stream, as in analyze
+  std::vector<uint64_t> sizes;
+  for (const std::string& t : traces) {
+    trs.push_back(std::make_unique<fp4lab::io::Trace>(t, recipe.block));
+    if (trs.back()->records().empty()) throw fp4lab::io::Error(t + ": no GEMM records");
+    for (const auto& r : trs.back()->records()) {
+      if (limit > 0 && refs.size() >= size_t(limit)) break;
+      refs.push_back({trs.back().get(), &r});
+      sizes.push_back(uint64_t(r.tokens * r.in + r.out * r.in + r.tokens * r.out));
+    }
+  }
+  const std::vector<int> owner = ranks::assign(sizes, ranks::g_size);
+  std::vector<std::string> inputs(traces.begin(), traces.end());
+  for (const auto& t : trs)
+    for (const auto& r : t->records()) inputs.push_back(r.file);
   cli::check_outputs(vm, {}, inputs);
   if (!require_device("check")) return kExitNoDevice;
+  int devices = 1;
+  fc::check(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
+  fc::check(cudaSetDevice(ranks::g_rank % devices), "cudaSetDevice");  // one rank per GPU
   const fc::DeviceInfo dev = fc::device_info();
   std::ostream& out = json.table() ? std::cout : std::cerr;  // with --json -, stdout holds only the JSON
-  out << "fp4lab-cuda check: trace " << cli::printable(trace) << " (" << tr.records().size() << " GEMMs), recipe "
-            << recipe.name << ", device " << dev.name << " (sm_" << dev.cc_major << dev.cc_minor << ")\n";
+  const std::string me = ranks::g_size > 1 ? "[rank " + std::to_string(ranks::g_rank) + "] " : "";
+  std::string trace_list;
+  for (const auto& t : traces) trace_list += (trace_list.empty() ? "" : ", ") + cli::printable(t);
+  if (ranks::g_rank == 0)
+    out << "fp4lab-cuda check: trace " << trace_list << " (" << refs.size() << " GEMMs), recipe " << recipe.name
+        << ", " << ranks::g_size << " rank" << (ranks::g_size > 1 ? "s" : "") << "\n";
+  out << me << "device " << dev.id << ": " << dev.name << " (sm_" << dev.cc_major << dev.cc_minor << ")\n";
   std::string native_why;
   const bool native_ok = native && fc::native_device_ok(&native_why);
   if (native && !native_ok) out << "SKIPPED native tcgen05 check: " << native_why << "\n";
@@ -183,12 +290,11 @@ int cmd_check(const std::vector<std::string>& args) {
   fc::Buffer<float> dx, dc;
   uint64_t native_compared = 0, native_out_of_bound = 0;
   double native_worst = 0.0;
-  int done = 0;
-  for (size_t ri = 0; ri < tr.records().size(); ++ri) {
-    if (limit > 0 && done >= limit) break;
-    ++done;
-    const fp4lab::io::TraceRecord& rec = tr.records()[ri];
-    const fp4lab::io::Trace::Layer L = tr.load(rec);
+  size_t fault_index = SIZE_MAX;
+  std::string fault_msg;
+  auto check_record = [&](size_t ri) {
+    const fp4lab::io::TraceRecord& rec = *refs[ri].rec;
+    const fp4lab::io::Trace::Layer L = refs[ri].tr->load(rec);
     for (fp4lab::Pass pass : fp4lab::kPasses) {
       const fp4lab::PassOperands ops =
           fp4lab::pass_operands(pass, L.x.data(), L.w.data(), L.dy.data(), rec.tokens, rec.in, rec.out);
@@ -242,11 +348,57 @@ int cmd_check(const std::vector<std::string>& args) {
           native_worst = std::max(native_worst, tol[i] > 0 ? err / tol[i] : (err > 0 ? INFINITY : 0.0));
         }
       }
-      out << "  " << name << "  M=" << ops.M << " N=" << ops.N << " K=" << ops.K << "  A " << ca.label()
+      out << me << "  " << name << "  M=" << ops.M << " N=" << ops.N << " K=" << ops.K << "  A " << ca.label()
                 << "  B " << cb.label() << "\n";
+    }
+  };
+  for (size_t ri = 0; ri < refs.size(); ++ri) {
+    if (owner[ri] != ranks::g_rank) continue;
+    // A bad file (or a device fault) ends this rank's share; rank 0 names the first in record order, once,
+    // after every rank has reported, so no rank is left waiting.
+    try {
+      check_record(ri);
+    } catch (const std::exception& e) {
+      fault_index = ri;
+      fault_msg = e.what();
+      break;
     }
   }
 
+  // Rank 0 adds up every rank's tallies (exact integer counts; the worst ratio is a max).
+  Json part = {{"fault_index", fault_index == SIZE_MAX ? Json(nullptr) : Json(fault_index)},
+               {"fault", fault_msg},
+               {"native", {native_compared, native_out_of_bound, native_worst}},
+               {"tallies", Json::array()}};
+  for (const auto& [k, x] : ck.t) part["tallies"].push_back({x.what, x.compared, x.mismatched, x.nan_pairs});
+  const std::vector<std::string> parts = ranks::gather(part.dump());
+  if (ranks::g_rank != 0) return ranks::share_exit_code(0);
+  std::map<std::string, Tally> sum;
+  size_t first_fault = SIZE_MAX;
+  native_compared = native_out_of_bound = 0;
+  native_worst = 0.0;
+  for (const std::string& ptext : parts) {
+    const Json p = Json::parse(ptext);
+    if (!p["fault_index"].is_null() && p["fault_index"].get<size_t>() < first_fault) {
+      first_fault = p["fault_index"].get<size_t>();
+      fault_msg = p["fault"].get<std::string>();
+    }
+    native_compared += p["native"][0].get<uint64_t>();
+    native_out_of_bound += p["native"][1].get<uint64_t>();
+    native_worst = std::max(native_worst, p["native"][2].get<double>());
+    for (const Json& t : p["tallies"]) {
+      Tally& x = sum[t[0].get<std::string>()];
+      x.what = t[0].get<std::string>();
+      x.compared += t[1].get<uint64_t>();
+      x.mismatched += t[2].get<uint64_t>();
+      x.nan_pairs += t[3].get<uint64_t>();
+    }
+  }
+  if (first_fault != SIZE_MAX) {
+    std::cerr << "fp4lab-cuda check: error: " << fault_msg << std::endl;
+    return ranks::share_exit_code(kExitMismatch);
+  }
+  ck.t = std::move(sum);
   uint64_t total = 0, bad = 0;
   out << "\nsummary (GPU vs golden model, bit for bit):\n";
   for (const auto& [k, x] : ck.t) {
@@ -263,20 +415,20 @@ int cmd_check(const std::vector<std::string>& args) {
   Json tallies = Json::array();
   for (const auto& [k, x] : ck.t)
     tallies.push_back({{"what", x.what}, {"compared", x.compared}, {"mismatched", x.mismatched}, {"nan_pairs", x.nan_pairs}});
-  Json j = {{"command", "check"}, {"trace", trace}, {"recipe", recipe.name}, {"device", dev.name},
+  Json j = {{"command", "check"}, {"traces", traces}, {"recipe", recipe.name}, {"device", dev.name},
             {"tallies", tallies}, {"compared", total}, {"mismatched", bad}};
   if (native_ok) j["native"] = {{"compared", native_compared}, {"out_of_bound", native_out_of_bound}, {"worst", native_worst}};
   json.write(j);
   if (total == 0) {
     out << "FAIL: nothing was compared\n";
-    return kExitMismatch;
+    return ranks::share_exit_code(kExitMismatch);
   }
   if (bad || native_out_of_bound) {
     out << "FAIL: " << bad << " mismatches\n";
-    return kExitMismatch;
+    return ranks::share_exit_code(kExitMismatch);
   }
   out << "PASS: " << total << " values, 0 mismatches\n";
-  return 0;
+  return ranks::share_exit_code(0);
 }
 
 // ---- bench ---------------------------------------------------------------------------------------------------
@@ -576,9 +728,15 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);
-  // One line per fault, control bytes escaped, as fp4lab reports them.
+  ranks::init(&argc, &argv);
+  struct Finalize {
+    ~Finalize() { ranks::finalize(); }
+  } finalize;
+  // One line per fault, control bytes escaped, as fp4lab reports them. Faults that reach here happen alike on
+  // every rank (options, trace headers; a record's fault is gathered inside check), so rank 0 names them once.
   auto report = [&](const std::string& msg, int code) {
-    std::cerr << "fp4lab-cuda " << cli::printable(cmd) << ": error: " << cli::printable(msg) << std::endl;
+    if (ranks::g_rank == 0)
+      std::cerr << "fp4lab-cuda " << cli::printable(cmd) << ": error: " << cli::printable(msg) << std::endl;
     return code;
   };
   try {

@@ -1,18 +1,31 @@
 #!/usr/bin/env python3
-"""Summarises the JSON reports sim/experiments/run.sh writes into markdown tables (docs/sim.md).
+"""Summarises the sim/experiments/run.sh sweep into markdown tables (docs/sim.md).
 
-Usage: summarize.py OUT_DIR
-Reads OUT_DIR/<experiment>_<variant>.json (the output of `fp4lab sim --json`); totals are the reports'
-count-weighted totals, i.e. one training step of the listed layers.
+Usage: summarize.py SWEEP.json | OUT_DIR
+SWEEP.json is the output of `fp4lab sim --sweep` (run <experiment>_<variant> holds that run's report; meta
+holds the notes); OUT_DIR, the older layout, holds OUT_DIR/<experiment>_<variant>.json, one `fp4lab sim --json`
+report each. Totals are the reports' count-weighted totals, i.e. one training step of the listed layers.
 """
 import json
 import os
 import sys
 
 
+def loader(path):
+    """name -> report, from a sweep results file or a folder of single-run reports."""
+    if os.path.isdir(path):
+        def from_dir(name):
+            with open(os.path.join(path, name + ".json")) as f:
+                return json.load(f)
+        return from_dir
+    with open(path) as f:
+        doc = json.load(f)
+    runs = {r["name"]: r["report"] for r in doc["runs"]}
+    return lambda name: doc["meta"] if name == "1_meta" else runs[name]
+
+
 def load(out, name):
-    with open(os.path.join(out, name + ".json")) as f:
-        return json.load(f)
+    return out(name)
 
 
 def tot(rep):
@@ -109,7 +122,7 @@ def exp4(out):
 def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
-    out = sys.argv[1]
+    out = loader(sys.argv[1])
     for e in (exp1, exp2, exp3, exp4):
         e(out)
 

@@ -376,6 +376,13 @@ std::vector<float> SafetensorsFile::read_f32(const std::string& name, bool check
     default:
       fail(path_, "tensor " + q(name) + " has dtype " + dtype_name(ti.dtype) + "; only F32, BF16 and F16 read as FP32");
   }
+  // Callers keep the FP32 copy: drop the mapped pages from this process (the page cache keeps them), so that
+  // reading a trace record by record holds about one record in memory, not every record read so far.
+  if (mapped_ && n) {
+    const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+    const uintptr_t lo = uintptr_t(p) & ~(page - 1), hi = uintptr_t(p) + n * dtype_size(ti.dtype);
+    ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);  // advisory: a failure changes nothing
+  }
   if (check_finite)
     for (size_t i = 0; i < n; ++i)
       if (!std::isfinite(out[i]))

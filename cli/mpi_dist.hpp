@@ -1,0 +1,63 @@
+// Spreading a subcommand's independent work items (trace records, sweep runs) over MPI ranks, with results
+// and faults identical to one process. Without MPI (built without it, or not started by an MPI launcher)
+// every function here acts as the one-process case: rank 0 of 1, no communication.
+//
+// Protocol: every rank opens the same inputs, computes the items assign() gives it, and gather() brings each
+// item's bytes to rank 0 in item order, where the subcommand merges them exactly as a single process would.
+// Faults are agreed on collectively, so a fault on any rank ends every rank with one message, printed by rank 0.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace fp4lab::cli::dist {
+
+// From main: MPI_Init only when an MPI launcher (mpirun, srun) started this process, so a plain run needs no
+// MPI runtime and behaves as before. finalize() is safe to call more than once.
+void init(int* argc, char*** argv);
+void finalize();
+bool built_with_mpi();
+int rank();
+int size();
+inline bool root() { return rank() == 0; }
+
+// Thrown on ranks other than 0 once the job has agreed on a fault, which rank 0 reports: main exits with
+// `code` and prints nothing, so the fault is named once.
+struct Quiet {
+  int code;
+};
+
+// main's mapping of an exception to its exit code and one-line message ("fp4lab <cmd>: error: " not included).
+int describe(std::exception_ptr e, const std::string& cmd, std::string& msg);
+
+// Owner rank of each item: largest first (ties: lower index first), each to the least-loaded rank so far
+// (ties: lower rank). Deterministic, so every rank computes the same table without communicating.
+std::vector<int> assign(const std::vector<uint64_t>& sizes, int ranks);
+
+// Runs f on every rank, then agrees: if f threw on any rank, every rank throws -- on rank 0 the fault of the
+// lowest failing rank (its own exception as is, another rank's as cli::Error with that rank's code and
+// message), Quiet elsewhere. Once a job has agreed on a fault no further communication happens, so ranks
+// that fail at different points cannot wait on each other.
+void agree(const std::string& cmd, const std::function<void()>& f);
+
+struct Item {
+  size_t index;        // position in the single-process order
+  std::string bytes;   // the item's result, serialised exactly (e.g. CBOR: doubles as raw IEEE bits)
+};
+// A rank's first fault, at the item with this index (SIZE_MAX: none).
+struct Fault {
+  size_t index = SIZE_MAX;
+  int code = 0;
+  std::string msg;
+};
+
+// Brings every rank's items to rank 0, ordered by index (other ranks get an empty vector). If any rank
+// faulted, every rank throws instead: rank 0 cli::Error with the fault of the lowest item index -- the one a
+// single process, which stops at its first fault, would have met -- and Quiet elsewhere.
+std::vector<std::string> gather(const std::string& cmd, std::vector<Item> mine, const Fault& fault);
+
+}  // namespace fp4lab::cli::dist
