@@ -194,6 +194,25 @@ NB_MODULE(_core, m) {
         "Quantiser settings of one operand: the recipe's, then the knobs on top (the CLI's rules and messages).");
   m.def("selected_pass", [](const Knobs& k) { return std::string(pass_name(selected_pass(k))); });
   m.def("training_seed", &training_seed, "seed"_a, "step"_a);
+  // The scale codecs of scale.hpp, element-wise, so tests can hold them against independent implementations.
+  using F1 = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+  using U1 = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+  m.def("ue4m3_encode", [](F1 x) {
+    std::vector<uint8_t> out(x.shape(0));
+    for (size_t i = 0; i < out.size(); ++i) out[i] = ue4m3_encode(x.data()[i]);
+    return owned(std::move(out), {x.shape(0)});
+  }, "x"_a.noconvert(), "E4M3 codes of non-negative finite values (RTNE, saturating at 448), as block scales use");
+  m.def("e4m3_decode", [](U1 c) {
+    std::vector<float> out(c.shape(0));
+    for (size_t i = 0; i < out.size(); ++i) out[i] = e4m3_decode(c.data()[i]);
+    return owned(std::move(out), {c.shape(0)});
+  }, "codes"_a.noconvert());
+  m.def("e8m0_decode", [](U1 c) {
+    std::vector<float> out(c.shape(0));
+    for (size_t i = 0; i < out.size(); ++i) out[i] = e8m0_decode(c.data()[i]);
+    return owned(std::move(out), {c.shape(0)});
+  }, "codes"_a.noconvert());
+  m.def("e8m0_encode_exp", &e8m0_encode_exp, "exponent"_a, "E8M0 code of 2^exponent (clamped to [-127, 127])");
   m.def("decode_table", [](const std::string& format) {
     const ElemFormat f = parse_format(format);
     std::vector<float> t(16);
