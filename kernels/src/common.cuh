@@ -15,11 +15,9 @@ namespace fp4lab::cuda::detail {
 // Index of f in fp4lab::kAllFormats: kernels are instantiated per format so the rounding loops unroll
 // against compile-time levels. Throws for a format the kernels were not built for.
 inline int format_index(const ElemFormat& f) {
-  for (int i = 0; i < int(sizeof(kAllFormats) / sizeof(kAllFormats[0])); ++i) {
-    const ElemFormat& k = kAllFormats[i];
-    if (k.ebits == f.ebits && k.mbits == f.mbits && k.bias == f.bias && k.max_index == f.max_index) return i;
-  }
-  throw std::invalid_argument(std::string("the CUDA kernels are not built for element format '") + f.name + "'");
+  const int i = fp4lab::format_index(f);
+  if (i < 0) throw std::invalid_argument(std::string("the CUDA kernels are not built for element format '") + f.name + "'");
+  return i;
 }
 
 inline unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }

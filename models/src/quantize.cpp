@@ -155,9 +155,6 @@ struct RuntimeFormat {
   ElemFormat f;
   const ElemFormat& get() const { return f; }
 };
-bool same_grid(const ElemFormat& a, const ElemFormat& b) {
-  return a.ebits == b.ebits && a.mbits == b.mbits && a.bias == b.bias && a.max_index == b.max_index;
-}
 template <class Body>
 void with_format(const ElemFormat& f, Body&& body) {
   if (same_grid(f, kE2M1)) return body(FixedFormat<&kE2M1>{});

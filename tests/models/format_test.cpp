@@ -251,5 +251,19 @@ TEST(FormatE2M1, HandPickedTies) {
   EXPECT_EQ(decode(kE2M1, round_rtne(kE2M1, -5.0f)), -4.0f);
 }
 
+// Formats are identified by their tuple: a renamed copy is the same format, another tuple is none of them.
+TEST(FormatIdentity, ByTupleNotName) {
+  for (int i = 0; i < int(sizeof(kAllFormats) / sizeof(kAllFormats[0])); ++i) {
+    EXPECT_EQ(format_index(kAllFormats[i]), i);
+    ElemFormat renamed = kAllFormats[i];
+    renamed.name = "custom";
+    EXPECT_EQ(format_index(renamed), i);
+  }
+  ElemFormat other = kE1M2;
+  other.bias = 2;
+  EXPECT_EQ(format_index(other), -1);
+  EXPECT_FALSE(same_grid(kE1M2, kInt4));  // same integer view, other scale: two formats
+}
+
 }  // namespace
 }  // namespace fp4lab::test

@@ -55,6 +55,17 @@ inline constexpr ElemFormat kE2M1Max2{"e2m1_max2", 2, 1, 1, 4};  // 0 .5 1 1.5 2
 
 inline constexpr ElemFormat kAllFormats[] = {kE2M1, kE1M2, kInt4, kE2M1Max2};
 
+// A format is identified by its defining tuple, never by its name (a label): the one test every layer uses.
+FP4LAB_HD constexpr bool same_grid(const ElemFormat& a, const ElemFormat& b) {
+  return a.ebits == b.ebits && a.mbits == b.mbits && a.bias == b.bias && a.max_index == b.max_index;
+}
+// Index of f in kAllFormats (the kernels' template argument, the RTL's format id), or -1 for any other tuple.
+FP4LAB_HD constexpr int format_index(const ElemFormat& f) {
+  for (int i = 0; i < int(sizeof(kAllFormats) / sizeof(kAllFormats[0])); ++i)
+    if (same_grid(kAllFormats[i], f)) return i;
+  return -1;
+}
+
 // ---- 4-bit codes ---------------------------------------------------------------------------------
 FP4LAB_HD constexpr uint8_t make_code(bool negative, int index) {
   return uint8_t((negative ? 0b1'000 : 0) | (index & 0b0'111));

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -20,9 +19,9 @@ inline constexpr int kMacLanes = 16;  // elements per beat (the N parameter of t
 // The RTL's format id (fp4lab_pkg::fmt_e) is the format's index in kAllFormats; the format-table test
 // checks that the two orders agree.
 inline int format_id(const ElemFormat& f) {
-  for (int i = 0; i < int(sizeof kAllFormats / sizeof kAllFormats[0]); ++i)
-    if (std::strcmp(kAllFormats[i].name, f.name) == 0) return i;
-  throw std::invalid_argument(std::string("format '") + f.name + "' has no RTL id");
+  const int i = format_index(f);
+  if (i < 0) throw std::invalid_argument(std::string("format '") + f.name + "' has no RTL id");
+  return i;
 }
 
 struct MacBeat {
