@@ -61,8 +61,19 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
   }
   sim::RunOptions opt;
   opt.recipe = vm.count("recipe") ? vm["recipe"].as<std::string>() : "custom";
-  opt.quant = [&vm](Pass p, Operand o) { return operand_config(vm, p, o); };
-  opt.quant(Pass::fwd_y, Operand::a);  // option errors surface here, before anything runs
+  // GEMM g of the workload draws SR stream (N + g)*8 + pass*2 + operand, N = --stream (0): the records of a trace
+  // are numbered as fp4lab analyze and fp4lab-cuda check number them.
+  const uint64_t stream0 = vm.count("stream") ? uint_option(vm, "stream", UINT32_MAX) : 0;
+  opt.quant = [&vm, stream0](Pass p, Operand o, uint32_t gemm) {
+    Knobs k = recipe_knobs(vm);
+    k["stream"] = std::to_string(stream0 + gemm);
+    try {
+      return fp4lab::operand_config(k, p, o);
+    } catch (const KnobError& e) {
+      usage_error(e.what());
+    }
+  };
+  opt.quant(Pass::fwd_y, Operand::a, 0);  // option errors surface here, before anything runs
   if (vm.count("pass")) opt.passes = {selected_pass(vm)};
   opt.check = check;
 
@@ -91,7 +102,7 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
     }
   } else {
     const std::string path = vm["trace"].as<std::string>();
-    const io::Trace trace(path, opt.quant(Pass::fwd_y, Operand::a).block);
+    const io::Trace trace(path, opt.quant(Pass::fwd_y, Operand::a, 0).block);
     std::vector<std::string> inputs = {path};
     for (const io::TraceRecord& r : trace.records()) inputs.push_back(r.file);
     check_outputs(vm, {}, inputs);  // before the run: --json must not name an input or a trace file

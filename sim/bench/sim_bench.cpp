@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   }
   if (trace_dir.empty()) trace_dir = root + "/workloads/tiny-lm/step_005000";
   const Recipe recipe = Recipe::preset(recipe_name);
-  const auto quant = [&recipe](Pass p, Operand o) { return recipe.operand(p, o); };
+  const auto quant = [&recipe](Pass p, Operand o, uint32_t gemm = 0) { return recipe.operand(p, o, gemm); };
 
   std::printf("== 1. timing only, one 8192^3 GEMM (ufp4 fwd_y), config h100-class ==\n");
   for (const char* mode : {"none", "fused"}) {
@@ -78,13 +78,15 @@ int main(int argc, char** argv) {
   for (int k = 0; k < repeat; ++k) {
     {  // golden model alone: load, quantise, fp4lab::gemm
       const Stopwatch sw;
+      uint32_t gemm_id = 0;
       for (const auto& rec : trace.records()) {
         const auto layer = trace.load(rec);
+        const uint32_t g = gemm_id++;
         for (Pass p : kPasses) {
           const PassOperands ops = pass_operands(p, layer.x.data(), layer.w.data(), layer.dy.data(), rec.tokens,
                                                  rec.in, rec.out);
-          const QTensor qa = quantize(ops.a.data(), ops.M, ops.K, quant(p, Operand::a));
-          const QTensor qb = quantize(ops.b.data(), ops.N, ops.K, quant(p, Operand::b));
+          const QTensor qa = quantize(ops.a.data(), ops.M, ops.K, quant(p, Operand::a, g));
+          const QTensor qb = quantize(ops.b.data(), ops.N, ops.K, quant(p, Operand::b, g));
           volatile float sink = gemm(qa, qb)[0];
           (void)sink;
         }

@@ -54,8 +54,8 @@ Report run_shapes(Simulator& sim, const std::vector<LayerShape>& layers, const s
                   const RunOptions& opt) {
   Report rep = make_report(sim, source, opt);
   rep.checked = false;
-  for (const LayerShape& l : layers)
-    for (const GemmJob& j : training_gemms(l, opt.quant))
+  for (size_t i = 0; i < layers.size(); ++i)
+    for (const GemmJob& j : training_gemms(layers[i], opt.quant, uint32_t(i)))
       if (wanted(opt, j.pass)) rep.jobs.push_back(sim.run(j));
   return rep;
 }
@@ -66,9 +66,10 @@ Report run_trace(Simulator& sim, const io::Trace& trace, const std::string& sour
   RunTimes tm;
   const double dp0 = sim.datapath_seconds();
   Report rep = make_report(sim, source, opt);
+  uint32_t gemm_id = 0;  // the record's position: its SR GEMM id, as in fp4lab analyze
   for (const io::TraceRecord& rec : trace.records()) {
     const LayerShape shape{rec.gemm, rec.tokens, rec.in, rec.out, 1};
-    const std::vector<GemmJob> jobs = training_gemms(shape, opt.quant);
+    const std::vector<GemmJob> jobs = training_gemms(shape, opt.quant, gemm_id++);
     if (!opt.check) {
       for (const GemmJob& j : jobs)
         if (wanted(opt, j.pass)) rep.jobs.push_back(sim.run(j));

@@ -10,7 +10,7 @@
 
 namespace fp4lab::sim {
 
-std::vector<GemmJob> training_gemms(const LayerShape& l, const OperandConfigFn& quant) {
+std::vector<GemmJob> training_gemms(const LayerShape& l, const OperandConfigFn& quant, uint32_t gemm) {
   std::vector<GemmJob> jobs;
   for (Pass p : kPasses) {
     GemmJob j;
@@ -20,8 +20,8 @@ std::vector<GemmJob> training_gemms(const LayerShape& l, const OperandConfigFn& 
     j.M = g.M;
     j.N = g.N;
     j.K = g.K;
-    j.a = quant(p, Operand::a);
-    j.b = quant(p, Operand::b);
+    j.a = quant(p, Operand::a, gemm);
+    j.b = quant(p, Operand::b, gemm);
     j.count = l.count;
     jobs.push_back(std::move(j));
   }

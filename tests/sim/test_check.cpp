@@ -47,7 +47,7 @@ RunOptions recipe_options(const std::string& name, bool check = true) {
   RunOptions o;
   o.recipe = name;
   const Recipe r = Recipe::preset(name);
-  o.quant = [r](Pass p, Operand op) { return r.operand(p, op); };
+  o.quant = [r](Pass p, Operand op, uint32_t gemm) { return r.operand(p, op, gemm); };
   o.check = check;
   return o;
 }
@@ -217,6 +217,25 @@ TEST(Check, TimingDoesNotDependOnCheck) {
   const Report b = run_trace(sim, trace, dir, recipe_options("e2m1-ref", false));
   ASSERT_EQ(a.jobs.size(), b.jobs.size());
   for (size_t i = 0; i < a.jobs.size(); ++i) EXPECT_EQ(a.jobs[i].cycles, b.jobs[i].cycles) << a.jobs[i].name;
+  fs::remove_all(dir);
+}
+
+// The simulator numbers a trace's records as fp4lab analyze and fp4lab-cuda check do: record i quantises with
+// SR GEMM id i (stream i*8 + pass*2 + operand), so the three draw the same stochastic-rounding bits.
+TEST(Check, RecordsAreNumberedAsAnalyzeNumbersThem) {
+  const std::string dir = synthetic_trace("ids", 32, 64, 48, 3);
+  const io::Trace trace(dir, 16);
+  const Recipe r = Recipe::preset("ufp4");
+  std::vector<uint32_t> seen;
+  RunOptions o = recipe_options("ufp4", false);
+  o.quant = [&](Pass p, Operand op, uint32_t gemm) {
+    seen.push_back(gemm);
+    return r.operand(p, op, gemm);
+  };
+  Simulator sim(config("teaching"));
+  EXPECT_EQ(run_trace(sim, trace, dir, o).jobs.size(), 9u);
+  ASSERT_EQ(seen.size(), 3u * 6u);  // three records, two operands of three passes
+  for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], uint32_t(i / 6)) << i;
   fs::remove_all(dir);
 }
 

@@ -18,7 +18,7 @@ RunOptions options(const std::string& recipe) {
   RunOptions o;
   o.recipe = recipe;
   const Recipe r = Recipe::preset(recipe);
-  o.quant = [r](Pass p, Operand op) { return r.operand(p, op); };
+  o.quant = [r](Pass p, Operand op, uint32_t gemm) { return r.operand(p, op, gemm); };
   return o;
 }
 

@@ -29,9 +29,11 @@ struct LayerShape {
   double count = 1;
 };
 
-// The three training GEMMs of a layer. `quant(pass, operand)` gives each operand's quantiser settings.
-using OperandConfigFn = std::function<QuantConfig(Pass, Operand)>;
-std::vector<GemmJob> training_gemms(const LayerShape& layer, const OperandConfigFn& quant);
+// The three training GEMMs of a layer. `quant(pass, operand, gemm)` gives each operand's quantiser settings;
+// `gemm` is the layer's position in the workload, its GEMM id in the SR counter (Recipe::operand's stream), as
+// fp4lab analyze and fp4lab-cuda check number the records of a trace.
+using OperandConfigFn = std::function<QuantConfig(Pass, Operand, uint32_t gemm)>;
+std::vector<GemmJob> training_gemms(const LayerShape& layer, const OperandConfigFn& quant, uint32_t gemm);
 
 // A shape list (workloads/shapes/*.csv): '#' comments, a header `gemm,tokens,in,out[,count]`, then one linear
 // layer per line. Throws std::invalid_argument "FILE:LINE: fault" on a bad line.
