@@ -71,7 +71,7 @@ int cmd_analyze(const Invocation& inv) {
        "trace v1 folders or files, e.g. several steps of a run (default: the bundled trace)")
       ("formats", po::value<std::string>()->default_value("e2m1,e1m2")->value_name("F,.."), "grids to compare")
       ("rht", po::value<std::string>()->default_value("none,16")->value_name("D,.."),
-       "RHT settings to compare: none (or 0) and Hadamard sizes 16..128")
+       "RHT settings to compare: none (or 0) and Hadamard sizes (powers of two, 16 to 128)")
       ("rht-signs", po::value<std::string>()->value_name("S1,..,SD|te"),
        "RHT signs (default te, Transformer Engine's, for d = 16; seeded for other sizes)")
       ("rht-seed", po::value<std::string>()->default_value("0")->value_name("S"),
@@ -109,7 +109,7 @@ int cmd_analyze(const Invocation& inv) {
       s.block = block;
       s.scale = scale;
       if (d != 0) {
-        if (!rht_size_ok(d) || d < 16) usage_error("--rht: size " + std::to_string(d) + " is not a power of two in 16..128");
+        if (!rht_size_ok(d)) usage_error("--rht: " + rht_size_fault(d));
         if (vm.count("rht-signs")) s.rht_signs = parse_rht_signs(vm["rht-signs"].as<std::string>(), d);
         else s.rht_signs = d == 16 ? rht_signs_te(16) : rht_signs_from_seed(d, rht_seed);
       }

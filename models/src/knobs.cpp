@@ -165,7 +165,7 @@ QuantConfig operand_config(const Knobs& k, Pass pass, Operand operand) {
   const std::string* rht = get(k, "rht");
   if (rht) {
     c.rht = parse_int(*rht, "rht");
-    if (c.rht < 0) fail("--rht must be 0 or a power of two from 16 to 128, not " + std::to_string(c.rht));
+    if (c.rht < 0) fail("--rht: 0 turns RHT off; otherwise " + rht_size_fault(c.rht));
     if (int(c.rht_signs.size()) != c.rht) c.rht_signs.clear();
   }
   const std::string* signs = get(k, "rht-signs");
@@ -182,7 +182,7 @@ QuantConfig operand_config(const Knobs& k, Pass pass, Operand operand) {
     }
   } else if (rseed) {
     if (c.rht == 0) fail("--rht-seed needs an RHT size (--rht D)");
-    if (!rht_size_ok(c.rht)) fail("RHT size must be a power of two from 16 to 128, not " + std::to_string(c.rht));
+    if (!rht_size_ok(c.rht)) fail(rht_size_fault(c.rht));
     c.rht_signs = rht_signs_from_seed(c.rht, parse_uint(*rseed, "rht-seed", UINT64_MAX));
   }
   if (c.rht != 0 && int(c.rht_signs.size()) != c.rht) {

@@ -35,8 +35,7 @@ void validate(const QuantConfig& cfg, int64_t rows, int64_t cols) {
   if (cfg.tile2d && (cfg.block != 16 || rows % 16 != 0))
     fail("16x16 tiles need block 16 and a row count that is a multiple of 16 (rows = " + std::to_string(rows) + ")");
   if (cfg.rht != 0) {
-    if (!rht_size_ok(cfg.rht) || cfg.rht < 16)
-      fail("RHT size must be a power of two from 16 to 128, not " + std::to_string(cfg.rht));
+    if (!rht_size_ok(cfg.rht)) fail(rht_size_fault(cfg.rht));
     if (cols % cfg.rht != 0)
       fail("reduction dimension " + std::to_string(cols) + " is not a multiple of the RHT size " +
            std::to_string(cfg.rht));

@@ -237,5 +237,19 @@ TEST(RhtValidate, BadSizesAndSignsThrow) {
   EXPECT_NO_THROW(quantize(x.data(), 1, 64, cfg_with(64, std::vector<float>(64, -1.0f))));
 }
 
+// The quantiser's Hadamard sizes, and its message for any other (the CLI and Python show the same text).
+TEST(RhtSize, PowersOfTwoFrom16To128) {
+  for (int d = -1; d <= 300; ++d) EXPECT_EQ(rht_size_ok(d), d == 16 || d == 32 || d == 64 || d == 128) << d;
+  QuantConfig c;
+  c.rht = 8;
+  c.rht_signs.assign(8, 1.0f);
+  try {
+    validate(c, 1, 64);
+    ADD_FAILURE() << "RHT-8 accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "RHT size must be a power of two from 16 to 128, not 8");
+  }
+}
+
 }  // namespace
 }  // namespace fp4lab::test

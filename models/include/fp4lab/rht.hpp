@@ -19,6 +19,8 @@
 
 namespace fp4lab {
 
+// The Hadamard sizes the quantiser rotates by: powers of two from one block of 16 elements to 128.
+inline constexpr int kMinRht = 16;
 inline constexpr int kMaxRht = 128;
 
 // Transformer Engine's fixed sign vector for d = 16 (docs/spec.md §3).
@@ -43,7 +45,12 @@ FP4LAB_HD inline void rht_block(float* y, int d, const float* signs) {
   for (int j = 0; j < d; ++j) y[j] = y[j] * r;
 }
 
-inline bool rht_size_ok(int d) { return d >= 2 && d <= kMaxRht && (d & (d - 1)) == 0; }
+inline bool rht_size_ok(int d) { return d >= kMinRht && d <= kMaxRht && (d & (d - 1)) == 0; }
+// The one message for a size outside that range.
+inline std::string rht_size_fault(int d) {
+  return "RHT size must be a power of two from " + std::to_string(kMinRht) + " to " + std::to_string(kMaxRht) +
+         ", not " + std::to_string(d);
+}
 
 // Seeded signs (documented generator): s_j = -1 iff bit 0 of random_bits(seed, kRhtStream, j) is set.
 inline constexpr uint32_t kRhtStream = 0x52485400u;  // "RHT\0"
