@@ -61,14 +61,19 @@ void add_common_options(po::options_description& desc) {
 
 std::string version_line() { return std::string("fp4lab ") + kVersion + " (git " + kGitCommit + ")"; }
 
-// Boost's default style lets any unambiguous prefix stand for an option (--rec for --recipe, --mac.unit for
-// --mac.units), so a typo silently sets another knob; every option must be spelt out.
-constexpr int kCommandLineStyle = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
+void refuse_placeholders(const std::string& text, const std::string& where) {
+  try {
+    io::refuse_option_placeholders(text, where);
+  } catch (const io::Error& e) {
+    usage_error(printable(e.what()));
+  }
+}
 
 bool parse_args(const Invocation& inv, const po::options_description& desc, const std::string& synopsis,
                 po::variables_map& vm) {
   const std::string hint = " (see " + inv.program + " " + inv.command + " --help)";
   try {
+    for (const std::string& a : inv.args) refuse_placeholders(a, "command line");
     // An empty positional description makes a stray bare word an error instead of being ignored.
     const po::positional_options_description no_positionals;
     po::store(po::command_line_parser(inv.args).options(desc).style(kCommandLineStyle).positional(no_positionals).run(),
@@ -89,6 +94,7 @@ bool parse_args(const Invocation& inv, const po::options_description& desc, cons
       } catch (const io::Error& e) {
         usage_error(e.what());
       }
+      refuse_placeholders(text, printable(path));
       std::istringstream in(text);
       po::parsed_options parsed(&desc);
       try {

@@ -38,6 +38,13 @@ struct Error : std::runtime_error {
 // "<file>: <msg>" with exit code 1.
 [[noreturn]] void data_error(const std::string& file, const std::string& msg);
 
+// Boost's default style lets any unambiguous prefix stand for an option (--rec for --recipe, --mac.unit for
+// --mac.units), so a typo silently sets another knob; every option must be spelt out.
+inline constexpr int kCommandLineStyle =
+    po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
+// A usage error when option text holds a placeholder Boost.Program_options loops on (io::refuse_option_placeholders).
+void refuse_placeholders(const std::string& text, const std::string& where);
+
 // ---- parsing ---------------------------------------------------------------------------------------
 // Adds --help, --version, --config FILE and --json FILE|- to `desc`.
 void add_common_options(po::options_description& desc);

@@ -218,7 +218,8 @@ int cmd_sim_sweep(const Invocation& inv) {
        "write PREFIX.json and PREFIX.csv (default: the sweep file's name without .toml, in the current folder)")
       ("help,h", "this help");
   po::variables_map vm;
-  po::store(po::command_line_parser(inv.args).options(desc).run(), vm);
+  for (const std::string& a : inv.args) refuse_placeholders(a, "command line");
+  po::store(po::command_line_parser(inv.args).options(desc).style(kCommandLineStyle).run(), vm);
   if (vm.count("help")) {
     if (dist::root())
       std::cout << "usage: fp4lab sim --sweep FILE [--out PREFIX]   (under mpirun -np N: runs spread over ranks)\n\n"

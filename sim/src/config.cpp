@@ -212,14 +212,19 @@ Config Config::load(const std::string& path, const std::vector<std::string>& ove
   po::variables_map vm;
   try {
     std::vector<std::string> args;
-    for (const std::string& o : overrides) args.push_back("--" + o);
+    for (const std::string& o : overrides) {
+      io::refuse_option_placeholders(o, "override");
+      args.push_back("--" + o);
+    }
     po::store(po::command_line_parser(args)
                   .options(desc)
                   .style(po::command_line_style::default_style & ~po::command_line_style::allow_guessing)
                   .run(),
               vm);
     // A FIFO or device is refused, not waited on; config files do not nest.
-    std::istringstream in(io::read_regular_file(path, "config file"));
+    const std::string text = io::read_regular_file(path, "config file");
+    io::refuse_option_placeholders(text, path);
+    std::istringstream in(text);
     const po::parsed_options parsed = po::parse_config_file(in, desc);
     po::store(parsed, vm);
     po::notify(vm);

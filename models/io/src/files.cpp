@@ -121,4 +121,10 @@ void write_file_atomic(const std::string& path, const std::string& text) {
   f.commit();
 }
 
+void refuse_option_placeholders(const std::string& text, const std::string& where) {
+  for (const char* p : {"%value%", "%option%", "%canonical_option%", "%prefix_option%", "%original_token%"})
+    if (text.find(p) != std::string::npos)
+      throw Error(where + ": holds '" + p + "', which the option parser cannot quote in a message; fp4lab refuses it");
+}
+
 }  // namespace fp4lab::io
