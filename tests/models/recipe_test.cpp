@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "fp4lab/gemm.hpp"
+#include "fp4lab/philox.hpp"
 #include "fp4lab/recipe.hpp"
 #include "fp4lab/rht.hpp"
 #include "test_util.hpp"
@@ -166,6 +167,22 @@ TEST(PassOperands, ShapesAndTransposes) {
 TEST(PassOperands, TransposeHelper) {
   const std::vector<float> a = {1, 2, 3, 4, 5, 6};  // [2, 3]
   EXPECT_EQ(transpose(a.data(), 2, 3), (std::vector<float>{1, 4, 2, 5, 3, 6}));
+}
+
+// docs/spec.md §12's words: the first two Philox4x32-10 words (low first) under key = seed and counter
+// (step low, step high, "STEP", 0); distinct for neighbouring steps and seeds.
+TEST(TrainingSeed, IsTheDocumentedPhiloxDerivation) {
+  std::set<uint64_t> seen;
+  for (uint64_t seed : {0ull, 1ull, 0x123456789abcdefull})
+    for (uint64_t step : {0ull, 1ull, 2ull, 1000ull, 0x100000000ull}) {
+      const uint32_t k[2] = {uint32_t(seed), uint32_t(seed >> 32)};
+      const uint32_t c[4] = {uint32_t(step), uint32_t(step >> 32), 0x53544550u, 0u};
+      uint32_t o[4];
+      Philox4x32::generate(c, k, o);
+      EXPECT_EQ(training_seed(seed, step), uint64_t(o[0]) | (uint64_t(o[1]) << 32)) << seed << " " << step;
+      seen.insert(training_seed(seed, step));
+    }
+  EXPECT_EQ(seen.size(), 15u);
 }
 
 }  // namespace
