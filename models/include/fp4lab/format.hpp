@@ -60,7 +60,8 @@ FP4LAB_HD constexpr bool same_grid(const ElemFormat& a, const ElemFormat& b) {
   return a.ebits == b.ebits && a.mbits == b.mbits && a.bias == b.bias && a.max_index == b.max_index;
 }
 // Index of f in kAllFormats (the kernels' template argument, the RTL's format id), or -1 for any other tuple.
-FP4LAB_HD constexpr int format_index(const ElemFormat& f) {
+// Host only: device code takes the index as a template argument instead of reading the table.
+constexpr int format_index(const ElemFormat& f) {
   for (int i = 0; i < int(sizeof(kAllFormats) / sizeof(kAllFormats[0])); ++i)
     if (same_grid(kAllFormats[i], f)) return i;
   return -1;
