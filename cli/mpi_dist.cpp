@@ -145,19 +145,6 @@ int describe(std::exception_ptr e, const std::string& cmd, std::string& msg) {
   }
 }
 
-std::vector<int> assign(const std::vector<uint64_t>& sizes, int ranks) {
-  std::vector<size_t> order(sizes.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sizes[a] > sizes[b]; });
-  std::vector<uint64_t> load(size_t(std::max(ranks, 1)), 0);
-  std::vector<int> owner(sizes.size(), 0);
-  for (size_t i : order) {
-    const size_t r = size_t(std::min_element(load.begin(), load.end()) - load.begin());  // first minimum
-    owner[i] = int(r);
-    load[r] += sizes[i];
-  }
-  return owner;
-}
 
 void agree(const std::string& cmd, const std::function<void()>& f) {
   std::exception_ptr e;

@@ -7,6 +7,7 @@
 // Faults are agreed on collectively, so a fault on any rank ends every rank with one message, printed by rank 0.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -36,7 +37,19 @@ int describe(std::exception_ptr e, const std::string& cmd, std::string& msg);
 
 // Owner rank of each item: largest first (ties: lower index first), each to the least-loaded rank so far
 // (ties: lower rank). Deterministic, so every rank computes the same table without communicating.
-std::vector<int> assign(const std::vector<uint64_t>& sizes, int ranks);
+inline std::vector<int> assign(const std::vector<uint64_t>& sizes, int ranks) {
+  std::vector<size_t> order(sizes.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sizes[a] > sizes[b]; });
+  std::vector<uint64_t> load(size_t(std::max(ranks, 1)), 0);
+  std::vector<int> owner(sizes.size(), 0);
+  for (size_t i : order) {
+    const size_t r = size_t(std::min_element(load.begin(), load.end()) - load.begin());  // first minimum
+    owner[i] = int(r);
+    load[r] += sizes[i];
+  }
+  return owner;
+}
 
 // Runs f on every rank, then agrees: if f threw on any rank, every rank throws -- on rank 0 the fault of the
 // lowest failing rank (its own exception as is, another rank's as cli::Error with that rank's code and

@@ -41,6 +41,7 @@
 #include "fp4lab/recipe.hpp"
 #include "fp4lab/rht.hpp"
 #include "fp4lab/scale.hpp"
+#include "mpi_dist.hpp"  // dist::assign, the record-to-rank rule of fp4lab analyze
 #include "options.hpp"
 
 #ifdef FP4LAB_HAVE_MPI
@@ -138,21 +139,6 @@ int share_exit_code(int rc) {
   if (g_size > 1) MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
 #endif
   return rc;
-}
-// Owner rank of each record: largest first, to the least-loaded rank (the rule of fp4lab analyze,
-// cli/mpi_dist.cpp assign()), so every rank computes the same table without communicating.
-std::vector<int> assign(const std::vector<uint64_t>& sizes, int n) {
-  std::vector<size_t> order(sizes.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sizes[a] > sizes[b]; });
-  std::vector<uint64_t> load(size_t(std::max(n, 1)), 0);
-  std::vector<int> owner(sizes.size(), 0);
-  for (size_t i : order) {
-    const size_t r = size_t(std::min_element(load.begin(), load.end()) - load.begin());
-    owner[i] = int(r);
-    load[r] += sizes[i];
-  }
-  return owner;
 }
 }  // namespace ranks
 
@@ -261,7 +247,7 @@ int cmd_check(const std::vector<std::string>& args) {
       sizes.push_back(uint64_t(r.tokens * r.in + r.out * r.in + r.tokens * r.out));
     }
   }
-  const std::vector<int> owner = ranks::assign(sizes, ranks::g_size);
+  const std::vector<int> owner = cli::dist::assign(sizes, ranks::g_size);
   std::vector<std::string> inputs(traces.begin(), traces.end());
   for (const auto& t : trs)
     for (const auto& r : t->records()) inputs.push_back(r.file);
