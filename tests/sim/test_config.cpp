@@ -146,6 +146,11 @@ TEST(Config, OptionPlaceholdersAreRefusedNotLoopedOn) {
   EXPECT_NE(e.find("%value%"), std::string::npos) << e;
   e = error_of([&] { config("teaching", {"tcu.count=%option%"}); });
   EXPECT_NE(e.find("%option%"), std::string::npos) << e;
+  // Any %name%: the fuzz target's second finding was %invalid_line%, in a line that is not `key = value`.
+  const std::string bad_line = write_temp("ph2.cfg", "c tcu.count %invalid_line%%canonical_option%\n");
+  e = error_of([&] { Config::load(bad_line); });
+  EXPECT_NE(e.find("%invalid_line%"), std::string::npos) << e;
+  fs::remove(bad_line);
   ::alarm(0);
   fs::remove(cfg);
 }
