@@ -10,18 +10,7 @@ ARCHS=${ARCHS:-90a}
 mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1
 fail=0
-step() {  # step NAME CMD...: runs CMD, its output to $LOGS/NAME.log, prints the tail
-  local name=$1
-  shift
-  echo "=== $name: $*"
-  local t0=$SECONDS
-  "$@" >"$LOGS/$name.log" 2>&1
-  local rc=$?
-  tail -n "${TAIL:-8}" "$LOGS/$name.log"
-  echo "=== $name: exit $rc, $((SECONDS - t0)) s"
-  [ $rc -eq 0 ] || fail=$((fail + 1))
-  return $rc
-}
+. "$(dirname "$0")/gpu_step.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 python3 -c 'import torch; print("torch", torch.__version__)'
 gen=(); command -v ninja >/dev/null && gen=(-G Ninja)

@@ -20,18 +20,7 @@ if ! ldconfig -p | grep -q libcublas.so.13 && [ ! -e /usr/local/cuda/lib64/libcu
   [ -n "$c" ] && export LD_LIBRARY_PATH="$(dirname "$c"):$LD_LIBRARY_PATH"
 fi
 fail=0
-step() {  # step NAME CMD...: runs CMD, tees its output to $LOGS/NAME.log, prints the tail
-  local name=$1
-  shift
-  echo "=== $name: $*"
-  local t0=$SECONDS
-  "$@" >"$LOGS/$name.log" 2>&1
-  local rc=$?
-  [ -n "${COMBINED:-}" ] && { echo "=== $name: $*"; cat "$LOGS/$name.log"; echo "=== $name: exit $rc"; } >>"$COMBINED"
-  tail -n "${TAIL:-6}" "$LOGS/$name.log"
-  echo "=== $name: exit $rc, $((SECONDS - t0)) s"
-  [ $rc -eq 0 ] || fail=$((fail + 1))
-}
+. "$(dirname "$0")/../../scripts/gpu_step.sh"
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv >"$LOGS/env.log" 2>&1
 uname -r >>"$LOGS/env.log"
