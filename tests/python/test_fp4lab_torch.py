@@ -76,6 +76,25 @@ def test_bias_and_bf16_activations():
     assert torch.equal(y, want)
 
 
+def test_autocast_casts_operands_as_f_linear_does():
+    """Under BF16 autocast with FP32 master weights the quantiser sees the BF16 copies of X and W (what F.linear
+    would give cuBLAS), the output is BF16, and the gradients reach the FP32 leaves."""
+    torch.manual_seed(0)
+    lin = ft.Linear(64, 32, bias=True, recipe="ufp4", layer_id=0)
+    x = (torch.randn(64, 64) * 3).requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = lin(x)
+    assert y.dtype == torch.bfloat16
+    xb, wb = x.detach().to(torch.bfloat16).float().numpy(), lin.weight.detach().to(torch.bfloat16).float().numpy()
+    ref = golden(xb, wb, "ufp4", "fwd_y", 0, 0)
+    assert torch.equal(y, torch.from_numpy(ref).to(torch.bfloat16) + lin.bias.detach().to(torch.bfloat16))
+    assert not torch.equal(torch.from_numpy(golden(x.detach().numpy(), lin.weight.detach().numpy(), "ufp4", "fwd_y",
+                                                   0, 0)).to(torch.bfloat16), torch.from_numpy(ref).to(torch.bfloat16))
+    y.float().sum().backward()
+    assert x.grad.dtype == torch.float32 and lin.weight.grad.dtype == torch.float32
+    assert lin.bias.grad.dtype == torch.float32 and torch.isfinite(lin.weight.grad).all()
+
+
 def test_bf16_recipe_is_nn_linear():
     torch.manual_seed(0)
     ref = nn.Linear(48, 80).to(torch.bfloat16)

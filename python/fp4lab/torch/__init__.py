@@ -316,7 +316,16 @@ class Linear(nn.Linear):
             self._check_backward_shapes(x.numel() // x.shape[-1], step)
             if self.training:
                 self.step += 1
-        return _LinearFn.apply(x, self.weight, self.bias, self, step)
+        weight, bias, dev = self.weight, self.bias, x.device.type
+        if torch.is_autocast_enabled(dev):
+            # As F.linear under autocast: the operands are cast to the autocast dtype first (FP32 master weights
+            # reach the quantiser as the BF16 copy autocast would give cuBLAS), and the output has that dtype.
+            dt = torch.get_autocast_dtype(dev)
+            x, weight = x.to(dt), weight.to(dt)
+            bias = None if bias is None else bias.to(dt)
+            with torch.autocast(dev, enabled=False):
+                return _LinearFn.apply(x, weight, bias, self, step)
+        return _LinearFn.apply(x, weight, bias, self, step)
 
     def _check_backward_shapes(self, tokens: int, step: int) -> None:
         """The backward GEMMs reduce over out and tokens: a shape they cannot take is refused before the forward
