@@ -61,14 +61,17 @@ class TraceCapture:
 
     At an armed step the first grad-enabled call of each matched module is recorded: X and W as the GEMM
     consumed them (cast to the autocast dtype when autocast is on, which is exactly the cast autocast
-    applies), and dY from a hook on the output tensor. Only the first `max_tokens` token rows are kept
-    (rounded down to a multiple of `token_multiple`), so the three tensors stay one consistent sub-GEMM.
+    applies), and dY from a hook on the output tensor. Only `max_tokens` token rows are kept (rounded down to a
+    multiple of `token_multiple`): the first ones, or with `token_stride` s every s-th row (rows 0, s, 2s, …, so
+    that a trace of a wide batch samples all of its sequences). With `max_out`, only that many output features
+    are kept, evenly spaced (every ceil(out/max_out)-th row of W and column of dY), so that a wide layer fits a
+    small trace. Either way the three tensors stay one consistent sub-GEMM of the layer's GEMMs.
     """
 
     def __init__(self, model, pattern: str, steps: Iterable[int], out_dir: str, *,
                  max_tokens: Optional[int] = None, token_multiple: int = 128, dim_multiple: int = 16,
                  store_dtype: str = "gemm", metadata: Optional[Dict[str, str]] = None,
-                 name_prefix: str = ""):
+                 name_prefix: str = "", token_stride: int = 1, max_out: Optional[int] = None):
         torch = _torch()
         if store_dtype not in ("gemm", "bf16", "f32"):
             raise TraceError(f"store_dtype must be gemm, bf16 or f32, not {store_dtype!r}")
@@ -76,6 +79,11 @@ class TraceCapture:
             raise TraceError(f"token_multiple {token_multiple} is not a multiple of dim_multiple {dim_multiple}")
         if max_tokens is not None and max_tokens < token_multiple:
             raise TraceError(f"max_tokens {max_tokens} is below token_multiple {token_multiple}")
+        if token_stride < 1:
+            raise TraceError(f"token_stride must be positive, not {token_stride}")
+        if max_out is not None and (max_out < dim_multiple or max_out % dim_multiple):
+            raise TraceError(f"max_out {max_out} is not a positive multiple of dim_multiple {dim_multiple}")
+        self.token_stride, self.max_out, self.dim_multiple = token_stride, max_out, dim_multiple
         self.steps = set(int(s) for s in steps)
         self.out_dir = out_dir
         self.max_tokens = max_tokens
@@ -131,7 +139,10 @@ class TraceCapture:
                 "step": str(step),
                 "gemm": name,
                 "tokens_in_pass": str(r["tokens_total"]),
-                "tokens_kept": f"first {r['x'].shape[0]} rows of the flattened [tokens, features] input",
+                "tokens_kept": (f"first {r['x'].shape[0]} rows" if self.token_stride == 1 else
+                                f"{r['x'].shape[0]} rows, every {self.token_stride}th from row 0,") +
+                               " of the flattened [tokens, features] input",
+                "out_features_kept": r["out_kept"],
                 "calls_in_step": str(r["calls"]),
                 "gemm_dtype": r["gemm_dtype"],
             })
@@ -201,13 +212,22 @@ class TraceCapture:
                 return  # keep the first call of the step (e.g. the first micro-batch)
             dt = self._target_dtype(x)
             x2 = x.detach().reshape(-1, x.shape[-1])
-            k = self._keep_rows(x2.shape[0], name)
+            k = self._keep_rows(x2.shape[0] // self.token_stride, name)
+            rows = slice(0, k * self.token_stride, self.token_stride)
+            w = mod.weight.detach()
+            out = w.shape[0]
+            cols, out_kept = slice(None), f"all {out}"
+            if self.max_out is not None and out > self.max_out:
+                stride = -(-out // self.max_out)
+                n = len(range(0, out, stride))
+                n -= n % self.dim_multiple
+                cols, out_kept = slice(0, n * stride, stride), f"{n} of {out}, every {stride}th from 0"
             r = {"calls": 1, "tokens_total": x2.shape[0], "gemm_dtype": str(dt).replace("torch.", ""),
-                 "x": _snapshot(x2[:k], dt), "w": _snapshot(mod.weight.detach(), dt)}
+                 "x": _snapshot(x2[rows], dt), "w": _snapshot(w[cols], dt), "out_kept": out_kept}
             self._rec[name] = r
 
-            def grad_hook(g, r=r, k=k, dt=dt):
-                r["dy"] = _snapshot(g.detach().reshape(-1, g.shape[-1])[:k], dt)
+            def grad_hook(g, r=r, rows=rows, cols=cols, dt=dt):
+                r["dy"] = _snapshot(g.detach().reshape(-1, g.shape[-1])[rows][:, cols], dt)
 
             output.register_hook(grad_hook)
         return hook
@@ -220,8 +240,32 @@ def _snapshot(t, dt):
 
 
 def save_safetensors(path: str, tensors, metadata: Dict[str, str]):
-    from safetensors.torch import save_file  # noqa: PLC0415
-    save_file(tensors, path, metadata={k: str(v) for k, v in metadata.items()})
+    """Writes torch tensors (BF16 or F32) as a safetensors file: an 8-byte little-endian header length, the JSON
+    header (dtype, shape, data offsets, __metadata__), the raw little-endian data; under a temporary name, then
+    renamed, so a killed capture leaves no truncated trace."""
+    torch = _torch()
+    names = {torch.bfloat16: "BF16", torch.float32: "F32"}
+    header, chunks, off = {"__metadata__": {k: str(v) for k, v in metadata.items()}}, [], 0
+    for name, t in tensors.items():
+        if t.dtype not in names:
+            raise TraceError(f"{path}: tensor {name}: dtype {t.dtype} is not BF16 or F32")
+        raw = t.contiguous().view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32).numpy().tobytes()
+        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + len(raw)]}
+        chunks.append(raw)
+        off += len(raw)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)  # the data starts 8-byte aligned
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(struct.pack("<Q", len(h)) + h)
+            for c in chunks:
+                f.write(c)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def _command_line(argv: Optional[List[str]] = None) -> str:
@@ -248,6 +292,7 @@ def run_wrapped(args) -> int:
 
     def attach(root):
         cap = TraceCapture(root, args.pattern, steps, args.out, max_tokens=args.max_tokens,
+                           token_stride=args.token_stride, max_out=args.max_out,
                            token_multiple=args.token_multiple, store_dtype=args.dtype,
                            metadata={"model": meta.pop("model", type(root).__name__), **meta})
         cap.arm(state["updates"])
@@ -445,6 +490,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     r.add_argument("--out", required=True, help="output folder; one step_NNNNNN/ sub-folder per step")
     r.add_argument("--max-tokens", type=int, default=None, help="keep at most this many token rows")
     r.add_argument("--token-multiple", type=int, default=128, help="kept token rows are a multiple of this")
+    r.add_argument("--token-stride", type=int, default=1, help="keep every n-th token row (0, n, 2n, ...)")
+    r.add_argument("--max-out", type=int, default=None, help="keep at most this many output features, evenly "
+                   "spaced (rows of W, columns of dY)")
     r.add_argument("--dtype", choices=("gemm", "bf16", "f32"), default="gemm",
                    help="stored dtype: what the GEMM consumed (default), or forced BF16/F32")
     r.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE", help="extra metadata")

@@ -65,6 +65,27 @@ def test_f32_capture_is_bit_exact(tmp_path):
     assert [(r["gemm"], r["tokens"], r["in"], r["out"]) for r in rows] == [("0", 256, 32, 64), ("2", 256, 64, 48)]
 
 
+def test_strided_rows_and_evenly_spaced_outputs_are_one_sub_gemm(tmp_path):
+    """token_stride keeps rows 0, s, 2s, ...; max_out keeps every k-th output feature: rows of W and the same
+    columns of dY, bit for bit, so the three tensors remain a consistent sub-GEMM."""
+    model = two_layer()
+    cap = ct.TraceCapture(model, r"^0$", {1}, str(tmp_path), max_tokens=128, token_multiple=16, token_stride=4,
+                          max_out=32)
+    x = torch.randn(4, 128, 32)  # 512 token rows
+    r = torch.randn(4, 128, 64)
+    with cap.at(1):
+        h = model[0](x)
+        (h * r).sum().backward()
+    t, m = load(str(tmp_path / "step_000001" / "0.safetensors"))
+    assert t["0.fwd_x"].shape == (128, 32) and t["0.fwd_w"].shape == (32, 32) and t["0.bwd_dy"].shape == (128, 32)
+    assert (bits(t["0.fwd_x"]) == bits(x.reshape(-1, 32)[0:512:4])).all()
+    assert (bits(t["0.fwd_w"]) == bits(model[0].weight[0:64:2])).all()
+    assert (bits(t["0.bwd_dy"]) == bits(r.reshape(-1, 64)[0:512:4, 0:64:2])).all()
+    assert m["out_features_kept"] == "32 of 64, every 2th from 0" and m["tokens_kept"].startswith("128 rows, every 4th")
+    with pytest.raises(ct.TraceError, match="max_out 24 is not a positive multiple"):
+        ct.TraceCapture(model, r".", {1}, str(tmp_path), max_out=24)
+
+
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
