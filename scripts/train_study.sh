@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Runs training runs of scripts/train_fp4.py on every GPU of a CUDA machine, PER_GPU at a time on each, and
+# leaves each run's JSON and log in $LOGS/runs. Builds fp4lab._core for that machine's python3 first (build-gpu/,
+# CUDA kernels for sm_$ARCHS). A run whose JSON is already in $LOGS/runs is skipped.
+#
+#   DATA=data/linux-doc LOGS=out PER_GPU=2 scripts/train_study.sh SIZE:RECIPE:MODE:SEED:STEPS[:EXTRA ARGS] ...
+#
+# EXTRA ARGS (split on spaces) go to that run alone, e.g. its trace capture options.
+# PREFIX may name a folder holding headers the machine lacks (Eigen, nlohmann-json, nanobind).
+# Exit status: the number of runs that failed.
+set -u
+LOGS=${LOGS:-gpu-out}
+ARCHS=${ARCHS:-90a}
+PER_GPU=${PER_GPU:-1}
+DATA=${DATA:?DATA must name the folder made by train_fp4.py corpus}
+mkdir -p "$LOGS/runs"
+export PYTHONUNBUFFERED=1
+cd "$(dirname "$0")/.."
+if ! ls build-gpu/python/fp4lab/_core*.so >/dev/null 2>&1; then
+  gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
+  t0=$SECONDS
+  PYTHONPATH=${PREFIX:-}${PYTHONPATH:+:$PYTHONPATH} cmake -S . -B build-gpu "${gen[@]}" -DFP4LAB_CLI=OFF \
+    -DFP4LAB_TESTS=OFF -DFP4LAB_SIM=OFF -DFP4LAB_RTL=OFF -DFP4LAB_BENCH=OFF -DFP4LAB_CUDA_ARCHS="$ARCHS" \
+    -DPython_EXECUTABLE="$(command -v python3)" ${PREFIX:+-DCMAKE_PREFIX_PATH=$PREFIX} >"$LOGS/build.log" 2>&1 &&
+    cmake --build build-gpu --target _core -j"$(nproc)" >>"$LOGS/build.log" 2>&1 ||
+    { tail -20 "$LOGS/build.log"; exit 100; }
+  echo "built fp4lab._core in $((SECONDS - t0)) s"
+fi
+export PYTHONPATH=$PWD/build-gpu/python
+ngpu=$(nvidia-smi -L | wc -l)
+nvidia-smi --query-gpu=index,name,clocks.max.sm --format=csv,noheader
+run_one() {  # GPU SPEC
+  local size recipe mode seed steps extra name
+  IFS=: read -r size recipe mode seed steps extra <<<"$2"
+  name="$size-$recipe-$([ "$recipe" = bf16 ] && echo bf16 || echo "$mode")-s$seed"
+  [ -s "$LOGS/runs/$name.json" ] && { echo "skip $name (done)"; return 0; }
+  echo "start $name on GPU $1 ($(date +%T))"
+  CUDA_VISIBLE_DEVICES=$1 python3 scripts/train_fp4.py train --data "$DATA" --size "$size" --recipe "$recipe" \
+    --mode "$mode" --seed "$seed" --steps "$steps" --name "$name" --concurrent "$PER_GPU" \
+    --out "$LOGS/runs/$name.json" ${TRAIN_ARGS:-} $extra >"$LOGS/runs/$name.log" 2>&1
+  local rc=$?
+  echo "end $name: exit $rc ($(date +%T))"
+  return $rc
+}
+gpu_queue() {  # GPU SPEC... : PER_GPU runs at a time on one GPU
+  local gpu=$1 f=0
+  shift
+  for spec in "$@"; do
+    while [ "$(jobs -rp | wc -l)" -ge "$PER_GPU" ]; do wait -n || f=$((f + 1)); done
+    run_one "$gpu" "$spec" &
+  done
+  while [ "$(jobs -rp | wc -l)" -gt 0 ]; do wait -n || f=$((f + 1)); done
+  return $f
+}
+# The runs go to the GPUs round-robin, in the order given.
+specs=("$@")
+for ((g = 0; g < ngpu; g++)); do
+  q=()
+  for ((k = g; k < ${#specs[@]}; k += ngpu)); do q+=("${specs[k]}"); done
+  gpu_queue "$g" "${q[@]}" &
+done
+fail=0
+for ((g = 0; g < ngpu; g++)); do wait -n; fail=$((fail + $?)); done
+for f in "$LOGS"/runs/*.log; do echo "--- $(basename "$f")"; tail -n 2 "$f"; done
+echo "failed runs: $fail"
+exit $fail

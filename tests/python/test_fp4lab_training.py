@@ -1,0 +1,183 @@
+"""scripts/train_fp4.py: the corpus extraction from a Debian package, a training run's reproducibility and JSON,
+the report's tables, and docs/training.md generated from docs/results/training.json (not typed); the bundled
+doc-lm trace and its committed analysis."""
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zlib
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+SCRIPT = os.path.join(ROOT, "scripts", "train_fp4.py")
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import train_fp4  # noqa: E402
+
+BIN = os.environ.get("FP4LAB_BIN", os.path.join(ROOT, "build", "bin", "fp4lab"))
+RUN_KEYS = {"name", "model", "params", "recipe", "gemm_mode", "seed", "steps", "train_loss", "val_steps", "val_loss",
+            "tokens_per_s"}
+
+
+def py(*args, **kw):
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, **kw)
+
+
+FILES = {  # relative to html/_sources
+    "admin-guide/a.rst.txt": b"The kernel boots.\n",
+    "core-api/b.rst.txt": b"Memory barriers order accesses.\n",
+    "driver-api/c.rst.txt": b"A driver binds to a device.\n",
+    "filesystems/d.rst.txt": b"Files have inodes.\n",
+    "process/e.rst.txt": b"Patches go to the list.\n",
+    "translations/zh_CN/f.rst.txt": "内核".encode(),
+    "admin-guide/g.html": b"<p>not a source</p>",
+}
+
+
+def make_tree(root, pkg="linux-doc-9.9"):
+    base = os.path.join(root, "usr/share/doc", pkg, "html/_sources")
+    for rel, data in FILES.items():
+        p = os.path.join(base, rel)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "wb") as f:
+            f.write(data)
+
+
+def expected_split():
+    eng = sorted(r for r in FILES if r.endswith(".rst.txt") and not r.startswith("translations/"))
+    val = [r for r in eng if zlib.crc32(r.encode()) % 20 == 0]
+    train = [r for r in eng if r not in val]
+    return b"\n\n".join(FILES[r] for r in train), b"\n\n".join(FILES[r] for r in val), len(train), len(val)
+
+
+def check_corpus(out):
+    train, val, nt, nv = expected_split()
+    assert open(os.path.join(out, "train.bin"), "rb").read() == train
+    assert open(os.path.join(out, "val.bin"), "rb").read() == val
+    meta = json.load(open(os.path.join(out, "corpus.json")))
+    assert meta["files"] == {"train": nt, "val": nv}
+    assert meta["sha256"]["train"] == hashlib.sha256(train).hexdigest()
+
+
+def test_corpus_from_installed_tree_and_from_deb(tmp_path):
+    make_tree(tmp_path / "root")
+    r = py("corpus", "--root", str(tmp_path / "root"), str(tmp_path / "a"))
+    assert r.returncode == 0, r.stderr
+    check_corpus(tmp_path / "a")
+    # The same tree as a Debian package, built by dpkg-deb (xz data member, as Debian's own).
+    pkg = tmp_path / "pkg"
+    make_tree(pkg)
+    os.makedirs(pkg / "DEBIAN")
+    (pkg / "DEBIAN" / "control").write_text("Package: linux-doc-9.9\nVersion: 9.9-1\nArchitecture: all\n"
+                                           "Maintainer: t <t@example.org>\nDescription: test\n")
+    deb = tmp_path / "linux-doc-9.9_9.9-1_all.deb"
+    subprocess.run(["dpkg-deb", "-Zxz", "--build", str(pkg), str(deb)], check=True, capture_output=True)
+    r = py("corpus", "--deb", str(deb), str(tmp_path / "b"))
+    assert r.returncode == 0, r.stderr
+    check_corpus(tmp_path / "b")
+    assert json.load(open(tmp_path / "b" / "corpus.json"))["version"] == "9.9-1"
+    # Faults name the file.
+    bad = tmp_path / "bad.deb"
+    bad.write_bytes(b"not an archive")
+    r = py("corpus", "--deb", str(bad), str(tmp_path / "c"))
+    assert r.returncode != 0 and str(bad) in r.stderr and "not a Debian package" in r.stderr
+    r = py("corpus", "--root", str(tmp_path / "nothing"), str(tmp_path / "c"))
+    assert r.returncode != 0 and "no linux-doc" in r.stderr
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Real English text: this repository's docs for training, its README for validation."""
+    d = tmp_path_factory.mktemp("data")
+    docs = sorted(os.path.join(ROOT, "docs", f) for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md"))
+    (d / "train.bin").write_bytes(b"\n\n".join(open(p, "rb").read() for p in docs))
+    (d / "val.bin").write_bytes(open(os.path.join(ROOT, "README.md"), "rb").read()[:6000])
+    return d
+
+
+def train(data, out, recipe, seed=0, steps=12):
+    r = py("train", "--data", str(data), "--size", "test", "--recipe", recipe, "--steps", str(steps),
+           "--eval-every", "6", "--eval-windows", "8", "--log-every", "6", "--seed", str(seed), "--device", "cpu",
+           "--out", str(out), env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    return json.load(open(out))
+
+
+def test_training_runs_reproducible_with_the_documented_json(data, tmp_path):
+    a = train(data, tmp_path / "a.json", "ufp4")
+    b = train(data, tmp_path / "b.json", "ufp4")
+    assert RUN_KEYS <= set(a)
+    assert a["train_loss"] == b["train_loss"] and a["val_loss"] == b["val_loss"]  # bit for bit on the CPU
+    assert a["steps"] == list(range(1, 13)) and a["val_steps"] == [6, 12] and len(a["train_loss"]) == 12
+    assert a["recipe"] == "ufp4" and a["gemm_mode"] == "exact" and a["diverged"] is None
+    assert a["train_loss"][-1] < a["train_loss"][0]
+    bf = train(data, tmp_path / "bf.json", "bf16")
+    # Same initialisation and batches: the first forward differs only by the recipe's quantisation.
+    assert abs(bf["train_loss"][0] - a["train_loss"][0]) < 0.05 and bf["train_loss"] != a["train_loss"]
+    s1 = train(data, tmp_path / "s1.json", "bf16", seed=1)
+    assert s1["train_loss"][0] != bf["train_loss"][0]
+    # An existing output is not overwritten.
+    r = py("train", "--data", str(data), "--size", "test", "--steps", "10", "--device", "cpu",
+           "--out", str(tmp_path / "a.json"))
+    assert r.returncode != 0 and "exists" in r.stderr
+    assert json.load(open(tmp_path / "a.json")) == a
+
+    doc = tmp_path / "t.md"
+    doc.write_text("<!-- training status: scripts/train_fp4.py report -->\n<!-- end of training status: "
+                   "scripts/train_fp4.py report -->\n<!-- training tables: scripts/train_fp4.py report -->\n"
+                   "<!-- end of training tables: scripts/train_fp4.py report -->\n")
+    r = py("report", str(tmp_path / "a.json"), str(tmp_path / "bf.json"), str(tmp_path / "s1.json"),
+           "--json", str(tmp_path / "training.json"), "--doc", str(doc), "--figures", str(tmp_path / "fig"))
+    assert r.returncode == 0, r.stderr
+    merged = json.load(open(tmp_path / "training.json"))["runs"]
+    assert sorted(x["name"] for x in merged) == sorted([a["name"], bf["name"], s1["name"]])
+    text = doc.read_text()
+    rel = 100 * (a["val_loss"][-1] - bf["val_loss"][-1]) / bf["val_loss"][-1]
+    assert f"| `ufp4` | exact | 1 | {rel:+.2f} ({rel:+.2f})" in text
+    assert "BF16 seed-to-seed spread (2 seeds" in text and "e2m1-ref" in text
+    assert os.path.getsize(tmp_path / "fig_test.png") > 10000
+    r = py("report", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json", str(tmp_path / "x.json"),
+           "--doc", "", "--figures", "")
+    assert r.returncode != 0 and "given twice" in r.stderr
+
+
+def block(text, marker):
+    i = text.index(f"<!-- {marker} -->") + len(f"<!-- {marker} -->")
+    return text[i:text.index(f"<!-- end of {marker} -->")].strip()
+
+
+def test_docs_training_is_generated_from_the_committed_json(tmp_path):
+    """docs/training.md's status, tables and proxy tables equal what the report and proxy commands make of the
+    committed results: nothing in them is typed by hand."""
+    doc = open(os.path.join(ROOT, "docs", "training.md")).read()
+    runs = json.load(open(os.path.join(ROOT, "docs", "results", "training.json")))["runs"]
+    assert all(RUN_KEYS <= set(r) for r in runs)
+    assert block(doc, "training tables: scripts/train_fp4.py report") == train_fp4.tables(runs).strip()
+    ms = train_fp4.metrics(runs)
+    assert block(doc, "training status: scripts/train_fp4.py report") == "\n".join(
+        f"- {train_fp4.verdict(ms, m)}" for m in train_fp4.SIZES if any(r["model"] == m for r in runs))
+    copy = tmp_path / "training.md"
+    shutil.copy(os.path.join(ROOT, "docs", "training.md"), copy)
+    r = py("proxy", "tiny-lm step 5000=docs/results/analysis.json",
+           "doc-lm step 200=docs/results/analysis-doc-lm-step200.json",
+           "doc-lm step 1999=docs/results/analysis-doc-lm.json", "--doc", str(copy), "--figure",
+           str(tmp_path / "p.png"), cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert block(copy.read_text(), "proxy tables: scripts/train_fp4.py proxy") == block(
+        doc, "proxy tables: scripts/train_fp4.py proxy")
+
+
+def test_bundled_doc_lm_trace_and_its_analysis(tmp_path):
+    trace = os.path.join(ROOT, "workloads", "doc-lm", "step_001999")
+    size = sum(os.path.getsize(os.path.join(trace, f)) for f in os.listdir(trace))
+    assert len(os.listdir(trace)) == 8 and size <= 15_000_000
+    out = tmp_path / "a.json"
+    r = subprocess.run([BIN, "analyze", "--trace", trace, "--recipe", "ufp4,e2m1-ref,nvfp4,mxfp4", "--json",
+                        str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    got = json.load(open(out))
+    want = json.load(open(os.path.join(ROOT, "docs", "results", "analysis-doc-lm.json")))
+    for key in ("tensors", "gemms", "inversion", "decay"):
+        assert got[key] == want[key], key
