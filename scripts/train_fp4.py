@@ -36,6 +36,7 @@ import time
 import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+EXIT_CONTINUE = 75  # the run stopped at --time-limit with its state in --checkpoint: run the same command again
 ROOT = os.path.dirname(HERE)
 
 # ---------------------------------------------------------------------------------------------------------
@@ -315,10 +316,28 @@ def cmd_train(args):
                                      "recipe": args.recipe, "corpus": "linux-doc (scripts/train_fp4.py corpus)"})
     losses = torch.zeros(args.steps, dtype=torch.float32, device=device)
     val_steps, val_loss = [], []
-    train_time = 0.0
+    train_time, wall_before, start = 0.0, 0.0, 0
     diverged = None
+    # A run may span several invocations (--time-limit, --checkpoint): the checkpoint holds everything the next
+    # step depends on, so a resumed run continues bit for bit where it stopped.
+    key = {"size": args.size, "recipe": args.recipe, "mode": args.mode, "seed": args.seed, "steps": args.steps,
+           "cfg": cfg}
+    if args.checkpoint and os.path.exists(args.checkpoint):
+        ck = torch.load(args.checkpoint, map_location=device, weights_only=False)
+        if ck["key"] != key:
+            raise SystemExit(f"{args.checkpoint}: a checkpoint of another run ({ck['key']}), not of this one")
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        rng.bit_generator.state = ck["rng"]
+        losses[: ck["step"]] = ck["losses"].to(device)
+        val_steps, val_loss, train_time, wall_before, start = (ck["val_steps"], ck["val_loss"], ck["train_time"],
+                                                               ck["wall_s"], ck["step"])
+        if args.recipe != "bf16":
+            ft.set_step(model, start)
+        print(f"[{args.name}] resumed at step {start} from {args.checkpoint}", flush=True)
     t_start = time.time()
-    for step in range(args.steps):
+    step = start - 1
+    for step in range(start, args.steps):
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -356,6 +375,15 @@ def cmd_train(args):
             val_steps.append(step + 1)
             val_loss.append(evaluate(n_val if last else args.eval_windows))
             print(f"[{args.name}] step {step + 1} validation loss {val_loss[-1]:.4f}", flush=True)
+        if args.time_limit and not last and time.time() - t_start > args.time_limit:
+            buf = io.BytesIO()
+            torch.save({"key": key, "model": model.state_dict(), "opt": opt.state_dict(),
+                        "rng": rng.bit_generator.state, "losses": losses[: step + 1].cpu(), "step": step + 1,
+                        "val_steps": val_steps, "val_loss": val_loss, "train_time": train_time,
+                        "wall_s": wall_before + time.time() - t_start}, buf)
+            _write_atomic(args.checkpoint, buf.getvalue())
+            print(f"[{args.name}] time limit: stopped after step {step + 1}, state in {args.checkpoint}", flush=True)
+            sys.exit(EXIT_CONTINUE)
     done = step + 1
     run = {
         "name": args.name, "model": args.size, "params": params, "block_params": block_params,
@@ -369,11 +397,13 @@ def cmd_train(args):
                    "FP32 master weights, BF16 autocast", "val_tokens_final": int((n_val - n_val % batch) * seq),
                    "val_tokens_intermediate": int(min(args.eval_windows, n_val) // batch * batch * seq)},
         "diverged": diverged, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-        "concurrent_runs": args.concurrent, "wall_s": time.time() - t_start,
+        "concurrent_runs": args.concurrent, "wall_s": wall_before + time.time() - t_start,
         "fp4lab_version": fp4lab.__version__, "command": " ".join(sys.argv),
     }
     if args.out:
         _write_atomic(args.out, (json.dumps(run) + "\n").encode())
+    if args.checkpoint and os.path.exists(args.checkpoint):
+        os.unlink(args.checkpoint)
     return run
 
 
@@ -731,6 +761,9 @@ def main(argv=None):
     t.add_argument("--out")
     t.add_argument("--force", action="store_true")
     t.add_argument("--concurrent", type=int, default=1, help="runs sharing the GPU (recorded, for tokens/s)")
+    t.add_argument("--checkpoint", help="resume from this file if it exists; where --time-limit saves the state")
+    t.add_argument("--time-limit", type=float, help="stop after this many seconds at a step boundary, save the state "
+                   f"to --checkpoint and exit {EXIT_CONTINUE}")
     t.add_argument("--capture-steps", help="write trace v1 folders at these steps (updates applied before the pass)")
     t.add_argument("--capture-dir", default="traces")
     t.add_argument("--capture-pattern", help="modules to capture (default qkv, proj, fc1, fc2 of the first and the "
@@ -761,6 +794,8 @@ def main(argv=None):
             args.device = "cuda" if torch.cuda.is_available() else "cpu"
         if args.steps < 1 or args.eval_every < 1 or args.log_every < 1 or args.eval_windows < 1:
             ap.error("--steps, --eval-every, --log-every and --eval-windows must be positive")
+        if args.time_limit is not None and (not args.checkpoint or not args.time_limit > 0):
+            ap.error("--time-limit needs --checkpoint and a positive number of seconds")
         args.name = args.name or f"{args.size}-{args.recipe}-{args.mode if args.recipe != 'bf16' else 'bf16'}-s{args.seed}"
         cmd_train(args)
     elif args.cmd == "report":

@@ -7,6 +7,8 @@
 #
 # EXTRA ARGS (split on spaces) go to that run alone, e.g. its trace capture options.
 # PREFIX may name a folder holding headers the machine lacks (Eigen, nlohmann-json, nanobind).
+# TIME_LIMIT (seconds) stops each run at a step boundary after that long, its state in build-gpu/ckpt/NAME.pt; the
+# same command run again (on the same machine) resumes it bit for bit. Such runs count as continued, not failed.
 # Exit status: the number of runs that failed.
 set -u
 LOGS=${LOGS:-gpu-out}
@@ -35,10 +37,14 @@ run_one() {  # GPU SPEC
   name="$size-$recipe-$([ "$recipe" = bf16 ] && echo bf16 || echo "$mode")-s$seed"
   [ -s "$LOGS/runs/$name.json" ] && { echo "skip $name (done)"; return 0; }
   echo "start $name on GPU $1 ($(date +%T))"
+  local resume=()
+  [ -n "${TIME_LIMIT:-}" ] && mkdir -p build-gpu/ckpt &&
+    resume=(--checkpoint "build-gpu/ckpt/$name.pt" --time-limit "$TIME_LIMIT")
   CUDA_VISIBLE_DEVICES=$1 python3 scripts/train_fp4.py train --data "$DATA" --size "$size" --recipe "$recipe" \
     --mode "$mode" --seed "$seed" --steps "$steps" --name "$name" --concurrent "$PER_GPU" \
-    --out "$LOGS/runs/$name.json" ${TRAIN_ARGS:-} $extra >"$LOGS/runs/$name.log" 2>&1
+    --out "$LOGS/runs/$name.json" "${resume[@]}" ${TRAIN_ARGS:-} $extra >>"$LOGS/runs/$name.log" 2>&1
   local rc=$?
+  [ $rc -eq 75 ] && { echo "paused $name at the time limit ($(date +%T)): run again to continue"; return 0; }
   echo "end $name: exit $rc ($(date +%T))"
   return $rc
 }

@@ -143,6 +143,33 @@ def test_training_runs_reproducible_with_the_documented_json(data, tmp_path):
     assert r.returncode != 0 and "given twice" in r.stderr
 
 
+def test_a_run_stopped_at_its_time_limit_resumes_bit_for_bit(data, tmp_path):
+    whole = train(data, tmp_path / "whole.json", "ufp4", steps=12)
+    ck, out = tmp_path / "ck.pt", tmp_path / "parts.json"
+    args = ["train", "--data", str(data), "--size", "test", "--recipe", "ufp4", "--steps", "12", "--eval-every", "6",
+            "--eval-windows", "8", "--log-every", "6", "--device", "cpu", "--out", str(out), "--checkpoint", str(ck),
+            "--time-limit", "1e-9"]  # every invocation stops after one step
+    pauses = 0
+    while True:
+        r = py(*args, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if r.returncode != train_fp4.EXIT_CONTINUE:
+            break
+        pauses += 1
+        assert ck.exists() and not out.exists()
+    assert r.returncode == 0, r.stderr
+    assert pauses == 11 and not ck.exists()
+    parts = json.load(open(out))
+    for k in ("train_loss", "val_steps", "val_loss", "steps"):
+        assert parts[k] == whole[k], k
+    # A checkpoint of another run is refused, naming the file.
+    out.unlink()
+    r = py(*args)
+    assert r.returncode == train_fp4.EXIT_CONTINUE
+    r = py(*[a if a != "ufp4" else "nvfp4" for a in args[:-4]], "--out", str(tmp_path / "o.json"), "--checkpoint",
+           str(ck))
+    assert r.returncode != 0 and str(ck) in r.stderr and "another run" in r.stderr
+
+
 def block(text, marker):
     i = text.index(f"<!-- {marker} -->") + len(f"<!-- {marker} -->")
     return text[i:text.index(f"<!-- end of {marker} -->")].strip()
