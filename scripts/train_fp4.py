@@ -497,7 +497,7 @@ def tables(runs) -> str:
                          f"{band['seeds']} | {band['val']:.2f} | {band['train']:.2f} | |")
         lines += ["", "Every run:", "",
                   "| run | recipe | GEMMs | seed | val loss | Δ val % | train loss (last 10%) | Δ train % | "
-                  "tokens/s | runs sharing its GPU |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  "tokens/s | runs per GPU (at most) |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
         for m in sorted(rs, key=lambda m: (order.get(m["recipe"], 99), m["gemm_mode"], m["seed"])):
             note = f" — stopped: {m['diverged']}" if m["diverged"] else ""
             lines.append(f"| `{m['name']}`{note} | `{m['recipe']}` | {m['gemm_mode']} | {m['seed']} | "
