@@ -26,12 +26,17 @@ bool mac_native(MacKind kind, const ElemFormat& f) {
 namespace detail {
 
 // Tile-level L2 and buffer keys: tensor id, tile row, k-step.
-enum TensorId : uint64_t { kSrcA = 1, kSrcB, kRotA, kRotB, kQA, kQB, kOut };
+enum TensorId : uint64_t { kSrcA = 1, kSrcB, kRotA, kRotB, kQA, kQB, kOut, kUA, kUB };
 inline uint64_t key(uint64_t tensor, int64_t row_tile, int64_t k_tile) {
   return (tensor << 48) | (uint64_t(row_tile) << 24) | uint64_t(k_tile);
 }
 
-enum class PhaseKind { amax, rht, quant, rht_quant, gemm };
+enum class PhaseKind { amax, rht, quant, rht_quant, unpack, gemm };
+
+// Bytes of the unpacked integer view of a quantised operand slice (one byte an element) and its FP32 block scales.
+inline int64_t unpacked_bytes(const QuantConfig& q, int64_t rows, int64_t cols) {
+  return rows * cols + rows * (cols / q.block) * 4;
+}
 
 struct OperandPlan {
   QuantConfig q;
@@ -39,7 +44,7 @@ struct OperandPlan {
   int tile_rows = 0;
   bool rht = false, sr = false, ue4m3 = false;
   int rht_stages = 0, rht_ops_per_elem = 0;
-  uint64_t src = 0, rot = 0, qt = 0;
+  uint64_t src = 0, rot = 0, qt = 0, u8 = 0;
 };
 
 struct Counters {  // work handed out by the scheduler, for the report
@@ -67,28 +72,43 @@ class Plan {
       p.src = o == 0 ? kSrcA : kSrcB;
       p.rot = o == 0 ? kRotA : kRotB;
       p.qt = o == 0 ? kQA : kQB;
+      p.u8 = o == 0 ? kUA : kUB;
     }
+    operands = j.kind == JobKind::quantize ? 1 : 2;
+    unpack = c.unpack_launches > 0 && c.prep != PrepMode::frontend;
     mt = ceil_div(j.M, c.tile_m);
     nt = ceil_div(j.N, c.tile_n);
     kt = ceil_div(j.K, c.tile_k);
-    const bool any_rht = op[0].rht || op[1].rht, any_amax = op[0].ue4m3 || op[1].ue4m3;
-    switch (c.prep) {
+    int n_rht = 0, n_amax = 0;
+    for (int o = 0; o < operands; ++o) {
+      n_rht += op[o].rht;
+      n_amax += op[o].ue4m3;
+    }
+    // One kernel per operand and pass (as fp4lab's CUDA quantiser runs), an unpack pass of unpack.launches
+    // kernels, one GEMM kernel.
+    auto add = [&](PhaseKind k, int kernels) {
+      phases.push_back(k);
+      launches.push_back(kernels);
+    };
+    const bool prep = j.kind == JobKind::step || j.kind == JobKind::quantize;
+    if (prep) switch (c.prep) {
       case PrepMode::frontend:
-        if (any_amax) phases.push_back(PhaseKind::amax);
+        if (n_amax) add(PhaseKind::amax, n_amax);
         break;
       case PrepMode::fused:
-        if (any_amax) phases.push_back(PhaseKind::amax);
-        phases.push_back(PhaseKind::rht_quant);
+        if (n_amax) add(PhaseKind::amax, n_amax);
+        add(PhaseKind::rht_quant, operands);
         break;
       case PrepMode::unfused:
-        if (any_rht) phases.push_back(PhaseKind::rht);
-        if (any_amax) phases.push_back(PhaseKind::amax);
-        phases.push_back(PhaseKind::quant);
+        if (n_rht) add(PhaseKind::rht, n_rht);
+        if (n_amax) add(PhaseKind::amax, n_amax);
+        add(PhaseKind::quant, operands);
         break;
       case PrepMode::none:
         break;
     }
-    phases.push_back(PhaseKind::gemm);
+    if (unpack && j.kind != JobKind::quantize && j.kind != JobKind::mma) add(PhaseKind::unpack, c.unpack_launches);
+    if (j.kind != JobKind::quantize && j.kind != JobKind::unpack) add(PhaseKind::gemm, 1);
     // Grouped raster order: groups of raster_group tile rows, column by column inside a group.
     for (int64_t g = 0; g < mt; g += c.raster_group)
       for (int64_t n = 0; n < nt; ++n)
@@ -97,17 +117,24 @@ class Plan {
     // quantised) for reuse by the TCU's next tiles.
     const int64_t slot = c.prep == PrepMode::frontend
                              ? int64_t(c.tile_m + c.tile_n) * c.tile_k * c.input_bytes
-                             : quantised_bytes(op[0].q, c.tile_m, c.tile_k) + quantised_bytes(op[1].q, c.tile_n, c.tile_k);
+                             : gemm_bytes(op[0].q, c.tile_m, c.tile_k) + gemm_bytes(op[1].q, c.tile_n, c.tile_k);
     resident_bytes = std::max<int64_t>(0, c.buffer_bytes - int64_t(c.buffer_slots) * slot);
-    panel_bytes[0] = quantised_bytes(op[0].q, std::min<int64_t>(c.tile_m, j.M), j.K);
-    panel_bytes[1] = quantised_bytes(op[1].q, std::min<int64_t>(c.tile_n, j.N), j.K);
+    panel_bytes[0] = gemm_bytes(op[0].q, std::min<int64_t>(c.tile_m, j.M), j.K);
+    panel_bytes[1] = gemm_bytes(op[1].q, std::min<int64_t>(c.tile_n, j.N), j.K);
+  }
+  // Bytes of an operand slice as the GEMM reads it: unpacked integer views, or the packed quantised operand.
+  int64_t gemm_bytes(const QuantConfig& q, int64_t rows, int64_t cols) const {
+    return unpack ? unpacked_bytes(q, rows, cols) : quantised_bytes(q, rows, cols);
   }
 
   const Config& cfg;
   const GemmJob& job;
   OperandPlan op[2];
   int64_t mt = 0, nt = 0, kt = 0;
+  int operands = 2;     // 1: operand A alone (a quantise kernel)
+  bool unpack = false;  // the GEMM reads unpacked integer views
   std::vector<PhaseKind> phases;
+  std::vector<int> launches;  // kernels each phase launches
   std::vector<std::pair<int64_t, int64_t>> tiles;
   int64_t resident_bytes = 0, panel_bytes[2] = {0, 0};
   Counters counters;
@@ -125,6 +152,9 @@ class Plan {
   int64_t rows_at(int o, int64_t r) const {
     return std::min<int64_t>(op[o].tile_rows, op[o].rows - r * op[o].tile_rows);
   }
+  // A separate pass's work items: pass.rows rows (or a tile's) by a k-step.
+  int64_t pass_rows(int o) const { return cfg.pass_rows > 0 ? cfg.pass_rows : op[o].tile_rows; }
+  int64_t pass_rows_at(int o, int64_t r) const { return std::min<int64_t>(pass_rows(o), op[o].rows - r * pass_rows(o)); }
   void add_read(Token& t, uint64_t k, int64_t bytes) {
     t.rd[t.nrd++] = {k, bytes};
   }
@@ -140,15 +170,15 @@ class Plan {
   void emit_pass(PhaseKind kind, int tcu, const Put& put) {
     const bool unfused = cfg.prep == PrepMode::unfused;
     int64_t chunk = 0;
-    for (int o = 0; o < 2; ++o) {
+    for (int o = 0; o < operands; ++o) {
       const OperandPlan& p = op[o];
       if (kind == PhaseKind::amax && !p.ue4m3) continue;
       if (kind == PhaseKind::rht && !p.rht) continue;
-      const int64_t rt = ceil_div(p.rows, p.tile_rows);
+      const int64_t rt = ceil_div(p.rows, pass_rows(o));
       for (int64_t r = 0; r < rt; ++r)
         for (int64_t kk = 0; kk < kt; ++kk, ++chunk) {
           if (chunk % cfg.tcus != tcu) continue;
-          const int64_t elems = rows_at(o, r) * tk_at(kk), raw = elems * cfg.input_bytes;
+          const int64_t elems = pass_rows_at(o, r) * tk_at(kk), raw = elems * cfg.input_bytes;
           Token t;
           t.kind = Token::Kind::chunk;
           t.credit = true;
@@ -168,15 +198,24 @@ class Plan {
               add_read(t, key(p.rht ? p.rot : p.src, r, kk), raw);
               add_quant(t, p, elems);
               t.wr_key = key(p.qt, r, kk);
-              t.wr_bytes = quantised_bytes(p.q, rows_at(o, r), tk_at(kk));
+              t.wr_bytes = quantised_bytes(p.q, pass_rows_at(o, r), tk_at(kk));
               break;
             case PhaseKind::rht_quant:
               add_read(t, key(p.src, r, kk), raw);
               if (p.rht) add_rht(t, p, elems);
               add_quant(t, p, elems);
               t.wr_key = key(p.qt, r, kk);
-              t.wr_bytes = quantised_bytes(p.q, rows_at(o, r), tk_at(kk));
+              t.wr_bytes = quantised_bytes(p.q, pass_rows_at(o, r), tk_at(kk));
               break;
+            case PhaseKind::unpack:  // packed codes and scales in, one-byte integers and FP32 scales out
+              add_read(t, key(p.qt, r, kk), quantised_bytes(p.q, pass_rows_at(o, r), tk_at(kk)));
+              t.wr_key = key(p.u8, r, kk);
+              t.wr_bytes = unpacked_bytes(p.q, pass_rows_at(o, r), tk_at(kk));
+              t.buf_write = t.buf_read = t.wr_bytes;
+              counters.buf_write += double(t.wr_bytes);
+              counters.buf_read += double(t.wr_bytes);
+              put(std::move(t));
+              continue;
             case PhaseKind::gemm:
               break;
           }
@@ -210,7 +249,7 @@ class Plan {
         t.last_k = kk == kt - 1;
         for (int o = 0; o < 2; ++o) {
           const OperandPlan& p = op[o];
-          const int64_t qbytes = quantised_bytes(p.q, rows[o], tk);
+          const int64_t qbytes = gemm_bytes(p.q, rows[o], tk);
           t.buf_read += qbytes;  // the MAC array reads both tiles every k-step
           if (res[o]) continue;
           const int64_t elems = rows[o] * tk;
@@ -219,7 +258,7 @@ class Plan {
             if (p.rht) add_rht(t, p, elems);
             add_quant(t, p, elems);
           } else {
-            add_read(t, key(p.qt, idx[o], kk), qbytes);
+            add_read(t, key(unpack ? p.u8 : p.qt, idx[o], kk), qbytes);
           }
           t.buf_write += qbytes;
         }
@@ -254,6 +293,7 @@ class Scheduler : public sc_module {
     while (true) {
       sc_core::wait(start);
       for (size_t ph = 0; ph < plan->phases.size(); ++ph) {
+        clk_.wait_cycles(plan->launches[ph] * plan->cfg.launch_cycles());  // the phase's kernel launches
         plan->emit(ph, index, [this](Token&& t) { out->put(std::move(t)); });
         Token m;
         m.kind = Token::Kind::marker;
@@ -335,8 +375,9 @@ namespace {
 std::atomic<bool> g_alive{false};
 }
 
-Simulator::Simulator(const Config& cfg, std::shared_ptr<Datapath> datapath) : cfg_(cfg), dp_(std::move(datapath)) {
-  cfg_.validate();
+// The model runs on the per-slot configuration: tcu.count x tcu.ctas TCUs, each with its share of the units.
+Simulator::Simulator(const Config& cfg, std::shared_ptr<Datapath> datapath)
+    : cfg_(cfg), slot_((cfg.validate(), cfg.per_slot())), dp_(std::move(datapath)) {
   if (!dp_) throw std::invalid_argument("Simulator needs a Datapath");
   if (g_alive.exchange(true)) throw std::invalid_argument("only one fp4lab::sim::Simulator may exist at a time");
   using namespace sc_core;
@@ -348,14 +389,14 @@ Simulator::Simulator(const Config& cfg, std::shared_ptr<Datapath> datapath) : cf
   // 1 ps, the time precision of the Verilated RTL too. Units count whole cycles (Clock), so rounding the period
   // to picoseconds (546 ps at 1.83 GHz) changes no cycle count; reported times use the exact clock.
   sc_set_time_resolution(1, SC_PS);
-  model_->clk.period = sc_time::from_value(std::max<uint64_t>(1, uint64_t(std::llround(1e3 / cfg_.clock_ghz))));
-  model_->mem = std::make_unique<detail::Memory>("memory", cfg_);
-  model_->barrier = std::make_unique<detail::Barrier>(cfg_.tcus, model_->clk);
+  model_->clk.period = sc_time::from_value(std::max<uint64_t>(1, uint64_t(std::llround(1e3 / slot_.clock_ghz))));
+  model_->mem = std::make_unique<detail::Memory>("memory", slot_);
+  model_->barrier = std::make_unique<detail::Barrier>(slot_.tcus, model_->clk);
   model_->fn.dp = dp_.get();
   dp_->elaborate();
-  for (int i = 0; i < cfg_.tcus; ++i)
+  for (int i = 0; i < slot_.tcus; ++i)
     model_->tcus.push_back(
-        std::make_unique<detail::Tcu>(i, cfg_, model_->clk, *model_->mem, *model_->barrier, model_->fn));
+        std::make_unique<detail::Tcu>(i, slot_, model_->clk, *model_->mem, *model_->barrier, model_->fn));
   // Elaboration done: run the initialisation phase so every thread waits at its first wait() before the
   // first job's start event is notified.
   sc_start(SC_ZERO_TIME);
@@ -392,7 +433,7 @@ JobReport Simulator::run(const GemmJob& job, const QTensor& a, const QTensor& b,
 // against a generous bound: every k-step tile paying every unit's occupancy and latency in series, with the
 // memory shared by all TCUs, plus the separate passes over both operands and the output write-back.
 void Simulator::check_time_range(const GemmJob& job, bool native, int64_t t0) const {
-  const Config& c = cfg_;
+  const Config& c = slot_;
   const double mt = std::ceil(double(job.M) / c.tile_m), nt = std::ceil(double(job.N) / c.tile_n),
                kt = std::ceil(double(job.K) / c.tile_k);
   const double tiles = mt * nt * kt;
@@ -434,18 +475,22 @@ JobReport Simulator::run_impl(const GemmJob& job, const QTensor* qa, const QTens
     throw std::invalid_argument(where + "K = " + std::to_string(job.K) + " is not a multiple of the block size " +
                                 std::to_string(block));
   for (const QuantConfig* q : {&job.a, &job.b})
-    if (q->rht > 0 && (cfg_.tile_k % q->rht != 0 || job.K % q->rht != 0))
+    if (q->rht > 0 && (slot_.tile_k % q->rht != 0 || job.K % q->rht != 0))
       throw std::invalid_argument(where + "RHT size " + std::to_string(q->rht) + " must divide K = " +
-                                  std::to_string(job.K) + " and tile.k = " + std::to_string(cfg_.tile_k));
-  const bool native = mac_native(cfg_.mac_kind, job.a.format);
-  if (!native && cfg_.mac_fallback_rate <= 0)
-    throw std::invalid_argument(where + std::string("mac.kind = ") + mac_kind_name(cfg_.mac_kind) + " has no " +
+                                  std::to_string(job.K) + " and tile.k = " + std::to_string(slot_.tile_k));
+  const bool native = mac_native(slot_.mac_kind, job.a.format);
+  if (!native && slot_.mac_fallback_rate <= 0)
+    throw std::invalid_argument(where + std::string("mac.kind = ") + mac_kind_name(slot_.mac_kind) + " has no " +
                                 job.a.format.name + " units and mac.fallback_rate is 0");
 
   Model& m = *model_;
   const int64_t t0 = m.clk.now();
   check_time_range(job, native, t0);
-  Plan plan(cfg_, job);
+  Plan plan(slot_, job);
+  if (plan.phases.empty())
+    throw std::invalid_argument(where + "kernel '" + job_kind_name(job.kind) + "' has nothing to run under this "
+                                "configuration (quantize needs prep.mode fused or unfused; unpack needs "
+                                "unpack.launches > 0)");
   m.mem->reset(t0);
   m.barrier->releases.clear();
   // A k-step datapath computes as the tiles pass; an output-tile one (cycle-level RTL) after the timed run.
@@ -461,7 +506,7 @@ JobReport Simulator::run_impl(const GemmJob& job, const QTensor* qa, const QTens
   for (auto& t : m.tcus) {
     t->reset();
     t->sched->plan = &plan;
-    t->mac->rate = native ? double(cfg_.mac_units) : cfg_.mac_units * cfg_.mac_fallback_rate;
+    t->mac->rate = native ? double(slot_.mac_units) : slot_.mac_units * slot_.mac_fallback_rate;
     t->wb->n_cols = job.N;
   }
   for (auto& t : m.tcus) t->sched->start.notify(sc_core::SC_ZERO_TIME);  // in TCU order, see Barrier
@@ -474,8 +519,8 @@ JobReport Simulator::run_impl(const GemmJob& job, const QTensor* qa, const QTens
     std::vector<OutputTile> tiles;
     tiles.reserve(plan.tiles.size());
     for (const auto& [mi, ni] : plan.tiles)
-      tiles.push_back({mi * cfg_.tile_m, ni * cfg_.tile_n, int(std::min<int64_t>(cfg_.tile_m, job.M - mi * cfg_.tile_m)),
-                       int(std::min<int64_t>(cfg_.tile_n, job.N - ni * cfg_.tile_n))});
+      tiles.push_back({mi * slot_.tile_m, ni * slot_.tile_n, int(std::min<int64_t>(slot_.tile_m, job.M - mi * slot_.tile_m)),
+                       int(std::min<int64_t>(slot_.tile_n, job.N - ni * slot_.tile_n))});
     m.fn.timed([&] { dp_->output_tiles(*qa, *qb, tiles, c->data()); });
   }
 
@@ -485,6 +530,7 @@ JobReport Simulator::run_impl(const GemmJob& job, const QTensor* qa, const QTens
   r.name = job.name();
   r.layer = job.layer;
   r.pass = pass_name(job.pass);
+  r.kernel = job_kind_name(job.kind);
   r.M = job.M;
   r.N = job.N;
   r.K = job.K;
@@ -492,16 +538,16 @@ JobReport Simulator::run_impl(const GemmJob& job, const QTensor* qa, const QTens
   r.scale = scale_name(job.a.scale);
   r.block = block;
   r.rht = std::max(job.a.rht, job.b.rht);
-  r.prep_mode = prep_mode_name(cfg_.prep);
+  r.prep_mode = prep_mode_name(slot_.prep);
   r.native = native;
   r.count = job.count;
   r.cycles = end - t0;
   r.prep_cycles = gemm_start - t0;
-  r.time_us = double(r.cycles) * cfg_.period_ns() / 1000.0;
-  r.macs = double(job.M) * double(job.N) * double(job.K);
-  r.mac_util = r.cycles > 0 ? r.macs / (double(cfg_.peak_macs_per_cycle()) * double(r.cycles)) : 0;
+  r.time_us = double(r.cycles) * slot_.period_ns() / 1000.0;
+  r.macs = plan.phases.back() == PhaseKind::gemm ? double(job.M) * double(job.N) * double(job.K) : 0.0;
+  r.mac_util = r.cycles > 0 ? r.macs / (double(slot_.peak_macs_per_cycle()) * double(r.cycles)) : 0;
 
-  const double T = double(cfg_.tcus), cyc = double(std::max<int64_t>(r.cycles, 1));
+  const double T = double(slot_.tcus), cyc = double(std::max<int64_t>(r.cycles, 1));
   double fetch = 0, rht = 0, quant = 0, mac = 0, acc = 0, wb = 0;
   double rht_ops = 0, q_elems = 0, sr_elems = 0, acc_ops = 0, blocks = 0;
   for (const std::string& s : stall_categories()) r.stalls[s] = 0;
@@ -538,10 +584,10 @@ JobReport Simulator::run_impl(const GemmJob& job, const QTensor* qa, const QTens
   r.bytes = {{"dram_read", m.mem->dram_read},      {"dram_write", m.mem->dram_write},
              {"l2_read", m.mem->l2_read},          {"l2_write", m.mem->l2_write},
              {"buffer_read", plan.counters.buf_read}, {"buffer_write", plan.counters.buf_write}};
-  const Energy& e = cfg_.energy;
+  const Energy& e = slot_.energy;
   const double mac_pj = !native                         ? e.mac_fallback
-                        : cfg_.mac_kind == MacKind::dual ? e.mac_dual
-                        : cfg_.mac_kind == MacKind::e2m1 ? e.mac_e2m1
+                        : slot_.mac_kind == MacKind::dual ? e.mac_dual
+                        : slot_.mac_kind == MacKind::e2m1 ? e.mac_e2m1
                                                          : e.mac_e1m2;
   r.energy_pj = {{"mac", blocks * 16 * mac_pj},
                  {"acc", acc_ops * e.acc_op},

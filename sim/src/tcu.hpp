@@ -377,7 +377,10 @@ class MacArray : public sc_module {
   double rate = 1;  // block dot products per cycle for the current job's grid
   int64_t blocks = 0;
   SC_HAS_PROCESS(MacArray);
-  MacArray(sc_module_name n, Clock clk, const Config& c) : sc_module(n), clk_(clk), lat_(c.mac_latency) { SC_THREAD(run); }
+  MacArray(sc_module_name n, Clock clk, const Config& c)
+      : sc_module(n), clk_(clk), lat_(c.mac_latency), acc_lanes_(c.acc_lanes), shared_(c.acc_issue == AccIssue::shared) {
+    SC_THREAD(run);
+  }
   void reset() {
     compute = accumulate = blocks = 0;
     stall[0] = stall[1] = stall[2] = 0;
@@ -386,7 +389,8 @@ class MacArray : public sc_module {
 
  private:
   Clock clk_;
-  int64_t lat_;
+  int64_t lat_, acc_lanes_;
+  bool shared_;  // acc.issue = shared: the k-step's scale-and-accumulates occupy the MAC array too
   int64_t occupancy(int64_t b) const {
     const double whole = std::floor(rate);
     if (whole == rate) return ceil_div(b, int64_t(whole));
@@ -406,7 +410,7 @@ class MacArray : public sc_module {
         first_start = s;
       else
         stall[int(t.blame)] += s - last_end;
-      const int64_t occ = occupancy(t.blocks16);
+      const int64_t occ = occupancy(t.blocks16) + (shared_ ? ceil_div(t.acc_ops, acc_lanes_) : 0);
       clk_.wait_cycles(s + occ - now);
       compute += occ;
       blocks += t.blocks16;
@@ -436,8 +440,8 @@ class Accumulator : public sc_module {
   int64_t busy = 0, ops = 0;
   SC_HAS_PROCESS(Accumulator);
   Accumulator(sc_module_name n, Clock clk, const Config& c)
-      : sc_module(n), clk_(clk), lanes_(c.acc_lanes), lat_(c.acc_latency), buf_(size_t(c.acc_tiles)),
-        free_(size_t(c.acc_tiles), true) {
+      : sc_module(n), clk_(clk), lanes_(c.acc_lanes), lat_(c.acc_latency), shared_(c.acc_issue == AccIssue::shared),
+        buf_(size_t(c.acc_tiles)), free_(size_t(c.acc_tiles), true) {
     SC_THREAD(run);
   }
   void reset() { busy = ops = 0; }
@@ -445,6 +449,7 @@ class Accumulator : public sc_module {
  private:
   Clock clk_;
   int64_t lanes_, lat_;
+  bool shared_;  // the MAC array has spent the occupancy already
   std::vector<std::vector<float>> buf_;
   std::vector<bool> free_;
   int current_ = 0;
@@ -462,7 +467,7 @@ class Accumulator : public sc_module {
         current_ = int(std::find(free_.begin(), free_.end(), true) - free_.begin());
         free_[size_t(current_)] = false;
       }
-      const int64_t occ = ceil_div(t.acc_ops, lanes_), now = clk_.now();
+      const int64_t occ = shared_ ? 0 : ceil_div(t.acc_ops, lanes_), now = clk_.now();
       clk_.wait_cycles(std::max(now, t.ready) + occ - now);
       busy += occ;
       ops += t.acc_ops;

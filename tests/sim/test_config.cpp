@@ -62,7 +62,7 @@ TEST(Config, ErrorsNameTheFileAndTheFault) {
   EXPECT_NE(e.find("tile.k must be a positive multiple of 32"), std::string::npos) << e;
 
   e = error_of([&] { config("teaching", {"buffer.bytes=1000"}); });
-  EXPECT_NE(e.find("cannot hold buffer.slots"), std::string::npos) << e;
+  EXPECT_NE(e.find("cannot hold, per tile slot (tcu.ctas = 1), buffer.slots = 2"), std::string::npos) << e;
 
   e = error_of([&] { Config::load("/nonexistent/x.cfg"); });
   EXPECT_NE(e.find("/nonexistent/x.cfg: cannot open"), std::string::npos) << e;

@@ -21,11 +21,22 @@ enum class MacKind : uint8_t { e2m1, e1m2, dual };
 // a quantise pass) -- the paper's fused-versus-unfused question. `none`: the operands are already quantised in
 // memory (say FP4 weights kept quantised), so the job is the GEMM alone.
 enum class PrepMode : uint8_t { frontend, fused, unfused, none };
+// How kernels reach the device, for the launch overhead each pass or GEMM pays before its first tile: queued one
+// by one on a stream, or replayed from a captured CUDA graph (a smaller gap between kernels).
+enum class LaunchMode : uint8_t { stream, graph };
+// Who issues the scale-and-accumulate work. `parallel`: its own unit beside the MAC array (a TCU with a block
+// accumulator). `shared`: the MAC array's own instruction stream (an emulation kernel in which the same warps
+// issue the tensor-core products and the FP32 epilogue), so a k-step occupies the MAC array for both.
+enum class AccIssue : uint8_t { parallel, shared };
 
 const char* mac_kind_name(MacKind k);
 const char* prep_mode_name(PrepMode m);
+const char* launch_mode_name(LaunchMode m);
+const char* acc_issue_name(AccIssue a);
 MacKind parse_mac_kind(const std::string& s);    // throws std::invalid_argument naming the known values
 PrepMode parse_prep_mode(const std::string& s);
+LaunchMode parse_launch_mode(const std::string& s);
+AccIssue parse_acc_issue(const std::string& s);
 
 struct MemLevel {
   double bandwidth = 0;  // bytes per cycle (shared by every TCU)
@@ -48,6 +59,7 @@ struct Config {
   std::string name;          // "teaching", "h100-class", ...
   double clock_ghz = 1;
   int tcus = 1;              // TCUs working on one GEMM; they share the memory levels
+  int ctas = 1;              // tiles in flight per TCU, each on its 1/ctas share of the TCU's units and buffer
 
   // tile scheduler
   int tile_m = 0, tile_n = 0, tile_k = 0;
@@ -70,6 +82,17 @@ struct Config {
   int mac_latency = 0;
   int acc_lanes = 0;         // block scale-and-accumulate operations per cycle
   int acc_latency = 0;
+  AccIssue acc_issue = AccIssue::parallel;
+
+  // Kernel launches: the time before a pass's or the GEMM's first tile, per kernel, by how they are issued.
+  LaunchMode launch_mode = LaunchMode::stream;
+  double launch_stream_us = 0, launch_graph_us = 0;
+  // Unpack pass: 0 = the GEMM reads the packed quantised operands; n > 0 = it reads one-byte-per-element
+  // integer views and FP32 block scales, which a pass of n kernels writes from the packed operands first.
+  int unpack_launches = 0;
+  // Rows of an operand per work item of a separate pass (RHT, quantise, unpack): 0 = a tile's rows (tile.m or
+  // tile.n). A GPU kernel's CTA covers far fewer elements than a GEMM tile, so small tensors still reach every SM.
+  int pass_rows = 0;
 
   PrepMode prep = PrepMode::frontend;
   int input_bytes = 2;       // bytes per unquantised operand element in memory (BF16)
@@ -91,7 +114,13 @@ struct Config {
   static constexpr double kMaxLatency = 1e9;             // cycles
   static constexpr double kMaxEnergyPj = 1e9;            // every energy.* key, >= 0
 
+  static constexpr double kMaxLaunchUs = 1e6;
+
   double period_ns() const { return 1.0 / clock_ghz; }
+  // Cycles one kernel launch costs under launch_mode.
+  int64_t launch_cycles() const;
+  // The configuration of one tile slot: tcus * ctas TCUs, each with 1/ctas of the units and the buffer.
+  Config per_slot() const;
   int64_t peak_macs_per_cycle() const { return int64_t(tcus) * mac_units * 16; }
 
   // Every key, for a config file and the command line. Keys without a default are required.
