@@ -64,20 +64,22 @@ po::options_description Config::options() {
     ("acc.tiles", po::value<int>()->default_value(2), "output-tile accumulators per TCU")
     ("dram.bandwidth", po::value<double>(), "off-chip memory bandwidth, bytes per cycle")
     ("dram.latency", po::value<int64_t>(), "off-chip memory latency, cycles")
+    ("dram.write_cost", po::value<double>()->default_value(1),
+     "port time of a written byte relative to a read byte (read/write turnarounds make writes dearer)")
     ("l2.bytes", po::value<int64_t>()->default_value(0), "shared cache capacity, bytes (0 = none)")
     ("l2.bandwidth", po::value<double>()->default_value(0), "shared cache bandwidth, bytes per cycle")
     ("l2.latency", po::value<int64_t>()->default_value(0), "shared cache latency, cycles")
-    ("rht.lanes", po::value<int>(), "RHT front-end elements per cycle")
+    ("rht.lanes", po::value<double>(), "RHT front-end elements per cycle")
     ("rht.stage_latency", po::value<int>()->default_value(1), "cycles per butterfly stage")
-    ("quant.lanes", po::value<int>(), "quantiser elements per cycle (RTNE)")
-    ("quant.sr_lanes", po::value<int>()->default_value(0), "quantiser elements per cycle with SR (0 = quant.lanes)")
+    ("quant.lanes", po::value<double>(), "quantiser elements per cycle (RTNE)")
+    ("quant.sr_lanes", po::value<double>()->default_value(0), "quantiser elements per cycle with SR (0 = quant.lanes)")
     ("quant.latency", po::value<int>(), "quantiser latency, cycles")
     ("mac.units", po::value<int>(), "16-element block dot-product units per TCU")
     ("mac.kind", po::value<std::string>(), "e2m1 | e1m2 | dual: grids the units take natively")
     ("mac.fallback_rate", po::value<double>()->default_value(0),
      "throughput relative to native for a grid the units lack (0 = such a GEMM is refused)")
     ("mac.latency", po::value<int>(), "MAC array latency, cycles")
-    ("acc.lanes", po::value<int>(), "scale-and-accumulate operations per cycle")
+    ("acc.lanes", po::value<double>(), "scale-and-accumulate operations per cycle")
     ("acc.latency", po::value<int>(), "scale-and-accumulate latency, cycles")
     ("acc.issue", po::value<std::string>()->default_value("parallel"),
      "parallel | shared: scale-and-accumulate on its own unit, or issued by the MAC array (then a k-step "
@@ -141,18 +143,18 @@ Config Config::from(const po::variables_map& vm) {
   c.buffer_bytes = L("buffer.bytes");
   c.buffer_slots = I("buffer.slots");
   c.acc_tiles = I("acc.tiles");
-  c.dram = {D("dram.bandwidth"), L("dram.latency"), 0};
-  c.l2 = {D("l2.bandwidth"), L("l2.latency"), L("l2.bytes")};
-  c.rht_lanes = I("rht.lanes");
+  c.dram = {D("dram.bandwidth"), D("dram.write_cost"), L("dram.latency"), 0};
+  c.l2 = {D("l2.bandwidth"), 1, L("l2.latency"), L("l2.bytes")};
+  c.rht_lanes = D("rht.lanes");
   c.rht_stage_latency = I("rht.stage_latency");
-  c.quant_lanes = I("quant.lanes");
-  c.quant_sr_lanes = I("quant.sr_lanes") > 0 ? I("quant.sr_lanes") : c.quant_lanes;
+  c.quant_lanes = D("quant.lanes");
+  c.quant_sr_lanes = D("quant.sr_lanes") > 0 ? D("quant.sr_lanes") : c.quant_lanes;
   c.quant_latency = I("quant.latency");
   c.mac_units = I("mac.units");
   c.mac_kind = parse_mac_kind(vm["mac.kind"].as<std::string>());
   c.mac_fallback_rate = D("mac.fallback_rate");
   c.mac_latency = I("mac.latency");
-  c.acc_lanes = I("acc.lanes");
+  c.acc_lanes = D("acc.lanes");
   c.acc_latency = I("acc.latency");
   c.acc_issue = parse_acc_issue(vm["acc.issue"].as<std::string>());
   c.launch_mode = parse_launch_mode(vm["launch.mode"].as<std::string>());
@@ -195,10 +197,8 @@ void Config::validate() const {
   in_range(tcus, 1, kMaxTcus, "tcu.count");
   in_range(ctas, 1, kMaxSlots, "tcu.ctas");
   in_range(double(tcus) * ctas, 1, kMaxTcus, "tcu.count x tcu.ctas");
-  for (const auto& [key, v] : {std::pair<const char*, int>{"mac.units", mac_units}, {"acc.lanes", acc_lanes},
-                               {"rht.lanes", rht_lanes}, {"quant.lanes", quant_lanes}, {"quant.sr_lanes", quant_sr_lanes}})
-    need(v % ctas == 0, std::string(key) + " = " + std::to_string(v) + " is not a multiple of tcu.ctas = " +
-                            std::to_string(ctas) + " (each tile slot takes an equal share)");
+  need(mac_units % ctas == 0, "mac.units = " + std::to_string(mac_units) + " is not a multiple of tcu.ctas = " +
+                                  std::to_string(ctas) + " (each tile slot takes an equal share of the units)");
   in_range(launch_stream_us, 0, kMaxLaunchUs, "launch.stream_us");
   in_range(launch_graph_us, 0, kMaxLaunchUs, "launch.graph_us");
   in_range(unpack_launches, 0, kMaxSlots, "unpack.launches");
@@ -213,6 +213,7 @@ void Config::validate() const {
   in_range(double(buffer_bytes), 0, kMaxBytes, "buffer.bytes");
   in_range(dram.bandwidth, kMinBandwidth, kMaxBandwidth, "dram.bandwidth");
   in_range(double(dram.latency), 0, kMaxLatency, "dram.latency");
+  in_range(dram.write_cost, 1, 16, "dram.write_cost");
   in_range(double(l2.bytes), 0, kMaxBytes, "l2.bytes");
   if (l2.bytes > 0) {
     in_range(l2.bandwidth, kMinBandwidth, kMaxBandwidth, "l2.bandwidth (an L2, l2.bytes > 0, needs it)");
@@ -221,16 +222,16 @@ void Config::validate() const {
     in_range(l2.bandwidth, 0, kMaxBandwidth, "l2.bandwidth");
     in_range(double(l2.latency), 0, kMaxLatency, "l2.latency");
   }
-  in_range(rht_lanes, 1, kMaxUnits, "rht.lanes");
+  in_range(rht_lanes / ctas, kMinLanes, kMaxUnits, "rht.lanes / tcu.ctas");
   in_range(rht_stage_latency, 0, kMaxLatency, "rht.stage_latency");
-  in_range(quant_lanes, 1, kMaxUnits, "quant.lanes");
-  in_range(quant_sr_lanes, 1, kMaxUnits, "quant.sr_lanes");
+  in_range(quant_lanes / ctas, kMinLanes, kMaxUnits, "quant.lanes / tcu.ctas");
+  in_range(quant_sr_lanes / ctas, kMinLanes, kMaxUnits, "quant.sr_lanes / tcu.ctas");
   in_range(quant_latency, 0, kMaxLatency, "quant.latency");
   in_range(mac_units, 1, kMaxUnits, "mac.units");
   in_range(mac_latency, 0, kMaxLatency, "mac.latency");
   need(std::isfinite(mac_fallback_rate) && (mac_fallback_rate == 0 || (mac_fallback_rate >= kMinRate && mac_fallback_rate <= 1)),
        "mac.fallback_rate = " + fmt_num(mac_fallback_rate) + " must be 0 (refuse) or lie in [" + fmt_num(kMinRate) + ", 1]");
-  in_range(acc_lanes, 1, kMaxUnits, "acc.lanes");
+  in_range(acc_lanes / ctas, kMinLanes, kMaxUnits, "acc.lanes / tcu.ctas");
   in_range(acc_latency, 0, kMaxLatency, "acc.latency");
   in_range(input_bytes, 1, 8, "operand.bytes");
   in_range(output_bytes, 1, 8, "output.bytes");
@@ -309,7 +310,7 @@ nlohmann::json Config::to_json() const {
           {"tcu_ctas", ctas},
           {"tile", {{"m", tile_m}, {"n", tile_n}, {"k", tile_k}, {"raster_group", raster_group}}},
           {"buffer", {{"bytes", buffer_bytes}, {"slots", buffer_slots}}},
-          {"dram", {{"bandwidth", dram.bandwidth}, {"latency", dram.latency}}},
+          {"dram", {{"bandwidth", dram.bandwidth}, {"latency", dram.latency}, {"write_cost", dram.write_cost}}},
           {"l2", {{"bytes", l2.bytes}, {"bandwidth", l2.bandwidth}, {"latency", l2.latency}}},
           {"rht", {{"lanes", rht_lanes}, {"stage_latency", rht_stage_latency}}},
           {"quant", {{"lanes", quant_lanes}, {"sr_lanes", quant_sr_lanes}, {"latency", quant_latency}}},

@@ -231,6 +231,14 @@ TEST(Timing, TeachingQuantizeKernelAloneAndItsLaunch) {
   EXPECT_THROW(sim.run(kernel_job(JobKind::quantize, 16, 16, 64)), std::invalid_argument);
 }
 
+TEST(Timing, TeachingDramWriteCost) {
+  // Written bytes take twice a read's port time: the quantise kernel's 768 B write 177..201 (not ..189), +10.
+  Simulator sim(config("teaching", {"prep.mode=fused", "dram.write_cost=2"}));
+  const JobReport r = sim.run(kernel_job(JobKind::quantize, 16, 16, 64, plain(16)));
+  EXPECT_EQ(r.cycles, 211);
+  EXPECT_DOUBLE_EQ(r.bytes.at("dram_write"), 768);  // bytes moved, not port time
+}
+
 TEST(Timing, TeachingLaunchesOfATrainingGemm) {
   Simulator sim(config("teaching", {"prep.mode=fused", "launch.stream_us=0.05"}));
   // TeachingFusedPrepPass with a quantise kernel per operand (2 x 50 cycles before the pass) and the GEMM

@@ -40,6 +40,7 @@ AccIssue parse_acc_issue(const std::string& s);
 
 struct MemLevel {
   double bandwidth = 0;  // bytes per cycle (shared by every TCU)
+  double write_cost = 1; // port time of a written byte, in read bytes (DRAM only: bus turnarounds, write recovery)
   int64_t latency = 0;   // cycles from the end of a transfer to the data being usable
   int64_t bytes = 0;     // capacity (L2 only; 0 = no L2)
 };
@@ -70,17 +71,17 @@ struct Config {
 
   MemLevel dram, l2;
 
-  int rht_lanes = 0;         // elements per cycle through the d-point butterfly
+  double rht_lanes = 0;      // elements per cycle through the d-point butterfly (fractional: a rate)
   int rht_stage_latency = 1; // cycles per butterfly stage (latency = (log2 d + 1) stages, the last the 1/sqrt(d))
-  int quant_lanes = 0;       // elements per cycle (amax, scale, RTNE)
-  int quant_sr_lanes = 0;    // elements per cycle when rounding stochastically (Philox limited)
+  double quant_lanes = 0;    // elements per cycle (amax, scale, RTNE)
+  double quant_sr_lanes = 0; // elements per cycle when rounding stochastically (Philox limited)
   int quant_latency = 0;
 
   int mac_units = 0;         // 16-element block dot-product units per TCU
   MacKind mac_kind = MacKind::dual;
   double mac_fallback_rate = 0;  // throughput, relative to native, for a grid the units lack (0 = refuse)
   int mac_latency = 0;
-  int acc_lanes = 0;         // block scale-and-accumulate operations per cycle
+  double acc_lanes = 0;      // block scale-and-accumulate operations per cycle
   int acc_latency = 0;
   AccIssue acc_issue = AccIssue::parallel;
 
@@ -115,6 +116,7 @@ struct Config {
   static constexpr double kMaxEnergyPj = 1e9;            // every energy.* key, >= 0
 
   static constexpr double kMaxLaunchUs = 1e6;
+  static constexpr double kMinLanes = 1e-3;             // rht/quant/acc lanes: rates, per tile slot too
 
   double period_ns() const { return 1.0 / clock_ghz; }
   // Cycles one kernel launch costs under launch_mode.
