@@ -88,8 +88,9 @@ po::options_description Config::options() {
      "stream | graph: kernels queued one by one, or replayed from a CUDA graph (which launch.* cost applies)")
     ("launch.stream_us", po::value<double>()->default_value(0), "time before a stream-launched kernel's first tile, us")
     ("launch.graph_us", po::value<double>()->default_value(0), "the same for a kernel replayed from a graph, us")
-    ("pass.rows", po::value<int>()->default_value(0),
-     "operand rows per work item of a separate pass (RHT, quantise, unpack); 0 = the tile's rows")
+    ("pass.elems", po::value<int64_t>()->default_value(0),
+     "elements per work item of a separate pass (RHT, quantise, unpack), consecutive in the operand; 0 = "
+     "tile-shaped items")
     ("unpack.launches", po::value<int>()->default_value(0),
      "0: the GEMM reads packed operands; n > 0: it reads one-byte integer views and FP32 block scales, written "
      "by an unpack pass of n kernels first")
@@ -161,7 +162,7 @@ Config Config::from(const po::variables_map& vm) {
   c.launch_stream_us = D("launch.stream_us");
   c.launch_graph_us = D("launch.graph_us");
   c.unpack_launches = I("unpack.launches");
-  c.pass_rows = I("pass.rows");
+  c.pass_elems = L("pass.elems");
   c.prep = parse_prep_mode(vm["prep.mode"].as<std::string>());
   c.input_bytes = I("operand.bytes");
   c.output_bytes = I("output.bytes");
@@ -202,7 +203,8 @@ void Config::validate() const {
   in_range(launch_stream_us, 0, kMaxLaunchUs, "launch.stream_us");
   in_range(launch_graph_us, 0, kMaxLaunchUs, "launch.graph_us");
   in_range(unpack_launches, 0, kMaxSlots, "unpack.launches");
-  in_range(pass_rows, 0, kMaxTile, "pass.rows");
+  in_range(double(pass_elems), 0, kMaxBytes, "pass.elems");
+  need(pass_elems % 32 == 0, "pass.elems must be a multiple of 32 (both block sizes), not " + std::to_string(pass_elems));
   in_range(tile_m, 1, kMaxTile, "tile.m");
   in_range(tile_n, 1, kMaxTile, "tile.n");
   in_range(tile_k, 32, kMaxTileK, "tile.k");
@@ -270,8 +272,7 @@ Config Config::per_slot() const {
   c.quant_lanes = quant_lanes / ctas;
   c.quant_sr_lanes = quant_sr_lanes / ctas;
   c.buffer_bytes = buffer_bytes / ctas;
-  c.ctas = 1;
-  return c;
+  return c;  // ctas kept: slots s and s + tcu.count share TCU s (see Plan::share)
 }
 
 Config Config::load(const std::string& path, const std::vector<std::string>& overrides) {
@@ -319,7 +320,7 @@ nlohmann::json Config::to_json() const {
           {"acc", {{"lanes", acc_lanes}, {"latency", acc_latency}, {"tiles", acc_tiles}, {"issue", acc_issue_name(acc_issue)}}},
           {"launch", {{"mode", launch_mode_name(launch_mode)}, {"stream_us", launch_stream_us}, {"graph_us", launch_graph_us}}},
           {"unpack_launches", unpack_launches},
-          {"pass_rows", pass_rows},
+          {"pass_elems", pass_elems},
           {"prep_mode", prep_mode_name(prep)},
           {"operand_bytes", input_bytes},
           {"output_bytes", output_bytes},

@@ -152,9 +152,7 @@ class Plan {
   int64_t rows_at(int o, int64_t r) const {
     return std::min<int64_t>(op[o].tile_rows, op[o].rows - r * op[o].tile_rows);
   }
-  // A separate pass's work items: pass.rows rows (or a tile's) by a k-step.
-  int64_t pass_rows(int o) const { return cfg.pass_rows > 0 ? cfg.pass_rows : op[o].tile_rows; }
-  int64_t pass_rows_at(int o, int64_t r) const { return std::min<int64_t>(pass_rows(o), op[o].rows - r * pass_rows(o)); }
+
   void add_read(Token& t, uint64_t k, int64_t bytes) {
     t.rd[t.nrd++] = {k, bytes};
   }
@@ -167,63 +165,91 @@ class Plan {
     t.rht_stages = std::max(t.rht_stages, p.rht_stages);
   }
 
+  // A separate pass's work items over operand o, in order: (key row, key column, rows, columns). Tile-shaped (a
+  // tile's rows by a k-step) by default; with pass.elems, runs of that many consecutive elements of the
+  // row-major operand, as a GPU kernel's CTAs cover it (the last run shorter).
+  template <class F>
+  void each_item(int o, F&& f) const {
+    const OperandPlan& p = op[o];
+    if (cfg.pass_elems > 0) {
+      const int64_t total = p.rows * job.K, n = ceil_div(total, cfg.pass_elems);
+      for (int64_t i = 0; i < n; ++i)
+        f(i >> 20, i & ((int64_t(1) << 20) - 1), int64_t(1), std::min<int64_t>(cfg.pass_elems, total - i * cfg.pass_elems));
+      return;
+    }
+    for (int64_t r = 0; r < ceil_div(p.rows, p.tile_rows); ++r)
+      for (int64_t kk = 0; kk < kt; ++kk) f(r, kk, rows_at(o, r), tk_at(kk));
+  }
+
+  // A pass item's share of its TCU's RHT and quantiser lanes, in units of one slot's: the TCU's slots with items
+  // in this pass split them (slot s sits on TCU s mod tcu.count), so an item alone on its TCU runs at the whole
+  // TCU's rate, as a lone CTA has its SM to itself. The GEMM's tiles keep their fixed shares.
+  double share(int slot, int64_t items) const {
+    const int per = cfg.tcus / cfg.ctas, tcu = slot % per;
+    int busy = 0;
+    for (int k = 0; k < cfg.ctas; ++k) busy += int64_t(tcu) + int64_t(k) * per < items;
+    return double(cfg.ctas) / std::max(busy, 1);
+  }
+
   void emit_pass(PhaseKind kind, int tcu, const Put& put) {
     const bool unfused = cfg.prep == PrepMode::unfused;
+    int64_t items = 0;
+    for (int o = 0; o < operands; ++o)
+      if (!(kind == PhaseKind::amax && !op[o].ue4m3) && !(kind == PhaseKind::rht && !op[o].rht))
+        items += cfg.pass_elems > 0 ? ceil_div(op[o].rows * job.K, cfg.pass_elems)
+                                    : ceil_div(op[o].rows, op[o].tile_rows) * kt;
+    const double my_share = share(tcu, items);
     int64_t chunk = 0;
     for (int o = 0; o < operands; ++o) {
       const OperandPlan& p = op[o];
       if (kind == PhaseKind::amax && !p.ue4m3) continue;
       if (kind == PhaseKind::rht && !p.rht) continue;
-      const int64_t rt = ceil_div(p.rows, pass_rows(o));
-      for (int64_t r = 0; r < rt; ++r)
-        for (int64_t kk = 0; kk < kt; ++kk, ++chunk) {
-          if (chunk % cfg.tcus != tcu) continue;
-          const int64_t elems = pass_rows_at(o, r) * tk_at(kk), raw = elems * cfg.input_bytes;
-          Token t;
-          t.kind = Token::Kind::chunk;
-          t.credit = true;
-          switch (kind) {
-            case PhaseKind::amax:  // the per-tensor amax of NVFP4's global scale (of the rotated values)
-              add_read(t, key(unfused && p.rht ? p.rot : p.src, r, kk), raw);
-              if (!unfused && p.rht) add_rht(t, p, elems);
-              t.q_elems = elems;
-              break;
-            case PhaseKind::rht:
-              add_read(t, key(p.src, r, kk), raw);
-              add_rht(t, p, elems);
-              t.wr_key = key(p.rot, r, kk);
-              t.wr_bytes = raw;
-              break;
-            case PhaseKind::quant:
-              add_read(t, key(p.rht ? p.rot : p.src, r, kk), raw);
-              add_quant(t, p, elems);
-              t.wr_key = key(p.qt, r, kk);
-              t.wr_bytes = quantised_bytes(p.q, pass_rows_at(o, r), tk_at(kk));
-              break;
-            case PhaseKind::rht_quant:
-              add_read(t, key(p.src, r, kk), raw);
-              if (p.rht) add_rht(t, p, elems);
-              add_quant(t, p, elems);
-              t.wr_key = key(p.qt, r, kk);
-              t.wr_bytes = quantised_bytes(p.q, pass_rows_at(o, r), tk_at(kk));
-              break;
-            case PhaseKind::unpack:  // packed codes and scales in, one-byte integers and FP32 scales out
-              add_read(t, key(p.qt, r, kk), quantised_bytes(p.q, pass_rows_at(o, r), tk_at(kk)));
-              t.wr_key = key(p.u8, r, kk);
-              t.wr_bytes = unpacked_bytes(p.q, pass_rows_at(o, r), tk_at(kk));
-              t.buf_write = t.buf_read = t.wr_bytes;
-              counters.buf_write += double(t.wr_bytes);
-              counters.buf_read += double(t.wr_bytes);
-              put(std::move(t));
-              continue;
-            case PhaseKind::gemm:
-              break;
-          }
-          t.buf_write = t.buf_read = raw;
-          counters.buf_write += raw;
-          counters.buf_read += raw;
-          put(std::move(t));
+      each_item(o, [&](int64_t r, int64_t kk, int64_t rows, int64_t cols) {
+        if (chunk++ % cfg.tcus != tcu) return;
+        const int64_t elems = rows * cols, raw = elems * cfg.input_bytes;
+        Token t;
+        t.kind = Token::Kind::chunk;
+        t.credit = true;
+        t.share = my_share;
+        t.buf_write = t.buf_read = raw;
+        switch (kind) {
+          case PhaseKind::amax:  // the per-tensor amax of NVFP4's global scale (of the rotated values)
+            add_read(t, key(unfused && p.rht ? p.rot : p.src, r, kk), raw);
+            if (!unfused && p.rht) add_rht(t, p, elems);
+            t.q_elems = elems;
+            break;
+          case PhaseKind::rht:
+            add_read(t, key(p.src, r, kk), raw);
+            add_rht(t, p, elems);
+            t.wr_key = key(p.rot, r, kk);
+            t.wr_bytes = raw;
+            break;
+          case PhaseKind::quant:
+            add_read(t, key(p.rht ? p.rot : p.src, r, kk), raw);
+            add_quant(t, p, elems);
+            t.wr_key = key(p.qt, r, kk);
+            t.wr_bytes = quantised_bytes(p.q, rows, cols);
+            break;
+          case PhaseKind::rht_quant:
+            add_read(t, key(p.src, r, kk), raw);
+            if (p.rht) add_rht(t, p, elems);
+            add_quant(t, p, elems);
+            t.wr_key = key(p.qt, r, kk);
+            t.wr_bytes = quantised_bytes(p.q, rows, cols);
+            break;
+          case PhaseKind::unpack:  // packed codes and scales in, one-byte integers and FP32 scales out
+            add_read(t, key(p.qt, r, kk), quantised_bytes(p.q, rows, cols));
+            t.wr_key = key(p.u8, r, kk);
+            t.wr_bytes = unpacked_bytes(p.q, rows, cols);
+            t.buf_write = t.buf_read = t.wr_bytes;
+            break;
+          case PhaseKind::gemm:
+            break;
         }
+        counters.buf_write += double(t.buf_write);
+        counters.buf_read += double(t.buf_read);
+        put(std::move(t));
+      });
     }
   }
 

@@ -58,6 +58,7 @@ struct Token {
   uint64_t wr_key = 0;
   int64_t wr_bytes = 0;
   int64_t rht_elems = 0, rht_ops = 0;  // elements through the butterfly; adds/subtracts (+ scale multiplies)
+  double share = 1;                    // a pass item's RHT and quantiser rate, in the slot's own lanes
   int rht_stages = 0;                  // log2 d + 1
   int64_t q_elems = 0, q_sr_elems = 0; // elements quantised with RTNE (or amax-scanned) / with SR
   int64_t blocks16 = 0;                // 16-element block dot products
@@ -350,7 +351,7 @@ class RhtUnit : public Stage {
   void reset() override { Stage::reset(); elems = ops = 0; }
 
  protected:
-  int64_t occupancy(const Token& t) const override { return cycles_for(t.rht_elems, lanes_); }
+  int64_t occupancy(const Token& t) const override { return cycles_for(t.rht_elems, lanes_ * t.share); }
   int64_t latency(const Token& t) const override { return int64_t(t.rht_stages) * stage_; }
   void work(Token& t) override { elems += t.rht_elems; ops += t.rht_ops; }
 
@@ -367,7 +368,9 @@ class Quantiser : public Stage {
   void reset() override { Stage::reset(); elems = sr_elems = 0; }
 
  protected:
-  int64_t occupancy(const Token& t) const override { return cycles_for(t.q_elems, lanes_) + cycles_for(t.q_sr_elems, sr_lanes_); }
+  int64_t occupancy(const Token& t) const override {
+    return cycles_for(t.q_elems, lanes_ * t.share) + cycles_for(t.q_sr_elems, sr_lanes_ * t.share);
+  }
   int64_t latency(const Token&) const override { return lat_; }
   void work(Token& t) override { elems += t.q_elems; sr_elems += t.q_sr_elems; }
 

@@ -291,10 +291,24 @@ TEST(Timing, TeachingTwoCtasShareATcusUnits) {
   EXPECT_THROW(config("teaching", {"tcu.ctas=3"}), std::invalid_argument);  // 4 MAC units do not split in 3
 }
 
+TEST(Timing, TeachingPassItemsShareTheirTcusLanes) {
+  {
+    // One item on a two-slot TCU has the whole TCU's 16 RHT and quantiser lanes: as with one slot, 199.
+    Simulator sim(config("teaching", {"prep.mode=fused", "tcu.ctas=2"}));
+    EXPECT_EQ(sim.run(kernel_job(JobKind::quantize, 16, 16, 64, plain(16))).cycles, 199);
+  }
+  // Two items of 512 elements, one per slot, 8 lanes each. Item 0: read 0..16 (+10), RHT 26..90 (+5),
+  // quantise 95..159 (+2), write 384 B 161..167 (+10). Item 1: read 16..32 (+10), RHT 42..106 (+5), quantise
+  // 111..175 (+2), write 177..183 (+10) = 193.
+  Simulator sim(config("teaching", {"prep.mode=fused", "tcu.ctas=2", "pass.elems=512"}));
+  EXPECT_EQ(sim.run(kernel_job(JobKind::quantize, 16, 16, 64, plain(16))).cycles, 193);
+}
+
 TEST(Timing, TeachingPassWorkItemsReachEveryTcu) {
-  // A's 16 x 64 operand as four work items of 4 rows on four TCUs: item i read 8i..8i+8 (+10), RHT 16 (+5),
-  // quantise 16 (+2), write 192 B (+10). The last: read 24..32, RHT 42..58, quantise 63..79, write 81..84, +10.
-  Simulator sim(config("teaching", {"prep.mode=fused", "tcu.count=4", "pass.rows=4"}));
+  // A's 16 x 64 operand as four work items of 256 elements on four TCUs: item i read 8i..8i+8 (+10), RHT 16
+  // (+5), quantise 16 (+2), write 192 B (+10). The last: read 24..32, RHT 42..58, quantise 63..79, write
+  // 81..84, +10.
+  Simulator sim(config("teaching", {"prep.mode=fused", "tcu.count=4", "pass.elems=256"}));
   EXPECT_EQ(sim.run(kernel_job(JobKind::quantize, 16, 16, 64, plain(16))).cycles, 94);
 }
 

@@ -91,9 +91,10 @@ struct Config {
   // Unpack pass: 0 = the GEMM reads the packed quantised operands; n > 0 = it reads one-byte-per-element
   // integer views and FP32 block scales, which a pass of n kernels writes from the packed operands first.
   int unpack_launches = 0;
-  // Rows of an operand per work item of a separate pass (RHT, quantise, unpack): 0 = a tile's rows (tile.m or
-  // tile.n). A GPU kernel's CTA covers far fewer elements than a GEMM tile, so small tensors still reach every SM.
-  int pass_rows = 0;
+  // Elements per work item of a separate pass (RHT, quantise, unpack), consecutive in the row-major operand:
+  // 0 = tile-shaped items (a tile's rows by a k-step). A GPU kernel's CTA covers a fixed run of elements, far
+  // fewer than a GEMM tile, so small tensors still reach every SM and no item is an edge tile.
+  int64_t pass_elems = 0;
 
   PrepMode prep = PrepMode::frontend;
   int input_bytes = 2;       // bytes per unquantised operand element in memory (BF16)
@@ -121,7 +122,8 @@ struct Config {
   double period_ns() const { return 1.0 / clock_ghz; }
   // Cycles one kernel launch costs under launch_mode.
   int64_t launch_cycles() const;
-  // The configuration of one tile slot: tcus * ctas TCUs, each with 1/ctas of the units and the buffer.
+  // The configuration of one tile slot: tcus * ctas TCUs, each with 1/ctas of the units and the buffer (ctas
+  // unchanged: it says how many slots share a TCU).
   Config per_slot() const;
   int64_t peak_macs_per_cycle() const { return int64_t(tcus) * mac_units * 16; }
 
