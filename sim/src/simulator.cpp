@@ -181,9 +181,10 @@ class Plan {
       for (int64_t kk = 0; kk < kt; ++kk) f(r, kk, rows_at(o, r), tk_at(kk));
   }
 
-  // A pass item's share of its TCU's RHT and quantiser lanes, in units of one slot's: the TCU's slots with items
-  // in this pass split them (slot s sits on TCU s mod tcu.count), so an item alone on its TCU runs at the whole
-  // TCU's rate, as a lone CTA has its SM to itself. The GEMM's tiles keep their fixed shares.
+  // A work item's share of its TCU's units, in units of one slot's: the TCU's slots that have work split them
+  // (slot s sits on TCU s mod tcu.count), so an item alone on its TCU runs at the whole TCU's rate, as a lone
+  // CTA has its SM to itself. `items` work items dealt round-robin keep slots 0 .. items-1 busy. For a pass's
+  // items this holds throughout; for GEMM tiles, in the last round (the tail wave).
   double share(int slot, int64_t items) const {
     const int per = cfg.tcus / cfg.ctas, tcu = slot % per;
     int busy = 0;
@@ -256,8 +257,11 @@ class Plan {
   void emit_gemm(int tcu, const Put& put) {
     const bool frontend = cfg.prep == PrepMode::frontend;
     Lru resident(resident_bytes);  // operand panels kept in this TCU's buffer between tiles
-    for (size_t i = size_t(tcu); i < tiles.size(); i += size_t(cfg.tcus)) {
+    const size_t slots = size_t(cfg.tcus), last_round = (tiles.size() - 1) / slots * slots;
+    const double tail_share = share(tcu, int64_t(tiles.size() - last_round));
+    for (size_t i = size_t(tcu); i < tiles.size(); i += slots) {
       const auto [mi, ni] = tiles[i];
+      const double tile_share = i >= last_round ? tail_share : 1.0;
       const int64_t idx[2] = {mi, ni};
       const int64_t rows[2] = {rows_at(0, mi), rows_at(1, ni)};
       const bool res[2] = {resident.hit(key(kQA, mi, 0)), resident.hit(key(kQB, ni, 0))};
@@ -289,6 +293,7 @@ class Plan {
           t.buf_write += qbytes;
         }
         t.credit = t.nrd > 0;
+        t.share = tile_share;
         t.blocks16 = rows[0] * rows[1] * (tk / 16);
         t.acc_ops = rows[0] * rows[1] * (tk / op[0].q.block) + (t.last_k ? rows[0] * rows[1] : 0);
         t.wr_key = key(kOut, mi, ni);

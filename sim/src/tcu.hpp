@@ -58,7 +58,7 @@ struct Token {
   uint64_t wr_key = 0;
   int64_t wr_bytes = 0;
   int64_t rht_elems = 0, rht_ops = 0;  // elements through the butterfly; adds/subtracts (+ scale multiplies)
-  double share = 1;                    // a pass item's RHT and quantiser rate, in the slot's own lanes
+  double share = 1;                    // the unit rates this token gets, in the slot's own lanes (see Plan::share)
   int rht_stages = 0;                  // log2 d + 1
   int64_t q_elems = 0, q_sr_elems = 0; // elements quantised with RTNE (or amax-scanned) / with SR
   int64_t blocks16 = 0;                // 16-element block dot products
@@ -405,7 +405,6 @@ class MacArray : public sc_module {
   int64_t lat_;
   double acc_lanes_;
   bool shared_;  // acc.issue = shared: the k-step's scale-and-accumulates occupy the MAC array too
-  int64_t occupancy(int64_t b) const { return cycles_for(b, rate); }
   void run() {
     while (true) {
       Token t = in->get();
@@ -420,7 +419,7 @@ class MacArray : public sc_module {
         first_start = s;
       else
         stall[int(t.blame)] += s - last_end;
-      const int64_t occ = occupancy(t.blocks16) + (shared_ ? cycles_for(t.acc_ops, acc_lanes_) : 0);
+      const int64_t occ = cycles_for(t.blocks16, rate * t.share) + (shared_ ? cycles_for(t.acc_ops, acc_lanes_ * t.share) : 0);
       clk_.wait_cycles(s + occ - now);
       compute += occ;
       blocks += t.blocks16;
@@ -478,7 +477,7 @@ class Accumulator : public sc_module {
         current_ = int(std::find(free_.begin(), free_.end(), true) - free_.begin());
         free_[size_t(current_)] = false;
       }
-      const int64_t occ = shared_ ? 0 : cycles_for(t.acc_ops, lanes_), now = clk_.now();
+      const int64_t occ = shared_ ? 0 : cycles_for(t.acc_ops, lanes_ * t.share), now = clk_.now();
       clk_.wait_cycles(std::max(now, t.ready) + occ - now);
       busy += occ;
       ops += t.acc_ops;

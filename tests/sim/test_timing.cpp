@@ -279,9 +279,13 @@ TEST(Timing, TeachingSharedIssueSerialisesTheAccumulator) {
 
 TEST(Timing, TeachingTwoCtasShareATcusUnits) {
   Simulator sim(config("teaching", {"tcu.ctas=2"}));
-  // One tile on one of the two slots, each with half the units: quantise 2048 / 8 = 256, MAC 1024 / 2 = 512,
-  // accumulate 1280 / 4 = 320 cycles: 64 + 10 + 256 + 2 + 512 + 2 + 320 + 1 + 16 + 10.
-  EXPECT_EQ(sim.run(job(16, 16, 64)).cycles, 1193);
+  // One tile alone on the TCU has all of its units (the tail-wave share): as with one slot, 649.
+  EXPECT_EQ(sim.run(job(16, 16, 64)).cycles, 649);
+  // Two tiles, one per slot, each with half the units: quantise 2048 / 8 = 256, MAC 1024 / 2 = 512, accumulate
+  // 1280 / 4 = 320 cycles. Tile 0: A0 and B read 0..64 (+10), quantise 74..330 (+2), MAC 332..844 (+2),
+  // accumulate 846..1166 (+1), write 1167..1183 (+10). Tile 1 (its own slot fetches B too): A1 and B read
+  // 64..128 (+10), quantise 138..394, MAC 396..908, accumulate 910..1230, write 1231..1247 (+10) = 1257.
+  EXPECT_EQ(sim.run(job(32, 16, 64)).cycles, 1257);
   EXPECT_EQ(sim.config().tcus, 1);  // as given; the model runs config().per_slot()
   const Config s = sim.config().per_slot();
   EXPECT_EQ(s.tcus, 2);
