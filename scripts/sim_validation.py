@@ -9,6 +9,11 @@
                                 one fp4lab sim run per measured kernel and shape; rows, split, per-family metrics
   sim_validation.py calibrate TIMINGS.json.. --family quant|gemm --vary KEY=V1,V2,.. [--set KEY=VALUE ..]
                                 calibration-half MAPE of the family for every combination of the values given
+  sim_validation.py step --out docs/results/sim-h200-step.json [--validation docs/results/sim-validation.json]
+                                training-step time and energy of the workloads/shapes models on an H200-class TCU
+  sim_validation.py tables [--check DOC.md ..]
+                                the tables of docs/validation.md and docs/sim.md from the result files; with --check,
+                                require each to appear verbatim in the documents (a ctest)
   sim_validation.py check docs/results/sim-validation.json [--fp4lab BIN] [--split validation]
                                 reruns each row's command and requires the recorded prediction (the ctest)
 
@@ -266,6 +271,123 @@ def plot(rows, path):
     fig.savefig(path, dpi=130)
 
 
+# The training-step study (docs/sim.md, "An H200-class TCU"): the tensor-core unit of h100-class.cfg (native
+# block-scaled MAC units and accumulator, tile, buffer, energy table) with what h200.cfg measured of the H200
+# itself: clock, SMs, memory system, launch overheads, and the RHT + quantise passes as SM kernels. Keys are read
+# from the two files, not restated here.
+H200_KEYS = ["clock.ghz", "tcu.count", "dram.bandwidth", "dram.latency", "dram.write_cost", "l2.bytes",
+             "l2.bandwidth", "l2.latency", "launch.stream_us", "launch.graph_us", "rht.lanes", "quant.lanes",
+             "quant.sr_lanes"]
+STEP_RUNS = [("ufp4", "e1m2"), ("e2m1-ref", "e2m1"), ("ufp4", "dual"), ("e2m1-ref", "dual")]
+
+
+def read_cfg(path):
+    """key -> value of a sim/configs/*.cfg file ([section] then key = value; '#' comments)."""
+    out, section = {}, ""
+    with open(os.path.join(ROOT, path)) as f:
+        for line in f:
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            if line.startswith("["):
+                section = line.strip("[]").strip()
+                continue
+            k, v = (x.strip() for x in line.split("=", 1))
+            out[f"{section}.{k}" if section else k] = v
+    return out
+
+
+def step_command(shapes, recipe, kind):
+    h200 = read_cfg(CONFIG)
+    args = ["fp4lab", "sim", "--shapes", shapes, "--config", "sim/configs/h100-class.cfg", "--recipe", recipe,
+            "--mac.kind", kind, "--name", "h200-class-" + kind]
+    for k in H200_KEYS:
+        args += ["--" + k, h200[k]]
+    return args
+
+
+def run_steps(fp4lab, jobs):
+    files = sorted(glob.glob(os.path.join(ROOT, "workloads", "shapes", "*.csv")))
+    todo = [(os.path.relpath(f, ROOT), r, k) for f in files for r, k in STEP_RUNS]
+
+    def one(t):
+        args = step_command(*t)
+        with tempfile.NamedTemporaryFile(suffix=".json") as tf:
+            subprocess.run([fp4lab] + args[1:] + ["--json", tf.name], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+            with open(tf.name) as f:
+                j = json.load(f)
+        tot = j["total"]
+        prep = sum(g["count"] * g["prep_cycles"] for g in j["gemms"]) / float(j["config"]["clock_ghz"]) / 1e3
+        return {"shapes": t[0], "recipe": t[1], "mac_kind": t[2], "time_us": tot["time_us"], "prep_us": prep,
+                "energy_pj": tot["energy_total_pj"], "energy_by_part_pj": tot["energy_pj"], "mac_util": tot["mac_util"],
+                "command": " ".join(shlex.quote(a) for a in args)}
+
+    with ThreadPoolExecutor(jobs) as ex:
+        return list(ex.map(one, todo))
+
+
+NAMES = {"quantize_plain": "quantise, plain", "quantize_fused_rht16": "quantise, fused RHT-16",
+         "quantize_unfused_rht16": "quantise, unfused RHT-16", "quant (all)": "**quantiser passes**",
+         "gemm_unpack": "GEMM unpack pass", "gemm_fast": "GEMM, whole call (unpack + mma)",
+         "gemm (all)": "**GEMM kernels**"}
+ORDER = ["quantize_plain", "quantize_fused_rht16", "quantize_unfused_rht16", "quant (all)", "gemm_unpack",
+         "gemm_fast", "gemm (all)"]
+
+
+def validation_table(v):
+    """Markdown: per family, both halves (docs/validation.md)."""
+    lines = ["| kernel family | half | rows | MAPE | mean error | worst error (row) | Pearson, log times | Spearman |",
+             "|---|---|---:|---:|---:|---|---:|---:|"]
+    for g in ORDER:
+        for split in ("calibration", "validation"):
+            m = v["summary"][split][g]
+            lines.append(f"| {NAMES[g]} | {split} | {m['n']} | {m['mape']:.1f} % | {m['mean_signed_error']:+.1f} % | "
+                         f"{m['worst_error']:+.1f} % ({m['worst'].split(' ', 1)[1]}) | {m['pearson_log']:.3f} | "
+                         f"{m['spearman']:.3f} |")
+    return "\n".join(lines)
+
+
+def goals_table(v):
+    lines = ["| family | goal (validation half) | MAPE | Pearson, log times | met |", "|---|---|---:|---:|---|"]
+    for fam, g in (("quant", "quant (all)"), ("gemm", "gemm (all)")):
+        m, goal = v["summary"]["validation"][g], GOALS[fam]
+        ok = m["mape"] <= goal["mape"] and m["pearson_log"] >= goal["pearson_log"]
+        lines.append(f"| {NAMES[g]} | MAPE ≤ {goal['mape']:.0f} %, Pearson ≥ {goal['pearson_log']} | {m['mape']:.1f} % | "
+                     f"{m['pearson_log']:.3f} | {'yes' if ok else 'no'} |")
+    return "\n".join(lines)
+
+
+def step_table(st):
+    """Markdown: the training-step study (docs/sim.md), with the band the validation half implies: the fused
+    quantiser's MAPE on the prep passes, the whole GEMM call's on the rest."""
+    v = st["band_from"]["validation"]
+    bq, bg = v["quantize_fused_rht16"]["mape"] / 100, v["gemm_fast"]["mape"] / 100
+    models = sorted({r["shapes"] for r in st["rows"]})
+    lines = ["| model | recipe on units | step (ms) | band (ms) | of which RHT + quantise (ms) | GEMMs (ms) | "
+             "energy (J) | × ufp4 on E1M2 time | × energy |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for m in models:
+        rows = [r for r in st["rows"] if r["shapes"] == m]
+        base = next(r for r in rows if r["recipe"] == "ufp4" and r["mac_kind"] == "e1m2")
+        for r in rows:
+            prep, t = r["prep_us"] / 1e3, r["time_us"] / 1e3
+            band = prep * bq + (t - prep) * bg
+            lines.append(f"| {os.path.basename(m)[:-4]} | {r['recipe']} on {r['mac_kind']} | {t:,.2f} | ± {band:,.2f} | "
+                         f"{prep:,.2f} | {t - prep:,.2f} | {r['energy_pj'] / 1e12:,.2f} | "
+                         f"{r['time_us'] / base['time_us']:.3f} | {r['energy_pj'] / base['energy_pj']:.3f} |")
+    return "\n".join(lines)
+
+
+def tables(validation_json, step_json):
+    with open(validation_json) as f:
+        v = json.load(f)
+    out = {"validation": validation_table(v), "goals": goals_table(v)}
+    if step_json:
+        with open(step_json) as f:
+            out["step"] = step_table(json.load(f))
+    return out
+
+
 def default_fp4lab():
     return os.path.join(ROOT, "build", "bin", "fp4lab")
 
@@ -291,6 +413,16 @@ def main(argv=None):
     ca.add_argument("--set", action="append", default=[])
     ca.add_argument("--fp4lab", default=default_fp4lab())
     ca.add_argument("--jobs", type=int, default=2)
+    st = sub.add_parser("step", help="training-step time and energy of the workloads/shapes models on an "
+                                     "H200-class TCU (docs/sim.md)")
+    st.add_argument("--out", required=True)
+    st.add_argument("--validation", help="sim-validation.json: its validation-half errors give the band")
+    st.add_argument("--fp4lab", default=default_fp4lab())
+    st.add_argument("--jobs", type=int, default=2)
+    tb = sub.add_parser("tables", help="the docs' tables from the result files; --check: each must be in a doc")
+    tb.add_argument("--validation", default=os.path.join(ROOT, "docs", "results", "sim-validation.json"))
+    tb.add_argument("--step", default=os.path.join(ROOT, "docs", "results", "sim-h200-step.json"))
+    tb.add_argument("--check", nargs="*", help="markdown files that must contain the tables, verbatim")
     ch = sub.add_parser("check", help="rerun the recorded commands; require the recorded predictions")
     ch.add_argument("validation_json")
     ch.add_argument("--fp4lab", default=default_fp4lab())
@@ -340,6 +472,34 @@ def main(argv=None):
                   f"pearson {m['pearson_log']:.3f}", flush=True)
         best = min(results, key=lambda t: t[0])
         print("best:", " ".join(f"{k}={v}" for k, v in zip(keys, best[1])), f"MAPE {best[0]:.2f}%")
+    elif a.cmd == "step":
+        rows = run_steps(a.fp4lab, a.jobs)
+        out = {"tcu": "sim/configs/h100-class.cfg with " + ", ".join(H200_KEYS) + " from " + CONFIG, "rows": rows}
+        if a.validation:
+            with open(a.validation) as f:
+                out["band_from"] = {"file": os.path.relpath(os.path.abspath(a.validation), ROOT),
+                                    "validation": json.load(f)["summary"]["validation"]}
+        with open(a.out, "w") as f:
+            json.dump(out, f, indent=1)
+            f.write("\n")
+        for r in rows:
+            print(f"{r['shapes']:40} {r['recipe']:9} {r['mac_kind']:5} {r['time_us'] / 1e3:10.3f} ms "
+                  f"(prep {r['prep_us'] / 1e3:8.3f}) {r['energy_pj'] / 1e9:10.1f} mJ  util {r['mac_util']:.3f}")
+    elif a.cmd == "tables":
+        t = tables(a.validation, a.step if os.path.exists(a.step) else None)
+        if a.check is None:
+            for k, v in t.items():
+                print(f"<!-- {k} -->\n{v}\n")
+            return 0
+        text = ""
+        for path in a.check:
+            with open(path) as f:
+                text += f.read()
+        missing = [k for k, v in t.items() if v not in text]
+        for k in missing:
+            print(f"the {k} table from the result files is not in {', '.join(a.check)}:\n{t[k]}\n")
+        print(f"{len(t) - len(missing)} of {len(t)} tables match their result files")
+        return 1 if missing else 0
     elif a.cmd == "check":
         with open(a.validation_json) as f:
             rows = [r for r in json.load(f)["rows"] if r["split"] == a.split]

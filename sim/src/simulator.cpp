@@ -1,6 +1,7 @@
 #include "fp4lab/sim/simulator.hpp"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <sstream>
@@ -165,20 +166,17 @@ class Plan {
     t.rht_stages = std::max(t.rht_stages, p.rht_stages);
   }
 
-  // A separate pass's work items over operand o, in order: (key row, key column, rows, columns). Tile-shaped (a
-  // tile's rows by a k-step) by default; with pass.elems, runs of that many consecutive elements of the
-  // row-major operand, as a GPU kernel's CTAs cover it (the last run shorter).
-  template <class F>
-  void each_item(int o, F&& f) const {
-    const OperandPlan& p = op[o];
-    if (cfg.pass_elems > 0) {
-      const int64_t total = p.rows * job.K, n = ceil_div(total, cfg.pass_elems);
-      for (int64_t i = 0; i < n; ++i)
-        f(i >> 20, i & ((int64_t(1) << 20) - 1), int64_t(1), std::min<int64_t>(cfg.pass_elems, total - i * cfg.pass_elems));
-      return;
-    }
-    for (int64_t r = 0; r < ceil_div(p.rows, p.tile_rows); ++r)
-      for (int64_t kk = 0; kk < kt; ++kk) f(r, kk, rows_at(o, r), tk_at(kk));
+  // A separate pass's work items over operand o: item_count(o) of them, item(o, i) = (key row, key column, rows,
+  // columns). Tile-shaped (a tile's rows by a k-step) by default; with pass.elems, runs of that many consecutive
+  // elements of the row-major operand, as a GPU kernel's CTAs cover it (the last run shorter).
+  int64_t item_count(int o) const {
+    return cfg.pass_elems > 0 ? ceil_div(op[o].rows * job.K, cfg.pass_elems) : ceil_div(op[o].rows, op[o].tile_rows) * kt;
+  }
+  std::array<int64_t, 4> item(int o, int64_t i) const {
+    if (cfg.pass_elems > 0)
+      return {i >> 20, i & ((int64_t(1) << 20) - 1), 1, std::min<int64_t>(cfg.pass_elems, op[o].rows * job.K - i * cfg.pass_elems)};
+    const int64_t r = i / kt, kk = i % kt;
+    return {r, kk, rows_at(o, r), tk_at(kk)};
   }
 
   // A work item's share of its TCU's units, in units of one slot's: the TCU's slots that have work split them
@@ -194,19 +192,21 @@ class Plan {
 
   void emit_pass(PhaseKind kind, int tcu, const Put& put) {
     const bool unfused = cfg.prep == PrepMode::unfused;
+    auto takes_part = [&](int o) {
+      return !(kind == PhaseKind::amax && !op[o].ue4m3) && !(kind == PhaseKind::rht && !op[o].rht);
+    };
     int64_t items = 0;
     for (int o = 0; o < operands; ++o)
-      if (!(kind == PhaseKind::amax && !op[o].ue4m3) && !(kind == PhaseKind::rht && !op[o].rht))
-        items += cfg.pass_elems > 0 ? ceil_div(op[o].rows * job.K, cfg.pass_elems)
-                                    : ceil_div(op[o].rows, op[o].tile_rows) * kt;
+      if (takes_part(o)) items += item_count(o);
     const double my_share = share(tcu, items);
-    int64_t chunk = 0;
+    int64_t before = 0;  // items of the operands before this one: items are dealt round-robin across both
     for (int o = 0; o < operands; ++o) {
       const OperandPlan& p = op[o];
-      if (kind == PhaseKind::amax && !p.ue4m3) continue;
-      if (kind == PhaseKind::rht && !p.rht) continue;
-      each_item(o, [&](int64_t r, int64_t kk, int64_t rows, int64_t cols) {
-        if (chunk++ % cfg.tcus != tcu) return;
+      if (!takes_part(o)) continue;
+      const int64_t n = item_count(o), first = ((tcu - before) % cfg.tcus + cfg.tcus) % cfg.tcus;
+      before += n;
+      for (int64_t i = first; i < n; i += cfg.tcus) {
+        const auto [r, kk, rows, cols] = item(o, i);
         const int64_t elems = rows * cols, raw = elems * cfg.input_bytes;
         Token t;
         t.kind = Token::Kind::chunk;
@@ -250,7 +250,7 @@ class Plan {
         counters.buf_write += double(t.buf_write);
         counters.buf_read += double(t.buf_read);
         put(std::move(t));
-      });
+      }
     }
   }
 
