@@ -12,7 +12,7 @@
   sim_validation.py step --out docs/results/sim-h200-step.json [--validation docs/results/sim-validation.json]
                                 training-step time and energy of the workloads/shapes models on an H200-class TCU
   sim_validation.py tables [--check DOC.md ..]
-                                the tables of docs/validation.md and docs/sim.md from the result files; with --check,
+                                the tables of docs/validation.md and docs/sim.md (and README's line) from the result files; with --check,
                                 require each to appear verbatim in the documents (a ctest)
   sim_validation.py check docs/results/sim-validation.json [--fp4lab BIN] [--split validation]
                                 reruns each row's command and requires the recorded prediction (the ctest)
@@ -381,7 +381,10 @@ def step_table(st):
 def tables(validation_json, step_json):
     with open(validation_json) as f:
         v = json.load(f)
-    out = {"validation": validation_table(v), "goals": goals_table(v)}
+    q, g = v["summary"]["validation"]["quant (all)"], v["summary"]["validation"]["gemm (all)"]
+    out = {"validation": validation_table(v), "goals": goals_table(v),
+           "readme": f"quantiser passes MAPE {q['mape']:.1f}% ({q['n']} rows), GEMM kernels {g['mape']:.1f}% "
+                     f"({g['n']} rows); Pearson of log times {q['pearson_log']:.3f} and {g['pearson_log']:.3f}"}
     if step_json:
         with open(step_json) as f:
             out["step"] = step_table(json.load(f))
