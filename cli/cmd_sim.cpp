@@ -101,23 +101,8 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
       usage_error(e.what());
     }
     if (kind == sim::JobKind::step) usage_error("--kernel step is a training GEMM: use --shapes or --trace");
-    const std::string text = vm["shape"].as<std::string>();
-    std::vector<int64_t> dims;
-    std::stringstream ss(text);
-    std::string part;
-    while (std::getline(ss, part, 'x')) {
-      size_t used = 0;
-      long long v = 0;
-      try {
-        v = std::stoll(part, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (part.empty() || used != part.size() || v <= 0 || v > (1LL << 31))
-        usage_error("--shape '" + printable(text) + "': dimensions must be positive integers joined by 'x'");
-      dims.push_back(v);
-    }
-    if (text.empty() || text.back() == 'x') usage_error("--shape '" + printable(text) + "' is incomplete");
+    const std::vector<int64_t> dims =
+        parse_dims(vm["shape"].as<std::string>(), kind == sim::JobKind::quantize ? "RxK" : "MxNxK", "shape");
     check_outputs(vm, {}, {});
     try {
       report = sim::run_kernel(simulator, kind, dims, opt);

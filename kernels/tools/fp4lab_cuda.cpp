@@ -563,6 +563,21 @@ void gemm_operands(const fp4lab::QuantConfig& gc, int64_t M, int64_t N, int64_t 
   fc::check(cudaStreamSynchronize(s), "quantise operands");
 }
 
+// One GEMM shape's operands, output and workspace, and the batch its timing runs in: calls under ~2 ms (at an
+// assumed 200 TOPS) repeat in batches.
+struct GemmCase {
+  fc::Buffer<float> dc;
+  fc::DQTensor qa, qb;
+  fc::GemmWorkspace gws;
+  double flops = 0;
+  int batch = 1;
+  GemmCase(const fp4lab::QuantConfig& gc, int64_t M, int64_t N, int64_t K, cudaStream_t s)
+      : dc(static_cast<size_t>(M * N)), flops(2.0 * double(M) * double(N) * double(K)) {
+    gemm_operands(gc, M, N, K, qa, qb, s);
+    batch = int(std::clamp(2e3 / std::max(flops / 200e12 * 1e6, 1.0), 1.0, 100.0));
+  }
+};
+
 fp4lab::QuantConfig plain_config(const fp4lab::Recipe& r) {
   fp4lab::QuantConfig c;
   c.format = r.format;
@@ -696,12 +711,8 @@ int cmd_bench(const std::vector<std::string>& args) {
               << pad("TOPS(total)", 13) << pad("cuBLAS us", 11) << pad("TFLOPS", 9) << pad("ratio", 8) << "\n";
     for (auto [M, N, K] : glist) {
       if (K % gc.block) continue;
-      fc::Buffer<float> dc(static_cast<size_t>(M * N));
-      fc::DQTensor qa, qb;
-      gemm_operands(gc, M, N, K, qa, qb, s);
-      fc::GemmWorkspace gws;
-      const double flops = 2.0 * double(M) * double(N) * double(K);
-      const int batch = int(std::clamp(2e3 / std::max(flops / 200e12 * 1e6, 1.0), 1.0, 100.0));
+      GemmCase g(gc, M, N, K, s);
+      auto& [dc, qa, qb, gws, flops, batch] = g;
       // Plain launch loops, no graphs, for both sides: cuBLAS under stream capture needs its own workspace setup.
       const double t_prep = T.median_us([&](int) { fc::gemm_fast_prepare(qa, qb, gws, s); }, reps, batch, false);
       double t_cub = 0, tflops = 0;
@@ -752,29 +763,6 @@ int cmd_bench(const std::vector<std::string>& args) {
   return 0;
 }
 
-// "AxBxC" -> {A, B, C}: `n` positive integers joined by 'x' (usage error otherwise).
-std::vector<int64_t> parse_dims(const std::string& text, size_t n, const char* opt) {
-  std::vector<int64_t> d;
-  std::stringstream ss(text);
-  std::string part;
-  while (std::getline(ss, part, 'x')) {
-    size_t used = 0;
-    long long v = 0;
-    try {
-      v = std::stoll(part, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (part.empty() || used != part.size() || v <= 0 || v > (1LL << 31))
-      usage_error(std::string("--") + opt + ": '" + cli::printable(text) + "' is not " + (n == 2 ? "RxK" : "MxNxK") +
-                  " with positive integers");
-    d.push_back(v);
-  }
-  if (d.size() != n || (!text.empty() && text.back() == 'x'))
-    usage_error(std::string("--") + opt + ": '" + cli::printable(text) + "' is not " + (n == 2 ? "RxK" : "MxNxK"));
-  return d;
-}
-
 // fp4lab-cuda timings: the per-kernel timings the simulator is validated against, one JSON row per kernel and
 // shape with every repeat's time (the median is the figure). Kernels: copy (device-to-device, per size),
 // quantize_plain / quantize_fused_rht16 / quantize_unfused_rht16 (per --quant operand), and per --gemm shape and
@@ -807,13 +795,13 @@ int cmd_timings(const std::vector<std::string>& args) {
   const fp4lab::QuantConfig plain = plain_config(fp4lab::Recipe::preset(recipe_name)), rot = rht16_config(plain);
   std::vector<std::vector<int64_t>> qlist, glist;
   for (const auto& q : quant) {
-    qlist.push_back(parse_dims(q, 2, "quant"));
+    qlist.push_back(cli::parse_dims(q, "RxK", "quant"));
     if (qlist.back()[1] % plain.block) usage_error("--quant " + q + ": K is not a multiple of the block");
   }
   std::vector<fp4lab::QuantConfig> gcs;
   for (const auto& r : gemm_recipes) gcs.push_back(plain_config(fp4lab::Recipe::preset(r)));
   for (const auto& g : gemms) {
-    glist.push_back(parse_dims(g, 3, "gemm"));
+    glist.push_back(cli::parse_dims(g, "MxNxK", "gemm"));
     for (const auto& gc : gcs)
       if (glist.back()[2] % gc.block) usage_error("--gemm " + g + ": K is not a multiple of every recipe's block");
   }
@@ -883,13 +871,8 @@ int cmd_timings(const std::vector<std::string>& args) {
   for (const auto& gc : gcs) {
     for (const auto& d : glist) {
       const int64_t M = d[0], N = d[1], K = d[2];
-      fc::Buffer<float> dc(static_cast<size_t>(M * N));
-      fc::DQTensor qa, qb;
-      gemm_operands(gc, M, N, K, qa, qb, s);
-      fc::GemmWorkspace gws;
-      const double flops = 2.0 * double(M) * double(N) * double(K);
-      // Back-to-back launches (no graph), as a training step issues them; calls of under ~2 ms run in batches.
-      const int batch = int(std::clamp(2e3 / std::max(flops / 200e12 * 1e6, 1.0), 1.0, 100.0));
+      GemmCase g(gc, M, N, K, s);  // back-to-back launches (no graph), as a training step issues them
+      auto& [dc, qa, qb, gws, flops, batch] = g;
       const int variant = fc::gemm_fast_default_variant(gc.block, M, N);
       const std::string shape = std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K);
       const Json ex = {{"M", M}, {"N", N}, {"K", K}, {"batch", batch}, {"graph", false}, {"variant", variant},
