@@ -1,5 +1,6 @@
 // fp4lab sim: the cycle-approximate tensor-core unit model (sim/). Replays the three training GEMMs of every
-// record of a trace (--trace DIR), or of every layer of a shape list (--shapes FILE, timing only), on the TCU
+// record of a trace (--trace DIR), or of every layer of a shape list (--shapes FILE, timing only), or one kernel
+// alone as a GPU benchmark times it (--kernel NAME --shape DIMS, timing only; docs/validation.md), on the TCU
 // a configuration file describes (--config sim/configs/*.cfg; every key of it can also be given as --key VALUE).
 // With --check the simulated MAC array and accumulator compute every output through the datapath (the golden
 // model's arithmetic, or the Verilated RTL with --rtl) and each is compared bit for bit with fp4lab::gemm.
@@ -32,6 +33,10 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
       ("trace", po::value<std::string>()->value_name("DIR"), "trace v1 folder (or one .safetensors file) to replay")
       ("shapes", po::value<std::string>()->value_name("FILE"),
        "GEMM shape list (workloads/shapes/*.csv): timing only")
+      ("kernel", po::value<std::string>()->value_name("NAME"),
+       "one kernel alone, as a GPU benchmark times it: quantize (operand A's passes), unpack, mma or gemm "
+       "(unpack + mma); timing only, with --shape")
+      ("shape", po::value<std::string>()->value_name("DIMS"), "the kernel's shape: RxK for quantize, else MxNxK")
       ("check", po::bool_switch(), "compute every output through the simulated datapath and compare it bit for bit "
                                    "with fp4lab::gemm (traces only); any mismatch is an error")
       ("rtl", po::bool_switch(), "use the Verilated RTL datapath for the MAC array and accumulator (with --check)")
@@ -44,13 +49,15 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
   desc.add(sim::Config::options());
   add_common_options(desc);
   po::variables_map vm;
-  if (!parse_args(inv, desc, "--trace DIR|--shapes FILE --config CFG [--recipe R] [--check] [--rtl] [--json OUT]", vm))
+  if (!parse_args(inv, desc, "--trace DIR|--shapes FILE|--kernel NAME --shape DIMS --config CFG [--recipe R] [--check] [--rtl] [--json OUT]", vm))
     return kExitOk;
   const JsonOut json(vm);
   if (!vm.count("config")) usage_error("--config CFG is required (e.g. sim/configs/teaching.cfg)");
-  if (vm.count("trace") == vm.count("shapes")) usage_error("give exactly one of --trace DIR and --shapes FILE");
+  if (vm.count("trace") + vm.count("shapes") + vm.count("kernel") != 1)
+    usage_error("give exactly one of --trace DIR, --shapes FILE and --kernel NAME");
+  if (vm.count("kernel") != vm.count("shape")) usage_error("--kernel NAME and --shape DIMS go together");
   const bool check = vm["check"].as<bool>(), rtl = vm["rtl"].as<bool>();
-  if (check && vm.count("shapes")) usage_error("--check needs tensors: use --trace, not --shapes");
+  if (check && !vm.count("trace")) usage_error("--check needs tensors: use --trace");
   if (rtl && !check) usage_error("--rtl drives the RTL datapath, which only runs with --check");
 
   sim::Config cfg;
@@ -86,7 +93,23 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
 
   sim::Report report;
   sim::Simulator simulator(cfg, dp);
-  if (vm.count("shapes")) {
+  if (vm.count("kernel")) {
+    sim::JobKind kind = sim::JobKind::step;
+    try {
+      kind = sim::parse_job_kind(vm["kernel"].as<std::string>());
+    } catch (const std::invalid_argument& e) {
+      usage_error(e.what());
+    }
+    if (kind == sim::JobKind::step) usage_error("--kernel step is a training GEMM: use --shapes or --trace");
+    const std::vector<int64_t> dims =
+        parse_dims(vm["shape"].as<std::string>(), kind == sim::JobKind::quantize ? "RxK" : "MxNxK", "shape");
+    check_outputs(vm, {}, {});
+    try {
+      report = sim::run_kernel(simulator, kind, dims, opt);
+    } catch (const std::invalid_argument& e) {
+      usage_error(e.what());
+    }
+  } else if (vm.count("shapes")) {
     const std::string path = vm["shapes"].as<std::string>();
     std::vector<sim::LayerShape> layers;
     try {

@@ -1,5 +1,6 @@
 #include "options.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdarg>
 #include <cstdint>
@@ -67,6 +68,27 @@ void refuse_placeholders(const std::string& text, const std::string& where) {
   } catch (const io::Error& e) {
     usage_error(printable(e.what()));
   }
+}
+
+std::vector<int64_t> parse_dims(const std::string& text, const std::string& form, const std::string& opt) {
+  const size_t n = size_t(std::count(form.begin(), form.end(), 'x')) + 1;
+  const std::string fault = "--" + opt + " '" + printable(text) + "' is not " + form + " (positive integers joined by 'x')";
+  std::vector<int64_t> d;
+  std::stringstream ss(text);
+  std::string part;
+  while (std::getline(ss, part, 'x')) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(part, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (part.empty() || used != part.size() || v <= 0 || v > (1LL << 31)) usage_error(fault);
+    d.push_back(v);
+  }
+  if (d.size() != n || text.empty() || text.back() == 'x') usage_error(fault);
+  return d;
 }
 
 bool parse_args(const Invocation& inv, const po::options_description& desc, const std::string& synopsis,

@@ -44,6 +44,9 @@ inline constexpr int kCommandLineStyle =
     po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
 // A usage error when option text holds a placeholder Boost.Program_options loops on (io::refuse_option_placeholders).
 void refuse_placeholders(const std::string& text, const std::string& where);
+// A shape in the form `form` ("RxK", "MxNxK"): as many positive integers (each at most 2^31) joined by 'x', in
+// order; anything else is a usage error naming option `opt`.
+std::vector<int64_t> parse_dims(const std::string& text, const std::string& form, const std::string& opt);
 
 // ---- parsing ---------------------------------------------------------------------------------------
 // Adds --help, --version, --config FILE and --json FILE|- to `desc`.

@@ -10,6 +10,9 @@
 //   fp4lab-cuda bench [--trace DIR]              quantise (plain / fused RHT / unfused RHT), achieved bandwidth
 //                                               against a device-to-device copy, block-scaled GEMM against
 //                                               cuBLAS BF16; trace shapes and 8192 x 8192
+//   fp4lab-cuda timings [--quant RxK ..] [--gemm MxNxK ..]
+//                                               per-kernel medians of repeats (copy, the three quantiser
+//                                               passes, the fast GEMM's unpack, mma and whole call) as JSON rows
 // Options, --help/--version/--config FILE/--json FILE|-, output-path checks and one-line errors come from fp4lab's
 // own helpers (cli/options.hpp, cli/files.hpp), so both tools parse and report alike.
 // Exit codes: 0 ok, 1 mismatch or bad data, 2 usage, 3 no usable CUDA device.
@@ -459,9 +462,11 @@ struct Timer {
       t.push_back(1000.0 * ms / batch);
     }
     if (exec) cudaGraphExecDestroy(exec);
+    samples = t;  // in run order
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
   }
+  std::vector<double> samples;  // the last median_us call's per-call times, microseconds, in run order
 };
 
 // Inputs like training tensors: mostly Gaussian, a few large outliers (so block scales vary).
@@ -482,6 +487,111 @@ std::string fmt(double x, int prec = 1) {
   return o.str();
 }
 std::string pad(const std::string& s, size_t w) { return s.size() >= w ? s : std::string(w - s.size(), ' ') + s; }
+
+// A device tensor of n values drawn like random_tensor: one host draw of at most 4 Mi values, repeated on the
+// device (a kernel's time does not depend on which values repeat, and drawing billions on the host takes minutes).
+fc::Buffer<float> device_random(int64_t n, uint64_t seed) {
+  static std::map<uint64_t, std::vector<float>> drawn;  // per seed, drawn once
+  std::vector<float>& h = drawn[seed];
+  if (h.empty()) h = random_tensor(int64_t(1) << 22, seed);
+  const int64_t chunk = std::min<int64_t>(n, int64_t(h.size()));
+  fc::Buffer<float> b(static_cast<size_t>(n));
+  fc::check(cudaMemcpy(b.data(), h.data(), size_t(chunk) * 4, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+  for (int64_t done = chunk; done < n;) {
+    const int64_t c = std::min(done, n - done);
+    fc::check(cudaMemcpy(b.data() + done, b.data(), size_t(c) * 4, cudaMemcpyDeviceToDevice), "cudaMemcpy D2D");
+    done += c;
+  }
+  return b;
+}
+
+// Quantiser timings of one [rows, K] FP32 operand: plain, fused RHT + quantise, unfused (RHT pass, then the plain
+// quantiser). Inputs rotate through enough copies that one pass over them is 4x the L2; short calls run as a
+// CUDA-graph batch that visits them all.
+struct QuantTimes {
+  double plain_us = 0, fused_us = 0, unfused_us = 0;
+  std::vector<double> plain_samples, fused_samples, unfused_samples;
+  double bytes = 0;  // FP32 in + codes + scales out
+  int batch = 1, buffers = 1;
+};
+QuantTimes time_quantize(Timer& T, const fc::DeviceInfo& dev, double copy_gbs, int64_t rows, int64_t K,
+                         const fp4lab::QuantConfig& plain, const fp4lab::QuantConfig& rot, int reps, cudaStream_t s) {
+  QuantTimes r;
+  const int64_t n = rows * K;
+  const size_t in_bytes = size_t(n) * 4;
+  const int nbuf = int(std::clamp<size_t>((4 * dev.l2_bytes + in_bytes - 1) / in_bytes, 1, 1024));
+  std::vector<fc::Buffer<float>> xs;
+  xs.push_back(device_random(n, 7));
+  for (int i = 1; i < nbuf; ++i) {
+    xs.emplace_back(static_cast<size_t>(n));
+    fc::check(cudaMemcpy(xs.back().data(), xs[0].data(), in_bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy D2D");
+  }
+  fc::Buffer<float> rotated(static_cast<size_t>(n));
+  fc::DQTensor q;
+  fc::QuantWorkspace ws;
+  const double est_us = double(in_bytes) / (copy_gbs * 1e3) * 2;
+  r.buffers = nbuf;
+  r.batch = std::max(nbuf, int(std::clamp(2000.0 / std::max(est_us, 1.0), 1.0, 200.0)));
+  auto x = [&](int i) { return xs[size_t(i % nbuf)].data(); };
+  r.plain_us = T.median_us(
+      [&](int i) { fc::quantize(x(i), rows, K, plain, q, ws, s, fc::RhtPath::fused, false); }, reps, r.batch);
+  r.plain_samples = T.samples;
+  r.fused_us = T.median_us(
+      [&](int i) { fc::quantize(x(i), rows, K, rot, q, ws, s, fc::RhtPath::fused, false); }, reps, r.batch);
+  r.fused_samples = T.samples;
+  r.unfused_us = T.median_us(
+      [&](int i) {
+        fc::rht(x(i), rotated.data(), rows, K, rot, s);
+        fc::quantize(rotated.data(), rows, K, plain, q, ws, s, fc::RhtPath::fused, false);
+      },
+      reps, r.batch);
+  r.unfused_samples = T.samples;
+  r.bytes = double(n) * (4.0 + 0.5 + 4.0 / plain.block + (plain.scale == fp4lab::ScaleKind::fp32 ? 0.0 : 1.0 / plain.block));
+  return r;
+}
+
+// The quantised operands of an M x N x K block-scaled GEMM under gc (A [M, K], B [N, K]).
+void gemm_operands(const fp4lab::QuantConfig& gc, int64_t M, int64_t N, int64_t K, fc::DQTensor& qa,
+                   fc::DQTensor& qb, cudaStream_t s) {
+  fc::QuantWorkspace ws;
+  {
+    fc::Buffer<float> xa = device_random(M * K, 11);
+    fc::quantize(xa.data(), M, K, gc, qa, ws, s);
+  }
+  fc::Buffer<float> xb = device_random(N * K, 13);
+  fc::quantize(xb.data(), N, K, gc, qb, ws, s);
+  fc::check(cudaStreamSynchronize(s), "quantise operands");
+}
+
+// One GEMM shape's operands, output and workspace, and the batch its timing runs in: calls under ~2 ms (at an
+// assumed 200 TOPS) repeat in batches.
+struct GemmCase {
+  fc::Buffer<float> dc;
+  fc::DQTensor qa, qb;
+  fc::GemmWorkspace gws;
+  double flops = 0;
+  int batch = 1;
+  GemmCase(const fp4lab::QuantConfig& gc, int64_t M, int64_t N, int64_t K, cudaStream_t s)
+      : dc(static_cast<size_t>(M * N)), flops(2.0 * double(M) * double(N) * double(K)) {
+    gemm_operands(gc, M, N, K, qa, qb, s);
+    batch = int(std::clamp(2e3 / std::max(flops / 200e12 * 1e6, 1.0), 1.0, 100.0));
+  }
+};
+
+fp4lab::QuantConfig plain_config(const fp4lab::Recipe& r) {
+  fp4lab::QuantConfig c;
+  c.format = r.format;
+  c.block = r.block;
+  c.scale = r.scale;
+  c.rounding = fp4lab::Rounding::rtne;
+  return c;
+}
+fp4lab::QuantConfig rht16_config(const fp4lab::QuantConfig& plain) {
+  fp4lab::QuantConfig c = plain;
+  c.rht = 16;
+  c.rht_signs = fp4lab::rht_signs_te(16);
+  return c;
+}
 
 int cmd_bench(const std::vector<std::string>& args) {
   po::options_description desc("fp4lab-cuda bench options");
@@ -549,14 +659,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   glist.push_back({big, big, big});
 
   // ---- quantiser: plain, fused RHT-16 + quantise, unfused (RHT pass, then quantise) ----
-  fp4lab::QuantConfig plain;
-  plain.format = recipe.format;
-  plain.block = recipe.block;
-  plain.scale = recipe.scale;
-  plain.rounding = fp4lab::Rounding::rtne;
-  fp4lab::QuantConfig rot = plain;
-  rot.rht = 16;
-  rot.rht_signs = fp4lab::rht_signs_te(16);
+  const fp4lab::QuantConfig plain = plain_config(recipe), rot = rht16_config(plain);
   std::cout << "\nquantise " << plain.label() << " vs " << rot.label()
             << " (FP32 in; packed codes + FP32 scales out; median of " << reps
             << "; inputs rotated through buffers > 4x L2; small shapes timed as CUDA-graph batches)\n";
@@ -567,42 +670,17 @@ int cmd_bench(const std::vector<std::string>& args) {
             << pad("%copy", 7) << pad("fused GB/s", 12) << pad("%copy", 7) << "\n";
   Json jq = Json::array();
   for (auto [rows, K] : qlist) {
-    const int64_t n = rows * K;
-    const size_t in_bytes = size_t(n) * 4;
-    // Enough copies of the input that one pass over them is 4x the L2, and a graph batch that visits them all.
-    const int nbuf = int(std::clamp<size_t>((4 * dev.l2_bytes + in_bytes - 1) / in_bytes, 1, 1024));
-    std::vector<fc::Buffer<float>> xs(static_cast<size_t>(nbuf));
-    const std::vector<float> h = random_tensor(n, 7);
-    for (auto& b : xs) b.upload(h);
-    fc::Buffer<float> rotated(static_cast<size_t>(n));
-    fc::DQTensor q;
-    fc::QuantWorkspace ws;
-    const int nb = int(xs.size());
-    const double est_us = double(in_bytes) / (copy_gbs * 1e3) * 2;
-    const int batch = std::max(nb, int(std::clamp(2000.0 / std::max(est_us, 1.0), 1.0, 200.0)));
-    auto x = [&](int i) { return xs[size_t(i % nb)].data(); };
-    const double t_plain = T.median_us(
-        [&](int i) { fc::quantize(x(i), rows, K, plain, q, ws, s, fc::RhtPath::fused, false); }, reps, batch);
-    const double t_fused = T.median_us(
-        [&](int i) { fc::quantize(x(i), rows, K, rot, q, ws, s, fc::RhtPath::fused, false); }, reps, batch);
-    const double t_unfused = T.median_us(
-        [&](int i) {
-          fc::rht(x(i), rotated.data(), rows, K, rot, s);
-          fc::quantize(rotated.data(), rows, K, plain, q, ws, s, fc::RhtPath::fused, false);
-        },
-        reps, batch);
-    const double bytes = double(n) * (4.0 + 0.5 + 4.0 / plain.block +
-                                      (plain.scale == fp4lab::ScaleKind::fp32 ? 0.0 : 1.0 / plain.block));
-    const double gbs_plain = bytes / t_plain / 1e3, gbs_fused = bytes / t_fused / 1e3;
+    const QuantTimes q = time_quantize(T, dev, copy_gbs, rows, K, plain, rot, reps, s);
+    const double gbs_plain = q.bytes / q.plain_us / 1e3, gbs_fused = q.bytes / q.fused_us / 1e3;
     std::cout << pad(std::to_string(rows) + "x" + std::to_string(K), 14) << pad("elem", 6)
-              << pad(fmt(t_plain, 2), 11) << pad(fmt(t_fused, 2), 11) << pad(fmt(t_unfused, 2), 12)
-              << pad(fmt(t_fused / t_plain, 3), 13) << pad(fmt(t_unfused / t_fused, 3), 15)
+              << pad(fmt(q.plain_us, 2), 11) << pad(fmt(q.fused_us, 2), 11) << pad(fmt(q.unfused_us, 2), 12)
+              << pad(fmt(q.fused_us / q.plain_us, 3), 13) << pad(fmt(q.unfused_us / q.fused_us, 3), 15)
               << pad(fmt(gbs_plain, 0), 12) << pad(fmt(100 * gbs_plain / copy_gbs, 0), 7)
               << pad(fmt(gbs_fused, 0), 12) << pad(fmt(100 * gbs_fused / copy_gbs, 0), 7) << "\n";
-    jq.push_back({{"rows", rows}, {"K", K}, {"division", "element"}, {"plain_us", t_plain},
-                  {"fused_us", t_fused}, {"unfused_us", t_unfused}, {"fused_over_plain", t_fused / t_plain},
-                  {"unfused_over_fused", t_unfused / t_fused}, {"plain_gbs", gbs_plain}, {"fused_gbs", gbs_fused},
-                  {"graph_batch", batch}, {"buffers", nb}});
+    jq.push_back({{"rows", rows}, {"K", K}, {"division", "element"}, {"plain_us", q.plain_us},
+                  {"fused_us", q.fused_us}, {"unfused_us", q.unfused_us}, {"fused_over_plain", q.fused_us / q.plain_us},
+                  {"unfused_over_fused", q.unfused_us / q.fused_us}, {"plain_gbs", gbs_plain}, {"fused_gbs", gbs_fused},
+                  {"graph_batch", q.batch}, {"buffers", q.buffers}});
   }
   J["quantize"] = {{"plain", plain.label()}, {"fused", rot.label()}, {"shapes", jq}};
 
@@ -617,11 +695,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   std::map<std::tuple<int64_t, int64_t, int64_t>, double> cublas_us;  // per shape, measured once
   Json jg = Json::array();
   for (const char* rname : {"ufp4", "mxfp4"}) {
-    const fp4lab::Recipe gr = fp4lab::Recipe::preset(rname);
-    fp4lab::QuantConfig gc;
-    gc.format = gr.format;
-    gc.block = gr.block;
-    gc.scale = gr.scale;
+    const fp4lab::QuantConfig gc = plain_config(fp4lab::Recipe::preset(rname));
     // Bound from the contract's per-block epilogue: 4 FP32 instructions (exact int->float subtraction, two
     // multiplies, one add) per output per block, on 128 FP32 lanes per SM.
     const double bound_tops = fp32_lanes_per_s / 4.0 * 2.0 * gc.block / 1e12;
@@ -637,18 +711,8 @@ int cmd_bench(const std::vector<std::string>& args) {
               << pad("TOPS(total)", 13) << pad("cuBLAS us", 11) << pad("TFLOPS", 9) << pad("ratio", 8) << "\n";
     for (auto [M, N, K] : glist) {
       if (K % gc.block) continue;
-      fc::Buffer<float> xa, xb, dc(static_cast<size_t>(M * N));
-      xa.upload(random_tensor(M * K, 11));
-      xb.upload(random_tensor(N * K, 13));
-      fc::DQTensor qa, qb;
-      fc::QuantWorkspace ws;
-      fc::quantize(xa.data(), M, K, gc, qa, ws, s);
-      fc::quantize(xb.data(), N, K, gc, qb, ws, s);
-      xa = fc::Buffer<float>();
-      xb = fc::Buffer<float>();
-      fc::GemmWorkspace gws;
-      const double flops = 2.0 * double(M) * double(N) * double(K);
-      const int batch = int(std::clamp(2e3 / std::max(flops / 200e12 * 1e6, 1.0), 1.0, 100.0));
+      GemmCase g(gc, M, N, K, s);
+      auto& [dc, qa, qb, gws, flops, batch] = g;
       // Plain launch loops, no graphs, for both sides: cuBLAS under stream capture needs its own workspace setup.
       const double t_prep = T.median_us([&](int) { fc::gemm_fast_prepare(qa, qb, gws, s); }, reps, batch, false);
       double t_cub = 0, tflops = 0;
@@ -699,10 +763,142 @@ int cmd_bench(const std::vector<std::string>& args) {
   return 0;
 }
 
+// fp4lab-cuda timings: the per-kernel timings the simulator is validated against, one JSON row per kernel and
+// shape with every repeat's time (the median is the figure). Kernels: copy (device-to-device, per size),
+// quantize_plain / quantize_fused_rht16 / quantize_unfused_rht16 (per --quant operand), and per --gemm shape and
+// --gemm-recipe the fast contract GEMM's int8 unpack pass (gemm_unpack), its mma kernel (gemm_mma) and the whole
+// call (gemm_fast: both, as a training step runs them), each at the default tile variant.
+int cmd_timings(const std::vector<std::string>& args) {
+  po::options_description desc("fp4lab-cuda timings options");
+  std::vector<std::string> quant, gemms, gemm_recipes;
+  std::vector<int64_t> copy_sizes;
+  std::string recipe_name = "ufp4";
+  int reps = 9;
+  desc.add_options()("quant", po::value(&quant)->multitoken(), "quantiser operand shapes RxK (rows x K)")(
+      "gemm", po::value(&gemms)->multitoken(), "GEMM shapes MxNxK")(
+      "recipe", po::value(&recipe_name)->default_value("ufp4"), "the quantiser's format/block/scale (RTNE; RHT-16)")(
+      "gemm-recipe", po::value(&gemm_recipes)->multitoken(), "recipes of the GEMM operands (default: ufp4 mxfp4)")(
+      "copy", po::value(&copy_sizes)->multitoken(), "device-to-device copy sizes in bytes (default: 1 MiB .. 1 GiB)")(
+      "reps", po::value(&reps)->default_value(9), "timed repetitions per kernel and shape (median reported)");
+  cli::add_common_options(desc);
+  po::variables_map vm;
+  if (!cli::parse_args(invocation("timings", args), desc,
+                       "[--quant RxK ..] [--gemm MxNxK ..] [--gemm-recipe R ..] [--reps N] [--json FILE]", vm))
+    return 0;
+  const cli::JsonOut json(vm);
+  if (reps < 3) usage_error("--reps must be >= 3");
+  if (gemm_recipes.empty()) gemm_recipes = {"ufp4", "mxfp4"};
+  if (copy_sizes.empty())
+    for (int64_t b = int64_t(1) << 20; b <= int64_t(1) << 30; b *= 4) copy_sizes.push_back(b);
+  for (int64_t b : copy_sizes)
+    if (b < 4096 || b > (int64_t(1) << 32) || b % 4096) usage_error("--copy sizes must be multiples of 4096 up to 4 GiB");
+  const fp4lab::QuantConfig plain = plain_config(fp4lab::Recipe::preset(recipe_name)), rot = rht16_config(plain);
+  std::vector<std::vector<int64_t>> qlist, glist;
+  for (const auto& q : quant) {
+    qlist.push_back(cli::parse_dims(q, "RxK", "quant"));
+    if (qlist.back()[1] % plain.block) usage_error("--quant " + q + ": K is not a multiple of the block");
+  }
+  std::vector<fp4lab::QuantConfig> gcs;
+  for (const auto& r : gemm_recipes) gcs.push_back(plain_config(fp4lab::Recipe::preset(r)));
+  for (const auto& g : gemms) {
+    glist.push_back(cli::parse_dims(g, "MxNxK", "gemm"));
+    for (const auto& gc : gcs)
+      if (glist.back()[2] % gc.block) usage_error("--gemm " + g + ": K is not a multiple of every recipe's block");
+  }
+  if (!require_device("timings")) return kExitNoDevice;
+
+  const fc::DeviceInfo dev = fc::device_info();
+  int clock_khz = 0, mem_khz = 0, bus_bits = 0;
+  cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, dev.id);
+  cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, dev.id);
+  cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, dev.id);
+  cudaStream_t s;
+  fc::check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  Timer T(s);
+  Json J;
+  J["command"] = "timings";
+  J["device"] = {{"name", dev.name}, {"sm", dev.cc_major * 10 + dev.cc_minor}, {"sms", dev.sms},
+                 {"l2_bytes", dev.l2_bytes}, {"clock_khz", clock_khz}, {"memory_clock_khz", mem_khz},
+                 {"memory_bus_bits", bus_bits}};
+  J["reps"] = reps;
+  std::ostream& out = json.table() ? std::cout : std::cerr;
+  out << "fp4lab-cuda timings on " << dev.name << " (sm_" << dev.cc_major << dev.cc_minor << ", " << dev.sms
+      << " SMs, L2 " << dev.l2_bytes / (1 << 20) << " MiB, SM clock " << clock_khz / 1000 << " MHz), median of "
+      << reps << "\n";
+  Json rows = Json::array();
+  auto row = [&](const std::string& kernel, const std::string& label, const std::string& shape, double median,
+                 const std::vector<double>& samples, Json extra) {
+    Json r = {{"kernel", kernel}, {"recipe", label}, {"shape", shape}, {"median_us", median}, {"samples_us", samples}};
+    for (auto& [k, v] : extra.items()) r[k] = v;
+    rows.push_back(r);
+    out << pad(kernel, 24) << pad(shape, 22) << pad(fmt(median, 2), 12) << " us\n" << std::flush;
+  };
+
+  // Device-to-device copies: bytes read + bytes written over time; the source and destination walk through
+  // 1 GiB buffers so that small copies do not stay in the L2.
+  {
+    const size_t span = std::max<size_t>(size_t(1) << 30, size_t(*std::max_element(copy_sizes.begin(), copy_sizes.end())));
+    fc::Buffer<uint8_t> c0(span), c1(span);
+    c0.fill_bytes(1);
+    for (int64_t b : copy_sizes) {
+      const size_t nb = span / size_t(b);
+      const double est_us = 2.0 * double(b) / 4e6;
+      const int batch = int(std::clamp(2000.0 / std::max(est_us, 1.0), 1.0, 500.0));
+      const double us = T.median_us(
+          [&](int i) {
+            const size_t off = size_t(i) % nb * size_t(b);
+            fc::check(cudaMemcpyAsync(c1.data() + off, c0.data() + off, size_t(b), cudaMemcpyDeviceToDevice, s), "copy");
+          },
+          reps, batch);
+      row("copy", "", std::to_string(b), us, T.samples,
+          {{"bytes", b}, {"gbs", 2.0 * double(b) / us / 1e3}, {"batch", batch}, {"graph", batch > 1}});
+    }
+  }
+  double copy_gbs = 0;
+  for (const Json& r : rows) copy_gbs = std::max(copy_gbs, r["gbs"].get<double>());
+
+  for (const auto& d : qlist) {
+    const int64_t R = d[0], K = d[1];
+    const QuantTimes q = time_quantize(T, dev, copy_gbs, R, K, plain, rot, reps, s);
+    const std::string shape = std::to_string(R) + "x" + std::to_string(K);
+    const Json ex = {{"rows", R}, {"K", K}, {"bytes", q.bytes}, {"batch", q.batch}, {"graph", q.batch > 1},
+                     {"buffers", q.buffers}};
+    row("quantize_plain", plain.label(), shape, q.plain_us, q.plain_samples, ex);
+    row("quantize_fused_rht16", rot.label(), shape, q.fused_us, q.fused_samples, ex);
+    row("quantize_unfused_rht16", rot.label(), shape, q.unfused_us, q.unfused_samples, ex);
+  }
+
+  for (const auto& gc : gcs) {
+    for (const auto& d : glist) {
+      const int64_t M = d[0], N = d[1], K = d[2];
+      GemmCase g(gc, M, N, K, s);  // back-to-back launches (no graph), as a training step issues them
+      auto& [dc, qa, qb, gws, flops, batch] = g;
+      const int variant = fc::gemm_fast_default_variant(gc.block, M, N);
+      const std::string shape = std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K);
+      const Json ex = {{"M", M}, {"N", N}, {"K", K}, {"batch", batch}, {"graph", false}, {"variant", variant},
+                       {"variant_name", fc::gemm_fast_variant_name(variant)}};
+      const double t_prep = T.median_us([&](int) { fc::gemm_fast_prepare(qa, qb, gws, s); }, reps, batch, false);
+      row("gemm_unpack", gc.label(), shape, t_prep, T.samples, ex);
+      const double t_mma =
+          T.median_us([&](int) { fc::gemm_fast_run(qa, qb, dc.data(), gws, s, variant); }, reps, batch, false);
+      row("gemm_mma", gc.label(), shape, t_mma, T.samples, ex);
+      const double t_all = T.median_us([&](int) { fc::gemm_fast(qa, qb, dc.data(), gws, s, variant); }, reps, batch, false);
+      Json ex2 = ex;
+      ex2["tops"] = flops / t_all / 1e6;
+      row("gemm_fast", gc.label(), shape, t_all, T.samples, ex2);
+    }
+  }
+  fc::check(cudaStreamDestroy(s), "cudaStreamDestroy");
+  J["rows"] = rows;
+  json.write(J);
+  return 0;
+}
+
 void usage(std::ostream& os) {
-  os << "usage: fp4lab-cuda <check|bench> [options]   (fp4lab-cuda <subcommand> --help)\n"
+  os << "usage: fp4lab-cuda <check|bench|timings> [options]   (fp4lab-cuda <subcommand> --help)\n"
         "  check   quantise and multiply every GEMM of a trace on the GPU; compare with the golden model bit for bit\n"
-        "  bench   quantiser (plain / fused RHT / unfused RHT) and block-scaled GEMM timings beside their baselines\n";
+        "  bench   quantiser (plain / fused RHT / unfused RHT) and block-scaled GEMM timings beside their baselines\n"
+        "  timings per-kernel medians of repeats over given shapes, as JSON (the simulator's validation set)\n";
 }
 
 }  // namespace
@@ -731,6 +927,8 @@ int main(int argc, char** argv) {
       code = cmd_check(args);
     } else if (cmd == "bench") {
       code = cmd_bench(args);
+    } else if (cmd == "timings") {
+      code = cmd_timings(args);
     } else if (cmd == "--help" || cmd == "-h" || cmd == "help") {
       usage(std::cout);
       code = 0;

@@ -23,6 +23,18 @@ const char* mac_kind_name(MacKind k) {
 const char* prep_mode_name(PrepMode m) {
   return m == PrepMode::frontend ? "frontend" : m == PrepMode::fused ? "fused" : m == PrepMode::unfused ? "unfused" : "none";
 }
+const char* launch_mode_name(LaunchMode m) { return m == LaunchMode::stream ? "stream" : "graph"; }
+const char* acc_issue_name(AccIssue a) { return a == AccIssue::parallel ? "parallel" : "shared"; }
+LaunchMode parse_launch_mode(const std::string& s) {
+  for (LaunchMode m : {LaunchMode::stream, LaunchMode::graph})
+    if (s == launch_mode_name(m)) return m;
+  throw std::invalid_argument("launch.mode '" + s + "' is not one of stream, graph");
+}
+AccIssue parse_acc_issue(const std::string& s) {
+  for (AccIssue a : {AccIssue::parallel, AccIssue::shared})
+    if (s == acc_issue_name(a)) return a;
+  throw std::invalid_argument("acc.issue '" + s + "' is not one of parallel, shared");
+}
 MacKind parse_mac_kind(const std::string& s) {
   for (MacKind k : {MacKind::e2m1, MacKind::e1m2, MacKind::dual})
     if (s == mac_kind_name(k)) return k;
@@ -41,6 +53,8 @@ po::options_description Config::options() {
     ("name", po::value<std::string>()->default_value("custom"), "configuration name, printed in reports")
     ("clock.ghz", po::value<double>(), "TCU clock, GHz")
     ("tcu.count", po::value<int>(), "TCUs sharing the memory levels; output tiles are dealt round-robin")
+    ("tcu.ctas", po::value<int>()->default_value(1),
+     "tiles in flight per TCU, each on its share of the TCU's units and buffer (GPU CTAs resident per SM)")
     ("tile.m", po::value<int>(), "output tile rows")
     ("tile.n", po::value<int>(), "output tile columns")
     ("tile.k", po::value<int>(), "reduction elements per k-step (a multiple of 32 and of the RHT size)")
@@ -50,21 +64,36 @@ po::options_description Config::options() {
     ("acc.tiles", po::value<int>()->default_value(2), "output-tile accumulators per TCU")
     ("dram.bandwidth", po::value<double>(), "off-chip memory bandwidth, bytes per cycle")
     ("dram.latency", po::value<int64_t>(), "off-chip memory latency, cycles")
+    ("dram.write_cost", po::value<double>()->default_value(1),
+     "port time of a written byte relative to a read byte (read/write turnarounds make writes dearer)")
     ("l2.bytes", po::value<int64_t>()->default_value(0), "shared cache capacity, bytes (0 = none)")
     ("l2.bandwidth", po::value<double>()->default_value(0), "shared cache bandwidth, bytes per cycle")
     ("l2.latency", po::value<int64_t>()->default_value(0), "shared cache latency, cycles")
-    ("rht.lanes", po::value<int>(), "RHT front-end elements per cycle")
+    ("rht.lanes", po::value<double>(), "RHT front-end elements per cycle")
     ("rht.stage_latency", po::value<int>()->default_value(1), "cycles per butterfly stage")
-    ("quant.lanes", po::value<int>(), "quantiser elements per cycle (RTNE)")
-    ("quant.sr_lanes", po::value<int>()->default_value(0), "quantiser elements per cycle with SR (0 = quant.lanes)")
+    ("quant.lanes", po::value<double>(), "quantiser elements per cycle (RTNE)")
+    ("quant.sr_lanes", po::value<double>()->default_value(0), "quantiser elements per cycle with SR (0 = quant.lanes)")
     ("quant.latency", po::value<int>(), "quantiser latency, cycles")
     ("mac.units", po::value<int>(), "16-element block dot-product units per TCU")
     ("mac.kind", po::value<std::string>(), "e2m1 | e1m2 | dual: grids the units take natively")
     ("mac.fallback_rate", po::value<double>()->default_value(0),
      "throughput relative to native for a grid the units lack (0 = such a GEMM is refused)")
     ("mac.latency", po::value<int>(), "MAC array latency, cycles")
-    ("acc.lanes", po::value<int>(), "scale-and-accumulate operations per cycle")
+    ("acc.lanes", po::value<double>(), "scale-and-accumulate operations per cycle")
     ("acc.latency", po::value<int>(), "scale-and-accumulate latency, cycles")
+    ("acc.issue", po::value<std::string>()->default_value("parallel"),
+     "parallel | shared: scale-and-accumulate on its own unit, or issued by the MAC array (then a k-step "
+     "occupies it for its block products plus its scale-and-accumulates)")
+    ("launch.mode", po::value<std::string>()->default_value("stream"),
+     "stream | graph: kernels queued one by one, or replayed from a CUDA graph (which launch.* cost applies)")
+    ("launch.stream_us", po::value<double>()->default_value(0), "time before a stream-launched kernel's first tile, us")
+    ("launch.graph_us", po::value<double>()->default_value(0), "the same for a kernel replayed from a graph, us")
+    ("pass.elems", po::value<int64_t>()->default_value(0),
+     "elements per work item of a separate pass (RHT, quantise, unpack), consecutive in the operand; 0 = "
+     "tile-shaped items")
+    ("unpack.launches", po::value<int>()->default_value(0),
+     "0: the GEMM reads packed operands; n > 0: it reads one-byte integer views and FP32 block scales, written "
+     "by an unpack pass of n kernels first")
     ("prep.mode", po::value<std::string>()->default_value("frontend"),
      "frontend | fused | unfused | none: RHT + quantise in the TCU front-end, as one or two passes through "
      "memory, or not at all (operands already quantised in memory)")
@@ -107,6 +136,7 @@ Config Config::from(const po::variables_map& vm) {
   c.name = vm["name"].as<std::string>();
   c.clock_ghz = D("clock.ghz");
   c.tcus = I("tcu.count");
+  c.ctas = I("tcu.ctas");
   c.tile_m = I("tile.m");
   c.tile_n = I("tile.n");
   c.tile_k = I("tile.k");
@@ -114,19 +144,25 @@ Config Config::from(const po::variables_map& vm) {
   c.buffer_bytes = L("buffer.bytes");
   c.buffer_slots = I("buffer.slots");
   c.acc_tiles = I("acc.tiles");
-  c.dram = {D("dram.bandwidth"), L("dram.latency"), 0};
-  c.l2 = {D("l2.bandwidth"), L("l2.latency"), L("l2.bytes")};
-  c.rht_lanes = I("rht.lanes");
+  c.dram = {D("dram.bandwidth"), D("dram.write_cost"), L("dram.latency"), 0};
+  c.l2 = {D("l2.bandwidth"), 1, L("l2.latency"), L("l2.bytes")};
+  c.rht_lanes = D("rht.lanes");
   c.rht_stage_latency = I("rht.stage_latency");
-  c.quant_lanes = I("quant.lanes");
-  c.quant_sr_lanes = I("quant.sr_lanes") > 0 ? I("quant.sr_lanes") : c.quant_lanes;
+  c.quant_lanes = D("quant.lanes");
+  c.quant_sr_lanes = D("quant.sr_lanes") > 0 ? D("quant.sr_lanes") : c.quant_lanes;
   c.quant_latency = I("quant.latency");
   c.mac_units = I("mac.units");
   c.mac_kind = parse_mac_kind(vm["mac.kind"].as<std::string>());
   c.mac_fallback_rate = D("mac.fallback_rate");
   c.mac_latency = I("mac.latency");
-  c.acc_lanes = I("acc.lanes");
+  c.acc_lanes = D("acc.lanes");
   c.acc_latency = I("acc.latency");
+  c.acc_issue = parse_acc_issue(vm["acc.issue"].as<std::string>());
+  c.launch_mode = parse_launch_mode(vm["launch.mode"].as<std::string>());
+  c.launch_stream_us = D("launch.stream_us");
+  c.launch_graph_us = D("launch.graph_us");
+  c.unpack_launches = I("unpack.launches");
+  c.pass_elems = L("pass.elems");
   c.prep = parse_prep_mode(vm["prep.mode"].as<std::string>());
   c.input_bytes = I("operand.bytes");
   c.output_bytes = I("output.bytes");
@@ -160,6 +196,15 @@ void Config::validate() const {
   };
   in_range(clock_ghz, kMinClockGhz, kMaxClockGhz, "clock.ghz");
   in_range(tcus, 1, kMaxTcus, "tcu.count");
+  in_range(ctas, 1, kMaxSlots, "tcu.ctas");
+  in_range(double(tcus) * ctas, 1, kMaxTcus, "tcu.count x tcu.ctas");
+  need(mac_units % ctas == 0, "mac.units = " + std::to_string(mac_units) + " is not a multiple of tcu.ctas = " +
+                                  std::to_string(ctas) + " (each tile slot takes an equal share of the units)");
+  in_range(launch_stream_us, 0, kMaxLaunchUs, "launch.stream_us");
+  in_range(launch_graph_us, 0, kMaxLaunchUs, "launch.graph_us");
+  in_range(unpack_launches, 0, kMaxSlots, "unpack.launches");
+  in_range(double(pass_elems), 0, kMaxBytes, "pass.elems");
+  need(pass_elems % 32 == 0, "pass.elems must be a multiple of 32 (both block sizes), not " + std::to_string(pass_elems));
   in_range(tile_m, 1, kMaxTile, "tile.m");
   in_range(tile_n, 1, kMaxTile, "tile.n");
   in_range(tile_k, 32, kMaxTileK, "tile.k");
@@ -170,6 +215,7 @@ void Config::validate() const {
   in_range(double(buffer_bytes), 0, kMaxBytes, "buffer.bytes");
   in_range(dram.bandwidth, kMinBandwidth, kMaxBandwidth, "dram.bandwidth");
   in_range(double(dram.latency), 0, kMaxLatency, "dram.latency");
+  in_range(dram.write_cost, 1, 16, "dram.write_cost");
   in_range(double(l2.bytes), 0, kMaxBytes, "l2.bytes");
   if (l2.bytes > 0) {
     in_range(l2.bandwidth, kMinBandwidth, kMaxBandwidth, "l2.bandwidth (an L2, l2.bytes > 0, needs it)");
@@ -178,16 +224,16 @@ void Config::validate() const {
     in_range(l2.bandwidth, 0, kMaxBandwidth, "l2.bandwidth");
     in_range(double(l2.latency), 0, kMaxLatency, "l2.latency");
   }
-  in_range(rht_lanes, 1, kMaxUnits, "rht.lanes");
+  in_range(rht_lanes / ctas, kMinLanes, kMaxUnits, "rht.lanes / tcu.ctas");
   in_range(rht_stage_latency, 0, kMaxLatency, "rht.stage_latency");
-  in_range(quant_lanes, 1, kMaxUnits, "quant.lanes");
-  in_range(quant_sr_lanes, 1, kMaxUnits, "quant.sr_lanes");
+  in_range(quant_lanes / ctas, kMinLanes, kMaxUnits, "quant.lanes / tcu.ctas");
+  in_range(quant_sr_lanes / ctas, kMinLanes, kMaxUnits, "quant.sr_lanes / tcu.ctas");
   in_range(quant_latency, 0, kMaxLatency, "quant.latency");
   in_range(mac_units, 1, kMaxUnits, "mac.units");
   in_range(mac_latency, 0, kMaxLatency, "mac.latency");
   need(std::isfinite(mac_fallback_rate) && (mac_fallback_rate == 0 || (mac_fallback_rate >= kMinRate && mac_fallback_rate <= 1)),
        "mac.fallback_rate = " + fmt_num(mac_fallback_rate) + " must be 0 (refuse) or lie in [" + fmt_num(kMinRate) + ", 1]");
-  in_range(acc_lanes, 1, kMaxUnits, "acc.lanes");
+  in_range(acc_lanes / ctas, kMinLanes, kMaxUnits, "acc.lanes / tcu.ctas");
   in_range(acc_latency, 0, kMaxLatency, "acc.latency");
   in_range(input_bytes, 1, 8, "operand.bytes");
   in_range(output_bytes, 1, 8, "output.bytes");
@@ -199,12 +245,34 @@ void Config::validate() const {
       {"energy.dram_byte_pj", energy.dram_byte}, {"energy.l2_byte_pj", energy.l2_byte},
       {"energy.buffer_byte_pj", energy.buffer_byte}};
   for (const auto& [key, v] : energies) in_range(v, 0, kMaxEnergyPj, key);
-  // The streaming slots alone must fit: every slot holds one A and one B k-step tile in BF16.
-  const int64_t slot = (int64_t(tile_m) + tile_n) * tile_k * input_bytes;
-  need(buffer_bytes >= int64_t(buffer_slots) * slot,
-       "buffer.bytes = " + std::to_string(buffer_bytes) + " cannot hold buffer.slots = " +
-           std::to_string(buffer_slots) + " k-step tiles of (tile.m + tile.n) x tile.k BF16 elements (" +
-           std::to_string(slot) + " bytes each)");
+  // The streaming slots alone must fit in each tile slot's share of the buffer: every slot holds one A and one
+  // B k-step tile, unquantised in the front-end; otherwise at most one byte an element (unpacked integer
+  // views) plus FP32 block scales of 16, or 4-bit codes plus those scales.
+  const int64_t elems = (int64_t(tile_m) + tile_n) * tile_k;
+  const int64_t slot = prep == PrepMode::frontend ? elems * input_bytes
+                       : unpack_launches > 0     ? elems + elems / 4
+                                                 : elems / 2 + elems / 4;
+  need(buffer_bytes / ctas >= int64_t(buffer_slots) * slot,
+       "buffer.bytes = " + std::to_string(buffer_bytes) + " cannot hold, per tile slot (tcu.ctas = " +
+           std::to_string(ctas) + "), buffer.slots = " + std::to_string(buffer_slots) +
+           " k-step tiles of (tile.m + tile.n) x tile.k elements (" + std::to_string(slot) + " bytes each)");
+}
+
+int64_t Config::launch_cycles() const {
+  const double us = launch_mode == LaunchMode::stream ? launch_stream_us : launch_graph_us;
+  return int64_t(std::llround(us * 1e3 * clock_ghz));
+}
+
+Config Config::per_slot() const {
+  Config c = *this;
+  c.tcus = tcus * ctas;
+  c.mac_units = mac_units / ctas;
+  c.acc_lanes = acc_lanes / ctas;
+  c.rht_lanes = rht_lanes / ctas;
+  c.quant_lanes = quant_lanes / ctas;
+  c.quant_sr_lanes = quant_sr_lanes / ctas;
+  c.buffer_bytes = buffer_bytes / ctas;
+  return c;  // ctas kept: slots s and s + tcu.count share TCU s (see Plan::share)
 }
 
 Config Config::load(const std::string& path, const std::vector<std::string>& overrides) {
@@ -240,15 +308,19 @@ nlohmann::json Config::to_json() const {
   return {{"name", name},
           {"clock_ghz", clock_ghz},
           {"tcu_count", tcus},
+          {"tcu_ctas", ctas},
           {"tile", {{"m", tile_m}, {"n", tile_n}, {"k", tile_k}, {"raster_group", raster_group}}},
           {"buffer", {{"bytes", buffer_bytes}, {"slots", buffer_slots}}},
-          {"dram", {{"bandwidth", dram.bandwidth}, {"latency", dram.latency}}},
+          {"dram", {{"bandwidth", dram.bandwidth}, {"latency", dram.latency}, {"write_cost", dram.write_cost}}},
           {"l2", {{"bytes", l2.bytes}, {"bandwidth", l2.bandwidth}, {"latency", l2.latency}}},
           {"rht", {{"lanes", rht_lanes}, {"stage_latency", rht_stage_latency}}},
           {"quant", {{"lanes", quant_lanes}, {"sr_lanes", quant_sr_lanes}, {"latency", quant_latency}}},
           {"mac", {{"units", mac_units}, {"kind", mac_kind_name(mac_kind)}, {"fallback_rate", mac_fallback_rate},
                    {"latency", mac_latency}}},
-          {"acc", {{"lanes", acc_lanes}, {"latency", acc_latency}, {"tiles", acc_tiles}}},
+          {"acc", {{"lanes", acc_lanes}, {"latency", acc_latency}, {"tiles", acc_tiles}, {"issue", acc_issue_name(acc_issue)}}},
+          {"launch", {{"mode", launch_mode_name(launch_mode)}, {"stream_us", launch_stream_us}, {"graph_us", launch_graph_us}}},
+          {"unpack_launches", unpack_launches},
+          {"pass_elems", pass_elems},
           {"prep_mode", prep_mode_name(prep)},
           {"operand_bytes", input_bytes},
           {"output_bytes", output_bytes},

@@ -63,6 +63,7 @@ nlohmann::json job_json(const JobReport& j) {
                       {"energy_pj", j.energy_pj},
                       {"energy_total_pj", j.energy_total_pj}};
   if (j.checked) o["check"] = {{"outputs", j.outputs_checked}, {"mismatches", j.mismatches}};
+  if (j.kernel != "step") o["kernel"] = j.kernel;  // one kernel of the job alone (fp4lab sim --kernel)
   return o;
 }
 

@@ -60,6 +60,31 @@ Report run_shapes(Simulator& sim, const std::vector<LayerShape>& layers, const s
   return rep;
 }
 
+Report run_kernel(Simulator& sim, JobKind kind, const std::vector<int64_t>& dims, const RunOptions& opt) {
+  const size_t want = kind == JobKind::quantize ? 2 : 3;
+  if (dims.size() != want)
+    throw std::invalid_argument(std::string("kernel ") + job_kind_name(kind) + " takes a shape of " +
+                                (want == 2 ? "rows x K" : "M x N x K"));
+  std::string shape;
+  for (int64_t d : dims) {
+    if (!shape.empty()) shape += 'x';
+    shape += std::to_string(d);
+  }
+  GemmJob j;
+  j.kind = kind;
+  j.layer = std::string(job_kind_name(kind)) + "." + shape;
+  j.pass = opt.passes.empty() ? Pass::fwd_y : opt.passes.front();
+  j.M = dims[0];
+  j.N = want == 2 ? dims[0] : dims[1];  // a quantise kernel has no operand B
+  j.K = dims.back();
+  j.a = opt.quant(j.pass, Operand::a, 0);
+  j.b = want == 2 ? j.a : opt.quant(j.pass, Operand::b, 0);
+  Report rep = make_report(sim, "kernel " + j.layer, opt);
+  rep.checked = false;
+  rep.jobs.push_back(sim.run(j));
+  return rep;
+}
+
 Report run_trace(Simulator& sim, const io::Trace& trace, const std::string& source, const RunOptions& opt,
                  RunTimes* times) {
   const auto t_all = Clock::now();

@@ -1,6 +1,7 @@
 #include "fp4lab/sim/simulator.hpp"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <sstream>
@@ -26,12 +27,17 @@ bool mac_native(MacKind kind, const ElemFormat& f) {
 namespace detail {
 
 // Tile-level L2 and buffer keys: tensor id, tile row, k-step.
-enum TensorId : uint64_t { kSrcA = 1, kSrcB, kRotA, kRotB, kQA, kQB, kOut };
+enum TensorId : uint64_t { kSrcA = 1, kSrcB, kRotA, kRotB, kQA, kQB, kOut, kUA, kUB };
 inline uint64_t key(uint64_t tensor, int64_t row_tile, int64_t k_tile) {
   return (tensor << 48) | (uint64_t(row_tile) << 24) | uint64_t(k_tile);
 }
 
-enum class PhaseKind { amax, rht, quant, rht_quant, gemm };
+enum class PhaseKind { amax, rht, quant, rht_quant, unpack, gemm };
+
+// Bytes of the unpacked integer view of a quantised operand slice (one byte an element) and its FP32 block scales.
+inline int64_t unpacked_bytes(const QuantConfig& q, int64_t rows, int64_t cols) {
+  return rows * cols + rows * (cols / q.block) * 4;
+}
 
 struct OperandPlan {
   QuantConfig q;
@@ -39,7 +45,7 @@ struct OperandPlan {
   int tile_rows = 0;
   bool rht = false, sr = false, ue4m3 = false;
   int rht_stages = 0, rht_ops_per_elem = 0;
-  uint64_t src = 0, rot = 0, qt = 0;
+  uint64_t src = 0, rot = 0, qt = 0, u8 = 0;
 };
 
 struct Counters {  // work handed out by the scheduler, for the report
@@ -67,28 +73,43 @@ class Plan {
       p.src = o == 0 ? kSrcA : kSrcB;
       p.rot = o == 0 ? kRotA : kRotB;
       p.qt = o == 0 ? kQA : kQB;
+      p.u8 = o == 0 ? kUA : kUB;
     }
+    operands = j.kind == JobKind::quantize ? 1 : 2;
+    unpack = c.unpack_launches > 0 && c.prep != PrepMode::frontend;
     mt = ceil_div(j.M, c.tile_m);
     nt = ceil_div(j.N, c.tile_n);
     kt = ceil_div(j.K, c.tile_k);
-    const bool any_rht = op[0].rht || op[1].rht, any_amax = op[0].ue4m3 || op[1].ue4m3;
-    switch (c.prep) {
+    int n_rht = 0, n_amax = 0;
+    for (int o = 0; o < operands; ++o) {
+      n_rht += op[o].rht;
+      n_amax += op[o].ue4m3;
+    }
+    // One kernel per operand and pass (as fp4lab's CUDA quantiser runs), an unpack pass of unpack.launches
+    // kernels, one GEMM kernel.
+    auto add = [&](PhaseKind k, int kernels) {
+      phases.push_back(k);
+      launches.push_back(kernels);
+    };
+    const bool prep = j.kind == JobKind::step || j.kind == JobKind::quantize;
+    if (prep) switch (c.prep) {
       case PrepMode::frontend:
-        if (any_amax) phases.push_back(PhaseKind::amax);
+        if (n_amax) add(PhaseKind::amax, n_amax);
         break;
       case PrepMode::fused:
-        if (any_amax) phases.push_back(PhaseKind::amax);
-        phases.push_back(PhaseKind::rht_quant);
+        if (n_amax) add(PhaseKind::amax, n_amax);
+        add(PhaseKind::rht_quant, operands);
         break;
       case PrepMode::unfused:
-        if (any_rht) phases.push_back(PhaseKind::rht);
-        if (any_amax) phases.push_back(PhaseKind::amax);
-        phases.push_back(PhaseKind::quant);
+        if (n_rht) add(PhaseKind::rht, n_rht);
+        if (n_amax) add(PhaseKind::amax, n_amax);
+        add(PhaseKind::quant, operands);
         break;
       case PrepMode::none:
         break;
     }
-    phases.push_back(PhaseKind::gemm);
+    if (unpack && j.kind != JobKind::quantize && j.kind != JobKind::mma) add(PhaseKind::unpack, c.unpack_launches);
+    if (j.kind != JobKind::quantize && j.kind != JobKind::unpack) add(PhaseKind::gemm, 1);
     // Grouped raster order: groups of raster_group tile rows, column by column inside a group.
     for (int64_t g = 0; g < mt; g += c.raster_group)
       for (int64_t n = 0; n < nt; ++n)
@@ -97,17 +118,24 @@ class Plan {
     // quantised) for reuse by the TCU's next tiles.
     const int64_t slot = c.prep == PrepMode::frontend
                              ? int64_t(c.tile_m + c.tile_n) * c.tile_k * c.input_bytes
-                             : quantised_bytes(op[0].q, c.tile_m, c.tile_k) + quantised_bytes(op[1].q, c.tile_n, c.tile_k);
+                             : gemm_bytes(op[0].q, c.tile_m, c.tile_k) + gemm_bytes(op[1].q, c.tile_n, c.tile_k);
     resident_bytes = std::max<int64_t>(0, c.buffer_bytes - int64_t(c.buffer_slots) * slot);
-    panel_bytes[0] = quantised_bytes(op[0].q, std::min<int64_t>(c.tile_m, j.M), j.K);
-    panel_bytes[1] = quantised_bytes(op[1].q, std::min<int64_t>(c.tile_n, j.N), j.K);
+    panel_bytes[0] = gemm_bytes(op[0].q, std::min<int64_t>(c.tile_m, j.M), j.K);
+    panel_bytes[1] = gemm_bytes(op[1].q, std::min<int64_t>(c.tile_n, j.N), j.K);
+  }
+  // Bytes of an operand slice as the GEMM reads it: unpacked integer views, or the packed quantised operand.
+  int64_t gemm_bytes(const QuantConfig& q, int64_t rows, int64_t cols) const {
+    return unpack ? unpacked_bytes(q, rows, cols) : quantised_bytes(q, rows, cols);
   }
 
   const Config& cfg;
   const GemmJob& job;
   OperandPlan op[2];
   int64_t mt = 0, nt = 0, kt = 0;
+  int operands = 2;     // 1: operand A alone (a quantise kernel)
+  bool unpack = false;  // the GEMM reads unpacked integer views
   std::vector<PhaseKind> phases;
+  std::vector<int> launches;  // kernels each phase launches
   std::vector<std::pair<int64_t, int64_t>> tiles;
   int64_t resident_bytes = 0, panel_bytes[2] = {0, 0};
   Counters counters;
@@ -125,6 +153,7 @@ class Plan {
   int64_t rows_at(int o, int64_t r) const {
     return std::min<int64_t>(op[o].tile_rows, op[o].rows - r * op[o].tile_rows);
   }
+
   void add_read(Token& t, uint64_t k, int64_t bytes) {
     t.rd[t.nrd++] = {k, bytes};
   }
@@ -137,62 +166,102 @@ class Plan {
     t.rht_stages = std::max(t.rht_stages, p.rht_stages);
   }
 
+  // A separate pass's work items over operand o: item_count(o) of them, item(o, i) = (key row, key column, rows,
+  // columns). Tile-shaped (a tile's rows by a k-step) by default; with pass.elems, runs of that many consecutive
+  // elements of the row-major operand, as a GPU kernel's CTAs cover it (the last run shorter).
+  int64_t item_count(int o) const {
+    return cfg.pass_elems > 0 ? ceil_div(op[o].rows * job.K, cfg.pass_elems) : ceil_div(op[o].rows, op[o].tile_rows) * kt;
+  }
+  std::array<int64_t, 4> item(int o, int64_t i) const {
+    if (cfg.pass_elems > 0)
+      return {i >> 20, i & ((int64_t(1) << 20) - 1), 1, std::min<int64_t>(cfg.pass_elems, op[o].rows * job.K - i * cfg.pass_elems)};
+    const int64_t r = i / kt, kk = i % kt;
+    return {r, kk, rows_at(o, r), tk_at(kk)};
+  }
+
+  // A work item's share of its TCU's units, in units of one slot's: the TCU's slots that have work split them
+  // (slot s sits on TCU s mod tcu.count), so an item alone on its TCU runs at the whole TCU's rate, as a lone
+  // CTA has its SM to itself. `items` work items dealt round-robin keep slots 0 .. items-1 busy. For a pass's
+  // items this holds throughout; for GEMM tiles, in the last round (the tail wave).
+  double share(int slot, int64_t items) const {
+    const int per = cfg.tcus / cfg.ctas, tcu = slot % per;
+    int busy = 0;
+    for (int k = 0; k < cfg.ctas; ++k) busy += int64_t(tcu) + int64_t(k) * per < items;
+    return double(cfg.ctas) / std::max(busy, 1);
+  }
+
   void emit_pass(PhaseKind kind, int tcu, const Put& put) {
     const bool unfused = cfg.prep == PrepMode::unfused;
-    int64_t chunk = 0;
-    for (int o = 0; o < 2; ++o) {
+    auto takes_part = [&](int o) {
+      return !(kind == PhaseKind::amax && !op[o].ue4m3) && !(kind == PhaseKind::rht && !op[o].rht);
+    };
+    int64_t items = 0;
+    for (int o = 0; o < operands; ++o)
+      if (takes_part(o)) items += item_count(o);
+    const double my_share = share(tcu, items);
+    int64_t before = 0;  // items of the operands before this one: items are dealt round-robin across both
+    for (int o = 0; o < operands; ++o) {
       const OperandPlan& p = op[o];
-      if (kind == PhaseKind::amax && !p.ue4m3) continue;
-      if (kind == PhaseKind::rht && !p.rht) continue;
-      const int64_t rt = ceil_div(p.rows, p.tile_rows);
-      for (int64_t r = 0; r < rt; ++r)
-        for (int64_t kk = 0; kk < kt; ++kk, ++chunk) {
-          if (chunk % cfg.tcus != tcu) continue;
-          const int64_t elems = rows_at(o, r) * tk_at(kk), raw = elems * cfg.input_bytes;
-          Token t;
-          t.kind = Token::Kind::chunk;
-          t.credit = true;
-          switch (kind) {
-            case PhaseKind::amax:  // the per-tensor amax of NVFP4's global scale (of the rotated values)
-              add_read(t, key(unfused && p.rht ? p.rot : p.src, r, kk), raw);
-              if (!unfused && p.rht) add_rht(t, p, elems);
-              t.q_elems = elems;
-              break;
-            case PhaseKind::rht:
-              add_read(t, key(p.src, r, kk), raw);
-              add_rht(t, p, elems);
-              t.wr_key = key(p.rot, r, kk);
-              t.wr_bytes = raw;
-              break;
-            case PhaseKind::quant:
-              add_read(t, key(p.rht ? p.rot : p.src, r, kk), raw);
-              add_quant(t, p, elems);
-              t.wr_key = key(p.qt, r, kk);
-              t.wr_bytes = quantised_bytes(p.q, rows_at(o, r), tk_at(kk));
-              break;
-            case PhaseKind::rht_quant:
-              add_read(t, key(p.src, r, kk), raw);
-              if (p.rht) add_rht(t, p, elems);
-              add_quant(t, p, elems);
-              t.wr_key = key(p.qt, r, kk);
-              t.wr_bytes = quantised_bytes(p.q, rows_at(o, r), tk_at(kk));
-              break;
-            case PhaseKind::gemm:
-              break;
-          }
-          t.buf_write = t.buf_read = raw;
-          counters.buf_write += raw;
-          counters.buf_read += raw;
-          put(std::move(t));
+      if (!takes_part(o)) continue;
+      const int64_t n = item_count(o), first = ((tcu - before) % cfg.tcus + cfg.tcus) % cfg.tcus;
+      before += n;
+      for (int64_t i = first; i < n; i += cfg.tcus) {
+        const auto [r, kk, rows, cols] = item(o, i);
+        const int64_t elems = rows * cols, raw = elems * cfg.input_bytes;
+        Token t;
+        t.kind = Token::Kind::chunk;
+        t.credit = true;
+        t.share = my_share;
+        t.buf_write = t.buf_read = raw;
+        switch (kind) {
+          case PhaseKind::amax:  // the per-tensor amax of NVFP4's global scale (of the rotated values)
+            add_read(t, key(unfused && p.rht ? p.rot : p.src, r, kk), raw);
+            if (!unfused && p.rht) add_rht(t, p, elems);
+            t.q_elems = elems;
+            break;
+          case PhaseKind::rht:
+            add_read(t, key(p.src, r, kk), raw);
+            add_rht(t, p, elems);
+            t.wr_key = key(p.rot, r, kk);
+            t.wr_bytes = raw;
+            break;
+          case PhaseKind::quant:
+            add_read(t, key(p.rht ? p.rot : p.src, r, kk), raw);
+            add_quant(t, p, elems);
+            t.wr_key = key(p.qt, r, kk);
+            t.wr_bytes = quantised_bytes(p.q, rows, cols);
+            break;
+          case PhaseKind::rht_quant:
+            add_read(t, key(p.src, r, kk), raw);
+            if (p.rht) add_rht(t, p, elems);
+            add_quant(t, p, elems);
+            t.wr_key = key(p.qt, r, kk);
+            t.wr_bytes = quantised_bytes(p.q, rows, cols);
+            break;
+          case PhaseKind::unpack:  // packed codes and scales in, one-byte integers and FP32 scales out
+            add_read(t, key(p.qt, r, kk), quantised_bytes(p.q, rows, cols));
+            t.wr_key = key(p.u8, r, kk);
+            t.wr_bytes = unpacked_bytes(p.q, rows, cols);
+            t.buf_write = t.buf_read = t.wr_bytes;
+            break;
+          case PhaseKind::gemm:
+            break;
         }
+        counters.buf_write += double(t.buf_write);
+        counters.buf_read += double(t.buf_read);
+        put(std::move(t));
+      }
     }
   }
 
   void emit_gemm(int tcu, const Put& put) {
     const bool frontend = cfg.prep == PrepMode::frontend;
     Lru resident(resident_bytes);  // operand panels kept in this TCU's buffer between tiles
-    for (size_t i = size_t(tcu); i < tiles.size(); i += size_t(cfg.tcus)) {
+    const size_t slots = size_t(cfg.tcus), last_round = (tiles.size() - 1) / slots * slots;
+    const double tail_share = share(tcu, int64_t(tiles.size() - last_round));
+    for (size_t i = size_t(tcu); i < tiles.size(); i += slots) {
       const auto [mi, ni] = tiles[i];
+      const double tile_share = i >= last_round ? tail_share : 1.0;
       const int64_t idx[2] = {mi, ni};
       const int64_t rows[2] = {rows_at(0, mi), rows_at(1, ni)};
       const bool res[2] = {resident.hit(key(kQA, mi, 0)), resident.hit(key(kQB, ni, 0))};
@@ -210,7 +279,7 @@ class Plan {
         t.last_k = kk == kt - 1;
         for (int o = 0; o < 2; ++o) {
           const OperandPlan& p = op[o];
-          const int64_t qbytes = quantised_bytes(p.q, rows[o], tk);
+          const int64_t qbytes = gemm_bytes(p.q, rows[o], tk);
           t.buf_read += qbytes;  // the MAC array reads both tiles every k-step
           if (res[o]) continue;
           const int64_t elems = rows[o] * tk;
@@ -219,11 +288,12 @@ class Plan {
             if (p.rht) add_rht(t, p, elems);
             add_quant(t, p, elems);
           } else {
-            add_read(t, key(p.qt, idx[o], kk), qbytes);
+            add_read(t, key(unpack ? p.u8 : p.qt, idx[o], kk), qbytes);
           }
           t.buf_write += qbytes;
         }
         t.credit = t.nrd > 0;
+        t.share = tile_share;
         t.blocks16 = rows[0] * rows[1] * (tk / 16);
         t.acc_ops = rows[0] * rows[1] * (tk / op[0].q.block) + (t.last_k ? rows[0] * rows[1] : 0);
         t.wr_key = key(kOut, mi, ni);
@@ -254,6 +324,7 @@ class Scheduler : public sc_module {
     while (true) {
       sc_core::wait(start);
       for (size_t ph = 0; ph < plan->phases.size(); ++ph) {
+        clk_.wait_cycles(plan->launches[ph] * plan->cfg.launch_cycles());  // the phase's kernel launches
         plan->emit(ph, index, [this](Token&& t) { out->put(std::move(t)); });
         Token m;
         m.kind = Token::Kind::marker;
@@ -335,8 +406,9 @@ namespace {
 std::atomic<bool> g_alive{false};
 }
 
-Simulator::Simulator(const Config& cfg, std::shared_ptr<Datapath> datapath) : cfg_(cfg), dp_(std::move(datapath)) {
-  cfg_.validate();
+// The model runs on the per-slot configuration: tcu.count x tcu.ctas TCUs, each with its share of the units.
+Simulator::Simulator(const Config& cfg, std::shared_ptr<Datapath> datapath)
+    : cfg_(cfg), slot_((cfg.validate(), cfg.per_slot())), dp_(std::move(datapath)) {
   if (!dp_) throw std::invalid_argument("Simulator needs a Datapath");
   if (g_alive.exchange(true)) throw std::invalid_argument("only one fp4lab::sim::Simulator may exist at a time");
   using namespace sc_core;
@@ -348,14 +420,14 @@ Simulator::Simulator(const Config& cfg, std::shared_ptr<Datapath> datapath) : cf
   // 1 ps, the time precision of the Verilated RTL too. Units count whole cycles (Clock), so rounding the period
   // to picoseconds (546 ps at 1.83 GHz) changes no cycle count; reported times use the exact clock.
   sc_set_time_resolution(1, SC_PS);
-  model_->clk.period = sc_time::from_value(std::max<uint64_t>(1, uint64_t(std::llround(1e3 / cfg_.clock_ghz))));
-  model_->mem = std::make_unique<detail::Memory>("memory", cfg_);
-  model_->barrier = std::make_unique<detail::Barrier>(cfg_.tcus, model_->clk);
+  model_->clk.period = sc_time::from_value(std::max<uint64_t>(1, uint64_t(std::llround(1e3 / slot_.clock_ghz))));
+  model_->mem = std::make_unique<detail::Memory>("memory", slot_);
+  model_->barrier = std::make_unique<detail::Barrier>(slot_.tcus, model_->clk);
   model_->fn.dp = dp_.get();
   dp_->elaborate();
-  for (int i = 0; i < cfg_.tcus; ++i)
+  for (int i = 0; i < slot_.tcus; ++i)
     model_->tcus.push_back(
-        std::make_unique<detail::Tcu>(i, cfg_, model_->clk, *model_->mem, *model_->barrier, model_->fn));
+        std::make_unique<detail::Tcu>(i, slot_, model_->clk, *model_->mem, *model_->barrier, model_->fn));
   // Elaboration done: run the initialisation phase so every thread waits at its first wait() before the
   // first job's start event is notified.
   sc_start(SC_ZERO_TIME);
@@ -392,7 +464,7 @@ JobReport Simulator::run(const GemmJob& job, const QTensor& a, const QTensor& b,
 // against a generous bound: every k-step tile paying every unit's occupancy and latency in series, with the
 // memory shared by all TCUs, plus the separate passes over both operands and the output write-back.
 void Simulator::check_time_range(const GemmJob& job, bool native, int64_t t0) const {
-  const Config& c = cfg_;
+  const Config& c = slot_;
   const double mt = std::ceil(double(job.M) / c.tile_m), nt = std::ceil(double(job.N) / c.tile_n),
                kt = std::ceil(double(job.K) / c.tile_k);
   const double tiles = mt * nt * kt;
@@ -434,18 +506,22 @@ JobReport Simulator::run_impl(const GemmJob& job, const QTensor* qa, const QTens
     throw std::invalid_argument(where + "K = " + std::to_string(job.K) + " is not a multiple of the block size " +
                                 std::to_string(block));
   for (const QuantConfig* q : {&job.a, &job.b})
-    if (q->rht > 0 && (cfg_.tile_k % q->rht != 0 || job.K % q->rht != 0))
+    if (q->rht > 0 && (slot_.tile_k % q->rht != 0 || job.K % q->rht != 0))
       throw std::invalid_argument(where + "RHT size " + std::to_string(q->rht) + " must divide K = " +
-                                  std::to_string(job.K) + " and tile.k = " + std::to_string(cfg_.tile_k));
-  const bool native = mac_native(cfg_.mac_kind, job.a.format);
-  if (!native && cfg_.mac_fallback_rate <= 0)
-    throw std::invalid_argument(where + std::string("mac.kind = ") + mac_kind_name(cfg_.mac_kind) + " has no " +
+                                  std::to_string(job.K) + " and tile.k = " + std::to_string(slot_.tile_k));
+  const bool native = mac_native(slot_.mac_kind, job.a.format);
+  if (!native && slot_.mac_fallback_rate <= 0)
+    throw std::invalid_argument(where + std::string("mac.kind = ") + mac_kind_name(slot_.mac_kind) + " has no " +
                                 job.a.format.name + " units and mac.fallback_rate is 0");
 
   Model& m = *model_;
   const int64_t t0 = m.clk.now();
   check_time_range(job, native, t0);
-  Plan plan(cfg_, job);
+  Plan plan(slot_, job);
+  if (plan.phases.empty())
+    throw std::invalid_argument(where + "kernel '" + job_kind_name(job.kind) + "' has nothing to run under this "
+                                "configuration (quantize needs prep.mode fused or unfused; unpack needs "
+                                "unpack.launches > 0)");
   m.mem->reset(t0);
   m.barrier->releases.clear();
   // A k-step datapath computes as the tiles pass; an output-tile one (cycle-level RTL) after the timed run.
@@ -461,7 +537,7 @@ JobReport Simulator::run_impl(const GemmJob& job, const QTensor* qa, const QTens
   for (auto& t : m.tcus) {
     t->reset();
     t->sched->plan = &plan;
-    t->mac->rate = native ? double(cfg_.mac_units) : cfg_.mac_units * cfg_.mac_fallback_rate;
+    t->mac->rate = native ? double(slot_.mac_units) : slot_.mac_units * slot_.mac_fallback_rate;
     t->wb->n_cols = job.N;
   }
   for (auto& t : m.tcus) t->sched->start.notify(sc_core::SC_ZERO_TIME);  // in TCU order, see Barrier
@@ -474,8 +550,8 @@ JobReport Simulator::run_impl(const GemmJob& job, const QTensor* qa, const QTens
     std::vector<OutputTile> tiles;
     tiles.reserve(plan.tiles.size());
     for (const auto& [mi, ni] : plan.tiles)
-      tiles.push_back({mi * cfg_.tile_m, ni * cfg_.tile_n, int(std::min<int64_t>(cfg_.tile_m, job.M - mi * cfg_.tile_m)),
-                       int(std::min<int64_t>(cfg_.tile_n, job.N - ni * cfg_.tile_n))});
+      tiles.push_back({mi * slot_.tile_m, ni * slot_.tile_n, int(std::min<int64_t>(slot_.tile_m, job.M - mi * slot_.tile_m)),
+                       int(std::min<int64_t>(slot_.tile_n, job.N - ni * slot_.tile_n))});
     m.fn.timed([&] { dp_->output_tiles(*qa, *qb, tiles, c->data()); });
   }
 
@@ -485,6 +561,7 @@ JobReport Simulator::run_impl(const GemmJob& job, const QTensor* qa, const QTens
   r.name = job.name();
   r.layer = job.layer;
   r.pass = pass_name(job.pass);
+  r.kernel = job_kind_name(job.kind);
   r.M = job.M;
   r.N = job.N;
   r.K = job.K;
@@ -492,16 +569,16 @@ JobReport Simulator::run_impl(const GemmJob& job, const QTensor* qa, const QTens
   r.scale = scale_name(job.a.scale);
   r.block = block;
   r.rht = std::max(job.a.rht, job.b.rht);
-  r.prep_mode = prep_mode_name(cfg_.prep);
+  r.prep_mode = prep_mode_name(slot_.prep);
   r.native = native;
   r.count = job.count;
   r.cycles = end - t0;
   r.prep_cycles = gemm_start - t0;
-  r.time_us = double(r.cycles) * cfg_.period_ns() / 1000.0;
-  r.macs = double(job.M) * double(job.N) * double(job.K);
-  r.mac_util = r.cycles > 0 ? r.macs / (double(cfg_.peak_macs_per_cycle()) * double(r.cycles)) : 0;
+  r.time_us = double(r.cycles) * slot_.period_ns() / 1000.0;
+  r.macs = plan.phases.back() == PhaseKind::gemm ? double(job.M) * double(job.N) * double(job.K) : 0.0;
+  r.mac_util = r.cycles > 0 ? r.macs / (double(slot_.peak_macs_per_cycle()) * double(r.cycles)) : 0;
 
-  const double T = double(cfg_.tcus), cyc = double(std::max<int64_t>(r.cycles, 1));
+  const double T = double(slot_.tcus), cyc = double(std::max<int64_t>(r.cycles, 1));
   double fetch = 0, rht = 0, quant = 0, mac = 0, acc = 0, wb = 0;
   double rht_ops = 0, q_elems = 0, sr_elems = 0, acc_ops = 0, blocks = 0;
   for (const std::string& s : stall_categories()) r.stalls[s] = 0;
@@ -538,10 +615,10 @@ JobReport Simulator::run_impl(const GemmJob& job, const QTensor* qa, const QTens
   r.bytes = {{"dram_read", m.mem->dram_read},      {"dram_write", m.mem->dram_write},
              {"l2_read", m.mem->l2_read},          {"l2_write", m.mem->l2_write},
              {"buffer_read", plan.counters.buf_read}, {"buffer_write", plan.counters.buf_write}};
-  const Energy& e = cfg_.energy;
+  const Energy& e = slot_.energy;
   const double mac_pj = !native                         ? e.mac_fallback
-                        : cfg_.mac_kind == MacKind::dual ? e.mac_dual
-                        : cfg_.mac_kind == MacKind::e2m1 ? e.mac_e2m1
+                        : slot_.mac_kind == MacKind::dual ? e.mac_dual
+                        : slot_.mac_kind == MacKind::e2m1 ? e.mac_e2m1
                                                          : e.mac_e1m2;
   r.energy_pj = {{"mac", blocks * 16 * mac_pj},
                  {"acc", acc_ops * e.acc_op},

@@ -36,6 +36,12 @@ struct Clock {
 };
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// Whole cycles to do `work` at `rate` per cycle (a rate may be fractional; a whole one gives ceil_div exactly).
+inline int64_t cycles_for(int64_t work, double rate) {
+  const double whole = std::floor(rate);
+  if (whole == rate) return ceil_div(work, int64_t(whole));
+  return int64_t(std::ceil(double(work) / rate - 1e-9));
+}
 
 // What held a k-step tile up on its way to the MAC array (the last unit that made it wait).
 enum class Blame : uint8_t { bandwidth = 0, rht = 1, quant = 2 };
@@ -52,6 +58,7 @@ struct Token {
   uint64_t wr_key = 0;
   int64_t wr_bytes = 0;
   int64_t rht_elems = 0, rht_ops = 0;  // elements through the butterfly; adds/subtracts (+ scale multiplies)
+  double share = 1;                    // the unit rates this token gets, in the slot's own lanes (see Plan::share)
   int rht_stages = 0;                  // log2 d + 1
   int64_t q_elems = 0, q_sr_elems = 0; // elements quantised with RTNE (or amax-scanned) / with SR
   int64_t blocks16 = 0;                // 16-element block dot products
@@ -148,9 +155,9 @@ struct Channel {
   struct Done {
     int64_t transferred, usable;
   };
-  Done transfer(int64_t now, int64_t bytes) {
+  Done transfer(int64_t now, int64_t bytes, double cost = 1) {  // cost: port time per byte, in read bytes
     const double start = std::max(double(now), free);
-    const double t = double(bytes) / bandwidth;
+    const double t = double(bytes) * cost / bandwidth;
     free = start + t;
     busy += t;
     const int64_t end = int64_t(std::ceil(free - 1e-9));
@@ -205,6 +212,7 @@ class Memory : public sc_module, public MemoryIf {
   Memory(sc_module_name n, const Config& c) : sc_module(n), l2_(c.l2.bytes) {
     dram.bandwidth = c.dram.bandwidth;
     dram.latency = c.dram.latency;
+    write_cost_ = c.dram.write_cost;
     has_l2_ = c.l2.bytes > 0;
     if (has_l2_) {
       l2.bandwidth = c.l2.bandwidth;
@@ -229,7 +237,7 @@ class Memory : public sc_module, public MemoryIf {
       l2_.insert(key, bytes);
       l2_write += bytes;
     }
-    return dram.transfer(now, bytes);
+    return dram.transfer(now, bytes, write_cost_);
   }
   void reset(int64_t now) {  // a new GEMM: cold cache, counters zero
     l2_.clear();
@@ -243,6 +251,7 @@ class Memory : public sc_module, public MemoryIf {
 
  private:
   bool has_l2_ = false;
+  double write_cost_ = 1;
   Lru l2_;
 };
 
@@ -342,12 +351,13 @@ class RhtUnit : public Stage {
   void reset() override { Stage::reset(); elems = ops = 0; }
 
  protected:
-  int64_t occupancy(const Token& t) const override { return ceil_div(t.rht_elems, lanes_); }
+  int64_t occupancy(const Token& t) const override { return cycles_for(t.rht_elems, lanes_ * t.share); }
   int64_t latency(const Token& t) const override { return int64_t(t.rht_stages) * stage_; }
   void work(Token& t) override { elems += t.rht_elems; ops += t.rht_ops; }
 
  private:
-  int64_t lanes_, stage_;
+  double lanes_;
+  int64_t stage_;
 };
 
 class Quantiser : public Stage {
@@ -358,12 +368,15 @@ class Quantiser : public Stage {
   void reset() override { Stage::reset(); elems = sr_elems = 0; }
 
  protected:
-  int64_t occupancy(const Token& t) const override { return ceil_div(t.q_elems, lanes_) + ceil_div(t.q_sr_elems, sr_lanes_); }
+  int64_t occupancy(const Token& t) const override {
+    return cycles_for(t.q_elems, lanes_ * t.share) + cycles_for(t.q_sr_elems, sr_lanes_ * t.share);
+  }
   int64_t latency(const Token&) const override { return lat_; }
   void work(Token& t) override { elems += t.q_elems; sr_elems += t.q_sr_elems; }
 
  private:
-  int64_t lanes_, sr_lanes_, lat_;
+  double lanes_, sr_lanes_;
+  int64_t lat_;
 };
 
 // The MAC array, with the stall accounting of the report: between two k-steps it notes why it sat idle.
@@ -377,7 +390,10 @@ class MacArray : public sc_module {
   double rate = 1;  // block dot products per cycle for the current job's grid
   int64_t blocks = 0;
   SC_HAS_PROCESS(MacArray);
-  MacArray(sc_module_name n, Clock clk, const Config& c) : sc_module(n), clk_(clk), lat_(c.mac_latency) { SC_THREAD(run); }
+  MacArray(sc_module_name n, Clock clk, const Config& c)
+      : sc_module(n), clk_(clk), lat_(c.mac_latency), acc_lanes_(c.acc_lanes), shared_(c.acc_issue == AccIssue::shared) {
+    SC_THREAD(run);
+  }
   void reset() {
     compute = accumulate = blocks = 0;
     stall[0] = stall[1] = stall[2] = 0;
@@ -387,11 +403,8 @@ class MacArray : public sc_module {
  private:
   Clock clk_;
   int64_t lat_;
-  int64_t occupancy(int64_t b) const {
-    const double whole = std::floor(rate);
-    if (whole == rate) return ceil_div(b, int64_t(whole));
-    return int64_t(std::ceil(double(b) / rate - 1e-9));
-  }
+  double acc_lanes_;
+  bool shared_;  // acc.issue = shared: the k-step's scale-and-accumulates occupy the MAC array too
   void run() {
     while (true) {
       Token t = in->get();
@@ -406,7 +419,7 @@ class MacArray : public sc_module {
         first_start = s;
       else
         stall[int(t.blame)] += s - last_end;
-      const int64_t occ = occupancy(t.blocks16);
+      const int64_t occ = cycles_for(t.blocks16, rate * t.share) + (shared_ ? cycles_for(t.acc_ops, acc_lanes_ * t.share) : 0);
       clk_.wait_cycles(s + occ - now);
       compute += occ;
       blocks += t.blocks16;
@@ -436,15 +449,17 @@ class Accumulator : public sc_module {
   int64_t busy = 0, ops = 0;
   SC_HAS_PROCESS(Accumulator);
   Accumulator(sc_module_name n, Clock clk, const Config& c)
-      : sc_module(n), clk_(clk), lanes_(c.acc_lanes), lat_(c.acc_latency), buf_(size_t(c.acc_tiles)),
-        free_(size_t(c.acc_tiles), true) {
+      : sc_module(n), clk_(clk), lanes_(c.acc_lanes), lat_(c.acc_latency), shared_(c.acc_issue == AccIssue::shared),
+        buf_(size_t(c.acc_tiles)), free_(size_t(c.acc_tiles), true) {
     SC_THREAD(run);
   }
   void reset() { busy = ops = 0; }
 
  private:
   Clock clk_;
-  int64_t lanes_, lat_;
+  double lanes_;
+  int64_t lat_;
+  bool shared_;  // the MAC array has spent the occupancy already
   std::vector<std::vector<float>> buf_;
   std::vector<bool> free_;
   int current_ = 0;
@@ -462,7 +477,7 @@ class Accumulator : public sc_module {
         current_ = int(std::find(free_.begin(), free_.end(), true) - free_.begin());
         free_[size_t(current_)] = false;
       }
-      const int64_t occ = ceil_div(t.acc_ops, lanes_), now = clk_.now();
+      const int64_t occ = shared_ ? 0 : cycles_for(t.acc_ops, lanes_ * t.share), now = clk_.now();
       clk_.wait_cycles(std::max(now, t.ready) + occ - now);
       busy += occ;
       ops += t.acc_ops;

@@ -10,6 +10,22 @@
 
 namespace fp4lab::sim {
 
+const char* job_kind_name(JobKind k) {
+  switch (k) {
+    case JobKind::step: return "step";
+    case JobKind::quantize: return "quantize";
+    case JobKind::unpack: return "unpack";
+    case JobKind::mma: return "mma";
+    case JobKind::gemm: return "gemm";
+  }
+  return "?";
+}
+JobKind parse_job_kind(const std::string& s) {
+  for (JobKind k : {JobKind::step, JobKind::quantize, JobKind::unpack, JobKind::mma, JobKind::gemm})
+    if (s == job_kind_name(k)) return k;
+  throw std::invalid_argument("kernel '" + s + "' is not one of step, quantize, unpack, mma, gemm");
+}
+
 std::vector<GemmJob> training_gemms(const LayerShape& l, const OperandConfigFn& quant, uint32_t gemm) {
   std::vector<GemmJob> jobs;
   for (Pass p : kPasses) {

@@ -31,7 +31,7 @@ inline QuantConfig plain(int rht = 0, int block = 16) {
 
 inline GemmJob job(int64_t M, int64_t N, int64_t K, const QuantConfig& q = plain()) {
   GemmJob j;
-  j.layer = "t";
+  j.layer = std::string(1, 't');  // (a literal here trips GCC 12's -Wrestrict false positive, PR 105329)
   j.M = M;
   j.N = N;
   j.K = K;

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "fp4lab/sim/run.hpp"
 #include "sim_test_util.hpp"
 
 namespace fp4lab::sim::test {
@@ -62,7 +63,7 @@ TEST(Config, ErrorsNameTheFileAndTheFault) {
   EXPECT_NE(e.find("tile.k must be a positive multiple of 32"), std::string::npos) << e;
 
   e = error_of([&] { config("teaching", {"buffer.bytes=1000"}); });
-  EXPECT_NE(e.find("cannot hold buffer.slots"), std::string::npos) << e;
+  EXPECT_NE(e.find("cannot hold, per tile slot (tcu.ctas = 1), buffer.slots = 2"), std::string::npos) << e;
 
   e = error_of([&] { Config::load("/nonexistent/x.cfg"); });
   EXPECT_NE(e.find("/nonexistent/x.cfg: cannot open"), std::string::npos) << e;
@@ -182,6 +183,27 @@ TEST(Config, JobsPastTheClockRangeAreRefused) {
 TEST(Config, OneSimulatorAtATime) {
   Simulator a(config("teaching"));
   EXPECT_THROW(Simulator b(config("teaching")), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace fp4lab::sim::test
+
+namespace fp4lab::sim::test {
+namespace {
+
+// fp4lab sim --kernel NAME --shape DIMS: RxK for quantize, MxNxK otherwise; the job is the kernel alone.
+TEST(Config, KernelRunsTakeTheirShapes) {
+  Simulator sim(config("teaching", {"prep.mode=fused"}));
+  RunOptions opt;
+  opt.quant = [](Pass, Operand, uint32_t) { return plain(16); };
+  EXPECT_THROW(run_kernel(sim, JobKind::quantize, {16, 16, 64}, opt), std::invalid_argument);
+  EXPECT_THROW(run_kernel(sim, JobKind::gemm, {16, 64}, opt), std::invalid_argument);
+  const Report r = run_kernel(sim, JobKind::quantize, {16, 64}, opt);
+  ASSERT_EQ(r.jobs.size(), 1u);
+  EXPECT_EQ(r.jobs[0].kernel, "quantize");
+  EXPECT_EQ(r.jobs[0].cycles, 199);  // as Timing.TeachingQuantizeKernelAloneAndItsLaunch works it out
+  EXPECT_THROW(parse_job_kind("conv"), std::invalid_argument);
+  EXPECT_EQ(parse_job_kind("unpack"), JobKind::unpack);
 }
 
 }  // namespace

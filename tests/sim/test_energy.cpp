@@ -1,7 +1,7 @@
 // The MAC energies of the shipped configurations against the RTL's gate counts. sim/configs/h100-class.md
 // derives them from rtl/area.json: an E1M2-only or dual-format unit costs the E2M1-only figure times the
 // logic-gate ratio of its block dot-product unit (Yosys builds dot_e1m2, dot_dual over dot_e2m1), written to
-// three decimals of a pJ; teaching.cfg copies the h100-class table. A rerun of scripts/area.sh that moves the
+// three decimals of a pJ; teaching.cfg and h200.cfg copy the h100-class table. A rerun of scripts/area.sh that moves the
 // gate counts, or an edit of one .cfg, fails here until the configurations and the derivation agree again.
 #include <gtest/gtest.h>
 
@@ -48,19 +48,24 @@ TEST(Energy, MacEnergiesFollowTheRtlGateCounts) {
   }
 }
 
-TEST(Energy, TeachingCopiesTheH100ClassTable) {
-  const Energy t = config("teaching").energy, h = config("h100-class").energy;
-  EXPECT_EQ(t.mac_e2m1, h.mac_e2m1);
-  EXPECT_EQ(t.mac_e1m2, h.mac_e1m2);
-  EXPECT_EQ(t.mac_dual, h.mac_dual);
-  EXPECT_EQ(t.mac_fallback, h.mac_fallback);
-  EXPECT_EQ(t.acc_op, h.acc_op);
-  EXPECT_EQ(t.rht_add, h.rht_add);
-  EXPECT_EQ(t.quant_elem, h.quant_elem);
-  EXPECT_EQ(t.sr_elem, h.sr_elem);
-  EXPECT_EQ(t.dram_byte, h.dram_byte);
-  EXPECT_EQ(t.l2_byte, h.l2_byte);
-  EXPECT_EQ(t.buffer_byte, h.buffer_byte);
+// teaching.cfg and h200.cfg copy the h100-class table (the same assumptions; h200.cfg: the same GH100 die).
+TEST(Energy, TeachingAndH200CopyTheH100ClassTable) {
+  const Energy h = config("h100-class").energy;
+  for (const char* name : {"teaching", "h200"}) {
+    SCOPED_TRACE(name);
+    const Energy t = config(name).energy;
+    EXPECT_EQ(t.mac_e2m1, h.mac_e2m1);
+    EXPECT_EQ(t.mac_e1m2, h.mac_e1m2);
+    EXPECT_EQ(t.mac_dual, h.mac_dual);
+    EXPECT_EQ(t.mac_fallback, h.mac_fallback);
+    EXPECT_EQ(t.acc_op, h.acc_op);
+    EXPECT_EQ(t.rht_add, h.rht_add);
+    EXPECT_EQ(t.quant_elem, h.quant_elem);
+    EXPECT_EQ(t.sr_elem, h.sr_elem);
+    EXPECT_EQ(t.dram_byte, h.dram_byte);
+    EXPECT_EQ(t.l2_byte, h.l2_byte);
+    EXPECT_EQ(t.buffer_byte, h.buffer_byte);
+  }
 }
 
 // The derivation in h100-class.md quotes the gate counts it used; they must be the current ones.

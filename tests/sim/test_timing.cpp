@@ -191,5 +191,130 @@ TEST(Timing, AJobsResultDoesNotDependOnTheJobsBeforeIt) {
   EXPECT_EQ(sim.run(job(64, 160, 96, q)).cycles, fresh);
 }
 
+// ---- one kernel alone (fp4lab sim --kernel), launches, the unpack pass, shared issue, CTAs per TCU ----------
+
+GemmJob kernel_job(JobKind kind, int64_t M, int64_t N, int64_t K, const QuantConfig& q = plain()) {
+  GemmJob j = job(M, N, K, q);
+  j.kind = kind;
+  return j;
+}
+
+TEST(Timing, TeachingQuantizeKernelAloneAndItsLaunch) {
+  {
+    Simulator sim(config("teaching", {"prep.mode=fused"}));
+    // Operand A of the fused pass alone (TeachingFusedPrepPass's first chunk): read 0..32 (+10), RHT 42..106
+    // (+5), quantise 111..175 (+2), write 768 B 177..189 (+10).
+    const JobReport r = sim.run(kernel_job(JobKind::quantize, 16, 16, 64, plain(16)));
+    EXPECT_EQ(r.cycles, 199);
+    EXPECT_DOUBLE_EQ(r.bytes.at("dram_read"), 2048);
+    EXPECT_DOUBLE_EQ(r.bytes.at("dram_write"), 768);
+    EXPECT_DOUBLE_EQ(r.macs, 0);
+  }
+  {
+    // 0.05 us at 1 GHz = 50 cycles before the kernel's first chunk; graph launches cost their own figure.
+    Simulator sim(config("teaching", {"prep.mode=fused", "launch.stream_us=0.05", "launch.graph_us=0.02"}));
+    EXPECT_EQ(sim.run(kernel_job(JobKind::quantize, 16, 16, 64, plain(16))).cycles, 50 + 199);
+  }
+  {
+    Simulator sim(config("teaching", {"prep.mode=fused", "launch.stream_us=0.05", "launch.graph_us=0.02",
+                                      "launch.mode=graph"}));
+    EXPECT_EQ(sim.run(kernel_job(JobKind::quantize, 16, 16, 64, plain(16))).cycles, 20 + 199);
+  }
+  {
+    // Unfused: an RHT kernel (read 0..32 (+10), RHT 42..106 (+5), write 2048 B 111..143 (+10) = 153), then a
+    // quantise kernel 50 cycles after the barrier: read 203..235 (+10), quantise 245..309 (+2), write 768 B
+    // 311..323 (+10) = 333.
+    Simulator sim(config("teaching", {"prep.mode=unfused", "launch.stream_us=0.05"}));
+    EXPECT_EQ(sim.run(kernel_job(JobKind::quantize, 16, 16, 64, plain(16))).cycles, 50 + 333);
+  }
+  Simulator sim(config("teaching"));  // frontend: a quantise kernel has nothing to run
+  EXPECT_THROW(sim.run(kernel_job(JobKind::quantize, 16, 16, 64)), std::invalid_argument);
+}
+
+TEST(Timing, TeachingDramWriteCost) {
+  // Written bytes take twice a read's port time: the quantise kernel's 768 B write 177..201 (not ..189), +10.
+  Simulator sim(config("teaching", {"prep.mode=fused", "dram.write_cost=2"}));
+  const JobReport r = sim.run(kernel_job(JobKind::quantize, 16, 16, 64, plain(16)));
+  EXPECT_EQ(r.cycles, 211);
+  EXPECT_DOUBLE_EQ(r.bytes.at("dram_write"), 768);  // bytes moved, not port time
+}
+
+TEST(Timing, TeachingLaunchesOfATrainingGemm) {
+  Simulator sim(config("teaching", {"prep.mode=fused", "launch.stream_us=0.05"}));
+  // TeachingFusedPrepPass with a quantise kernel per operand (2 x 50 cycles before the pass) and the GEMM
+  // kernel's 50: prep 263 + 100, the whole 742 + 150.
+  const JobReport r = sim.run(job(16, 16, 64, plain(16)));
+  EXPECT_EQ(r.prep_cycles, 263 + 100);
+  EXPECT_EQ(r.cycles, 742 + 150);
+}
+
+TEST(Timing, TeachingUnpackPassAndTheGemmOnUnpackedOperands) {
+  {
+    Simulator sim(config("teaching", {"prep.mode=none", "unpack.launches=4"}));
+    // Unpack alone: A's packed 768 B read 0..12 (+10), B's 12..24 (+10); A's 16 x 64 int8 + 16 x 4 FP32
+    // scales = 1280 B written once the port is free, 24..44 (+10); B's 44..64 (+10) = 74.
+    const JobReport u = sim.run(kernel_job(JobKind::unpack, 16, 16, 64));
+    EXPECT_EQ(u.cycles, 74);
+    EXPECT_DOUBLE_EQ(u.bytes.at("dram_read"), 1536);
+    EXPECT_DOUBLE_EQ(u.bytes.at("dram_write"), 2560);
+    // The GEMM alone reads the unpacked 1280 + 1280 B: 0..40 (+10), MAC 50..306 (+2), acc 308..468 (+1),
+    // write 469..485 (+10) = 495 (on packed operands, 24 read cycles: 479).
+    EXPECT_EQ(sim.run(kernel_job(JobKind::mma, 16, 16, 64)).cycles, 495);
+    // Both, as one call: 74 + 495.
+    EXPECT_EQ(sim.run(kernel_job(JobKind::gemm, 16, 16, 64)).cycles, 74 + 495);
+  }
+  Simulator sim(config("teaching", {"prep.mode=none"}));
+  EXPECT_EQ(sim.run(kernel_job(JobKind::mma, 16, 16, 64)).cycles, 479);
+  EXPECT_THROW(sim.run(kernel_job(JobKind::unpack, 16, 16, 64)), std::invalid_argument);  // no unpack pass
+}
+
+TEST(Timing, TeachingSharedIssueSerialisesTheAccumulator) {
+  Simulator sim(config("teaching", {"acc.issue=shared"}));
+  const JobReport r = sim.run(job(16, 16, 1024));
+  // TeachingComputeBound with the scale-accumulates issued by the MAC array: 256 + 128 cycles a k-step, 256 +
+  // 160 the last; the accumulator then only adds its latency. Fill 204, 15 x 384 + 416, then 2 + 1 + 16 + 10.
+  EXPECT_EQ(r.cycles, 204 + 15 * 384 + 416 + 29);
+  EXPECT_DOUBLE_EQ(r.stalls.at("compute"), 15 * 384 + 416);
+}
+
+TEST(Timing, TeachingTwoCtasShareATcusUnits) {
+  Simulator sim(config("teaching", {"tcu.ctas=2"}));
+  // One tile alone on the TCU has all of its units (the tail-wave share): as with one slot, 649.
+  EXPECT_EQ(sim.run(job(16, 16, 64)).cycles, 649);
+  // Two tiles, one per slot, each with half the units: quantise 2048 / 8 = 256, MAC 1024 / 2 = 512, accumulate
+  // 1280 / 4 = 320 cycles. Tile 0: A0 and B read 0..64 (+10), quantise 74..330 (+2), MAC 332..844 (+2),
+  // accumulate 846..1166 (+1), write 1167..1183 (+10). Tile 1 (its own slot fetches B too): A1 and B read
+  // 64..128 (+10), quantise 138..394, MAC 396..908, accumulate 910..1230, write 1231..1247 (+10) = 1257.
+  EXPECT_EQ(sim.run(job(32, 16, 64)).cycles, 1257);
+  EXPECT_EQ(sim.config().tcus, 1);  // as given; the model runs config().per_slot()
+  const Config s = sim.config().per_slot();
+  EXPECT_EQ(s.tcus, 2);
+  EXPECT_EQ(s.mac_units, 2);
+  EXPECT_EQ(s.acc_lanes, 4);
+  EXPECT_EQ(s.buffer_bytes, 8192);
+  EXPECT_THROW(config("teaching", {"tcu.ctas=3"}), std::invalid_argument);  // 4 MAC units do not split in 3
+}
+
+TEST(Timing, TeachingPassItemsShareTheirTcusLanes) {
+  {
+    // One item on a two-slot TCU has the whole TCU's 16 RHT and quantiser lanes: as with one slot, 199.
+    Simulator sim(config("teaching", {"prep.mode=fused", "tcu.ctas=2"}));
+    EXPECT_EQ(sim.run(kernel_job(JobKind::quantize, 16, 16, 64, plain(16))).cycles, 199);
+  }
+  // Two items of 512 elements, one per slot, 8 lanes each. Item 0: read 0..16 (+10), RHT 26..90 (+5),
+  // quantise 95..159 (+2), write 384 B 161..167 (+10). Item 1: read 16..32 (+10), RHT 42..106 (+5), quantise
+  // 111..175 (+2), write 177..183 (+10) = 193.
+  Simulator sim(config("teaching", {"prep.mode=fused", "tcu.ctas=2", "pass.elems=512"}));
+  EXPECT_EQ(sim.run(kernel_job(JobKind::quantize, 16, 16, 64, plain(16))).cycles, 193);
+}
+
+TEST(Timing, TeachingPassWorkItemsReachEveryTcu) {
+  // A's 16 x 64 operand as four work items of 256 elements on four TCUs: item i read 8i..8i+8 (+10), RHT 16
+  // (+5), quantise 16 (+2), write 192 B (+10). The last: read 24..32, RHT 42..58, quantise 63..79, write
+  // 81..84, +10.
+  Simulator sim(config("teaching", {"prep.mode=fused", "tcu.count=4", "pass.elems=256"}));
+  EXPECT_EQ(sim.run(kernel_job(JobKind::quantize, 16, 16, 64, plain(16))).cycles, 94);
+}
+
 }  // namespace
 }  // namespace fp4lab::sim::test

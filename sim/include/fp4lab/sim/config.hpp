@@ -21,14 +21,26 @@ enum class MacKind : uint8_t { e2m1, e1m2, dual };
 // a quantise pass) -- the paper's fused-versus-unfused question. `none`: the operands are already quantised in
 // memory (say FP4 weights kept quantised), so the job is the GEMM alone.
 enum class PrepMode : uint8_t { frontend, fused, unfused, none };
+// How kernels reach the device, for the launch overhead each pass or GEMM pays before its first tile: queued one
+// by one on a stream, or replayed from a captured CUDA graph (a smaller gap between kernels).
+enum class LaunchMode : uint8_t { stream, graph };
+// Who issues the scale-and-accumulate work. `parallel`: its own unit beside the MAC array (a TCU with a block
+// accumulator). `shared`: the MAC array's own instruction stream (an emulation kernel in which the same warps
+// issue the tensor-core products and the FP32 epilogue), so a k-step occupies the MAC array for both.
+enum class AccIssue : uint8_t { parallel, shared };
 
 const char* mac_kind_name(MacKind k);
 const char* prep_mode_name(PrepMode m);
+const char* launch_mode_name(LaunchMode m);
+const char* acc_issue_name(AccIssue a);
 MacKind parse_mac_kind(const std::string& s);    // throws std::invalid_argument naming the known values
 PrepMode parse_prep_mode(const std::string& s);
+LaunchMode parse_launch_mode(const std::string& s);
+AccIssue parse_acc_issue(const std::string& s);
 
 struct MemLevel {
   double bandwidth = 0;  // bytes per cycle (shared by every TCU)
+  double write_cost = 1; // port time of a written byte, in read bytes (DRAM only: bus turnarounds, write recovery)
   int64_t latency = 0;   // cycles from the end of a transfer to the data being usable
   int64_t bytes = 0;     // capacity (L2 only; 0 = no L2)
 };
@@ -48,6 +60,7 @@ struct Config {
   std::string name;          // "teaching", "h100-class", ...
   double clock_ghz = 1;
   int tcus = 1;              // TCUs working on one GEMM; they share the memory levels
+  int ctas = 1;              // tiles in flight per TCU, each on its 1/ctas share of the TCU's units and buffer
 
   // tile scheduler
   int tile_m = 0, tile_n = 0, tile_k = 0;
@@ -58,18 +71,30 @@ struct Config {
 
   MemLevel dram, l2;
 
-  int rht_lanes = 0;         // elements per cycle through the d-point butterfly
+  double rht_lanes = 0;      // elements per cycle through the d-point butterfly (fractional: a rate)
   int rht_stage_latency = 1; // cycles per butterfly stage (latency = (log2 d + 1) stages, the last the 1/sqrt(d))
-  int quant_lanes = 0;       // elements per cycle (amax, scale, RTNE)
-  int quant_sr_lanes = 0;    // elements per cycle when rounding stochastically (Philox limited)
+  double quant_lanes = 0;    // elements per cycle (amax, scale, RTNE)
+  double quant_sr_lanes = 0; // elements per cycle when rounding stochastically (Philox limited)
   int quant_latency = 0;
 
   int mac_units = 0;         // 16-element block dot-product units per TCU
   MacKind mac_kind = MacKind::dual;
   double mac_fallback_rate = 0;  // throughput, relative to native, for a grid the units lack (0 = refuse)
   int mac_latency = 0;
-  int acc_lanes = 0;         // block scale-and-accumulate operations per cycle
+  double acc_lanes = 0;      // block scale-and-accumulate operations per cycle
   int acc_latency = 0;
+  AccIssue acc_issue = AccIssue::parallel;
+
+  // Kernel launches: the time before a pass's or the GEMM's first tile, per kernel, by how they are issued.
+  LaunchMode launch_mode = LaunchMode::stream;
+  double launch_stream_us = 0, launch_graph_us = 0;
+  // Unpack pass: 0 = the GEMM reads the packed quantised operands; n > 0 = it reads one-byte-per-element
+  // integer views and FP32 block scales, which a pass of n kernels writes from the packed operands first.
+  int unpack_launches = 0;
+  // Elements per work item of a separate pass (RHT, quantise, unpack), consecutive in the row-major operand:
+  // 0 = tile-shaped items (a tile's rows by a k-step). A GPU kernel's CTA covers a fixed run of elements, far
+  // fewer than a GEMM tile, so small tensors still reach every SM and no item is an edge tile.
+  int64_t pass_elems = 0;
 
   PrepMode prep = PrepMode::frontend;
   int input_bytes = 2;       // bytes per unquantised operand element in memory (BF16)
@@ -91,7 +116,15 @@ struct Config {
   static constexpr double kMaxLatency = 1e9;             // cycles
   static constexpr double kMaxEnergyPj = 1e9;            // every energy.* key, >= 0
 
+  static constexpr double kMaxLaunchUs = 1e6;
+  static constexpr double kMinLanes = 1e-3;             // rht/quant/acc lanes: rates, per tile slot too
+
   double period_ns() const { return 1.0 / clock_ghz; }
+  // Cycles one kernel launch costs under launch_mode.
+  int64_t launch_cycles() const;
+  // The configuration of one tile slot: tcus * ctas TCUs, each with 1/ctas of the units and the buffer (ctas
+  // unchanged: it says how many slots share a TCU).
+  Config per_slot() const;
   int64_t peak_macs_per_cycle() const { return int64_t(tcus) * mac_units * 16; }
 
   // Every key, for a config file and the command line. Keys without a default are required.

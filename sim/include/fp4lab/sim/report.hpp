@@ -34,6 +34,7 @@ inline const std::vector<std::string>& unit_names() {
 
 struct JobReport {
   std::string name, layer, pass;
+  std::string kernel = "step";     // the job's kind (JobKind): what of it ran
   int64_t M = 0, N = 0, K = 0;
   std::string format, scale, prep_mode;
   int block = 0, rht = 0;

@@ -27,6 +27,9 @@ struct RunTimes {
 
 Report run_shapes(Simulator& sim, const std::vector<LayerShape>& layers, const std::string& source,
                   const RunOptions& opt);
+// One kernel on its own (JobKind other than step), as a GPU benchmark times it: `dims` is {rows, K} for quantize
+// (operand A of pass opt.passes[0]), {M, N, K} otherwise. Timing only.
+Report run_kernel(Simulator& sim, JobKind kind, const std::vector<int64_t>& dims, const RunOptions& opt);
 Report run_trace(Simulator& sim, const io::Trace& trace, const std::string& source, const RunOptions& opt,
                  RunTimes* times = nullptr);
 

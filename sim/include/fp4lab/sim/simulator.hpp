@@ -44,7 +44,8 @@ class Simulator {
   double datapath_seconds() const;
 
  private:
-  Config cfg_;
+  Config cfg_;   // as given
+  Config slot_;  // what the model runs: cfg_.per_slot()
   std::shared_ptr<Datapath> dp_;
   std::unique_ptr<detail::Model> model_;
   JobReport run_impl(const GemmJob& job, const QTensor* a, const QTensor* b, std::vector<float>* c);

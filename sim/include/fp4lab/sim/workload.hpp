@@ -13,9 +13,19 @@
 
 namespace fp4lab::sim {
 
+// What of a job runs. `step`: everything a training GEMM needs under the configuration (its RHT / quantise passes
+// per prep.mode, the unpack pass when unpack.launches > 0, the GEMM). The others are one kernel on its own, as a
+// GPU benchmark times it: `quantize`, the prep passes of operand A alone; `unpack`, the unpack pass of both
+// operands; `mma`, the GEMM reading operands already unpacked (or packed, without an unpack pass); `gemm`,
+// unpack and GEMM (the operands already quantised).
+enum class JobKind : uint8_t { step, quantize, unpack, mma, gemm };
+const char* job_kind_name(JobKind k);
+JobKind parse_job_kind(const std::string& s);  // throws std::invalid_argument naming the known values
+
 struct GemmJob {
   std::string layer;         // e.g. "layer1.linear_fc2"
   Pass pass = Pass::fwd_y;
+  JobKind kind = JobKind::step;
   int64_t M = 0, N = 0, K = 0;
   QuantConfig a, b;          // quantiser settings of operand A [M, K] and B [N, K]
   double count = 1;          // times this GEMM occurs in the workload (weights the totals)

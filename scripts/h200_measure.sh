@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The simulator's validation set (docs/validation.md), measured in one call on an H200: fp4lab-cuda timings over
+# every quantiser operand and GEMM shape of workloads/shapes/*.csv and the square sweep 256..16384
+# (scripts/sim_validation.py plan): copies and the three quantiser passes, then the fast GEMM under ufp4 and
+# under mxfp4, each a separate process with its own JSON; then, while the time allows, the same again (the
+# run-to-run spread). The SM clock, memory clock and power are sampled every 200 ms throughout.
+#
+# The binary is built on a machine with nvcc (cmake -DFP4LAB_NATIVE=OFF -DFP4LAB_CUDA_ARCHS=90a, target
+# fp4lab-cuda) and arrives in $CARRY with the shared libraries the GPU image may lack:
+#   $CARRY/bin/fp4lab-cuda  $CARRY/lib/{libboost_program_options.so.1.74.0,libgomp.so.1}
+# Everything goes to $OUT: timings-{quant,gemm-ufp4,gemm-mxfp4}[-repeat].json, env.log, plan.txt, clocks.csv,
+# one log per step. Exit status: the number of failed steps.
+set -u
+CARRY=${CARRY:-.device-carry/cuda}
+OUT=${OUT:?set OUT to the output folder}
+LOGS=$OUT
+REPS=${REPS:-9}
+BUDGET=${BUDGET:-420}  # seconds: no repeat step starts after half of it
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$PWD/$CARRY/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+fail=0
+. "$(dirname "$0")/gpu_step.sh"
+BIN="$CARRY/bin/fp4lab-cuda"
+
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.limit \
+    --format=csv
+  nvidia-smi -q -d CLOCK,POWER,PERFORMANCE
+  uname -r
+  nproc
+  "$BIN" --version
+} >"$OUT/env.log" 2>&1
+head -2 "$OUT/env.log"
+
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
+  --format=csv -lms 200 >"$OUT/clocks.csv" 2>&1 &
+smi=$!
+
+python3 "$(dirname "$0")/sim_validation.py" plan --part quant >"$OUT/plan-quant.txt" &&
+  python3 "$(dirname "$0")/sim_validation.py" plan --part gemm >"$OUT/plan-gemm.txt" || { echo "plan failed"; exit 1; }
+QUANT=$(cat "$OUT/plan-quant.txt")
+GEMM=$(cat "$OUT/plan-gemm.txt")
+one_round() {  # $1: file suffix
+  # shellcheck disable=SC2086  # the plans are lists of shape words
+  TAIL=3 step "quant$1" timeout 150 "$BIN" timings $QUANT --reps "$REPS" --json "$OUT/timings-quant$1.json"
+  for r in ufp4 mxfp4; do
+    # shellcheck disable=SC2086
+    TAIL=3 step "gemm-$r$1" timeout 150 "$BIN" timings $GEMM --gemm-recipe $r --copy 1073741824 --reps "$REPS" \
+      --json "$OUT/timings-gemm-$r$1.json"
+  done
+}
+one_round ""
+if [ $SECONDS -lt $((BUDGET / 2)) ]; then one_round -repeat; else echo "no repeat round: ${SECONDS} s used"; fi
+
+kill "$smi" 2>/dev/null
+wait "$smi" 2>/dev/null
+echo "total ${SECONDS} s; failed steps: $fail"
+exit $fail
