@@ -11,6 +11,7 @@
 
 #include "files.hpp"
 #include "fp4lab/io/files.hpp"
+#include "fp4lab/io/option_file.hpp"
 #include "fp4lab/io/safetensors.hpp"
 #include "fp4lab/knobs.hpp"
 #include "fp4lab/rht.hpp"
@@ -95,10 +96,9 @@ bool parse_args(const Invocation& inv, const po::options_description& desc, cons
         usage_error(e.what());
       }
       refuse_placeholders(text, printable(path));
-      std::istringstream in(text);
       po::parsed_options parsed(&desc);
       try {
-        parsed = po::parse_config_file(in, desc);
+        parsed = io::parse_option_text(text, desc);  // `key = value` lines or JSON (fp4lab/io/option_file.hpp)
       } catch (const po::error& e) {
         usage_error(printable(path) + ": " + e.what());
       }
@@ -114,6 +114,17 @@ bool parse_args(const Invocation& inv, const po::options_description& desc, cons
     usage_error(e.what() + hint);
   }
   return true;
+}
+
+Json option_value_json(const po::variable_value& v) {
+  const boost::any& a = v.value();
+  if (const auto* p = boost::any_cast<std::string>(&a)) return *p;
+  if (const auto* p = boost::any_cast<bool>(&a)) return *p;
+  if (const auto* p = boost::any_cast<int>(&a)) return *p;
+  if (const auto* p = boost::any_cast<int64_t>(&a)) return *p;
+  if (const auto* p = boost::any_cast<double>(&a)) return *p;
+  if (const auto* p = boost::any_cast<std::vector<std::string>>(&a)) return *p;
+  throw std::logic_error("option_value_json: an option of a type it does not know");
 }
 
 JsonOut::JsonOut(const po::variables_map& vm) {

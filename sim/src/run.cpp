@@ -21,7 +21,8 @@ bool wanted(const RunOptions& opt, Pass p) {
 Report make_report(const Simulator& sim, const std::string& source, const RunOptions& opt) {
   Report r;
   r.config = sim.config().to_json();
-  r.config["datapath"] = sim.datapath().name();
+  r.peak_macs_per_cycle = sim.config().peak_macs_per_cycle();
+  r.datapath = sim.datapath().name();
   r.recipe = opt.recipe;
   r.source = source;
   r.checked = opt.check;

@@ -446,6 +446,15 @@ TEST_F(Cli, ConfigFileSharesOptionsAndCommandLineWins) {
   const io::SafetensorsFile f2(path("q2.safetensors"));
   EXPECT_EQ(tensor_bytes(f2, "x.codes", io::DType::U8, {kRows, kCols}), q2.codes);
   EXPECT_EQ(f2.metadata().at("fp4lab.config"), "int4_b16_ue4m3scale_rht16_sr");
+
+  // The same options as a JSON object (fp4lab/io/option_file.hpp) give the same bytes.
+  std::ofstream(path("q.json")) << R"({"recipe": "nvfp4", "pass": "bwd_dw", "role": "bwd_dy", "seed": 9,
+                                      "format": "int4", "stream": 2})";
+  const Result r3 = run({"quantize", "--config", path("q.json"), "--in", path("in.safetensors"), "--tensor", "x",
+                         "--out", path("q3.safetensors")});
+  ASSERT_EQ(r3.code, 0) << r3.err;
+  EXPECT_EQ(tensor_bytes(io::SafetensorsFile(path("q3.safetensors")), "x.codes", io::DType::U8, {kRows, kCols}),
+            q2.codes);
 }
 
 // ---- cast: the codec alone -----------------------------------------------------------------------------
@@ -867,6 +876,62 @@ TEST_F(Cli, OptionPlaceholdersAreRefusedNotLoopedOn) {
   expect_one_line_error(run({"quantize", "--in", in, "--tensor", "x", "--out", path("o"), "--config", path("ph.cfg")}),
                         "quantize", 2, {"%option%"});
 }
+
+TEST_F(Cli, JsonConfigFaultsNameFileAndKey) {
+  const std::string in = path("in.safetensors");
+  auto with = [&](const std::string& name, const std::string& text) {
+    std::ofstream(path(name)) << text;
+    return run({"quantize", "--in", in, "--tensor", "x", "--out", path("o"), "--config", path(name)});
+  };
+  expect_one_line_error(with("bad.json", "{\"recipe\": "), "quantize", 2, {path("bad.json"), "not valid JSON"});
+  expect_one_line_error(with("unk.json", R"({"recipee": "ufp4"})"), "quantize", 2, {path("unk.json"), "recipee"});
+  expect_one_line_error(with("obj.json", R"({"recipe": {"name": "ufp4"}})"), "quantize", 2,
+                        {path("obj.json"), "option 'recipe'", "a value must be"});
+  expect_one_line_error(with("nest.json", R"({"config": {"config": "other.cfg"}})"), "quantize", 2,
+                        {path("nest.json"), "'config' cannot be set in a config file"});
+  // A placeholder spelt with JSON escapes is refused like one in plain text (the parser would loop on it).
+  expect_one_line_error(with("ph.json", R"({"block": "1\u0025value\u0025"})"), "quantize", 2, {"%value%"});
+  EXPECT_FALSE(std::filesystem::exists(path("o")));
+}
+
+#ifdef FP4LAB_TEST_SIM
+// fp4lab sim's JSON report carries its configuration under the keys --config takes (the TCU keys, the energy
+// table among them, and the run's own options), so the report fed back as --config repeats the run.
+TEST_F(Cli, SimReportIsItsOwnConfig) {
+  const std::string src = FP4LAB_SOURCE_DIR;
+  const Result a = run({"sim", "--trace", src + "/workloads/tiny-lm/step_005000", "--config",
+                        src + "/sim/configs/teaching.cfg", "--recipe", "ufp4", "--check", "--json", path("a.json")});
+  ASSERT_EQ(a.code, 0) << a.err;
+  const json ja = json::parse(slurp(path("a.json")));
+  for (const char* key : {"clock.ghz", "mac.units", "energy.mac_dual_pj", "energy.sr_pj", "energy.buffer_byte_pj",
+                          "recipe", "trace", "check"})
+    EXPECT_TRUE(ja["config"].contains(key)) << key << " missing from " << ja["config"].dump();
+  EXPECT_EQ(ja["config"]["energy.mac_dual_pj"], 0.022);  // sim/configs/teaching.cfg
+  EXPECT_EQ(ja["config"]["recipe"], "ufp4");
+
+  const Result b = run({"sim", "--config", path("a.json"), "--json", path("b.json")});
+  ASSERT_EQ(b.code, 0) << b.err;
+  EXPECT_EQ(b.out, a.out);  // the table
+  json jb = json::parse(slurp(path("b.json")));
+  EXPECT_NE(jb["command"], ja["command"]);
+  jb["command"] = ja["command"];
+  EXPECT_EQ(jb, ja) << json::diff(ja, jb).dump(1);
+  EXPECT_GT(ja["total"]["check"]["outputs"].get<int64_t>(), 0);
+
+  // The command line still wins over the report's values, and the energy table is read from it.
+  std::string text = slurp(path("a.json"));
+  json edited = json::parse(text);
+  edited["config"]["energy.mac_dual_pj"] = 0.044;
+  std::ofstream(path("e.json")) << edited.dump();
+  const Result c = run({"sim", "--config", path("e.json"), "--mac.units", "8", "--json", path("c.json")});
+  ASSERT_EQ(c.code, 0) << c.err;
+  const json jc = json::parse(slurp(path("c.json")));
+  EXPECT_EQ(jc["config"]["mac.units"], 8);
+  EXPECT_EQ(jc["config"]["energy.mac_dual_pj"], 0.044);
+  // Every MAC runs on the dual unit: twice its pJ per MAC gives twice the MAC energy.
+  EXPECT_DOUBLE_EQ(jc["total"]["energy_pj"]["mac"].get<double>(), 2 * ja["total"]["energy_pj"]["mac"].get<double>());
+}
+#endif
 
 TEST_F(Cli, VersionNamesReleaseAndCommit) {
   for (const std::vector<std::string>& args : {std::vector<std::string>{"--version"}, {"quantize", "--version"}}) {

@@ -31,6 +31,7 @@ struct MemLevel {
   double bandwidth = 0;  // bytes per cycle (shared by every TCU)
   int64_t latency = 0;   // cycles from the end of a transfer to the data being usable
   int64_t bytes = 0;     // capacity (L2 only; 0 = no L2)
+  bool operator==(const MemLevel&) const = default;
 };
 
 // Energy per operation, picojoules.
@@ -42,6 +43,7 @@ struct Energy {
   double quant_elem = 0;     // per element quantised (amax compare, scale, round)
   double sr_elem = 0;        // extra per stochastically rounded element (its share of a Philox4x32-10)
   double dram_byte = 0, l2_byte = 0, buffer_byte = 0;  // per byte moved at each level
+  bool operator==(const Energy&) const = default;
 };
 
 struct Config {
@@ -98,10 +100,14 @@ struct Config {
   static po::options_description options();
   // Builds and validates (throws std::invalid_argument with a one-line reason).
   static Config from(const po::variables_map& vm);
-  // Reads a config file; `overrides` are "key=value" pairs applied over it. Errors name the file.
+  // Reads a config file (`key = value` lines or JSON: fp4lab/io/option_file.hpp); `overrides` are "key=value"
+  // pairs applied over it. Errors name the file.
   static Config load(const std::string& path, const std::vector<std::string>& overrides = {});
   void validate() const;
+  // Every key of options() with its value: a configuration file in JSON form (load() reads it back to an equal
+  // Config).
   nlohmann::json to_json() const;
+  bool operator==(const Config&) const = default;
 };
 
 }  // namespace fp4lab::sim
