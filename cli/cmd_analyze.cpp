@@ -1,9 +1,6 @@
 // fp4lab analyze: the docs/spec.md §6 analyses of every GEMM in a trace — per tensor (fwd_x, fwd_w, bwd_dy)
 // and per training GEMM (fwd_y, bwd_dx, bwd_dw), for each grid with and without RHT — as the paper's Q1
 // table on stdout and analysis JSON v1 on request. With no --trace it runs on the bundled trace.
-#include <unistd.h>
-
-#include <chrono>
 #include <exception>
 #include <algorithm>
 #include <cmath>
@@ -35,17 +32,6 @@ std::vector<std::string> split_list(const std::string& s) {
     if (!item.empty()) out.push_back(item);
   return out;
 }
-
-// Progress on stderr, only once a run has taken more than two seconds and only to a terminal: captured
-// stderr then holds nothing but the one-line error when a run fails.
-struct Progress {
-  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
-  bool tty = ::isatty(STDERR_FILENO) == 1;
-  void step(size_t i, size_t n, const std::string& what) const {
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (tty && s > 2.0) std::cerr << fmt("analyze: [%zu/%zu] %s (%.1f s)\n", i, n, printable(what).c_str(), s);
-  }
-};
 
 std::string db(double v) { return std::isfinite(v) ? fmt("%7.2f", v) : std::string("    inf"); }
 
@@ -196,7 +182,7 @@ int cmd_analyze(const Invocation& inv) {
   struct Row { std::string gemm, what; std::vector<double> sqnr, beff, eta; };
   std::vector<Row> trows, grows;
   std::map<std::string, double> log_eta_sum;  // setting -> sum of log eta over fwd_y (the K-GEMM decay)
-  Progress progress;
+  const Progress progress("analyze");
   int64_t elements = 0;
   const size_t n = refs.size();
   size_t mine = 0, done = 0;
@@ -331,8 +317,7 @@ int cmd_analyze(const Invocation& inv) {
   for (const Row& r : grows)
     if (r.what == "fwd_y")
       for (size_t si = 0; si < settings.size(); ++si) log_eta_sum[settings[si].label()] += std::log(r.eta[si]);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - progress.t0).count();
+  const double seconds = progress.seconds();
 
   // Where the paper's inversion appears: E2M1 ahead without RHT, E1M2 ahead with it.
   auto find = [&](const char* f, int d) -> int {

@@ -77,6 +77,9 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
   opt.quant(Pass::fwd_y, Operand::a, 0);  // option errors surface here, before anything runs
   if (vm.count("pass")) opt.passes = {selected_pass(vm)};
   opt.check = check;
+  const Progress progress("sim");
+  // A sweep's runs are reported by the sweep, one line each (cli/sim_sweep.cpp).
+  if (!capture) opt.progress = [&progress](size_t i, size_t n, const std::string& what) { progress.step(i, n, what); };
 
   std::shared_ptr<sim::Datapath> dp;
   try {

@@ -1,5 +1,7 @@
 #include "options.hpp"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdarg>
 #include <cstdint>
@@ -114,6 +116,17 @@ bool parse_args(const Invocation& inv, const po::options_description& desc, cons
     usage_error(e.what() + hint);
   }
   return true;
+}
+
+Progress::Progress(std::string c) : cmd(std::move(c)), tty(::isatty(STDERR_FILENO) == 1), out(&std::cerr) {}
+
+double Progress::seconds() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void Progress::step(size_t i, size_t n, const std::string& what) const {
+  const double s = seconds();
+  if (tty && s > kQuietSeconds) *out << fmt("%s: [%zu/%zu] %s (%.1f s)\n", cmd.c_str(), i, n, printable(what).c_str(), s);
 }
 
 Json option_value_json(const po::variable_value& v) {

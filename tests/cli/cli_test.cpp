@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "options.hpp"
 #include "fp4lab/analysis.hpp"
 #include "fp4lab/format.hpp"
 #include "fp4lab/gemm.hpp"
@@ -892,6 +893,24 @@ TEST_F(Cli, JsonConfigFaultsNameFileAndKey) {
   // A placeholder spelt with JSON escapes is refused like one in plain text (the parser would loop on it).
   expect_one_line_error(with("ph.json", R"({"block": "1\u0025value\u0025"})"), "quantize", 2, {"%value%"});
   EXPECT_FALSE(std::filesystem::exists(path("o")));
+}
+
+// The one progress reporter of analyze and sim (cli/options.hpp): silent for the first two seconds and whenever
+// stderr is not a terminal, so a captured stderr holds nothing but a failure's one line.
+TEST(Progress, OnlyToATerminalAndOnlyAfterTwoSeconds) {
+  std::ostringstream os;
+  cli::Progress p("sim");
+  p.out = &os;
+  p.tty = true;
+  p.step(1, 3, "fc1.fwd_y");
+  EXPECT_EQ(os.str(), "");  // just started
+  p.t0 -= std::chrono::seconds(3);
+  p.step(2, 3, "fc1.bwd_\x1b[31mdx");
+  EXPECT_EQ(os.str().rfind("sim: [2/3] fc1.bwd_\\x1B[31mdx (3.0 s)\n", 0), 0u) << os.str();
+  os.str("");
+  p.tty = false;
+  p.step(3, 3, "fc1.bwd_dw");
+  EXPECT_EQ(os.str(), "");
 }
 
 #ifdef FP4LAB_TEST_SIM
