@@ -59,7 +59,7 @@ po::options_description Config::options() {
     ("quant.lanes", po::value<int>(), "quantiser elements per cycle (RTNE)")
     ("quant.sr_lanes", po::value<int>()->default_value(0), "quantiser elements per cycle with SR (0 = quant.lanes)")
     ("quant.latency", po::value<int>(), "quantiser latency, cycles")
-    ("mac.units", po::value<int>(), "16-element block dot-product units per TCU")
+    ("mac.units", po::value<int>(), (std::to_string(kMacWidth) + "-element block dot-product units per TCU").c_str())
     ("mac.kind", po::value<std::string>(), "e2m1 | e1m2 | dual: grids the units take natively")
     ("mac.fallback_rate", po::value<double>()->default_value(0),
      "throughput relative to native for a grid the units lack (0 = such a GEMM is refused)")

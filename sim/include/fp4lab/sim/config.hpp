@@ -10,11 +10,13 @@
 #include <string>
 #include <vector>
 
+#include "fp4lab/gemm.hpp"  // kMacWidth
+
 namespace fp4lab::sim {
 
 namespace po = boost::program_options;
 
-// Which element grids a 16-element block dot-product unit multiplies natively.
+// Which element grids a block dot-product unit (kMacWidth elements a beat) multiplies natively.
 enum class MacKind : uint8_t { e2m1, e1m2, dual };
 // Where RHT and quantisation run: in the TCU's front-end on operand tiles as they are fetched (BF16 in), as
 // one separate pass through memory (RHT + quantise fused in one kernel), or as two passes (an RHT pass, then
@@ -66,7 +68,7 @@ struct Config {
   int quant_sr_lanes = 0;    // elements per cycle when rounding stochastically (Philox limited)
   int quant_latency = 0;
 
-  int mac_units = 0;         // 16-element block dot-product units per TCU
+  int mac_units = 0;         // block dot-product units per TCU, kMacWidth MACs a cycle each
   MacKind mac_kind = MacKind::dual;
   double mac_fallback_rate = 0;  // throughput, relative to native, for a grid the units lack (0 = refuse)
   int mac_latency = 0;
@@ -94,7 +96,7 @@ struct Config {
   static constexpr double kMaxEnergyPj = 1e9;            // every energy.* key, >= 0
 
   double period_ns() const { return 1.0 / clock_ghz; }
-  int64_t peak_macs_per_cycle() const { return int64_t(tcus) * mac_units * 16; }
+  int64_t peak_macs_per_cycle() const { return int64_t(tcus) * mac_units * kMacWidth; }
 
   // Every key, for a config file and the command line. Keys without a default are required.
   static po::options_description options();
