@@ -80,7 +80,7 @@ int cmd_analyze(const Invocation& inv) {
   if (formats.empty()) usage_error("--formats lists no format");
   std::vector<int> rhts;
   for (const auto& r : split_list(vm["rht"].as<std::string>()))
-    rhts.push_back(r == "none" ? 0 : int(parse_uint(r, "rht", kMaxRht)));
+    rhts.push_back(parse_rht(r, "rht"));
   if (rhts.empty()) usage_error("--rht lists no setting");
   const int block = vm["block"].as<int>();
   if (block != 16 && block != 32) usage_error("--block: block size must be 16 or 32, not " + std::to_string(block));
@@ -95,8 +95,7 @@ int cmd_analyze(const Invocation& inv) {
       s.block = block;
       s.scale = scale;
       if (d != 0) {
-        if (!rht_size_ok(d)) usage_error("--rht: " + rht_size_fault(d));
-        if (vm.count("rht-signs")) s.rht_signs = parse_rht_signs(vm["rht-signs"].as<std::string>(), d);
+          if (vm.count("rht-signs")) s.rht_signs = parse_rht_signs(vm["rht-signs"].as<std::string>(), d);
         else s.rht_signs = d == 16 ? rht_signs_te(16) : rht_signs_from_seed(d, rht_seed);
       }
       settings.push_back(s);

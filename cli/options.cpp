@@ -190,6 +190,9 @@ Pass parse_pass(const std::string& name) { return knob([&] { return fp4lab::pars
 uint64_t parse_uint(const std::string& text, const std::string& option, uint64_t max) {
   return knob([&] { return fp4lab::parse_uint(text, option, max); });
 }
+int parse_rht(const std::string& text, const std::string& option) {
+  return knob([&] { return fp4lab::parse_rht(text, option); });
+}
 uint64_t uint_option(const po::variables_map& vm, const std::string& option, uint64_t max) {
   return parse_uint(vm[option].as<std::string>(), option, max);
 }
@@ -217,7 +220,7 @@ void add_recipe_options(po::options_description& desc, bool with_role) {
       ("scale", po::value<std::string>()->value_name("S"), "block scale fp32|ue4m3|ue8m0|ue8m0-ceil (default fp32)")
       ("tile2d", po::value<bool>()->implicit_value(true)->value_name("BOOL"),
        "16x16 scale tiles (NVFP4 weights); --tile2d=false turns a recipe's off")
-      ("rht", po::value<int>()->value_name("D"), "random Hadamard transform size 16..128, 0 = off")
+      ("rht", po::value<std::string>()->value_name("D"), "random Hadamard transform size 16..128; none (or 0) = off")
       ("rht-signs", po::value<std::string>()->value_name("S1,..,SD|te"),
        "RHT sign vector of +1/-1 entries, or te (Transformer Engine's, d = 16; the default for d = 16)")
       ("rht-seed", po::value<std::string>()->value_name("S"), "derive the RHT signs from seed S (rht_signs_from_seed)")

@@ -110,6 +110,7 @@ Rounding parse_rounding(const std::string& name);
 Pass parse_pass(const std::string& name);
 // An unsigned decimal integer <= max; `option` (without dashes) names it in the usage error.
 uint64_t parse_uint(const std::string& text, const std::string& option, uint64_t max);
+int parse_rht(const std::string& text, const std::string& option);  // fp4lab::parse_rht (knobs.hpp)
 uint64_t uint_option(const po::variables_map& vm, const std::string& option, uint64_t max);
 // "s1,s2,...,sD" with each s one of +1, 1, -1, +, -; or "te" for Transformer Engine's vector (needs d = 16).
 std::vector<float> parse_rht_signs(const std::string& text, int d);

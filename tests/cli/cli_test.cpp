@@ -878,6 +878,27 @@ TEST_F(Cli, OptionPlaceholdersAreRefusedNotLoopedOn) {
                         "quantize", 2, {"%option%"});
 }
 
+// One spelling of an RHT setting everywhere: none (or 0) is off in quantize, gemm and sim as in analyze's list,
+// and a bad size is refused with the same message by both.
+TEST_F(Cli, RhtNoneMeansOffEverywhere) {
+  const std::string in = path("in.safetensors");
+  const QTensor plain = quantize(x_.data(), kRows, kCols, QuantConfig{});
+  for (const char* off : {"none", "0"}) {
+    const Result r = run({"quantize", "--in", in, "--tensor", "x", "--rht", off, "--out", path("q.safetensors")});
+    ASSERT_EQ(r.code, 0) << off << ": " << r.err;
+    EXPECT_EQ(tensor_bytes(io::SafetensorsFile(path("q.safetensors")), "x.codes", io::DType::U8, {kRows, kCols}),
+              plain.codes)
+        << off;
+  }
+  const Result g = run({"gemm", "--a", in + ":x", "--b", in + ":w", "--rht", "none", "--out", path("g.safetensors")});
+  EXPECT_EQ(g.code, 0) << g.err;
+  const Result q = run({"quantize", "--in", in, "--tensor", "x", "--rht", "24", "--out", path("q24.safetensors")});
+  const Result a = run({"analyze", "--trace", in, "--rht", "none,24"});
+  expect_one_line_error(q, "quantize", 2, {"--rht", "not 24"});
+  expect_one_line_error(a, "analyze", 2, {"--rht", "not 24"});
+  EXPECT_EQ(q.err.substr(q.err.find("error:")), a.err.substr(a.err.find("error:")));
+}
+
 TEST_F(Cli, JsonConfigFaultsNameFileAndKey) {
   const std::string in = path("in.safetensors");
   auto with = [&](const std::string& name, const std::string& text) {
