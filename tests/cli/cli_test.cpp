@@ -971,6 +971,20 @@ TEST_F(Cli, SimReportIsItsOwnConfig) {
   // Every MAC runs on the dual unit: twice its pJ per MAC gives twice the MAC energy.
   EXPECT_DOUBLE_EQ(jc["total"]["energy_pj"]["mac"].get<double>(), 2 * ja["total"]["energy_pj"]["mac"].get<double>());
 }
+
+// A sweep's outputs are checked before its runs (they used to fail only once every run had finished).
+TEST_F(Cli, SimSweepOutputsAreCheckedFirst) {
+  const std::string src = FP4LAB_SOURCE_DIR;
+  std::ofstream(path("one.csv")) << "gemm,tokens,in,out\nfc1,64,64,64\n";
+  std::ofstream(path("s.toml")) << "[defaults]\nconfig = \"" << src << "/sim/configs/teaching.cfg\"\n"
+                                << "[[grid]]\nname = \"r\"\nshapes = \"" << path("one.csv") << "\"\n";
+  const Result r = run({"sim", "--sweep", path("s.toml"), "--out", path("no/such/x")});
+  if (r.err.find("toml") != std::string::npos) GTEST_SKIP() << "built without toml++: " << r.err;
+  expect_one_line_error(r, "sim", 1, {path("no/such/x.json"), "no such folder"});
+  const Result s = run({"sim", "--sweep", path("s.toml"), "--out", path("s.toml").substr(0, path("s.toml").size() - 5)});
+  EXPECT_EQ(s.code, 0) << s.err;  // PREFIX.json and PREFIX.csv beside the sweep file are fine
+  EXPECT_TRUE(std::filesystem::exists(path("s.csv")));
+}
 #endif
 
 TEST_F(Cli, VersionNamesReleaseAndCommit) {
