@@ -4,6 +4,7 @@
 #include <exception>
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -25,6 +26,20 @@
 namespace fp4lab::cli {
 
 namespace {
+// The trace analyze reads without --trace, found when it runs (a checkout or build folder may move): $FP4LAB_TRACE;
+// else the bundled trace of the checkout the executable sits in (build*/bin/fp4lab, two folders up); else that of
+// the checkout it was built from.
+std::string default_trace() {
+  if (const char* e = std::getenv("FP4LAB_TRACE"); e && *e) return e;
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const std::filesystem::path t = exe.parent_path().parent_path().parent_path() / "workloads/tiny-lm/step_005000";
+    if (std::filesystem::is_directory(t, ec)) return t.string();
+  }
+  return FP4LAB_DEFAULT_TRACE;
+}
+
 std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
@@ -52,9 +67,10 @@ int cmd_analyze(const Invocation& inv) {
       ("trace",
        po::value<std::vector<std::string>>()
            ->multitoken()
-           ->default_value(std::vector<std::string>{FP4LAB_DEFAULT_TRACE}, FP4LAB_DEFAULT_TRACE)
+           ->default_value(std::vector<std::string>{default_trace()}, default_trace())
            ->value_name("DIR|FILE .."),
-       "trace v1 folders or files, e.g. several steps of a run (default: the bundled trace)")
+       "trace v1 folders or files, e.g. several steps of a run (default: $FP4LAB_TRACE, else the bundled trace "
+       "workloads/tiny-lm/step_005000 of the checkout holding this executable)")
       ("formats", po::value<std::string>()->default_value("e2m1,e1m2")->value_name("F,.."), "grids to compare")
       ("rht", po::value<std::string>()->default_value("none,16")->value_name("D,.."),
        "RHT settings to compare: none (or 0) and Hadamard sizes (powers of two, 16 to 128)")

@@ -734,6 +734,26 @@ void expect_one_line_error(const Result& r, const std::string& cmd, int code, co
   for (const auto& w : want) EXPECT_NE(r.err.find(w), std::string::npos) << "want '" << w << "' in " << r.err;
 }
 
+// The default trace is found when analyze runs, not fixed when it is built: the bundled trace of the checkout
+// holding the executable (build*/bin/fp4lab), or $FP4LAB_TRACE.
+TEST_F(Cli, DefaultTraceFollowsTheExecutable) {
+  namespace fs = std::filesystem;
+  const fs::path co = path("moved"), bin = co / "build/bin/fp4lab", bundled = co / "workloads/tiny-lm/step_005000";
+  fs::create_directories(bin.parent_path());
+  fs::create_directories(bundled);
+  fs::copy_file(FP4LAB_BIN, bin);
+  write_trace((bundled / "g.safetensors").string(), 32, 64, 48);
+  write_trace(path("other.safetensors"), 32, 64, 32);
+  auto trace_of = [&](const std::string& env) {
+    const std::string cmd = env + " timeout 120 " + quote(bin.string()) + " analyze --json - >" + quote(path("d.json")) +
+                            " 2>" + quote(path("d.err"));
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << slurp(path("d.err"));
+    return json::parse(slurp(path("d.json")))["config"]["trace"].get<std::string>();
+  };
+  EXPECT_EQ(trace_of("FP4LAB_TRACE="), bundled.string());
+  EXPECT_EQ(trace_of("FP4LAB_TRACE=" + quote(path("other.safetensors"))), path("other.safetensors"));
+}
+
 // analyze rotated rows whose length the RHT size does not divide (heap corruption, SIGABRT/SIGSEGV, or a hang);
 // every operand of every GEMM is now checked against every setting before any work or progress line.
 TEST_F(Cli, AnalyzeChecksEveryShapeAgainstBlockAndRhtSizesFirst) {
