@@ -3,6 +3,7 @@
 // table on stdout and analysis JSON v1 on request. With no --trace it runs on the bundled trace.
 #include <exception>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 #include "commands.hpp"
 #include "files.hpp"
@@ -222,7 +224,8 @@ int cmd_analyze(const Invocation& inv) {
     try {
       progress.step(++done, mine, dist::size() > 1 ? rec.gemm + " (rank " + std::to_string(dist::rank()) + ")" : rec.gemm);
       const io::Trace::Layer layer = trace.load(rec);
-      const LayerOperands lo({layer.x.data(), layer.w.data(), layer.dy.data(), rec.tokens, rec.in, rec.out});
+      LayerOperands lo({layer.x.data(), layer.w.data(), layer.dy.data(), rec.tokens, rec.in, rec.out},
+                       /*with_refs=*/false);
       const int64_t rec_elements = rec.tokens * rec.in + rec.out * rec.in + rec.tokens * rec.out;
       Json rec_tensors = Json::array(), rec_gemms = Json::array();
       auto head = [&] { return multi ? Json{{"trace", tpath}, {"gemm", rec.gemm}} : Json{{"gemm", rec.gemm}}; };
@@ -231,21 +234,46 @@ int cmd_analyze(const Invocation& inv) {
       std::map<std::string, double> sqnr_no_rht;  // format/role -> SQNR without RHT, for the delta
       // Every (setting or recipe, pass) is independent: one per core at a time (the inner OpenMP regions then
       // run serially), which keeps both cores busy without a fork/join per small tensor. Three tasks per
-      // setting rather than one even out settings of unequal cost (with and without RHT).
+      // setting rather than one even out settings of unequal cost (with and without RHT). The three float64
+      // references are tasks too, handed out first (the dynamic schedule goes in order, so each is under way
+      // before any task waits for it); a task compares its GEMM output once its pass's reference is done.
+      // Then the heavier tasks, with RHT and of fwd_y (two tensors' statistics), so that the last ones are short.
       const size_t tasks = 3 * (settings.size() + recipes.size());
       std::vector<LayerResults> by_task(tasks);  // a recipe task's one GEMM in gemms
-      std::vector<std::exception_ptr> faults(tasks);
-#pragma omp parallel for schedule(dynamic, 1)
-      for (size_t t = 0; t < tasks; ++t) {
+      std::vector<std::exception_ptr> faults(tasks), ref_faults(3);
+      std::vector<size_t> order(tasks);
+      for (size_t t = 0; t < tasks; ++t) order[t] = t;
+      auto weight = [&](size_t t) {
         const size_t job = t / 3;
-        const Pass p = kPasses[t % 3];
+        const bool rht = job < settings.size() ? settings[job].rht != 0 : true;
+        return (rht ? 2 : 1) * (t % 3 == 0 ? 3 : t % 3 == 1 ? 2 : 1);
+      };
+      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return weight(a) > weight(b); });
+      std::atomic<bool> ref_ready[3] = {false, false, false};
+#pragma omp parallel for schedule(dynamic, 1)
+      for (size_t i = 0; i < 3 + tasks; ++i) {
+        if (i < 3) {
+          try {
+            lo.compute_ref(kPasses[i]);
+          } catch (...) {
+            ref_faults[i] = std::current_exception();
+          }
+          ref_ready[i].store(true, std::memory_order_release);
+          continue;
+        }
+        const size_t t = order[i - 3], job = t / 3, pi = t % 3;
+        const Pass p = kPasses[pi];
         try {
-          if (job < settings.size()) by_task[t] = analyze_setting_pass(lo, settings[job], p);
-          else by_task[t].gemms.push_back(analyze_recipe_pass(lo, recipes[job - settings.size()], stream, p));
+          std::vector<float> c;
+          if (job < settings.size()) by_task[t] = analyze_setting_pass(lo, settings[job], p, c);
+          else by_task[t].gemms.push_back(analyze_recipe_pass(lo, recipes[job - settings.size()], stream, p, c));
+          while (!ref_ready[pi].load(std::memory_order_acquire)) std::this_thread::yield();
+          if (!ref_faults[pi]) compare_gemm(by_task[t].gemms.back(), c, lo.refs[pi]);
         } catch (...) {
           faults[t] = std::current_exception();
         }
       }
+      faults.insert(faults.begin(), ref_faults.begin(), ref_faults.end());
       for (const auto& f : faults)
         if (f) {
           try {

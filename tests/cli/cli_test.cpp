@@ -754,6 +754,35 @@ TEST_F(Cli, DefaultTraceFollowsTheExecutable) {
   EXPECT_EQ(trace_of("FP4LAB_TRACE=" + quote(path("other.safetensors"))), path("other.safetensors"));
 }
 
+// analyze's numbers do not depend on the thread count: the float64 reference products run one per task, not
+// split over the threads (whose split changed their summation order, and so the GEMM SQNRs' last bits, on F32
+// operands spanning many binades).
+TEST_F(Cli, AnalyzeDoesNotDependOnTheThreadCount) {
+  std::mt19937 g(7);
+  std::uniform_real_distribution<float> e(-8.0f, 8.0f);
+  auto wide = [&](int64_t r, int64_t c, uint32_t seed) {
+    std::vector<float> v = normal(size_t(r * c), seed);
+    for (float& x : v) x *= std::exp(e(g));
+    return v;
+  };
+  io::write_safetensors(path("wide.safetensors"),
+                        {io::make_f32("g.fwd_x", {64, 1024}, wide(64, 1024, 1)),
+                         io::make_f32("g.fwd_w", {48, 1024}, wide(48, 1024, 2)),
+                         io::make_f32("g.bwd_dy", {64, 48}, wide(64, 48, 3))},
+                        {{"fp4lab.trace.version", "1"}});
+  auto results = [&](int threads) {
+    const std::string cmd = "OMP_NUM_THREADS=" + std::to_string(threads) + " timeout 120 " + quote(FP4LAB_BIN) +
+                            " analyze --trace " + quote(path("wide.safetensors")) + " --json - >" + quote(path("t.json")) +
+                            " 2>" + quote(path("t.err"));
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << slurp(path("t.err"));
+    const json j = json::parse(slurp(path("t.json")));
+    return json{j["tensors"], j["gemms"], j["decay"]}.dump();
+  };
+  const std::string one = results(1);
+  EXPECT_EQ(results(2), one);
+  EXPECT_EQ(results(3), one);
+}
+
 // analyze rotated rows whose length the RHT size does not divide (heap corruption, SIGABRT/SIGSEGV, or a hang);
 // every operand of every GEMM is now checked against every setting before any work or progress line.
 TEST_F(Cli, AnalyzeChecksEveryShapeAgainstBlockAndRhtSizesFirst) {
