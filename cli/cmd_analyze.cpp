@@ -202,8 +202,6 @@ int cmd_analyze(const Invocation& inv) {
   const Progress progress("analyze");
   int64_t elements = 0;
   const size_t n = refs.size();
-  size_t mine = 0, done = 0;
-  for (int o : owner) mine += o == dist::rank();
   // Each record's results travel to rank 0 as CBOR (doubles as raw IEEE bits, infinities kept), where they
   // are merged in record order exactly as one process merges them.
   auto rows_json = [](const std::vector<Row>& rows) {
@@ -211,77 +209,129 @@ int cmd_analyze(const Invocation& inv) {
     for (const Row& r : rows) a.push_back({r.gemm, r.what, r.sqnr, r.beff, r.eta});
     return a;
   };
+  // This rank's records, and all their work as one task list that both threads take from in order: per record
+  // its load (with the transposed operands), its three float64 reference products, then every (setting or
+  // recipe, pass), heaviest first -- with RHT, and of fwd_y (two tensors' statistics) -- so that no thread waits
+  // at the end of each record while the other finishes, and the next record loads while this one computes.
+  // Every (setting or recipe, pass) is independent (the inner OpenMP regions then run serially); a task waits
+  // only for its record's load and its pass's reference, both handed out before it (the schedule goes in order).
+  // At most about two records are in memory: a record's operands are freed by its last task.
+  std::vector<size_t> my;
+  for (size_t ri = 0; ri < n; ++ri)
+    if (owner[ri] == dist::rank()) my.push_back(ri);
+  const size_t tasks = 3 * (settings.size() + recipes.size());
+  std::vector<size_t> order(tasks);
+  for (size_t t = 0; t < tasks; ++t) order[t] = t;
+  auto weight = [&](size_t t) {
+    const size_t job = t / 3;
+    const bool rht = job < settings.size() ? settings[job].rht != 0 : true;
+    return (rht ? 2 : 1) * (t % 3 == 0 ? 3 : t % 3 == 1 ? 2 : 1);
+  };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return weight(a) > weight(b); });
+  struct RecordWork {
+    io::Trace::Layer layer;
+    std::unique_ptr<LayerOperands> lo;
+    std::vector<LayerResults> by_task;      // a recipe task's one GEMM in gemms
+    std::vector<std::exception_ptr> faults;  // [0] the load, [1..3] the references, [4 + t] task t
+    bool skipped = false;                    // not loaded: an earlier record failed
+    std::atomic<bool> loaded{false}, ref_ready[3] = {false, false, false};
+    std::atomic<size_t> left{0};             // slots after the load still running
+  };
+  const size_t per = 4 + tasks;
+  std::vector<RecordWork> work(my.size());
+  for (RecordWork& w : work) {
+    w.by_task.resize(tasks);
+    w.faults.resize(per);
+    w.left = per - 1;
+  }
+  // A rank stops at its first fault, as one process does: records after the first failed one are skipped.
+  std::atomic<size_t> first_fault{SIZE_MAX};
+  auto note_fault = [&](size_t k) {
+    for (size_t f = first_fault.load(); k < f && !first_fault.compare_exchange_weak(f, k);) {
+    }
+  };
+  std::atomic<size_t> done{0};
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t g = 0; g < my.size() * per; ++g) {
+    const size_t k = g / per, slot = g % per, ri = my[k];
+    RecordWork& w = work[k];
+    const io::TraceRecord& rec = *refs[ri].rec;
+    if (slot == 0) {  // the load: every other slot of the record waits for it, so it always signals
+      if (k > first_fault.load()) {
+        w.skipped = true;
+      } else {
+        try {
+          progress.step(++done, my.size(),
+                        dist::size() > 1 ? rec.gemm + " (rank " + std::to_string(dist::rank()) + ")" : rec.gemm);
+          w.layer = traces[refs[ri].trace]->load(rec);
+          w.lo = std::make_unique<LayerOperands>(
+              LayerView{w.layer.x.data(), w.layer.w.data(), w.layer.dy.data(), rec.tokens, rec.in, rec.out},
+              /*with_refs=*/false);
+        } catch (...) {
+          w.faults[0] = std::current_exception();
+          note_fault(k);
+        }
+      }
+      w.loaded.store(true, std::memory_order_release);
+      continue;
+    }
+    while (!w.loaded.load(std::memory_order_acquire)) std::this_thread::yield();
+    const bool run = !w.skipped && !w.faults[0];
+    if (slot <= 3) {  // a reference product: tasks of its pass wait for it, so it always signals
+      if (run) {
+        try {
+          w.lo->compute_ref(kPasses[slot - 1]);
+        } catch (...) {
+          w.faults[slot] = std::current_exception();
+          note_fault(k);
+        }
+      }
+      w.ref_ready[slot - 1].store(true, std::memory_order_release);
+    } else if (run && k <= first_fault.load()) {
+      const size_t t = order[slot - 4], job = t / 3, pi = t % 3;
+      const Pass p = kPasses[pi];
+      try {
+        std::vector<float> c;
+        if (job < settings.size()) w.by_task[t] = analyze_setting_pass(*w.lo, settings[job], p, c);
+        else w.by_task[t].gemms.push_back(analyze_recipe_pass(*w.lo, recipes[job - settings.size()], uint32_t(ri), p, c));
+        while (!w.ref_ready[pi].load(std::memory_order_acquire)) std::this_thread::yield();
+        if (!w.faults[1 + pi]) compare_gemm(w.by_task[t].gemms.back(), c, w.lo->refs[pi]);
+      } catch (...) {
+        w.faults[4 + t] = std::current_exception();
+        note_fault(k);
+      }
+    }
+    if (--w.left == 0) {  // the record's last slot: its operands are no longer needed
+      w.lo.reset();
+      w.layer = io::Trace::Layer{};
+    }
+  }
+
+  // This rank's results, record by record, as one process produces them.
   std::vector<dist::Item> items;
   dist::Fault fault;
-  for (size_t ri = 0; ri < n; ++ri) {
-    if (owner[ri] != dist::rank()) continue;
-    const io::Trace& trace = *traces[refs[ri].trace];
+  for (size_t k = 0; k < my.size(); ++k) {
+    const size_t ri = my[k];
     const io::TraceRecord& rec = *refs[ri].rec;
     const std::string& tpath = trace_paths[refs[ri].trace];
     const std::string gname =
         multi ? std::filesystem::path(tpath).lexically_normal().filename().string() + ":" + rec.gemm : rec.gemm;
-    const uint32_t stream = uint32_t(ri);  // the GEMM id in the SR counter: the record's global position
+    std::vector<LayerResults>& by_task = work[k].by_task;
     try {
-      progress.step(++done, mine, dist::size() > 1 ? rec.gemm + " (rank " + std::to_string(dist::rank()) + ")" : rec.gemm);
-      const io::Trace::Layer layer = trace.load(rec);
-      LayerOperands lo({layer.x.data(), layer.w.data(), layer.dy.data(), rec.tokens, rec.in, rec.out},
-                       /*with_refs=*/false);
-      const int64_t rec_elements = rec.tokens * rec.in + rec.out * rec.in + rec.tokens * rec.out;
-      Json rec_tensors = Json::array(), rec_gemms = Json::array();
-      auto head = [&] { return multi ? Json{{"trace", tpath}, {"gemm", rec.gemm}} : Json{{"gemm", rec.gemm}}; };
-
-      std::vector<Row> tr(3), gr(3);
-      std::map<std::string, double> sqnr_no_rht;  // format/role -> SQNR without RHT, for the delta
-      // Every (setting or recipe, pass) is independent: one per core at a time (the inner OpenMP regions then
-      // run serially), which keeps both cores busy without a fork/join per small tensor. Three tasks per
-      // setting rather than one even out settings of unequal cost (with and without RHT). The three float64
-      // references are tasks too, handed out first (the dynamic schedule goes in order, so each is under way
-      // before any task waits for it); a task compares its GEMM output once its pass's reference is done.
-      // Then the heavier tasks, with RHT and of fwd_y (two tensors' statistics), so that the last ones are short.
-      const size_t tasks = 3 * (settings.size() + recipes.size());
-      std::vector<LayerResults> by_task(tasks);  // a recipe task's one GEMM in gemms
-      std::vector<std::exception_ptr> faults(tasks), ref_faults(3);
-      std::vector<size_t> order(tasks);
-      for (size_t t = 0; t < tasks; ++t) order[t] = t;
-      auto weight = [&](size_t t) {
-        const size_t job = t / 3;
-        const bool rht = job < settings.size() ? settings[job].rht != 0 : true;
-        return (rht ? 2 : 1) * (t % 3 == 0 ? 3 : t % 3 == 1 ? 2 : 1);
-      };
-      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return weight(a) > weight(b); });
-      std::atomic<bool> ref_ready[3] = {false, false, false};
-#pragma omp parallel for schedule(dynamic, 1)
-      for (size_t i = 0; i < 3 + tasks; ++i) {
-        if (i < 3) {
+      if (work[k].faults[0]) std::rethrow_exception(work[k].faults[0]);
+      for (size_t i = 1; i < per; ++i)
+        if (work[k].faults[i]) {
           try {
-            lo.compute_ref(kPasses[i]);
-          } catch (...) {
-            ref_faults[i] = std::current_exception();
-          }
-          ref_ready[i].store(true, std::memory_order_release);
-          continue;
-        }
-        const size_t t = order[i - 3], job = t / 3, pi = t % 3;
-        const Pass p = kPasses[pi];
-        try {
-          std::vector<float> c;
-          if (job < settings.size()) by_task[t] = analyze_setting_pass(lo, settings[job], p, c);
-          else by_task[t].gemms.push_back(analyze_recipe_pass(lo, recipes[job - settings.size()], stream, p, c));
-          while (!ref_ready[pi].load(std::memory_order_acquire)) std::this_thread::yield();
-          if (!ref_faults[pi]) compare_gemm(by_task[t].gemms.back(), c, lo.refs[pi]);
-        } catch (...) {
-          faults[t] = std::current_exception();
-        }
-      }
-      faults.insert(faults.begin(), ref_faults.begin(), ref_faults.end());
-      for (const auto& f : faults)
-        if (f) {
-          try {
-            std::rethrow_exception(f);
+            std::rethrow_exception(work[k].faults[i]);
           } catch (const std::exception& e) {
             data_error(rec.file, "gemm '" + rec.gemm + "': " + e.what());
           }
         }
+      const int64_t rec_elements = rec.tokens * rec.in + rec.out * rec.in + rec.tokens * rec.out;
+      Json rec_tensors = Json::array(), rec_gemms = Json::array();
+      auto head = [&] { return multi ? Json{{"trace", tpath}, {"gemm", rec.gemm}} : Json{{"gemm", rec.gemm}}; };
+      std::vector<Row> tr(3), gr(3);
+      std::map<std::string, double> sqnr_no_rht;  // format/role -> SQNR without RHT, for the delta
       // Every task succeeded (a fault ended above), so each recipe task holds its GEMM.
       std::vector<LayerResults> by_setting(settings.size());
       std::vector<std::vector<GemmResult>> by_recipe(recipes.size());
@@ -335,7 +385,7 @@ int cmd_analyze(const Invocation& inv) {
       const std::vector<uint8_t> cbor = Json::to_cbor(item);
       items.push_back({ri, std::string(cbor.begin(), cbor.end())});
     } catch (...) {
-      // A rank stops at its first fault, as one process does; gather() names the first in record order.
+      // gather() names the first fault in record order.
       fault.index = ri;
       fault.code = dist::describe(std::current_exception(), "analyze", fault.msg);
       break;
