@@ -734,6 +734,28 @@ void expect_one_line_error(const Result& r, const std::string& cmd, int code, co
   for (const auto& w : want) EXPECT_NE(r.err.find(w), std::string::npos) << "want '" << w << "' in " << r.err;
 }
 
+// README's excerpt of the main job's table is what `fp4lab analyze` prints on the bundled trace, line for line
+// (an excerpt: the rows it shows, in that order; `...` stands for rows left out).
+TEST_F(Cli, ReadmeExcerptIsWhatAnalyzePrints) {
+  const std::string readme = slurp(FP4LAB_SOURCE_DIR "/README.md");
+  const size_t at = readme.find("## What the main job prints");
+  ASSERT_NE(at, std::string::npos);
+  const size_t open = readme.find("```\n", at), close = readme.find("```", open + 4);
+  ASSERT_NE(close, std::string::npos);
+  const Result r = run({"analyze", "--trace", FP4LAB_SOURCE_DIR "/workloads/tiny-lm/step_005000"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::istringstream excerpt(readme.substr(open + 4, close - open - 4));
+  size_t pos = 0, shown = 0;
+  for (std::string line; std::getline(excerpt, line);) {
+    if (line == "...") continue;
+    const size_t found = r.out.find("\n" + line + "\n", pos);
+    ASSERT_NE(found, std::string::npos) << "README line not printed (in this order):\n" << line;
+    pos = found + 1;
+    ++shown;
+  }
+  EXPECT_GE(shown, 4u);
+}
+
 // The default trace is found when analyze runs, not fixed when it is built: the bundled trace of the checkout
 // holding the executable (build*/bin/fp4lab), or $FP4LAB_TRACE.
 TEST_F(Cli, DefaultTraceFollowsTheExecutable) {
