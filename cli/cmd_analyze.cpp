@@ -1,17 +1,17 @@
 // fp4lab analyze: the docs/spec.md §6 analyses of every GEMM in a trace — per tensor (fwd_x, fwd_w, bwd_dy)
 // and per training GEMM (fwd_y, bwd_dx, bwd_dw), for each grid with and without RHT — as the paper's Q1
 // table on stdout and analysis JSON v1 on request. With no --trace it runs on the bundled trace.
-#include <unistd.h>
-
-#include <chrono>
 #include <exception>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 #include "commands.hpp"
 #include "files.hpp"
@@ -28,6 +28,20 @@
 namespace fp4lab::cli {
 
 namespace {
+// The trace analyze reads without --trace, found when it runs (a checkout or build folder may move): $FP4LAB_TRACE;
+// else the bundled trace of the checkout the executable sits in (build*/bin/fp4lab, two folders up); else that of
+// the checkout it was built from.
+std::string default_trace() {
+  if (const char* e = std::getenv("FP4LAB_TRACE"); e && *e) return e;
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const std::filesystem::path t = exe.parent_path().parent_path().parent_path() / "workloads/tiny-lm/step_005000";
+    if (std::filesystem::is_directory(t, ec)) return t.string();
+  }
+  return FP4LAB_DEFAULT_TRACE;
+}
+
 std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
@@ -35,17 +49,6 @@ std::vector<std::string> split_list(const std::string& s) {
     if (!item.empty()) out.push_back(item);
   return out;
 }
-
-// Progress on stderr, only once a run has taken more than two seconds and only to a terminal: captured
-// stderr then holds nothing but the one-line error when a run fails.
-struct Progress {
-  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
-  bool tty = ::isatty(STDERR_FILENO) == 1;
-  void step(size_t i, size_t n, const std::string& what) const {
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (tty && s > 2.0) std::cerr << fmt("analyze: [%zu/%zu] %s (%.1f s)\n", i, n, printable(what).c_str(), s);
-  }
-};
 
 std::string db(double v) { return std::isfinite(v) ? fmt("%7.2f", v) : std::string("    inf"); }
 
@@ -66,9 +69,10 @@ int cmd_analyze(const Invocation& inv) {
       ("trace",
        po::value<std::vector<std::string>>()
            ->multitoken()
-           ->default_value(std::vector<std::string>{FP4LAB_DEFAULT_TRACE}, FP4LAB_DEFAULT_TRACE)
+           ->default_value(std::vector<std::string>{default_trace()}, default_trace())
            ->value_name("DIR|FILE .."),
-       "trace v1 folders or files, e.g. several steps of a run (default: the bundled trace)")
+       "trace v1 folders or files, e.g. several steps of a run (default: $FP4LAB_TRACE, else the bundled trace "
+       "workloads/tiny-lm/step_005000 of the checkout holding this executable)")
       ("formats", po::value<std::string>()->default_value("e2m1,e1m2")->value_name("F,.."), "grids to compare")
       ("rht", po::value<std::string>()->default_value("none,16")->value_name("D,.."),
        "RHT settings to compare: none (or 0) and Hadamard sizes (powers of two, 16 to 128)")
@@ -94,7 +98,7 @@ int cmd_analyze(const Invocation& inv) {
   if (formats.empty()) usage_error("--formats lists no format");
   std::vector<int> rhts;
   for (const auto& r : split_list(vm["rht"].as<std::string>()))
-    rhts.push_back(r == "none" ? 0 : int(parse_uint(r, "rht", kMaxRht)));
+    rhts.push_back(parse_rht(r, "rht"));
   if (rhts.empty()) usage_error("--rht lists no setting");
   const int block = vm["block"].as<int>();
   if (block != 16 && block != 32) usage_error("--block: block size must be 16 or 32, not " + std::to_string(block));
@@ -109,8 +113,7 @@ int cmd_analyze(const Invocation& inv) {
       s.block = block;
       s.scale = scale;
       if (d != 0) {
-        if (!rht_size_ok(d)) usage_error("--rht: " + rht_size_fault(d));
-        if (vm.count("rht-signs")) s.rht_signs = parse_rht_signs(vm["rht-signs"].as<std::string>(), d);
+          if (vm.count("rht-signs")) s.rht_signs = parse_rht_signs(vm["rht-signs"].as<std::string>(), d);
         else s.rht_signs = d == 16 ? rht_signs_te(16) : rht_signs_from_seed(d, rht_seed);
       }
       settings.push_back(s);
@@ -196,11 +199,9 @@ int cmd_analyze(const Invocation& inv) {
   struct Row { std::string gemm, what; std::vector<double> sqnr, beff, eta; };
   std::vector<Row> trows, grows;
   std::map<std::string, double> log_eta_sum;  // setting -> sum of log eta over fwd_y (the K-GEMM decay)
-  Progress progress;
+  const Progress progress("analyze");
   int64_t elements = 0;
   const size_t n = refs.size();
-  size_t mine = 0, done = 0;
-  for (int o : owner) mine += o == dist::rank();
   // Each record's results travel to rank 0 as CBOR (doubles as raw IEEE bits, infinities kept), where they
   // are merged in record order exactly as one process merges them.
   auto rows_json = [](const std::vector<Row>& rows) {
@@ -208,51 +209,129 @@ int cmd_analyze(const Invocation& inv) {
     for (const Row& r : rows) a.push_back({r.gemm, r.what, r.sqnr, r.beff, r.eta});
     return a;
   };
+  // This rank's records, and all their work as one task list that both threads take from in order: per record
+  // its load (with the transposed operands), its three float64 reference products, then every (setting or
+  // recipe, pass), heaviest first -- with RHT, and of fwd_y (two tensors' statistics) -- so that no thread waits
+  // at the end of each record while the other finishes, and the next record loads while this one computes.
+  // Every (setting or recipe, pass) is independent (the inner OpenMP regions then run serially); a task waits
+  // only for its record's load and its pass's reference, both handed out before it (the schedule goes in order).
+  // At most about two records are in memory: a record's operands are freed by its last task.
+  std::vector<size_t> my;
+  for (size_t ri = 0; ri < n; ++ri)
+    if (owner[ri] == dist::rank()) my.push_back(ri);
+  const size_t tasks = 3 * (settings.size() + recipes.size());
+  std::vector<size_t> order(tasks);
+  for (size_t t = 0; t < tasks; ++t) order[t] = t;
+  auto weight = [&](size_t t) {
+    const size_t job = t / 3;
+    const bool rht = job < settings.size() ? settings[job].rht != 0 : true;
+    return (rht ? 2 : 1) * (t % 3 == 0 ? 3 : t % 3 == 1 ? 2 : 1);
+  };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return weight(a) > weight(b); });
+  struct RecordWork {
+    io::Trace::Layer layer;
+    std::unique_ptr<LayerOperands> lo;
+    std::vector<LayerResults> by_task;      // a recipe task's one GEMM in gemms
+    std::vector<std::exception_ptr> faults;  // [0] the load, [1..3] the references, [4 + t] task t
+    bool skipped = false;                    // not loaded: an earlier record failed
+    std::atomic<bool> loaded{false}, ref_ready[3] = {false, false, false};
+    std::atomic<size_t> left{0};             // slots after the load still running
+  };
+  const size_t per = 4 + tasks;
+  std::vector<RecordWork> work(my.size());
+  for (RecordWork& w : work) {
+    w.by_task.resize(tasks);
+    w.faults.resize(per);
+    w.left = per - 1;
+  }
+  // A rank stops at its first fault, as one process does: records after the first failed one are skipped.
+  std::atomic<size_t> first_fault{SIZE_MAX};
+  auto note_fault = [&](size_t k) {
+    for (size_t f = first_fault.load(); k < f && !first_fault.compare_exchange_weak(f, k);) {
+    }
+  };
+  std::atomic<size_t> done{0};
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t g = 0; g < my.size() * per; ++g) {
+    const size_t k = g / per, slot = g % per, ri = my[k];
+    RecordWork& w = work[k];
+    const io::TraceRecord& rec = *refs[ri].rec;
+    if (slot == 0) {  // the load: every other slot of the record waits for it, so it always signals
+      if (k > first_fault.load()) {
+        w.skipped = true;
+      } else {
+        try {
+          progress.step(++done, my.size(),
+                        dist::size() > 1 ? rec.gemm + " (rank " + std::to_string(dist::rank()) + ")" : rec.gemm);
+          w.layer = traces[refs[ri].trace]->load(rec);
+          w.lo = std::make_unique<LayerOperands>(
+              LayerView{w.layer.x.data(), w.layer.w.data(), w.layer.dy.data(), rec.tokens, rec.in, rec.out},
+              /*with_refs=*/false);
+        } catch (...) {
+          w.faults[0] = std::current_exception();
+          note_fault(k);
+        }
+      }
+      w.loaded.store(true, std::memory_order_release);
+      continue;
+    }
+    while (!w.loaded.load(std::memory_order_acquire)) std::this_thread::yield();
+    const bool run = !w.skipped && !w.faults[0];
+    if (slot <= 3) {  // a reference product: tasks of its pass wait for it, so it always signals
+      if (run) {
+        try {
+          w.lo->compute_ref(kPasses[slot - 1]);
+        } catch (...) {
+          w.faults[slot] = std::current_exception();
+          note_fault(k);
+        }
+      }
+      w.ref_ready[slot - 1].store(true, std::memory_order_release);
+    } else if (run && k <= first_fault.load()) {
+      const size_t t = order[slot - 4], job = t / 3, pi = t % 3;
+      const Pass p = kPasses[pi];
+      try {
+        std::vector<float> c;
+        if (job < settings.size()) w.by_task[t] = analyze_setting_pass(*w.lo, settings[job], p, c);
+        else w.by_task[t].gemms.push_back(analyze_recipe_pass(*w.lo, recipes[job - settings.size()], uint32_t(ri), p, c));
+        while (!w.ref_ready[pi].load(std::memory_order_acquire)) std::this_thread::yield();
+        if (!w.faults[1 + pi]) compare_gemm(w.by_task[t].gemms.back(), c, w.lo->refs[pi]);
+      } catch (...) {
+        w.faults[4 + t] = std::current_exception();
+        note_fault(k);
+      }
+    }
+    if (--w.left == 0) {  // the record's last slot: its operands are no longer needed
+      w.lo.reset();
+      w.layer = io::Trace::Layer{};
+    }
+  }
+
+  // This rank's results, record by record, as one process produces them.
   std::vector<dist::Item> items;
   dist::Fault fault;
-  for (size_t ri = 0; ri < n; ++ri) {
-    if (owner[ri] != dist::rank()) continue;
-    const io::Trace& trace = *traces[refs[ri].trace];
+  for (size_t k = 0; k < my.size(); ++k) {
+    const size_t ri = my[k];
     const io::TraceRecord& rec = *refs[ri].rec;
     const std::string& tpath = trace_paths[refs[ri].trace];
     const std::string gname =
         multi ? std::filesystem::path(tpath).lexically_normal().filename().string() + ":" + rec.gemm : rec.gemm;
-    const uint32_t stream = uint32_t(ri);  // the GEMM id in the SR counter: the record's global position
+    std::vector<LayerResults>& by_task = work[k].by_task;
     try {
-      progress.step(++done, mine, dist::size() > 1 ? rec.gemm + " (rank " + std::to_string(dist::rank()) + ")" : rec.gemm);
-      const io::Trace::Layer layer = trace.load(rec);
-      const LayerOperands lo({layer.x.data(), layer.w.data(), layer.dy.data(), rec.tokens, rec.in, rec.out});
-      const int64_t rec_elements = rec.tokens * rec.in + rec.out * rec.in + rec.tokens * rec.out;
-      Json rec_tensors = Json::array(), rec_gemms = Json::array();
-      auto head = [&] { return multi ? Json{{"trace", tpath}, {"gemm", rec.gemm}} : Json{{"gemm", rec.gemm}}; };
-
-      std::vector<Row> tr(3), gr(3);
-      std::map<std::string, double> sqnr_no_rht;  // format/role -> SQNR without RHT, for the delta
-      // Every (setting or recipe, pass) is independent: one per core at a time (the inner OpenMP regions then
-      // run serially), which keeps both cores busy without a fork/join per small tensor. Three tasks per
-      // setting rather than one even out settings of unequal cost (with and without RHT).
-      const size_t tasks = 3 * (settings.size() + recipes.size());
-      std::vector<LayerResults> by_task(tasks);  // a recipe task's one GEMM in gemms
-      std::vector<std::exception_ptr> faults(tasks);
-#pragma omp parallel for schedule(dynamic, 1)
-      for (size_t t = 0; t < tasks; ++t) {
-        const size_t job = t / 3;
-        const Pass p = kPasses[t % 3];
-        try {
-          if (job < settings.size()) by_task[t] = analyze_setting_pass(lo, settings[job], p);
-          else by_task[t].gemms.push_back(analyze_recipe_pass(lo, recipes[job - settings.size()], stream, p));
-        } catch (...) {
-          faults[t] = std::current_exception();
-        }
-      }
-      for (const auto& f : faults)
-        if (f) {
+      if (work[k].faults[0]) std::rethrow_exception(work[k].faults[0]);
+      for (size_t i = 1; i < per; ++i)
+        if (work[k].faults[i]) {
           try {
-            std::rethrow_exception(f);
+            std::rethrow_exception(work[k].faults[i]);
           } catch (const std::exception& e) {
             data_error(rec.file, "gemm '" + rec.gemm + "': " + e.what());
           }
         }
+      const int64_t rec_elements = rec.tokens * rec.in + rec.out * rec.in + rec.tokens * rec.out;
+      Json rec_tensors = Json::array(), rec_gemms = Json::array();
+      auto head = [&] { return multi ? Json{{"trace", tpath}, {"gemm", rec.gemm}} : Json{{"gemm", rec.gemm}}; };
+      std::vector<Row> tr(3), gr(3);
+      std::map<std::string, double> sqnr_no_rht;  // format/role -> SQNR without RHT, for the delta
       // Every task succeeded (a fault ended above), so each recipe task holds its GEMM.
       std::vector<LayerResults> by_setting(settings.size());
       std::vector<std::vector<GemmResult>> by_recipe(recipes.size());
@@ -306,7 +385,7 @@ int cmd_analyze(const Invocation& inv) {
       const std::vector<uint8_t> cbor = Json::to_cbor(item);
       items.push_back({ri, std::string(cbor.begin(), cbor.end())});
     } catch (...) {
-      // A rank stops at its first fault, as one process does; gather() names the first in record order.
+      // gather() names the first fault in record order.
       fault.index = ri;
       fault.code = dist::describe(std::current_exception(), "analyze", fault.msg);
       break;
@@ -331,8 +410,7 @@ int cmd_analyze(const Invocation& inv) {
   for (const Row& r : grows)
     if (r.what == "fwd_y")
       for (size_t si = 0; si < settings.size(); ++si) log_eta_sum[settings[si].label()] += std::log(r.eta[si]);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - progress.t0).count();
+  const double seconds = progress.seconds();
 
   // Where the paper's inversion appears: E2M1 ahead without RHT, E1M2 ahead with it.
   auto find = [&](const char* f, int d) -> int {

@@ -4,6 +4,7 @@
 // a configuration file describes (--config sim/configs/*.cfg; every key of it can also be given as --key VALUE).
 // With --check the simulated MAC array and accumulator compute every output through the datapath (the golden
 // model's arithmetic, or the Verilated RTL with --rtl) and each is compared bit for bit with fp4lab::gemm.
+#include <algorithm>
 #include <iostream>
 #include <sstream>
 
@@ -83,6 +84,9 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
   opt.quant(Pass::fwd_y, Operand::a, 0);  // option errors surface here, before anything runs
   if (vm.count("pass")) opt.passes = {selected_pass(vm)};
   opt.check = check;
+  const Progress progress("sim");
+  // A sweep's runs are reported by the sweep, one line each (cli/sim_sweep.cpp).
+  if (!capture) opt.progress = [&progress](size_t i, size_t n, const std::string& what) { progress.step(i, n, what); };
 
   std::shared_ptr<sim::Datapath> dp;
   try {
@@ -144,6 +148,13 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
   }
   nlohmann::json j = report.to_json();
   j["command"] = inv.command_line;
+  // The run's own options beside the TCU keys, so that `fp4lab sim --config REPORT.json` repeats the run.
+  for (const auto& od : desc.options()) {
+    const std::string& key = od->long_name();
+    static const char* const kNotRun[] = {"help", "version", "config", "json", "sweep"};
+    if (std::find(std::begin(kNotRun), std::end(kNotRun), key) != std::end(kNotRun)) continue;
+    if (vm.count(key) && !j["config"].contains(key)) j["config"][key] = option_value_json(vm[key]);
+  }
   if (capture) *capture = j;
   else json.write(j);
   if (check) {

@@ -232,4 +232,11 @@ std::vector<std::string> gather(const std::string& cmd, std::vector<Item> mine, 
   return out;
 }
 
+int from_root(int value) {
+#ifdef FP4LAB_HAVE_MPI
+  if (g_mpi && g_size > 1 && !g_failed) MPI_Bcast(&value, 1, MPI_INT, 0, MPI_COMM_WORLD);
+#endif
+  return value;
+}
+
 }  // namespace fp4lab::cli::dist

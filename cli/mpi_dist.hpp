@@ -73,4 +73,7 @@ struct Fault {
 // single process, which stops at its first fault, would have met -- and Quiet elsewhere.
 std::vector<std::string> gather(const std::string& cmd, std::vector<Item> mine, const Fault& fault);
 
+// Rank 0's value on every rank (an exit code rank 0 decides from what gather() brought it).
+int from_root(int value);
+
 }  // namespace fp4lab::cli::dist

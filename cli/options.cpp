@@ -1,5 +1,7 @@
 #include "options.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdarg>
@@ -12,6 +14,7 @@
 
 #include "files.hpp"
 #include "fp4lab/io/files.hpp"
+#include "fp4lab/io/option_file.hpp"
 #include "fp4lab/io/safetensors.hpp"
 #include "fp4lab/knobs.hpp"
 #include "fp4lab/rht.hpp"
@@ -117,10 +120,9 @@ bool parse_args(const Invocation& inv, const po::options_description& desc, cons
         usage_error(e.what());
       }
       refuse_placeholders(text, printable(path));
-      std::istringstream in(text);
       po::parsed_options parsed(&desc);
       try {
-        parsed = po::parse_config_file(in, desc);
+        parsed = io::parse_option_text(text, desc);  // `key = value` lines or JSON (fp4lab/io/option_file.hpp)
       } catch (const po::error& e) {
         usage_error(printable(path) + ": " + e.what());
       }
@@ -136,6 +138,28 @@ bool parse_args(const Invocation& inv, const po::options_description& desc, cons
     usage_error(e.what() + hint);
   }
   return true;
+}
+
+Progress::Progress(std::string c) : cmd(std::move(c)), tty(::isatty(STDERR_FILENO) == 1), out(&std::cerr) {}
+
+double Progress::seconds() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void Progress::step(size_t i, size_t n, const std::string& what) const {
+  const double s = seconds();
+  if (tty && s > kQuietSeconds) *out << fmt("%s: [%zu/%zu] %s (%.1f s)\n", cmd.c_str(), i, n, printable(what).c_str(), s);
+}
+
+Json option_value_json(const po::variable_value& v) {
+  const boost::any& a = v.value();
+  if (const auto* p = boost::any_cast<std::string>(&a)) return *p;
+  if (const auto* p = boost::any_cast<bool>(&a)) return *p;
+  if (const auto* p = boost::any_cast<int>(&a)) return *p;
+  if (const auto* p = boost::any_cast<int64_t>(&a)) return *p;
+  if (const auto* p = boost::any_cast<double>(&a)) return *p;
+  if (const auto* p = boost::any_cast<std::vector<std::string>>(&a)) return *p;
+  throw std::logic_error("option_value_json: an option of a type it does not know");
 }
 
 JsonOut::JsonOut(const po::variables_map& vm) {
@@ -188,6 +212,9 @@ Pass parse_pass(const std::string& name) { return knob([&] { return fp4lab::pars
 uint64_t parse_uint(const std::string& text, const std::string& option, uint64_t max) {
   return knob([&] { return fp4lab::parse_uint(text, option, max); });
 }
+int parse_rht(const std::string& text, const std::string& option) {
+  return knob([&] { return fp4lab::parse_rht(text, option); });
+}
 uint64_t uint_option(const po::variables_map& vm, const std::string& option, uint64_t max) {
   return parse_uint(vm[option].as<std::string>(), option, max);
 }
@@ -215,7 +242,7 @@ void add_recipe_options(po::options_description& desc, bool with_role) {
       ("scale", po::value<std::string>()->value_name("S"), "block scale fp32|ue4m3|ue8m0|ue8m0-ceil (default fp32)")
       ("tile2d", po::value<bool>()->implicit_value(true)->value_name("BOOL"),
        "16x16 scale tiles (NVFP4 weights); --tile2d=false turns a recipe's off")
-      ("rht", po::value<int>()->value_name("D"), "random Hadamard transform size 16..128, 0 = off")
+      ("rht", po::value<std::string>()->value_name("D"), "random Hadamard transform size 16..128; none (or 0) = off")
       ("rht-signs", po::value<std::string>()->value_name("S1,..,SD|te"),
        "RHT sign vector of +1/-1 entries, or te (Transformer Engine's, d = 16; the default for d = 16)")
       ("rht-seed", po::value<std::string>()->value_name("S"), "derive the RHT signs from seed S (rht_signs_from_seed)")

@@ -4,9 +4,11 @@
 #pragma once
 
 #include <boost/program_options.hpp>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <ostream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -60,6 +62,24 @@ std::string version_line();  // "fp4lab <version> (git <commit>)"
 bool parse_args(const Invocation& inv, const po::options_description& desc, const std::string& synopsis,
                 po::variables_map& vm);
 
+// The value of an option as JSON, as a JSON config file gives it back (fp4lab/io/option_file.hpp).
+Json option_value_json(const po::variable_value& v);
+
+// ---- progress ---------------------------------------------------------------------------------------
+// Progress of a long run on stderr: "<cmd>: [i/n] <what> (<seconds> s)" per step, only once the run has taken
+// more than two seconds and only when stderr is a terminal, so that captured stderr holds nothing but the
+// one-line error when a run fails. `tty` and `out` are fields so that a test can set them.
+struct Progress {
+  explicit Progress(std::string cmd);
+  std::string cmd;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  bool tty;               // stderr is a terminal
+  std::ostream* out;      // std::cerr
+  static constexpr double kQuietSeconds = 2.0;
+  double seconds() const;
+  void step(size_t i, size_t n, const std::string& what) const;
+};
+
 // ---- --json FILE|- -----------------------------------------------------------------------------------
 // "-" sends the JSON to stdout instead of the human table; a file receives it beside the table.
 struct JsonOut {
@@ -93,6 +113,7 @@ Rounding parse_rounding(const std::string& name);
 Pass parse_pass(const std::string& name);
 // An unsigned decimal integer <= max; `option` (without dashes) names it in the usage error.
 uint64_t parse_uint(const std::string& text, const std::string& option, uint64_t max);
+int parse_rht(const std::string& text, const std::string& option);  // fp4lab::parse_rht (knobs.hpp)
 uint64_t uint_option(const po::variables_map& vm, const std::string& option, uint64_t max);
 // "s1,s2,...,sD" with each s one of +1, 1, -1, +, -; or "te" for Transformer Engine's vector (needs d = 16).
 std::vector<float> parse_rht_signs(const std::string& text, int d);

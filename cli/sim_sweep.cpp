@@ -17,6 +17,7 @@
 #include <set>
 
 #include "commands.hpp"
+#include "files.hpp"
 #include "mpi_dist.hpp"
 #include "options.hpp"
 
@@ -234,6 +235,7 @@ int cmd_sim_sweep(const Invocation& inv) {
 
   nlohmann::ordered_json meta;
   const std::vector<Run> runs = read_sweep(file, meta);
+  check_outputs(vm, {prefix + ".json", prefix + ".csv"}, {file});  // before the runs, not after them
   std::vector<uint64_t> weights;
   for (const Run& r : runs) weights.push_back(run_weight(r));
   const std::vector<int> owner = dist::assign(weights, dist::size());

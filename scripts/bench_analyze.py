@@ -1,44 +1,76 @@
 #!/usr/bin/env python3
 """Benchmark: `fp4lab analyze` against a straightforward numpy implementation of the same definitions
-(scripts/analysis_numpy.py), on the same trace, in the same run. Prints wall time, throughput in trace
+(scripts/analysis_numpy.py), on the same traces, in the same run. Prints wall time, throughput in trace
 elements per second for both, the ratio, and how closely the two agree.
 
-    python3 scripts/bench_analyze.py --fp4lab build/bin/fp4lab [--trace workloads/tiny-lm/step_005000]
+    python3 scripts/bench_analyze.py --fp4lab build/bin/fp4lab [--trace DIR] [--larger 4] [--repeat 5]
+
+Runs of the two alternate (fp4lab, numpy, fp4lab, ...), so that load from other work on the machine falls on
+both alike; the medians are compared. --larger F also times a trace F times the bundled one's tokens, made
+from it (every record's X and dY rows repeated F times, each copy scaled by its own power of two so that no
+two are equal; BF16 like the original), written to a temporary folder.
 """
 import argparse
 import json
 import os
+import struct
 import subprocess
 import sys
 import tempfile
 import time
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import analysis_numpy  # noqa: E402
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--fp4lab", default="build/bin/fp4lab")
-    ap.add_argument("--trace", default=os.path.join(os.path.dirname(__file__), "..", "workloads", "tiny-lm", "step_005000"))
-    ap.add_argument("--repeat", type=int, default=3, help="runs of each; the median is reported")
-    a = ap.parse_args()
+def larger_trace(src, folder, factor):
+    """The records of `src` with tokens x factor: X and dY rows repeated, copy c scaled by 2^-c (exact in BF16)."""
+    for fn in sorted(f for f in os.listdir(src) if f.endswith(".safetensors")):
+        raw = open(os.path.join(src, fn), "rb").read()
+        (n,) = struct.unpack("<Q", raw[:8])
+        header = json.loads(raw[8 : 8 + n])
+        meta = header.pop("__metadata__", {})
+        out_header, blobs, off = {"__metadata__": meta}, [], 0
+        for name, t in header.items():
+            b, e = t["data_offsets"]
+            assert t["dtype"] == "BF16", f"{fn}: {name} is {t['dtype']}, expected BF16"
+            a = np.frombuffer(raw[8 + n + b : 8 + n + e], dtype="<u2").reshape(t["shape"])
+            shape = list(t["shape"])
+            if not name.endswith(".fwd_w"):  # X [tokens, in], dY [tokens, out]
+                f32 = (a.astype(np.uint32) << 16).view(np.float32)
+                a = np.concatenate([(f32 * np.float32(2.0**-c)).view(np.uint32) >> 16 for c in range(factor)])
+                a = a.astype(np.uint16)
+                shape[0] *= factor
+            blob = a.tobytes()
+            out_header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [off, off + len(blob)]}
+            blobs.append(blob)
+            off += len(blob)
+        h = json.dumps(out_header).encode()
+        h += b" " * (-len(h) % 8)
+        with open(os.path.join(folder, fn), "wb") as f:
+            f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
+
+def bench(fp4lab, trace, repeat):
     def run_fp4lab():
         with tempfile.NamedTemporaryFile(suffix=".json") as f:
             t0 = time.perf_counter()
-            subprocess.run([a.fp4lab, "analyze", "--trace", a.trace, "--json", f.name], check=True,
+            subprocess.run([fp4lab, "analyze", "--trace", trace, "--json", f.name], check=True,
                            stdout=subprocess.DEVNULL)
             dt = time.perf_counter() - t0
             return dt, json.load(open(f.name))
 
     def run_numpy():
         t0 = time.perf_counter()
-        j = analysis_numpy.analyze(a.trace)
+        j = analysis_numpy.analyze(trace)
         return time.perf_counter() - t0, j
 
-    runs_c = [run_fp4lab() for _ in range(a.repeat)]
-    runs_n = [run_numpy() for _ in range(a.repeat)]
+    runs_c, runs_n = [], []
+    for _ in range(repeat):  # alternating, so that the machine's load falls on both
+        runs_c.append(run_fp4lab())
+        runs_n.append(run_numpy())
     tc = sorted(r[0] for r in runs_c)[len(runs_c) // 2]
     tn = sorted(r[0] for r in runs_n)[len(runs_n) // 2]
     jc, jn = runs_c[0][1], runs_n[0][1]
@@ -53,13 +85,32 @@ def main():
     db = max(abs(r["beff"] - nt[key_t(r)]["beff"]) for r in jc["tensors"])
     dg = max(abs(r["sqnr_db"] - ng[key_g(r)]["sqnr_db"]) for r in jc["gemms"] if key_g(r) in ng)
 
-    print(f"trace {a.trace}: {elements} elements, {len(jc['tensors'])} tensor and {len(jc['gemms'])} GEMM records")
-    print(f"{'implementation':<22}{'wall (s, median of %d)' % a.repeat:>26}{'elements/s':>16}")
-    print(f"{'fp4lab analyze':<22}{tc:>26.3f}{elements / tc:>16.3e}")
-    print(f"{'numpy (same defs)':<22}{tn:>26.3f}{elements / tn:>16.3e}")
+    print(f"trace {trace}: {elements} elements, {len(jc['tensors'])} tensor and {len(jc['gemms'])} GEMM records")
+    print(f"{'implementation':<22}{'wall (s, median of %d)' % repeat:>26}{'elements/s':>16}   all runs (s)")
+    print(f"{'fp4lab analyze':<22}{tc:>26.3f}{elements / tc:>16.3e}   " + " ".join(f"{r[0]:.3f}" for r in runs_c))
+    print(f"{'numpy (same defs)':<22}{tn:>26.3f}{elements / tn:>16.3e}   " + " ".join(f"{r[0]:.3f}" for r in runs_n))
     print(f"speed-up fp4lab / numpy: {tn / tc:.1f}x")
     print(f"agreement: max |dSQNR| tensors {dt:.2e} dB (no RHT {dt0:.2e}), max |dB_eff| {db:.2e}, "
           f"max |dSQNR| GEMMs {dg:.2e} dB (numpy multiplies in plain FP32, not the block contract)")
+    return tn / tc
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fp4lab", default="build/bin/fp4lab")
+    ap.add_argument("--trace", default=os.path.join(os.path.dirname(__file__), "..", "workloads", "tiny-lm", "step_005000"))
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each; the median is reported")
+    ap.add_argument("--larger", type=int, default=0, metavar="F",
+                    help="also a trace with F times the tokens, made from --trace (BF16 traces)")
+    a = ap.parse_args()
+    print(f"load average before: {os.getloadavg()[0]:.2f}")
+    ratios = [bench(a.fp4lab, a.trace, a.repeat)]
+    if a.larger > 1:
+        with tempfile.TemporaryDirectory() as d:
+            larger_trace(a.trace, d, a.larger)
+            print()
+            ratios.append(bench(a.fp4lab, d, a.repeat))
+    print(f"load average after: {os.getloadavg()[0]:.2f}; speed-ups: " + ", ".join(f"{r:.1f}x" for r in ratios))
 
 
 if __name__ == "__main__":

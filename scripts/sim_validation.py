@@ -321,7 +321,7 @@ def run_steps(fp4lab, jobs):
             with open(tf.name) as f:
                 j = json.load(f)
         tot = j["total"]
-        prep = sum(g["count"] * g["prep_cycles"] for g in j["gemms"]) / float(j["config"]["clock_ghz"]) / 1e3
+        prep = sum(g["count"] * g["prep_cycles"] for g in j["gemms"]) / float(j["config"]["clock.ghz"]) / 1e3
         return {"shapes": t[0], "recipe": t[1], "mac_kind": t[2], "sr_as_fast_as_rtne": t[3],
                 "time_us": tot["time_us"], "prep_us": prep,
                 "energy_pj": tot["energy_total_pj"], "energy_by_part_pj": tot["energy_pj"], "mac_util": tot["mac_util"],

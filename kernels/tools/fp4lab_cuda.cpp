@@ -44,12 +44,8 @@
 #include "fp4lab/recipe.hpp"
 #include "fp4lab/rht.hpp"
 #include "fp4lab/scale.hpp"
-#include "mpi_dist.hpp"  // dist::assign, the record-to-rank rule of fp4lab analyze
+#include "mpi_dist.hpp"  // ranks, the record-to-rank rule and the gather of fp4lab analyze
 #include "options.hpp"
-
-#ifdef FP4LAB_HAVE_MPI
-#include <mpi.h>
-#endif
 
 namespace po = boost::program_options;
 using Json = nlohmann::ordered_json;
@@ -89,61 +85,10 @@ bool require_device(const char* cmd) {
   return false;
 }
 
-// ---- ranks ---------------------------------------------------------------------------------------------------
-// One process per GPU under mpirun; without MPI (or without a launcher) one process, as before.
-namespace ranks {
-int g_rank = 0, g_size = 1;
-[[maybe_unused]] bool g_mpi = false;  // unused without FP4LAB_HAVE_MPI
-void init(int* argc, char*** argv) {
-#ifdef FP4LAB_HAVE_MPI
-  // MPI only when a launcher started us, so a plain run needs no MPI runtime.
-  if (!std::getenv("OMPI_COMM_WORLD_SIZE") && !std::getenv("PMI_SIZE") && !std::getenv("PMIX_RANK")) return;
-  MPI_Init(argc, argv);
-  g_mpi = true;
-  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
-#else
-  (void)argc;
-  (void)argv;
-#endif
-}
-void finalize() {
-#ifdef FP4LAB_HAVE_MPI
-  if (g_mpi) MPI_Finalize();
-  g_mpi = false;
-#endif
-}
-// Every rank's text, on rank 0 in rank order (others get an empty vector).
-std::vector<std::string> gather(const std::string& mine) {
-  std::vector<std::string> out;
-#ifdef FP4LAB_HAVE_MPI
-  if (g_size > 1) {
-    int len = int(mine.size());
-    std::vector<int> lens(static_cast<size_t>(g_size)), displs(static_cast<size_t>(g_size));
-    MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
-    std::string all;
-    if (g_rank == 0) {
-      int total = 0;
-      for (int r = 0; r < g_size; ++r) displs[size_t(r)] = total, total += lens[size_t(r)];
-      all.resize(size_t(total));
-    }
-    MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, 0, MPI_COMM_WORLD);
-    if (g_rank == 0)
-      for (int r = 0; r < g_size; ++r) out.push_back(all.substr(size_t(displs[size_t(r)]), size_t(lens[size_t(r)])));
-    return out;
-  }
-#endif
-  out.push_back(mine);
-  return out;
-}
-// Rank 0's exit code, on every rank.
-int share_exit_code(int rc) {
-#ifdef FP4LAB_HAVE_MPI
-  if (g_size > 1) MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
-#endif
-  return rc;
-}
-}  // namespace ranks
+// ---- ranks ----------------------------------------------------------------------------------------------------
+// One process per GPU under mpirun (fp4lab-cuda-mpi), through fp4lab's own rank layer (cli/mpi_dist.hpp); without
+// MPI or without a launcher, one process.
+namespace dist = cli::dist;
 
 // ---- check ---------------------------------------------------------------------------------------------------
 struct Tally {
@@ -250,7 +195,7 @@ int cmd_check(const std::vector<std::string>& args) {
       sizes.push_back(uint64_t(r.tokens * r.in + r.out * r.in + r.tokens * r.out));
     }
   }
-  const std::vector<int> owner = cli::dist::assign(sizes, ranks::g_size);
+  const std::vector<int> owner = dist::assign(sizes, dist::size());
   std::vector<std::string> inputs(traces.begin(), traces.end());
   for (const auto& t : trs)
     for (const auto& r : t->records()) inputs.push_back(r.file);
@@ -258,15 +203,15 @@ int cmd_check(const std::vector<std::string>& args) {
   if (!require_device("check")) return kExitNoDevice;
   int devices = 1;
   fc::check(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
-  fc::check(cudaSetDevice(ranks::g_rank % devices), "cudaSetDevice");  // one rank per GPU
+  fc::check(cudaSetDevice(dist::rank() % devices), "cudaSetDevice");  // one rank per GPU
   const fc::DeviceInfo dev = fc::device_info();
   std::ostream& out = json.table() ? std::cout : std::cerr;  // with --json -, stdout holds only the JSON
-  const std::string me = ranks::g_size > 1 ? "[rank " + std::to_string(ranks::g_rank) + "] " : "";
+  const std::string me = dist::size() > 1 ? "[rank " + std::to_string(dist::rank()) + "] " : "";
   std::string trace_list;
   for (const auto& t : traces) trace_list += (trace_list.empty() ? "" : ", ") + cli::printable(t);
-  if (ranks::g_rank == 0)
+  if (dist::rank() == 0)
     out << "fp4lab-cuda check: trace " << trace_list << " (" << refs.size() << " GEMMs), recipe " << recipe.name
-        << ", " << ranks::g_size << " rank" << (ranks::g_size > 1 ? "s" : "") << "\n";
+        << ", " << dist::size() << " rank" << (dist::size() > 1 ? "s" : "") << "\n";
   out << me << "device " << dev.id << ": " << dev.name << " (sm_" << dev.cc_major << dev.cc_minor << ")\n";
   std::string native_why;
   const bool native_ok = native && fc::native_device_ok(&native_why);
@@ -342,7 +287,7 @@ int cmd_check(const std::vector<std::string>& args) {
     }
   };
   for (size_t ri = 0; ri < refs.size(); ++ri) {
-    if (owner[ri] != ranks::g_rank) continue;
+    if (owner[ri] != dist::rank()) continue;
     // A bad file (or a device fault) ends this rank's share; rank 0 names the first in record order, once,
     // after every rank has reported, so no rank is left waiting.
     try {
@@ -360,8 +305,9 @@ int cmd_check(const std::vector<std::string>& args) {
                {"native", {native_compared, native_out_of_bound, native_worst}},
                {"tallies", Json::array()}};
   for (const auto& [k, x] : ck.t) part["tallies"].push_back({x.what, x.compared, x.mismatched, x.nan_pairs});
-  const std::vector<std::string> parts = ranks::gather(part.dump());
-  if (ranks::g_rank != 0) return ranks::share_exit_code(0);
+  // One item per rank (indexed by rank); a record's fault travels inside it, so the first in record order wins.
+  const std::vector<std::string> parts = dist::gather("check", {{size_t(dist::rank()), part.dump()}}, {});
+  if (dist::rank() != 0) return dist::from_root(0);
   std::map<std::string, Tally> sum;
   size_t first_fault = SIZE_MAX;
   native_compared = native_out_of_bound = 0;
@@ -385,7 +331,7 @@ int cmd_check(const std::vector<std::string>& args) {
   }
   if (first_fault != SIZE_MAX) {
     std::cerr << "fp4lab-cuda check: error: " << fault_msg << std::endl;
-    return ranks::share_exit_code(kExitMismatch);
+    return dist::from_root(kExitMismatch);
   }
   ck.t = std::move(sum);
   uint64_t total = 0, bad = 0;
@@ -410,14 +356,14 @@ int cmd_check(const std::vector<std::string>& args) {
   json.write(j);
   if (total == 0) {
     out << "FAIL: nothing was compared\n";
-    return ranks::share_exit_code(kExitMismatch);
+    return dist::from_root(kExitMismatch);
   }
   if (bad || native_out_of_bound) {
     out << "FAIL: " << bad << " mismatches\n";
-    return ranks::share_exit_code(kExitMismatch);
+    return dist::from_root(kExitMismatch);
   }
   out << "PASS: " << total << " values, 0 mismatches\n";
-  return ranks::share_exit_code(0);
+  return dist::from_root(0);
 }
 
 // ---- bench ---------------------------------------------------------------------------------------------------
@@ -910,14 +856,14 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);
-  ranks::init(&argc, &argv);
+  dist::init(&argc, &argv);
   struct Finalize {
-    ~Finalize() { ranks::finalize(); }
+    ~Finalize() { dist::finalize(); }
   } finalize;
   // One line per fault, control bytes escaped, as fp4lab reports them. Faults that reach here happen alike on
   // every rank (options, trace headers; a record's fault is gathered inside check), so rank 0 names them once.
   auto report = [&](const std::string& msg, int code) {
-    if (ranks::g_rank == 0)
+    if (dist::rank() == 0)
       std::cerr << "fp4lab-cuda " << cli::printable(cmd) << ": error: " << cli::printable(msg) << std::endl;
     return code;
   };

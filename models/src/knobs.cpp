@@ -74,6 +74,15 @@ int parse_int(const std::string& text, const std::string& option) {
   return int(neg ? -v : v);
 }
 
+int parse_rht(const std::string& text, const std::string& option) {
+  if (text == "none") return 0;
+  const bool digits = !text.empty() && text.size() <= 9 && text.find_first_not_of("0123456789") == std::string::npos;
+  if (!digits) fail("--" + option + ": '" + text + "' is not none (or 0: RHT off) nor an RHT size");
+  const int d = std::atoi(text.c_str());
+  if (d != 0 && !rht_size_ok(d)) fail("--" + option + ": " + rht_size_fault(d) + " (none or 0: RHT off)");
+  return d;
+}
+
 bool parse_bool(const std::string& text, const std::string& option) {
   if (text == "true" || text == "1" || text == "yes" || text == "on") return true;
   if (text == "false" || text == "0" || text == "no" || text == "off") return false;
@@ -164,8 +173,7 @@ QuantConfig operand_config(const Knobs& k, Pass pass, Operand operand) {
   // size matches) or, for d = 16, Transformer Engine's vector.
   const std::string* rht = get(k, "rht");
   if (rht) {
-    c.rht = parse_int(*rht, "rht");
-    if (c.rht < 0) fail("--rht: 0 turns RHT off; otherwise " + rht_size_fault(c.rht));
+    c.rht = parse_rht(*rht, "rht");
     if (int(c.rht_signs.size()) != c.rht) c.rht_signs.clear();
   }
   const std::string* signs = get(k, "rht-signs");

@@ -8,12 +8,16 @@ std::string AnalysisSetting::label() const {
   return std::string(format.name) + (rht ? " rht" + std::to_string(rht) : " no-rht");
 }
 
-LayerOperands::LayerOperands(const LayerView& v)
-    : l(v), wt(transpose(v.w, v.out, v.in)), dyt(transpose(v.dy, v.tokens, v.out)), xt(transpose(v.x, v.tokens, v.in)) {
-  for (Pass p : kPasses) {
-    const auto [a, b] = pass(p);
-    refs.push_back(gemm_f64(a.p, b.p, a.rows, b.rows, a.cols));
-  }
+LayerOperands::LayerOperands(const LayerView& v, bool with_refs)
+    : l(v), wt(transpose(v.w, v.out, v.in)), dyt(transpose(v.dy, v.tokens, v.out)), xt(transpose(v.x, v.tokens, v.in)),
+      refs(3) {
+  if (with_refs)
+    for (Pass p : kPasses) compute_ref(p);
+}
+
+void LayerOperands::compute_ref(Pass p) {
+  const auto [a, b] = pass(p);
+  refs[size_t(p)] = gemm_f64(a.p, b.p, a.rows, b.rows, a.cols);
 }
 
 std::pair<LayerOperands::Operand, LayerOperands::Operand> LayerOperands::pass(Pass p) const {
@@ -61,15 +65,13 @@ Quantised quantise(const LayerOperands::Operand& o, const QuantConfig& c) {
   return r;
 }
 
-GemmResult gemm_result(Pass p, const Quantised& a, const Quantised& b, const std::vector<double>& ref) {
-  const std::vector<float> c = gemm(a.q, b.q);
-  const Moments m = moments(ref.data(), c.data(), int64_t(c.size()));  // SQNR and eta_measured in one pass
+// The GEMM of a pass; its comparison with the reference is compare_gemm's.
+GemmResult gemm_result(Pass p, const Quantised& a, const Quantised& b, std::vector<float>& c) {
+  c = gemm(a.q, b.q);
   GemmResult g;
   g.pass = pass_name(p);
   g.format = a.q.format.name;
-  g.sqnr_db = m.sqnr_db();
   g.eta = a.m.alpha() * b.m.alpha();
-  g.eta_measured = m.alpha();
   return g;
 }
 
@@ -86,7 +88,20 @@ TensorResult tensor_result(const char* role, const Quantised& q, int rht) {
 }
 }  // namespace
 
+void compare_gemm(GemmResult& g, const std::vector<float>& c, const std::vector<double>& ref) {
+  const Moments m = moments(ref.data(), c.data(), int64_t(c.size()));  // SQNR and eta_measured in one pass
+  g.sqnr_db = m.sqnr_db();
+  g.eta_measured = m.alpha();
+}
+
 LayerResults analyze_setting_pass(const LayerOperands& l, const AnalysisSetting& s, Pass p) {
+  std::vector<float> c;
+  LayerResults out = analyze_setting_pass(l, s, p, c);
+  compare_gemm(out.gemms.back(), c, l.refs[size_t(p)]);
+  return out;
+}
+
+LayerResults analyze_setting_pass(const LayerOperands& l, const AnalysisSetting& s, Pass p, std::vector<float>& cout) {
   const QuantConfig c = s.config();
   const auto [a, b] = l.pass(p);
   const Quantised qa = quantise(a, c), qb = quantise(b, c);
@@ -98,7 +113,7 @@ LayerResults analyze_setting_pass(const LayerOperands& l, const AnalysisSetting&
   } else if (p == Pass::bwd_dx) {
     out.tensors.push_back(tensor_result("bwd_dy", qa, s.rht));
   }
-  GemmResult g = gemm_result(p, qa, qb, l.refs[size_t(p)]);
+  GemmResult g = gemm_result(p, qa, qb, cout);
   g.rht = s.rht;
   out.gemms.push_back(std::move(g));
   return out;
@@ -116,9 +131,17 @@ LayerResults analyze_setting(const LayerOperands& l, const AnalysisSetting& s) {
 }
 
 GemmResult analyze_recipe_pass(const LayerOperands& l, const Recipe& r, uint32_t stream, Pass p) {
+  std::vector<float> c;
+  GemmResult g = analyze_recipe_pass(l, r, stream, p, c);
+  compare_gemm(g, c, l.refs[size_t(p)]);
+  return g;
+}
+
+GemmResult analyze_recipe_pass(const LayerOperands& l, const Recipe& r, uint32_t stream, Pass p,
+                               std::vector<float>& c) {
   const auto [a, b] = l.pass(p);
   const QuantConfig ca = r.operand(p, Operand::a, stream), cb = r.operand(p, Operand::b, stream);
-  GemmResult g = gemm_result(p, quantise(a, ca), quantise(b, cb), l.refs[size_t(p)]);
+  GemmResult g = gemm_result(p, quantise(a, ca), quantise(b, cb), c);
   g.format = r.format.name;
   g.recipe = r.name;
   g.rht = ca.rht;

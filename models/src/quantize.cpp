@@ -149,10 +149,12 @@ float block_amax(const float* y, int n) {
 template <const ElemFormat* F>
 struct FixedFormat {
   const ElemFormat& get() const { return *F; }
+  uint8_t rtne(float v) const { return round_rtne_fixed<F>(v); }
 };
 struct RuntimeFormat {
   ElemFormat f;
   const ElemFormat& get() const { return f; }
+  uint8_t rtne(float v) const { return round_rtne(f, v); }
 };
 template <class Body>
 void with_format(const ElemFormat& f, Body&& body) {
@@ -175,10 +177,10 @@ void round_block(const Fmt& fmt, const float* __restrict y, int n, const BlockSc
     const ScaleKind kind = cfg.scale;
     if (kind == ScaleKind::fp32 && b.dec != 0.0f) {
 #pragma omp simd simdlen(16)
-      for (int j = 0; j < n; ++j) codes[j] = round_rtne(f, scale_element(ScaleKind::fp32, y[j], b));
+      for (int j = 0; j < n; ++j) codes[j] = fmt.rtne(scale_element(ScaleKind::fp32, y[j], b));
     } else {
 #pragma omp simd simdlen(16)
-      for (int j = 0; j < n; ++j) codes[j] = round_rtne(f, scale_element(kind, y[j], b));
+      for (int j = 0; j < n; ++j) codes[j] = fmt.rtne(scale_element(kind, y[j], b));
     }
   } else
     for (int j = 0; j < n; ++j)

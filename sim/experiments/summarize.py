@@ -33,7 +33,7 @@ def tot(rep):
 
 
 def prep_us(rep):
-    ghz = rep["config"]["clock_ghz"]
+    ghz = rep["config"]["clock.ghz"]
     return sum(g["count"] * g["prep_cycles"] for g in rep["gemms"]) / ghz / 1e3
 
 
@@ -53,7 +53,7 @@ def exp1(out):
             row = []
             for recipe in ("ufp4", "e2m1-ref"):
                 r = load(out, f"1_{budget}_{kind}_{recipe}")
-                units, lanes = r["config"]["mac"]["units"], r["config"]["acc"]["lanes"]
+                units, lanes = r["config"]["mac.units"], r["config"]["acc.lanes"]
                 t = tot(r)
                 native = all(g["native"] for g in r["gemms"])
                 mark = "" if native else " (fallback)"

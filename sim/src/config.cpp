@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "fp4lab/io/files.hpp"
+#include "fp4lab/io/option_file.hpp"
 #include "fp4lab/io/safetensors.hpp"  // io::Error
 #include <stdexcept>
 
@@ -74,7 +75,7 @@ po::options_description Config::options() {
     ("quant.lanes", po::value<double>(), "quantiser elements per cycle (RTNE)")
     ("quant.sr_lanes", po::value<double>()->default_value(0), "quantiser elements per cycle with SR (0 = quant.lanes)")
     ("quant.latency", po::value<int>(), "quantiser latency, cycles")
-    ("mac.units", po::value<int>(), "16-element block dot-product units per TCU")
+    ("mac.units", po::value<int>(), (std::to_string(kMacWidth) + "-element block dot-product units per TCU").c_str())
     ("mac.kind", po::value<std::string>(), "e2m1 | e1m2 | dual: grids the units take natively")
     ("mac.fallback_rate", po::value<double>()->default_value(0),
      "throughput relative to native for a grid the units lack (0 = such a GEMM is refused)")
@@ -292,8 +293,7 @@ Config Config::load(const std::string& path, const std::vector<std::string>& ove
     // A FIFO or device is refused, not waited on; config files do not nest.
     const std::string text = io::read_regular_file(path, "config file");
     io::refuse_option_placeholders(text, path);
-    std::istringstream in(text);
-    const po::parsed_options parsed = po::parse_config_file(in, desc);
+    const po::parsed_options parsed = io::parse_option_text(text, desc);  // `key = value` lines or JSON
     po::store(parsed, vm);
     po::notify(vm);
     return from(vm);
@@ -305,26 +305,56 @@ Config Config::load(const std::string& path, const std::vector<std::string>& ove
 }
 
 nlohmann::json Config::to_json() const {
+  // The keys of options(), so a report's configuration is a configuration file (fp4lab/io/option_file.hpp);
+  // quant.sr_lanes is written resolved (0 in a file means quant.lanes).
   return {{"name", name},
-          {"clock_ghz", clock_ghz},
-          {"tcu_count", tcus},
-          {"tcu_ctas", ctas},
-          {"tile", {{"m", tile_m}, {"n", tile_n}, {"k", tile_k}, {"raster_group", raster_group}}},
-          {"buffer", {{"bytes", buffer_bytes}, {"slots", buffer_slots}}},
-          {"dram", {{"bandwidth", dram.bandwidth}, {"latency", dram.latency}, {"write_cost", dram.write_cost}}},
-          {"l2", {{"bytes", l2.bytes}, {"bandwidth", l2.bandwidth}, {"latency", l2.latency}}},
-          {"rht", {{"lanes", rht_lanes}, {"stage_latency", rht_stage_latency}}},
-          {"quant", {{"lanes", quant_lanes}, {"sr_lanes", quant_sr_lanes}, {"latency", quant_latency}}},
-          {"mac", {{"units", mac_units}, {"kind", mac_kind_name(mac_kind)}, {"fallback_rate", mac_fallback_rate},
-                   {"latency", mac_latency}}},
-          {"acc", {{"lanes", acc_lanes}, {"latency", acc_latency}, {"tiles", acc_tiles}, {"issue", acc_issue_name(acc_issue)}}},
-          {"launch", {{"mode", launch_mode_name(launch_mode)}, {"stream_us", launch_stream_us}, {"graph_us", launch_graph_us}}},
-          {"unpack_launches", unpack_launches},
-          {"pass_elems", pass_elems},
-          {"prep_mode", prep_mode_name(prep)},
-          {"operand_bytes", input_bytes},
-          {"output_bytes", output_bytes},
-          {"peak_macs_per_cycle", peak_macs_per_cycle()}};
+          {"clock.ghz", clock_ghz},
+          {"tcu.count", tcus},
+          {"tcu.ctas", ctas},
+          {"tile.m", tile_m},
+          {"tile.n", tile_n},
+          {"tile.k", tile_k},
+          {"tile.raster_group", raster_group},
+          {"buffer.bytes", buffer_bytes},
+          {"buffer.slots", buffer_slots},
+          {"acc.tiles", acc_tiles},
+          {"dram.bandwidth", dram.bandwidth},
+          {"dram.latency", dram.latency},
+          {"dram.write_cost", dram.write_cost},
+          {"l2.bytes", l2.bytes},
+          {"l2.bandwidth", l2.bandwidth},
+          {"l2.latency", l2.latency},
+          {"rht.lanes", rht_lanes},
+          {"rht.stage_latency", rht_stage_latency},
+          {"quant.lanes", quant_lanes},
+          {"quant.sr_lanes", quant_sr_lanes},
+          {"quant.latency", quant_latency},
+          {"mac.units", mac_units},
+          {"mac.kind", mac_kind_name(mac_kind)},
+          {"mac.fallback_rate", mac_fallback_rate},
+          {"mac.latency", mac_latency},
+          {"acc.lanes", acc_lanes},
+          {"acc.latency", acc_latency},
+          {"acc.issue", acc_issue_name(acc_issue)},
+          {"launch.mode", launch_mode_name(launch_mode)},
+          {"launch.stream_us", launch_stream_us},
+          {"launch.graph_us", launch_graph_us},
+          {"unpack.launches", unpack_launches},
+          {"pass.elems", pass_elems},
+          {"prep.mode", prep_mode_name(prep)},
+          {"operand.bytes", input_bytes},
+          {"output.bytes", output_bytes},
+          {"energy.mac_e2m1_pj", energy.mac_e2m1},
+          {"energy.mac_e1m2_pj", energy.mac_e1m2},
+          {"energy.mac_dual_pj", energy.mac_dual},
+          {"energy.mac_fallback_pj", energy.mac_fallback},
+          {"energy.acc_pj", energy.acc_op},
+          {"energy.rht_add_pj", energy.rht_add},
+          {"energy.quant_pj", energy.quant_elem},
+          {"energy.sr_pj", energy.sr_elem},
+          {"energy.dram_byte_pj", energy.dram_byte},
+          {"energy.l2_byte_pj", energy.l2_byte},
+          {"energy.buffer_byte_pj", energy.buffer_byte}};
 }
 
 }  // namespace fp4lab::sim

@@ -76,7 +76,7 @@ nlohmann::json Report::to_json() const {
     for (const auto& [k, v] : j.bytes) bytes[k] += j.count * v;
     for (const auto& [k, v] : j.energy_pj) energy[k] += j.count * v;
   }
-  const double peak = config.value("peak_macs_per_cycle", 0.0);
+  const double peak = double(peak_macs_per_cycle);
   const double cyc = total_cycles();
   nlohmann::json total = {{"cycles", cyc},
                           {"time_us", total_time_us()},
@@ -87,8 +87,9 @@ nlohmann::json Report::to_json() const {
                           {"energy_pj", energy},
                           {"energy_total_pj", total_energy_pj()}};
   if (checked) total["check"] = {{"outputs", total_checked()}, {"mismatches", total_mismatches()}};
-  return {{"fp4lab.sim.version", 1}, {"config", config}, {"recipe", recipe},
-          {"source", source},        {"gemms", js},      {"total", total}};
+  return {{"fp4lab.sim.version", 1}, {"config", config},   {"peak_macs_per_cycle", peak_macs_per_cycle},
+          {"datapath", datapath},    {"recipe", recipe},   {"source", source},
+          {"gemms", js},             {"total", total}};
 }
 
 namespace {
@@ -124,9 +125,9 @@ std::string pct(double x) {
 
 void Report::print(std::ostream& os) const {
   const auto& c = config;
-  os << "fp4lab sim  config " << c.value("name", std::string("?")) << ": " << c.value("tcu_count", 0) << " TCU x "
-     << c["mac"].value("units", 0) << " " << c["mac"].value("kind", std::string("?")) << " block units at "
-     << c.value("clock_ghz", 0.0) << " GHz, prep " << c.value("prep_mode", std::string("?")) << "; recipe " << recipe
+  os << "fp4lab sim  config " << c.value("name", std::string("?")) << ": " << c.value("tcu.count", 0) << " TCU x "
+     << c.value("mac.units", 0) << " " << c.value("mac.kind", std::string("?")) << " block units at "
+     << c.value("clock.ghz", 0.0) << " GHz, prep " << c.value("prep.mode", std::string("?")) << "; recipe " << recipe
      << "; " << source << "\n\n";
   char line[512];
   std::snprintf(line, sizeof line, "%-34s %17s %12s %10s %6s %7s %6s %6s %6s %9s %9s%s\n", "gemm", "M x N x K", "cycles",

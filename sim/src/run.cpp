@@ -18,10 +18,14 @@ bool wanted(const RunOptions& opt, Pass p) {
     if (q == p) return true;
   return false;
 }
+void report_progress(const RunOptions& opt, size_t done, size_t total, const GemmJob& j) {
+  if (opt.progress) opt.progress(done, total, j.name());
+}
 Report make_report(const Simulator& sim, const std::string& source, const RunOptions& opt) {
   Report r;
   r.config = sim.config().to_json();
-  r.config["datapath"] = sim.datapath().name();
+  r.peak_macs_per_cycle = sim.config().peak_macs_per_cycle();
+  r.datapath = sim.datapath().name();
   r.recipe = opt.recipe;
   r.source = source;
   r.checked = opt.check;
@@ -54,9 +58,14 @@ Report run_shapes(Simulator& sim, const std::vector<LayerShape>& layers, const s
                   const RunOptions& opt) {
   Report rep = make_report(sim, source, opt);
   rep.checked = false;
+  const size_t total = layers.size() * opt.passes.size();
+  size_t done = 0;
   for (size_t i = 0; i < layers.size(); ++i)
     for (const GemmJob& j : training_gemms(layers[i], opt.quant, uint32_t(i)))
-      if (wanted(opt, j.pass)) rep.jobs.push_back(sim.run(j));
+      if (wanted(opt, j.pass)) {
+        report_progress(opt, ++done, total, j);
+        rep.jobs.push_back(sim.run(j));
+      }
   return rep;
 }
 
@@ -92,12 +101,17 @@ Report run_trace(Simulator& sim, const io::Trace& trace, const std::string& sour
   const double dp0 = sim.datapath_seconds();
   Report rep = make_report(sim, source, opt);
   uint32_t gemm_id = 0;  // the record's position: its SR GEMM id, as in fp4lab analyze
+  const size_t total = trace.records().size() * opt.passes.size();
+  size_t done = 0;
   for (const io::TraceRecord& rec : trace.records()) {
     const LayerShape shape{rec.gemm, rec.tokens, rec.in, rec.out, 1};
     const std::vector<GemmJob> jobs = training_gemms(shape, opt.quant, gemm_id++);
     if (!opt.check) {
       for (const GemmJob& j : jobs)
-        if (wanted(opt, j.pass)) rep.jobs.push_back(sim.run(j));
+        if (wanted(opt, j.pass)) {
+          report_progress(opt, ++done, total, j);
+          rep.jobs.push_back(sim.run(j));
+        }
       continue;
     }
     auto t = Clock::now();
@@ -105,6 +119,7 @@ Report run_trace(Simulator& sim, const io::Trace& trace, const std::string& sour
     tm.load += since(t);
     for (const GemmJob& j : jobs) {
       if (!wanted(opt, j.pass)) continue;
+      report_progress(opt, ++done, total, j);
       t = Clock::now();
       const PassOperands ops =
           pass_operands(j.pass, layer.x.data(), layer.w.data(), layer.dy.data(), rec.tokens, rec.in, rec.out);

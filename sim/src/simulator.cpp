@@ -294,7 +294,7 @@ class Plan {
         }
         t.credit = t.nrd > 0;
         t.share = tile_share;
-        t.blocks16 = rows[0] * rows[1] * (tk / 16);
+        t.beats = rows[0] * rows[1] * (tk / kMacWidth);
         t.acc_ops = rows[0] * rows[1] * (tk / op[0].q.block) + (t.last_k ? rows[0] * rows[1] : 0);
         t.wr_key = key(kOut, mi, ni);
         t.wr_bytes = rows[0] * rows[1] * cfg.output_bytes;
@@ -469,7 +469,8 @@ void Simulator::check_time_range(const GemmJob& job, bool native, int64_t t0) co
                kt = std::ceil(double(job.K) / c.tile_k);
   const double tiles = mt * nt * kt;
   const double bw = c.l2.bytes > 0 ? std::min(c.dram.bandwidth, c.l2.bandwidth) : c.dram.bandwidth;
-  const double elems = (double(c.tile_m) + c.tile_n) * c.tile_k, blocks = double(c.tile_m) * c.tile_n * c.tile_k / 16;
+  const double elems = (double(c.tile_m) + c.tile_n) * c.tile_k;
+  const double blocks = double(c.tile_m) * c.tile_n * c.tile_k / kMacWidth;
   const double rate = native ? double(c.mac_units) : c.mac_units * c.mac_fallback_rate;
   const double latency = double(c.dram.latency) + double(c.l2.latency) + 8.0 * c.rht_stage_latency + c.quant_latency +
                          c.mac_latency + c.acc_latency + 1;
@@ -620,7 +621,7 @@ JobReport Simulator::run_impl(const GemmJob& job, const QTensor* qa, const QTens
                         : slot_.mac_kind == MacKind::dual ? e.mac_dual
                         : slot_.mac_kind == MacKind::e2m1 ? e.mac_e2m1
                                                          : e.mac_e1m2;
-  r.energy_pj = {{"mac", blocks * 16 * mac_pj},
+  r.energy_pj = {{"mac", blocks * kMacWidth * mac_pj},
                  {"acc", acc_ops * e.acc_op},
                  {"rht", rht_ops * e.rht_add},
                  {"quant", (q_elems + sr_elems) * e.quant_elem + sr_elems * e.sr_elem},

@@ -61,7 +61,7 @@ struct Token {
   double share = 1;                    // the unit rates this token gets, in the slot's own lanes (see Plan::share)
   int rht_stages = 0;                  // log2 d + 1
   int64_t q_elems = 0, q_sr_elems = 0; // elements quantised with RTNE (or amax-scanned) / with SR
-  int64_t blocks16 = 0;                // 16-element block dot products
+  int64_t beats = 0;                   // block dot products of kMacWidth elements (unit beats)
   int64_t acc_ops = 0;                 // block scale-and-accumulates (+ the final multiplies on the last k-step)
   int64_t buf_read = 0, buf_write = 0;
   bool credit = false;                 // holds an operand-buffer slot until the MAC array is done with it
@@ -419,10 +419,10 @@ class MacArray : public sc_module {
         first_start = s;
       else
         stall[int(t.blame)] += s - last_end;
-      const int64_t occ = cycles_for(t.blocks16, rate * t.share) + (shared_ ? cycles_for(t.acc_ops, acc_lanes_ * t.share) : 0);
+      const int64_t occ = cycles_for(t.beats, rate * t.share) + (shared_ ? cycles_for(t.acc_ops, acc_lanes_ * t.share) : 0);
       clk_.wait_cycles(s + occ - now);
       compute += occ;
-      blocks += t.blocks16;
+      blocks += t.beats;
       if (fn->on()) {
         const TileStep st = fn->step(t);
         t.p.reset(new int32_t[size_t(t.tm) * t.tn * st.nblk]);

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "options.hpp"
 #include "fp4lab/analysis.hpp"
 #include "fp4lab/format.hpp"
 #include "fp4lab/gemm.hpp"
@@ -446,6 +447,15 @@ TEST_F(Cli, ConfigFileSharesOptionsAndCommandLineWins) {
   const io::SafetensorsFile f2(path("q2.safetensors"));
   EXPECT_EQ(tensor_bytes(f2, "x.codes", io::DType::U8, {kRows, kCols}), q2.codes);
   EXPECT_EQ(f2.metadata().at("fp4lab.config"), "int4_b16_ue4m3scale_rht16_sr");
+
+  // The same options as a JSON object (fp4lab/io/option_file.hpp) give the same bytes.
+  std::ofstream(path("q.json")) << R"({"recipe": "nvfp4", "pass": "bwd_dw", "role": "bwd_dy", "seed": 9,
+                                      "format": "int4", "stream": 2})";
+  const Result r3 = run({"quantize", "--config", path("q.json"), "--in", path("in.safetensors"), "--tensor", "x",
+                         "--out", path("q3.safetensors")});
+  ASSERT_EQ(r3.code, 0) << r3.err;
+  EXPECT_EQ(tensor_bytes(io::SafetensorsFile(path("q3.safetensors")), "x.codes", io::DType::U8, {kRows, kCols}),
+            q2.codes);
 }
 
 // ---- cast: the codec alone -----------------------------------------------------------------------------
@@ -724,6 +734,77 @@ void expect_one_line_error(const Result& r, const std::string& cmd, int code, co
   for (const auto& w : want) EXPECT_NE(r.err.find(w), std::string::npos) << "want '" << w << "' in " << r.err;
 }
 
+// README's excerpt of the main job's table is what `fp4lab analyze` prints on the bundled trace, line for line
+// (an excerpt: the rows it shows, in that order; `...` stands for rows left out).
+TEST_F(Cli, ReadmeExcerptIsWhatAnalyzePrints) {
+  const std::string readme = slurp(FP4LAB_SOURCE_DIR "/README.md");
+  const size_t at = readme.find("## What the main job prints");
+  ASSERT_NE(at, std::string::npos);
+  const size_t open = readme.find("```\n", at), close = readme.find("```", open + 4);
+  ASSERT_NE(close, std::string::npos);
+  const Result r = run({"analyze", "--trace", FP4LAB_SOURCE_DIR "/workloads/tiny-lm/step_005000"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::istringstream excerpt(readme.substr(open + 4, close - open - 4));
+  size_t pos = 0, shown = 0;
+  for (std::string line; std::getline(excerpt, line);) {
+    if (line == "...") continue;
+    const size_t found = r.out.find("\n" + line + "\n", pos);
+    ASSERT_NE(found, std::string::npos) << "README line not printed (in this order):\n" << line;
+    pos = found + 1;
+    ++shown;
+  }
+  EXPECT_GE(shown, 4u);
+}
+
+// The default trace is found when analyze runs, not fixed when it is built: the bundled trace of the checkout
+// holding the executable (build*/bin/fp4lab), or $FP4LAB_TRACE.
+TEST_F(Cli, DefaultTraceFollowsTheExecutable) {
+  namespace fs = std::filesystem;
+  const fs::path co = path("moved"), bin = co / "build/bin/fp4lab", bundled = co / "workloads/tiny-lm/step_005000";
+  fs::create_directories(bin.parent_path());
+  fs::create_directories(bundled);
+  fs::copy_file(FP4LAB_BIN, bin);
+  write_trace((bundled / "g.safetensors").string(), 32, 64, 48);
+  write_trace(path("other.safetensors"), 32, 64, 32);
+  auto trace_of = [&](const std::string& env) {
+    const std::string cmd = env + " timeout 120 " + quote(bin.string()) + " analyze --json - >" + quote(path("d.json")) +
+                            " 2>" + quote(path("d.err"));
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << slurp(path("d.err"));
+    return json::parse(slurp(path("d.json")))["config"]["trace"].get<std::string>();
+  };
+  EXPECT_EQ(trace_of("FP4LAB_TRACE="), bundled.string());
+  EXPECT_EQ(trace_of("FP4LAB_TRACE=" + quote(path("other.safetensors"))), path("other.safetensors"));
+}
+
+// analyze's numbers do not depend on the thread count: the float64 reference products run one per task, not
+// split over the threads (whose split changed their summation order, and so the GEMM SQNRs' last bits, on F32
+// operands spanning many binades).
+TEST_F(Cli, AnalyzeDoesNotDependOnTheThreadCount) {
+  std::mt19937 g(7);
+  std::uniform_real_distribution<float> e(-8.0f, 8.0f);
+  auto wide = [&](int64_t r, int64_t c, uint32_t seed) {
+    std::vector<float> v = normal(size_t(r * c), seed);
+    for (float& x : v) x *= std::exp(e(g));
+    return v;
+  };
+  io::write_safetensors(path("wide.safetensors"),
+                        {io::make_f32("g.fwd_x", {64, 1024}, wide(64, 1024, 1)),
+                         io::make_f32("g.fwd_w", {48, 1024}, wide(48, 1024, 2)),
+                         io::make_f32("g.bwd_dy", {64, 48}, wide(64, 48, 3))},
+                        {{"fp4lab.trace.version", "1"}});
+  auto results = [&](int threads) {
+    const std::string cmd = "OMP_NUM_THREADS=" + std::to_string(threads) + " timeout 120 " + quote(FP4LAB_BIN) +
+                            " analyze --trace " + quote(path("wide.safetensors")) + " --json - >" + quote(path("t.json")) +
+                            " 2>" + quote(path("t.err"));
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << slurp(path("t.err"));
+    const json j = json::parse(slurp(path("t.json")));
+    return json{j["tensors"], j["gemms"], j["decay"]}.dump();
+  };
+  const std::string one = results(1);
+  EXPECT_EQ(results(2), one);
+  EXPECT_EQ(results(3), one);
+}
+
 // analyze rotated rows whose length the RHT size does not divide (heap corruption, SIGABRT/SIGSEGV, or a hang);
 // every operand of every GEMM is now checked against every setting before any work or progress line.
 TEST_F(Cli, AnalyzeChecksEveryShapeAgainstBlockAndRhtSizesFirst) {
@@ -867,6 +948,115 @@ TEST_F(Cli, OptionPlaceholdersAreRefusedNotLoopedOn) {
   expect_one_line_error(run({"quantize", "--in", in, "--tensor", "x", "--out", path("o"), "--config", path("ph.cfg")}),
                         "quantize", 2, {"%option%"});
 }
+
+// One spelling of an RHT setting everywhere: none (or 0) is off in quantize, gemm and sim as in analyze's list,
+// and a bad size is refused with the same message by both.
+TEST_F(Cli, RhtNoneMeansOffEverywhere) {
+  const std::string in = path("in.safetensors");
+  const QTensor plain = quantize(x_.data(), kRows, kCols, QuantConfig{});
+  for (const char* off : {"none", "0"}) {
+    const Result r = run({"quantize", "--in", in, "--tensor", "x", "--rht", off, "--out", path("q.safetensors")});
+    ASSERT_EQ(r.code, 0) << off << ": " << r.err;
+    EXPECT_EQ(tensor_bytes(io::SafetensorsFile(path("q.safetensors")), "x.codes", io::DType::U8, {kRows, kCols}),
+              plain.codes)
+        << off;
+  }
+  const Result g = run({"gemm", "--a", in + ":x", "--b", in + ":w", "--rht", "none", "--out", path("g.safetensors")});
+  EXPECT_EQ(g.code, 0) << g.err;
+  const Result q = run({"quantize", "--in", in, "--tensor", "x", "--rht", "24", "--out", path("q24.safetensors")});
+  const Result a = run({"analyze", "--trace", in, "--rht", "none,24"});
+  expect_one_line_error(q, "quantize", 2, {"--rht", "not 24"});
+  expect_one_line_error(a, "analyze", 2, {"--rht", "not 24"});
+  EXPECT_EQ(q.err.substr(q.err.find("error:")), a.err.substr(a.err.find("error:")));
+}
+
+TEST_F(Cli, JsonConfigFaultsNameFileAndKey) {
+  const std::string in = path("in.safetensors");
+  auto with = [&](const std::string& name, const std::string& text) {
+    std::ofstream(path(name)) << text;
+    return run({"quantize", "--in", in, "--tensor", "x", "--out", path("o"), "--config", path(name)});
+  };
+  expect_one_line_error(with("bad.json", "{\"recipe\": "), "quantize", 2, {path("bad.json"), "not valid JSON"});
+  expect_one_line_error(with("unk.json", R"({"recipee": "ufp4"})"), "quantize", 2, {path("unk.json"), "recipee"});
+  expect_one_line_error(with("obj.json", R"({"recipe": {"name": "ufp4"}})"), "quantize", 2,
+                        {path("obj.json"), "option 'recipe'", "a value must be"});
+  expect_one_line_error(with("nest.json", R"({"config": {"config": "other.cfg"}})"), "quantize", 2,
+                        {path("nest.json"), "'config' cannot be set in a config file"});
+  // A placeholder spelt with JSON escapes is refused like one in plain text (the parser would loop on it).
+  expect_one_line_error(with("ph.json", R"({"block": "1\u0025value\u0025"})"), "quantize", 2, {"%value%"});
+  EXPECT_FALSE(std::filesystem::exists(path("o")));
+}
+
+// The one progress reporter of analyze and sim (cli/options.hpp): silent for the first two seconds and whenever
+// stderr is not a terminal, so a captured stderr holds nothing but a failure's one line.
+TEST(Progress, OnlyToATerminalAndOnlyAfterTwoSeconds) {
+  std::ostringstream os;
+  cli::Progress p("sim");
+  p.out = &os;
+  p.tty = true;
+  p.step(1, 3, "fc1.fwd_y");
+  EXPECT_EQ(os.str(), "");  // just started
+  p.t0 -= std::chrono::seconds(3);
+  p.step(2, 3, "fc1.bwd_\x1b[31mdx");
+  EXPECT_EQ(os.str().rfind("sim: [2/3] fc1.bwd_\\x1B[31mdx (3.0 s)\n", 0), 0u) << os.str();
+  os.str("");
+  p.tty = false;
+  p.step(3, 3, "fc1.bwd_dw");
+  EXPECT_EQ(os.str(), "");
+}
+
+#ifdef FP4LAB_TEST_SIM
+// fp4lab sim's JSON report carries its configuration under the keys --config takes (the TCU keys, the energy
+// table among them, and the run's own options), so the report fed back as --config repeats the run.
+TEST_F(Cli, SimReportIsItsOwnConfig) {
+  const std::string src = FP4LAB_SOURCE_DIR;
+  const Result a = run({"sim", "--trace", src + "/workloads/tiny-lm/step_005000", "--config",
+                        src + "/sim/configs/teaching.cfg", "--recipe", "ufp4", "--check", "--json", path("a.json")});
+  ASSERT_EQ(a.code, 0) << a.err;
+  const json ja = json::parse(slurp(path("a.json")));
+  for (const char* key : {"clock.ghz", "mac.units", "energy.mac_dual_pj", "energy.sr_pj", "energy.buffer_byte_pj",
+                          "recipe", "trace", "check"})
+    EXPECT_TRUE(ja["config"].contains(key)) << key << " missing from " << ja["config"].dump();
+  EXPECT_EQ(ja["config"]["energy.mac_dual_pj"], 0.022);  // sim/configs/teaching.cfg
+  EXPECT_EQ(ja["config"]["recipe"], "ufp4");
+
+  const Result b = run({"sim", "--config", path("a.json"), "--json", path("b.json")});
+  ASSERT_EQ(b.code, 0) << b.err;
+  EXPECT_EQ(b.out, a.out);  // the table
+  json jb = json::parse(slurp(path("b.json")));
+  EXPECT_NE(jb["command"], ja["command"]);
+  jb["command"] = ja["command"];
+  EXPECT_EQ(jb, ja) << json::diff(ja, jb).dump(1);
+  EXPECT_GT(ja["total"]["check"]["outputs"].get<int64_t>(), 0);
+
+  // The command line still wins over the report's values, and the energy table is read from it.
+  std::string text = slurp(path("a.json"));
+  json edited = json::parse(text);
+  edited["config"]["energy.mac_dual_pj"] = 0.044;
+  std::ofstream(path("e.json")) << edited.dump();
+  const Result c = run({"sim", "--config", path("e.json"), "--mac.units", "8", "--json", path("c.json")});
+  ASSERT_EQ(c.code, 0) << c.err;
+  const json jc = json::parse(slurp(path("c.json")));
+  EXPECT_EQ(jc["config"]["mac.units"], 8);
+  EXPECT_EQ(jc["config"]["energy.mac_dual_pj"], 0.044);
+  // Every MAC runs on the dual unit: twice its pJ per MAC gives twice the MAC energy.
+  EXPECT_DOUBLE_EQ(jc["total"]["energy_pj"]["mac"].get<double>(), 2 * ja["total"]["energy_pj"]["mac"].get<double>());
+}
+
+// A sweep's outputs are checked before its runs (they used to fail only once every run had finished).
+TEST_F(Cli, SimSweepOutputsAreCheckedFirst) {
+  const std::string src = FP4LAB_SOURCE_DIR;
+  std::ofstream(path("one.csv")) << "gemm,tokens,in,out\nfc1,64,64,64\n";
+  std::ofstream(path("s.toml")) << "[defaults]\nconfig = \"" << src << "/sim/configs/teaching.cfg\"\n"
+                                << "[[grid]]\nname = \"r\"\nshapes = \"" << path("one.csv") << "\"\n";
+  const Result r = run({"sim", "--sweep", path("s.toml"), "--out", path("no/such/x")});
+  if (r.err.find("toml") != std::string::npos) GTEST_SKIP() << "built without toml++: " << r.err;
+  expect_one_line_error(r, "sim", 1, {path("no/such/x.json"), "no such folder"});
+  const Result s = run({"sim", "--sweep", path("s.toml"), "--out", path("s.toml").substr(0, path("s.toml").size() - 5)});
+  EXPECT_EQ(s.code, 0) << s.err;  // PREFIX.json and PREFIX.csv beside the sweep file are fine
+  EXPECT_TRUE(std::filesystem::exists(path("s.csv")));
+}
+#endif
 
 TEST_F(Cli, VersionNamesReleaseAndCommit) {
   for (const std::vector<std::string>& args : {std::vector<std::string>{"--version"}, {"quantize", "--version"}}) {

@@ -2,6 +2,8 @@
 // One parameterised suite; every format in kAllFormats runs the same bodies against its hand table.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <cfloat>
 #include <cmath>
 #include <limits>
@@ -249,6 +251,37 @@ TEST(FormatE2M1, HandPickedTies) {
   EXPECT_EQ(decode(kE2M1, round_rtne(kE2M1, 3.5f)), 4.0f);
   EXPECT_EQ(decode(kE2M1, round_rtne(kE2M1, 5.0f)), 4.0f);
   EXPECT_EQ(decode(kE2M1, round_rtne(kE2M1, -5.0f)), -4.0f);
+}
+
+// The quantiser's rounding on the named grids (round_rtne_fixed: rint at the grid's spacing) against the
+// definition (round_rtne: counting midpoints): every float whose integer view u lies in [1/16, 2 x the top
+// integer] (every midpoint, level and stretch boundary is there; past the top u saturates), one in 4096 of
+// the smaller ones (all round to 0), both signs: the 4-bit code must be the same.
+template <const ElemFormat* F>
+int64_t fixed_rounding_mismatches() {
+  const float scale = std::ldexp(1.0f, F->int_shift());  // u = |v| * scale
+  const float lo = 0.0625f / scale, top = 2.0f * float(F->int_max()) / scale;
+  uint32_t lo_bits, hi_bits;
+  std::memcpy(&lo_bits, &lo, 4);
+  std::memcpy(&hi_bits, &top, 4);
+  const int64_t sparse = int64_t(lo_bits) / 4096, n = sparse + int64_t(hi_bits - lo_bits) + 1;
+  int64_t bad = 0;
+#pragma omp parallel for reduction(+ : bad) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = uint32_t(i < sparse ? i * 4096 : int64_t(lo_bits) + (i - sparse));
+    float v;
+    std::memcpy(&v, &u, 4);
+    bad += round_rtne_fixed<F>(v) != round_rtne(*F, v);
+    bad += round_rtne_fixed<F>(-v) != round_rtne(*F, -v);
+  }
+  return bad;
+}
+
+TEST(FormatRounding, FixedGridRoundingIsRoundRtneOnEveryFloat) {
+  EXPECT_EQ(fixed_rounding_mismatches<&kE2M1>(), 0);
+  EXPECT_EQ(fixed_rounding_mismatches<&kE1M2>(), 0);
+  EXPECT_EQ(fixed_rounding_mismatches<&kInt4>(), 0);
+  EXPECT_EQ(fixed_rounding_mismatches<&kE2M1Max2>(), 0);
 }
 
 // Formats are identified by their tuple: a renamed copy is the same format, another tuple is none of them.

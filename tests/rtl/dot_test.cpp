@@ -9,6 +9,7 @@
 #include "Vfp4_dot_unit_e2m1.h"
 #include "Vfp4_dot_unit_int4.h"
 #include "fp4lab/format.hpp"
+#include "fp4lab/gemm.hpp"  // kMacWidth
 #include "harness.hpp"
 
 namespace fp4lab::rtl_test {
@@ -21,7 +22,7 @@ struct DotVec {
 
 int32_t golden_dot(const DotVec& v) {
   int32_t p = 0;
-  for (int j = 0; j < 16; ++j)
+  for (int j = 0; j < kMacWidth; ++j)
     p += decode_int(kAllFormats[v.fa], uint8_t((v.a >> (4 * j)) & 0xF)) *
          decode_int(kAllFormats[v.fb], uint8_t((v.b >> (4 * j)) & 0xF));
   return p;
@@ -40,7 +41,7 @@ void dot_build(const char* unit, std::vector<int> fmts) {
   // 1. Every product pair of every format pair, in every lane, the other lanes holding +0.
   for (int fa : fmts)
     for (int fb : fmts)
-      for (int lane = 0; lane < 16; ++lane)
+      for (int lane = 0; lane < kMacWidth; ++lane)
         for (uint64_t ca = 0; ca < 16; ++ca)
           for (uint64_t cb = 0; cb < 16; ++cb)
             vecs.push_back({ca << (4 * lane), cb << (4 * lane), uint8_t(fa), uint8_t(fb)});
@@ -75,6 +76,45 @@ void dot_build(const char* unit, std::vector<int> fmts) {
   std::printf("[%s] %zu exhaustive product-pair vectors, %zu random blocks, %llu cycles\n", unit, exhaustive,
               vecs.size() - exhaustive, (unsigned long long)cycles);
   chk.finish();
+}
+
+// The units' N parameter is the MAC width (fp4lab::kMacWidth): kMacWidth lanes each holding code 1 sum to
+// kMacWidth products. A narrower unit drops lanes from the sum; a wider one has an input port no 64-bit word
+// fills (its Verilated port type would not take one: this file would not compile).
+template <class M>
+void width_is_mac_width(const char* unit, int fmt) {
+  static_assert(4 * kMacWidth == 64, "a beat of codes is one 64-bit word");
+  uint64_t ones = 0;
+  for (int j = 0; j < kMacWidth; ++j) ones |= uint64_t(1) << (4 * j);
+  const int32_t one = decode_int(kAllFormats[fmt], 1);
+  ASSERT_NE(one, 0);
+  Dut<M> dut(unit);
+  dut.reset();
+  int32_t got = 0;
+  bool seen = false;
+  run_stream(
+      dut, 1, 1,
+      [&](uint64_t) {
+        dut->a_i = ones;
+        dut->b_i = ones;
+        dut->fmt_a_i = uint8_t(fmt);
+        dut->fmt_b_i = uint8_t(fmt);
+      },
+      [&](uint64_t) {
+        got = int32_t(dut->p_o);
+        seen = true;
+        return true;
+      },
+      0, 0);
+  ASSERT_TRUE(seen) << unit;
+  EXPECT_EQ(got, kMacWidth * one * one) << unit;
+}
+
+TEST(Dot, WidthIsTheMacWidth) {
+  width_is_mac_width<Vfp4_dot_unit_e2m1>("fp4_dot_unit_e2m1", 0);
+  width_is_mac_width<Vfp4_dot_unit_e1m2>("fp4_dot_unit_e1m2", 1);
+  width_is_mac_width<Vfp4_dot_unit_int4>("fp4_dot_unit_int4", 2);
+  width_is_mac_width<Vfp4_dot_unit_dual>("fp4_dot_unit_dual", 1);
 }
 
 TEST(Dot, E2M1Build) { dot_build<Vfp4_dot_unit_e2m1>("fp4_dot_unit_e2m1", {0, 3}); }

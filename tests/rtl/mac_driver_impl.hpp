@@ -25,7 +25,7 @@ inline uint32_t golden_chain(const rtl::MacBeat* beats, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     const rtl::MacBeat& b = beats[i];
     int32_t p = held;
-    for (int j = 0; j < 16; ++j)
+    for (int j = 0; j < kMacWidth; ++j)
       p += decode_int(kAllFormats[b.fmt_a], uint8_t((b.a >> (4 * j)) & 0xF)) *
            decode_int(kAllFormats[b.fmt_b], uint8_t((b.b >> (4 * j)) & 0xF));
     if (b.join) {

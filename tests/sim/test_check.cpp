@@ -239,6 +239,38 @@ TEST(Check, RecordsAreNumberedAsAnalyzeNumbersThem) {
   fs::remove_all(dir);
 }
 
+// Progress (fp4lab sim prints it on a terminal): one call per simulated job, numbered 1..n of n, before the job
+// runs, naming it; with --check and without, over a trace and over a shape list, with one pass picked.
+TEST(Check, ProgressNamesEveryJobInOrder) {
+  const std::string dir = synthetic_trace("progress", 32, 64, 48, 2);
+  const io::Trace trace(dir, 16);
+  Simulator sim(config("teaching"));
+  for (bool check : {true, false})
+    for (bool one_pass : {false, true}) {
+      RunOptions o = recipe_options("ufp4", check);
+      if (one_pass) o.passes = {Pass::bwd_dx};
+      std::vector<std::string> names;
+      o.progress = [&](size_t i, size_t n, const std::string& what) {
+        EXPECT_EQ(i, names.size() + 1);
+        EXPECT_EQ(n, one_pass ? 2u : 6u);
+        names.push_back(what);
+      };
+      const Report rep = run_trace(sim, trace, dir, o);
+      ASSERT_EQ(names.size(), rep.jobs.size());
+      for (size_t i = 0; i < names.size(); ++i) EXPECT_EQ(names[i], rep.jobs[i].name) << i;
+      if (one_pass) {
+        EXPECT_EQ(names.back(), "layer1.linear_fc2.bwd_dx");
+      }
+    }
+  RunOptions o = recipe_options("ufp4", false);
+  size_t calls = 0, of = 0;
+  o.progress = [&](size_t i, size_t n, const std::string&) { calls = i, of = n; };
+  EXPECT_EQ(run_shapes(sim, {{"a", 32, 64, 48, 1}, {"b", 32, 64, 48, 1}}, "shapes", o).jobs.size(), 6u);
+  EXPECT_EQ(calls, 6u);
+  EXPECT_EQ(of, 6u);
+  fs::remove_all(dir);
+}
+
 TEST(Check, BundledTraceTeachingUfp4) {
   const std::string dir = root() + "/workloads/tiny-lm/step_005000";
   const io::Trace trace(dir, 16);

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "fp4lab/sim/run.hpp"
 #include "sim_test_util.hpp"
@@ -36,6 +37,52 @@ TEST(Config, BothShippedConfigurationsLoad) {
   EXPECT_EQ(h.name, "h100-class");
   EXPECT_EQ(h.tcus, 132);
   EXPECT_EQ(h.prep, PrepMode::fused);
+}
+
+// A report's configuration (Config::to_json) holds every key a configuration file takes, and read back as a
+// file (JSON form) gives the same Config: the energy table included, doubles to the last bit.
+TEST(Config, JsonFormHoldsEveryKeyAndReadsBackEqual) {
+  std::set<std::string> keys;
+  const po::options_description desc = Config::options();
+  for (const auto& o : desc.options()) keys.insert(o->long_name());
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"teaching", {}},
+      {"h100-class", {}},
+      // Values with no short decimal form, and 0 for quant.sr_lanes (meaning quant.lanes).
+      {"teaching", {"clock.ghz=1.0000000000000002", "energy.mac_dual_pj=0.30000000000000004",
+                    "dram.bandwidth=0.1", "energy.sr_pj=1e-300", "quant.sr_lanes=0", "mac.kind=e1m2"}}};
+  for (const auto& [name, overrides] : cases) {
+    const Config c = config(name, overrides);
+    const nlohmann::json j = c.to_json();
+    std::set<std::string> got;
+    for (const auto& [k, v] : j.items()) got.insert(k);
+    EXPECT_EQ(got, keys) << name;
+    const std::string file = write_temp(name + ".json", j.dump(1));
+    EXPECT_TRUE(Config::load(file) == c) << name << ": " << j.dump();
+    // As a report holds it: under "config", beside the results.
+    const std::string report = write_temp(name + "-report.json", nlohmann::json{{"config", j}, {"total", 1}}.dump());
+    EXPECT_TRUE(Config::load(report) == c) << name;
+    fs::remove(file);
+    fs::remove(report);
+  }
+  EXPECT_EQ(config("teaching").to_json()["energy.mac_dual_pj"], 0.022);  // sim/configs/teaching.cfg
+}
+
+TEST(Config, JsonFormErrorsNameTheFileAndTheKey) {
+  const std::string unk = write_temp("unk.json", R"({"mac.unitz": 4})");
+  std::string e = error_of([&] { Config::load(unk); });
+  EXPECT_EQ(e.rfind(unk + ": ", 0), 0u) << e;
+  EXPECT_NE(e.find("mac.unitz"), std::string::npos) << e;
+  const std::string nested = write_temp("nested.json", R"({"mac": {"units": 4}})");
+  e = error_of([&] { Config::load(nested); });
+  EXPECT_NE(e.find(nested + ": "), std::string::npos) << e;
+  const std::string bad = write_temp("bad.json", "{\"name\": \"x\",");
+  e = error_of([&] { Config::load(bad); });
+  EXPECT_NE(e.find(bad + ": not valid JSON"), std::string::npos) << e;
+  const std::string type = write_temp("type.json", R"({"tile.m": 16.5})");
+  e = error_of([&] { Config::load(type); });
+  EXPECT_NE(e.find("16.5"), std::string::npos) << e;
+  for (const auto& f : {unk, nested, bad, type}) fs::remove(f);
 }
 
 TEST(Config, OverridesWinOverTheFile) {

@@ -47,6 +47,20 @@ TEST(Timing, TeachingComputeBound) {
   EXPECT_DOUBLE_EQ(r.bytes.at("dram_read"), 16 * 4096);
 }
 
+// The MAC array's rate is kMacWidth multiply-adds per unit per cycle (fp4lab::kMacWidth, the RTL units' N):
+// a compute-bound job keeps the array busy for M x N x K / (units x kMacWidth) cycles, at any unit count and
+// block size, and the peak rate the utilisation divides by is the same product.
+TEST(Timing, ComputeCyclesAreBlockBeatsOverUnits) {
+  for (int units : {1, 2, 4})
+    for (int block : {16, 32}) {
+      Simulator sim(config("teaching", {"mac.units=" + std::to_string(units), "quant.lanes=1024", "acc.lanes=1024",
+                                        "dram.bandwidth=100000"}));
+      const JobReport r = sim.run(job(16, 16, 1024, plain(0, block)));
+      EXPECT_DOUBLE_EQ(r.stalls.at("compute"), 16.0 * 16 * 1024 / (units * kMacWidth)) << units << " " << block;
+      EXPECT_EQ(sim.config().peak_macs_per_cycle(), int64_t(units) * kMacWidth);
+    }
+}
+
 TEST(Timing, TeachingBandwidthBound) {
   Simulator sim(config("teaching", {"dram.bandwidth=8"}));
   const JobReport r = sim.run(job(16, 16, 1024));

@@ -12,6 +12,12 @@
 
 namespace fp4lab {
 
+// Elements one block dot-product unit multiplies per beat (the MAC width): the smaller block size, so a
+// 32-element block is two beats joined before its scale step. The RTL units' N parameter, the simulator's
+// MAC array and its peak rate restate it; tests/rtl (Dot.WidthIsTheMacWidth) and tests/sim
+// (Timing.ComputeCyclesAreBlockBeatsOverUnits) hold them to it.
+inline constexpr int kMacWidth = 16;
+
 // ---- the contract, one block step at a time (shared by every layer) -------------------------------
 // Step 1 (integer block dot product, exact int32) is the caller's; then, for block k in ascending order:
 //   2. x  = FP32(p)            exact: |p| <= 32 * 144 < 2^24

@@ -33,6 +33,9 @@ Pass parse_pass(const std::string& name);
 uint64_t parse_uint(const std::string& text, const std::string& option, uint64_t max);
 // A decimal integer (sign allowed) that fits an int.
 int parse_int(const std::string& text, const std::string& option);
+// An RHT setting: "none" or 0 (off), or a size (a power of two in kMinRht..kMaxRht, fp4lab/rht.hpp). The one
+// spelling of quantize, gemm, sim and analyze's list of settings.
+int parse_rht(const std::string& text, const std::string& option);
 // true/false, 1/0, yes/no, on/off (Boost.Program_options' spellings).
 bool parse_bool(const std::string& text, const std::string& option);
 // "s1,s2,...,sD" with each s one of +1, 1, -1, +, -; or "te" for Transformer Engine's vector (needs d = 16).

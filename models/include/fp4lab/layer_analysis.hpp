@@ -50,8 +50,11 @@ struct LayerView {
 };
 
 // A layer with the transposed copies its backward passes need, made once and shared by every setting.
+// Without `with_refs` the float64 references are left empty, for the caller to fill with compute_ref (say one
+// task per pass beside the quantised work).
 struct LayerOperands {
-  explicit LayerOperands(const LayerView& l);
+  explicit LayerOperands(const LayerView& l, bool with_refs = true);
+  void compute_ref(Pass p);  // refs[p]: the float64 product of the pass's unquantised operands
   LayerView l;
   std::vector<float> wt, dyt, xt;  // W^T [in, out], dY^T [out, tokens], X^T [in, tokens]
   struct Operand {
@@ -79,9 +82,16 @@ LayerResults analyze_setting(const LayerOperands& l, const AnalysisSetting& s);
 // One pass of it: that pass's GEMM, and the tensors quantised along their last dimension in it (fwd_x and
 // fwd_w in fwd_y, bwd_dy in bwd_dx). Independent of the other passes, so callers can run them side by side.
 LayerResults analyze_setting_pass(const LayerOperands& l, const AnalysisSetting& s, Pass p);
+// Every analysis of a pass but the GEMM output's comparison with the float64 reference: its quantised output C
+// goes to `c`, and compare_gemm(result, c, ref) fills the GEMM's sqnr_db and eta_measured once the reference
+// is there. Split so that the reference can be computed while the quantised work runs.
+LayerResults analyze_setting_pass(const LayerOperands& l, const AnalysisSetting& s, Pass p, std::vector<float>& c);
+void compare_gemm(GemmResult& g, const std::vector<float>& c, const std::vector<double>& ref);
 
 // The three GEMMs under a training recipe's operand settings (its grid, scales, RHT per pass, SR on dY).
 std::vector<GemmResult> analyze_recipe(const LayerOperands& l, const Recipe& r, uint32_t stream);
 GemmResult analyze_recipe_pass(const LayerOperands& l, const Recipe& r, uint32_t stream, Pass p);
+GemmResult analyze_recipe_pass(const LayerOperands& l, const Recipe& r, uint32_t stream, Pass p,
+                               std::vector<float>& c);  // compare_gemm finishes it
 
 }  // namespace fp4lab

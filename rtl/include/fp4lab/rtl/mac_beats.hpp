@@ -14,8 +14,6 @@
 
 namespace fp4lab::rtl {
 
-inline constexpr int kMacLanes = 16;  // elements per beat (the N parameter of the units)
-
 // The RTL's format id (fp4lab_pkg::fmt_e) is the format's index in kAllFormats; the format-table test
 // checks that the two orders agree.
 inline int format_id(const ElemFormat& f) {
@@ -44,7 +42,7 @@ inline void set_beat_position(MacBeat& beat, int64_t k, int64_t blocks, int64_t 
 // Packs 16 consecutive codes starting at `codes`.
 inline uint64_t pack16(const uint8_t* codes) {
   uint64_t v = 0;
-  for (int j = 0; j < kMacLanes; ++j) v |= uint64_t(codes[j] & 0xF) << (4 * j);
+  for (int j = 0; j < kMacWidth; ++j) v |= uint64_t(codes[j] & 0xF) << (4 * j);
   return v;
 }
 
@@ -52,17 +50,17 @@ inline uint64_t pack16(const uint8_t* codes) {
 // followed by its closing beat. Throws std::invalid_argument on operands the contract cannot multiply.
 inline void append_mac_beats(const QTensor& a, int64_t m, const QTensor& b, int64_t n, std::vector<MacBeat>& out) {
   check_gemm_operands(a, b);
-  if (a.block % kMacLanes != 0)
-    throw std::invalid_argument("RTL MAC takes blocks that are multiples of 16 elements, not " +
-                                std::to_string(a.block));
-  const int64_t K = a.cols, KB = a.kblocks(), halves = a.block / kMacLanes;
+  if (a.block % kMacWidth != 0)
+    throw std::invalid_argument("RTL MAC takes blocks that are multiples of " + std::to_string(kMacWidth) +
+                                " elements, not " + std::to_string(a.block));
+  const int64_t K = a.cols, KB = a.kblocks(), halves = a.block / kMacWidth;
   const uint32_t ga = f32_bits(tensor_factor(a.format, a.global_dec));
   const uint32_t gb = f32_bits(tensor_factor(b.format, b.global_dec));
   const uint8_t fa = uint8_t(format_id(a.format)), fb = uint8_t(format_id(b.format));
   for (int64_t k = 0; k < KB; ++k)
     for (int64_t h = 0; h < halves; ++h) {
       MacBeat beat;
-      const int64_t col = k * a.block + h * kMacLanes;
+      const int64_t col = k * a.block + h * kMacWidth;
       beat.a = pack16(&a.codes[size_t(m * K + col)]);
       beat.b = pack16(&b.codes[size_t(n * K + col)]);
       beat.fmt_a = fa;

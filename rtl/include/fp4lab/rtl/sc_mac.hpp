@@ -3,7 +3,7 @@
 // contract (fp4lab sim --rtl). Link the CMake target fp4lab_rtl_sc; translation units that include this
 // header must define SC_CPLUSPLUS=201703L (the target exports it), see docs/spec.md §11.
 //
-// Timing: one 16-element block (beat) per clock when the RTL is ready; a result leaves latency() cycles
+// Timing: one kMacWidth-element block (beat) per clock when the RTL is ready; a result leaves latency() cycles
 // after its last beat. Bind `clk` to the model's clock and call run_tile() from an SC_THREAD.
 #pragma once
 
@@ -32,7 +32,7 @@ class ScMac : public sc_core::sc_module {
 
   // Cycles from accepting an output's last beat to its result (the RTL's DEPTH + 1).
   static int latency();
-  // Beats (blocks of 16) and clock cycles spent in run_tile so far.
+  // Beats (blocks of kMacWidth) and clock cycles spent in run_tile so far.
   uint64_t beats() const { return beats_; }
   uint64_t cycles() const { return cycles_; }
 

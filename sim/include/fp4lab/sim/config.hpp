@@ -10,11 +10,13 @@
 #include <string>
 #include <vector>
 
+#include "fp4lab/gemm.hpp"  // kMacWidth
+
 namespace fp4lab::sim {
 
 namespace po = boost::program_options;
 
-// Which element grids a 16-element block dot-product unit multiplies natively.
+// Which element grids a block dot-product unit (kMacWidth elements a beat) multiplies natively.
 enum class MacKind : uint8_t { e2m1, e1m2, dual };
 // Where RHT and quantisation run: in the TCU's front-end on operand tiles as they are fetched (BF16 in), as
 // one separate pass through memory (RHT + quantise fused in one kernel), or as two passes (an RHT pass, then
@@ -43,6 +45,7 @@ struct MemLevel {
   double write_cost = 1; // port time of a written byte, in read bytes (DRAM only: bus turnarounds, write recovery)
   int64_t latency = 0;   // cycles from the end of a transfer to the data being usable
   int64_t bytes = 0;     // capacity (L2 only; 0 = no L2)
+  bool operator==(const MemLevel&) const = default;
 };
 
 // Energy per operation, picojoules.
@@ -54,6 +57,7 @@ struct Energy {
   double quant_elem = 0;     // per element quantised (amax compare, scale, round)
   double sr_elem = 0;        // extra per stochastically rounded element (its share of a Philox4x32-10)
   double dram_byte = 0, l2_byte = 0, buffer_byte = 0;  // per byte moved at each level
+  bool operator==(const Energy&) const = default;
 };
 
 struct Config {
@@ -77,7 +81,7 @@ struct Config {
   double quant_sr_lanes = 0; // elements per cycle when rounding stochastically (Philox limited)
   int quant_latency = 0;
 
-  int mac_units = 0;         // 16-element block dot-product units per TCU
+  int mac_units = 0;         // block dot-product units per TCU, kMacWidth MACs a cycle each
   MacKind mac_kind = MacKind::dual;
   double mac_fallback_rate = 0;  // throughput, relative to native, for a grid the units lack (0 = refuse)
   int mac_latency = 0;
@@ -125,16 +129,20 @@ struct Config {
   // The configuration of one tile slot: tcus * ctas TCUs, each with 1/ctas of the units and the buffer (ctas
   // unchanged: it says how many slots share a TCU).
   Config per_slot() const;
-  int64_t peak_macs_per_cycle() const { return int64_t(tcus) * mac_units * 16; }
+  int64_t peak_macs_per_cycle() const { return int64_t(tcus) * mac_units * kMacWidth; }
 
   // Every key, for a config file and the command line. Keys without a default are required.
   static po::options_description options();
   // Builds and validates (throws std::invalid_argument with a one-line reason).
   static Config from(const po::variables_map& vm);
-  // Reads a config file; `overrides` are "key=value" pairs applied over it. Errors name the file.
+  // Reads a config file (`key = value` lines or JSON: fp4lab/io/option_file.hpp); `overrides` are "key=value"
+  // pairs applied over it. Errors name the file.
   static Config load(const std::string& path, const std::vector<std::string>& overrides = {});
   void validate() const;
+  // Every key of options() with its value: a configuration file in JSON form (load() reads it back to an equal
+  // Config).
   nlohmann::json to_json() const;
+  bool operator==(const Config&) const = default;
 };
 
 }  // namespace fp4lab::sim

@@ -56,7 +56,9 @@ struct JobReport {
 };
 
 struct Report {
-  nlohmann::json config;
+  nlohmann::json config;           // Config::to_json(): the configuration file of the run
+  int64_t peak_macs_per_cycle = 0;
+  std::string datapath;            // golden | rtl
   std::string recipe, source;  // recipe name; the trace folder or shape list
   std::vector<JobReport> jobs;
   bool checked = false;

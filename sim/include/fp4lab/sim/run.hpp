@@ -2,6 +2,7 @@
 // `check` the functional datapath compared bit for bit with the golden model's fp4lab::gemm).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,8 @@ struct RunOptions {
   OperandConfigFn quant;           // each operand's quantiser settings, by pass
   std::vector<Pass> passes{std::begin(kPasses), std::end(kPasses)};
   bool check = false;              // traces only
+  // Called before each GEMM job is simulated: (1-based index, jobs in the run, GemmJob::name()).
+  std::function<void(size_t, size_t, const std::string&)> progress;
 };
 
 // Wall-clock split of a run, for the benchmark: golden = quantisation + the reference GEMM (+ loading),
