@@ -22,9 +22,10 @@ namespace fp4lab::cli::dist {
 
 namespace {
 int g_rank = 0, g_size = 1;
-bool g_mpi = false;        // MPI_Init was called
-bool g_finalized = false;
-bool g_failed = false;     // the job has agreed on a fault: no more communication
+// Unused in the one-process build (fp4lab_dist), which compiles this same file without MPI.
+[[maybe_unused]] bool g_mpi = false;        // MPI_Init was called
+[[maybe_unused]] bool g_finalized = false;
+[[maybe_unused]] bool g_failed = false;     // the job has agreed on a fault: no more communication
 
 // Environment variables an MPI launcher sets in every process it starts (Open MPI, MPICH/Hydra, PMIx/Slurm).
 const char* launcher_size() {
