@@ -19,46 +19,12 @@ import time
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 import fp4lab
 import fp4lab.torch as ft
 
-
-class Block(nn.Module):
-    def __init__(self, d, heads, ffn):
-        super().__init__()
-        self.heads = heads
-        self.norm1 = nn.RMSNorm(d)
-        self.qkv = nn.Linear(d, 3 * d, bias=False)
-        self.proj = nn.Linear(d, d, bias=False)
-        self.norm2 = nn.RMSNorm(d)
-        self.fc1 = nn.Linear(d, 2 * ffn, bias=False)  # gate and up, one GEMM
-        self.fc2 = nn.Linear(ffn, d, bias=False)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
-        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
-        g, u = self.fc1(self.norm2(x)).chunk(2, dim=-1)
-        return x + self.fc2(F.silu(g) * u)
-
-
-class Decoder(nn.Module):
-    def __init__(self, vocab, d, layers, heads, ffn, seq):
-        super().__init__()
-        self.emb = nn.Embedding(vocab, d)
-        self.pos = nn.Embedding(seq, d)
-        self.blocks = nn.ModuleList(Block(d, heads, ffn) for _ in range(layers))
-        self.norm = nn.RMSNorm(d)
-        self.head = nn.Linear(d, vocab, bias=False)
-
-    def forward(self, idx):
-        x = self.emb(idx) + self.pos.weight[: idx.shape[1]]
-        for b in self.blocks:
-            x = b(x)
-        return self.head(self.norm(x))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_fp4 import build_model  # noqa: E402  the decoder of docs/training.md
 
 
 def batches(vocab, batch, seq, device, seed):
@@ -74,7 +40,8 @@ def batches(vocab, batch, seq, device, seed):
 
 def run(args, recipe, mode, device, profile=False):
     torch.manual_seed(0)
-    model = Decoder(args.vocab, args.d, args.layers, args.heads, args.ffn, args.seq).to(device, torch.bfloat16)
+    cfg = {"d": args.d, "layers": args.layers, "heads": args.heads, "ffn": args.ffn, "seq": args.seq}
+    model = build_model(cfg, args.vocab).to(device, torch.bfloat16)
     if recipe != "bf16":
         ft.convert(model, ft.Recipe(recipe, mode=mode, check_finite="deferred"), include=r"^blocks\.")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=device.type == "cuda")

@@ -80,7 +80,9 @@ def make_recipe(name: str, mode: str, seed: int):
                      check_finite="deferred")
 
 
-def build_model(cfg: dict):
+def build_model(cfg: dict, vocab: int = 256):
+    """The decoder of docs/training.md (scripts/bench_train_step.py times the same one): cfg gives d, layers,
+    heads, ffn and seq."""
     import torch.nn.functional as F
     from torch import nn
 
@@ -124,7 +126,7 @@ def build_model(cfg: dict):
                 x = blk(x)
             return self.head(self.norm(x))
 
-    return Decoder(256, cfg["d"], cfg["layers"], cfg["heads"], cfg["ffn"], cfg["seq"])
+    return Decoder(vocab, cfg["d"], cfg["layers"], cfg["heads"], cfg["ffn"], cfg["seq"])
 
 
 # ---------------------------------------------------------------------------------------------------------
