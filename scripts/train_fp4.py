@@ -636,20 +636,11 @@ def cmd_report(args):
 PRESETS = ["nvfp4", "mxfp4", "e2m1-ref", "ufp4"]
 
 
-def _ranks(xs):
-    order = sorted(range(len(xs)), key=lambda i: xs[i])
-    r = [0.0] * len(xs)
-    for k, i in enumerate(order):
-        r[i] = float(k)
-    return r
-
-
 def spearman(xs, ys):
-    rx, ry = _ranks(xs), _ranks(ys)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    num = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    den = math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
-    return num / den
+    """Spearman's rho, with the rank and correlation code the simulator's validation uses (ties averaged)."""
+    sys.path.insert(0, HERE)
+    from sim_validation import pearson, ranks
+    return pearson(ranks(xs), ranks(ys))
 
 
 def proxy_sqnr(analysis_path):
