@@ -13,11 +13,7 @@ fail=0
 . "$(dirname "$0")/gpu_step.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 python3 -c 'import torch; print("torch", torch.__version__)'
-gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
-TAIL=3 step configure cmake -S . -B build-gpu "${gen[@]}" -DFP4LAB_CLI=OFF -DFP4LAB_TESTS=OFF -DFP4LAB_SIM=OFF \
-  -DFP4LAB_RTL=OFF -DFP4LAB_BENCH=OFF -DFP4LAB_CUDA_ARCHS="$ARCHS" -DPython_EXECUTABLE="$(command -v python3)" \
-  ${PREFIX:+-DCMAKE_PREFIX_PATH=$PREFIX} || exit 1
-TAIL=3 step build cmake --build build-gpu --target _core -j"$(nproc)" || exit 1
+build_core || exit 1
 export PYTHONPATH=$PWD/build-gpu/python
 TAIL=15 step pytest-torch python3 -m pytest -v -p no:cacheprovider tests/python/test_fp4lab_torch.py
 TAIL=30 step bench-train-step python3 scripts/bench_train_step.py --recipes bf16,ufp4,nvfp4,mxfp4,e2m1-ref \

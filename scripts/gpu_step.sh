@@ -15,3 +15,16 @@ step() {
   [ $rc -eq 0 ] || fail=$((fail + 1))
   return $rc
 }
+
+# build_core: configures build-gpu/ for this machine's python3 (CUDA kernels for sm_$ARCHS, default 90a; PREFIX may
+# name a folder with headers the machine lacks and nanobind) and builds the module fp4lab._core there, as steps
+# `configure` and `build`. Then PYTHONPATH=$PWD/build-gpu/python imports it.
+build_core() {
+  local gen=()
+  command -v ninja >/dev/null && gen=(-G Ninja)
+  PYTHONPATH=${PREFIX:-}${PYTHONPATH:+:$PYTHONPATH} TAIL=3 step configure cmake -S . -B build-gpu "${gen[@]}" \
+    -DFP4LAB_CLI=OFF -DFP4LAB_TESTS=OFF -DFP4LAB_SIM=OFF -DFP4LAB_RTL=OFF -DFP4LAB_BENCH=OFF \
+    -DFP4LAB_CUDA_ARCHS="${ARCHS:-90a}" -DPython_EXECUTABLE="$(command -v python3)" \
+    ${PREFIX:+-DCMAKE_PREFIX_PATH=$PREFIX} || return 1
+  TAIL=3 step build cmake --build build-gpu --target _core -j"$(nproc)"
+}

@@ -18,15 +18,9 @@ DATA=${DATA:?DATA must name the folder made by train_fp4.py corpus}
 mkdir -p "$LOGS/runs"
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.."
+. scripts/gpu_step.sh
 if ! ls build-gpu/python/fp4lab/_core*.so >/dev/null 2>&1; then
-  gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
-  t0=$SECONDS
-  PYTHONPATH=${PREFIX:-}${PYTHONPATH:+:$PYTHONPATH} cmake -S . -B build-gpu "${gen[@]}" -DFP4LAB_CLI=OFF \
-    -DFP4LAB_TESTS=OFF -DFP4LAB_SIM=OFF -DFP4LAB_RTL=OFF -DFP4LAB_BENCH=OFF -DFP4LAB_CUDA_ARCHS="$ARCHS" \
-    -DPython_EXECUTABLE="$(command -v python3)" ${PREFIX:+-DCMAKE_PREFIX_PATH=$PREFIX} >"$LOGS/build.log" 2>&1 &&
-    cmake --build build-gpu --target _core -j"$(nproc)" >>"$LOGS/build.log" 2>&1 ||
-    { tail -20 "$LOGS/build.log"; exit 100; }
-  echo "built fp4lab._core in $((SECONDS - t0)) s"
+  build_core || exit 100
 fi
 export PYTHONPATH=$PWD/build-gpu/python
 ngpu=$(nvidia-smi -L | wc -l)
