@@ -28,7 +28,7 @@ nvidia-smi --query-gpu=index,name,clocks.max.sm --format=csv,noheader
 run_one() {  # GPU SPEC
   local size recipe mode seed steps extra name
   IFS=: read -r size recipe mode seed steps extra <<<"$2"
-  name="$size-$recipe-$([ "$recipe" = bf16 ] && echo bf16 || echo "$mode")-s$seed"
+  name="$size-$recipe-$([ "$recipe" = bf16 ] && echo bf16 || echo "$mode")-s$seed-$steps"
   [ -s "$LOGS/runs/$name.json" ] && { echo "skip $name (done)"; return 0; }
   echo "start $name on GPU $1 ($(date +%T))"
   local resume=()
