@@ -433,17 +433,25 @@ def _stats(xs):
     return mean, sd
 
 
+def groups(runs):
+    """The studies among the runs: (model, training length in steps), each compared only within itself, since
+    the learning-rate schedule spans the whole length."""
+    order = {n: i for i, n in enumerate(SIZES)}
+    return sorted({(r["model"], r["config"]["steps"]) for r in runs}, key=lambda g: (order[g[0]], g[1]))
+
+
 def metrics(runs):
     """Per run: final validation loss, last-10% training loss, and both relative to the BF16 run of the same
-    model and seed (same initialisation and batches; docs/spec.md §12), in %."""
-    bf = {(r["model"], r["seed"]): r for r in runs if r["recipe"] == "bf16"}
+    model, length and seed (same initialisation and batches; docs/spec.md §12), in %."""
+    bf = {(r["model"], r["config"]["steps"], r["seed"]): r for r in runs if r["recipe"] == "bf16"}
     out = []
     for r in runs:
-        m = {"name": r["name"], "model": r["model"], "recipe": r["recipe"], "gemm_mode": r["gemm_mode"],
-             "seed": r["seed"], "val": r["val_loss"][-1] if r["val_loss"] else float("nan"),
+        m = {"name": r["name"], "model": r["model"], "length": r["config"]["steps"], "recipe": r["recipe"],
+             "gemm_mode": r["gemm_mode"], "seed": r["seed"],
+             "val": r["val_loss"][-1] if r["val_loss"] else float("nan"),
              "train": tail_mean(r), "tokens_per_s": r["tokens_per_s"], "steps": len(r["steps"]),
              "concurrent": r.get("concurrent_runs", 1), "diverged": r.get("diverged")}
-        ref = bf.get((r["model"], r["seed"]))
+        ref = bf.get((r["model"], m["length"], r["seed"]))
         if ref is not None and r["recipe"] != "bf16" and len(ref["steps"]) == len(r["steps"]):
             m["val_rel"] = 100 * (m["val"] - ref["val_loss"][-1]) / ref["val_loss"][-1]
             m["train_rel"] = 100 * (m["train"] - tail_mean(ref)) / tail_mean(ref)
@@ -451,9 +459,9 @@ def metrics(runs):
     return out
 
 
-def noise_band(ms, model):
+def noise_band(ms, model, length):
     """The BF16 seed-to-seed spread: (max − min) / mean of the BF16 runs' loss, in %, per measure."""
-    b = [m for m in ms if m["model"] == model and m["recipe"] == "bf16"]
+    b = [m for m in ms if m["model"] == model and m["length"] == length and m["recipe"] == "bf16"]
     if len(b) < 2:
         return None
     band = {}
@@ -472,11 +480,11 @@ def tables(runs) -> str:
     ms = metrics(runs)
     order = {n: i for i, n in enumerate(CORE + ABLATIONS)}
     lines = []
-    for model in [s for s in SIZES if any(m["model"] == s for m in ms)]:
-        rs = [m for m in ms if m["model"] == model]
-        r0 = next(r for r in runs if r["model"] == model)
+    for model, length in groups(runs):
+        rs = [m for m in ms if m["model"] == model and m["length"] == length]
+        r0 = next(r for r in runs if r["model"] == model and r["config"]["steps"] == length)
         c = r0["config"]
-        band = noise_band(ms, model)
+        band = noise_band(ms, model, length)
         lines += [f"### {model}: {r0['block_params'] / 1e6:.1f}M parameters in the blocks ({r0['params'] / 1e6:.1f}M "
                   f"in all), d {c['d']}, {c['layers']} layers, sequence {c['seq']}, batch {c['batch']}, "
                   f"{c['steps']} steps ({c['steps'] * c['seq'] * c['batch'] / 1e6:.1f}M tokens)", "",
@@ -505,23 +513,24 @@ def tables(runs) -> str:
             lines.append(f"| `{m['name']}`{note} | `{m['recipe']}` | {m['gemm_mode']} | {m['seed']} | "
                          f"{m['val']:.4f} | {_fmt(m.get('val_rel'), '+.2f')} | {m['train']:.4f} | "
                          f"{_fmt(m.get('train_rel'), '+.2f')} | {m['tokens_per_s']:,.0f} | {m['concurrent']} |")
-        lines += ["", verdict(ms, model), ""]
+        lines += ["", verdict(ms, model, length), ""]
     return "\n".join(lines)
 
 
-def verdict(ms, model) -> str:
+def verdict(ms, model, length) -> str:
     """Whether ufp4 < e2m1-ref holds beyond the BF16 seed-to-seed spread: the per-seed differences of the
     BF16-relative errors must all be negative and their mean larger in size than the spread, on both measures."""
     pairs = []
+    study = f"{model}, {length} steps"
     for m in ms:
-        if m["model"] == model and m["recipe"] == "ufp4" and "val_rel" in m:
-            e = next((x for x in ms if x["model"] == model and x["recipe"] == "e2m1-ref" and x["seed"] == m["seed"]
-                      and x["gemm_mode"] == m["gemm_mode"] and "val_rel" in x), None)
+        if m["model"] == model and m["length"] == length and m["recipe"] == "ufp4" and "val_rel" in m:
+            e = next((x for x in ms if x["model"] == model and x["length"] == length and x["recipe"] == "e2m1-ref"
+                      and x["seed"] == m["seed"] and x["gemm_mode"] == m["gemm_mode"] and "val_rel" in x), None)
             if e:
                 pairs.append((m, e))
     if not pairs:
-        return f"**{model}: ufp4 vs e2m1-ref** — not both run with a common seed."
-    band = noise_band(ms, model)
+        return f"**{study}: ufp4 vs e2m1-ref** — not both run with a common seed (BF16 runs only)."
+    band = noise_band(ms, model, length)
     parts, holds = [], True
     for key, what in (("val_rel", "final validation loss"), ("train_rel", "training loss over the last 10%")):
         d = [u[key] - e[key] for u, e in pairs]
@@ -536,7 +545,13 @@ def verdict(ms, model) -> str:
         _stats([u["val_rel"] - e["val_rel"] for u, e in pairs])[0] > band["val"]
     claim = ("holds" if holds else "is contradicted beyond the noise: ufp4 trained worse" if worse else
              "is not shown: the difference is within the noise")
-    return f"**{model}: ufp4 < e2m1-ref {claim}** at this scale and training length — " + "; ".join(parts) + "."
+    return f"**{study}: ufp4 < e2m1-ref {claim}** at this scale and training length — " + "; ".join(parts) + "."
+
+
+def status(runs) -> str:
+    """The status block of docs/training.md: one verdict per study."""
+    ms = metrics(runs)
+    return "\n".join(f"- {verdict(ms, model, length)}" for model, length in groups(runs))
 
 
 def replace_block(text: str, marker: str, body: str) -> str:
@@ -553,12 +568,13 @@ def plot(runs, path_prefix):
     import matplotlib.pyplot as plt
     written = []
     colors = {n: f"C{i}" for i, n in enumerate(CORE + [a for a in ABLATIONS if a not in CORE])}
-    for model in [s for s in SIZES if any(r["model"] == s for r in runs)]:
-        rs = [r for r in runs if r["model"] == model]
+    for model, length in groups(runs):
+        rs = [r for r in runs if r["model"] == model and r["config"]["steps"] == length]
         bf = {r["seed"]: r for r in rs if r["recipe"] == "bf16"}
         abl = [r for r in rs if r["recipe"] in ABLATIONS and r["recipe"] != "ufp4"]
-        panels = 3 if abl else 2
-        fig, ax = plt.subplots(1, panels, figsize=(6.2 * panels, 4.8))
+        panels = 3 if abl else 2 if len(bf) < len(rs) else 1  # BF16 runs alone: their validation curves
+        fig, ax = plt.subplots(1, panels, figsize=(6.2 * panels, 4.8), squeeze=False)
+        ax = ax[0]
 
         def rel_curve(a, r):
             ref = bf.get(r["seed"])
@@ -574,18 +590,21 @@ def plot(runs, path_prefix):
             if r["recipe"] in CORE:
                 ax[0].plot(r["val_steps"], r["val_loss"], "-" if r["seed"] == 0 else ":", marker=".",
                            color=colors[r["recipe"]], label=f"{r['recipe']} s{r['seed']}")
-                rel_curve(ax[1], r)
+                if panels > 1:
+                    rel_curve(ax[1], r)
         for r in abl:
             rel_curve(ax[2], r)
         if abl:
             for r in rs:
                 if r["recipe"] == "ufp4" and r["seed"] == 0:
                     rel_curve(ax[2], r)
-        ax[0].set(xlabel="step", ylabel="validation loss (nats/byte)", title=f"{model}: validation loss")
-        ax[1].set(xlabel="step", ylabel="% vs BF16 of the same seed", title=f"{model}: training loss vs BF16 "
-                  "(moving mean)")
+        study = f"{model}, {length} steps"
+        ax[0].set(xlabel="step", ylabel="validation loss (nats/byte)", title=f"{study}: validation loss")
+        if panels > 1:
+            ax[1].set(xlabel="step", ylabel="% vs BF16 of the same seed", title=f"{study}: training loss vs BF16 "
+                      "(moving mean)")
         if abl:
-            ax[2].set(xlabel="step", ylabel="% vs BF16 of the same seed", title=f"{model}: ablations (seed 0)")
+            ax[2].set(xlabel="step", ylabel="% vs BF16 of the same seed", title=f"{study}: ablations (seed 0)")
         n = max(len(r["steps"]) for r in rs)
         for a in ax[1:]:
             a.axhline(0, color="k", lw=0.5)
@@ -594,7 +613,7 @@ def plot(runs, path_prefix):
             a.grid(alpha=0.3)
             a.legend(fontsize=7, ncol=2)
         fig.tight_layout()
-        out = f"{path_prefix}_{model}.png"
+        out = f"{path_prefix}_{model}_{length}.png"
         fig.savefig(out + ".tmp.png", dpi=100)
         os.replace(out + ".tmp.png", out)
         plt.close(fig)
@@ -624,9 +643,7 @@ def cmd_report(args):
         with open(args.doc) as f:
             text = f.read()
         text = replace_block(text, "training tables: scripts/train_fp4.py report", tables(runs))
-        ms = metrics(runs)
-        text = replace_block(text, "training status: scripts/train_fp4.py report", "\n".join(
-            f"- {verdict(ms, m)}" for m in SIZES if any(r["model"] == m for r in runs)))
+        text = replace_block(text, "training status: scripts/train_fp4.py report", status(runs))
         _write_atomic(args.doc, text.encode())
     figs = plot(runs, args.figures) if args.figures else []
     print(f"{len(runs)} runs -> {args.json}" + (f", {args.doc}" if args.doc else "") +
@@ -658,7 +675,8 @@ def proxy_sqnr(analysis_path):
 
 
 def cmd_proxy(args):
-    """Does a recipe's mean GEMM-output SQNR on a trace predict its loss ranking? One row per trace and model."""
+    """Does a recipe's mean GEMM-output SQNR on a trace predict its loss ranking? One row per trace and per
+    study (model and length)."""
     with open(args.training) as f:
         runs = json.load(f)["runs"]
     ms = metrics(runs)
@@ -666,32 +684,31 @@ def cmd_proxy(args):
     for spec in args.analysis:
         label, _, path = spec.partition("=")
         traces.append((label, proxy_sqnr(path)))
-    models = [s for s in SIZES if any(m["model"] == s and m["recipe"] in PRESETS and "val_rel" in m for m in ms)]
+    # The studies with every preset at this seed: a ranking of fewer recipes says little.
     outcome = {}
-    for model in models:
-        outcome[model] = {}
-        for rec in PRESETS:
-            xs = [m["val_rel"] for m in ms if m["model"] == model and m["recipe"] == rec and "val_rel" in m
-                  and m["seed"] == args.seed]
-            if xs:
-                outcome[model][rec] = xs[0]
+    for g in groups(runs):
+        o = {m["recipe"]: m["val_rel"] for m in ms if (m["model"], m["length"]) == g and m["recipe"] in PRESETS
+             and "val_rel" in m and m["seed"] == args.seed}
+        if len(o) == len(PRESETS):
+            outcome[g] = o
+    studies = list(outcome)
     lines = ["| trace | " + " | ".join(f"`{r}` SQNR dB" for r in PRESETS) + " | SQNR ranking (best first) |",
              "|---|" + "---:|" * len(PRESETS) + "---|"]
     for label, sq in traces:
         rank = " > ".join(sorted(PRESETS, key=lambda r: -sq[r]))
         lines.append(f"| {label} | " + " | ".join(f"{sq[r]:.2f}" for r in PRESETS) + f" | {rank} |")
-    lines += ["", f"| model (seed {args.seed}) | " + " | ".join(f"`{r}` Δ val %" for r in PRESETS) + " | loss ranking (best first) | "
-              + " | ".join(f"Spearman vs {label}" for label, _ in traces) + " |",
+    lines += ["", f"| model, length (seed {args.seed}) | " + " | ".join(f"`{r}` Δ val %" for r in PRESETS) +
+              " | loss ranking (best first) | " + " | ".join(f"Spearman vs {label}" for label, _ in traces) + " |",
               "|---|" + "---:|" * len(PRESETS) + "---|" + "---:|" * len(traces)]
-    for model in models:
-        recs = [r for r in PRESETS if r in outcome[model]]
-        rank = " > ".join(sorted(recs, key=lambda r: outcome[model][r]))
+    for study in studies:
+        recs = [r for r in PRESETS if r in outcome[study]]
+        rank = " > ".join(sorted(recs, key=lambda r: outcome[study][r]))
         rhos = []
         for _, sq in traces:
             # A good proxy: higher SQNR, lower loss error, so rho(SQNR, −Δloss) = +1.
-            rhos.append(spearman([sq[r] for r in recs], [-outcome[model][r] for r in recs]))
-        band = noise_band(ms, model)
-        lines.append(f"| {model} | " + " | ".join(_fmt(outcome[model].get(r), "+.2f") for r in PRESETS) +
+            rhos.append(spearman([sq[r] for r in recs], [-outcome[study][r] for r in recs]))
+        lines.append(f"| {study[0]}, {study[1]} steps | " +
+                     " | ".join(_fmt(outcome[study].get(r), "+.2f") for r in PRESETS) +
                      f" | {rank} | " + " | ".join(f"{x:+.2f}" for x in rhos) + " |")
     text = "\n".join(lines)
     if args.doc:
@@ -704,27 +721,27 @@ def cmd_proxy(args):
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.6), squeeze=False)
-        for ax, model in zip(axes[0], models):
-            band = noise_band(ms, model)
+        fig, axes = plt.subplots(1, len(studies), figsize=(6 * len(studies), 4.6), squeeze=False)
+        for ax, study in zip(axes[0], studies):
+            band = noise_band(ms, *study)
             if band:
                 ax.axhspan(-band["val"] / 2, band["val"] / 2, color="0.85", label="± half the BF16 seed spread")
             for k, (label, sq) in enumerate(traces):
-                recs = [r for r in PRESETS if r in outcome[model]]
-                ax.plot([sq[r] for r in recs], [outcome[model][r] for r in recs], "o", color=f"C{k}", label=label)
+                recs = [r for r in PRESETS if r in outcome[study]]
+                ax.plot([sq[r] for r in recs], [outcome[study][r] for r in recs], "o", color=f"C{k}", label=label)
                 for r in recs:
-                    ax.annotate(r, (sq[r], outcome[model][r]), fontsize=7, xytext=(3, 3),
+                    ax.annotate(r, (sq[r], outcome[study][r]), fontsize=7, xytext=(3, 3),
                                 textcoords="offset points")
             ax.axhline(0, color="k", lw=0.5)
             ax.set(xlabel="mean GEMM-output SQNR on the trace (dB)", ylabel="Δ final validation loss vs BF16 (%)",
-                   title=f"{model} model: proxy against outcome")
+                   title=f"{study[0]} model, {study[1]} steps: proxy against outcome")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(args.figure + ".tmp.png", dpi=100)
         os.replace(args.figure + ".tmp.png", args.figure)
         plt.close(fig)
-    print(f"proxy: {len(traces)} traces x {len(models)} models" + (f" -> {args.doc}" if args.doc else "") +
+    print(f"proxy: {len(traces)} traces x {len(studies)} studies" + (f" -> {args.doc}" if args.doc else "") +
           (f", {args.figure}" if args.figure else ""))
 
 
@@ -789,7 +806,8 @@ def main(argv=None):
             ap.error("--steps, --eval-every, --log-every and --eval-windows must be positive")
         if args.time_limit is not None and (not args.checkpoint or not args.time_limit > 0):
             ap.error("--time-limit needs --checkpoint and a positive number of seconds")
-        args.name = args.name or f"{args.size}-{args.recipe}-{args.mode if args.recipe != 'bf16' else 'bf16'}-s{args.seed}"
+        mode = args.mode if args.recipe != "bf16" else "bf16"
+        args.name = args.name or f"{args.size}-{args.recipe}-{mode}-s{args.seed}-{args.steps}"  # as train_study.sh
         cmd_train(args)
     elif args.cmd == "report":
         cmd_report(args)
