@@ -6,8 +6,11 @@ docs/spec.md §12 gives reference timings for. Every linear layer of the blocks 
 (fp4lab.torch.convert); the embedding and the output head stay BF16. For each recipe and GEMM mode it prints the
 median step time over --steps timed steps (CUDA events, after --warmup steps), the ratio to BF16, and the loss at
 the first and the last step on a learnable synthetic token stream (so a recipe that breaks training shows).
+--size small|large times scripts/train_fp4.py's models instead, and --recipes takes its recipe names (the presets
+and the ablations of docs/training.md).
 
-    python3 scripts/bench_train_step.py [--recipes bf16,ufp4,nvfp4] [--modes fast,exact] [--json out.json]
+    python3 scripts/bench_train_step.py [--size small] [--recipes bf16,ufp4,nvfp4] [--modes fast,exact] [--json out.json]
+    python3 scripts/bench_train_step.py table RESULTS.json...   (markdown tables of measured results)
 """
 import argparse
 import json
@@ -24,7 +27,11 @@ import fp4lab
 import fp4lab.torch as ft
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_fp4 import build_model  # noqa: E402  the decoder of docs/training.md
+from train_fp4 import RECIPES, SIZES, build_model, make_recipe  # noqa: E402  the decoder and recipes of docs/training.md
+
+# docs/spec.md §12's reference shape, used when --size is not given.
+SPEC_SHAPE = dict(d=1024, layers=8, heads=16, ffn=2816, seq=1024, batch=8, vocab=32000)
+SHAPE_KEYS = ("d", "layers", "heads", "ffn", "seq", "batch", "vocab")
 
 
 def batches(vocab, batch, seq, device, seed):
@@ -43,7 +50,7 @@ def run(args, recipe, mode, device, profile=False):
     cfg = {"d": args.d, "layers": args.layers, "heads": args.heads, "ffn": args.ffn, "seq": args.seq}
     model = build_model(cfg, args.vocab).to(device, torch.bfloat16)
     if recipe != "bf16":
-        ft.convert(model, ft.Recipe(recipe, mode=mode, check_finite="deferred"), include=r"^blocks\.")
+        ft.convert(model, make_recipe(recipe, mode, seed=0), include=r"^blocks\.")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=device.type == "cuda")
     data = batches(args.vocab, args.batch, args.seq, device, seed=1)
     times, losses = [], []
@@ -80,20 +87,37 @@ def run(args, recipe, mode, device, profile=False):
     params = sum(p.numel() for n, p in model.named_parameters() if n.startswith("blocks."))
     return {"recipe": recipe, "mode": mode if recipe != "bf16" else "-", "median_ms": statistics.median(times),
             "min_ms": min(times), "max_ms": max(times), "loss_first": losses[0], "loss_last": losses[-1],
-            "block_params": params, "steps_timed": len(times)}
+            "block_params": params, "steps_timed": len(times),
+            "tokens_per_s": args.batch * args.seq / (statistics.median(times) / 1e3)}
+
+
+def table(info: dict) -> str:
+    """A results JSON of this script as a markdown table (docs/training.md carries these verbatim)."""
+    m = info["model"]
+    size = f"`{info['size']}` model" if info.get("size") else "docs/spec.md §12 shape"
+    lines = [f"{size}: d {m['d']}, {m['layers']} layers, sequence {m['seq']}, batch {m['batch']}, vocabulary "
+             f"{m['vocab']}, {info['block_params'] / 1e6:.1f}M parameters in the blocks; {info['device']}, median "
+             f"of {info['rows'][0]['steps_timed']} steps",
+             "", "| recipe | GEMMs | ms/step | min–max ms | tokens/s | × BF16 |", "|---|---|---:|---:|---:|---:|"]
+    for r in info["rows"]:
+        lines.append(f"| `{r['recipe']}` | {r['mode']} | {r['median_ms']:.2f} | {r['min_ms']:.1f}–{r['max_ms']:.1f} "
+                     f"| {r['tokens_per_s']:,.0f} | {r['vs_bf16']:.2f} |")
+    return "\n".join(lines)
 
 
 def main():
+    if sys.argv[1:2] == ["table"]:  # print the tables of results already measured
+        for path in sys.argv[2:]:
+            print(table(json.load(open(path))) + "\n")
+        return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--recipes", default="bf16,ufp4,nvfp4")
     ap.add_argument("--modes", default="fast,exact")
-    ap.add_argument("--d", type=int, default=1024)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--ffn", type=int, default=2816)
-    ap.add_argument("--seq", type=int, default=1024)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--size", choices=sorted(SIZES),
+                    help="take the shape of this model of scripts/train_fp4.py (byte vocabulary, 256) instead of "
+                         "docs/spec.md §12's; a shape flag given as well overrides it")
+    for k in SHAPE_KEYS:
+        ap.add_argument(f"--{k}", type=int, help=f"default {SPEC_SHAPE[k]}")
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
@@ -101,6 +125,13 @@ def main():
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--profile", metavar="RECIPE:MODE", help="also profile two steps of this run: top CUDA kernels")
     args = ap.parse_args()
+    shape = dict(SIZES[args.size], vocab=256) if args.size else SPEC_SHAPE
+    for k in SHAPE_KEYS:
+        if getattr(args, k) is None:
+            setattr(args, k, shape[k])
+    unknown = [r for r in args.recipes.split(",") if r not in RECIPES]
+    if unknown:
+        ap.error(f"unknown recipe {', '.join(unknown)}; known: {', '.join(RECIPES)}")
     device = torch.device(args.device)
     if args.seq % 64 or args.batch * args.seq % 32:
         ap.error("--seq must be a multiple of 64 and batch * seq of 32 (the recipes' block and RHT sizes)")
@@ -112,18 +143,19 @@ def main():
         for mode in (["-"] if r == "bf16" else args.modes.split(",")):
             row = run(args, r, mode, device, profile=args.profile == f"{r}:{mode}")
             rows.append(row)
-            print(f"{r:9s} {row['mode']:6s} {row['median_ms']:9.2f} ms/step (min {row['min_ms']:.2f}, max "
+            print(f"{r:18s} {row['mode']:6s} {row['median_ms']:9.2f} ms/step (min {row['min_ms']:.2f}, max "
                   f"{row['max_ms']:.2f})  loss {row['loss_first']:.3f} -> {row['loss_last']:.3f}", flush=True)
     base = rows[0]["median_ms"]
     for row in rows:
         row["vs_bf16"] = row["median_ms"] / base
-    print(f"\n{'recipe':9s} {'mode':6s} {'ms/step':>9s} {'x BF16':>7s}  loss first -> last")
+    print(f"\n{'recipe':18s} {'mode':6s} {'ms/step':>9s} {'tokens/s':>10s} {'x BF16':>7s}  loss first -> last")
     for row in rows:
-        print(f"{row['recipe']:9s} {row['mode']:6s} {row['median_ms']:9.2f} {row['vs_bf16']:7.2f}  "
+        print(f"{row['recipe']:18s} {row['mode']:6s} {row['median_ms']:9.2f} {row['tokens_per_s']:10,.0f} "
+              f"{row['vs_bf16']:7.2f}  "
               f"{row['loss_first']:.3f} -> {row['loss_last']:.3f}")
     info = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch": torch.__version__, "fp4lab": fp4lab.__version__, "command": " ".join(sys.argv),
-            "model": {k: getattr(args, k) for k in ("d", "layers", "heads", "ffn", "seq", "batch", "vocab")},
+            "size": args.size, "model": {k: getattr(args, k) for k in SHAPE_KEYS},
             "block_params": rows[0]["block_params"], "rows": rows}
     if args.json:
         with open(args.json + ".tmp", "w") as f:

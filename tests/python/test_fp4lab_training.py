@@ -182,13 +182,19 @@ def block(text, marker):
 
 
 def test_docs_training_is_generated_from_the_committed_json(tmp_path):
-    """docs/training.md's status, tables and proxy tables equal what the report and proxy commands make of the
+    """docs/training.md's status, tables, throughput tables and proxy tables equal what the report and proxy commands make of the
     committed results: nothing in them is typed by hand."""
     doc = open(os.path.join(ROOT, "docs", "training.md")).read()
     runs = json.load(open(os.path.join(ROOT, "docs", "results", "training.json")))["runs"]
     assert all(RUN_KEYS <= set(r) for r in runs)
     assert block(doc, "training tables: scripts/train_fp4.py report") == train_fp4.tables(runs).strip()
     assert block(doc, "training status: scripts/train_fp4.py report") == train_fp4.status(runs)
+    import bench_train_step
+    bench = [json.load(open(os.path.join(ROOT, "docs", "results", f"bench-train-step-{m}-h200.json")))
+             for m in ("small", "large")]
+    assert [b["size"] for b in bench] == ["small", "large"]
+    assert block(doc, "throughput tables: scripts/bench_train_step.py table") == "\n\n".join(
+        bench_train_step.table(b) for b in bench)
     copy = tmp_path / "training.md"
     shutil.copy(os.path.join(ROOT, "docs", "training.md"), copy)
     r = py("proxy", "tiny-lm step 5000=docs/results/analysis.json",
@@ -212,3 +218,26 @@ def test_bundled_doc_lm_trace_and_its_analysis(tmp_path):
     want = json.load(open(os.path.join(ROOT, "docs", "results", "analysis-doc-lm.json")))
     for key in ("tensors", "gemms", "inversion", "decay"):
         assert got[key] == want[key], key
+
+
+def test_bench_train_step_times_the_training_models_and_recipes(tmp_path):
+    """bench_train_step.py --size takes train_fp4.py's model shape and recipe names (ablations included); its JSON
+    is what the table of docs/training.md is made from."""
+    bench = os.path.join(ROOT, "scripts", "bench_train_step.py")
+    out = tmp_path / "b.json"
+    # --seq overrides the size's 64, so that the synthetic stream's 64-token motif repeats and can be learnt.
+    r = subprocess.run([sys.executable, bench, "--size", "test", "--seq", "256", "--device", "cpu", "--warmup", "1",
+                        "--steps", "4", "--recipes", "ufp4-rht-none", "--modes", "exact", "--json", str(out)],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    info = json.load(open(out))
+    shape = dict(train_fp4.SIZES["test"], seq=256)
+    assert info["size"] == "test" and info["model"] == dict({k: shape[k] for k in info["model"] if k != "vocab"},
+                                                            vocab=256)
+    assert [(row["recipe"], row["mode"]) for row in info["rows"]] == [("bf16", "-"), ("ufp4-rht-none", "exact")]
+    for row in info["rows"]:
+        assert row["steps_timed"] == 4
+        assert row["tokens_per_s"] == shape["batch"] * shape["seq"] / (row["median_ms"] / 1e3)
+    assert info["rows"][1]["vs_bf16"] == info["rows"][1]["median_ms"] / info["rows"][0]["median_ms"]
+    r = subprocess.run([sys.executable, bench, "--recipes", "e3m0"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and "unknown recipe e3m0" in r.stderr
