@@ -6,7 +6,8 @@
 #   DATA=data/linux-doc LOGS=out PER_GPU=2 scripts/train_study.sh SIZE:RECIPE:MODE:SEED:STEPS[:EXTRA ARGS] ...
 #
 # EXTRA ARGS (split on spaces) go to that run alone, e.g. its trace capture options.
-# PREFIX may name a folder holding headers the machine lacks (Eigen, nlohmann-json, nanobind).
+# PREFIX may name a folder holding headers the machine lacks (Eigen, nlohmann-json, nanobind). CORE may name the
+# fp4lab._core module (.so) of an earlier build-gpu/ for the same machine, used instead of building.
 # TIME_LIMIT (seconds) stops each run at a step boundary after that long, its state in build-gpu/ckpt/NAME.pt; the
 # same command run again (on the same machine) resumes it bit for bit. Such runs count as continued, not failed.
 # Exit status: the number of runs that failed.
@@ -19,10 +20,14 @@ mkdir -p "$LOGS/runs"
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.."
 . scripts/gpu_step.sh
-if ! ls build-gpu/python/fp4lab/_core*.so >/dev/null 2>&1; then
+pp=$PWD/build-gpu/python
+if [ -n "${CORE:-}" ]; then  # a module built earlier for this machine's python3: no build (about a minute saved)
+  pp=$PWD/build-gpu/prebuilt
+  rm -rf "$pp" && mkdir -p "$pp" && cp -r python/fp4lab "$pp/" && cp "$CORE" "$pp/fp4lab/" || exit 100
+elif ! ls build-gpu/python/fp4lab/_core*.so >/dev/null 2>&1; then
   build_core || exit 100
 fi
-export PYTHONPATH=$PWD/build-gpu/python
+export PYTHONPATH=$pp
 ngpu=$(nvidia-smi -L | wc -l)
 nvidia-smi --query-gpu=index,name,clocks.max.sm --format=csv,noheader
 run_one() {  # GPU SPEC
