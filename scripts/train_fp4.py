@@ -529,7 +529,10 @@ def verdict(ms, model, length) -> str:
             if e:
                 pairs.append((m, e))
     if not pairs:
-        return f"**{study}: ufp4 vs e2m1-ref** — not both run with a common seed (BF16 runs only)."
+        have = sorted({f"{m['recipe']} seed {m['seed']}" for m in ms if m["model"] == model and
+                       m["length"] == length and m["recipe"] in ("ufp4", "e2m1-ref")})
+        return (f"**{study}: ufp4 vs e2m1-ref** — not both run with a common seed (of the two, run: "
+                f"{', '.join(have) or 'neither'}).")
     band = noise_band(ms, model, length)
     parts, holds = [], True
     for key, what in (("val_rel", "final validation loss"), ("train_rel", "training loss over the last 10%")):
@@ -636,6 +639,9 @@ def cmd_report(args):
                 if r["name"] not in seen:
                     runs.append(r)
                     seen.add(r["name"])
+    if not runs:  # never replace a results file with an empty one
+        raise SystemExit(f"report: no runs to write to {args.json} (give run JSONs, or --merge to redo the report "
+                         "of the runs already there)")
     order = {n: i for i, n in enumerate(SIZES)}
     runs.sort(key=lambda r: (order[r["model"]], r["name"]))
     _write_atomic(args.json, (json.dumps({"runs": runs}, separators=(",", ":")) + "\n").encode())

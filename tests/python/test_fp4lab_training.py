@@ -142,7 +142,14 @@ def test_training_runs_reproducible_with_the_documented_json(data, tmp_path):
     assert f"| `ufp4` | exact | 1 | {rel:+.2f} ({rel:+.2f})" in text
     assert "BF16 seed-to-seed spread (2 seeds" in text and "e2m1-ref" in text
     assert text.count("### test: ") == 2 and " 10 steps (" in text and " 12 steps (" in text
-    assert "- **test, 10 steps: ufp4 vs e2m1-ref** — not both run" in text
+    assert "- **test, 10 steps: ufp4 vs e2m1-ref** — not both run with a common seed (of the two, run: neither)" in text
+    # No runs given: the results file is kept, or with --merge its report redone from it.
+    before = (tmp_path / "training.json").read_bytes()
+    r = py("report", "--json", str(tmp_path / "training.json"), "--doc", "", "--figures", "")
+    assert r.returncode != 0 and "no runs" in r.stderr and (tmp_path / "training.json").read_bytes() == before
+    r = py("report", "--merge", "--json", str(tmp_path / "training.json"), "--doc", str(doc), "--figures", "")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "training.json").read_bytes() == before and doc.read_text() == text
     assert os.path.getsize(tmp_path / "fig_test_12.png") > 10000 and os.path.getsize(tmp_path / "fig_test_10.png")
     r = py("report", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json", str(tmp_path / "x.json"),
            "--doc", "", "--figures", "")
