@@ -29,9 +29,9 @@ import fp4lab.torch as ft
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_fp4 import RECIPES, SIZES, build_model, make_recipe  # noqa: E402  the decoder and recipes of docs/training.md
 
-# docs/spec.md §12's reference shape, used when --size is not given.
-SPEC_SHAPE = dict(d=1024, layers=8, heads=16, ffn=2816, seq=1024, batch=8, vocab=32000)
 SHAPE_KEYS = ("d", "layers", "heads", "ffn", "seq", "batch", "vocab")
+# docs/spec.md §12's reference shape, used when --size is not given: the large model with a 32000-token vocabulary.
+SPEC_SHAPE = dict({k: SIZES["large"][k] for k in SHAPE_KEYS if k != "vocab"}, vocab=32000)
 
 
 def batches(vocab, batch, seq, device, seed):

@@ -248,3 +248,9 @@ def test_bench_train_step_times_the_training_models_and_recipes(tmp_path):
     assert info["rows"][1]["vs_bf16"] == info["rows"][1]["median_ms"] / info["rows"][0]["median_ms"]
     r = subprocess.run([sys.executable, bench, "--recipes", "e3m0"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and "unknown recipe e3m0" in r.stderr
+    # Without --size it times docs/spec.md §12's reference model, whose shape it takes from the large model.
+    import bench_train_step
+    spec = " ".join(open(os.path.join(ROOT, "docs", "spec.md")).read().split())
+    s = bench_train_step.SPEC_SHAPE
+    assert (f"d {s['d']}, {s['layers']} layers, {s['heads']} heads, FFN {s['ffn']}, sequence {s['seq']}, batch "
+            f"{s['batch']}") in spec
