@@ -707,14 +707,13 @@ def cmd_proxy(args):
               " | loss ranking (best first) | " + " | ".join(f"Spearman vs {label}" for label, _ in traces) + " |",
               "|---|" + "---:|" * len(PRESETS) + "---|" + "---:|" * len(traces)]
     for study in studies:
-        recs = [r for r in PRESETS if r in outcome[study]]
-        rank = " > ".join(sorted(recs, key=lambda r: outcome[study][r]))
+        rank = " > ".join(sorted(PRESETS, key=lambda r: outcome[study][r]))
         rhos = []
         for _, sq in traces:
             # A good proxy: higher SQNR, lower loss error, so rho(SQNR, −Δloss) = +1.
-            rhos.append(spearman([sq[r] for r in recs], [-outcome[study][r] for r in recs]))
+            rhos.append(spearman([sq[r] for r in PRESETS], [-outcome[study][r] for r in PRESETS]))
         lines.append(f"| {study[0]}, {study[1]} steps | " +
-                     " | ".join(_fmt(outcome[study].get(r), "+.2f") for r in PRESETS) +
+                     " | ".join(f"{outcome[study][r]:+.2f}" for r in PRESETS) +
                      f" | {rank} | " + " | ".join(f"{x:+.2f}" for x in rhos) + " |")
     text = "\n".join(lines)
     if args.doc:
@@ -733,9 +732,9 @@ def cmd_proxy(args):
             if band:
                 ax.axhspan(-band["val"] / 2, band["val"] / 2, color="0.85", label="± half the BF16 seed spread")
             for k, (label, sq) in enumerate(traces):
-                recs = [r for r in PRESETS if r in outcome[study]]
-                ax.plot([sq[r] for r in recs], [outcome[study][r] for r in recs], "o", color=f"C{k}", label=label)
-                for r in recs:
+                ax.plot([sq[r] for r in PRESETS], [outcome[study][r] for r in PRESETS], "o", color=f"C{k}",
+                        label=label)
+                for r in PRESETS:
                     ax.annotate(r, (sq[r], outcome[study][r]), fontsize=7, xytext=(3, 3),
                                 textcoords="offset points")
             ax.axhline(0, color="k", lw=0.5)
