@@ -10,6 +10,8 @@
 # fp4lab._core module (.so) of an earlier build-gpu/ for the same machine, used instead of building.
 # TIME_LIMIT (seconds) stops each run at a step boundary after that long, its state in build-gpu/ckpt/NAME.pt; the
 # same command run again (on the same machine) resumes it bit for bit. Such runs count as continued, not failed.
+# DEADLINE (seconds since the epoch) does the same for a whole batch: each run's limit is the time left until then
+# (less 20 s for its start-up), so runs queued behind others also stop in time; one with under a minute left waits.
 # Exit status: the number of runs that failed.
 set -u
 LOGS=${LOGS:-gpu-out}
@@ -36,9 +38,13 @@ run_one() {  # GPU SPEC
   name="$size-$recipe-$([ "$recipe" = bf16 ] && echo bf16 || echo "$mode")-s$seed-$steps"
   [ -s "$LOGS/runs/$name.json" ] && { echo "skip $name (done)"; return 0; }
   echo "start $name on GPU $1 ($(date +%T))"
-  local resume=()
-  [ -n "${TIME_LIMIT:-}" ] && mkdir -p build-gpu/ckpt &&
-    resume=(--checkpoint "build-gpu/ckpt/$name.pt" --time-limit "$TIME_LIMIT")
+  local resume=() limit=${TIME_LIMIT:-}
+  if [ -n "${DEADLINE:-}" ]; then
+    local left=$((DEADLINE - $(date +%s) - 20))
+    [ $left -lt 60 ] && { echo "not started $name: the deadline is near (run again to start it)"; return 0; }
+    [ -z "$limit" ] || [ "${limit%.*}" -gt $left ] && limit=$left
+  fi
+  [ -n "$limit" ] && mkdir -p build-gpu/ckpt && resume=(--checkpoint "build-gpu/ckpt/$name.pt" --time-limit "$limit")
   CUDA_VISIBLE_DEVICES=$1 python3 scripts/train_fp4.py train --data "$DATA" --size "$size" --recipe "$recipe" \
     --mode "$mode" --seed "$seed" --steps "$steps" --name "$name" --concurrent "$PER_GPU" \
     --out "$LOGS/runs/$name.json" "${resume[@]}" ${TRAIN_ARGS:-} $extra >>"$LOGS/runs/$name.log" 2>&1
