@@ -263,6 +263,12 @@ def cmd_train(args):
     if len(train_data) < 100 * (seq + 1) or len(val_data) < batch * seq + 1:
         raise SystemExit(f"{args.data}: too little text for sequence {seq}")
     device = torch.device(args.device)
+    if args.deterministic:
+        # On a GPU, cuDNN attention's backward and cuBLAS's split workspaces add in a varying order, so two runs
+        # of one command part after the first step; these settings pick fixed-order algorithms (fp4lab's own
+        # kernels are order-independent already). The variable must be set before cuBLAS starts.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
 
     torch.manual_seed(args.seed)
     model = build_model(cfg).to(device)
@@ -323,7 +329,7 @@ def cmd_train(args):
     # A run may span several invocations (--time-limit, --checkpoint): the checkpoint holds everything the next
     # step depends on, so a resumed run continues bit for bit where it stopped.
     key = {"size": args.size, "recipe": args.recipe, "mode": args.mode, "seed": args.seed, "steps": args.steps,
-           "cfg": cfg}
+           "cfg": cfg, "deterministic": args.deterministic}
     if args.checkpoint and os.path.exists(args.checkpoint):
         ck = torch.load(args.checkpoint, map_location=device, weights_only=False)
         if ck["key"] != key:
@@ -399,7 +405,7 @@ def cmd_train(args):
                    "FP32 master weights, BF16 autocast", "val_tokens_final": int((n_val - n_val % batch) * seq),
                    "val_tokens_intermediate": int(min(args.eval_windows, n_val) // batch * batch * seq)},
         "diverged": diverged, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-        "concurrent_runs": args.concurrent, "wall_s": wall_before + time.time() - t_start,
+        "deterministic": args.deterministic, "concurrent_runs": args.concurrent, "wall_s": wall_before + time.time() - t_start,
         "fp4lab_version": fp4lab.__version__, "command": " ".join(sys.argv),
     }
     if args.out:
@@ -775,6 +781,8 @@ def main(argv=None):
     t.add_argument("--name")
     t.add_argument("--out")
     t.add_argument("--force", action="store_true")
+    t.add_argument("--deterministic", action="store_true", help="PyTorch's deterministic algorithms: on a GPU, "
+                   "two runs of one command then agree bit for bit (on the CPU they always do)")
     t.add_argument("--concurrent", type=int, default=1, help="runs sharing the GPU (recorded, for tokens/s)")
     t.add_argument("--checkpoint", help="resume from this file if it exists; where --time-limit saves the state")
     t.add_argument("--time-limit", type=float, help="stop after this many seconds at a step boundary, save the state "

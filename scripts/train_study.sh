@@ -5,7 +5,8 @@
 #
 #   DATA=data/linux-doc LOGS=out PER_GPU=2 scripts/train_study.sh SIZE:RECIPE:MODE:SEED:STEPS[:EXTRA ARGS] ...
 #
-# EXTRA ARGS (split on spaces) go to that run alone, e.g. its trace capture options.
+# EXTRA ARGS (split on spaces) go to that run alone, e.g. its trace capture options; TRAIN_ARGS go to every run
+# (e.g. --deterministic, for runs that repeat bit for bit on the GPU).
 # PREFIX may name a folder holding headers the machine lacks (Eigen, nlohmann-json, nanobind). CORE may name the
 # fp4lab._core module (.so) of an earlier build-gpu/ for the same machine, used instead of building.
 # TIME_LIMIT (seconds) stops each run at a step boundary after that long, its state in build-gpu/ckpt/NAME.pt; the

@@ -97,10 +97,10 @@ def data(tmp_path_factory):
     return d
 
 
-def train(data, out, recipe, seed=0, steps=12):
+def train(data, out, recipe, seed=0, steps=12, *extra):
     r = py("train", "--data", str(data), "--size", "test", "--recipe", recipe, "--steps", str(steps),
            "--eval-every", "6", "--eval-windows", "8", "--log-every", "6", "--seed", str(seed), "--device", "cpu",
-           "--out", str(out), env={**os.environ, "OMP_NUM_THREADS": "1"})
+           "--out", str(out), *extra, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr
     return json.load(open(out))
 
@@ -113,6 +113,11 @@ def test_training_runs_reproducible_with_the_documented_json(data, tmp_path):
     assert a["steps"] == list(range(1, 13)) and a["val_steps"] == [6, 12] and len(a["train_loss"]) == 12
     assert a["recipe"] == "ufp4" and a["gemm_mode"] == "exact" and a["diverged"] is None
     assert a["train_loss"][-1] < a["train_loss"][0]
+    # --deterministic runs (every op with a fixed-order algorithm) and is recorded; on the CPU the defaults are
+    # already deterministic, so the losses are the same bits.
+    d = train(data, tmp_path / "d.json", "ufp4", 0, 12, "--deterministic")
+    assert d["deterministic"] is True and a["deterministic"] is False
+    assert d["train_loss"] == a["train_loss"] and d["val_loss"] == a["val_loss"]
     bf = train(data, tmp_path / "bf.json", "bf16")
     # Same initialisation and batches: the first forward differs only by the recipe's quantisation.
     assert abs(bf["train_loss"][0] - a["train_loss"][0]) < 0.05 and bf["train_loss"] != a["train_loss"]
