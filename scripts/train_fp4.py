@@ -327,11 +327,12 @@ def cmd_train(args):
     train_time, wall_before, start = 0.0, 0.0, 0
     diverged = None
     # A run may span several invocations (--time-limit, --checkpoint): the checkpoint holds everything the next
-    # step depends on, so a resumed run continues bit for bit where it stopped.
+    # step depends on, so a resumed run continues bit for bit where it stopped (on a GPU, with --deterministic).
     key = {"size": args.size, "recipe": args.recipe, "mode": args.mode, "seed": args.seed, "steps": args.steps,
            "cfg": cfg, "deterministic": args.deterministic}
     if args.checkpoint and os.path.exists(args.checkpoint):
         ck = torch.load(args.checkpoint, map_location=device, weights_only=False)
+        ck["key"].setdefault("deterministic", False)  # checkpoints written before the option existed
         if ck["key"] != key:
             raise SystemExit(f"{args.checkpoint}: a checkpoint of another run ({ck['key']}), not of this one")
         model.load_state_dict(ck["model"])
@@ -577,6 +578,7 @@ def plot(runs, path_prefix):
     import matplotlib.pyplot as plt
     written = []
     colors = {n: f"C{i}" for i, n in enumerate(CORE + [a for a in ABLATIONS if a not in CORE])}
+    seed_style = ["-", ":", "--", "-."]  # one line style per seed, so the seeds of one recipe can be told apart
     for model, length in groups(runs):
         rs = [r for r in runs if r["model"] == model and r["config"]["steps"] == length]
         bf = {r["seed"]: r for r in rs if r["recipe"] == "bf16"}
@@ -592,12 +594,12 @@ def plot(runs, path_prefix):
             w = max(1, len(r["train_loss"]) // 20)  # moving mean over 5% of the run
             d = [100 * (x - y) / y for x, y in zip(r["train_loss"], ref["train_loss"])]
             sm = [sum(d[i - w + 1: i + 1]) / w for i in range(w - 1, len(d))]
-            a.plot(r["steps"][w - 1:], sm, "-" if r["seed"] == 0 else ":", color=colors.get(r["recipe"], "k"),
+            a.plot(r["steps"][w - 1:], sm, seed_style[r["seed"] % len(seed_style)], color=colors.get(r["recipe"], "k"),
                    label=f"{r['recipe']} s{r['seed']}")
 
         for r in rs:
             if r["recipe"] in CORE:
-                ax[0].plot(r["val_steps"], r["val_loss"], "-" if r["seed"] == 0 else ":", marker=".",
+                ax[0].plot(r["val_steps"], r["val_loss"], seed_style[r["seed"] % len(seed_style)], marker=".",
                            color=colors[r["recipe"]], label=f"{r['recipe']} s{r['seed']}")
                 if panels > 1:
                     rel_curve(ax[1], r)
@@ -782,7 +784,8 @@ def main(argv=None):
     t.add_argument("--out")
     t.add_argument("--force", action="store_true")
     t.add_argument("--deterministic", action="store_true", help="PyTorch's deterministic algorithms: on a GPU, "
-                   "two runs of one command then agree bit for bit (on the CPU they always do)")
+                   "two runs of one command then agree bit for bit (on the CPU they always do); an operation without "
+                   "one stops the run")
     t.add_argument("--concurrent", type=int, default=1, help="runs sharing the GPU (recorded, for tokens/s)")
     t.add_argument("--checkpoint", help="resume from this file if it exists; where --time-limit saves the state")
     t.add_argument("--time-limit", type=float, help="stop after this many seconds at a step boundary, save the state "

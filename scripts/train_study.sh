@@ -6,19 +6,25 @@
 #   DATA=data/linux-doc LOGS=out PER_GPU=2 scripts/train_study.sh SIZE:RECIPE:MODE:SEED:STEPS[:EXTRA ARGS] ...
 #
 # EXTRA ARGS (split on spaces) go to that run alone, e.g. its trace capture options; TRAIN_ARGS go to every run
-# (e.g. --deterministic, for runs that repeat bit for bit on the GPU).
+# (e.g. --deterministic, for runs that repeat bit for bit on the GPU; run names do not say so, so give such runs
+# their own LOGS).
 # PREFIX may name a folder holding headers the machine lacks (Eigen, nlohmann-json, nanobind). CORE may name the
 # fp4lab._core module (.so) of an earlier build-gpu/ for the same machine, used instead of building.
 # TIME_LIMIT (seconds) stops each run at a step boundary after that long, its state in build-gpu/ckpt/NAME.pt; the
-# same command run again (on the same machine) resumes it bit for bit. Such runs count as continued, not failed.
-# DEADLINE (seconds since the epoch) does the same for a whole batch: each run's limit is the time left until then
-# (less 20 s for its start-up), so runs queued behind others also stop in time; one with under a minute left waits.
-# Exit status: the number of runs that failed.
+# same command run again (on the same machine) resumes it (bit for bit with --deterministic). Such runs count as
+# continued, not failed. DEADLINE (whole seconds since the epoch) does the same for a whole batch: each run's limit
+# is the time left until then (less 20 s for its start-up), so runs queued behind others also stop in time; one
+# with under a minute left is not started, and the next invocation starts it.
+# Exit status: the number of runs that failed (100: bad settings or no fp4lab._core); the last line counts the
+# runs left unfinished.
 set -u
 LOGS=${LOGS:-gpu-out}
 ARCHS=${ARCHS:-90a}
 PER_GPU=${PER_GPU:-1}
 DATA=${DATA:?DATA must name the folder made by train_fp4.py corpus}
+[[ ${DEADLINE:-0} =~ ^[0-9]+$ ]] || { echo "DEADLINE=$DEADLINE: not whole seconds since the epoch" >&2; exit 100; }
+[[ ${TIME_LIMIT:-1} =~ ^[0-9]*\.?[0-9]+$ ]] && [ "${TIME_LIMIT:-1}" != 0 ] ||
+  { echo "TIME_LIMIT=$TIME_LIMIT: not a positive number of seconds" >&2; exit 100; }
 mkdir -p "$LOGS/runs"
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.."
@@ -33,17 +39,23 @@ fi
 export PYTHONPATH=$pp
 ngpu=$(nvidia-smi -L | wc -l)
 nvidia-smi --query-gpu=index,name,clocks.max.sm --format=csv,noheader
+run_name() {  # SPEC
+  local size recipe mode seed steps extra
+  IFS=: read -r size recipe mode seed steps extra <<<"$1"
+  echo "$size-$recipe-$([ "$recipe" = bf16 ] && echo bf16 || echo "$mode")-s$seed-$steps"
+}
 run_one() {  # GPU SPEC
   local size recipe mode seed steps extra name
   IFS=: read -r size recipe mode seed steps extra <<<"$2"
-  name="$size-$recipe-$([ "$recipe" = bf16 ] && echo bf16 || echo "$mode")-s$seed-$steps"
+  name=$(run_name "$2")
   [ -s "$LOGS/runs/$name.json" ] && { echo "skip $name (done)"; return 0; }
   echo "start $name on GPU $1 ($(date +%T))"
   local resume=() limit=${TIME_LIMIT:-}
   if [ -n "${DEADLINE:-}" ]; then
     local left=$((DEADLINE - $(date +%s) - 20))
     [ $left -lt 60 ] && { echo "not started $name: the deadline is near (run again to start it)"; return 0; }
-    [ -z "$limit" ] || [ "${limit%.*}" -gt $left ] && limit=$left
+    local whole=${limit%.*}
+    [ -z "$limit" ] || [ "${whole:-0}" -gt $left ] && limit=$left
   fi
   [ -n "$limit" ] && mkdir -p build-gpu/ckpt && resume=(--checkpoint "build-gpu/ckpt/$name.pt" --time-limit "$limit")
   CUDA_VISIBLE_DEVICES=$1 python3 scripts/train_fp4.py train --data "$DATA" --size "$size" --recipe "$recipe" \
@@ -74,5 +86,7 @@ done
 fail=0
 for ((g = 0; g < ngpu; g++)); do wait -n; fail=$((fail + $?)); done
 for f in "$LOGS"/runs/*.log; do echo "--- $(basename "$f")"; tail -n 2 "$f"; done
-echo "failed runs: $fail"
+left=0
+for spec in "${specs[@]}"; do [ -s "$LOGS/runs/$(run_name "$spec").json" ] || left=$((left + 1)); done
+echo "failed runs: $fail; unfinished runs: $left"
 exit $fail
