@@ -9,7 +9,8 @@ the first and the last step on a learnable synthetic token stream (so a recipe t
 --size small|large times scripts/train_fp4.py's models instead, and --recipes takes its recipe names (the presets
 and the ablations of docs/training.md).
 
-    python3 scripts/bench_train_step.py [--size small] [--recipes bf16,ufp4,nvfp4] [--modes fast,exact] [--json out.json]
+    python3 scripts/bench_train_step.py [--size small] [--recipes bf16,ufp4,nvfp4] [--modes fast,exact]
+        [--json out.json]
     python3 scripts/bench_train_step.py table RESULTS.json...   (markdown tables of measured results)
 """
 import argparse
@@ -27,7 +28,8 @@ import fp4lab
 import fp4lab.torch as ft
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_fp4 import RECIPES, SIZES, build_model, make_recipe  # noqa: E402  the decoder and recipes of docs/training.md
+# The decoder and the recipes of docs/training.md.
+from train_fp4 import RECIPES, SIZES, build_model, make_recipe  # noqa: E402
 
 SHAPE_KEYS = ("d", "layers", "heads", "ffn", "seq", "batch", "vocab")
 # docs/spec.md §12's reference shape, used when --size is not given: the large model with a 32000-token vocabulary.

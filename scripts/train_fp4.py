@@ -243,6 +243,11 @@ def _load(data_dir: str, name: str):
     return a
 
 
+def run_name(size: str, recipe: str, mode: str, seed, steps) -> str:
+    """A run's name (its JSON, log and checkpoint files): scripts/train_study.sh names runs through `name`."""
+    return f"{size}-{recipe}-{'bf16' if recipe == 'bf16' else mode}-s{seed}-{steps}"
+
+
 def cmd_train(args):
     import numpy as np
     import torch
@@ -406,7 +411,8 @@ def cmd_train(args):
                    "FP32 master weights, BF16 autocast", "val_tokens_final": int((n_val - n_val % batch) * seq),
                    "val_tokens_intermediate": int(min(args.eval_windows, n_val) // batch * batch * seq)},
         "diverged": diverged, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-        "deterministic": args.deterministic, "concurrent_runs": args.concurrent, "wall_s": wall_before + time.time() - t_start,
+        "deterministic": args.deterministic, "concurrent_runs": args.concurrent,
+        "wall_s": wall_before + time.time() - t_start,
         "fp4lab_version": fp4lab.__version__, "command": " ".join(sys.argv),
     }
     if args.out:
@@ -811,6 +817,8 @@ def main(argv=None):
     x.add_argument("--doc", default=os.path.join(ROOT, "docs/training.md"))
     x.add_argument("--figure", default=os.path.join(ROOT, "docs/fig_training_proxy.png"))
     sub.add_parser("recipes", help="list the recipes")
+    n = sub.add_parser("name", help="the run name of each scripts/train_study.sh run spec")
+    n.add_argument("specs", nargs="+", metavar="SIZE:RECIPE:MODE:SEED:STEPS[:EXTRA ARGS]")
     args = ap.parse_args(argv)
     if args.cmd == "corpus":
         cmd_corpus(args)
@@ -822,13 +830,18 @@ def main(argv=None):
             ap.error("--steps, --eval-every, --log-every and --eval-windows must be positive")
         if args.time_limit is not None and (not args.checkpoint or not args.time_limit > 0):
             ap.error("--time-limit needs --checkpoint and a positive number of seconds")
-        mode = args.mode if args.recipe != "bf16" else "bf16"
-        args.name = args.name or f"{args.size}-{args.recipe}-{mode}-s{args.seed}-{args.steps}"  # as train_study.sh
+        args.name = args.name or run_name(args.size, args.recipe, args.mode, args.seed, args.steps)
         cmd_train(args)
     elif args.cmd == "report":
         cmd_report(args)
     elif args.cmd == "proxy":
         cmd_proxy(args)
+    elif args.cmd == "name":
+        for spec in args.specs:
+            f = spec.split(":", 5)
+            if len(f) < 5:
+                ap.error(f"{spec}: not SIZE:RECIPE:MODE:SEED:STEPS[:EXTRA ARGS]")
+            print(run_name(*f[:5]))
     else:
         for n, (preset, pp, po, what) in RECIPES.items():
             print(f"{n:20s} {what}")

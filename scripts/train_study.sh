@@ -39,11 +39,7 @@ fi
 export PYTHONPATH=$pp
 ngpu=$(nvidia-smi -L | wc -l)
 nvidia-smi --query-gpu=index,name,clocks.max.sm --format=csv,noheader
-run_name() {  # SPEC
-  local size recipe mode seed steps extra
-  IFS=: read -r size recipe mode seed steps extra <<<"$1"
-  echo "$size-$recipe-$([ "$recipe" = bf16 ] && echo bf16 || echo "$mode")-s$seed-$steps"
-}
+run_name() { python3 scripts/train_fp4.py name "$1"; }  # SPEC: the one naming rule, train_fp4.py's
 run_one() {  # GPU SPEC
   local size recipe mode seed steps extra name
   IFS=: read -r size recipe mode seed steps extra <<<"$2"

@@ -112,6 +112,11 @@ def test_training_runs_reproducible_with_the_documented_json(data, tmp_path):
     assert a["train_loss"] == b["train_loss"] and a["val_loss"] == b["val_loss"]  # bit for bit on the CPU
     assert a["steps"] == list(range(1, 13)) and a["val_steps"] == [6, 12] and len(a["train_loss"]) == 12
     assert a["recipe"] == "ufp4" and a["gemm_mode"] == "exact" and a["diverged"] is None
+    # The default run name is the one scripts/train_study.sh gets from `name` for the same spec.
+    r = py("name", "test:ufp4:exact:0:12", "test:bf16:exact:1:6000:--capture-steps 2,3")
+    assert r.returncode == 0 and r.stdout.split("\n")[:2] == [a["name"], "test-bf16-bf16-s1-6000"]
+    assert a["name"] == "test-ufp4-exact-s0-12"
+    assert py("name", "test:ufp4:exact").returncode == 2
     assert a["train_loss"][-1] < a["train_loss"][0]
     # --deterministic runs (every op with a fixed-order algorithm) and is recorded; on the CPU the defaults are
     # already deterministic, so the losses are the same bits.
@@ -147,7 +152,8 @@ def test_training_runs_reproducible_with_the_documented_json(data, tmp_path):
     assert f"| `ufp4` | exact | 1 | {rel:+.2f} ({rel:+.2f})" in text
     assert "BF16 seed-to-seed spread (2 seeds" in text and "e2m1-ref" in text
     assert text.count("### test: ") == 2 and " 10 steps (" in text and " 12 steps (" in text
-    assert "- **test, 10 steps: ufp4 vs e2m1-ref** — not both run with a common seed (of the two, run: neither)" in text
+    assert ("- **test, 10 steps: ufp4 vs e2m1-ref** — not both run with a common seed (of the two, run: neither)"
+            in text)
     # No runs given: the results file is kept, or with --merge its report redone from it.
     before = (tmp_path / "training.json").read_bytes()
     r = py("report", "--json", str(tmp_path / "training.json"), "--doc", "", "--figures", "")
@@ -194,8 +200,8 @@ def block(text, marker):
 
 
 def test_docs_training_is_generated_from_the_committed_json(tmp_path):
-    """docs/training.md's status, tables, throughput tables and proxy tables equal what the report and proxy commands make of the
-    committed results: nothing in them is typed by hand."""
+    """docs/training.md's status, tables, throughput tables and proxy tables equal what the report, proxy and
+    bench table commands make of the committed results: nothing in them is typed by hand."""
     doc = open(os.path.join(ROOT, "docs", "training.md")).read()
     runs = json.load(open(os.path.join(ROOT, "docs", "results", "training.json")))["runs"]
     assert all(RUN_KEYS <= set(r) for r in runs)
