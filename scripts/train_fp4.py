@@ -269,9 +269,9 @@ def cmd_train(args):
         raise SystemExit(f"{args.data}: too little text for sequence {seq}")
     device = torch.device(args.device)
     if args.deterministic:
-        # On a GPU, cuDNN attention's backward and cuBLAS's split workspaces add in a varying order, so two runs
-        # of one command part after the first step; these settings pick fixed-order algorithms (fp4lab's own
-        # kernels are order-independent already). The variable must be set before cuBLAS starts.
+        # On a GPU, cuDNN attention's backward (and at least one other PyTorch kernel) adds in a varying order, so
+        # two runs of one command part after the first step; these settings pick fixed-order algorithms (fp4lab's
+        # own kernels are order-independent already). cuBLAS reads the variable when it starts, so it goes first.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
 
