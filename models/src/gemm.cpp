@@ -2,14 +2,7 @@
 
 #include "gemm_kernels.hpp"
 
-// GCC 12 warns inside its own AVX-512 intrinsics as Eigen inlines them (PR 105593, the
-// _mm512_undefined_* passthroughs); the pragma covers the intrinsic headers Eigen pulls in first.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wunused-variable"
-#include <Eigen/Dense>
-#pragma GCC diagnostic pop
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -30,15 +23,56 @@ std::vector<float> gemm(const QTensor& a, const QTensor& b) {
   return c;
 }
 
+namespace {
+// The float64 reference product is defined by its order (docs/spec.md §6). A product of two floats is exact in
+// float64 (24 + 24 significant bits < 53; exponents stay far inside float64's range), so only the additions
+// round: each output adds its K products in ascending k, starting from +0.0. Tiles, SIMD lanes and threads run
+// across outputs only, never across k, so every build, CPU and thread count gives the same bits (a BLAS picks
+// its K blocking from the CPU's cache sizes and vector width, and its last bits with it). For the same reason a
+// fused multiply-add, where the compiler forms one, rounds exactly as the separate multiply and add.
+constexpr int kLanes = 8;  // output columns per vector: one AVX-512 register, two AVX2 or four SSE2 ones
+using Vec = double __attribute__((vector_size(kLanes * sizeof(double))));
+#if defined(__AVX512F__)
+constexpr int kRows = 4, kVecs = 2;  // 8 accumulator registers of 32
+#else
+constexpr int kRows = 4, kVecs = 1;  // AVX2: 8 of 16 ymm registers
+#endif
+constexpr int kPanel = kLanes * kVecs;  // B columns per packed panel
+
+// C[m0.., n0..n0+kPanel) for `rows` rows of A against one packed panel of B (K x kPanel, zero past N).
+template <int R>
+void f64_tile(const float* a, int64_t K, const Vec* bp, double* c, int64_t N, int64_t n0) {
+  Vec acc[R][kVecs];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < kVecs; ++v) acc[r][v] = Vec{};  // +0.0
+  for (int64_t k = 0; k < K; ++k) {
+    const Vec* b = bp + k * kVecs;
+    for (int r = 0; r < R; ++r) {
+      const double x = double(a[r * K + k]);
+      for (int v = 0; v < kVecs; ++v) acc[r][v] += x * b[v];
+    }
+  }
+  const int64_t cols = std::min<int64_t>(kPanel, N - n0);
+  for (int r = 0; r < R; ++r)
+    for (int64_t j = 0; j < cols; ++j) c[r * N + n0 + j] = acc[r][j / kLanes][j % kLanes];
+}
+}  // namespace
+
 std::vector<double> gemm_f64(const float* a, const float* b, int64_t M, int64_t N, int64_t K) {
-  using RowMatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  using RowMatD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  Eigen::Map<const RowMatF> A(a, M, K), Bm(b, N, K);
-  // Widen once up front: a cast inside the product expression is re-evaluated in every packing pass.
-  const RowMatD Ad = A.cast<double>(), Bd = Bm.cast<double>();
   std::vector<double> c(size_t(M * N));
-  Eigen::Map<RowMatD> C(c.data(), M, N);
-  C.noalias() = Ad * Bd.transpose();
+  const int64_t panels = (N + kPanel - 1) / kPanel;
+  // One B panel (K x kPanel doubles, about 1 MB at K = 8192) is packed by the thread that uses it, then every
+  // row of A streams past it.
+#pragma omp parallel for schedule(dynamic, 1) if (double(M) * double(N) * double(K) > (1 << 21))
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t n0 = p * kPanel;
+    std::vector<Vec> bp(size_t(K * kVecs));
+    for (int64_t k = 0; k < K; ++k)
+      for (int j = 0; j < kPanel; ++j) bp[k * kVecs + j / kLanes][j % kLanes] = n0 + j < N ? double(b[(n0 + j) * K + k]) : 0.0;
+    int64_t m = 0;
+    for (; m + kRows <= M; m += kRows) f64_tile<kRows>(a + m * K, K, bp.data(), c.data() + m * N, N, n0);
+    for (; m < M; ++m) f64_tile<1>(a + m * K, K, bp.data(), c.data() + m * N, N, n0);
+  }
   return c;
 }
 

@@ -64,7 +64,8 @@ void check_gemm_operands(const Q& a, const Q& b) {
 // Fast CPU implementation (vectorised, both cores); bit-identical to reference::gemm_contract.
 std::vector<float> gemm(const QTensor& a, const QTensor& b);
 
-// Plain reference product of unquantised operands, C = A . B^T accumulated in float64 (Eigen).
+// Plain reference product of unquantised operands, C = A . B^T in float64: each output the sum of its exact
+// products in ascending k from +0.0, so the same bits on every CPU, build and thread count (docs/spec.md §6).
 std::vector<double> gemm_f64(const float* a, const float* b, int64_t M, int64_t N, int64_t K);
 
 }  // namespace fp4lab
