@@ -15,6 +15,7 @@
 
 #include "commands.hpp"
 #include "files.hpp"
+#include "fp4lab/crmath.hpp"
 #include "fp4lab/io/safetensors.hpp"
 #include "fp4lab/layer_analysis.hpp"
 #include "fp4lab/rht.hpp"
@@ -409,7 +410,7 @@ int cmd_analyze(const Invocation& inv) {
   // The decay, summed in record order and setting order as the rows were produced.
   for (const Row& r : grows)
     if (r.what == "fwd_y")
-      for (size_t si = 0; si < settings.size(); ++si) log_eta_sum[settings[si].label()] += std::log(r.eta[si]);
+      for (size_t si = 0; si < settings.size(); ++si) log_eta_sum[settings[si].label()] += cr::log(r.eta[si]);
   const double seconds = progress.seconds();
 
   // Where the paper's inversion appears: E2M1 ahead without RHT, E1M2 ahead with it.
@@ -434,7 +435,7 @@ int cmd_analyze(const Invocation& inv) {
                  {"gemms", gl}, {"gemms_total", grows.size()}};
   }
   Json decay = Json::object();
-  for (const auto& [label, s] : log_eta_sum) decay[label] = {{"product_eta_fwd_y", std::exp(s)}};
+  for (const auto& [label, s] : log_eta_sum) decay[label] = {{"product_eta_fwd_y", cr::exp(s)}};
 
   if (json.table()) {
     std::cout << fmt("fp4lab analyze: %s — %zu GEMMs, %lld elements, 1x%d blocks, %s scales, RTNE (%.1f s)\n\n",
@@ -467,7 +468,7 @@ int cmd_analyze(const Invocation& inv) {
       std::cout << fmt("\nInversion (E2M1 ahead without RHT, E1M2 ahead with RHT-%d): %zu of %zu tensors, %zu of %zu GEMMs\n",
                        rht_d, inversion["tensors"].size(), trows.size(), inversion["gemms"].size(), grows.size());
     std::cout << "\nShrinkage through the forward chain: prod(eta) over fwd_y GEMMs = exp(-sum delta)\n";
-    for (const auto& [label, s] : log_eta_sum) std::cout << fmt("  %-16s %.6f\n", label.c_str(), std::exp(s));
+    for (const auto& [label, s] : log_eta_sum) std::cout << fmt("  %-16s %.6f\n", label.c_str(), cr::exp(s));
     if (!recipes.empty()) {
       std::cout << "\nTraining recipes (each pass with the recipe's own operand settings)\n";
       for (const auto& g : gemms)

@@ -6,6 +6,7 @@ set -euo pipefail
 APT_PACKAGES=(
   build-essential cmake pkg-config
   libeigen3-dev libboost-program-options-dev nlohmann-json3-dev
+  libmpfr-dev                      # correctly rounded log/exp of the reported statistics
   googletest libgtest-dev
   libsystemc-dev verilator yosys
   clang libclang-rt-14-dev        # libFuzzer for the trace-reader fuzz target

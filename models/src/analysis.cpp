@@ -1,5 +1,7 @@
 #include "fp4lab/analysis.hpp"
 
+#include "fp4lab/crmath.hpp"
+
 #include <cmath>
 #include <limits>
 
@@ -40,7 +42,7 @@ std::vector<EmpiricalLevel> empirical_bias(const QTensor& q, const float* seen) 
 }
 
 double Moments::sqnr_db() const {
-  return err2 == 0.0 ? std::numeric_limits<double>::infinity() : 10.0 * std::log10(ref2 / err2);
+  return err2 == 0.0 ? std::numeric_limits<double>::infinity() : 10.0 * cr::log10(ref2 / err2);
 }
 double Moments::alpha() const { return ref2 == 0.0 ? 1.0 : dot / ref2; }
 
@@ -115,9 +117,9 @@ double beff(const QTensor& q) {
   for (int i = 0; i < L; ++i)
     if (cnt[0][i]) {
       const double p = double(cnt[0][i]) / n;
-      h -= p * std::log(p);
+      h -= p * cr::log(p);
     }
-  return std::exp(h) / L;
+  return cr::exp(h) / L;
 }
 
 double shrinkage_alpha(const float* ref, const float* q, int64_t n) { return moments(ref, q, n).alpha(); }
