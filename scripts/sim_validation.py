@@ -25,6 +25,7 @@ that shape's half. Both halves thus span the whole size range, and no validation
 choose a configuration value.
 """
 import argparse
+import decimal
 import csv
 import glob
 import itertools
@@ -192,12 +193,19 @@ def ranks(v):
     return rk
 
 
+def exact_log(x):
+    """ln x from the decimal module (exact integer arithmetic, correctly rounded to 40 digits) rounded to a float:
+    libm's log is picked by the CPU and not correctly rounded, so its last bit can differ between machines."""
+    return float(decimal.Context(prec=40).ln(decimal.Decimal(x)))
+
+
 def pearson(x, y):
+    """Summed in list order with IEEE + - * / and sqrt only (no libm pow): the same bits on every machine."""
     n = len(x)
     mx, my = sum(x) / n, sum(y) / n
     sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
-    sxx = sum((a - mx) ** 2 for a in x)
-    syy = sum((b - my) ** 2 for b in y)
+    sxx = sum((a - mx) * (a - mx) for a in x)
+    syy = sum((b - my) * (b - my) for b in y)
     return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else float("nan")
 
 
@@ -211,7 +219,7 @@ def metrics(rows):
     return {"n": len(rows), "mape": sum(abs(e) for e in err) / len(err), "mean_signed_error": sum(err) / len(err),
             "worst_error": err[worst], "worst": rows[worst]["kernel"] + " " + rows[worst]["recipe"] + " " +
             rows[worst]["shape"],
-            "pearson_log": pearson([math.log(a) for a in m], [math.log(b) for b in p]),
+            "pearson_log": pearson([exact_log(a) for a in m], [exact_log(b) for b in p]),
             "spearman": pearson(ranks(m), ranks(p))}
 
 

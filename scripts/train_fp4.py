@@ -440,9 +440,11 @@ def tail_mean(run, frac=0.1):
 
 
 def _stats(xs):
+    """Mean and sample standard deviation, summed in list order with IEEE + - * / and sqrt only (no libm pow,
+    no numpy reduction), so the same bits on every machine (docs/spec.md §6.1)."""
     n = len(xs)
     mean = sum(xs) / n
-    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1)) if n > 1 else float("nan")
+    sd = math.sqrt(sum((x - mean) * (x - mean) for x in xs) / (n - 1)) if n > 1 else float("nan")
     return mean, sd
 
 
