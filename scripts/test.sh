@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds everything and runs every test: the unit label under AddressSanitizer + UndefinedBehaviorSanitizer,
-# then the whole ctest suite (labels unit, rtl, sim, cuda, slow, mpi) on the Release build.
+# then the whole ctest suite (labels unit, rtl, sim, cuda, slow, mpi) on the Release build, then the cross-build
+# comparison (tests/cross_build/check.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-2}
@@ -22,6 +23,9 @@ ctest --test-dir build-asan -L unit --output-on-failure -j"$JOBS"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$JOBS"
 ctest --test-dir build --output-on-failure -j"$JOBS"
+# The same bits on every machine: fp4lab built for baseline x86-64 and each level this CPU runs, under 1-3 threads
+# and 1-3 MPI ranks, must write byte-identical analyze, sim, bias, quantize and gemm outputs (docs/spec.md §6.1).
+python3 tests/cross_build/check.py --main build/bin/fp4lab --work build-arch
 # The RTL and SystemC harnesses' own summaries (vectors checked, mismatches, verified vectors/s), which a
 # passing ctest run does not show.
 echo "== rtl / co-simulation vector counts (from build/Testing/Temporary/LastTest.log) =="
