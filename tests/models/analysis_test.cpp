@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "fp4lab/analysis.hpp"
+#include "fp4lab/crmath.hpp"
 #include "fp4lab/quantize.hpp"
 #include "test_util.hpp"
 
@@ -199,6 +200,24 @@ TEST(Moments, OnTheFlyEqualsDequantisedCopy) {
       EXPECT_EQ(t.sqnr_db(), 10.0 * std::log10(t.ref2 / t.err2));
       EXPECT_EQ(t.alpha(), t.dot / t.ref2);
     }
+}
+
+// The correctly rounded functions the statistics are defined with (docs/spec.md §6.1), against values rounded
+// by hand from their exact expansions (hex literals: the double nearest the true value).
+TEST(CorrectlyRounded, KnownValues) {
+  EXPECT_EQ(cr::log(2.0), 0x1.62e42fefa39efp-1);    // ln 2 = 0.693147180559945309417...
+  EXPECT_EQ(cr::exp(1.0), 0x1.5bf0a8b145769p+1);    // e = 2.718281828459045235360...
+  EXPECT_EQ(cr::log10(2.0), 0x1.34413509f79ffp-2);  // log10 2 = 0.301029995663981195213...
+  EXPECT_EQ(cr::log10(1000.0), 3.0);
+  EXPECT_EQ(cr::log(1.0), 0.0);
+  EXPECT_EQ(cr::exp(0.0), 1.0);
+  EXPECT_EQ(cr::log(0.0), -std::numeric_limits<double>::infinity());
+  EXPECT_TRUE(std::isnan(cr::log(-1.0)));
+  // Subnormal results are rounded once: e^-745 is 0.571 of the smallest subnormal 2^-1074, so it rounds up to
+  // it; e^-746 is 0.210 of it and rounds to 0.
+  EXPECT_EQ(cr::exp(-745.0), 0x1p-1074);
+  EXPECT_EQ(cr::exp(-746.0), 0.0);
+  EXPECT_EQ(cr::exp(710.0), std::numeric_limits<double>::infinity());
 }
 
 }  // namespace

@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <array>
+#include <bit>
 #include <cmath>
+#include <random>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -334,6 +337,37 @@ TEST(GemmBadInput, MismatchedOperandsThrow) {
     }
     EXPECT_THROW(f(a32k, b32k_blk32), std::invalid_argument);
   }
+}
+
+// The float64 reference is defined by its order (docs/spec.md §6.1): each output is the sum of its exact
+// products in ascending k from +0.0. Shapes off every tile size, and 1 or 3 threads: bit-identical to the loop.
+TEST(GemmF64, EqualsAscendingKSumBitForBit) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (const auto& [M, N, K] : {std::array<int64_t, 3>{1, 1, 1}, {5, 17, 33}, {7, 9, 4097}, {13, 24, 300}}) {
+    std::vector<float> a(size_t(M * K)), b(size_t(N * K));
+    for (float& x : a) x = d(rng) * std::ldexp(1.0f, int(rng() % 40) - 20);  // wide magnitudes: order matters
+    for (float& x : b) x = d(rng);
+    for (int threads : {1, 3}) {
+      omp_set_num_threads(threads);
+      const std::vector<double> c = gemm_f64(a.data(), b.data(), M, N, K);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+          double s = 0.0;
+          for (int64_t k = 0; k < K; ++k) s += double(a[m * K + k]) * double(b[n * K + k]);
+          ASSERT_EQ(std::bit_cast<uint64_t>(c[m * N + n]), std::bit_cast<uint64_t>(s))
+              << "M " << M << " N " << N << " K " << K << " at " << m << "," << n << ", " << threads << " threads";
+        }
+    }
+  }
+  omp_set_num_threads(omp_get_num_procs());
+}
+
+// The order is observable: 2^60 + 1 - 2^60 is 0 summed left to right and 1 in any order that adds the small
+// term last, so a kernel that reassociated k would fail here.
+TEST(GemmF64, OrderIsAscendingK) {
+  const std::vector<float> a = {0x1p30f, 1.0f, -0x1p30f, 1.0f}, b = {0x1p30f, 1.0f, 0x1p30f, 0.5f};
+  EXPECT_EQ(gemm_f64(a.data(), b.data(), 1, 1, 4)[0], 0.5);  // ((2^60 + 1) - 2^60) + 0.5 = 0 + 0.5
 }
 
 }  // namespace
