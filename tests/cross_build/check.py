@@ -10,8 +10,9 @@ FMA; x86-64-v4: AVX-512), beside the main build (-march=native), then runs the s
 requires every output byte-identical to the main build's single-thread run: analyze JSON on both bundled traces
 (every recipe, and a second set of knobs), sim JSON (a trace with --check, a shape list, a sweep's JSON and CSV),
 bias JSON for every grid, and quantize/gemm outputs (codes, scales, C and its float64 reference). The wall-clock
-`seconds` of an analysis is masked; nothing else is: each build runs as `./fp4lab` from a folder that links to
-it, so the command lines the outputs record agree.
+`seconds` of an analysis and the JSON's `git_commit` stamp (taken when each build was configured) are masked;
+nothing else is: each build runs as `./fp4lab` from a folder that links to it, so the command lines the outputs
+record agree.
 The SIMD paths the code selects at compile time (the contract GEMM's scalar / AVX2 / AVX-512 VNNI kernels) are
 each built by one of these levels where the CPU has them. Exits 1 naming the first output that differs.
 """
@@ -73,8 +74,10 @@ def build(level, work, jobs):
 
 
 def mask(text):
-    """The only figure allowed to differ between two runs: an analysis's wall-clock seconds."""
-    return re.sub(rb'"seconds": [-0-9.e+]+', b'"seconds": 0', text)
+    """What may differ between two runs: an analysis's wall-clock seconds, and the build's source stamp
+    (`git describe` taken when each build was configured: "-dirty" when the tree had local changes then)."""
+    text = re.sub(rb'"seconds": [-0-9.e+]+', b'"seconds": 0', text)
+    return re.sub(rb'"git_commit": "[^"]*"', b'"git_commit": ""', text)
 
 
 def cases(tmp):
@@ -138,7 +141,7 @@ def main():
                                                      else ""), flush=True)
     builds = {"native": os.path.abspath(a.main)}
     for lv in levels:
-        builds[lv] = build(lv, a.work, a.jobs)
+        builds[lv] = build(lv, os.path.abspath(a.work), a.jobs)
     base_env = dict(os.environ, OMP_WAIT_POLICY="passive", OMPI_ALLOW_RUN_AS_ROOT="1",
                     OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
     compared = 0
