@@ -95,11 +95,19 @@ int cmd_analyze(const Invocation& inv) {
 
   // Settings to compare: formats x RHT sizes.
   std::vector<ElemFormat> formats;
-  for (const auto& f : split_list(vm["formats"].as<std::string>())) formats.push_back(parse_format(f));
+  for (const auto& f : split_list(vm["formats"].as<std::string>())) {
+    formats.push_back(parse_format(f));
+    for (size_t i = 0; i + 1 < formats.size(); ++i)
+      if (std::string(formats[i].name) == formats.back().name)
+        usage_error("--formats: " + std::string(formats.back().name) + " is given twice");
+  }
   if (formats.empty()) usage_error("--formats lists no format");
   std::vector<int> rhts;
-  for (const auto& r : split_list(vm["rht"].as<std::string>()))
+  for (const auto& r : split_list(vm["rht"].as<std::string>())) {
     rhts.push_back(parse_rht(r, "rht"));
+    if (std::count(rhts.begin(), rhts.end(), rhts.back()) > 1)
+      usage_error("--rht: " + (rhts.back() ? std::to_string(rhts.back()) : std::string("none")) + " is given twice");
+  }
   if (rhts.empty()) usage_error("--rht lists no setting");
   const int block = vm["block"].as<int>();
   if (block != 16 && block != 32) usage_error("--block: block size must be 16 or 32, not " + std::to_string(block));
@@ -160,8 +168,14 @@ int cmd_analyze(const Invocation& inv) {
   };
   std::vector<Ref> refs;  // every folder's records in order: the single-process order
   std::vector<uint64_t> sizes;
+  std::map<std::string, std::string> seen;  // a record's file, canonical -> as given: one file analysed once
   for (size_t ti = 0; ti < traces.size(); ++ti)
     for (const io::TraceRecord& r : traces[ti]->records()) {
+      std::error_code ec;
+      const std::string canon = std::filesystem::weakly_canonical(r.file, ec).string() + "\n" + r.gemm;
+      if (auto [it, fresh] = seen.emplace(ec ? r.file + "\n" + r.gemm : canon, r.file); !fresh)
+        usage_error("--trace: gemm '" + printable(r.gemm) + "' of " + printable(r.file) + " is given twice (also as " +
+                    printable(it->second) + ")");
       refs.push_back({ti, &r});
       sizes.push_back(uint64_t(r.tokens * r.in + r.out * r.in + r.tokens * r.out));
     }
@@ -315,8 +329,10 @@ int cmd_analyze(const Invocation& inv) {
     const size_t ri = my[k];
     const io::TraceRecord& rec = *refs[ri].rec;
     const std::string& tpath = trace_paths[refs[ri].trace];
-    const std::string gname =
-        multi ? std::filesystem::path(tpath).lexically_normal().filename().string() + ":" + rec.gemm : rec.gemm;
+    // A folder given as "t1/" is named by "t1": lexically_normal keeps the trailing separator as an empty name.
+    std::filesystem::path tp = std::filesystem::path(tpath).lexically_normal();
+    if (!tp.has_filename() && tp.has_parent_path()) tp = tp.parent_path();
+    const std::string gname = multi ? tp.filename().string() + ":" + rec.gemm : rec.gemm;
     std::vector<LayerResults>& by_task = work[k].by_task;
     try {
       if (work[k].faults[0]) std::rethrow_exception(work[k].faults[0]);

@@ -91,7 +91,14 @@ int cmd_gemm(const Invocation& inv) {
       data_error(file_a + ":" + name_a + " . " + file_b + ":" + name_b + "^T",
                  fmt("GEMM output overflows BF16 at C[%lld, %lld]", (long long)(int64_t(i) / N), (long long)(int64_t(i) % N)));
   const double sqnr = sqnr_db(ref.data(), c.data(), M * N), eta = a.alpha * b.alpha;
+  // C.ref is written as FP32: a float64 product past FLT_MAX would become Inf there, which is no reference
+  // (the quantised product can stay finite: int4's saturation keeps it below the unquantised one).
   const std::vector<float> ref32(ref.begin(), ref.end());
+  for (size_t i = 0; i < ref32.size(); ++i)
+    if (!std::isfinite(ref32[i]))
+      data_error(file_a + ":" + name_a + " . " + file_b + ":" + name_b + "^T",
+                 fmt("the float64 reference C.ref[%lld, %lld] = %g overflows FP32", (long long)(int64_t(i) / N),
+                     (long long)(int64_t(i) % N), ref[i]));
 
   const std::string recipe = vm.count("recipe") ? vm["recipe"].as<std::string>() : "custom";
   std::map<std::string, std::string> meta = {{"fp4lab.command", inv.command_line},

@@ -11,6 +11,7 @@
 
 #include "commands.hpp"
 #include "files.hpp"
+#include "fp4lab/io/files.hpp"
 #include "fp4lab/io/safetensors.hpp"
 #include "mpi_dist.hpp"
 #include "options.hpp"
@@ -73,6 +74,8 @@ int main(int argc, char** argv) {
   // the page faults of re-zeroing them were 12% of `analyze` (17% of its wall time on the bundled trace).
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  // A run ended by SIGINT, SIGTERM, SIGHUP or SIGPIPE leaves no temporary output behind (docs/spec.md §11.1).
+  fp4lab::io::remove_temporaries_on_signals();
   Invocation inv;
   for (int i = 0; i < argc; ++i) {
     if (i) inv.command_line += ' ';

@@ -9,6 +9,7 @@
 //                 `name` is the run name, with {KEY} replaced by the run's value of KEY.
 // Values are strings, integers, floats or booleans (true: the switch --KEY; false: left out). Dotted keys
 // (prep.mode = "fused") and quoted ones ("prep.mode" = "fused") mean the same option.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -18,6 +19,7 @@
 
 #include "commands.hpp"
 #include "files.hpp"
+#include "fp4lab/io/files.hpp"
 #include "mpi_dist.hpp"
 #include "options.hpp"
 
@@ -30,6 +32,10 @@ namespace fp4lab::cli {
 int run_sim(const Invocation& inv, nlohmann::json* capture);  // cmd_sim.cpp
 
 namespace {
+
+// docs/mpi.md: a sweep of more runs is refused before any is built; a longer run name likewise.
+constexpr uint64_t kMaxSweepRuns = 100000;
+constexpr size_t kMaxSweepName = 1024;
 
 struct Run {
   std::string name;
@@ -59,13 +65,45 @@ std::string scalar_text(const std::string& file, const std::string& key, const t
   usage_error(file + ": key '" + key + "': values are strings, numbers or booleans");
 }
 
-// Flattens a table into option -> node (nested tables joined with '.').
-void flatten(const toml::table& t, const std::string& prefix, std::map<std::string, const toml::node*>& out) {
+// Flattens a table into option -> node (nested tables joined with '.'). One key spelt twice in one table
+// (prep.mode = .. and "prep.mode" = ..) is refused: which one wins would be an accident of the spelling.
+void flatten(const std::string& file, const toml::table& t, const std::string& prefix,
+             std::map<std::string, const toml::node*>& out) {
   for (auto&& [k, v] : t) {
     const std::string key = prefix + std::string(k.str());
-    if (const toml::table* sub = v.as_table()) flatten(*sub, key + ".", out);
-    else out[key] = &v;
+    if (const toml::table* sub = v.as_table()) flatten(file, *sub, key + ".", out);
+    else if (!out.emplace(key, &v).second) usage_error(file + ": key '" + printable(key) + "' is given twice");
   }
+}
+
+// Keys a sweep cannot set: options of the sweep or of the program, not of one simulator run.
+bool refused_key(const std::string& k) {
+  return k == "help" || k == "h" || k == "version" || k == "json" || k == "sweep" || k == "out";
+}
+
+// A run's name: the template with each {KEY} replaced by the run's value of KEY, read once from left to right,
+// so text put in is never scanned again (a value holding "{recipe}" stays as it is).
+std::string expand_name(const std::string& file, size_t grid, const std::string& tpl,
+                        const std::map<std::string, std::string>& value) {
+  std::string out;
+  for (size_t i = 0; i < tpl.size();) {
+    if (tpl[i] != '{') {
+      out += tpl[i++];
+      continue;
+    }
+    const size_t close = tpl.find('}', i);
+    const std::string key = tpl.substr(i + 1, close == std::string::npos ? std::string::npos : close - i - 1);
+    const auto it = value.find(key);
+    if (close == std::string::npos || it == value.end())
+      usage_error(file + ": grid " + std::to_string(grid) + ": name '" + printable(tpl) + "' names a key the grid does "
+                  "not set: {" + printable(key) + (close == std::string::npos ? "" : "}"));
+    out += it->second;
+    i = close + 1;
+  }
+  if (out.size() > kMaxSweepName)
+    usage_error(file + ": grid " + std::to_string(grid) + ": a run name is " + std::to_string(out.size()) +
+                " bytes long (at most " + std::to_string(kMaxSweepName) + ")");
+  return out;
 }
 #endif
 
@@ -74,9 +112,11 @@ std::vector<Run> read_sweep(const std::string& file, nlohmann::ordered_json& met
   (void)meta;
   usage_error(file + ": this build has no TOML reader (install libtomlplusplus-dev and rebuild)");
 #else
+  // Read as a regular file first: a FIFO would block, and a folder would be reported as a parse error.
+  const std::string text = io::read_regular_file(file, "sweep file");
   toml::table doc;
   try {
-    doc = toml::parse_file(file);
+    doc = toml::parse(text, file);
   } catch (const toml::parse_error& e) {
     const auto& b = e.source().begin;
     usage_error(fmt("%s:%u:%u: %s", file.c_str(), unsigned(b.line), unsigned(b.column), std::string(e.description()).c_str()));
@@ -89,7 +129,7 @@ std::vector<Run> read_sweep(const std::string& file, nlohmann::ordered_json& met
   meta = nlohmann::ordered_json::object();
   if (const toml::table* m = doc["meta"].as_table()) {
     std::map<std::string, const toml::node*> flat;
-    flatten(*m, "", flat);
+    flatten(file, *m, "", flat);
     for (const auto& [k, n] : flat) {
       bool sw;
       meta[k] = scalar_text(file, "meta." + k, *n, &sw);
@@ -99,19 +139,41 @@ std::vector<Run> read_sweep(const std::string& file, nlohmann::ordered_json& met
   if (doc.contains("defaults")) {
     const toml::table* d = doc["defaults"].as_table();
     if (!d) usage_error(file + ": [defaults] must be a table");
-    flatten(*d, "", defaults);
+    flatten(file, *d, "", defaults);
   }
   const toml::array* grids = doc["grid"].as_array();
   if (!grids || grids->empty()) usage_error(file + ": no [[grid]] tables: the sweep has no runs");
 
+  // Every grid's size, before any run is built: the product of its list lengths, summed over grids.
+  uint64_t total = 0;
+  for (size_t gi = 0; gi < grids->size(); ++gi) {
+    const toml::table* g = (*grids)[gi].as_table();
+    if (!g) usage_error(file + ": grid " + std::to_string(gi + 1) + " is not a table");
+    std::map<std::string, const toml::node*> keys = defaults, own;
+    flatten(file, *g, "", own);
+    for (const auto& [k, n] : own) keys[k] = n;
+    uint64_t runs_here = 1;
+    for (const auto& [k, n] : keys) {
+      if (refused_key(k))
+        usage_error(file + ": grid " + std::to_string(gi + 1) + ": key '" + k + "' is not an option of one run "
+                    "(the sweep's own options go on the command line)");
+      const toml::array* a = n->as_array();
+      if (k != "name" && a && !a->empty()) runs_here = std::min<uint64_t>(runs_here * a->size(), kMaxSweepRuns + 1);
+    }
+    total = std::min<uint64_t>(total + runs_here, kMaxSweepRuns + 1);
+    if (total > kMaxSweepRuns)
+      usage_error(file + ": the sweep has more than " + std::to_string(kMaxSweepRuns) + " runs (grid " +
+                  std::to_string(gi + 1) + " reaches the limit); split it into several sweeps");
+  }
   std::vector<Run> runs;
+  runs.reserve(size_t(total));
   std::set<std::string> names;
   for (size_t gi = 0; gi < grids->size(); ++gi) {
     const toml::table* g = (*grids)[gi].as_table();
     if (!g) usage_error(file + ": grid " + std::to_string(gi + 1) + " is not a table");
     std::map<std::string, const toml::node*> keys = defaults;
     std::map<std::string, const toml::node*> own;
-    flatten(*g, "", own);
+    flatten(file, *g, "", own);
     for (const auto& [k, n] : own) keys[k] = n;
     std::string name_tpl;
     if (auto it = keys.find("name"); it != keys.end()) {
@@ -142,21 +204,19 @@ std::vector<Run> read_sweep(const std::string& file, nlohmann::ordered_json& met
     std::vector<size_t> at(axis.size(), 0);
     for (bool more = true; more;) {
       Run r;
-      std::string name = name_tpl;
+      std::map<std::string, std::string> value;
       for (size_t a = 0; a < axis.size(); ++a) {
         const auto& [text, sw] = values[a][at[a]];
         if (!sw || text == "true") r.opts[axis[a]] = sw ? "" : text;
         if (sw) r.switches.insert(axis[a]);
-        for (size_t p; (p = name.find("{" + axis[a] + "}")) != std::string::npos;)
-          name.replace(p, axis[a].size() + 2, text);
+        value[axis[a]] = text;
       }
-      if (name.empty()) {  // no template: the grid's number and the values that vary
+      std::string name = expand_name(file, gi + 1, name_tpl, value);
+      if (name_tpl.empty()) {  // no template: the grid's number and the values that vary
         name = "grid" + std::to_string(gi + 1);
         for (size_t a = 0; a < axis.size(); ++a)
           if (values[a].size() > 1) name += "_" + values[a][at[a]].first;
       }
-      if (name.find('{') != std::string::npos)
-        usage_error(file + ": run name '" + name + "' names a key the grid does not set");
       if (!names.insert(name).second)
         usage_error(file + ": two runs are named '" + name + "' (add the varying keys to the grid's name)");
       r.name = name;
@@ -235,7 +295,14 @@ int cmd_sim_sweep(const Invocation& inv) {
 
   nlohmann::ordered_json meta;
   const std::vector<Run> runs = read_sweep(file, meta);
-  check_outputs(vm, {prefix + ".json", prefix + ".csv"}, {file});  // before the runs, not after them
+  // Before the runs, not after them; a run's own input files (trace, shapes, config) count as inputs too.
+  std::vector<std::string> inputs = {file};
+  for (const Run& r : runs)
+    for (const char* k : {"trace", "shapes", "config"})
+      if (auto it = r.opts.find(k); it != r.opts.end()) inputs.push_back(it->second);
+  std::sort(inputs.begin(), inputs.end());
+  inputs.erase(std::unique(inputs.begin(), inputs.end()), inputs.end());
+  check_outputs(vm, {prefix + ".json", prefix + ".csv"}, inputs);
   std::vector<uint64_t> weights;
   for (const Run& r : runs) weights.push_back(run_weight(r));
   const std::vector<int> owner = dist::assign(weights, dist::size());

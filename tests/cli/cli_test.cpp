@@ -253,6 +253,15 @@ TEST_F(Cli, RecipesListsWhatEachOperandGets) {
   }
 }
 
+// docs/spec.md §3 states the RHT sizes the knob parser accepts (one definition: kMinRht..kMaxRht), and the
+// command line refuses the first size outside them.
+TEST_F(Cli, SpecRhtSizesAgreeWithTheParser) {
+  const std::string doc = slurp(FP4LAB_SOURCE_DIR "/docs/spec.md");
+  EXPECT_NE(doc.find("a power of two from " + std::to_string(kMinRht) + " to " + std::to_string(kMaxRht)),
+            std::string::npos);
+  EXPECT_EQ(run({"analyze", "--rht", std::to_string(kMinRht / 2)}).code, 2);
+}
+
 // docs/spec.md §2 carries the table `fp4lab recipes --markdown` prints; it is parsed here and compared cell
 // by cell with the JSON, so the document cannot drift from the code.
 TEST_F(Cli, SpecRecipeTableAgreesWithRecipes) {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "fp4lab/recipe.hpp"
 #include "fp4lab/quantize.hpp"
 #include "test_util.hpp"
 
@@ -132,9 +133,27 @@ TEST(ScaleNvfp4, AllZeroTensor) {
 TEST(ScaleNvfp4, GlobalEncodeScale) {
   EXPECT_EQ(nvfp4_global_encode(kE2M1, 12.0f), 224.0f);
   EXPECT_EQ(nvfp4_global_encode(kE2M1, 2688.0f), 1.0f);
-  EXPECT_EQ(nvfp4_global_encode(kE2M1, 0.0f), 1.0f);                                   // 2688/0 = inf
-  EXPECT_EQ(nvfp4_global_encode(kE2M1, std::numeric_limits<float>::denorm_min()), 1.0f);  // overflows to inf
+  EXPECT_EQ(nvfp4_global_encode(kE2M1, 0.0f), 1.0f);                                   // all-zero tensor
+  // A quotient past FLT_MAX is clamped to it, as Transformer Engine does (not replaced by 1).
+  EXPECT_EQ(nvfp4_global_encode(kE2M1, std::numeric_limits<float>::denorm_min()), std::numeric_limits<float>::max());
+  EXPECT_EQ(nvfp4_global_encode(kE2M1, 1e-37f), std::numeric_limits<float>::max());
   EXPECT_EQ(nvfp4_global_encode(kE1M2, 1.75f), 448.0f);                                // 448 * gmax / amax
+}
+
+// A tensor whose amax is tiny but normal keeps its values under nvfp4: with S_enc = 1 every UE4M3 block scale
+// would underflow to zero and the whole tensor dequantise to 0.
+TEST(ScaleNvfp4, TinyAmaxIsNotFlushed) {
+  std::vector<float> x(32);
+  for (int j = 0; j < 32; ++j) x[j] = float(j % 7 - 3) * 1e-37f;
+  const QTensor q = quantize(x.data(), 1, 32, Recipe::preset("nvfp4").operand(Pass::fwd_y, Operand::a, 0));
+  EXPECT_EQ(q.global_dec, 1.0f / std::numeric_limits<float>::max());
+  const std::vector<float> d = q.dequantize();
+  int nonzero = 0;
+  for (int j = 0; j < 32; ++j) {
+    nonzero += d[j] != 0.0f;
+    EXPECT_LE(std::fabs(d[j] - x[j]), 0.26f * 3e-37f) << j;  // within half a grid step of the block's amax/6
+  }
+  EXPECT_GE(nonzero, 24) << "the values were flushed";
 }
 
 // ---- OCP MX (e2m1, ue8m0, block 32): X = floor(log2 amax) - 2, v = x * 2^-X, clamp to 6 ----------

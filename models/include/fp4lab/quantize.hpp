@@ -17,12 +17,14 @@ namespace fp4lab {
 
 // ---- per-tensor and per-block scale arithmetic (docs/spec.md §2) ----------------------------------
 
-// NVFP4 global encode scale S_enc = 448 * gmax / amax(tensor); 1 when that is 0 or not finite.
-// (Transformer Engine's reference gives FLT_MAX for an all-zero tensor instead; its codes are the
-// same zeros either way.)
+// NVFP4 global encode scale S_enc = min(448 * gmax / amax(tensor), FLT_MAX), as Transformer Engine computes it
+// (compute_global_encode_scaling_factor_FP4); 1 for an all-zero tensor or when the quotient is 0. The clamp
+// matters for a tiny but normal amax (below about 8e-36 for e2m1): the quotient overflows, and FLT_MAX keeps
+// the block scales in UE4M3's range where 1 would flush every one of them to zero.
 FP4LAB_HD inline float nvfp4_global_encode(const ElemFormat& f, float tensor_amax) {
-  const float s = (448.0f * f.gmax()) / tensor_amax;
-  return (s == 0.0f || !std::isfinite(s)) ? 1.0f : s;
+  const float q = (448.0f * f.gmax()) / tensor_amax;
+  const float s = q > 3.40282347e+38f ? 3.40282347e+38f : q;  // FLT_MAX (a literal: usable in device code)
+  return (tensor_amax == 0.0f || s == 0.0f) ? 1.0f : s;
 }
 
 struct BlockScale {

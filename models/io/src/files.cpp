@@ -1,9 +1,11 @@
 #include "fp4lab/io/files.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -62,6 +64,49 @@ std::string read_regular_file(const std::string& path, const char* what) {
   return s;
 }
 
+namespace {
+// The temporaries of live AtomicFiles, for the signal handler: lock-free slots it can read and unlink from
+// (unlink is async-signal-safe). A slot points into its AtomicFile's tmp_, which is not changed while registered.
+constexpr int kSlots = 64;
+std::atomic<const char*> g_live[kSlots];
+
+void register_temp(const char* p) {
+  for (auto& s : g_live) {
+    const char* none = nullptr;
+    if (s.compare_exchange_strong(none, p)) return;
+  }  // more than 64 open at once: this one is not removed on a signal (destructors still remove it)
+}
+void unregister_temp(const char* p) {
+  for (auto& s : g_live) {
+    const char* mine = p;
+    if (s.compare_exchange_strong(mine, nullptr)) return;
+  }
+}
+
+constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+
+extern "C" void remove_temporaries_and_reraise(int sig) {
+  for (auto& s : g_live)
+    if (const char* p = s.load()) ::unlink(p);
+  // SA_RESETHAND restored the default action: the process ends by this signal, as the shell expects.
+  ::raise(sig);
+}
+}  // namespace
+
+void remove_temporaries_on_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = remove_temporaries_and_reraise;
+  sa.sa_flags = SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : kSignals) sigaddset(&sa.sa_mask, sig);  // one handler at a time
+  for (int sig : kSignals) {
+    struct sigaction old {};
+    ::sigaction(sig, nullptr, &old);
+    if (old.sa_handler == SIG_IGN) continue;  // ignored by whoever started us (nohup, a shell's trap): stay so
+    ::sigaction(sig, &sa, nullptr);
+  }
+}
+
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
   namespace fs = std::filesystem;
   if (path_.empty()) throw Error("empty output file name");
@@ -71,6 +116,8 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
   std::string name = ".";  // appended piecewise: GCC 12 warns falsely (-Wrestrict) on the chained operator+
   name += p.filename().string();
   name += ".tmp-XXXXXX";
+  const long name_max = ::pathconf(dir.c_str(), _PC_NAME_MAX);
+  if (name.size() > size_t(name_max > 0 ? name_max : 255)) name = ".fp4lab.tmp-XXXXXX";
   tmp_ = (dir / name).string();
   fd_ = ::mkstemp(tmp_.data());
   if (fd_ < 0) {
@@ -78,6 +125,7 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
     tmp_.clear();
     fail(path_, std::string("cannot create: ") + std::strerror(err));
   }
+  register_temp(tmp_.c_str());
   // mkstemp creates 0600; give the output the mode a plain open() would (0666 less the umask).
   const mode_t mask = ::umask(0);
   ::umask(mask);
@@ -86,6 +134,7 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
 
 AtomicFile::~AtomicFile() {
   if (fd_ >= 0) ::close(fd_);
+  if (!tmp_.empty()) unregister_temp(tmp_.c_str());
   if (!committed_ && !tmp_.empty()) ::unlink(tmp_.c_str());
 }
 
@@ -113,6 +162,7 @@ void AtomicFile::commit() {
   if (committed_) return;
   if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail(path_, std::string("cannot rename the finished output into place: ") + std::strerror(errno));
   committed_ = true;
+  unregister_temp(tmp_.c_str());
 }
 
 void write_file_atomic(const std::string& path, const std::string& text) {

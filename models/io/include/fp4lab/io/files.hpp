@@ -20,7 +20,9 @@ std::string read_regular_file(const std::string& path, const char* what = "file"
 
 class AtomicFile {
  public:
-  explicit AtomicFile(std::string path);  // creates "<dir>/.<name>.tmp-XXXXXX" beside `path`
+  // Creates "<dir>/.<name>.tmp-XXXXXX" beside `path` ("<dir>/.fp4lab.tmp-XXXXXX" when that would pass the
+  // file system's name limit, so any name the folder takes can be written).
+  explicit AtomicFile(std::string path);
   ~AtomicFile();                           // removes the temporary file unless commit() ran
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
@@ -35,6 +37,12 @@ class AtomicFile {
   int fd_ = -1;
   bool committed_ = false;
 };
+
+// For programs (the command line): on SIGINT, SIGTERM, SIGHUP or SIGPIPE, removes every AtomicFile temporary
+// still open, then ends the process by the same signal, so the shell sees the conventional status (128 + signal)
+// and no temporary is left behind. A library (the Python module) leaves signals to its host and does not call it.
+// SIGKILL cannot be caught: a temporary can then remain (its name starts with '.' and ends in .tmp-XXXXXX).
+void remove_temporaries_on_signals();
 
 // `text` to `path` through an AtomicFile.
 void write_file_atomic(const std::string& path, const std::string& text);
