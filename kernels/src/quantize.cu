@@ -3,6 +3,7 @@
 // block_scale, scale_element, round_rtne, round_sr, random_bits), called from device code.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -129,30 +130,19 @@ __device__ __forceinline__ void rotate_group(float (&y)[G], const float* signs, 
 template <int F, int B, bool FP32, bool RTNE, int G>
 __device__ __forceinline__ void round_block(const float (&y)[G], int b, const BlockScale& bs, ScaleKind kind,
                                             const QArgs& a, int64_t base, uint32_t (&packed)[G / 8]) {
-  constexpr ElemFormat f = kAllFormats[F];
 #pragma unroll
   for (int j = 0; j < B; ++j) {
     const int e = b * B + j;
     const float v = scale_element(FP32 ? ScaleKind::fp32 : kind, y[e], bs);
-    const uint8_t c =
-        RTNE ? detail::round_rtne_fast<F>(v) : round_sr(f, v, random_bits(a.seed, a.stream, uint64_t(base + e)));
+    const uint8_t c = RTNE ? detail::round_rtne_fast<F>(v)
+                           : detail::round_sr_fast<F>(v, random_bits(a.seed, a.stream, uint64_t(base + e)));
     packed[e / 8] |= uint32_t(c) << (4 * (e % 8));
   }
 }
 
-// Loads of single elements and of two adjacent ones (the transposed kernel's column pairs), widened to FP32.
+// One element, widened to FP32 (the transpose kernel's loads).
 __device__ __forceinline__ float load1(const float* p) { return __ldg(p); }
 __device__ __forceinline__ float load1(const uint16_t* p) { return bf16_to_f32(__ldg(p)); }
-__device__ __forceinline__ void load2(const float* p, float& a, float& b) {
-  const float2 v = __ldg(reinterpret_cast<const float2*>(p));
-  a = v.x;
-  b = v.y;
-}
-__device__ __forceinline__ void load2(const uint16_t* p, float& a, float& b) {
-  const uint32_t w = __ldg(reinterpret_cast<const unsigned int*>(p));
-  a = bf16_to_f32(uint16_t(w & 0xFFFFu));
-  b = bf16_to_f32(uint16_t(w >> 16));
-}
 
 // Quotient and remainder of a group index: 32-bit division where the index fits (64-bit division is a long
 // software sequence, paid once per group).
@@ -229,64 +219,134 @@ __device__ __forceinline__ float tensor_encode(const QArgs& a) {
   return a.scale == ScaleKind::ue4m3 ? nvfp4_global_encode(f, __uint_as_float(*a.tensor_amax)) : 1.0f;
 }
 
-// Row-wise: one thread quantises U groups of G = max(B, D) consecutive elements of a row, each group's G/B
-// blocks wholly in registers. All U groups' 16-byte loads are issued before any arithmetic, so a thread keeps
-// U * G input elements in flight; the groups of a thread are kThreads apart, so every load instruction of a
-// warp reads consecutive memory.
-constexpr int kGroupsPerThread = 2;
+// A group's raw input words: 16-byte loads (cols is a multiple of 16, so every group starts 32-byte (BF16) or
+// 64-byte (FP32) aligned when the tensor does).
+template <class T, int G>
+struct RawGroup {
+  uint4 v[G * sizeof(T) / 16];
+};
+template <class T, int G>
+__device__ __forceinline__ void load_raw(const T* p, RawGroup<T, G>& r) {
+  const uint4* q = reinterpret_cast<const uint4*>(p);
+#pragma unroll
+  for (int i = 0; i < G * int(sizeof(T)) / 16; ++i) r.v[i] = __ldg(q + i);
+}
+// BF16 inputs widen exactly to FP32, as the golden model's reader does, so a BF16 tensor quantises to the bits
+// its FP32 copy would.
+template <int G>
+__device__ __forceinline__ void widen(const RawGroup<float, G>& r, float (&y)[G]) {
+#pragma unroll
+  for (int i = 0; i < G / 4; ++i) {
+    y[4 * i] = __uint_as_float(r.v[i].x);
+    y[4 * i + 1] = __uint_as_float(r.v[i].y);
+    y[4 * i + 2] = __uint_as_float(r.v[i].z);
+    y[4 * i + 3] = __uint_as_float(r.v[i].w);
+  }
+}
+template <int G>
+__device__ __forceinline__ void widen(const RawGroup<uint16_t, G>& r, float (&y)[G]) {
+#pragma unroll
+  for (int i = 0; i < G / 8; ++i) {
+    const uint32_t w[4] = {r.v[i].x, r.v[i].y, r.v[i].z, r.v[i].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      y[8 * i + 2 * j] = bf16_to_f32(uint16_t(w[j] & 0xFFFFu));
+      y[8 * i + 2 * j + 1] = bf16_to_f32(uint16_t(w[j] >> 16));
+    }
+  }
+}
+
+// The transposed kernels' raw words: G rows of two adjacent columns (one 32-bit word per row for BF16, two for
+// FP32). Odd row lengths load element by element (the pair is not aligned); a missing second column reads as 0.
+template <class T, int G>
+struct RawPairs {
+  uint32_t w[G * sizeof(T) / 2];
+};
+template <int G>
+__device__ __forceinline__ void load_pairs(const uint16_t* p, int64_t ld, bool aligned, bool two,
+                                           RawPairs<uint16_t, G>& r) {
+#pragma unroll
+  for (int i = 0; i < G; ++i) {
+    if (aligned) {
+      r.w[i] = __ldg(reinterpret_cast<const unsigned int*>(p + i * ld));
+    } else {
+      const uint32_t lo = __ldg(p + i * ld), hi = two ? __ldg(p + i * ld + 1) : 0u;
+      r.w[i] = lo | (hi << 16);
+    }
+  }
+}
+template <int G>
+__device__ __forceinline__ void load_pairs(const float* p, int64_t ld, bool aligned, bool two, RawPairs<float, G>& r) {
+#pragma unroll
+  for (int i = 0; i < G; ++i) {
+    if (aligned) {
+      const float2 v = __ldg(reinterpret_cast<const float2*>(p + i * ld));
+      r.w[2 * i] = __float_as_uint(v.x);
+      r.w[2 * i + 1] = __float_as_uint(v.y);
+    } else {
+      r.w[2 * i] = __float_as_uint(__ldg(p + i * ld));
+      r.w[2 * i + 1] = two ? __float_as_uint(__ldg(p + i * ld + 1)) : 0u;
+    }
+  }
+}
+template <int G>
+__device__ __forceinline__ void widen_pairs(const RawPairs<uint16_t, G>& r, float (&y0)[G], float (&y1)[G]) {
+#pragma unroll
+  for (int i = 0; i < G; ++i) {
+    y0[i] = bf16_to_f32(uint16_t(r.w[i] & 0xFFFFu));
+    y1[i] = bf16_to_f32(uint16_t(r.w[i] >> 16));
+  }
+}
+template <int G>
+__device__ __forceinline__ void widen_pairs(const RawPairs<float, G>& r, float (&y0)[G], float (&y1)[G]) {
+#pragma unroll
+  for (int i = 0; i < G; ++i) {
+    y0[i] = __uint_as_float(r.w[2 * i]);
+    y1[i] = __uint_as_float(r.w[2 * i + 1]);
+  }
+}
+
+// Row-wise: one thread quantises one group of G = max(B, D) consecutive elements of a row, its G/B blocks wholly
+// in registers; consecutive threads take consecutive groups, so every load and store instruction of a warp covers
+// consecutive memory. (A grid of resident blocks striding over the tensor with the next group prefetched was
+// measured slower on the H200: more instructions per element, and the kernel is issue-bound, not latency-bound.)
 template <class T, int F, int B, int D>
 __global__ void __launch_bounds__(kThreads) quantize_kernel(const QArgs a) {
-  constexpr int G = B > D ? B : D, U = kGroupsPerThread;
+  constexpr int G = B > D ? B : D;
   const int64_t groups_per_row = a.cols / G, n = a.rows * groups_per_row;
-  const int64_t g0 = int64_t(blockIdx.x) * (kThreads * U) + threadIdx.x;
-  float y[U][G];
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int64_t g = g0 + u * kThreads;
-    if (g < n) load_group<G>(static_cast<const T*>(a.x) + g * G, y[u]);  // row * cols + col0 == g * G
-  }
-  const float s_enc = tensor_encode<F>(a);
-  const bool small = n < (int64_t(1) << 32);
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int64_t g = g0 + u * kThreads;
-    if (g >= n) break;
-    int64_t row, cg;
-    split_index(g, groups_per_row, small, row, cg);
-    quantize_group<F, B, D, G>(y[u], row, cg * G, a, s_enc);
-  }
+  const int64_t g = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (g >= n) return;
+  RawGroup<T, G> raw;
+  load_raw(static_cast<const T*>(a.x) + g * G, raw);  // row * cols + col0 == g * G
+  float y[G];
+  widen(raw, y);
+  int64_t row, cg;
+  split_index(g, groups_per_row, n < (int64_t(1) << 32), row, cg);
+  quantize_group<F, B, D, G>(y, row, cg * G, a, tensor_encode<F>(a));
 }
 
 // Transposed: quantises X^T for X [a.cols, a.rows] row-major (a.rows x a.cols is the output's shape), without
 // materialising X^T. A thread takes two adjacent columns of X and G consecutive rows of them: G loads of two
-// adjacent elements, a warp's 32 threads reading 64 consecutive columns of one row (128 bytes for BF16, 256
-// for FP32) per load, and G * 2 elements in flight per thread. Each column's G values are one group of output
-// row = that column, quantised by the same quantize_group as the row-wise kernel. Block (32, kTRows): the kTRows
-// row groups of a column are written by one block, so their codes and scales fill whole 32-byte sectors.
+// adjacent elements, a warp's 32 threads reading 64 consecutive columns of one row (128 bytes for BF16, 256 for
+// FP32) per load. Each column's G values are one group of output row = that column, quantised by the same
+// quantize_group as the row-wise kernel. Block (32, kTRows): the kTRows row groups of a column that a block holds
+// are adjacent, so their codes and scales fill whole 32-byte sectors.
 constexpr int kTRows = 8;
 template <class T, int F, int B, int D>
 __global__ void __launch_bounds__(32 * kTRows) quantize_t_kernel(const QArgs a) {
   constexpr int G = B > D ? B : D;
-  const int64_t xcols = a.rows, xrows = a.cols;  // X's shape
+  const int64_t xcols = a.rows, ngroups = a.cols / G;  // X's row length; groups down a column
   const int64_t j = (int64_t(blockIdx.x) * 32 + threadIdx.x) * 2;
-  const int64_t r0 = (int64_t(blockIdx.y) * kTRows + threadIdx.y) * G;
-  if (j >= xcols || r0 >= xrows) return;
-  const T* p = static_cast<const T*>(a.x) + r0 * xcols + j;
+  const int64_t gr = int64_t(blockIdx.y) * kTRows + threadIdx.y;
+  if (j >= xcols || gr >= ngroups) return;
   const bool two = j + 1 < xcols;
+  RawPairs<T, G> raw;
+  load_pairs<G>(static_cast<const T*>(a.x) + gr * G * xcols + j, xcols, (xcols & 1) == 0, two, raw);
   float y0[G], y1[G];
-  if ((xcols & 1) == 0) {  // even row length: the pair is aligned
-#pragma unroll
-    for (int i = 0; i < G; ++i) load2(p + i * xcols, y0[i], y1[i]);
-  } else {
-#pragma unroll
-    for (int i = 0; i < G; ++i) {
-      y0[i] = load1(p + i * xcols);
-      y1[i] = two ? load1(p + i * xcols + 1) : 0.0f;
-    }
-  }
+  widen_pairs<G>(raw, y0, y1);
   const float s_enc = tensor_encode<F>(a);
-  quantize_group<F, B, D, G>(y0, j, r0, a, s_enc);
-  if (two) quantize_group<F, B, D, G>(y1, j + 1, r0, a, s_enc);
+  quantize_group<F, B, D, G>(y0, j, gr * G, a, s_enc);
+  if (two) quantize_group<F, B, D, G>(y1, j + 1, gr * G, a, s_enc);
 }
 
 struct AmaxArgs {
@@ -329,55 +389,41 @@ __device__ __forceinline__ float group_amax(float (&y)[G], int64_t row, int64_t 
   return m;
 }
 
-// Block amax of the (rotated) values and the tensor amax, row-wise (same thread layout as quantize_kernel).
+// Block amax of the (rotated) values and the tensor amax, row-wise (thread layout of quantize_kernel).
 template <class T, int B, int D>
 __global__ void __launch_bounds__(kThreads) amax_kernel(const AmaxArgs a) {
-  constexpr int G = B > D ? B : D, U = kGroupsPerThread;
+  constexpr int G = B > D ? B : D;
   const int64_t groups_per_row = a.cols / G, n = a.rows * groups_per_row;
-  const int64_t g0 = int64_t(blockIdx.x) * (kThreads * U) + threadIdx.x;
-  float y[U][G];
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int64_t g = g0 + u * kThreads;
-    if (g < n) load_group<G>(static_cast<const T*>(a.x) + g * G, y[u]);
-  }
-  const bool small = n < (int64_t(1) << 32);
+  const int64_t g = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   float m = 0.0f;
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int64_t g = g0 + u * kThreads;
-    if (g >= n) break;
+  if (g < n) {  // no early return: every thread reaches block_max_to's barrier
+    RawGroup<T, G> raw;
+    load_raw(static_cast<const T*>(a.x) + g * G, raw);
+    float y[G];
+    widen(raw, y);
     int64_t row, cg;
-    split_index(g, groups_per_row, small, row, cg);
-    m = fmaxf(m, group_amax<B, D, G>(y[u], row, cg * G, a));
+    split_index(g, groups_per_row, n < (int64_t(1) << 32), row, cg);
+    m = group_amax<B, D, G>(y, row, cg * G, a);
   }
   block_max_to(a.tensor_amax, m);
 }
 
-// The same over X^T, reading X [a.cols, a.rows] by columns (same thread layout as quantize_t_kernel).
+// The same over X^T, reading X [a.cols, a.rows] by columns (thread layout of quantize_t_kernel).
 template <class T, int B, int D>
 __global__ void __launch_bounds__(32 * kTRows) amax_t_kernel(const AmaxArgs a) {
   constexpr int G = B > D ? B : D;
-  const int64_t xcols = a.rows, xrows = a.cols;
+  const int64_t xcols = a.rows, ngroups = a.cols / G;
   const int64_t j = (int64_t(blockIdx.x) * 32 + threadIdx.x) * 2;
-  const int64_t r0 = (int64_t(blockIdx.y) * kTRows + threadIdx.y) * G;
+  const int64_t gr = int64_t(blockIdx.y) * kTRows + threadIdx.y;
   float m = 0.0f;
-  if (j < xcols && r0 < xrows) {
-    const T* p = static_cast<const T*>(a.x) + r0 * xcols + j;
+  if (j < xcols && gr < ngroups) {
     const bool two = j + 1 < xcols;
+    RawPairs<T, G> raw;
+    load_pairs<G>(static_cast<const T*>(a.x) + gr * G * xcols + j, xcols, (xcols & 1) == 0, two, raw);
     float y0[G], y1[G];
-    if ((xcols & 1) == 0) {
-#pragma unroll
-      for (int i = 0; i < G; ++i) load2(p + i * xcols, y0[i], y1[i]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < G; ++i) {
-        y0[i] = load1(p + i * xcols);
-        y1[i] = two ? load1(p + i * xcols + 1) : 0.0f;
-      }
-    }
-    m = group_amax<B, D, G>(y0, j, r0, a);
-    if (two) m = fmaxf(m, group_amax<B, D, G>(y1, j + 1, r0, a));
+    widen_pairs<G>(raw, y0, y1);
+    m = group_amax<B, D, G>(y0, j, gr * G, a);
+    if (two) m = fmaxf(m, group_amax<B, D, G>(y1, j + 1, gr * G, a));
   }
   block_max_to(a.tensor_amax, m);
 }
@@ -430,6 +476,38 @@ __global__ void rtne_selftest_kernel(unsigned long long* count, unsigned* first,
   if ((threadIdx.x & 31) == 0) atomicAdd(evaluated, 64ull * 32);  // 32 lanes x 64 patterns
 }
 
+// Every FP32 bit pattern through golden round_sr and round_sr_fast at four random words: 0, all ones, and the
+// two either side of the fast path's threshold ceil(t) (both roundings are step functions of r >> 8, so agreeing
+// at the two words next to the step means the same step, and at 0 / all ones the same level below and above).
+template <int F>
+__global__ void sr_selftest_kernel(unsigned long long* count, unsigned* first, unsigned long long* evaluated) {
+  constexpr ElemFormat f = kAllFormats[F];
+  const uint64_t t0 = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  unsigned long long bad = 0;
+  for (uint64_t i = t0 * 64; i < t0 * 64 + 64; ++i) {
+    const float v = __uint_as_float(uint32_t(i));
+    int idx;
+    float t;
+    detail::sr_split<F>(v, idx, t);
+    const float c = ceilf(t);  // t in [0, 2^24): first r >> 8 that rounds down
+    const uint32_t thr = c == c ? uint32_t(c) : 0u;
+    uint32_t rs[4] = {0u, 0xFFFFFFFFu, 0u, 0u};
+    if (thr >= 1 && thr < (1u << 24)) {
+      rs[2] = ((thr - 1) << 8) | 0xFFu;
+      rs[3] = thr << 8;
+    }
+    bool ok = true;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) ok &= round_sr(f, v, rs[k]) == detail::round_sr_fast<F>(v, rs[k]);
+    if (!ok) {
+      ++bad;
+      atomicMin(first, uint32_t(i));
+    }
+  }
+  if (bad) atomicAdd(count, bad);
+  if ((threadIdx.x & 31) == 0) atomicAdd(evaluated, 64ull * 32);
+}
+
 // ---- dispatch -----------------------------------------------------------------------------------------------
 // TR: the transposed kernels (a.rows x a.cols is X^T's shape).
 dim3 transposed_grid(int64_t rows, int64_t cols, int G) {
@@ -439,12 +517,10 @@ dim3 transposed_grid(int64_t rows, int64_t cols, int G) {
 template <class T, int F, int B, int D, bool TR>
 void launch_quantize(const QArgs& a, cudaStream_t s) {
   constexpr int G = B > D ? B : D;
-  if constexpr (TR) {
+  if constexpr (TR)
     quantize_t_kernel<T, F, B, D><<<transposed_grid(a.rows, a.cols, G), dim3(32, kTRows), 0, s>>>(a);
-  } else {
-    const int64_t n = a.rows * (a.cols / G);
-    quantize_kernel<T, F, B, D><<<detail::blocks_for(n, kThreads * kGroupsPerThread), kThreads, 0, s>>>(a);
-  }
+  else
+    quantize_kernel<T, F, B, D><<<detail::blocks_for(a.rows * (a.cols / G), kThreads), kThreads, 0, s>>>(a);
 }
 
 template <class T, int F, int B, bool TR>
@@ -477,12 +553,10 @@ void launch_quantize_any(int fmt, int block, int d, const QArgs& a, cudaStream_t
 template <class T, int B, int D, bool TR>
 void launch_amax(const AmaxArgs& a, cudaStream_t s) {
   constexpr int G = B > D ? B : D;
-  if constexpr (TR) {
+  if constexpr (TR)
     amax_t_kernel<T, B, D><<<transposed_grid(a.rows, a.cols, G), dim3(32, kTRows), 0, s>>>(a);
-  } else {
-    const int64_t n = a.rows * (a.cols / G);
-    amax_kernel<T, B, D><<<detail::blocks_for(n, kThreads * kGroupsPerThread), kThreads, 0, s>>>(a);
-  }
+  else
+    amax_kernel<T, B, D><<<detail::blocks_for(a.rows * (a.cols / G), kThreads), kThreads, 0, s>>>(a);
 }
 template <class T, bool TR>
 void launch_amax_any(int block, int d, const AmaxArgs& a, cudaStream_t s) {
@@ -714,6 +788,26 @@ uint64_t count_rtne_fast_mismatches(const ElemFormat& f, uint32_t* first_bad, ui
     default: rtne_selftest_kernel<3><<<grid, kThreads>>>(count.data(), first.data(), seen.data()); break;
   }
   check_launch("rtne_selftest_kernel", true);
+  if (first_bad) *first_bad = first.to_host()[0];
+  if (evaluated) *evaluated = seen.to_host()[0];
+  return count.to_host()[0];
+}
+
+uint64_t count_sr_fast_mismatches(const ElemFormat& f, uint32_t* first_bad, uint64_t* evaluated) {
+  const int fmt = detail::format_index(f);
+  Buffer<unsigned long long> count(1), seen(1);
+  seen.fill_bytes(0);
+  Buffer<unsigned> first(1);
+  count.fill_bytes(0);
+  first.fill_bytes(0xFF);
+  const unsigned grid = unsigned((uint64_t(1) << 32) / 64 / kThreads);
+  switch (fmt) {
+    case 0: sr_selftest_kernel<0><<<grid, kThreads>>>(count.data(), first.data(), seen.data()); break;
+    case 1: sr_selftest_kernel<1><<<grid, kThreads>>>(count.data(), first.data(), seen.data()); break;
+    case 2: sr_selftest_kernel<2><<<grid, kThreads>>>(count.data(), first.data(), seen.data()); break;
+    default: sr_selftest_kernel<3><<<grid, kThreads>>>(count.data(), first.data(), seen.data()); break;
+  }
+  check_launch("sr_selftest_kernel", true);
   if (first_bad) *first_bad = first.to_host()[0];
   if (evaluated) *evaluated = seen.to_host()[0];
   return count.to_host()[0];

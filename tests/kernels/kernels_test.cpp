@@ -410,6 +410,19 @@ TEST(QuantizeErrors, RejectsNonFiniteInputAndBadConfigurations) {
 }
 
 // The quantiser's fast RTNE search against the golden fp4lab::round_rtne, every FP32 bit pattern.
+// The quantiser's fast stochastic rounding against the golden fp4lab::round_sr: every FP32 bit pattern, at the
+// random words that decide it.
+TEST(QuantizeFastRounding, EqualsGoldenRoundSrForAll2To32Inputs) {
+  SKIP_WITHOUT_GPU();
+  for (const ElemFormat& f : fp4lab::kAllFormats) {
+    uint32_t first = 0;
+    uint64_t seen = 0;
+    const uint64_t bad = fc::count_sr_fast_mismatches(f, &first, &seen);
+    EXPECT_EQ(seen, uint64_t(1) << 32) << f.name << ": not every input was run";
+    EXPECT_EQ(bad, 0u) << f.name << ": first disagreement at input bits " << first;
+  }
+}
+
 TEST(QuantizeFastRounding, EqualsGoldenRoundRtneForAll2To32Inputs) {
   SKIP_WITHOUT_GPU();
   for (const ElemFormat& f : fp4lab::kAllFormats) {

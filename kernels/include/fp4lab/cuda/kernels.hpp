@@ -171,6 +171,10 @@ void tensor_amax(const float* d_x, int64_t rows, int64_t cols, const QuantConfig
 // format.
 uint64_t count_rtne_fast_mismatches(const ElemFormat& f, uint32_t* first_bad = nullptr, uint64_t* evaluated = nullptr);
 
+// The same for stochastic rounding: round_sr_fast (no walk over the levels, no division) against fp4lab::round_sr
+// for all 2^32 FP32 inputs, each at the four random words that decide it (kernels/src/round_fast.cuh).
+uint64_t count_sr_fast_mismatches(const ElemFormat& f, uint32_t* first_bad = nullptr, uint64_t* evaluated = nullptr);
+
 // Golden layout (one code per byte) <-> device layout.
 QTensor to_host(const DQTensor& d);
 void upload(const QTensor& q, DQTensor& d);
