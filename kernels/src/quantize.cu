@@ -326,18 +326,20 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const QArgs a) {
 }
 
 // Transposed: quantises X^T for X [a.cols, a.rows] row-major (a.rows x a.cols is the output's shape), without
-// materialising X^T. A thread takes two adjacent columns of X and G consecutive rows of them: G loads of two
-// adjacent elements, a warp's 32 threads reading 64 consecutive columns of one row (128 bytes for BF16, 256 for
-// FP32) per load. Each column's G values are one group of output row = that column, quantised by the same
-// quantize_group as the row-wise kernel. Block (32, kTRows): the kTRows row groups of a column that a block holds
-// are adjacent, so their codes and scales fill whole 32-byte sectors.
+// materialising X^T. A thread takes two adjacent columns of X and G consecutive rows of them (G loads of two
+// adjacent elements); each column's G values are one group of output row = that column, quantised by the same
+// quantize_group as the row-wise kernel. A warp's lanes are 8 consecutive row groups x 4 adjacent column pairs, so
+// each store instruction writes, per column, 8 adjacent groups' codes (64 bytes) and scales (32 bytes for block
+// 16) as whole sectors; with 32 column pairs per lane row each store touched 32 partial sectors. A block
+// (32 x kTRows threads) covers 64 columns x kTRows row groups.
 constexpr int kTRows = 8;
+static_assert(kTRows == 8, "the lane mapping: 8 row groups x 4 column pairs per warp");
 template <class T, int F, int B, int D>
 __global__ void __launch_bounds__(32 * kTRows) quantize_t_kernel(const QArgs a) {
   constexpr int G = B > D ? B : D;
   const int64_t xcols = a.rows, ngroups = a.cols / G;  // X's row length; groups down a column
-  const int64_t j = (int64_t(blockIdx.x) * 32 + threadIdx.x) * 2;
-  const int64_t gr = int64_t(blockIdx.y) * kTRows + threadIdx.y;
+  const int64_t j = (int64_t(blockIdx.x) * 32 + threadIdx.y * 4 + (threadIdx.x >> 3)) * 2;
+  const int64_t gr = int64_t(blockIdx.y) * kTRows + (threadIdx.x & 7);
   if (j >= xcols || gr >= ngroups) return;
   const bool two = j + 1 < xcols;
   RawPairs<T, G> raw;
@@ -413,8 +415,8 @@ template <class T, int B, int D>
 __global__ void __launch_bounds__(32 * kTRows) amax_t_kernel(const AmaxArgs a) {
   constexpr int G = B > D ? B : D;
   const int64_t xcols = a.rows, ngroups = a.cols / G;
-  const int64_t j = (int64_t(blockIdx.x) * 32 + threadIdx.x) * 2;
-  const int64_t gr = int64_t(blockIdx.y) * kTRows + threadIdx.y;
+  const int64_t j = (int64_t(blockIdx.x) * 32 + threadIdx.y * 4 + (threadIdx.x >> 3)) * 2;
+  const int64_t gr = int64_t(blockIdx.y) * kTRows + (threadIdx.x & 7);
   float m = 0.0f;
   if (j < xcols && gr < ngroups) {
     const bool two = j + 1 < xcols;
