@@ -3,6 +3,7 @@
 // block_scale, scale_element, round_rtne, round_sr, random_bits), called from device code.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -129,40 +130,46 @@ __device__ __forceinline__ void rotate_group(float (&y)[G], const float* signs, 
 template <int F, int B, bool FP32, bool RTNE, int G>
 __device__ __forceinline__ void round_block(const float (&y)[G], int b, const BlockScale& bs, ScaleKind kind,
                                             const QArgs& a, int64_t base, uint32_t (&packed)[G / 8]) {
-  constexpr ElemFormat f = kAllFormats[F];
 #pragma unroll
   for (int j = 0; j < B; ++j) {
     const int e = b * B + j;
     const float v = scale_element(FP32 ? ScaleKind::fp32 : kind, y[e], bs);
-    const uint8_t c =
-        RTNE ? detail::round_rtne_fast<F>(v) : round_sr(f, v, random_bits(a.seed, a.stream, uint64_t(base + e)));
+    const uint8_t c = RTNE ? detail::round_rtne_fast<F>(v)
+                           : detail::round_sr_fast<F>(v, random_bits(a.seed, a.stream, uint64_t(base + e)));
     packed[e / 8] |= uint32_t(c) << (4 * (e % 8));
   }
 }
 
-// One thread quantises G = max(B, D) consecutive elements of one row: G/B blocks, each wholly in registers.
-template <class T, int F, int B, int D>
-__global__ void __launch_bounds__(kThreads) quantize_kernel(const QArgs a) {
-  constexpr ElemFormat f = kAllFormats[F];
-  constexpr int G = B > D ? B : D;
-  const int64_t groups_per_row = a.cols / G;
-  const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (g >= a.rows * groups_per_row) return;
-  const int64_t row = g / groups_per_row;
-  const int64_t col0 = (g - row * groups_per_row) * G;
-  const int64_t base = row * a.cols + col0;
+// One element, widened to FP32 (the transpose kernel's loads).
+__device__ __forceinline__ float load1(const float* p) { return __ldg(p); }
+__device__ __forceinline__ float load1(const uint16_t* p) { return bf16_to_f32(__ldg(p)); }
 
-  float y[G];
-  load_group<G>(static_cast<const T*>(a.x) + base, y);
+// Quotient and remainder of a group index: 32-bit division where the index fits (64-bit division is a long
+// software sequence, paid once per group).
+__device__ __forceinline__ void split_index(int64_t g, int64_t per_row, bool small, int64_t& row, int64_t& col) {
+  if (small) {
+    const uint32_t r = uint32_t(g) / uint32_t(per_row);
+    row = r;
+    col = int64_t(uint32_t(g) - r * uint32_t(per_row));
+  } else {
+    row = g / per_row;
+    col = g - row * per_row;
+  }
+}
+
+// Everything after the load, for G consecutive values y of output row `row` from column col0 (output layout
+// [a.rows, a.cols]): RHT-D, block amax and scale, rounding, packed codes and scales stored. Shared by the
+// row-wise and the transposed kernel, so both run the same golden arithmetic on the same values.
+template <int F, int B, int D, int G>
+__device__ __forceinline__ void quantize_group(float (&y)[G], int64_t row, int64_t col0, const QArgs& a,
+                                               float s_enc) {
+  constexpr ElemFormat f = kAllFormats[F];
   flag_nonfinite<G>(y, a.nonfinite, 1);
   rotate_group<G, D>(y, a.signs, a.rht_bf16);
   // As fp4lab::quantize: finite inputs near FLT_MAX can rotate to Inf/NaN, which has no code.
   if constexpr (D > 0) flag_nonfinite<G>(y, a.nonfinite, 2);
-
-  // The tensor-level half of ue4m3 (S_enc from amax(tensor)), as fp4lab::quantize computes it.
-  float s_enc = 1.0f;
-  if (a.scale == ScaleKind::ue4m3) s_enc = nvfp4_global_encode(f, __uint_as_float(*a.tensor_amax));
-  if (g == 0) *a.global_dec = a.scale == ScaleKind::ue4m3 ? 1.0f / s_enc : 1.0f;
+  const int64_t base = row * a.cols + col0;
+  if (base == 0) *a.global_dec = a.scale == ScaleKind::ue4m3 ? 1.0f / s_enc : 1.0f;
 
   const int64_t kb = a.cols / B;
   uint32_t packed[G / 8];
@@ -205,41 +212,222 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const QArgs a) {
   }
 }
 
+// The tensor-level half of ue4m3 (S_enc from amax(tensor)), as fp4lab::quantize computes it.
+template <int F>
+__device__ __forceinline__ float tensor_encode(const QArgs& a) {
+  constexpr ElemFormat f = kAllFormats[F];
+  return a.scale == ScaleKind::ue4m3 ? nvfp4_global_encode(f, __uint_as_float(*a.tensor_amax)) : 1.0f;
+}
+
+// A group's raw input words: 16-byte loads (cols is a multiple of 16, so every group starts 32-byte (BF16) or
+// 64-byte (FP32) aligned when the tensor does).
+template <class T, int G>
+struct RawGroup {
+  uint4 v[G * sizeof(T) / 16];
+};
+template <class T, int G>
+__device__ __forceinline__ void load_raw(const T* p, RawGroup<T, G>& r) {
+  const uint4* q = reinterpret_cast<const uint4*>(p);
+#pragma unroll
+  for (int i = 0; i < G * int(sizeof(T)) / 16; ++i) r.v[i] = __ldg(q + i);
+}
+// BF16 inputs widen exactly to FP32, as the golden model's reader does, so a BF16 tensor quantises to the bits
+// its FP32 copy would.
+template <int G>
+__device__ __forceinline__ void widen(const RawGroup<float, G>& r, float (&y)[G]) {
+#pragma unroll
+  for (int i = 0; i < G / 4; ++i) {
+    y[4 * i] = __uint_as_float(r.v[i].x);
+    y[4 * i + 1] = __uint_as_float(r.v[i].y);
+    y[4 * i + 2] = __uint_as_float(r.v[i].z);
+    y[4 * i + 3] = __uint_as_float(r.v[i].w);
+  }
+}
+template <int G>
+__device__ __forceinline__ void widen(const RawGroup<uint16_t, G>& r, float (&y)[G]) {
+#pragma unroll
+  for (int i = 0; i < G / 8; ++i) {
+    const uint32_t w[4] = {r.v[i].x, r.v[i].y, r.v[i].z, r.v[i].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      y[8 * i + 2 * j] = bf16_to_f32(uint16_t(w[j] & 0xFFFFu));
+      y[8 * i + 2 * j + 1] = bf16_to_f32(uint16_t(w[j] >> 16));
+    }
+  }
+}
+
+// The transposed kernels' raw words: G rows of two adjacent columns (one 32-bit word per row for BF16, two for
+// FP32). Odd row lengths load element by element (the pair is not aligned); a missing second column reads as 0.
+template <class T, int G>
+struct RawPairs {
+  uint32_t w[G * sizeof(T) / 2];
+};
+template <int G>
+__device__ __forceinline__ void load_pairs(const uint16_t* p, int64_t ld, bool aligned, bool two,
+                                           RawPairs<uint16_t, G>& r) {
+#pragma unroll
+  for (int i = 0; i < G; ++i) {
+    if (aligned) {
+      r.w[i] = __ldg(reinterpret_cast<const unsigned int*>(p + i * ld));
+    } else {
+      const uint32_t lo = __ldg(p + i * ld), hi = two ? __ldg(p + i * ld + 1) : 0u;
+      r.w[i] = lo | (hi << 16);
+    }
+  }
+}
+template <int G>
+__device__ __forceinline__ void load_pairs(const float* p, int64_t ld, bool aligned, bool two, RawPairs<float, G>& r) {
+#pragma unroll
+  for (int i = 0; i < G; ++i) {
+    if (aligned) {
+      const float2 v = __ldg(reinterpret_cast<const float2*>(p + i * ld));
+      r.w[2 * i] = __float_as_uint(v.x);
+      r.w[2 * i + 1] = __float_as_uint(v.y);
+    } else {
+      r.w[2 * i] = __float_as_uint(__ldg(p + i * ld));
+      r.w[2 * i + 1] = two ? __float_as_uint(__ldg(p + i * ld + 1)) : 0u;
+    }
+  }
+}
+template <int G>
+__device__ __forceinline__ void widen_pairs(const RawPairs<uint16_t, G>& r, float (&y0)[G], float (&y1)[G]) {
+#pragma unroll
+  for (int i = 0; i < G; ++i) {
+    y0[i] = bf16_to_f32(uint16_t(r.w[i] & 0xFFFFu));
+    y1[i] = bf16_to_f32(uint16_t(r.w[i] >> 16));
+  }
+}
+template <int G>
+__device__ __forceinline__ void widen_pairs(const RawPairs<float, G>& r, float (&y0)[G], float (&y1)[G]) {
+#pragma unroll
+  for (int i = 0; i < G; ++i) {
+    y0[i] = __uint_as_float(r.w[2 * i]);
+    y1[i] = __uint_as_float(r.w[2 * i + 1]);
+  }
+}
+
+// Row-wise: one thread quantises one group of G = max(B, D) consecutive elements of a row, its G/B blocks wholly
+// in registers; consecutive threads take consecutive groups, so every load and store instruction of a warp covers
+// consecutive memory. (A grid of resident blocks striding over the tensor with the next group prefetched was
+// measured slower on the H200: more instructions per element, and the kernel is issue-bound, not latency-bound.)
+template <class T, int F, int B, int D>
+__global__ void __launch_bounds__(kThreads) quantize_kernel(const QArgs a) {
+  constexpr int G = B > D ? B : D;
+  const int64_t groups_per_row = a.cols / G, n = a.rows * groups_per_row;
+  const int64_t g = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (g >= n) return;
+  RawGroup<T, G> raw;
+  load_raw(static_cast<const T*>(a.x) + g * G, raw);  // row * cols + col0 == g * G
+  float y[G];
+  widen(raw, y);
+  int64_t row, cg;
+  split_index(g, groups_per_row, n < (int64_t(1) << 32), row, cg);
+  quantize_group<F, B, D, G>(y, row, cg * G, a, tensor_encode<F>(a));
+}
+
+// Transposed: quantises X^T for X [a.cols, a.rows] row-major (a.rows x a.cols is the output's shape), without
+// materialising X^T. A thread takes two adjacent columns of X and G consecutive rows of them (G loads of two
+// adjacent elements); each column's G values are one group of output row = that column, quantised by the same
+// quantize_group as the row-wise kernel. A warp's lanes are 8 consecutive row groups x 4 adjacent column pairs, so
+// each store instruction writes, per column, 8 adjacent groups' codes (64 bytes) and scales (32 bytes for block
+// 16) as whole sectors; with 32 column pairs per lane row each store touched 32 partial sectors. A block
+// (32 x kTRows threads) covers 64 columns x kTRows row groups.
+constexpr int kTRows = 8;
+static_assert(kTRows == 8, "the lane mapping: 8 row groups x 4 column pairs per warp");
+template <class T, int F, int B, int D>
+__global__ void __launch_bounds__(32 * kTRows) quantize_t_kernel(const QArgs a) {
+  constexpr int G = B > D ? B : D;
+  const int64_t xcols = a.rows, ngroups = a.cols / G;  // X's row length; groups down a column
+  const int64_t j = (int64_t(blockIdx.x) * 32 + threadIdx.y * 4 + (threadIdx.x >> 3)) * 2;
+  const int64_t gr = int64_t(blockIdx.y) * kTRows + (threadIdx.x & 7);
+  if (j >= xcols || gr >= ngroups) return;
+  const bool two = j + 1 < xcols;
+  RawPairs<T, G> raw;
+  load_pairs<G>(static_cast<const T*>(a.x) + gr * G * xcols + j, xcols, (xcols & 1) == 0, two, raw);
+  float y0[G], y1[G];
+  widen_pairs<G>(raw, y0, y1);
+  const float s_enc = tensor_encode<F>(a);
+  quantize_group<F, B, D, G>(y0, j, gr * G, a, s_enc);
+  if (two) quantize_group<F, B, D, G>(y1, j + 1, gr * G, a, s_enc);
+}
+
 struct AmaxArgs {
   const void* x;  // float or BF16 bits, the kernel's T
-  int64_t rows, cols;
+  int64_t rows, cols;  // the quantised operand's shape (for the transposed kernels, X^T's)
   float* block_amax;   // rows * cols / B, or null
   unsigned* tensor_amax;
   bool rht_bf16;
   float signs[32];
 };
 
-// Block amax of the (rotated) values, and the tensor amax as an atomic maximum of non-negative FP32 bit patterns
-// (their unsigned order is their numeric order).
+// The tensor amax as an atomic maximum of non-negative FP32 bit patterns (their unsigned order is their numeric
+// order): reduced over the thread block first, so one atomic per block, not per warp, meets at one address.
+__device__ __forceinline__ void block_max_to(unsigned* dst, float m) {
+  __shared__ float warp_max[32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+  const int t = threadIdx.x + threadIdx.y * blockDim.x, nw = (blockDim.x * blockDim.y + 31) / 32;
+  if ((t & 31) == 0) warp_max[t >> 5] = m;
+  __syncthreads();
+  if (t == 0) {
+    for (int w = 1; w < nw; ++w) m = fmaxf(m, warp_max[w]);
+    if (m > 0.0f) atomicMax(dst, __float_as_uint(m));
+  }
+}
+
+// Block amaxes of one group of (rotated) values; returns their maximum.
+template <int B, int D, int G>
+__device__ __forceinline__ float group_amax(float (&y)[G], int64_t row, int64_t col0, const AmaxArgs& a) {
+  rotate_group<G, D>(y, a.signs, a.rht_bf16);
+  float m = 0.0f;
+#pragma unroll
+  for (int b = 0; b < G / B; ++b) {
+    float bm = 0.0f;
+#pragma unroll
+    for (int j = 0; j < B; ++j) bm = fmaxf(bm, fabsf(y[b * B + j]));
+    if (a.block_amax) a.block_amax[row * (a.cols / B) + col0 / B + b] = bm;
+    m = fmaxf(m, bm);
+  }
+  return m;
+}
+
+// Block amax of the (rotated) values and the tensor amax, row-wise (thread layout of quantize_kernel).
 template <class T, int B, int D>
 __global__ void __launch_bounds__(kThreads) amax_kernel(const AmaxArgs a) {
   constexpr int G = B > D ? B : D;
-  const int64_t groups_per_row = a.cols / G;
-  const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t groups_per_row = a.cols / G, n = a.rows * groups_per_row;
+  const int64_t g = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   float m = 0.0f;
-  if (g < a.rows * groups_per_row) {
-    const int64_t row = g / groups_per_row;
-    const int64_t col0 = (g - row * groups_per_row) * G;
+  if (g < n) {  // no early return: every thread reaches block_max_to's barrier
+    RawGroup<T, G> raw;
+    load_raw(static_cast<const T*>(a.x) + g * G, raw);
     float y[G];
-    load_group<G>(static_cast<const T*>(a.x) + row * a.cols + col0, y);
-    rotate_group<G, D>(y, a.signs, a.rht_bf16);
-#pragma unroll
-    for (int b = 0; b < G / B; ++b) {
-      float bm = 0.0f;
-#pragma unroll
-      for (int j = 0; j < B; ++j) bm = fmaxf(bm, fabsf(y[b * B + j]));
-      if (a.block_amax) a.block_amax[row * (a.cols / B) + col0 / B + b] = bm;
-      m = fmaxf(m, bm);
-    }
+    widen(raw, y);
+    int64_t row, cg;
+    split_index(g, groups_per_row, n < (int64_t(1) << 32), row, cg);
+    m = group_amax<B, D, G>(y, row, cg * G, a);
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-  if ((threadIdx.x & 31) == 0 && m > 0.0f) atomicMax(a.tensor_amax, __float_as_uint(m));
+  block_max_to(a.tensor_amax, m);
+}
+
+// The same over X^T, reading X [a.cols, a.rows] by columns (thread layout of quantize_t_kernel).
+template <class T, int B, int D>
+__global__ void __launch_bounds__(32 * kTRows) amax_t_kernel(const AmaxArgs a) {
+  constexpr int G = B > D ? B : D;
+  const int64_t xcols = a.rows, ngroups = a.cols / G;
+  const int64_t j = (int64_t(blockIdx.x) * 32 + threadIdx.y * 4 + (threadIdx.x >> 3)) * 2;
+  const int64_t gr = int64_t(blockIdx.y) * kTRows + (threadIdx.x & 7);
+  float m = 0.0f;
+  if (j < xcols && gr < ngroups) {
+    const bool two = j + 1 < xcols;
+    RawPairs<T, G> raw;
+    load_pairs<G>(static_cast<const T*>(a.x) + gr * G * xcols + j, xcols, (xcols & 1) == 0, two, raw);
+    float y0[G], y1[G];
+    widen_pairs<G>(raw, y0, y1);
+    m = group_amax<B, D, G>(y0, j, gr * G, a);
+    if (two) m = fmaxf(m, group_amax<B, D, G>(y1, j + 1, gr * G, a));
+  }
+  block_max_to(a.tensor_amax, m);
 }
 
 // 16x16 tiles (NVFP4 weights): every block of a tile takes the maximum over the tile's 16 rows.
@@ -290,59 +478,118 @@ __global__ void rtne_selftest_kernel(unsigned long long* count, unsigned* first,
   if ((threadIdx.x & 31) == 0) atomicAdd(evaluated, 64ull * 32);  // 32 lanes x 64 patterns
 }
 
-// ---- dispatch -----------------------------------------------------------------------------------------------
-template <class T, int F, int B, int D>
-void launch_quantize(const QArgs& a, cudaStream_t s) {
-  constexpr int G = B > D ? B : D;
-  const int64_t n = a.rows * (a.cols / G);
-  quantize_kernel<T, F, B, D><<<detail::blocks_for(n, kThreads), kThreads, 0, s>>>(a);
+// Every FP32 bit pattern through golden round_sr and round_sr_fast at four random words: 0, all ones, and the
+// two either side of the fast path's threshold ceil(t) (both roundings are step functions of r >> 8, so agreeing
+// at the two words next to the step means the same step, and at 0 / all ones the same level below and above).
+template <int F>
+__global__ void sr_selftest_kernel(unsigned long long* count, unsigned* first, unsigned long long* evaluated) {
+  constexpr ElemFormat f = kAllFormats[F];
+  const uint64_t t0 = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  unsigned long long bad = 0;
+  for (uint64_t i = t0 * 64; i < t0 * 64 + 64; ++i) {
+    const float v = __uint_as_float(uint32_t(i));
+    int idx;
+    float t;
+    detail::sr_split<F>(v, idx, t);
+    const float c = ceilf(t);  // t in [0, 2^24): first r >> 8 that rounds down
+    const uint32_t thr = c == c ? uint32_t(c) : 0u;
+    uint32_t rs[4] = {0u, 0xFFFFFFFFu, 0u, 0u};
+    if (thr >= 1 && thr < (1u << 24)) {
+      rs[2] = ((thr - 1) << 8) | 0xFFu;
+      rs[3] = thr << 8;
+    }
+    bool ok = true;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) ok &= round_sr(f, v, rs[k]) == detail::round_sr_fast<F>(v, rs[k]);
+    if (!ok) {
+      ++bad;
+      atomicMin(first, uint32_t(i));
+    }
+  }
+  if (bad) atomicAdd(count, bad);
+  if ((threadIdx.x & 31) == 0) atomicAdd(evaluated, 64ull * 32);
 }
 
-template <class T, int F, int B>
+// ---- dispatch -----------------------------------------------------------------------------------------------
+// TR: the transposed kernels (a.rows x a.cols is X^T's shape).
+dim3 transposed_grid(int64_t rows, int64_t cols, int G) {
+  return dim3(unsigned((rows + 63) / 64), unsigned((cols / G + kTRows - 1) / kTRows));
+}
+
+template <class T, int F, int B, int D, bool TR>
+void launch_quantize(const QArgs& a, cudaStream_t s) {
+  constexpr int G = B > D ? B : D;
+  if constexpr (TR)
+    quantize_t_kernel<T, F, B, D><<<transposed_grid(a.rows, a.cols, G), dim3(32, kTRows), 0, s>>>(a);
+  else
+    quantize_kernel<T, F, B, D><<<detail::blocks_for(a.rows * (a.cols / G), kThreads), kThreads, 0, s>>>(a);
+}
+
+template <class T, int F, int B, bool TR>
 void launch_quantize_d(int d, const QArgs& a, cudaStream_t s) {
   switch (d) {
-    case 0: return launch_quantize<T, F, B, 0>(a, s);
-    case 16: return launch_quantize<T, F, B, 16>(a, s);
-    case 32: return launch_quantize<T, F, B, 32>(a, s);
+    case 0: return launch_quantize<T, F, B, 0, TR>(a, s);
+    case 16: return launch_quantize<T, F, B, 16, TR>(a, s);
+    case 32: return launch_quantize<T, F, B, 32, TR>(a, s);
   }
   throw std::logic_error("fused RHT size must be 0, 16 or 32");
 }
 
-template <class T, int F>
+template <class T, int F, bool TR>
 void launch_quantize_bd(int block, int d, const QArgs& a, cudaStream_t s) {
-  if (block == 16) return launch_quantize_d<T, F, 16>(d, a, s);
-  return launch_quantize_d<T, F, 32>(d, a, s);
+  if (block == 16) return launch_quantize_d<T, F, 16, TR>(d, a, s);
+  return launch_quantize_d<T, F, 32, TR>(d, a, s);
 }
 
-template <class T>
+template <class T, bool TR>
 void launch_quantize_any(int fmt, int block, int d, const QArgs& a, cudaStream_t s) {
   switch (fmt) {
-    case 0: return launch_quantize_bd<T, 0>(block, d, a, s);
-    case 1: return launch_quantize_bd<T, 1>(block, d, a, s);
-    case 2: return launch_quantize_bd<T, 2>(block, d, a, s);
-    case 3: return launch_quantize_bd<T, 3>(block, d, a, s);
+    case 0: return launch_quantize_bd<T, 0, TR>(block, d, a, s);
+    case 1: return launch_quantize_bd<T, 1, TR>(block, d, a, s);
+    case 2: return launch_quantize_bd<T, 2, TR>(block, d, a, s);
+    case 3: return launch_quantize_bd<T, 3, TR>(block, d, a, s);
   }
   throw std::logic_error("format index out of range");
 }
 
-template <class T, int B, int D>
+template <class T, int B, int D, bool TR>
 void launch_amax(const AmaxArgs& a, cudaStream_t s) {
   constexpr int G = B > D ? B : D;
-  const int64_t n = a.rows * (a.cols / G);
-  amax_kernel<T, B, D><<<detail::blocks_for(n, kThreads), kThreads, 0, s>>>(a);
+  if constexpr (TR)
+    amax_t_kernel<T, B, D><<<transposed_grid(a.rows, a.cols, G), dim3(32, kTRows), 0, s>>>(a);
+  else
+    amax_kernel<T, B, D><<<detail::blocks_for(a.rows * (a.cols / G), kThreads), kThreads, 0, s>>>(a);
 }
-template <class T>
+template <class T, bool TR>
 void launch_amax_any(int block, int d, const AmaxArgs& a, cudaStream_t s) {
   if (block == 16) {
-    if (d == 0) return launch_amax<T, 16, 0>(a, s);
-    if (d == 16) return launch_amax<T, 16, 16>(a, s);
-    if (d == 32) return launch_amax<T, 16, 32>(a, s);
+    if (d == 0) return launch_amax<T, 16, 0, TR>(a, s);
+    if (d == 16) return launch_amax<T, 16, 16, TR>(a, s);
+    if (d == 32) return launch_amax<T, 16, 32, TR>(a, s);
   } else {
-    if (d == 0) return launch_amax<T, 32, 0>(a, s);
-    if (d == 16) return launch_amax<T, 32, 16>(a, s);
-    if (d == 32) return launch_amax<T, 32, 32>(a, s);
+    if (d == 0) return launch_amax<T, 32, 0, TR>(a, s);
+    if (d == 16) return launch_amax<T, 32, 16, TR>(a, s);
+    if (d == 32) return launch_amax<T, 32, 32, TR>(a, s);
   }
   throw std::logic_error("fused RHT size must be 0, 16 or 32");
+}
+
+// y = X^T as FP32 (X [rows, cols], y [cols, rows]) through 32x32 shared-memory tiles: the transposed quantiser's
+// route for what it cannot fuse (RHT-64/128, the unfused RHT path).
+template <class T>
+__global__ void transpose_kernel(const T* x, float* y, int64_t rows, int64_t cols) {
+  __shared__ float tile[32][33];
+  const int64_t c = int64_t(blockIdx.x) * 32 + threadIdx.x;
+  for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+    const int64_t r = int64_t(blockIdx.y) * 32 + i;
+    if (r < rows && c < cols) tile[i][threadIdx.x] = load1(x + r * cols + c);
+  }
+  __syncthreads();
+  const int64_t r = int64_t(blockIdx.y) * 32 + threadIdx.x;
+  for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+    const int64_t cc = int64_t(blockIdx.x) * 32 + i;
+    if (r < rows && cc < cols) y[cc * rows + r] = tile[threadIdx.x][i];
+  }
 }
 
 void copy_signs(float* dst, int cap, const QuantConfig& cfg) {
@@ -380,10 +627,11 @@ void rht(const float* d_x, float* d_y, int64_t rows, int64_t cols, const QuantCo
 
 namespace {
 // Block and tensor amax for the configurations that need them before quantising (ue4m3, 16x16 tiles).
-// x is already rotated when d == 0 and the caller took the unfused path.
+// x is already rotated when d == 0 and the caller took the unfused path. rows x cols is the quantised operand's
+// shape; tr: x is its transpose.
 template <class T>
 void amax_pass(const T* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, int d, QuantWorkspace& ws,
-               bool want_blocks, cudaStream_t s) {
+               bool want_blocks, cudaStream_t s, bool tr = false) {
   ws.tensor_amax.resize(1);
   check(cudaMemsetAsync(ws.tensor_amax.data(), 0, sizeof(unsigned), s), "cudaMemsetAsync");
   AmaxArgs a{};
@@ -397,7 +645,10 @@ void amax_pass(const T* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg,
     ws.block_amax.resize(size_t(rows * (cols / cfg.block)));
     a.block_amax = ws.block_amax.data();
   }
-  launch_amax_any<T>(cfg.block, d, a, s);
+  if (tr)
+    launch_amax_any<T, true>(cfg.block, d, a, s);
+  else
+    launch_amax_any<T, false>(cfg.block, d, a, s);
   check_launch("amax_kernel");
   if (want_blocks && cfg.tile2d) {
     const int64_t kb = cols / cfg.block, n = (rows / 16) * kb;
@@ -418,10 +669,11 @@ void tensor_amax(const float* d_x, int64_t rows, int64_t cols, const QuantConfig
 
 namespace {
 // The quantise pass over x (T: float or BF16 bits), rotated in registers by RHT-d (d = 0: x is already rotated
-// or the configuration has no RHT), after the amax pass the scale kind needs.
+// or the configuration has no RHT), after the amax pass the scale kind needs. rows x cols is the output's shape;
+// tr: x is [cols, rows] and the output is its transpose's quantisation.
 template <class T>
 void quantize_pass(const T* x, int d, int fmt, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor& out,
-                   QuantWorkspace& ws, cudaStream_t s, bool check_finite, int* d_nonfinite_flag) {
+                   QuantWorkspace& ws, cudaStream_t s, bool check_finite, int* d_nonfinite_flag, bool tr) {
   out.format = cfg.format;
   out.scale_kind = cfg.scale;
   out.block = cfg.block;
@@ -452,7 +704,7 @@ void quantize_pass(const T* x, int d, int fmt, int64_t rows, int64_t cols, const
   copy_signs(a.signs, 32, cfg);
 
   if (cfg.scale == ScaleKind::ue4m3 || cfg.tile2d) {
-    amax_pass(x, rows, cols, cfg, d, ws, cfg.tile2d, s);
+    amax_pass(x, rows, cols, cfg, d, ws, cfg.tile2d, s, tr);
     a.tensor_amax = ws.tensor_amax.data();
     if (cfg.tile2d) a.block_amax = ws.block_amax.data();
   }
@@ -463,7 +715,10 @@ void quantize_pass(const T* x, int d, int fmt, int64_t rows, int64_t cols, const
   } else {
     a.nonfinite = d_nonfinite_flag;
   }
-  launch_quantize_any<T>(fmt, cfg.block, d, a, s);
+  if (tr)
+    launch_quantize_any<T, true>(fmt, cfg.block, d, a, s);
+  else
+    launch_quantize_any<T, false>(fmt, cfg.block, d, a, s);
   check_launch("quantize_kernel");
   if (check_finite) {
     int bad = 0;
@@ -474,20 +729,31 @@ void quantize_pass(const T* x, int d, int fmt, int64_t rows, int64_t cols, const
   }
 }
 
+// rows x cols: the output's shape; tr: d_x is [cols, rows] and is quantised as its transpose.
 template <class T>
 void quantize_impl(const T* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor& out,
-                   QuantWorkspace& ws, cudaStream_t s, RhtPath path, bool check_finite, int* d_nonfinite_flag) {
+                   QuantWorkspace& ws, cudaStream_t s, RhtPath path, bool check_finite, int* d_nonfinite_flag,
+                   bool tr = false) {
   validate(cfg, rows, cols);
   const int fmt = detail::format_index(cfg.format);
   if (rows * cols % 2 != 0) throw std::invalid_argument("odd element count");
+  if (tr && cfg.rht != 0 && (path == RhtPath::unfused || cfg.rht > 32)) {
+    // The rotation runs in its own pass on these paths anyway: it reads a materialised X^T.
+    ws.transposed.resize(size_t(rows * cols));
+    transpose_kernel<T><<<dim3(unsigned((rows + 31) / 32), unsigned((cols + 31) / 32)), dim3(32, 8), 0, s>>>(
+        d_x, ws.transposed.data(), cols, rows);
+    check_launch("transpose_kernel");
+    return quantize_impl<float>(ws.transposed.data(), rows, cols, cfg, out, ws, s, path, check_finite,
+                                d_nonfinite_flag);
+  }
   // RHT-64/128 keep 64/128 values per thread in registers only in the standalone pass: take the unfused path.
   if (cfg.rht != 0 && (path == RhtPath::unfused || cfg.rht > 32)) {
     ws.rotated.resize(size_t(rows * cols));
     rht_impl(d_x, ws.rotated.data(), rows, cols, cfg, s);
     return quantize_pass<float>(ws.rotated.data(), 0, fmt, rows, cols, cfg, out, ws, s, check_finite,
-                                d_nonfinite_flag);
+                                d_nonfinite_flag, false);
   }
-  quantize_pass<T>(d_x, cfg.rht, fmt, rows, cols, cfg, out, ws, s, check_finite, d_nonfinite_flag);
+  quantize_pass<T>(d_x, cfg.rht, fmt, rows, cols, cfg, out, ws, s, check_finite, d_nonfinite_flag, tr);
 }
 }  // namespace
 
@@ -498,6 +764,15 @@ void quantize(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& c
 void quantize_bf16(const uint16_t* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor& out,
                    QuantWorkspace& ws, cudaStream_t s, RhtPath path, bool check_finite, int* d_nonfinite_flag) {
   quantize_impl(d_x, rows, cols, cfg, out, ws, s, path, check_finite, d_nonfinite_flag);
+}
+void quantize_transposed(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor& out,
+                         QuantWorkspace& ws, cudaStream_t s, RhtPath path, bool check_finite, int* d_nonfinite_flag) {
+  quantize_impl(d_x, cols, rows, cfg, out, ws, s, path, check_finite, d_nonfinite_flag, true);
+}
+void quantize_transposed_bf16(const uint16_t* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg,
+                              DQTensor& out, QuantWorkspace& ws, cudaStream_t s, RhtPath path, bool check_finite,
+                              int* d_nonfinite_flag) {
+  quantize_impl(d_x, cols, rows, cfg, out, ws, s, path, check_finite, d_nonfinite_flag, true);
 }
 
 uint64_t count_rtne_fast_mismatches(const ElemFormat& f, uint32_t* first_bad, uint64_t* evaluated) {
@@ -515,6 +790,26 @@ uint64_t count_rtne_fast_mismatches(const ElemFormat& f, uint32_t* first_bad, ui
     default: rtne_selftest_kernel<3><<<grid, kThreads>>>(count.data(), first.data(), seen.data()); break;
   }
   check_launch("rtne_selftest_kernel", true);
+  if (first_bad) *first_bad = first.to_host()[0];
+  if (evaluated) *evaluated = seen.to_host()[0];
+  return count.to_host()[0];
+}
+
+uint64_t count_sr_fast_mismatches(const ElemFormat& f, uint32_t* first_bad, uint64_t* evaluated) {
+  const int fmt = detail::format_index(f);
+  Buffer<unsigned long long> count(1), seen(1);
+  seen.fill_bytes(0);
+  Buffer<unsigned> first(1);
+  count.fill_bytes(0);
+  first.fill_bytes(0xFF);
+  const unsigned grid = unsigned((uint64_t(1) << 32) / 64 / kThreads);
+  switch (fmt) {
+    case 0: sr_selftest_kernel<0><<<grid, kThreads>>>(count.data(), first.data(), seen.data()); break;
+    case 1: sr_selftest_kernel<1><<<grid, kThreads>>>(count.data(), first.data(), seen.data()); break;
+    case 2: sr_selftest_kernel<2><<<grid, kThreads>>>(count.data(), first.data(), seen.data()); break;
+    default: sr_selftest_kernel<3><<<grid, kThreads>>>(count.data(), first.data(), seen.data()); break;
+  }
+  check_launch("sr_selftest_kernel", true);
   if (first_bad) *first_bad = first.to_host()[0];
   if (evaluated) *evaluated = seen.to_host()[0];
   return count.to_host()[0];

@@ -42,4 +42,42 @@ __device__ __forceinline__ uint8_t round_rtne_fast(float v) {
   return make_code(std::signbit(v), int(idx < unsigned(f.max_index) ? idx : unsigned(f.max_index)));
 }
 
+// Stochastic rounding as fp4lab::round_sr computes it, without its walk over the levels (a loop with a branch
+// per level) and its division: the level below u is found as round_rtne_fast finds the nearest one (floor at the
+// field's spacing sp), and (u - lo) / gap, gap = sp a power of two, is (u - lo) * (1 / sp): both are the exact
+// quotient rounded once, so the bits agree. sr_split gives the index below and t = fraction * 2^24 (0 at the top
+// level, which never rounds up); the element rounds up iff float(r >> 8) < t. count_sr_fast_mismatches checks it
+// against fp4lab::round_sr for all 2^32 FP32 inputs at the random words either side of each input's threshold.
+template <int F>
+__device__ __forceinline__ void sr_split(float v, int& index, float& t) {
+  constexpr ElemFormat f = kAllFormats[F];
+  constexpr int M = f.mbits;
+  constexpr int KMAX = f.max_index >> M;
+  const float u = int_view_of(f, v);
+  float sp = 1.0f, inv = 1.0f;  // fields 0 and 1: spacing 1
+  int offset = 0;
+#pragma unroll
+  for (int k = 2; k <= KMAX; ++k) {  // field k holds u in [2^(M+k-1), 2^(M+k)), spacing 2^(k-1)
+    const bool in = u >= float(1 << (M + k - 1));
+    sp = in ? float(1 << (k - 1)) : sp;
+    inv = in ? 1.0f / float(1 << (k - 1)) : inv;
+    offset = in ? (k - 1) << M : offset;
+  }
+  const float q = floorf(__fmul_rn(u, inv));  // u / sp is exact: a power-of-two scaling of u >= 1 (or sp = 1)
+  const float lo = __fmul_rn(q, sp);          // int_level(index), exact
+  const int i = int(q) + offset;
+  const bool top = i >= f.max_index;
+  // NaN (never produced from finite inputs): the golden walk stops at index 0 and never rounds up.
+  index = u == u ? (top ? f.max_index : i) : 0;
+  t = top ? 0.0f : __fmul_rn(__fmul_rn(__fsub_rn(u, lo), inv), 16777216.0f);
+}
+
+template <int F>
+__device__ __forceinline__ uint8_t round_sr_fast(float v, uint32_t r) {
+  int i;
+  float t;
+  sr_split<F>(v, i, t);
+  return make_code(std::signbit(v), i + int(float(r >> 8) < t));
+}
+
 }  // namespace fp4lab::cuda::detail

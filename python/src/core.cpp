@@ -313,22 +313,32 @@ NB_MODULE(_core, m) {
       })
       .def("to_host", [](const fc::DQTensor& q) { return fc::to_host(q); });
   m.def("cuda_upload", [](const QTensor& q, fc::DQTensor& out) { fc::upload(q, out); }, "q"_a, "out"_a);
+  // transposed: quantise x^T (blocks along x's first dimension) reading x in place, bit-identical to quantising
+  // a transposed copy; out is then [cols, rows].
   m.def("cuda_quantize", [](CudaIn x, const QuantConfig& cfg, fc::DQTensor& out, uintptr_t stream,
-                            const std::string& path, bool check_finite, nb::object flag) {
+                            const std::string& path, bool check_finite, nb::object flag, bool transposed) {
     int* d_flag = nullptr;
     if (!flag.is_none()) d_flag = nb::cast<CudaFlag>(flag).data();
     if (path != "fused" && path != "unfused") throw std::invalid_argument("rht path must be fused or unfused");
     const auto p = path == "fused" ? fc::RhtPath::fused : fc::RhtPath::unfused;
     const int64_t rows = int64_t(x.shape(0)), cols = int64_t(x.shape(1));
-    if (x.dtype() == nb::dtype<float>())
-      fc::quantize(static_cast<const float*>(x.data()), rows, cols, cfg, out, workspaces().quant, as_stream(stream), p,
-                   check_finite, d_flag);
-    else if (x.dtype() == kBf16)
-      fc::quantize_bf16(static_cast<const uint16_t*>(x.data()), rows, cols, cfg, out, workspaces().quant,
-                        as_stream(stream), p, check_finite, d_flag);
-    else
+    auto& ws = workspaces().quant;
+    if (x.dtype() == nb::dtype<float>()) {
+      const auto* px = static_cast<const float*>(x.data());
+      if (transposed)
+        fc::quantize_transposed(px, rows, cols, cfg, out, ws, as_stream(stream), p, check_finite, d_flag);
+      else
+        fc::quantize(px, rows, cols, cfg, out, ws, as_stream(stream), p, check_finite, d_flag);
+    } else if (x.dtype() == kBf16) {
+      const auto* px = static_cast<const uint16_t*>(x.data());
+      if (transposed)
+        fc::quantize_transposed_bf16(px, rows, cols, cfg, out, ws, as_stream(stream), p, check_finite, d_flag);
+      else
+        fc::quantize_bf16(px, rows, cols, cfg, out, ws, as_stream(stream), p, check_finite, d_flag);
+    } else
       throw std::invalid_argument("the CUDA quantiser takes float32 or bfloat16 tensors");
-  }, "x"_a, "config"_a, "out"_a, "stream"_a, "path"_a = "fused", "check_finite"_a = true, "nonfinite_flag"_a = nb::none());
+  }, "x"_a, "config"_a, "out"_a, "stream"_a, "path"_a = "fused", "check_finite"_a = true, "nonfinite_flag"_a = nb::none(),
+     "transposed"_a = false);
   m.def("cuda_dequantize", [](const fc::DQTensor& q, CudaAny2 out, uintptr_t stream) {
     if (int64_t(out.shape(0)) != q.rows || int64_t(out.shape(1)) != q.cols)
       throw std::invalid_argument("output must have shape [" + std::to_string(q.rows) + ", " + std::to_string(q.cols) + "]");

@@ -20,6 +20,7 @@
 #include "fp4lab/cuda/kernels.hpp"
 #include "fp4lab/gemm.hpp"
 #include "fp4lab/quantize.hpp"
+#include "fp4lab/recipe.hpp"
 #include "fp4lab/rht.hpp"
 #include "reference/contract_gemm.hpp"
 
@@ -224,6 +225,165 @@ TEST_P(Quantize, MatchesGoldenBitForBit) {
 INSTANTIATE_TEST_SUITE_P(AllRecipesAndKnobs, Quantize, ::testing::ValuesIn(quant_cases()),
                          [](const ::testing::TestParamInfo<QCase>& i) { return i.param.name(); });
 
+// ---- transposed and BF16 inputs -----------------------------------------------------------------------------
+std::vector<float> transposed(const std::vector<float>& x, int64_t rows, int64_t cols) {
+  std::vector<float> t(x.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) t[size_t(c * rows + r)] = x[size_t(r * cols + c)];
+  return t;
+}
+// x rounded to BF16 (RTNE), as bit patterns and as the FP32 values they widen to (what the golden model sees).
+std::vector<uint16_t> to_bf16(std::vector<float>& x) {
+  std::vector<uint16_t> b(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    b[i] = fp4lab::f32_to_bf16(x[i]);
+    x[i] = fp4lab::bf16_to_f32(b[i]);
+  }
+  return b;
+}
+
+// The GPU quantisation of an operand t [rows, cols] from a device copy of t (row-wise) or of t^T (transposed),
+// FP32 or BF16, outputs poisoned first.
+QTensor gpu_quantize(const std::vector<float>& t, int64_t rows, int64_t cols, const QuantConfig& cfg, bool tr,
+                     bool bf16, fc::RhtPath path, fc::QuantWorkspace& ws) {
+  std::vector<float> src = tr ? transposed(t, rows, cols) : t;
+  fc::DQTensor q;
+  q.codes.resize(size_t(rows * cols / 2));
+  q.codes.fill_bytes(0xFF);
+  q.scales.resize(size_t(rows * cols / cfg.block));
+  q.scales.fill_bytes(0xFF);
+  if (cfg.scale != ScaleKind::fp32) {
+    q.scale_codes.resize(size_t(rows * cols / cfg.block));
+    q.scale_codes.fill_bytes(0xFF);
+  }
+  q.global_dec.resize(1);
+  q.global_dec.fill_bytes(0xFF);
+  if (bf16) {
+    std::vector<float> w = src;
+    fc::Buffer<uint16_t> d;
+    d.upload(to_bf16(w));
+    if (tr)
+      fc::quantize_transposed_bf16(d.data(), cols, rows, cfg, q, ws, nullptr, path);
+    else
+      fc::quantize_bf16(d.data(), rows, cols, cfg, q, ws, nullptr, path);
+  } else {
+    fc::Buffer<float> d;
+    d.upload(src);
+    if (tr)
+      fc::quantize_transposed(d.data(), cols, rows, cfg, q, ws, nullptr, path);
+    else
+      fc::quantize(d.data(), rows, cols, cfg, q, ws, nullptr, path);
+  }
+  return fc::to_host(q);
+}
+
+// Every configuration of the Quantize suite, read transposed (FP32 and BF16) and row-wise from BF16: the
+// operand t is the suite's [64, 256] input, so its adversarial rows are the rows being quantised; the device
+// holds t^T [256, 64] and the kernel reads it by columns.
+class QuantizeTransposedAndBf16 : public ::testing::TestWithParam<QCase> {};
+
+TEST_P(QuantizeTransposedAndBf16, MatchesGoldenBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const QuantConfig& cfg = GetParam().cfg;
+  size_t compared = 0;
+  fc::QuantWorkspace ws;
+  for (int input = 0; input < 2; ++input) {
+    const std::vector<float> t = input == 0 ? random_input(47) : adversarial_input(cfg.format, 53);
+    std::vector<float> tb = t;
+    to_bf16(tb);
+    const QTensor gold = fp4lab::quantize(t.data(), kRows, kCols, cfg);
+    const QTensor gold_b = fp4lab::quantize(tb.data(), kRows, kCols, cfg);
+    for (fc::RhtPath path : {fc::RhtPath::fused, fc::RhtPath::unfused}) {
+      if (path == fc::RhtPath::unfused && cfg.rht == 0) continue;
+      const std::string what = std::string(input ? "adversarial" : "random") +
+                               (path == fc::RhtPath::fused ? " fused" : " unfused");
+      compared += expect_same(gold, gpu_quantize(t, kRows, kCols, cfg, true, false, path, ws), t,
+                              what + " transposed fp32");
+      compared += expect_same(gold_b, gpu_quantize(t, kRows, kCols, cfg, true, true, path, ws), tb,
+                              what + " transposed bf16");
+      compared += expect_same(gold_b, gpu_quantize(t, kRows, kCols, cfg, false, true, path, ws), tb,
+                              what + " row-wise bf16");
+    }
+  }
+  EXPECT_GT(compared, size_t(0)) << "checked nothing";
+}
+
+INSTANTIATE_TEST_SUITE_P(AllRecipesAndKnobs, QuantizeTransposedAndBf16, ::testing::ValuesIn(quant_cases()),
+                         [](const ::testing::TestParamInfo<QCase>& i) { return i.param.name(); });
+
+// Every operand of every preset recipe (SR on dY, RHT where the recipe rotates, 16x16 weight tiles), row-wise
+// and transposed, FP32 and BF16, on shapes whose row counts are odd (or not a multiple of the kernels' tiles)
+// and on one spanning many thread blocks in both grid dimensions.
+struct RCase {
+  std::string recipe;
+  fp4lab::Pass pass;
+  fp4lab::Operand op;
+  std::string name() const {
+    return gtest_name(recipe + "_" + fp4lab::pass_name(pass) + (op == fp4lab::Operand::a ? "_A" : "_B"));
+  }
+};
+void PrintTo(const RCase& c, std::ostream* os) { *os << c.name(); }
+std::vector<RCase> recipe_cases() {
+  std::vector<RCase> v;
+  for (const std::string& r : fp4lab::Recipe::preset_names())
+    for (fp4lab::Pass p : fp4lab::kPasses)
+      for (fp4lab::Operand o : {fp4lab::Operand::a, fp4lab::Operand::b}) v.push_back({r, p, o});
+  return v;
+}
+class QuantizeRecipeOperands : public ::testing::TestWithParam<RCase> {};
+
+TEST_P(QuantizeRecipeOperands, OddAndLargeShapesMatchGoldenBitForBit) {
+  SKIP_WITHOUT_GPU();
+  fp4lab::Recipe rec = fp4lab::Recipe::preset(GetParam().recipe);
+  rec.seed = 0xfeed'beefULL;
+  const QuantConfig cfg = rec.operand(GetParam().pass, GetParam().op, 21);
+  fc::QuantWorkspace ws;
+  size_t compared = 0;
+  const int64_t odd = cfg.tile2d ? 48 : 37;
+  const int64_t mid = cfg.tile2d ? 208 : 201;
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{odd, 96}, {odd + 16, 160}, {mid, 1024}, {1040, 96}}) {
+    const std::vector<float> t = random_input(61 + uint64_t(rows), rows, cols);
+    std::vector<float> tb = t;
+    to_bf16(tb);
+    const QTensor gold = fp4lab::quantize(t.data(), rows, cols, cfg);
+    const QTensor gold_b = fp4lab::quantize(tb.data(), rows, cols, cfg);
+    const std::string shape = std::to_string(rows) + "x" + std::to_string(cols);
+    for (bool tr : {false, true}) {
+      const std::string what = shape + (tr ? " transposed" : " row-wise");
+      compared += expect_same(gold, gpu_quantize(t, rows, cols, cfg, tr, false, fc::RhtPath::fused, ws), t,
+                              what + " fp32");
+      compared += expect_same(gold_b, gpu_quantize(t, rows, cols, cfg, tr, true, fc::RhtPath::fused, ws), tb,
+                              what + " bf16");
+    }
+  }
+  EXPECT_GT(compared, size_t(0)) << "checked nothing";
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, QuantizeRecipeOperands, ::testing::ValuesIn(recipe_cases()),
+                         [](const ::testing::TestParamInfo<RCase>& i) { return i.param.name(); });
+
+TEST(QuantizeErrors, TransposedRejectsNonFiniteInputAndBadShapes) {
+  SKIP_WITHOUT_GPU();
+  QuantConfig cfg;
+  cfg.format = fp4lab::kE1M2;
+  std::vector<float> x = random_input(5, kCols, kRows);  // X [256, 64]: X^T is [64, 256]
+  fc::QuantWorkspace ws;
+  fc::Buffer<float> dx;
+  fc::DQTensor q;
+  for (float bad : {NAN, INFINITY, -INFINITY}) {
+    x[777] = bad;
+    dx.upload(x);
+    EXPECT_THROW(fc::quantize_transposed(dx.data(), kCols, kRows, cfg, q, ws), std::invalid_argument) << bad;
+  }
+  x[777] = 0.0f;
+  dx.upload(x);
+  EXPECT_NO_THROW(fc::quantize_transposed(dx.data(), kCols, kRows, cfg, q, ws));
+  EXPECT_EQ(q.rows, kRows);
+  EXPECT_EQ(q.cols, kCols);
+  // X^T's rows (X's columns) must hold whole blocks: X [248, 64] gives X^T [64, 248].
+  EXPECT_THROW(fc::quantize_transposed(dx.data(), kCols - 8, kRows, cfg, q, ws), std::invalid_argument);
+}
+
 TEST(QuantizeErrors, RejectsNonFiniteInputAndBadConfigurations) {
   SKIP_WITHOUT_GPU();
   QuantConfig cfg;
@@ -250,6 +410,19 @@ TEST(QuantizeErrors, RejectsNonFiniteInputAndBadConfigurations) {
 }
 
 // The quantiser's fast RTNE search against the golden fp4lab::round_rtne, every FP32 bit pattern.
+// The quantiser's fast stochastic rounding against the golden fp4lab::round_sr: every FP32 bit pattern, at the
+// random words that decide it.
+TEST(QuantizeFastRounding, EqualsGoldenRoundSrForAll2To32Inputs) {
+  SKIP_WITHOUT_GPU();
+  for (const ElemFormat& f : fp4lab::kAllFormats) {
+    uint32_t first = 0;
+    uint64_t seen = 0;
+    const uint64_t bad = fc::count_sr_fast_mismatches(f, &first, &seen);
+    EXPECT_EQ(seen, uint64_t(1) << 32) << f.name << ": not every input was run";
+    EXPECT_EQ(bad, 0u) << f.name << ": first disagreement at input bits " << first;
+  }
+}
+
 TEST(QuantizeFastRounding, EqualsGoldenRoundRtneForAll2To32Inputs) {
   SKIP_WITHOUT_GPU();
   for (const ElemFormat& f : fp4lab::kAllFormats) {

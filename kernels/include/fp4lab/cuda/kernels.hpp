@@ -121,6 +121,7 @@ struct QuantWorkspace {
   Buffer<unsigned> tensor_amax;
   Buffer<int> nonfinite;
   Buffer<float> rotated;
+  Buffer<float> transposed;  // X^T as FP32, for the transposed quantiser's unfused and RHT-64/128 paths
 };
 
 // Fused: one pass rotates (RHT-16/32), scales and rounds in registers. Unfused: an RHT pass writes the rotated
@@ -141,6 +142,18 @@ void quantize(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& c
 void quantize_bf16(const uint16_t* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor& out,
                    QuantWorkspace& ws, cudaStream_t stream = nullptr, RhtPath path = RhtPath::fused,
                    bool check_finite = true, int* d_nonfinite_flag = nullptr);
+// The quantisation of X^T for x [rows, cols] row-major, read in place: the result ([cols, rows], blocks along x's
+// columns) equals fp4lab::quantize(transpose(x), cols, rows, cfg) bit for bit (the SR counter, the RHT blocks and
+// the 16x16 tiles are those of X^T). The operands bwd_dx and bwd_dw need (W^T, dY^T, X^T) without a transposed
+// copy. Fused RHT-16/32 read x by columns too; RHT-64/128 and the unfused path materialise X^T in ws.transposed
+// first. Arguments otherwise as quantize().
+void quantize_transposed(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor& out,
+                         QuantWorkspace& ws, cudaStream_t stream = nullptr, RhtPath path = RhtPath::fused,
+                         bool check_finite = true, int* d_nonfinite_flag = nullptr);
+void quantize_transposed_bf16(const uint16_t* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg,
+                              DQTensor& out, QuantWorkspace& ws, cudaStream_t stream = nullptr,
+                              RhtPath path = RhtPath::fused, bool check_finite = true,
+                              int* d_nonfinite_flag = nullptr);
 // Dequantised values of q, (grid value * block scale) * global scale in that FP32 order as QTensor::dequant
 // computes them, into d_out [rows, cols] as FP32, or rounded to BF16 (RTNE) as bit patterns.
 void dequantize(const DQTensor& q, float* d_out, cudaStream_t stream = nullptr);
@@ -157,6 +170,10 @@ void tensor_amax(const float* d_x, int64_t rows, int64_t cols, const QuantConfig
 // many disagree (and the smallest such pattern, and how many patterns were run); the cuda tests require 0 for every
 // format.
 uint64_t count_rtne_fast_mismatches(const ElemFormat& f, uint32_t* first_bad = nullptr, uint64_t* evaluated = nullptr);
+
+// The same for stochastic rounding: round_sr_fast (no walk over the levels, no division) against fp4lab::round_sr
+// for all 2^32 FP32 inputs, each at the four random words that decide it (kernels/src/round_fast.cuh).
+uint64_t count_sr_fast_mismatches(const ElemFormat& f, uint32_t* first_bad = nullptr, uint64_t* evaluated = nullptr);
 
 // Golden layout (one code per byte) <-> device layout.
 QTensor to_host(const DQTensor& d);
