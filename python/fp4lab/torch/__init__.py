@@ -22,7 +22,10 @@ the CPU).
 """
 from __future__ import annotations
 
-import itertools
+import contextlib
+import dataclasses
+import hashlib
+import logging
 import re
 from typing import Any, Dict, Optional, Tuple
 
@@ -34,7 +37,7 @@ from torch import nn
 import fp4lab as _fp
 from fp4lab import _core
 
-__all__ = ["Recipe", "Linear", "convert", "set_step", "quantize", "gemm", "product", "dequantize", "QTensorCUDA",
+__all__ = ["Recipe", "Linear", "convert", "ConvertReport", "ConvertEntry", "layer_id_of", "set_step", "quantize", "gemm", "product", "dequantize", "QTensorCUDA",
            "check_finite", "RECIPES"]
 
 # bf16 is the passthrough recipe (plain F.linear); the others are the presets of docs/spec.md §2.
@@ -48,12 +51,17 @@ class Recipe:
     ``Recipe("ufp4")``, ``Recipe("e2m1-ref", mode="fast")``, ``Recipe(format="e1m2", rht=16)`` (knobs alone, on
     the defaults e1m2 / block 16 / fp32 scale / no RHT / RTNE). Knobs apply to every operand of every pass, as on
     the command line; ``per_pass={"fwd_y": {"rht": 0}}`` and ``per_operand={("bwd_dx", "a"): {...}}`` narrow them.
+
+    Immutable, compared and hashed by value; ``repr`` is the call that builds it, and copies, pickles and
+    ``torch.save`` carry only that call (the C++ settings are rebuilt on demand).
     """
 
     def __init__(self, name: Optional[str] = None, *, mode: str = "exact", seed: int = 0,
                  per_pass: Optional[Dict[str, Dict[str, Any]]] = None,
                  per_operand: Optional[Dict[Tuple[str, str], Dict[str, Any]]] = None,
                  check_finite: str = "sync", **knobs):
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"Recipe(): name must be a str or None, not {type(name).__name__}")
         if mode not in ("exact", "fast"):
             raise ValueError(f"mode must be 'exact' or 'fast', not {mode!r}")
         if check_finite not in ("sync", "deferred"):
@@ -62,19 +70,30 @@ class Recipe:
             raise ValueError(f"unknown recipe '{name}' (known: {', '.join(RECIPES)})")
         if name == "bf16" and (knobs or per_pass or per_operand):
             raise ValueError("the bf16 recipe is plain BF16 and takes no knobs")
-        self.name = name or "custom"
-        self.mode = mode
-        self.seed = int(seed)
-        self.check_finite = check_finite
-        self.passthrough = name == "bf16"
         for p in (per_pass or {}):
             if p not in _PASSES:
                 raise ValueError(f"unknown pass '{p}' (known: {', '.join(_PASSES)})")
         for p, o in (per_operand or {}):
             if p not in _PASSES or o not in ("a", "b"):
                 raise ValueError(f"per_operand keys are (pass, 'a'|'b'), not {(p, o)!r}")
-        self._knobs: Dict[Tuple[str, str], dict] = {}
-        self._configs: Dict[tuple, "_core.QuantConfig"] = {}
+        # The arguments, as given: repr, equality, hashing and pickling all use them.
+        args: Dict[str, Any] = {"mode": mode, "seed": int(seed)}
+        if per_pass:
+            args["per_pass"] = {p: dict(v) for p, v in per_pass.items()}
+        if per_operand:
+            args["per_operand"] = {tuple(k): dict(v) for k, v in per_operand.items()}
+        if check_finite != "sync":
+            args["check_finite"] = check_finite
+        args.update(knobs)
+        set_ = object.__setattr__
+        set_(self, "_name_arg", name)
+        set_(self, "_args", args)
+        set_(self, "name", name or "custom")
+        set_(self, "mode", mode)
+        set_(self, "seed", int(seed))
+        set_(self, "check_finite", check_finite)
+        set_(self, "passthrough", name == "bf16")
+        kn: Dict[Tuple[str, str], dict] = {}
         for p in _PASSES:
             for o in ("a", "b"):
                 k = dict(knobs)
@@ -83,11 +102,16 @@ class Recipe:
                 for bad in ("seed", "stream", "pass_", "role"):
                     if bad in k:
                         raise ValueError(f"{bad} is set by the training step, not by the recipe")
-                self._knobs[(p, o)] = _fp._knobs("Recipe", None if self.passthrough else name, None, None, k)
+                kn[(p, o)] = _fp._knobs("Recipe", None if self.passthrough else name, None, None, k)
+        set_(self, "_knobs", kn)
+        set_(self, "_configs", {})
         if not self.passthrough:
             for p in _PASSES:  # resolve once now, so a bad knob fails here and not in the first backward
                 for o in ("a", "b"):
                     self.config(p, o, layer=0, step=0)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"fp4lab.torch.Recipe is immutable (make another Recipe rather than setting {name})")
 
     def config(self, pass_: str, operand: str, *, layer: int, step: int) -> "_core.QuantConfig":
         """The QuantConfig of one operand of one pass at a training step, SR keyed by (seed, step, layer)."""
@@ -103,7 +127,29 @@ class Recipe:
         return c
 
     def __repr__(self) -> str:
-        return f"fp4lab.torch.Recipe({self.name!r}, mode={self.mode!r}, seed={self.seed})"
+        args = [repr(self._name_arg)] if self._name_arg is not None else []
+        args += [f"{k}={v!r}" for k, v in self._args.items()]
+        return f"fp4lab.torch.Recipe({', '.join(args)})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Recipe) and repr(self) == repr(other)
+
+    def __hash__(self) -> int:
+        return hash(repr(self))
+
+    def __reduce__(self):
+        return (_recipe_from_args, (self._name_arg, self._args))
+
+    # Immutable: a copy is the object itself (a model and its deep copy share their recipe).
+    def __copy__(self) -> "Recipe":
+        return self
+
+    def __deepcopy__(self, memo) -> "Recipe":
+        return self
+
+
+def _recipe_from_args(name: Optional[str], args: Dict[str, Any]) -> Recipe:
+    return Recipe(name, **args)
 
 
 def _as_recipe(recipe: Any) -> Recipe:
@@ -233,14 +279,23 @@ def product(qa, qb, mode: str = "exact") -> torch.Tensor:
     return torch.matmul(dequantize(qa), dequantize(qb).t())
 
 
-def _qmatmul(a: torch.Tensor, b: torch.Tensor, cfg_a, cfg_b, recipe: Recipe, cache: dict, key: str) -> torch.Tensor:
-    """A [M, K] · B [N, K]ᵀ with both operands quantised along K under the given settings, in the recipe's mode.
-    CUDA operands reuse the layer's device buffers from step to step."""
-    if a.is_cuda:
-        qa = quantize(a, cfg_a, out=cache.setdefault(key + ".a", QTensorCUDA()), check_finite=recipe.check_finite)
-        qb = quantize(b, cfg_b, out=cache.setdefault(key + ".b", QTensorCUDA()), check_finite=recipe.check_finite)
-    else:
-        qa, qb = quantize(a, cfg_a), quantize(b, cfg_b)
+def _quantize_operand(x: torch.Tensor, cfg, pass_: str, operand: str, recipe: Recipe, cache: dict):
+    """One operand of a training GEMM; a fault names the pass, the operand and its shape. CUDA operands reuse the
+    layer's device buffers from step to step."""
+    try:
+        if x.is_cuda:
+            return quantize(x, cfg, out=cache.setdefault(f"{pass_}.{operand}", QTensorCUDA()),
+                            check_finite=recipe.check_finite)
+        return quantize(x, cfg)
+    except ValueError as e:
+        raise ValueError(f"{pass_} operand {operand} {list(x.shape)}: {e}") from None
+
+
+def _qmatmul(a: torch.Tensor, b: torch.Tensor, cfg, recipe: Recipe, cache: dict, pass_: str) -> torch.Tensor:
+    """A [M, K] · B [N, K]ᵀ with both operands quantised along K under the pass's settings (``cfg(pass, operand)``),
+    in the recipe's mode."""
+    qa = _quantize_operand(a, cfg(pass_, "a"), pass_, "a", recipe, cache)
+    qb = _quantize_operand(b, cfg(pass_, "b"), pass_, "b", recipe, cache)
     return product(qa, qb, recipe.mode)
 
 
@@ -250,7 +305,8 @@ class _LinearFn(torch.autograd.Function):
         recipe = layer.recipe
         x2 = x.reshape(-1, x.shape[-1])
         cfg = lambda p, o: recipe.config(p, o, layer=layer.layer_id, step=step)  # noqa: E731
-        y = _qmatmul(x2, weight, cfg("fwd_y", "a"), cfg("fwd_y", "b"), recipe, layer._qcache, "fwd_y")
+        with layer._naming_faults():
+            y = _qmatmul(x2, weight, cfg, recipe, layer._qcache, "fwd_y")
         y = y.to(x.dtype)
         if bias is not None:
             y = y + bias.to(x.dtype)
@@ -260,47 +316,73 @@ class _LinearFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
         layer, step = ctx.layer, ctx.step
+        if torch.is_grad_enabled():
+            # create_graph=True: the quantised GEMMs have no derivative of their own, and a graph through this
+            # backward would silently lack the quantisers' part.
+            raise RuntimeError(f"{layer._label()}: double backward (create_graph=True) through an fp4lab Linear "
+                               "is not supported")
+        x, weight = ctx.saved_tensors
         recipe = layer.recipe
         cfg = lambda p, o: recipe.config(p, o, layer=layer.layer_id, step=step)  # noqa: E731
         x2 = x.reshape(-1, x.shape[-1])
         dy2 = dy.reshape(-1, dy.shape[-1])
         dx = dw = db = None
-        if ctx.needs_input_grad[0]:
-            # dgrad: dX = dY · W, reduced over out: A = dY [tokens, out], B = Wᵀ [in, out].
-            dx = _qmatmul(dy2, weight.t(), cfg("bwd_dx", "a"), cfg("bwd_dx", "b"), recipe, layer._qcache, "bwd_dx")
-            dx = dx.to(x.dtype).reshape(x.shape)
-        if ctx.needs_input_grad[1]:
-            # wgrad: dW = dYᵀ · X, reduced over tokens: A = dYᵀ [out, tokens], B = Xᵀ [in, tokens].
-            dw = _qmatmul(dy2.t(), x2.t(), cfg("bwd_dw", "a"), cfg("bwd_dw", "b"), recipe, layer._qcache, "bwd_dw")
-            dw = dw.to(weight.dtype)
+        with layer._naming_faults():
+            if ctx.needs_input_grad[0]:
+                # dgrad: dX = dY · W, reduced over out: A = dY [tokens, out], B = Wᵀ [in, out].
+                dx = _qmatmul(dy2, weight.t(), cfg, recipe, layer._qcache, "bwd_dx")
+                dx = dx.to(x.dtype).reshape(x.shape)
+            if ctx.needs_input_grad[1]:
+                # wgrad: dW = dYᵀ · X, reduced over tokens: A = dYᵀ [out, tokens], B = Xᵀ [in, tokens].
+                dw = _qmatmul(dy2.t(), x2.t(), cfg, recipe, layer._qcache, "bwd_dw")
+                dw = dw.to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.sum(0)
         return dx, dw, db, None, None
 
 
-_ids = itertools.count()
+_ID_BITS = 29  # the SR stream of an operand is id·8 + pass·2 + operand, a uint32
+
+
+def layer_id_of(name: str) -> int:
+    """The SR layer key of the layer at qualified name ``name`` within the module ``convert`` was given: the top
+    29 bits of SHA-256 of the UTF-8 name (big-endian), so the same model draws the same bits wherever and however
+    often it is built, and two layers of one model differ unless their names collide."""
+    return int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:4], "big") >> (32 - _ID_BITS)
+
+
+_ROOT_ID = layer_id_of("")  # a layer on its own is the root of its model
+
+
+def _in_backward() -> bool:
+    # A forward run while the autograd engine executes a backward is an activation-checkpoint recomputation
+    # (torch.utils.checkpoint, reentrant or not).
+    return torch._C._current_graph_task_id() != -1
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` whose three training GEMMs run under an fp4lab recipe. Same parameters and state-dict keys
-    as ``nn.Linear``; ``recipe="bf16"`` is plain ``F.linear``. ``layer_id`` keys stochastic rounding (``convert``
-    numbers the layers of a model in order); ``step`` is the training step, advanced by every forward in
-    training mode (``set_step`` sets it for a whole model)."""
+    """``nn.Linear`` whose three training GEMMs run under an fp4lab recipe. Same parameters as ``nn.Linear``;
+    the state dict adds ``_extra_state``, the SR step (a 0-d int64 tensor). ``recipe="bf16"`` is plain
+    ``F.linear``. ``layer_id`` keys stochastic rounding: without one it is ``layer_id_of("")`` until ``convert``
+    names the layer by its qualified name. ``step`` is the training step, advanced by every forward in training
+    mode that records a graph (``set_step`` sets it for a whole model); a forward recomputed by activation
+    checkpointing reuses the step of the forward it repeats."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, recipe: Any = "ufp4",
                  layer_id: Optional[int] = None, device=None, dtype=None):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self.recipe = _as_recipe(recipe)
-        self.layer_id = next(_ids) if layer_id is None else int(layer_id)
+        self._id_given = layer_id is not None
+        self.layer_id = _ROOT_ID if layer_id is None else int(layer_id)
+        self.name: Optional[str] = None  # the qualified name convert found it at (error messages)
         self.step = 0
+        self._last_step = 0  # the step of the last forward outside a backward (a recomputation repeats it)
         self._qcache: dict = {}
 
     @classmethod
     def from_linear(cls, lin: nn.Linear, recipe: Any, layer_id: Optional[int] = None) -> "Linear":
-        """A Linear sharing ``lin``'s parameters (the same Parameter objects, so optimizers and checkpoints see no
-        change)."""
+        """A Linear sharing ``lin``'s parameters (the same Parameter objects, so optimizers see no change)."""
         new = cls(lin.in_features, lin.out_features, lin.bias is not None, recipe=recipe, layer_id=layer_id,
                   device="meta")
         new.weight = lin.weight
@@ -311,11 +393,14 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.recipe.passthrough:
             return F.linear(x, self.weight, self.bias)
-        step = self.step
-        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
-            self._check_backward_shapes(x.numel() // x.shape[-1], step)
-            if self.training:
-                self.step += 1
+        if _in_backward():
+            step = self._last_step
+        else:
+            step = self._last_step = self.step
+            if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+                self._check_backward_shapes(x.numel() // x.shape[-1], step)
+                if self.training:
+                    self.step += 1
         weight, bias, dev = self.weight, self.bias, x.device.type
         if torch.is_autocast_enabled(dev):
             # As F.linear under autocast: the operands are cast to the autocast dtype first (FP32 master weights
@@ -327,6 +412,16 @@ class Linear(nn.Linear):
                 return _LinearFn.apply(x, weight, bias, self, step)
         return _LinearFn.apply(x, weight, bias, self, step)
 
+    def _label(self) -> str:
+        return self.name if self.name else f"Linear({self.in_features}, {self.out_features})"
+
+    @contextlib.contextmanager
+    def _naming_faults(self):
+        try:
+            yield
+        except ValueError as e:
+            raise ValueError(f"{self._label()}: {e}") from None
+
     def _check_backward_shapes(self, tokens: int, step: int) -> None:
         """The backward GEMMs reduce over out and tokens: a shape they cannot take is refused before the forward
         GEMM runs, not after it."""
@@ -336,31 +431,167 @@ class Linear(nn.Linear):
             try:
                 _core.validate(self.recipe.config(p, o, layer=self.layer_id, step=step), rows, cols)
             except ValueError as e:
-                raise ValueError(f"{p} operand {o} [{rows}, {cols}]: {e}") from None
+                raise ValueError(f"{self._label()}: {p} operand {o} [{rows}, {cols}]: {e}") from None
+
+    # The SR step travels in the state dict, so a resumed run continues with the keys it stopped at.
+    def get_extra_state(self) -> torch.Tensor:
+        return torch.tensor(self.step, dtype=torch.int64)
+
+    def set_extra_state(self, state) -> None:
+        self.step = self._last_step = int(state)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        # A checkpoint of nn.Linear, or from before the step was saved, has no step: it loads (strict or not) and
+        # leaves the step as it is.
+        key = prefix + "_extra_state"
+        if key not in state_dict and key in missing_keys:
+            missing_keys.remove(key)
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["_qcache"] = {}  # device buffers of the last step: scratch, not state
+        return state
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe.name}, mode={self.recipe.mode}, layer_id={self.layer_id}"
 
 
+@dataclasses.dataclass(frozen=True)
+class ConvertEntry:
+    """One module ``convert`` considered: ``action`` is "converted", "recipe changed", "unchanged" (already an
+    fp4lab Linear under this recipe) or "left" (it computes as before), and ``reason`` says why."""
+    name: str
+    kind: str
+    action: str
+    reason: str = ""
+
+
+class ConvertReport(list):
+    """What ``convert`` did, one ``ConvertEntry`` per linear module (and per ``nn.MultiheadAttention``), in module
+    order. ``str()`` gives one line per entry."""
+
+    @property
+    def converted(self) -> list:
+        return [e.name for e in self if e.action in ("converted", "recipe changed", "unchanged")]
+
+    @property
+    def left(self) -> list:
+        return [e.name for e in self if e.action == "left"]
+
+    def __str__(self) -> str:
+        return "\n".join(f"{e.name or '(root)'} [{e.kind}]: {e.action}" + (f" ({e.reason})" if e.reason else "")
+                         for e in self)
+
+
+_log = logging.getLogger("fp4lab.torch")
+_MHA_REASON = ("nn.MultiheadAttention computes with in_proj_weight and out_proj.weight directly "
+               "(F.multi_head_attention_forward), so its projections stay in BF16")
+
+
+def _shape_fault(lin: nn.Linear, r: Recipe) -> Optional[str]:
+    """Why the recipe cannot take this layer's weight and reduction dimensions in and out, or None. (The token count,
+    the third reduction dimension, is checked at each forward.)"""
+    t = 512  # a token count every block, tile and RHT size divides: only the weight's dimensions are on trial
+    for p, o, rows, cols in (("fwd_y", "a", t, lin.in_features), ("fwd_y", "b", lin.out_features, lin.in_features),
+                             ("bwd_dx", "a", t, lin.out_features), ("bwd_dx", "b", lin.in_features, lin.out_features)):
+        try:
+            _core.validate(r.config(p, o, layer=0, step=0), rows, cols)
+        except ValueError as e:
+            return f"{p} operand {o} [{'tokens' if rows == t else rows}, {cols}]: {e}"
+    return None
+
+
 def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exclude: Optional[str] = None) -> nn.Module:
     """Swaps, in place, every ``nn.Linear`` of ``model`` whose qualified name matches ``include`` (a regex searched
-    in the name; default all) and not ``exclude`` for an fp4lab ``Linear`` under ``recipe``, keeping parameters and
-    state-dict keys. Layers are numbered 0, 1, 2, … in module order (the SR layer key). Returns the model."""
+    in the name; default all) and not ``exclude`` for an fp4lab ``Linear`` under ``recipe``, sharing its parameters
+    and keeping its state-dict keys; an fp4lab ``Linear`` already there takes the new recipe (its step and layer id
+    stay). Each converted layer's SR key is ``layer_id_of(its qualified name in model)``.
+
+    Left as they are, with the reason in the report: layers whose dimensions the recipe cannot quantise, a module
+    reachable under two names, and the projections of ``nn.MultiheadAttention`` (it reads their weights directly).
+
+    Returns ``model`` (or, for a lone ``nn.Linear``, the fp4lab Linear that replaces it) with the
+    ``ConvertReport`` as its attribute ``fp4lab_report``; the report is also logged (logger "fp4lab.torch")."""
     r = _as_recipe(recipe)
     inc = re.compile(include) if include else None
     exc = re.compile(exclude) if exclude else None
-    targets = []
-    for name, mod in model.named_modules():
-        if isinstance(mod, nn.Linear) and not isinstance(mod, Linear):
-            if (inc is None or inc.search(name)) and not (exc is not None and exc.search(name)):
-                targets.append(name)
-    if not targets and isinstance(model, nn.Linear):
-        raise ValueError("convert() swaps the Linear layers inside a model; wrap a lone Linear with "
-                         "Linear.from_linear")
-    for i, name in enumerate(targets):
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, Linear.from_linear(getattr(parent, child), r, layer_id=i))
+    matches = lambda n: (inc is None or inc.search(n)) and not (exc is not None and exc.search(n))  # noqa: E731
+    names: Dict[int, list] = {}
+    mods: Dict[int, nn.Module] = {}
+    for name, mod in model.named_modules(remove_duplicate=False):
+        names.setdefault(id(mod), []).append(name)
+        mods[id(mod)] = mod
+    mha_children = set()
+    for mod in mods.values():
+        if isinstance(mod, nn.MultiheadAttention):
+            mha_children.update(id(c) for c in mod.children())
+
+    report = ConvertReport()
+    swaps = []  # (module names, new Linear)
+    used_ids = {m.layer_id for m in mods.values() if isinstance(m, Linear) and m._id_given}
+    for key, mod in mods.items():
+        ns = names[key]
+        kind = type(mod).__name__
+        if isinstance(mod, nn.MultiheadAttention):
+            if any(matches(n) for n in ns):
+                report.append(ConvertEntry(ns[0], kind, "left", _MHA_REASON))
+            continue
+        if not isinstance(mod, nn.Linear):
+            continue
+        if not any(matches(n) for n in ns):
+            report.append(ConvertEntry(ns[0], kind, "left", "not matched by include/exclude"))
+            continue
+        if key in mha_children:
+            report.append(ConvertEntry(ns[0], kind, "left", "a projection of nn.MultiheadAttention, which reads "
+                                                            "its weight directly"))
+            continue
+        if len(ns) > 1:
+            report.append(ConvertEntry(ns[0], kind, "left", f"one module under {len(ns)} names ({', '.join(ns)}): "
+                                                            "convert a separate module per name"))
+            continue
+        fault = None if r.passthrough else _shape_fault(mod, r)
+        if fault:
+            report.append(ConvertEntry(ns[0], kind, "left", fault))
+            continue
+        if isinstance(mod, Linear):
+            if mod.recipe == r:
+                report.append(ConvertEntry(ns[0], kind, "unchanged", f"already under {r!r}"))
+            else:
+                report.append(ConvertEntry(ns[0], kind, "recipe changed", f"was {mod.recipe!r}, now {r!r}"))
+                mod.recipe = r
+                mod._qcache.clear()
+            if mod._id_given:
+                continue
+            new = mod
+        else:
+            new = Linear.from_linear(mod, r)
+            report.append(ConvertEntry(ns[0], kind, "converted", repr(r)))
+        swaps.append((ns[0], new))
+
+    for name, new in swaps:
+        # The name's hash, probed with "#k" suffixes past the (rare) ids another layer of this model holds.
+        lid, k = layer_id_of(name), 0
+        while lid in used_ids:
+            k += 1
+            lid = layer_id_of(f"{name}#{k}")
+        used_ids.add(lid)
+        new.layer_id, new._id_given, new.name = lid, True, name
+        if name:
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            if getattr(parent, child) is not new:
+                setattr(parent, child, new)
+        else:
+            model = new
+
+    for e in report:
+        level = logging.WARNING if e.action == "left" and not e.reason.startswith("not matched") else logging.INFO
+        _log.log(level, "convert: %s [%s]: %s%s", e.name or "(root)", e.kind, e.action,
+                 f" ({e.reason})" if e.reason else "")
+    model.fp4lab_report = report
     return model
 
 
@@ -368,4 +599,4 @@ def set_step(model: nn.Module, step: int) -> None:
     """Sets the training step (the SR step key) of every fp4lab Linear in ``model``."""
     for m in model.modules():
         if isinstance(m, Linear):
-            m.step = int(step)
+            m.step = m._last_step = int(step)
