@@ -202,11 +202,14 @@ def _stream() -> int:
     return torch.cuda.current_stream().cuda_stream
 
 
+@_fp._one_line_errors
 def quantize(x: torch.Tensor, cfg: Any = None, *, out: Optional[QTensorCUDA] = None, rht_path: str = "fused",
              check_finite: str = "sync", **knobs):
     """Quantise a 2-D tensor along its last dimension. ``cfg`` is a QuantConfig (``fp4lab.config``) or a recipe
     name with ``knobs`` as in ``fp4lab.quantize``. A CPU tensor goes through the golden model and gives an
     ``fp4lab.QTensor``; a CUDA tensor through the CUDA kernels (fused or unfused RHT) and gives a QTensorCUDA."""
+    if not isinstance(cfg, (_core.QuantConfig, str, type(None))):
+        raise TypeError(f"quantize(): cfg must be a QuantConfig or a recipe name, not {type(cfg).__name__}")
     if not isinstance(cfg, _core.QuantConfig):
         cfg = _fp.config(cfg, **knobs)
     elif knobs:
@@ -236,6 +239,7 @@ def quantize(x: torch.Tensor, cfg: Any = None, *, out: Optional[QTensorCUDA] = N
     return _core.quantize_f32(x.numpy(), cfg)
 
 
+@_fp._one_line_errors
 def dequantize(q) -> torch.Tensor:
     """FP32 values of a quantised operand: (grid value · block scale) · global scale, in that FP32 order."""
     return _dequantize(q, torch.float32)
@@ -250,6 +254,7 @@ def _dequantize(q, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(q.dequantize()).to(dtype)
 
 
+@_fp._one_line_errors
 def gemm(qa, qb, *, kernel: str = "fast") -> torch.Tensor:
     """C = A · Bᵀ, FP32 [M, N], under the datapath contract: the golden model for host operands, the CUDA
     kernels for device operands (``kernel`` "fast": int8 tensor cores; "reference": one thread per output)."""
@@ -266,6 +271,7 @@ def gemm(qa, qb, *, kernel: str = "fast") -> torch.Tensor:
 
 # ---- the training layer -------------------------------------------------------------------------------------
 
+@_fp._one_line_errors
 def product(qa, qb, mode: str = "exact") -> torch.Tensor:
     """A · Bᵀ of two quantised operands in a GEMM mode: "exact" is ``gemm`` (the datapath contract, FP32);
     "fast" multiplies the dequantised operands with torch's matmul: cuBLAS on BF16 values with FP32 accumulation
@@ -377,7 +383,8 @@ class Linear(nn.Linear):
         self.layer_id = _ROOT_ID if layer_id is None else int(layer_id)
         self.name: Optional[str] = None  # the qualified name convert found it at (error messages)
         self.step = 0
-        self._last_step = 0  # the step of the last forward outside a backward (a recomputation repeats it)
+        # The step of the last forward outside a backward (a recomputation repeats it), and whether it advanced.
+        self._last_step, self._last_advanced = 0, False
         self._qcache: dict = {}
 
     @classmethod
@@ -393,11 +400,17 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.recipe.passthrough:
             return F.linear(x, self.weight, self.bias)
+        records = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
         if _in_backward():
+            # A recomputation repeats the last forward's step. Reentrant checkpointing ran that forward without a
+            # graph, so this is the forward whose graph trains: the step advances now, once.
             step = self._last_step
+            if records and self.training and not self._last_advanced:
+                self.step, self._last_advanced = step + 1, True
         else:
             step = self._last_step = self.step
-            if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+            self._last_advanced = records and self.training
+            if records:
                 self._check_backward_shapes(x.numel() // x.shape[-1], step)
                 if self.training:
                     self.step += 1
