@@ -267,6 +267,13 @@ def test_convert_leaves_a_shared_module_and_bad_shapes():
     assert rep["ok"].action == "converted" and isinstance(m["ok"], ft.Linear)
     assert rep["skip"].action == "left" and rep["skip"].reason == "not matched by include/exclude"
     assert "ok [Linear]: converted (fp4lab.torch.Recipe('ufp4', mode='exact', seed=0))" in str(m.fp4lab_report)
+    # A weight tied to another module: converted, and the tie named.
+    tied = nn.ModuleDict({"emb": nn.Embedding(32, 64), "head": nn.Linear(64, 32, bias=False)})
+    tied["head"].weight = tied["emb"].weight
+    ft.convert(tied, "ufp4")
+    (e,) = tied.fp4lab_report
+    assert e.name == "head" and e.action == "converted" and e.reason.endswith("; its weight is also emb.weight")
+    assert tied["head"].weight is tied["emb"].weight
 
 
 def test_convert_a_lone_linear():

@@ -537,6 +537,9 @@ def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exc
     for name, mod in model.named_modules(remove_duplicate=False):
         names.setdefault(id(mod), []).append(name)
         mods[id(mod)] = mod
+    param_owners: Dict[int, list] = {}  # a parameter tied to another module (a tied head) is noted in the report
+    for name, prm in model.named_parameters(remove_duplicate=False):
+        param_owners.setdefault(id(prm), []).append(name)
     mha_children = set()
     for mod in mods.values():
         if isinstance(mod, nn.MultiheadAttention):
@@ -581,7 +584,9 @@ def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exc
             new = mod
         else:
             new = Linear.from_linear(mod, r)
-            report.append(ConvertEntry(ns[0], kind, "converted", repr(r)))
+            tied = [n for n in param_owners.get(id(mod.weight), []) if n != (f"{ns[0]}." if ns[0] else "") + "weight"]
+            report.append(ConvertEntry(ns[0], kind, "converted",
+                                       repr(r) + (f"; its weight is also {', '.join(tied)}" if tied else "")))
         swaps.append((ns[0], new))
 
     for name, new in swaps:
