@@ -251,6 +251,23 @@ def test_convert_reports_multihead_attention_left_in_bf16(caplog):
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 2 and all("self_attn" in w for w in warned)
     assert any("linear1 [Linear]: converted" in r.getMessage() for r in caplog.records)
+    # Its fused inference path would compute with the weights directly, past linear1 and linear2: it is off.
+    assert rep[""].action == "fused path off"
+    enc.eval()
+    x = torch.randn(2, 32, 64)
+    with torch.no_grad():
+        q = enc(x)
+        ft.convert(enc, "bf16")
+        assert not torch.equal(enc(x), q)  # the recipe reaches the output: linear1 and linear2 ran
+        # The control: with the hook gone the fused path runs, and the recipe makes no difference.
+        enc._forward_pre_hooks.clear()
+        fused = enc(x)
+        enc.linear1.recipe = enc.linear2.recipe = ft.Recipe("ufp4")
+        assert torch.equal(enc(x), fused)
+    stack = nn.TransformerEncoder(nn.TransformerEncoderLayer(64, 4, dim_feedforward=128, batch_first=True), 2)
+    ft.convert(stack, "ufp4")
+    assert not stack.use_nested_tensor
+    assert [e.name for e in stack.fp4lab_report if e.action == "fused path off"] == ["", "layers.0", "layers.1"]
 
 
 def test_convert_leaves_a_shared_module_and_bad_shapes():

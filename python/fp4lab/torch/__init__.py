@@ -37,8 +37,8 @@ from torch import nn
 import fp4lab as _fp
 from fp4lab import _core
 
-__all__ = ["Recipe", "Linear", "convert", "ConvertReport", "ConvertEntry", "layer_id_of", "set_step", "quantize", "gemm", "product", "dequantize", "QTensorCUDA",
-           "check_finite", "RECIPES"]
+__all__ = ["Recipe", "Linear", "convert", "ConvertReport", "ConvertEntry", "layer_id_of", "set_step", "quantize",
+           "gemm", "product", "dequantize", "QTensorCUDA", "check_finite", "RECIPES"]
 
 # bf16 is the passthrough recipe (plain F.linear); the others are the presets of docs/spec.md §2.
 RECIPES = ("bf16",) + tuple(_core.recipe_names())
@@ -504,6 +504,16 @@ _MHA_REASON = ("nn.MultiheadAttention computes with in_proj_weight and out_proj.
                "(F.multi_head_attention_forward), so its projections stay in BF16")
 
 
+_FAST_PATH_REASON = ("its fused inference path (eval mode, no grad) computes with the weights directly, past the "
+                     "converted layers; turned off for this module")
+
+
+def _no_fused_path(module, args):
+    """A forward pre-hook that does nothing: nn.TransformerEncoderLayer takes its fused inference path only on a
+    module without hooks."""
+    return None
+
+
 def _shape_fault(lin: nn.Linear, r: Recipe) -> Optional[str]:
     """Why the recipe cannot take this layer's weight and reduction dimensions in and out, or None. (The token count,
     the third reduction dimension, is checked at each forward.)"""
@@ -525,6 +535,8 @@ def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exc
 
     Left as they are, with the reason in the report: layers whose dimensions the recipe cannot quantise, a module
     reachable under two names, and the projections of ``nn.MultiheadAttention`` (it reads their weights directly).
+    The fused inference path of ``nn.TransformerEncoderLayer``/``nn.TransformerEncoder``, which would compute past
+    the converted layers, is turned off for the modules that hold one.
 
     Returns ``model`` (or, for a lone ``nn.Linear``, the fp4lab Linear that replaces it) with the
     ``ConvertReport`` as its attribute ``fp4lab_report``; the report is also logged (logger "fp4lab.torch")."""
@@ -546,6 +558,7 @@ def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exc
             mha_children.update(id(c) for c in mod.children())
 
     report = ConvertReport()
+    fused = []  # modules with an inference path of their own that bypasses the layers inside them
     swaps = []  # (module names, new Linear)
     used_ids = {m.layer_id for m in mods.values() if isinstance(m, Linear) and m._id_given}
     for key, mod in mods.items():
@@ -554,6 +567,9 @@ def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exc
         if isinstance(mod, nn.MultiheadAttention):
             if any(matches(n) for n in ns):
                 report.append(ConvertEntry(ns[0], kind, "left", _MHA_REASON))
+            continue
+        if isinstance(mod, (nn.TransformerEncoderLayer, nn.TransformerEncoder)):
+            fused.append((ns[0], mod))
             continue
         if not isinstance(mod, nn.Linear):
             continue
@@ -605,6 +621,13 @@ def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exc
         else:
             model = new
 
+    for name, mod in fused:
+        if any(isinstance(m, Linear) for m in mod.modules()):
+            if isinstance(mod, nn.TransformerEncoder):
+                mod.use_nested_tensor = False  # its layers run one by one, each as a module
+            elif not any(h is _no_fused_path for h in mod._forward_pre_hooks.values()):
+                mod.register_forward_pre_hook(_no_fused_path)
+            report.append(ConvertEntry(name, type(mod).__name__, "fused path off", _FAST_PATH_REASON))
     for e in report:
         level = logging.WARNING if e.action == "left" and not e.reason.startswith("not matched") else logging.INFO
         _log.log(level, "convert: %s [%s]: %s%s", e.name or "(root)", e.kind, e.action,
