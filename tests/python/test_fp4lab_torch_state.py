@@ -1,8 +1,8 @@
 """fp4lab.torch models as PyTorch state: recipes and configs that pickle, copies (deepcopy, torch.save, EMA) that
 compute the same bits, the SR step in the state dict (a resumed run continues bit for bit), activation
 checkpointing drawing the same SR bits as a plain backward, layer ids from qualified names; convert's report
-(what it left and why), errors that name the module, one-line argument errors, double backward refused, and a
-quiet interpreter exit."""
+(what it converted, what it left and why), attention under a recipe, errors that name the module, one-line
+argument errors, double backward refused, and a quiet interpreter exit."""
 import copy
 import hashlib
 import io
@@ -234,40 +234,109 @@ def test_layer_ids_come_from_qualified_names():
 
 # ---- convert's report --------------------------------------------------------------------------------------
 
-def test_convert_reports_multihead_attention_left_in_bf16(caplog):
+def test_convert_transformer_encoder_layer(caplog):
     torch.manual_seed(0)
     enc = nn.TransformerEncoderLayer(64, 4, dim_feedforward=128, batch_first=True)
     with caplog.at_level(logging.INFO, logger="fp4lab.torch"):
         out = ft.convert(enc, "ufp4")
     assert out is enc
     rep = {e.name: e for e in enc.fp4lab_report}
-    assert rep["self_attn"].action == "left" and "in_proj_weight" in rep["self_attn"].reason
-    assert rep["self_attn.out_proj"].action == "left" and "MultiheadAttention" in rep["self_attn.out_proj"].reason
-    assert type(enc.self_attn.out_proj) is not ft.Linear
-    assert rep["linear1"].action == rep["linear2"].action == "converted"
+    assert [e.name for e in enc.fp4lab_report if e.action == "converted"] == \
+           ["self_attn", "self_attn.out_proj", "linear1", "linear2"]
+    assert isinstance(enc.self_attn, ft.MultiheadAttention) and isinstance(enc.self_attn.out_proj, ft.Linear)
+    assert enc.self_attn.out_proj.layer_id == ft.layer_id_of("self_attn.out_proj")
     assert isinstance(enc.linear1, ft.Linear) and isinstance(enc.linear2, ft.Linear)
-    assert enc.fp4lab_report.left == ["self_attn", "self_attn.out_proj"]
-    assert enc.fp4lab_report.converted == ["linear1", "linear2"]
-    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warned) == 2 and all("self_attn" in w for w in warned)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert any("linear1 [Linear]: converted" in r.getMessage() for r in caplog.records)
-    # Its fused inference path would compute with the weights directly, past linear1 and linear2: it is off.
+    # Its fused inference path would compute with the weights directly, past the converted modules: it is off.
     assert rep[""].action == "fused path off"
     enc.eval()
     x = torch.randn(2, 32, 64)
     with torch.no_grad():
         q = enc(x)
         ft.convert(enc, "bf16")
-        assert not torch.equal(enc(x), q)  # the recipe reaches the output: linear1 and linear2 ran
+        assert not torch.equal(enc(x), q)  # the recipe reaches the output: the converted modules ran
         # The control: with the hook gone the fused path runs, and the recipe makes no difference.
         enc._forward_pre_hooks.clear()
         fused = enc(x)
-        enc.linear1.recipe = enc.linear2.recipe = ft.Recipe("ufp4")
+        ft.convert(enc, "ufp4")
+        enc._forward_pre_hooks.clear()
         assert torch.equal(enc(x), fused)
     stack = nn.TransformerEncoder(nn.TransformerEncoderLayer(64, 4, dim_feedforward=128, batch_first=True), 2)
     ft.convert(stack, "ufp4")
     assert not stack.use_nested_tensor
     assert [e.name for e in stack.fp4lab_report if e.action == "fused path off"] == ["", "layers.0", "layers.1"]
+
+
+def golden_linear(recipe):
+    """F.linear with both operands quantised as fwd_y quantises them (round to nearest: no SR key)."""
+    def linear(x, w, b=None):
+        x2 = x.detach().reshape(-1, x.shape[-1]).float().numpy()
+        qa = fp4lab.quantize_with(np.ascontiguousarray(x2), fp4lab.config(recipe, pass_="fwd_y", operand="a"))
+        qb = fp4lab.quantize_with(np.ascontiguousarray(w.detach().float().numpy()),
+                                  fp4lab.config(recipe, pass_="fwd_y", operand="b"))
+        y = torch.from_numpy(fp4lab.gemm(qa, qb)).to(x.dtype)
+        if b is not None:
+            y = y + b.detach().to(x.dtype)
+        return y.reshape(*x.shape[:-1], w.shape[0])
+    return linear
+
+
+@pytest.mark.parametrize("case", ["self", "self-weights", "cross", "kv-apart", "kdim", "causal"])
+def test_attention_is_torch_attention_with_quantised_projections(case, monkeypatch):
+    """fp4lab's MultiheadAttention against nn.MultiheadAttention's own code (F.multi_head_attention_forward) with
+    F.linear swapped for the golden model's quantised GEMM: the same bits, outputs and attention weights."""
+    torch.manual_seed(0)
+    kd = 32 if case == "kdim" else None
+    ref = nn.MultiheadAttention(64, 4, dropout=0.0, batch_first=case != "self-weights", kdim=kd, vdim=kd)
+    ours = ft.convert(copy.deepcopy(ref), "nvfp4")
+    assert isinstance(ours, ft.MultiheadAttention)
+    g = torch.Generator().manual_seed(3)
+    shape = lambda e: (2, 16, e) if ref.batch_first else (16, 2, e)  # noqa: E731
+    q = torch.randn(*shape(64), generator=g).requires_grad_(True)  # grad on: no fused path in either
+    k = v = q
+    kw = {"need_weights": case == "self-weights"}
+    if case in ("cross", "kv-apart", "kdim"):
+        k = v = torch.randn(*shape(kd or 64), generator=g)
+    if case in ("kv-apart", "kdim"):
+        v = torch.randn(*shape(kd or 64), generator=g)
+    if case in ("self", "self-weights", "causal"):
+        kpm = torch.zeros(2, 16)
+        kpm[1, 12:] = float("-inf")
+        kw.update(key_padding_mask=kpm, attn_mask=nn.Transformer.generate_square_subsequent_mask(16))
+    if case == "causal":
+        kw = {"attn_mask": nn.Transformer.generate_square_subsequent_mask(16), "is_causal": True,
+              "need_weights": False}
+    got = ours(q, k, v, **kw)
+    monkeypatch.setattr(torch.nn.functional, "linear", golden_linear("nvfp4"))
+    want = ref(q, k, v, **kw)
+    assert torch.equal(got[0], want[0])
+    assert (got[1] is None) == (want[1] is None) and (got[1] is None or torch.equal(got[1], want[1]))
+    assert ours.step == 1 and ours.out_proj.step == 1
+
+
+def test_attention_trains_reproducibly():
+    def run():
+        torch.manual_seed(0)
+        m = ft.convert(nn.TransformerEncoderLayer(64, 4, dim_feedforward=128, dropout=0.0, batch_first=True), "ufp4")
+        opt = torch.optim.SGD(m.parameters(), lr=0.05)
+        out = []
+        for i in range(2):
+            x = torch.randn(2, 32, 64, generator=torch.Generator().manual_seed(i))
+            loss = m(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            out.append([loss.detach()] + [p.grad.clone() for p in m.parameters()])
+            opt.step()
+        return m, out
+    (m1, a), (m2, b) = run(), run()
+    assert_same(a, b)
+    assert m1.self_attn.in_proj_weight.grad.abs().sum() > 0
+    assert m1.state_dict()["self_attn._extra_state"].item() == 2
+    # A deep copy and a state dict carry the attention's step too.
+    c = copy.deepcopy(m1)
+    assert c.self_attn.step == 2 and c.self_attn._projections[0].owner is c.self_attn
+    assert c.self_attn._projections[0].layer_id == ft.layer_id_of("self_attn.in_proj.0")
 
 
 def test_convert_leaves_a_shared_module_and_bad_shapes():

@@ -26,7 +26,9 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import math
 import re
+from types import SimpleNamespace
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
@@ -37,7 +39,7 @@ from torch import nn
 import fp4lab as _fp
 from fp4lab import _core
 
-__all__ = ["Recipe", "Linear", "convert", "ConvertReport", "ConvertEntry", "layer_id_of", "set_step", "quantize",
+__all__ = ["Recipe", "Linear", "MultiheadAttention", "convert", "ConvertReport", "ConvertEntry", "layer_id_of", "set_step", "quantize",
            "gemm", "product", "dequantize", "QTensorCUDA", "check_finite", "RECIPES"]
 
 # bf16 is the passthrough recipe (plain F.linear); the others are the presets of docs/spec.md §2.
@@ -367,7 +369,84 @@ def _in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
-class Linear(nn.Linear):
+def _check_shapes(label: str, recipe: Recipe, layer: int, step: int, tokens: int, in_f: int, out_f: int) -> None:
+    """The backward GEMMs reduce over out and tokens: a shape they cannot take is refused before the forward GEMM
+    runs, not after it."""
+    for p, o, rows, cols in (("bwd_dx", "a", tokens, out_f), ("bwd_dx", "b", in_f, out_f),
+                             ("bwd_dw", "a", out_f, tokens), ("bwd_dw", "b", in_f, tokens)):
+        try:
+            _core.validate(recipe.config(p, o, layer=layer, step=step), rows, cols)
+        except ValueError as e:
+            raise ValueError(f"{label}: {p} operand {o} [{rows}, {cols}]: {e}") from None
+
+
+def _apply(gemm, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], step: int) -> torch.Tensor:
+    """x · weightᵀ + bias under ``gemm``'s recipe and SR key (an fp4lab Linear, or an attention projection)."""
+    dev = x.device.type
+    if torch.is_autocast_enabled(dev):
+        # As F.linear under autocast: the operands are cast to the autocast dtype first (FP32 master weights
+        # reach the quantiser as the BF16 copy autocast would give cuBLAS), and the output has that dtype.
+        dt = torch.get_autocast_dtype(dev)
+        x, weight = x.to(dt), weight.to(dt)
+        bias = None if bias is None else bias.to(dt)
+        with torch.autocast(dev, enabled=False):
+            return _LinearFn.apply(x, weight, bias, gemm, step)
+    return _LinearFn.apply(x, weight, bias, gemm, step)
+
+
+class _Stepped(nn.Module):
+    """The SR step of a module that runs GEMMs under a recipe: advanced by every forward in training mode that
+    records a graph, repeated by an activation-checkpoint recomputation, and saved in the state dict."""
+
+    def _init_step(self, recipe: Any) -> None:
+        self.recipe = _as_recipe(recipe)
+        self.name: Optional[str] = None  # the qualified name convert found it at (error messages)
+        self.step = 0
+        # The step of the last forward outside a backward (a recomputation repeats it), and whether it advanced.
+        self._last_step, self._last_advanced = 0, False
+
+    def _take_step(self, records: bool) -> Tuple[int, bool]:
+        """The step this forward quantises with, and whether it is a forward outside a backward that records a
+        graph (whose shapes are checked)."""
+        if _in_backward():
+            # A recomputation repeats the last forward's step. Reentrant checkpointing ran that forward without a
+            # graph, so this is the forward whose graph trains: the step advances now, once.
+            step = self._last_step
+            if records and self.training and not self._last_advanced:
+                self.step, self._last_advanced = step + 1, True
+            return step, False
+        step = self._last_step = self.step
+        self._last_advanced = records and self.training
+        if self._last_advanced:
+            self.step += 1
+        return step, records
+
+    @contextlib.contextmanager
+    def _naming_faults(self):
+        try:
+            yield
+        except ValueError as e:
+            raise ValueError(f"{self._label()}: {e}") from None
+
+    # The SR step travels in the state dict, so a resumed run continues with the keys it stopped at.
+    def get_extra_state(self) -> torch.Tensor:
+        return torch.tensor(self.step, dtype=torch.int64)
+
+    def set_extra_state(self, state) -> None:
+        self.step = self._last_step = int(state)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        # A checkpoint of the torch module, or from before the step was saved, has no step: it loads (strict or
+        # not) and leaves the step as it is.
+        key = prefix + "_extra_state"
+        if key not in state_dict and key in missing_keys:
+            missing_keys.remove(key)
+
+
+class Linear(_Stepped, nn.Linear):
     """``nn.Linear`` whose three training GEMMs run under an fp4lab recipe. Same parameters as ``nn.Linear``;
     the state dict adds ``_extra_state``, the SR step (a 0-d int64 tensor). ``recipe="bf16"`` is plain
     ``F.linear``. ``layer_id`` keys stochastic rounding: without one it is ``layer_id_of("")`` until ``convert``
@@ -378,13 +457,9 @@ class Linear(nn.Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, recipe: Any = "ufp4",
                  layer_id: Optional[int] = None, device=None, dtype=None):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
-        self.recipe = _as_recipe(recipe)
+        self._init_step(recipe)
         self._id_given = layer_id is not None
         self.layer_id = _ROOT_ID if layer_id is None else int(layer_id)
-        self.name: Optional[str] = None  # the qualified name convert found it at (error messages)
-        self.step = 0
-        # The step of the last forward outside a backward (a recomputation repeats it), and whether it advanced.
-        self._last_step, self._last_advanced = 0, False
         self._qcache: dict = {}
 
     @classmethod
@@ -400,68 +475,14 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.recipe.passthrough:
             return F.linear(x, self.weight, self.bias)
-        records = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
-        if _in_backward():
-            # A recomputation repeats the last forward's step. Reentrant checkpointing ran that forward without a
-            # graph, so this is the forward whose graph trains: the step advances now, once.
-            step = self._last_step
-            if records and self.training and not self._last_advanced:
-                self.step, self._last_advanced = step + 1, True
-        else:
-            step = self._last_step = self.step
-            self._last_advanced = records and self.training
-            if records:
-                self._check_backward_shapes(x.numel() // x.shape[-1], step)
-                if self.training:
-                    self.step += 1
-        weight, bias, dev = self.weight, self.bias, x.device.type
-        if torch.is_autocast_enabled(dev):
-            # As F.linear under autocast: the operands are cast to the autocast dtype first (FP32 master weights
-            # reach the quantiser as the BF16 copy autocast would give cuBLAS), and the output has that dtype.
-            dt = torch.get_autocast_dtype(dev)
-            x, weight = x.to(dt), weight.to(dt)
-            bias = None if bias is None else bias.to(dt)
-            with torch.autocast(dev, enabled=False):
-                return _LinearFn.apply(x, weight, bias, self, step)
-        return _LinearFn.apply(x, weight, bias, self, step)
+        step, check = self._take_step(torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
+        if check:
+            _check_shapes(self._label(), self.recipe, self.layer_id, step, x.numel() // x.shape[-1],
+                          self.in_features, self.out_features)
+        return _apply(self, x, self.weight, self.bias, step)
 
     def _label(self) -> str:
         return self.name if self.name else f"Linear({self.in_features}, {self.out_features})"
-
-    @contextlib.contextmanager
-    def _naming_faults(self):
-        try:
-            yield
-        except ValueError as e:
-            raise ValueError(f"{self._label()}: {e}") from None
-
-    def _check_backward_shapes(self, tokens: int, step: int) -> None:
-        """The backward GEMMs reduce over out and tokens: a shape they cannot take is refused before the forward
-        GEMM runs, not after it."""
-        for p, o, rows, cols in (("bwd_dx", "a", tokens, self.out_features), ("bwd_dx", "b", self.in_features,
-                                 self.out_features), ("bwd_dw", "a", self.out_features, tokens),
-                                 ("bwd_dw", "b", self.in_features, tokens)):
-            try:
-                _core.validate(self.recipe.config(p, o, layer=self.layer_id, step=step), rows, cols)
-            except ValueError as e:
-                raise ValueError(f"{self._label()}: {p} operand {o} [{rows}, {cols}]: {e}") from None
-
-    # The SR step travels in the state dict, so a resumed run continues with the keys it stopped at.
-    def get_extra_state(self) -> torch.Tensor:
-        return torch.tensor(self.step, dtype=torch.int64)
-
-    def set_extra_state(self, state) -> None:
-        self.step = self._last_step = int(state)
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
-        # A checkpoint of nn.Linear, or from before the step was saved, has no step: it loads (strict or not) and
-        # leaves the step as it is.
-        key = prefix + "_extra_state"
-        if key not in state_dict and key in missing_keys:
-            missing_keys.remove(key)
 
     def __getstate__(self):
         state = super().__getstate__()
@@ -472,10 +493,213 @@ class Linear(nn.Linear):
         return f"{super().extra_repr()}, recipe={self.recipe.name}, mode={self.recipe.mode}, layer_id={self.layer_id}"
 
 
+class _Projection:
+    """An in-projection GEMM of an fp4lab MultiheadAttention, as _LinearFn takes a layer: the attention's recipe,
+    the SR id ``layer_id_of("<attention's name>.in_proj.<i>")`` (i counts the in-projection GEMMs of one forward:
+    one for self-attention, two when key is value, else three) and its own device buffers."""
+
+    def __init__(self, owner: "MultiheadAttention", index: int):
+        self.owner, self.index, self._qcache = owner, index, {}
+
+    @property
+    def recipe(self) -> Recipe:
+        return self.owner.recipe
+
+    @property
+    def layer_id(self) -> int:
+        return layer_id_of(f"{self.owner.name}.in_proj.{self.index}" if self.owner.name else f"in_proj.{self.index}")
+
+    def _label(self) -> str:
+        return f"{self.owner._label()}.in_proj.{self.index}"
+
+    def _naming_faults(self):
+        return _Stepped._naming_faults(self)
+
+    def __getstate__(self):
+        return {"owner": self.owner, "index": self.index, "_qcache": {}}
+
+
+class MultiheadAttention(_Stepped, nn.MultiheadAttention):
+    """``nn.MultiheadAttention`` whose in-projection GEMMs and output projection (an fp4lab ``Linear``) run under
+    a recipe; between them the attention is ``F.multi_head_attention_forward``'s, step for step (scaled dot-product
+    attention, or softmax(QKᵀ/√d)·V where the weights are asked for; the same masks, causal hint and dropout). Same
+    parameters and state-dict keys, with ``_extra_state`` (the in-projection's SR step) and
+    ``out_proj._extra_state``. ``add_bias_kv`` and ``add_zero_attn`` are not supported (``convert`` leaves such
+    modules)."""
+
+    def __init__(self, *args, recipe: Any = "ufp4", **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.bias_k is not None or self.add_zero_attn:
+            raise ValueError("fp4lab.torch.MultiheadAttention does not support add_bias_kv or add_zero_attn")
+        self._init_step(recipe)
+        self.out_proj = Linear.from_linear(self.out_proj, self.recipe)
+        self._projections = [_Projection(self, i) for i in range(3)]
+
+    @classmethod
+    def from_mha(cls, mha: nn.MultiheadAttention, recipe: Any) -> "MultiheadAttention":
+        """One sharing ``mha``'s parameters (the same Parameter objects)."""
+        new = cls(mha.embed_dim, mha.num_heads, dropout=mha.dropout, bias=mha.in_proj_bias is not None,
+                  kdim=mha.kdim, vdim=mha.vdim, batch_first=mha.batch_first, device="meta", recipe=recipe)
+        for n in ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias"):
+            setattr(new, n, getattr(mha, n))
+        new.out_proj = Linear.from_linear(mha.out_proj, recipe)
+        new.train(mha.training)
+        return new
+
+    def _label(self) -> str:
+        return self.name if self.name else f"MultiheadAttention({self.embed_dim}, {self.num_heads})"
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                average_attn_weights=True, is_causal=False):
+        if self.recipe.passthrough:
+            return super().forward(query, key, value, key_padding_mask, need_weights, attn_mask,
+                                   average_attn_weights, is_causal)
+        is_batched = query.dim() == 3
+        if self.batch_first and is_batched:
+            # as nn.MultiheadAttention: the transposes keep query, key and value the same object where they were
+            if key is value:
+                if query is key:
+                    query = key = value = query.transpose(1, 0)
+                else:
+                    query, key = (x.transpose(1, 0) for x in (query, key))
+                    value = key
+            else:
+                query, key, value = (x.transpose(1, 0) for x in (query, key, value))
+        out, weights = self._attention(query, key, value, key_padding_mask, need_weights, attn_mask,
+                                       average_attn_weights, is_causal)
+        if self.batch_first and is_batched:
+            return out.transpose(1, 0), weights
+        return out, weights
+
+    def _in_projection(self, q, k, v, step: int, check: bool):
+        E = q.size(-1)
+
+        def gemm(i, x, w, b):
+            if check:
+                _check_shapes(self._projections[i]._label(), self.recipe, self._projections[i].layer_id, step,
+                              x.numel() // x.shape[-1], w.shape[1], w.shape[0])
+            return _apply(self._projections[i], x, w, b, step)
+
+        if not self._qkv_same_embed_dim:
+            bq, bk, bv = (None,) * 3 if self.in_proj_bias is None else self.in_proj_bias.chunk(3)
+            return (gemm(0, q, self.q_proj_weight, bq), gemm(1, k, self.k_proj_weight, bk),
+                    gemm(2, v, self.v_proj_weight, bv))
+        # F._in_projection_packed, with these GEMMs
+        w, b = self.in_proj_weight, self.in_proj_bias
+        if k is v:
+            if q is k:
+                proj = gemm(0, q, w, b)
+                proj = proj.unflatten(-1, (3, E)).unsqueeze(0).transpose(0, -2).squeeze(-2).contiguous()
+                return proj[0], proj[1], proj[2]
+            w_q, w_kv = w.split([E, E * 2])
+            b_q, b_kv = (None, None) if b is None else b.split([E, E * 2])
+            q_proj = gemm(0, q, w_q, b_q)
+            kv = gemm(1, k, w_kv, b_kv)
+            kv = kv.unflatten(-1, (2, E)).unsqueeze(0).transpose(0, -2).squeeze(-2).contiguous()
+            return q_proj, kv[0], kv[1]
+        w_q, w_k, w_v = w.chunk(3)
+        b_q, b_k, b_v = (None,) * 3 if b is None else b.chunk(3)
+        return gemm(0, q, w_q, b_q), gemm(1, k, w_k, b_k), gemm(2, v, w_v, b_v)
+
+    def _attention(self, query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights,
+                   is_causal):
+        # F.multi_head_attention_forward from its shape check on, without bias_k/bias_v and zero attention, with
+        # the in- and out-projections under the recipe.
+        num_heads = self.num_heads
+        is_batched = F._mha_shape_check(query, key, value, key_padding_mask, attn_mask, num_heads)
+        if not is_batched:
+            query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+            if key_padding_mask is not None:
+                key_padding_mask = key_padding_mask.unsqueeze(0)
+        tgt_len, bsz, embed_dim = query.shape
+        src_len = key.shape[0]
+        key_padding_mask = F._canonical_mask(mask=key_padding_mask, mask_name="key_padding_mask",
+                                             other_type=F._none_or_dtype(attn_mask), other_name="attn_mask",
+                                             target_type=query.dtype)
+        if is_causal and attn_mask is None:
+            raise RuntimeError("Need attn_mask if specifying the is_causal hint. You may use the Transformer module "
+                               "method `generate_square_subsequent_mask` to create this mask.")
+        if is_causal and key_padding_mask is None and not need_weights:
+            attn_mask = None  # the hint goes to SDPA as is_causal
+        else:
+            attn_mask = F._canonical_mask(mask=attn_mask, mask_name="attn_mask", other_type=None, other_name="",
+                                          target_type=query.dtype, check_other=False)
+            if key_padding_mask is not None:
+                is_causal = False
+        head_dim = embed_dim // num_heads
+        if head_dim * num_heads != embed_dim:
+            raise ValueError(f"embed_dim {embed_dim} not divisible by num_heads {num_heads}")
+
+        params = [p for p in (self.in_proj_weight, self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)
+                  if p is not None]
+        records = torch.is_grad_enabled() and any(t.requires_grad for t in [query, key, value] + params)
+        step, check = self._take_step(records)
+        q, k, v = self._in_projection(query, key, value, step, check)
+
+        if attn_mask is not None:
+            if attn_mask.dim() == 2:
+                if attn_mask.shape != (tgt_len, src_len):
+                    raise RuntimeError(f"The shape of the 2D attn_mask is {attn_mask.shape}, but should be "
+                                       f"{(tgt_len, src_len)}.")
+                attn_mask = attn_mask.unsqueeze(0)
+            elif attn_mask.dim() == 3:
+                if attn_mask.shape != (bsz * num_heads, tgt_len, src_len):
+                    raise RuntimeError(f"The shape of the 3D attn_mask is {attn_mask.shape}, but should be "
+                                       f"{(bsz * num_heads, tgt_len, src_len)}.")
+            else:
+                raise RuntimeError(f"attn_mask's dimension {attn_mask.dim()} is not supported")
+
+        q = q.view(tgt_len, bsz * num_heads, head_dim).transpose(0, 1)
+        k = k.view(k.shape[0], bsz * num_heads, head_dim).transpose(0, 1)
+        v = v.view(v.shape[0], bsz * num_heads, head_dim).transpose(0, 1)
+        src_len = k.size(1)
+        if key_padding_mask is not None:
+            key_padding_mask = (key_padding_mask.view(bsz, 1, 1, src_len).expand(-1, num_heads, -1, -1)
+                                .reshape(bsz * num_heads, 1, src_len))
+            attn_mask = key_padding_mask if attn_mask is None else attn_mask + key_padding_mask
+        dropout_p = self.dropout if self.training else 0.0
+
+        if need_weights:
+            _B, _Nt, E = q.shape
+            q_scaled = q * math.sqrt(1.0 / float(E))
+            if is_causal and attn_mask is None:
+                raise RuntimeError("is_causal is not implemented for need_weights")
+            if attn_mask is not None:
+                w = torch.baddbmm(attn_mask, q_scaled, k.transpose(-2, -1))
+            else:
+                w = torch.bmm(q_scaled, k.transpose(-2, -1))
+            w = F.softmax(w, dim=-1)
+            if dropout_p > 0.0:
+                w = F.dropout(w, p=dropout_p)
+            out = torch.bmm(w, v).transpose(0, 1).reshape(tgt_len * bsz, embed_dim)
+            out = self.out_proj(out).view(tgt_len, bsz, -1)
+            w = w.view(bsz, num_heads, tgt_len, src_len)
+            if average_attn_weights:
+                w = w.mean(dim=1)
+            if not is_batched:
+                out, w = out.squeeze(1), w.squeeze(0)
+            return out, w
+        if attn_mask is not None:
+            if attn_mask.size(0) == 1 and attn_mask.dim() == 3:
+                attn_mask = attn_mask.unsqueeze(0)
+            else:
+                attn_mask = attn_mask.view(bsz, num_heads, -1, src_len)
+        q = q.view(bsz, num_heads, tgt_len, head_dim)
+        k = k.view(bsz, num_heads, src_len, head_dim)
+        v = v.view(bsz, num_heads, src_len, head_dim)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal)
+        out = out.permute(2, 0, 1, 3).reshape(bsz * tgt_len, embed_dim)
+        out = self.out_proj(out).view(tgt_len, bsz, -1)
+        if not is_batched:
+            out = out.squeeze(1)
+        return out, None
+
+
 @dataclasses.dataclass(frozen=True)
 class ConvertEntry:
     """One module ``convert`` considered: ``action`` is "converted", "recipe changed", "unchanged" (already an
-    fp4lab Linear under this recipe) or "left" (it computes as before), and ``reason`` says why."""
+    fp4lab module under this recipe), "left" (it computes as before) or "fused path off", and ``reason`` says
+    why."""
     name: str
     kind: str
     action: str
@@ -483,8 +707,9 @@ class ConvertEntry:
 
 
 class ConvertReport(list):
-    """What ``convert`` did, one ``ConvertEntry`` per linear module (and per ``nn.MultiheadAttention``), in module
-    order. ``str()`` gives one line per entry."""
+    """What ``convert`` did, one ``ConvertEntry`` per linear module and per ``nn.MultiheadAttention``, in module
+    order, then one per transformer module whose fused inference path it turned off. ``str()`` gives one line per
+    entry."""
 
     @property
     def converted(self) -> list:
@@ -500,8 +725,7 @@ class ConvertReport(list):
 
 
 _log = logging.getLogger("fp4lab.torch")
-_MHA_REASON = ("nn.MultiheadAttention computes with in_proj_weight and out_proj.weight directly "
-               "(F.multi_head_attention_forward), so its projections stay in BF16")
+_MHA_OUT_REASON = "nn.MultiheadAttention computes with out_proj.weight directly (F.multi_head_attention_forward)"
 
 
 _FAST_PATH_REASON = ("its fused inference path (eval mode, no grad) computes with the weights directly, past the "
@@ -530,15 +754,17 @@ def _shape_fault(lin: nn.Linear, r: Recipe) -> Optional[str]:
 def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exclude: Optional[str] = None) -> nn.Module:
     """Swaps, in place, every ``nn.Linear`` of ``model`` whose qualified name matches ``include`` (a regex searched
     in the name; default all) and not ``exclude`` for an fp4lab ``Linear`` under ``recipe``, sharing its parameters
-    and keeping its state-dict keys; an fp4lab ``Linear`` already there takes the new recipe (its step and layer id
-    stay). Each converted layer's SR key is ``layer_id_of(its qualified name in model)``.
+    and keeping its state-dict keys, and every matching ``nn.MultiheadAttention`` for an fp4lab
+    ``MultiheadAttention`` (it reads its projection weights directly, so its ``out_proj`` goes with it); an fp4lab
+    module already there takes the new recipe (its step and layer id stay). Each converted layer's SR key is
+    ``layer_id_of(its qualified name in model)``.
 
-    Left as they are, with the reason in the report: layers whose dimensions the recipe cannot quantise, a module
-    reachable under two names, and the projections of ``nn.MultiheadAttention`` (it reads their weights directly).
-    The fused inference path of ``nn.TransformerEncoderLayer``/``nn.TransformerEncoder``, which would compute past
-    the converted layers, is turned off for the modules that hold one.
+    Left as they are, with the reason in the report: modules whose dimensions the recipe cannot quantise, a module
+    reachable under two names, an attention with ``add_bias_kv`` or ``add_zero_attn``. The fused inference path of
+    ``nn.TransformerEncoderLayer``/``nn.TransformerEncoder``, which would compute past the converted modules, is
+    turned off for the modules that hold one.
 
-    Returns ``model`` (or, for a lone ``nn.Linear``, the fp4lab Linear that replaces it) with the
+    Returns ``model`` (or, for a lone ``nn.Linear`` or attention, the fp4lab module that replaces it) with the
     ``ConvertReport`` as its attribute ``fp4lab_report``; the report is also logged (logger "fp4lab.torch")."""
     r = _as_recipe(recipe)
     inc = re.compile(include) if include else None
@@ -552,33 +778,58 @@ def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exc
     param_owners: Dict[int, list] = {}  # a parameter tied to another module (a tied head) is noted in the report
     for name, prm in model.named_parameters(remove_duplicate=False):
         param_owners.setdefault(id(prm), []).append(name)
-    mha_children = set()
-    for mod in mods.values():
-        if isinstance(mod, nn.MultiheadAttention):
-            mha_children.update(id(c) for c in mod.children())
-
     report = ConvertReport()
     fused = []  # modules with an inference path of their own that bypasses the layers inside them
-    swaps = []  # (module names, new Linear)
+    swaps = []  # (module name, new Linear)
+    attention_swaps = []  # (module name, new MultiheadAttention)
+    ids_only = []  # (module name, Linear) in place already: an attention's out_proj
+    attention: Dict[int, str] = {}  # id of an attention's out_proj -> why it is left, or "" (converted with it)
     used_ids = {m.layer_id for m in mods.values() if isinstance(m, Linear) and m._id_given}
     for key, mod in mods.items():
         ns = names[key]
         kind = type(mod).__name__
         if isinstance(mod, nn.MultiheadAttention):
-            if any(matches(n) for n in ns):
-                report.append(ConvertEntry(ns[0], kind, "left", _MHA_REASON))
+            why = None
+            if not any(matches(n) for n in ns):
+                why = "not matched by include/exclude"
+            elif len(ns) > 1:
+                why = f"one module under {len(ns)} names ({', '.join(ns)}): convert a separate module per name"
+            elif mod.bias_k is not None or mod.add_zero_attn:
+                why = "add_bias_kv and add_zero_attn are not supported"
+            elif not r.passthrough:
+                E = mod.embed_dim
+                why = next((f for f in (_shape_fault(SimpleNamespace(in_features=i, out_features=E), r)
+                                        for i in (E, mod.kdim, mod.vdim)) if f), None)
+            if why:
+                report.append(ConvertEntry(ns[0], kind, "left", why))
+                attention[id(mod.out_proj)] = f"{_MHA_OUT_REASON}, and {ns[0] or '(root)'} is left"
+                continue
+            if isinstance(mod, MultiheadAttention):
+                if mod.recipe == r:
+                    report.append(ConvertEntry(ns[0], kind, "unchanged", f"already under {r!r}"))
+                else:
+                    report.append(ConvertEntry(ns[0], kind, "recipe changed", f"was {mod.recipe!r}, now {r!r}"))
+                    mod.recipe = r
+                new = mod
+            else:
+                new = MultiheadAttention.from_mha(mod, r)
+                report.append(ConvertEntry(ns[0], kind, "converted", repr(r)))
+            attention[id(mod.out_proj)] = ""
+            attention_swaps.append((ns[0], new))
             continue
         if isinstance(mod, (nn.TransformerEncoderLayer, nn.TransformerEncoder)):
             fused.append((ns[0], mod))
             continue
         if not isinstance(mod, nn.Linear):
             continue
+        if key in attention:  # an attention's output projection goes with its attention
+            if attention[key]:
+                report.append(ConvertEntry(ns[0], kind, "left", attention[key]))
+            else:
+                report.append(ConvertEntry(ns[0], kind, "converted", f"with its attention, {r!r}"))
+            continue
         if not any(matches(n) for n in ns):
             report.append(ConvertEntry(ns[0], kind, "left", "not matched by include/exclude"))
-            continue
-        if key in mha_children:
-            report.append(ConvertEntry(ns[0], kind, "left", "a projection of nn.MultiheadAttention, which reads "
-                                                            "its weight directly"))
             continue
         if len(ns) > 1:
             report.append(ConvertEntry(ns[0], kind, "left", f"one module under {len(ns)} names ({', '.join(ns)}): "
@@ -605,7 +856,25 @@ def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exc
                                        repr(r) + (f"; its weight is also {', '.join(tied)}" if tied else "")))
         swaps.append((ns[0], new))
 
-    for name, new in swaps:
+    def place(name, new):
+        if name:
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            if getattr(parent, child) is not new:
+                setattr(parent, child, new)
+            return model
+        return new
+
+    for name, new in attention_swaps:
+        if new.name is None:
+            new.name = name
+        new.out_proj.recipe = new.recipe
+        new.out_proj._qcache.clear()
+        if not new.out_proj._id_given:
+            ids_only.append((f"{name}.out_proj" if name else "out_proj", new.out_proj))
+        model = place(name, new)
+
+    for name, new in swaps + ids_only:
         # The name's hash, probed with "#k" suffixes past the (rare) ids another layer of this model holds.
         lid, k = layer_id_of(name), 0
         while lid in used_ids:
@@ -613,13 +882,8 @@ def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exc
             lid = layer_id_of(f"{name}#{k}")
         used_ids.add(lid)
         new.layer_id, new._id_given, new.name = lid, True, name
-        if name:
-            parent_name, _, child = name.rpartition(".")
-            parent = model.get_submodule(parent_name) if parent_name else model
-            if getattr(parent, child) is not new:
-                setattr(parent, child, new)
-        else:
-            model = new
+    for name, new in swaps:
+        model = place(name, new)
 
     for name, mod in fused:
         if any(isinstance(m, Linear) for m in mod.modules()):
