@@ -316,21 +316,24 @@ def test_attention_is_torch_attention_with_quantised_projections(case, monkeypat
 
 
 def test_attention_trains_reproducibly():
-    def run():
+    def run(checkpoint=False):
         torch.manual_seed(0)
         m = ft.convert(nn.TransformerEncoderLayer(64, 4, dim_feedforward=128, dropout=0.0, batch_first=True), "ufp4")
         opt = torch.optim.SGD(m.parameters(), lr=0.05)
         out = []
         for i in range(2):
-            x = torch.randn(2, 32, 64, generator=torch.Generator().manual_seed(i))
-            loss = m(x).pow(2).mean()
+            x = torch.randn(2, 32, 64, generator=torch.Generator().manual_seed(i)).requires_grad_(True)
+            y = tc.checkpoint(m, x, use_reentrant=False) if checkpoint else m(x)
+            loss = y.pow(2).mean()
             opt.zero_grad()
             loss.backward()
             out.append([loss.detach()] + [p.grad.clone() for p in m.parameters()])
             opt.step()
         return m, out
-    (m1, a), (m2, b) = run(), run()
+    (m1, a), (m2, b), (m3, c) = run(), run(), run(checkpoint=True)
     assert_same(a, b)
+    assert_same(a, c)  # activation checkpointing draws the same SR bits
+    assert m3.self_attn.step == m3.self_attn.out_proj.step == 2
     assert m1.self_attn.in_proj_weight.grad.abs().sum() > 0
     assert m1.state_dict()["self_attn._extra_state"].item() == 2
     # A deep copy and a state dict carry the attention's step too.
