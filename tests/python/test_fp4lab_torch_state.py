@@ -336,6 +336,8 @@ def test_attention_trains_reproducibly():
     assert m3.self_attn.step == m3.self_attn.out_proj.step == 2
     assert m1.self_attn.in_proj_weight.grad.abs().sum() > 0
     assert m1.state_dict()["self_attn._extra_state"].item() == 2
+    ft.set_step(m2, 7)
+    assert m2.self_attn.step == m2.self_attn.out_proj.step == m2.linear1.step == 7
     # A deep copy and a state dict carry the attention's step too.
     c = copy.deepcopy(m1)
     assert c.self_attn.step == 2 and c.self_attn._projections[0].owner is c.self_attn

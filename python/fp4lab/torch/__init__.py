@@ -901,7 +901,7 @@ def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exc
 
 
 def set_step(model: nn.Module, step: int) -> None:
-    """Sets the training step (the SR step key) of every fp4lab Linear in ``model``."""
+    """Sets the training step (the SR step key) of every fp4lab Linear and MultiheadAttention in ``model``."""
     for m in model.modules():
-        if isinstance(m, Linear):
+        if isinstance(m, _Stepped):
             m.step = m._last_step = int(step)
