@@ -353,7 +353,8 @@ def test_convert_leaves_a_shared_module_and_bad_shapes():
     assert rep["a"].action == "left" and "2 names (a, b)" in rep["a"].reason
     assert m["a"] is m["b"] is shared  # still one module, unquantised under both names
     assert rep["odd"].action == "left"
-    assert rep["odd"].reason == "fwd_y operand a [tokens, 40]: reduction dimension 40 is not a multiple of the block size 16"
+    assert rep["odd"].reason == ("fwd_y operand a [tokens, 40]: reduction dimension 40 is not a multiple of the block "
+                                 "size 16")
     assert type(m["odd"]) is nn.Linear
     assert rep["ok"].action == "converted" and isinstance(m["ok"], ft.Linear)
     assert rep["skip"].action == "left" and rep["skip"].reason == "not matched by include/exclude"
@@ -383,7 +384,8 @@ def test_convert_again_changes_the_recipe():
     ids = [l.layer_id for l in m.modules() if isinstance(l, ft.Linear)]
     ft.convert(m, "nvfp4")
     rep = {e.name: e for e in m.fp4lab_report}
-    assert rep["blocks.0.fc1"].action == "recipe changed" and "was fp4lab.torch.Recipe('ufp4'" in rep["blocks.0.fc1"].reason
+    assert rep["blocks.0.fc1"].action == "recipe changed"
+    assert "was fp4lab.torch.Recipe('ufp4'" in rep["blocks.0.fc1"].reason
     assert rep["head"].action == "converted"
     assert all(l.recipe == ft.Recipe("nvfp4") for l in m.modules() if isinstance(l, ft.Linear))
     assert [l.layer_id for l in m.modules() if isinstance(l, ft.Linear)][:4] == ids and step_of(m)[:4] == [2] * 4
@@ -392,7 +394,8 @@ def test_convert_again_changes_the_recipe():
     once = ft.convert(Net(), "nvfp4")
     ft.set_step(once, 2)
     ft.set_step(m.head, 2)
-    assert_same(train(m, torch.optim.SGD(m.parameters(), lr=0.0), 1), train(once, torch.optim.SGD(once.parameters(), lr=0.0), 1))
+    assert_same(train(m, torch.optim.SGD(m.parameters(), lr=0.0), 1),
+                train(once, torch.optim.SGD(once.parameters(), lr=0.0), 1))
     ft.convert(m, "nvfp4")
     assert all(e.action == "unchanged" for e in m.fp4lab_report)
 

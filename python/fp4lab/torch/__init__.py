@@ -39,8 +39,8 @@ from torch import nn
 import fp4lab as _fp
 from fp4lab import _core
 
-__all__ = ["Recipe", "Linear", "MultiheadAttention", "convert", "ConvertReport", "ConvertEntry", "layer_id_of", "set_step", "quantize",
-           "gemm", "product", "dequantize", "QTensorCUDA", "check_finite", "RECIPES"]
+__all__ = ["Recipe", "Linear", "MultiheadAttention", "convert", "ConvertReport", "ConvertEntry", "layer_id_of",
+           "set_step", "quantize", "gemm", "product", "dequantize", "QTensorCUDA", "check_finite", "RECIPES"]
 
 # bf16 is the passthrough recipe (plain F.linear); the others are the presets of docs/spec.md §2.
 RECIPES = ("bf16",) + tuple(_core.recipe_names())
