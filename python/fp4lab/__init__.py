@@ -13,6 +13,7 @@ kernels, and a drop-in ``Linear`` that trains under a recipe.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -47,8 +48,34 @@ def _knob_text(name: str, value: Any) -> str:
     raise TypeError(f"knob {name.replace('-', '_')}: {type(value).__name__} is not a valid value")
 
 
+def _one_line_errors(func):
+    """nanobind refuses arguments of the wrong type with a multi-line dump of the C++ signature; a public function
+    raises the one-line TypeError instead, naming itself, the types it was given and the types the call takes."""
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except TypeError as e:
+            text = str(e)
+            if "incompatible function arguments" not in text:
+                raise
+            lines = [ln.strip() for ln in text.splitlines()]
+            sig = next((ln[3:] for ln in lines if ln.startswith("1. ")), "")
+            got = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Invoked with types")), "?")
+            raise TypeError(f"{func.__name__}(): arguments of types ({got}) do not fit {sig.split(' -> ')[0]}") \
+                from None
+    return wrapper
+
+
+def _check_str(func: str, name: str, value: Any) -> None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{func}(): {name} must be a str, not {type(value).__name__}")
+
+
 def _knobs(func: str, recipe: Optional[str], pass_: Optional[str], role: Optional[str],
            knobs: Mapping[str, Any]) -> dict:
+    for name, value in (("recipe", recipe), ("pass_", pass_), ("role", role)):
+        _check_str(func, name, value)
     k = {}
     if recipe is not None:
         k["recipe"] = recipe
@@ -65,6 +92,7 @@ def _knobs(func: str, recipe: Optional[str], pass_: Optional[str], role: Optiona
     return k
 
 
+@_one_line_errors
 def config(recipe: Optional[str] = None, *, pass_: Optional[str] = None, role: Optional[str] = None,
            operand: Optional[str] = None, **knobs) -> QuantConfig:
     """The quantiser settings of one operand: the recipe's for that pass and operand, then the knobs on top.
@@ -73,6 +101,7 @@ def config(recipe: Optional[str] = None, *, pass_: Optional[str] = None, role: O
     ("a" or "b") picks an operand where ``role`` does not.
     """
     k = _knobs("config", recipe, pass_, role, knobs)
+    _check_str("config", "operand", operand)
     return _core.operand_config(k, pass_ or "", operand or "")
 
 
@@ -91,6 +120,7 @@ def _is_bf16(dtype: np.dtype) -> bool:
     return dtype.name == "bfloat16"  # ml_dtypes.bfloat16, without importing ml_dtypes where it is absent
 
 
+@_one_line_errors
 def quantize(x: np.ndarray, recipe: Optional[str] = None, *, pass_: Optional[str] = None,
              role: Optional[str] = None, **knobs) -> QTensor:
     """Block-quantise a 2-D float32 or ml_dtypes.bfloat16 array along its last dimension.
@@ -110,9 +140,12 @@ def quantize(x: np.ndarray, recipe: Optional[str] = None, *, pass_: Optional[str
     raise TypeError(f"quantize(): x must be float32 or ml_dtypes.bfloat16, not {x.dtype}")
 
 
+@_one_line_errors
 def quantize_with(x: np.ndarray, cfg: QuantConfig) -> QTensor:
     """Quantise with a QuantConfig from ``config()`` (the knobs already resolved)."""
     x = _as_matrix(x, "quantize_with")
+    if not isinstance(cfg, QuantConfig):
+        raise TypeError(f"quantize_with(): cfg must be a QuantConfig (from fp4lab.config), not {type(cfg).__name__}")
     if x.dtype == np.float32:
         return _core.quantize_f32(x, cfg)
     if _is_bf16(x.dtype):
@@ -120,6 +153,7 @@ def quantize_with(x: np.ndarray, cfg: QuantConfig) -> QTensor:
     raise TypeError(f"quantize_with(): x must be float32 or ml_dtypes.bfloat16, not {x.dtype}")
 
 
+@_one_line_errors
 def gemm(qa: QTensor, qb: QTensor) -> np.ndarray:
     """C = A · Bᵀ (float32 [M, N]) of two operands quantised along K, under the datapath contract
     (docs/datapath.md): exact int32 block dot products, FP32 scaling and accumulation in ascending block order."""

@@ -8,6 +8,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <cmath>
@@ -176,9 +177,34 @@ NB_MODULE(_core, m) {
     }
   });
 
+  // Objects of this module can outlive the interpreter's last collection (a QuantConfig cached in a recipe that a
+  // torch module holds in a reference cycle); that is no leak while the process ends, so nanobind's report is off.
+  nb::set_leak_warnings(false);
+
+  // Pickling state: every field, in the names the knobs parse, so copies, torch.save and multiprocessing work.
+  using ConfigState = std::tuple<std::string, int, bool, std::string, int, std::vector<float>, bool, std::string,
+                                 uint64_t, uint32_t>;
   nb::class_<QuantConfig>(m, "QuantConfig")
       .def_prop_ro("label", &QuantConfig::label)
       .def("to_dict", &config_dict)
+      .def("__getstate__", [](const QuantConfig& c) {
+        return ConfigState(c.format.name, c.block, c.tile2d, scale_name(c.scale), c.rht, c.rht_signs, c.rht_bf16,
+                           c.rounding == Rounding::rtne ? "rtne" : "sr", c.seed, c.stream);
+      })
+      .def("__setstate__", [](QuantConfig& c, const ConfigState& s) {
+        QuantConfig v;
+        v.format = parse_format(std::get<0>(s));
+        v.block = std::get<1>(s);
+        v.tile2d = std::get<2>(s);
+        v.scale = parse_scale(std::get<3>(s));
+        v.rht = std::get<4>(s);
+        v.rht_signs = std::get<5>(s);
+        v.rht_bf16 = std::get<6>(s);
+        v.rounding = parse_rounding(std::get<7>(s));
+        v.seed = std::get<8>(s);
+        v.stream = std::get<9>(s);
+        new (&c) QuantConfig(std::move(v));
+      })
       .def("__repr__", [](const QuantConfig& c) { return "<fp4lab.QuantConfig " + c.label() + ">"; });
 
   m.def("knob_names", &knob_names, "with_role"_a = true);

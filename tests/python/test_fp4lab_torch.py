@@ -165,12 +165,13 @@ def test_convert_keeps_parameters_and_state_dict():
     params = [id(p) for p in m.parameters()]
     sd = {k: v.clone() for k, v in m.state_dict().items()}
     ft.convert(m, "e2m1-ref", exclude=r"^2\.1$")
-    assert list(m.state_dict().keys()) == keys
+    # nn.Linear's keys, and the SR step of each converted layer beside them.
+    assert list(m.state_dict().keys()) == keys[:2] + ["0._extra_state"] + keys[2:4] + ["2.0._extra_state"] + keys[4:]
     assert [id(p) for p in m.parameters()] == params
     assert isinstance(m[0], ft.Linear) and isinstance(m[2][0], ft.Linear)
     assert type(m[2][1]) is nn.Linear  # excluded
-    assert (m[0].layer_id, m[2][0].layer_id) == (0, 1)
-    m.load_state_dict(sd)  # checkpoints load either way
+    assert (m[0].layer_id, m[2][0].layer_id) == (ft.layer_id_of("0"), ft.layer_id_of("2.0"))
+    m.load_state_dict(sd)  # checkpoints load either way, strictly
     m2 = nn.Sequential(nn.Linear(32, 64), nn.Linear(64, 64))
     ft.convert(m2, "ufp4", include=r"^1$")
     assert type(m2[0]) is nn.Linear and isinstance(m2[1], ft.Linear)
