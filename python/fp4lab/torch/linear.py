@@ -11,7 +11,7 @@ from torch import nn
 
 from fp4lab import _core
 
-from .ops import qmatmul
+from .ops import column_sum, qmatmul, take_step
 from .recipe import Recipe, _as_recipe
 
 __all__ = ["Linear", "layer_id_of"]
@@ -54,7 +54,7 @@ class _LinearFn(torch.autograd.Function):
             dw = qmatmul(dy2.t(), x2.t(), step, recipe, layer, "bwd_dw", label, cache)
             dw = dw.to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = dy2.sum(0)
+            db = column_sum(dy2)
         return dx, dw, db, None, None, None, None, None
 
 
@@ -135,10 +135,7 @@ class _Stepped(nn.Module):
         if torch.compiler.is_compiling():
             # In a compiled graph: no activation-checkpoint bookkeeping, and the backward GEMMs' shapes are
             # checked where they run.
-            step = self._step.clone()
-            if records and self.training:
-                self._step.add_(1)
-            return step, False
+            return take_step(self._step, records and self.training), False
         if _in_backward():
             # A recomputation repeats the last forward's step. Reentrant checkpointing ran that forward without a
             # graph, so this is the forward whose graph trains: the step advances now, once.

@@ -228,6 +228,35 @@ def _(codes, scales, global_scale, recipe, pass_, operand):
     return codes.new_empty(codes.shape, dtype=torch.float32)
 
 
+@torch.library.custom_op("fp4lab::take_step", mutates_args=("counter",))
+def take_step(counter: torch.Tensor, advance: bool) -> torch.Tensor:
+    """The SR step a forward quantises with (a copy of the 0-d ``counter``), the counter advanced past it when
+    ``advance``. An operator rather than clone() and add_(): a compiled graph may otherwise hand the backward the
+    counter itself, already advanced, in place of the copy."""
+    step = counter.clone()
+    if advance:
+        counter.add_(1)
+    return step
+
+
+@take_step.register_fake
+def _(counter, advance):
+    return torch.empty_like(counter)
+
+
+@torch.library.custom_op("fp4lab::column_sum", mutates_args=())
+def column_sum(dy: torch.Tensor) -> torch.Tensor:
+    """dy.sum(0), the bias gradient, as eager torch adds it up: a compiled graph would choose its own order of
+    additions, and the gradient would differ from eager's in its last bits. (Row-major first: the order of
+    torch's own sum follows the layout, which a compiled graph may choose too.)"""
+    return dy.contiguous().sum(0)
+
+
+@column_sum.register_fake
+def _(dy):
+    return dy.new_empty(dy.shape[1:])
+
+
 def _quantize_operand(x: torch.Tensor, cfg, pass_: str, operand: str, recipe: Recipe, cache: dict):
     """One operand of a training GEMM on CUDA in eager mode, through the kernels' device buffers of the layer, reused
     from step to step; a fault names the pass, the operand and its shape."""
