@@ -113,10 +113,11 @@ class _Stepped(nn.Module):
     def _init_step(self, recipe: Any) -> None:
         self.recipe = _as_recipe(recipe)
         self.name: Optional[str] = None  # the qualified name convert found it at (error messages)
-        # The step lives in a 0-d tensor, which a compiled graph reads and advances in place: a Python int would
-        # be a constant of the graph, and each new step a recompilation. (Not persistent: the state dict carries
-        # it as _extra_state.)
-        self.register_buffer("_step", torch.zeros((), dtype=torch.int64, device="cpu"), persistent=False)
+        # The step lives in a 0-d CPU tensor, which a compiled graph reads and advances in place: a Python int
+        # would be a constant of the graph, and each new step a recompilation. Not a buffer, so it stays on the
+        # CPU when the model moves (reading it costs no device synchronisation); the state dict carries it as
+        # _extra_state.
+        self._step = torch.zeros((), dtype=torch.int64)
         # The step of the last forward outside a backward (a recomputation repeats it), and whether it advanced.
         self._last_step, self._last_advanced = 0, False
 
@@ -148,6 +149,11 @@ class _Stepped(nn.Module):
         if self._last_advanced:
             self.step += 1
         return torch.tensor(step, dtype=torch.int64), records
+
+    def __setstate__(self, state):
+        if "_step" not in state:  # pickled when the step was a Python int
+            state["_step"] = torch.tensor(state.pop("step", 0), dtype=torch.int64)
+        super().__setstate__(state)
 
     # The SR step travels in the state dict, so a resumed run continues with the keys it stopped at.
     def get_extra_state(self) -> torch.Tensor:
