@@ -23,13 +23,14 @@ class MLP(nn.Module):
 
 
 class AttentionBlock(nn.Module):
-    def __init__(self):
+    def __init__(self, need_weights=False):
         super().__init__()
         self.att = nn.MultiheadAttention(32, 2, batch_first=True)
         self.fc = nn.Linear(32, 32)
+        self.need_weights = need_weights
 
     def forward(self, x):
-        h = x + self.att(x, x, x, need_weights=False)[0]
+        h = x + self.att(x, x, x, need_weights=self.need_weights)[0]
         return self.fc(torch.relu(h))
 
 
@@ -52,7 +53,7 @@ def compiles() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
-def check_compiled_training(make, x, t, recipe):
+def check_compiled_training(make, x, t, recipe, backend="inductor"):
     torch.manual_seed(0)
     eager = make()
     ft.convert(eager, recipe)
@@ -60,7 +61,7 @@ def check_compiled_training(make, x, t, recipe):
     explained = torch._dynamo.explain(copy.deepcopy(model))(x)  # a copy: explain runs a forward, which takes a step
     assert explained.graph_break_count == 0, explained.break_reasons
     assert explained.graph_count == 1
-    compiled = torch.compile(model, fullgraph=True)
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
     opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2)
     opt_c = torch.optim.AdamW(model.parameters(), lr=1e-2)
     torch._dynamo.reset()
@@ -100,6 +101,13 @@ def test_attention_training_step_compiles_whole_and_matches_eager_bit_for_bit():
     x, t = torch.randn(4, 16, 32), torch.randn(4, 16, 32)
     eager, model, _ = check_compiled_training(AttentionBlock, x, t, "nvfp4")
     assert isinstance(model.att, ft.MultiheadAttention) and model.att.step == 3
+
+
+def test_attention_with_weights_traces_to_eager_bits():
+    # With the weights asked for, the attention is an explicit softmax, which inductor computes in bits of its own;
+    # the traced graph itself, run on eager kernels (aot_eager: the same forward and backward graphs), is eager's.
+    x, t = torch.randn(4, 16, 32), torch.randn(4, 16, 32)
+    check_compiled_training(lambda: AttentionBlock(need_weights=True), x, t, "ufp4", backend="aot_eager")
 
 
 def test_set_step_reaches_the_compiled_graph_without_a_recompilation():
