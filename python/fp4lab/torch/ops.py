@@ -1,5 +1,7 @@
 """The quantiser, the contract GEMM and the dequantiser on torch tensors: the golden model on CPU tensors, the
-CUDA kernels on CUDA tensors."""
+CUDA kernels on CUDA tensors; and the same as torch.library operators (``torch.ops.fp4lab.quantize``, ``gemm``,
+``dequantize``, with ``take_step`` and ``column_sum``), through which the training path runs so that
+torch.compile traces it."""
 from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
