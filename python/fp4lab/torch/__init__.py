@@ -238,7 +238,9 @@ def quantize(x: torch.Tensor, cfg: Any = None, *, out: Optional[QTensorCUDA] = N
         return q
     if x.device.type != "cpu":
         raise ValueError(f"quantize(): tensors on {x.device.type} are not supported (CPU and CUDA are)")
-    return _core.quantize_f32(x.numpy(), cfg)
+    # The tensor itself (DLPack), not x.numpy(): that marks the storage, which may be a parameter's, as not
+    # resizable, and FSDP2 frees an unsharded parameter by resizing its storage to 0.
+    return _core.quantize_f32(x, cfg)
 
 
 @_fp._one_line_errors
