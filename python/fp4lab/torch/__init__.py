@@ -40,7 +40,7 @@ import fp4lab as _fp
 from fp4lab import _core
 
 __all__ = ["Recipe", "Linear", "MultiheadAttention", "convert", "ConvertReport", "ConvertEntry", "layer_id_of",
-           "set_step", "quantize", "gemm", "product", "dequantize", "QTensorCUDA", "check_finite", "RECIPES"]
+           "set_step", "monitor", "quantize", "gemm", "product", "dequantize", "QTensorCUDA", "check_finite", "RECIPES"]
 
 # bf16 is the passthrough recipe (plain F.linear); the others are the presets of docs/spec.md §2.
 RECIPES = ("bf16",) + tuple(_core.recipe_names())
@@ -301,12 +301,20 @@ def _quantize_operand(x: torch.Tensor, cfg, pass_: str, operand: str, recipe: Re
         raise ValueError(f"{pass_} operand {operand} {list(x.shape)}: {e}") from None
 
 
-def _qmatmul(a: torch.Tensor, b: torch.Tensor, cfg, recipe: Recipe, cache: dict, pass_: str) -> torch.Tensor:
+# Numerics monitors (fp4lab.torch.monitor): called with each GEMM's operands; empty, they cost one test per GEMM.
+_observers: list = []
+
+
+def _qmatmul(a: torch.Tensor, b: torch.Tensor, cfg, recipe: Recipe, cache: dict, pass_: str, layer=None,
+             step: int = 0) -> torch.Tensor:
     """A [M, K] · B [N, K]ᵀ with both operands quantised along K under the pass's settings (``cfg(pass, operand)``),
     in the recipe's mode."""
     qa = _quantize_operand(a, cfg(pass_, "a"), pass_, "a", recipe, cache)
     qb = _quantize_operand(b, cfg(pass_, "b"), pass_, "b", recipe, cache)
-    return product(qa, qb, recipe.mode)
+    y = product(qa, qb, recipe.mode)
+    for obs in _observers:
+        obs(layer, step, pass_, a, b, qa, qb, y, cfg)
+    return y
 
 
 class _LinearFn(torch.autograd.Function):
@@ -316,7 +324,7 @@ class _LinearFn(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1])
         cfg = lambda p, o: recipe.config(p, o, layer=layer.layer_id, step=step)  # noqa: E731
         with layer._naming_faults():
-            y = _qmatmul(x2, weight, cfg, recipe, layer._qcache, "fwd_y")
+            y = _qmatmul(x2, weight, cfg, recipe, layer._qcache, "fwd_y", layer, step)
         y = y.to(x.dtype)
         if bias is not None:
             y = y + bias.to(x.dtype)
@@ -341,11 +349,11 @@ class _LinearFn(torch.autograd.Function):
         with layer._naming_faults():
             if ctx.needs_input_grad[0]:
                 # dgrad: dX = dY · W, reduced over out: A = dY [tokens, out], B = Wᵀ [in, out].
-                dx = _qmatmul(dy2, weight.t(), cfg, recipe, layer._qcache, "bwd_dx")
+                dx = _qmatmul(dy2, weight.t(), cfg, recipe, layer._qcache, "bwd_dx", layer, step)
                 dx = dx.to(x.dtype).reshape(x.shape)
             if ctx.needs_input_grad[1]:
                 # wgrad: dW = dYᵀ · X, reduced over tokens: A = dYᵀ [out, tokens], B = Xᵀ [in, tokens].
-                dw = _qmatmul(dy2.t(), x2.t(), cfg, recipe, layer._qcache, "bwd_dw")
+                dw = _qmatmul(dy2.t(), x2.t(), cfg, recipe, layer._qcache, "bwd_dw", layer, step)
                 dw = dw.to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.sum(0)
@@ -907,3 +915,6 @@ def set_step(model: nn.Module, step: int) -> None:
     for m in model.modules():
         if isinstance(m, _Stepped):
             m.step = m._last_step = int(step)
+
+
+from fp4lab.torch.monitor import monitor  # noqa: E402  (it reads this module's layers)
