@@ -40,7 +40,8 @@ import fp4lab as _fp
 from fp4lab import _core
 
 __all__ = ["Recipe", "Linear", "MultiheadAttention", "convert", "ConvertReport", "ConvertEntry", "layer_id_of",
-           "set_step", "monitor", "quantize", "gemm", "product", "dequantize", "QTensorCUDA", "check_finite", "RECIPES"]
+           "set_step", "quantize", "gemm", "product", "dequantize", "QTensorCUDA", "check_finite", "RECIPES",
+           "monitor", "sr_shard"]
 
 # bf16 is the passthrough recipe (plain F.linear); the others are the presets of docs/spec.md §2.
 RECIPES = ("bf16",) + tuple(_core.recipe_names())
@@ -309,8 +310,11 @@ def _qmatmul(a: torch.Tensor, b: torch.Tensor, cfg, recipe: Recipe, cache: dict,
              step: int = 0) -> torch.Tensor:
     """A [M, K] · B [N, K]ᵀ with both operands quantised along K under the pass's settings (``cfg(pass, operand)``),
     in the recipe's mode."""
-    qa = _quantize_operand(a, cfg(pass_, "a"), pass_, "a", recipe, cache)
-    qb = _quantize_operand(b, cfg(pass_, "b"), pass_, "b", recipe, cache)
+    quant = _quantize_operand
+    if getattr(layer, "_sr_shard", None) is not None:  # a micro-batch drawing the global batch's SR words
+        quant = _sr_shard_quantizer(layer._sr_shard)
+    qa = quant(a, cfg(pass_, "a"), pass_, "a", recipe, cache)
+    qb = quant(b, cfg(pass_, "b"), pass_, "b", recipe, cache)
     y = product(qa, qb, recipe.mode)
     for obs in _observers:
         obs(layer, step, pass_, a, b, qa, qb, y, cfg)
@@ -918,3 +922,4 @@ def set_step(model: nn.Module, step: int) -> None:
 
 
 from fp4lab.torch.monitor import monitor  # noqa: E402  (it reads this module's layers)
+from fp4lab.torch.distributed import sr_shard, _quantizer as _sr_shard_quantizer  # noqa: E402
