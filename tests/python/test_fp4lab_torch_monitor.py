@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 import fp4lab
@@ -120,6 +121,21 @@ def test_unsampled_steps_write_nothing(tmp_path):
     with ft.monitor(model, every=10, out=tmp_path / "m.jsonl") as mon:
         run(model, 9)  # steps 1..9
     assert mon.records == 0 and (tmp_path / "m.jsonl").read_text() == ""
+
+
+def test_eval_and_recomputation_not_recorded(tmp_path):
+    """An evaluation forward at a sampled step adds nothing; a checkpointed model records each forward once."""
+    model = make_model()
+    with ft.monitor(model, every=1, out=tmp_path / "m.jsonl") as mon:
+        model.eval()
+        with torch.no_grad():
+            model(torch.randn(32, 64))
+        assert mon.records == 0
+        model.train()
+        x = torch.randn(32, 64, requires_grad=True)
+        torch.utils.checkpoint.checkpoint(model, x, use_reentrant=False).pow(2).mean().backward()
+    keys = [(r["layer"], r["pass"], r["operand"]) for r in read(tmp_path / "m.jsonl")]
+    assert len(keys) == len(set(keys)) == 2 * 3 * 2
 
 
 def test_plot_script(tmp_path):

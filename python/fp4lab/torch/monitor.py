@@ -108,6 +108,10 @@ class Monitor:
         name = self._names.get(id(layer))
         if name is None:
             return
+        if not getattr(layer, "owner", layer).training:
+            return  # an evaluation forward: it repeats the step it is at, and is no training step
+        if pass_ == "fwd_y" and _ft._in_backward():
+            return  # an activation-checkpoint recomputation repeats the forward already recorded
         ref = a.detach().to("cpu", torch.float64) @ b.detach().to("cpu", torch.float64).t()
         gemm_sqnr = _sqnr_db(ref.numpy(), y.detach().to("cpu", torch.float64).numpy())
         for op, x, q in (("a", a, qa), ("b", b, qb)):
@@ -147,7 +151,7 @@ def monitor(model: nn.Module, every: int = 100, out: str = "fp4lab_monitor.jsonl
     ``step``, ``layer`` (qualified name), ``pass`` (fwd_y, bwd_dx, bwd_dw), ``operand`` (a, b), ``shape``,
     ``label`` (the quantiser's settings), ``sqnr_db``, ``amax``, ``frac_zero``, ``frac_sat`` and
     ``gemm_sqnr_db`` (the pass's output against the FP64 product of the unquantised operands; the same for a and
-    b). Also to TensorBoard (``tensorboard`` or ``out + ".tb"``) when it is importable. Layers under the bf16
+    b). Forwards in eval mode and activation-checkpoint recomputations are not recorded. Also to TensorBoard (``tensorboard`` or ``out + ".tb"``) when it is importable. Layers under the bf16
     recipe quantise nothing and record nothing. Returns a ``Monitor``: call ``close()`` or use it as a context
     manager."""
     return Monitor(model, every, out, tensorboard)
