@@ -10,11 +10,13 @@ What is equal bit for bit, and why:
 - a rank's forward output rows, and its input gradient rows (times 2);
 - the per-rank SR keys: (seed, step, layer, pass, operand) do not involve the rank.
 
-What is bounded, and why: the loss (the mean of two half-batch means against one mean over the batch) and the
-weight and bias gradients. The wgrad GEMM reduces over tokens: each rank sums its half of the token blocks, and
-the all-reduce adds the two halves, where one process accumulates all blocks in one order. The same block
-products, added in another order: the difference is FP32 rounding of the sums, bounded here elementwise by
-2⁻²² · (|dW₀| + |dW₁|) / 2 (the partial gradients, as the all-reduce averages them); the loss by 2⁻²³ relative."""
+What is bounded, and why: the loss (the mean of two half-batch means against one mean over the batch, within
+2⁻²³ relative), and the weight and bias gradients. Those reduce over tokens: each rank sums its half of the
+tokens, the all-reduce adds the two halves, and one process adds all tokens in one order (ufp4's 16-token blocks:
+((b₀+b₁)+b₂)+b₃ against (b₀+b₁)+(b₂+b₃); MKL's blocking under bf16). The same products added in another order: the
+difference is FP32 rounding, bounded elementwise by 8·2⁻²⁴·Σ|terms| (the sum of the absolute products, FP64).
+Equal under mxfp4, whose 32-token blocks are one per rank. The reduced gradient itself is the exact average of
+the ranks' own gradients. Not covered: nvfp4, whose per-tensor scale comes from the micro-batch's amax."""
 import os
 
 import numpy as np
@@ -132,7 +134,7 @@ def run(rank, recipe, wrap, shard):
                     "partial": partial, "terms": terms})
         opt.step()
         with torch.no_grad():  # the next step starts both from the same weights
-            for (n, p), q, u in zip(ref.named_parameters(), dp.parameters(), local.parameters()):
+            for p, q, u in zip(ref.parameters(), dp.parameters(), local.parameters()):
                 p.copy_(full(q))
                 u.copy_(full(q))
     ft._observers.remove(cap)
@@ -200,8 +202,8 @@ def test_data_parallel_matches_one_process(tmp_path, recipe, wrap):
                 # 32-token blocks, one per rank: the contract GEMM's one FP32 addition of the two block sums is
                 # the all-reduce's addition
                 assert torch.equal(bits(g), bits(ref))
-            # The same terms summed in another order: |Δ| ≤ 8·2⁻²⁴·Σ|terms| (observed ≤ 4.5·2⁻²⁴·Σ|terms| with
-            # MKL's FP32 GEMM under bf16, ≤ 1.2 under ufp4; the worst case for 64 terms is 128·2⁻²⁴·Σ|terms|).
+            # The same terms summed in another order: |Δ| ≤ 8·2⁻²⁴·Σ|terms| (observed ≤ 4.5·2⁻²⁴·Σ|terms|
+            # with MKL's FP32 GEMM under bf16, ≤ 1.2 under ufp4; the worst case for 64 terms is 128·2⁻²⁴·Σ|terms|).
             assert ((g.double() - ref.double()).abs() <= 8 * 2 ** -24 * s0["terms"][n]).all(), n
 
 

@@ -151,7 +151,7 @@ def monitor(model: nn.Module, every: int = 100, out: str = "fp4lab_monitor.jsonl
     ``step``, ``layer`` (qualified name), ``pass`` (fwd_y, bwd_dx, bwd_dw), ``operand`` (a, b), ``shape``,
     ``label`` (the quantiser's settings), ``sqnr_db``, ``amax``, ``frac_zero``, ``frac_sat`` and
     ``gemm_sqnr_db`` (the pass's output against the FP64 product of the unquantised operands; the same for a and
-    b). Forwards in eval mode and activation-checkpoint recomputations are not recorded. Also to TensorBoard (``tensorboard`` or ``out + ".tb"``) when it is importable. Layers under the bf16
-    recipe quantise nothing and record nothing. Returns a ``Monitor``: call ``close()`` or use it as a context
-    manager."""
+    b). Forwards in eval mode and activation-checkpoint recomputations are not recorded. Also to TensorBoard
+    (``tensorboard`` or ``out + ".tb"``) when it is importable. Layers under the bf16 recipe quantise nothing and
+    record nothing. Returns a ``Monitor``: call ``close()`` or use it as a context manager."""
     return Monitor(model, every, out, tensorboard)
