@@ -74,16 +74,15 @@ def full(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def run(rank, recipe, wrap, shard):
+def run(rank, recipe, wrap):
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     # ref: one process on the global batch; dp: this rank's replica; local: the same replica unwrapped, whose
     # gradients are what this rank hands to the reduction.
     ref, dp, local = make(recipe), make(recipe), make(recipe)
-    if shard:
-        ft.sr_shard(dp, rank, WORLD)
-        ft.sr_shard(local, rank, WORLD)
+    ft.sr_shard(dp, rank, WORLD)
+    ft.sr_shard(local, rank, WORLD)
     cap = Capture({id(m): t for t, model in (("ref", ref), ("dp", dp)) for m in model.modules()})
     ft._observers.append(cap)
     # Σ|terms| of the weight and bias gradients from the layers' own operands where they are not quantised (bf16)
@@ -141,17 +140,17 @@ def run(rank, recipe, wrap, shard):
     return {"steps": out, "ops": cap.ops}
 
 
-def worker(rank, store, recipe, wrap, shard, out):
+def worker(rank, store, recipe, wrap, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(store, WORLD), rank=rank, world_size=WORLD)
     try:
-        torch.save(run(rank, recipe, wrap, shard), os.path.join(out, f"rank{rank}.pt"))
+        torch.save(run(rank, recipe, wrap), os.path.join(out, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
-def spawn(tmp_path, recipe, wrap, shard=True):
-    mp.spawn(worker, args=(str(tmp_path / "store"), recipe, wrap, shard, str(tmp_path)), nprocs=WORLD)
+def spawn(tmp_path, recipe, wrap):
+    mp.spawn(worker, args=(str(tmp_path / "store"), recipe, wrap, str(tmp_path)), nprocs=WORLD)
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 
