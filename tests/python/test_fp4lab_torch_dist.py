@@ -227,3 +227,13 @@ def test_sr_shard_places_micro_batch_in_global_batch():
     assert sorted({(p, op) for _, _, p, op in faults}) == [("bwd_dw", "a"), ("bwd_dx", "a")]
     # every dY operand but fc1's dgrad, which does not run (the input needs no gradient)
     assert len(faults) == 2 * 3 - 1 and len(plain_ops) == 6 * 3 - 2
+
+
+def test_quantizer_leaves_storage_resizable():
+    """FSDP2 frees an unsharded parameter by resizing its storage to 0; Tensor.numpy() would have marked it as not
+    resizable ('Trying to resize storage that is not resizable')."""
+    w = torch.randn(32, 64)
+    q = ft.quantize(w, ft.Recipe("ufp4").config("fwd_y", "b", layer=0, step=0))
+    assert w.untyped_storage().resizable()
+    w.untyped_storage().resize_(0)  # what FSDP2 does after the forward
+    assert q.rows == 32 and np.asarray(q.codes).shape == (32, 64)
