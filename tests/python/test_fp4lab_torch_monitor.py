@@ -146,3 +146,28 @@ def test_plot_script(tmp_path):
                         "-o", str(tmp_path / "m.png")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "m.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tensorboard_where_importable(tmp_path):
+    """The same scalars go to TensorBoard event files where tensorboard is importable, and none are written (and
+    nothing fails) where it is not."""
+    try:
+        import tensorboard  # noqa: F401
+        have = True
+    except ImportError:
+        have = False
+    model = make_model()
+    with ft.monitor(model, every=1, out=tmp_path / "m.jsonl", tensorboard=tmp_path / "tb") as mon:
+        run(model, 1)
+    assert mon.records == 2 * 3 * 2
+    events = list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    if not have:
+        assert events == []
+        return
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    assert len(events) == 1 and len(acc.Tags()["scalars"]) == mon.records * 5
+    rec = read(tmp_path / "m.jsonl")[0]
+    ev = acc.Scalars(f"{rec['layer']}/{rec['pass']}/{rec['operand']}/sqnr_db")
+    assert [e.step for e in ev] == [0] and ev[0].value == pytest.approx(rec["sqnr_db"], rel=1e-6)  # stored as FP32
