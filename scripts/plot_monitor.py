@@ -44,10 +44,9 @@ def main():
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, labels, loc="center right", fontsize=6)
-        fig.subplots_adjust(right=0.8)
+        if series[k]:
+            ax.legend(fontsize=6, ncol=2)  # per panel: the GEMM panel has one line per pass, not per operand
+    fig.tight_layout()
     fig.savefig(args.out, dpi=100)
 
 
