@@ -25,6 +25,9 @@ from .ops import QTensorCUDA, check_finite, dequantize, gemm, product, quantize,
 from .linear import Linear, layer_id_of
 from .attention import MultiheadAttention
 from .convert import ConvertEntry, ConvertReport, convert, set_step
+from .monitor import monitor
+from .distributed import sr_shard
 
 __all__ = ["Recipe", "Linear", "MultiheadAttention", "convert", "ConvertReport", "ConvertEntry", "layer_id_of",
-           "set_step", "quantize", "gemm", "product", "dequantize", "QTensorCUDA", "check_finite", "RECIPES"]
+           "set_step", "quantize", "gemm", "product", "dequantize", "QTensorCUDA", "check_finite", "RECIPES",
+           "monitor", "sr_shard"]

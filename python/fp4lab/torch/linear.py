@@ -23,14 +23,15 @@ class _LinearFn(torch.autograd.Function):
     traces it, forward and backward, into one graph."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, step, recipe: Recipe, layer: int, label: str, cache: Optional[dict]):
+    def forward(ctx, x, weight, bias, step, recipe: Recipe, layer: int, label: str, cache: Optional[dict], owner):
         x2 = x.reshape(-1, x.shape[-1])
-        y = qmatmul(x2, weight, step, recipe, layer, "fwd_y", label, cache)
+        y = qmatmul(x2, weight, step, recipe, layer, "fwd_y", label, cache, owner)
         y = y.to(x.dtype)
         if bias is not None:
             y = y + bias.to(x.dtype)
         ctx.save_for_backward(x, weight, step)
         ctx.recipe, ctx.layer, ctx.label, ctx.cache, ctx.has_bias = recipe, layer, label, cache, bias is not None
+        ctx.owner = owner
         return y.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
@@ -41,21 +42,21 @@ class _LinearFn(torch.autograd.Function):
             raise RuntimeError(f"{ctx.label}: double backward (create_graph=True) through an fp4lab Linear "
                                "is not supported")
         x, weight, step = ctx.saved_tensors
-        recipe, layer, label, cache = ctx.recipe, ctx.layer, ctx.label, ctx.cache
+        recipe, layer, label, cache, owner = ctx.recipe, ctx.layer, ctx.label, ctx.cache, ctx.owner
         x2 = x.reshape(-1, x.shape[-1])
         dy2 = dy.reshape(-1, dy.shape[-1])
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             # dgrad: dX = dY · W, reduced over out: A = dY [tokens, out], B = Wᵀ [in, out].
-            dx = qmatmul(dy2, weight.t(), step, recipe, layer, "bwd_dx", label, cache)
+            dx = qmatmul(dy2, weight.t(), step, recipe, layer, "bwd_dx", label, cache, owner)
             dx = dx.to(x.dtype).reshape(x.shape)
         if ctx.needs_input_grad[1]:
             # wgrad: dW = dYᵀ · X, reduced over tokens: A = dYᵀ [out, tokens], B = Xᵀ [in, tokens].
-            dw = qmatmul(dy2.t(), x2.t(), step, recipe, layer, "bwd_dw", label, cache)
+            dw = qmatmul(dy2.t(), x2.t(), step, recipe, layer, "bwd_dw", label, cache, owner)
             dw = dw.to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = column_sum(dy2)
-        return dx, dw, db, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None
 
 
 _ID_BITS = 29  # the SR stream of an operand is id·8 + pass·2 + operand, a uint32
@@ -92,8 +93,9 @@ def _apply(gemm, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
            step: torch.Tensor) -> torch.Tensor:
     """x · weightᵀ + bias under ``gemm``'s recipe and SR key (an fp4lab Linear, or an attention projection)."""
     # Under torch.compile the CUDA operands go through the operators rather than the layer's device buffers.
-    cache = None if torch.compiler.is_compiling() else gemm._qcache
-    args = (step, gemm.recipe, gemm.layer_id, gemm._label(), cache)
+    # In eager mode the GEMM's own object also goes along, for the numerics monitors and sr_shard.
+    eager = not torch.compiler.is_compiling()
+    args = (step, gemm.recipe, gemm.layer_id, gemm._label(), gemm._qcache if eager else None, gemm if eager else None)
     dev = x.device.type
     if torch.is_autocast_enabled(dev):
         # As F.linear under autocast: the operands are cast to the autocast dtype first (FP32 master weights

@@ -97,7 +97,9 @@ def quantize(x: torch.Tensor, cfg: Any = None, *, out: Optional[QTensorCUDA] = N
         return q
     if x.device.type != "cpu":
         raise ValueError(f"quantize(): tensors on {x.device.type} are not supported (CPU and CUDA are)")
-    return _core.quantize_f32(x.numpy(), cfg)
+    # The tensor itself (DLPack), not x.numpy(): that marks the storage, which may be a parameter's, as not
+    # resizable, and FSDP2 frees an unsharded parameter by resizing its storage to 0.
+    return _core.quantize_f32(x, cfg)
 
 
 @_fp._one_line_errors
@@ -269,11 +271,44 @@ def _quantize_operand(x: torch.Tensor, cfg, pass_: str, operand: str, recipe: Re
         raise ValueError(f"{pass_} operand {operand} {list(x.shape)}: {e}") from None
 
 
+# Numerics monitors (fp4lab.torch.monitor), called in eager mode with each GEMM's module and operands; empty, they
+# cost one test per GEMM.
+observers: list = []
+
+
+def _qmatmul_observed(a, b, step, recipe: Recipe, layer: int, pass_: str, label: str, cache, owner, shard):
+    """qmatmul in eager mode with the operands in hand: for the monitors, and for a sharded layer's operands."""
+    cfg = lambda p, o: recipe.config(p, o, layer=layer, step=int(step))  # noqa: E731
+
+    def quant(x, c, p, o):
+        if cache is not None and x.is_cuda:
+            return _quantize_operand(x, c, p, o, recipe, cache)  # names the pass, operand and shape
+        try:
+            return quantize(x, c)
+        except ValueError as e:
+            raise ValueError(f"{p} operand {o} {list(x.shape)}: {e}") from None
+
+    if shard is not None:
+        from .distributed import _quantizer
+        quant = _quantizer(shard, quant)
+    try:
+        qa, qb = quant(a, cfg(pass_, "a"), pass_, "a"), quant(b, cfg(pass_, "b"), pass_, "b")
+    except ValueError as e:
+        raise ValueError(f"{label}: {e}") from None
+    y = product(qa, qb, recipe.mode)
+    for obs in observers:
+        obs(owner, int(step), pass_, a, b, qa, qb, y, cfg)
+    return y
+
+
 def qmatmul(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: Recipe, layer: int, pass_: str,
-            label: str, cache: Optional[dict] = None) -> torch.Tensor:
+            label: str, cache: Optional[dict] = None, owner: Any = None) -> torch.Tensor:
     """A [M, K] · B [N, K]ᵀ, both operands quantised along K under the recipe's settings for ``pass_`` with the SR
     key (seed, ``step``, ``layer``), in the recipe's mode, through the fp4lab operators. ``cache`` (eager mode) lets
     CUDA operands go through the kernels' device buffers instead."""
+    shard = getattr(owner, "_sr_shard", None)  # fp4lab.torch.sr_shard: a micro-batch of a global batch
+    if owner is not None and (observers or shard is not None):
+        return _qmatmul_observed(a, b, step, recipe, layer, pass_, label, cache, owner, shard)
     if cache is not None and a.is_cuda:
         cfg = lambda o: recipe.config(pass_, o, layer=layer, step=int(step))  # noqa: E731
         try:
