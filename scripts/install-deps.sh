@@ -17,6 +17,7 @@ APT_PACKAGES=(
 # module:pip requirement. PyTorch is pinned to the CPU build this machine kind carries on disk (a plain `torch`
 # would pull a multi-GB CUDA build); nanobind and scikit-build-core build the Python package (pip install .).
 PY_PACKAGES=(numpy ml_dtypes safetensors matplotlib pytest torch:torch==2.13.0 nanobind
+             transformers:transformers==5.24.0
              scikit_build_core:scikit-build-core)
 
 SUDO=""

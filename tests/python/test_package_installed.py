@@ -63,3 +63,15 @@ def test_installed_package_matches_its_cli_and_trains(fp4lab, tmp_path):
         "assert lin.weight.grad is not None and torch.isfinite(lin.weight.grad).all()\n"
         "print(q.codes.tobytes().hex())")
     assert bytes.fromhex(codes) == load_file(out)["x.codes"].tobytes()
+
+
+def test_installed_package_is_typed_and_holds_the_torch_modules(fp4lab):
+    pkg = os.path.dirname(fp4lab)
+    assert os.path.isfile(os.path.join(pkg, "py.typed"))
+    with open(os.path.join(pkg, "_core.pyi")) as f:
+        stub = f.read()
+    assert "class QuantConfig" in stub and "def gemm(" in stub and "def training_seed(" in stub
+    for m in ("recipe", "ops", "linear", "attention", "convert"):
+        assert os.path.isfile(os.path.join(pkg, "torch", m + ".py")), m
+    assert run_installed("import fp4lab.torch as ft, torch; print(torch.ops.fp4lab.gemm.default.name())") == \
+        "fp4lab::gemm"

@@ -1,0 +1,222 @@
+"""fp4lab.torch.Linear: nn.Linear with its three training GEMMs under a recipe, and the SR step and layer key
+it shares with the attention."""
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fp4lab import _core
+
+from .ops import column_sum, qmatmul, take_step
+from .recipe import Recipe, _as_recipe
+
+__all__ = ["Linear", "layer_id_of"]
+
+
+class _LinearFn(torch.autograd.Function):
+    """x · weightᵀ + bias with the three training GEMMs under a recipe. Its arguments besides the tensors are
+    constants (the recipe, the SR layer key, the label of faults) and the eager-mode CUDA buffers, so torch.compile
+    traces it, forward and backward, into one graph."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, step, recipe: Recipe, layer: int, label: str, cache: Optional[dict], owner):
+        x2 = x.reshape(-1, x.shape[-1])
+        y = qmatmul(x2, weight, step, recipe, layer, "fwd_y", label, cache, owner)
+        y = y.to(x.dtype)
+        if bias is not None:
+            y = y + bias.to(x.dtype)
+        ctx.save_for_backward(x, weight, step)
+        ctx.recipe, ctx.layer, ctx.label, ctx.cache, ctx.has_bias = recipe, layer, label, cache, bias is not None
+        ctx.owner = owner
+        return y.reshape(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        if torch.is_grad_enabled():
+            # create_graph=True: the quantised GEMMs have no derivative of their own, and a graph through this
+            # backward would silently lack the quantisers' part.
+            raise RuntimeError(f"{ctx.label}: double backward (create_graph=True) through an fp4lab Linear "
+                               "is not supported")
+        x, weight, step = ctx.saved_tensors
+        recipe, layer, label, cache, owner = ctx.recipe, ctx.layer, ctx.label, ctx.cache, ctx.owner
+        x2 = x.reshape(-1, x.shape[-1])
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            # dgrad: dX = dY · W, reduced over out: A = dY [tokens, out], B = Wᵀ [in, out].
+            dx = qmatmul(dy2, weight.t(), step, recipe, layer, "bwd_dx", label, cache, owner)
+            dx = dx.to(x.dtype).reshape(x.shape)
+        if ctx.needs_input_grad[1]:
+            # wgrad: dW = dYᵀ · X, reduced over tokens: A = dYᵀ [out, tokens], B = Xᵀ [in, tokens].
+            dw = qmatmul(dy2.t(), x2.t(), step, recipe, layer, "bwd_dw", label, cache, owner)
+            dw = dw.to(weight.dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = column_sum(dy2)
+        return dx, dw, db, None, None, None, None, None, None
+
+
+_ID_BITS = 29  # the SR stream of an operand is id·8 + pass·2 + operand, a uint32
+
+
+def layer_id_of(name: str) -> int:
+    """The SR layer key of the layer at qualified name ``name`` within the module ``convert`` was given: the top
+    29 bits of SHA-256 of the UTF-8 name (big-endian), so the same model draws the same bits wherever and however
+    often it is built, and two layers of one model differ unless their names collide."""
+    return int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:4], "big") >> (32 - _ID_BITS)
+
+
+_ROOT_ID = layer_id_of("")  # a layer on its own is the root of its model
+
+
+def _in_backward() -> bool:
+    # A forward run while the autograd engine executes a backward is an activation-checkpoint recomputation
+    # (torch.utils.checkpoint, reentrant or not).
+    return torch._C._current_graph_task_id() != -1
+
+
+def _check_shapes(label: str, recipe: Recipe, layer: int, step: int, tokens: int, in_f: int, out_f: int) -> None:
+    """The backward GEMMs reduce over out and tokens: a shape they cannot take is refused before the forward GEMM
+    runs, not after it."""
+    for p, o, rows, cols in (("bwd_dx", "a", tokens, out_f), ("bwd_dx", "b", in_f, out_f),
+                             ("bwd_dw", "a", out_f, tokens), ("bwd_dw", "b", in_f, tokens)):
+        try:
+            _core.validate(recipe.config(p, o, layer=layer, step=step), rows, cols)
+        except ValueError as e:
+            raise ValueError(f"{label}: {p} operand {o} [{rows}, {cols}]: {e}") from None
+
+
+def _apply(gemm, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+           step: torch.Tensor) -> torch.Tensor:
+    """x · weightᵀ + bias under ``gemm``'s recipe and SR key (an fp4lab Linear, or an attention projection)."""
+    # Under torch.compile the CUDA operands go through the operators rather than the layer's device buffers.
+    # In eager mode the GEMM's own object also goes along, for the numerics monitors and sr_shard.
+    eager = not torch.compiler.is_compiling()
+    args = (step, gemm.recipe, gemm.layer_id, gemm._label(), gemm._qcache if eager else None, gemm if eager else None)
+    dev = x.device.type
+    if torch.is_autocast_enabled(dev):
+        # As F.linear under autocast: the operands are cast to the autocast dtype first (FP32 master weights
+        # reach the quantiser as the BF16 copy autocast would give cuBLAS), and the output has that dtype.
+        dt = torch.get_autocast_dtype(dev)
+        x, weight = x.to(dt), weight.to(dt)
+        bias = None if bias is None else bias.to(dt)
+        with torch.autocast(dev, enabled=False):
+            return _LinearFn.apply(x, weight, bias, *args)
+    return _LinearFn.apply(x, weight, bias, *args)
+
+
+class _Stepped(nn.Module):
+    """The SR step of a module that runs GEMMs under a recipe: advanced by every forward in training mode that
+    records a graph, repeated by an activation-checkpoint recomputation, and saved in the state dict."""
+
+    def _init_step(self, recipe: Any) -> None:
+        self.recipe = _as_recipe(recipe)
+        self.name: Optional[str] = None  # the qualified name convert found it at (error messages)
+        # The step lives in a 0-d CPU tensor, which a compiled graph reads and advances in place: a Python int
+        # would be a constant of the graph, and each new step a recompilation. Not a buffer, so it stays on the
+        # CPU when the model moves (reading it costs no device synchronisation); the state dict carries it as
+        # _extra_state.
+        self._step = torch.zeros((), dtype=torch.int64)
+        # The step of the last forward outside a backward (a recomputation repeats it), and whether it advanced.
+        self._last_step, self._last_advanced = 0, False
+
+    @property
+    def step(self) -> int:
+        """The training step: the SR step key of the next forward."""
+        return int(self._step)
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self._step.fill_(int(value))
+
+    def _take_step(self, records: bool) -> Tuple[torch.Tensor, bool]:
+        """The step this forward quantises with (a 0-d int64 tensor), and whether it is a forward outside a backward
+        that records a graph (whose shapes are checked)."""
+        if torch.compiler.is_compiling():
+            # In a compiled graph: no activation-checkpoint bookkeeping, and the backward GEMMs' shapes are
+            # checked where they run.
+            return take_step(self._step, records and self.training), False
+        if _in_backward():
+            # A recomputation repeats the last forward's step. Reentrant checkpointing ran that forward without a
+            # graph, so this is the forward whose graph trains: the step advances now, once.
+            step = self._last_step
+            if records and self.training and not self._last_advanced:
+                self.step, self._last_advanced = step + 1, True
+            return torch.tensor(step, dtype=torch.int64), False
+        step = self._last_step = self.step
+        self._last_advanced = records and self.training
+        if self._last_advanced:
+            self.step += 1
+        return torch.tensor(step, dtype=torch.int64), records
+
+    def __setstate__(self, state):
+        if "_step" not in state:  # pickled when the step was a Python int
+            state["_step"] = torch.tensor(state.pop("step", 0), dtype=torch.int64)
+        super().__setstate__(state)
+
+    # The SR step travels in the state dict, so a resumed run continues with the keys it stopped at.
+    def get_extra_state(self) -> torch.Tensor:
+        return torch.tensor(self.step, dtype=torch.int64)
+
+    def set_extra_state(self, state) -> None:
+        self.step = self._last_step = int(state)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        # A checkpoint of the torch module, or from before the step was saved, has no step: it loads (strict or
+        # not) and leaves the step as it is.
+        key = prefix + "_extra_state"
+        if key not in state_dict and key in missing_keys:
+            missing_keys.remove(key)
+
+
+class Linear(_Stepped, nn.Linear):
+    """``nn.Linear`` whose three training GEMMs run under an fp4lab recipe. Same parameters as ``nn.Linear``;
+    the state dict adds ``_extra_state``, the SR step (a 0-d int64 tensor). ``recipe="bf16"`` is plain
+    ``F.linear``. ``layer_id`` keys stochastic rounding: without one it is ``layer_id_of("")`` until ``convert``
+    names the layer by its qualified name. ``step`` is the training step, advanced by every forward in training
+    mode that records a graph (``set_step`` sets it for a whole model); a forward recomputed by activation
+    checkpointing reuses the step of the forward it repeats."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, recipe: Any = "ufp4",
+                 layer_id: Optional[int] = None, device=None, dtype=None):
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        self._init_step(recipe)
+        self._id_given = layer_id is not None
+        self.layer_id = _ROOT_ID if layer_id is None else int(layer_id)
+        self._qcache: dict = {}
+
+    @classmethod
+    def from_linear(cls, lin: nn.Linear, recipe: Any, layer_id: Optional[int] = None) -> "Linear":
+        """A Linear sharing ``lin``'s parameters (the same Parameter objects, so optimizers see no change)."""
+        new = cls(lin.in_features, lin.out_features, lin.bias is not None, recipe=recipe, layer_id=layer_id,
+                  device="meta")
+        new.weight = lin.weight
+        new.bias = lin.bias
+        new.train(lin.training)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.recipe.passthrough:
+            return F.linear(x, self.weight, self.bias)
+        step, check = self._take_step(torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
+        if check:
+            _check_shapes(self._label(), self.recipe, self.layer_id, int(step), x.numel() // x.shape[-1],
+                          self.in_features, self.out_features)
+        return _apply(self, x, self.weight, self.bias, step)
+
+    def _label(self) -> str:
+        return self.name if self.name else f"Linear({self.in_features}, {self.out_features})"
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["_qcache"] = {}  # device buffers of the last step: scratch, not state
+        return state
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, recipe={self.recipe.name}, mode={self.recipe.mode}, layer_id={self.layer_id}"

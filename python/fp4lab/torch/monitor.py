@@ -1,0 +1,160 @@
+"""Numerics monitor: on every N-th training step, per quantised GEMM of a model's fp4lab layers, the SQNR, amax,
+flush-to-zero and saturation of each quantised operand and the SQNR of the GEMM's output against the unquantised
+product, one JSON object per line (and TensorBoard scalars when tensorboard is importable).
+
+    with ft.monitor(model, every=100, out="numerics.jsonl"):
+        train(model)
+
+The layers call the monitor with the operands they have just quantised (``fp4lab.torch.ops.observers``); an
+unsampled step costs one modulo per GEMM, a sampled step recomputes the dequantised operands and an FP64
+reference product on the CPU."""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Dict, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from fp4lab import _core
+
+from . import ops as _ops
+from .attention import MultiheadAttention
+from .linear import Linear, _in_backward
+
+__all__ = ["monitor", "Monitor", "operand_stats"]
+
+_max_code_cache: Dict[str, np.ndarray] = {}
+
+
+def _saturating_codes(fmt: str) -> np.ndarray:
+    """A 16-entry table: True for the codes at the grid's largest magnitude."""
+    t = _max_code_cache.get(fmt)
+    if t is None:
+        mags = np.abs(np.asarray(_core.decode_table(fmt), dtype=np.float64))
+        t = _max_code_cache[fmt] = np.zeros(16, dtype=bool)
+        t[:len(mags)] = mags == mags.max()
+    return t
+
+
+def _sqnr_db(ref: np.ndarray, x: np.ndarray) -> float:
+    """10·log10(Σref² / Σ(ref − x)²) in FP64; +inf when x equals ref, nan for an all-zero ref."""
+    ref = ref.astype(np.float64, copy=False)
+    sig = float(np.sum(ref * ref))
+    noise = float(np.sum((ref - x.astype(np.float64, copy=False)) ** 2))
+    if noise == 0.0:
+        return math.inf if sig > 0.0 else math.nan
+    return 10.0 * math.log10(sig / noise) if sig > 0.0 else -math.inf
+
+
+def _host(q):
+    return q.to_host() if isinstance(q, _ops.QTensorCUDA) else q
+
+
+def operand_stats(x: torch.Tensor, q, cfg) -> Dict[str, float]:
+    """The statistics of one quantised operand ``q`` (of ``x`` under ``cfg``): SQNR (dB) of the dequantised operand
+    against the input as the quantiser saw it (after the RHT, which keeps the energy, where the recipe rotates),
+    the input's amax, the fraction of nonzero inputs flushed to zero and the fraction of elements at the grid's
+    largest magnitude."""
+    q = _host(q)
+    # A copy: numpy() on the operand itself would mark a parameter's storage as not resizable (FSDP2 resizes it).
+    xf = x.detach().to("cpu", torch.float32, memory_format=torch.contiguous_format, copy=True).numpy()
+    ref = np.asarray(_core.rotate(xf, cfg)).reshape(xf.shape)
+    dq = np.asarray(q.dequantize())
+    codes = np.asarray(q.codes)
+    n = ref.size
+    return {
+        "sqnr_db": _sqnr_db(ref, dq),
+        "amax": float(np.max(np.abs(xf))) if n else 0.0,
+        "frac_zero": float(np.count_nonzero((dq == 0) & (ref != 0))) / n,
+        "frac_sat": float(np.count_nonzero(_saturating_codes(q.format)[codes & 15])) / n,
+    }
+
+
+def _json_float(v: float) -> Any:
+    # JSON has no inf/nan; strings keep the line valid and the value readable.
+    return v if math.isfinite(v) else str(v)
+
+
+class Monitor:
+    """The handle ``monitor`` returns: ``close()`` (or leaving its ``with`` block) stops recording and closes the
+    files. ``records`` counts the lines written."""
+
+    def __init__(self, model: nn.Module, every: int, out: str, tensorboard: Optional[str] = None):
+        if not isinstance(every, int) or every < 1:
+            raise ValueError(f"monitor(): every must be a positive int, not {every!r}")
+        self.every = every
+        self.out = str(out)
+        self.records = 0
+        # The GEMMs this monitor watches: the model's fp4lab Linears and attention in-projections, by name.
+        self._names: Dict[int, str] = {}
+        for name, m in model.named_modules():
+            if isinstance(m, Linear):
+                self._names[id(m)] = m.name or name or m._label()
+            if isinstance(m, MultiheadAttention):
+                for p in m._projections:
+                    self._names[id(p)] = p._label()
+        self._file = open(self.out, "w", encoding="utf-8")
+        self._tb = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+            self._tb = SummaryWriter(log_dir=tensorboard or self.out + ".tb")
+        except ImportError:  # tensorboard is optional: the JSONL is the record
+            pass
+        _ops.observers.append(self._observe)
+
+    def _observe(self, layer, step: int, pass_: str, a, b, qa, qb, y, cfg) -> None:
+        if step % self.every:
+            return
+        name = self._names.get(id(layer))
+        if name is None:
+            return
+        if not getattr(layer, "owner", layer).training:
+            return  # an evaluation forward: it repeats the step it is at, and is no training step
+        if pass_ == "fwd_y" and _in_backward():
+            return  # an activation-checkpoint recomputation repeats the forward already recorded
+        ref = a.detach().to("cpu", torch.float64) @ b.detach().to("cpu", torch.float64).t()
+        gemm_sqnr = _sqnr_db(ref.numpy(), y.detach().to("cpu", torch.float64).numpy())
+        for op, x, q in (("a", a, qa), ("b", b, qb)):
+            rec = {"step": int(step), "layer": name, "pass": pass_, "operand": op, "shape": list(x.shape),
+                   "label": cfg(pass_, op).label}
+            st = operand_stats(x, q, cfg(pass_, op))
+            st["gemm_sqnr_db"] = gemm_sqnr
+            rec.update({k: _json_float(v) for k, v in st.items()})
+            self._file.write(json.dumps(rec) + "\n")
+            self.records += 1
+            if self._tb is not None:
+                for k, v in st.items():
+                    if math.isfinite(v):
+                        self._tb.add_scalar(f"{name}/{pass_}/{op}/{k}", v, int(step))
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._observe in _ops.observers:
+            _ops.observers.remove(self._observe)
+        if not self._file.closed:
+            self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+    def __enter__(self) -> "Monitor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def monitor(model: nn.Module, every: int = 100, out: str = "fp4lab_monitor.jsonl",
+            tensorboard: Optional[str] = None) -> Monitor:
+    """Records the numerics of ``model``'s quantised GEMMs on every ``every``-th training step (the layers' SR
+    step: steps 0, every, 2·every, …) to the JSONL file ``out``, one object per (step, layer, pass, operand):
+    ``step``, ``layer`` (qualified name), ``pass`` (fwd_y, bwd_dx, bwd_dw), ``operand`` (a, b), ``shape``,
+    ``label`` (the quantiser's settings), ``sqnr_db``, ``amax``, ``frac_zero``, ``frac_sat`` and
+    ``gemm_sqnr_db`` (the pass's output against the FP64 product of the unquantised operands; the same for a and
+    b). Forwards in eval mode and activation-checkpoint recomputations are not recorded. Also to TensorBoard
+    (``tensorboard`` or ``out + ".tb"``) when it is importable. Layers under the bf16 recipe quantise nothing and
+    record nothing. Returns a ``Monitor``: call ``close()`` or use it as a context manager."""
+    return Monitor(model, every, out, tensorboard)

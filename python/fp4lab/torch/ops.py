@@ -1,0 +1,329 @@
+"""The quantiser, the contract GEMM and the dequantiser on torch tensors: the golden model on CPU tensors, the
+CUDA kernels on CUDA tensors; and the same as torch.library operators (``torch.ops.fp4lab.quantize``, ``gemm``,
+``dequantize``, with ``take_step`` and ``column_sum``), through which the training path runs so that
+torch.compile traces it."""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+import torch
+
+import fp4lab as _fp
+from fp4lab import _core
+
+from .recipe import Recipe, recipe_of_key
+
+__all__ = ["quantize", "gemm", "product", "dequantize", "QTensorCUDA", "check_finite"]
+
+
+# ---- operations on tensors ------------------------------------------------------------------------------------
+
+class QTensorCUDA:
+    """A quantised operand on the GPU: the kernels' device layout (two codes per byte, element 2i in the low
+    nibble), with torch views of its buffers (``packed_codes``, ``scales``, ``global_scale``)."""
+
+    def __init__(self, handle=None):
+        self._h = handle if handle is not None else _core.CudaQTensor()
+
+    @property
+    def shape(self) -> Tuple[int, int]:
+        return (self._h.rows, self._h.cols)
+
+    def __getattr__(self, name):
+        return getattr(self._h, name)
+
+    def to_host(self) -> "_core.QTensor":
+        """The golden layout (one code per byte) on the host, for a bit-for-bit comparison."""
+        torch.cuda.current_stream().synchronize()
+        return self._h.to_host()
+
+
+_flags: Dict[int, torch.Tensor] = {}
+
+
+def _nonfinite_flag(device: torch.device) -> torch.Tensor:
+    i = device.index if device.index is not None else torch.cuda.current_device()
+    if i not in _flags:
+        _flags[i] = torch.zeros(1, dtype=torch.int32, device=device)
+    return _flags[i]
+
+
+def check_finite() -> None:
+    """Raises ValueError when a CUDA operand quantised with check_finite='deferred' held NaN or Inf since the last
+    call (one synchronisation; a training loop calls it once a step), and clears the flag."""
+    for i, f in _flags.items():
+        if int(f.item()):
+            f.zero_()
+            raise ValueError(f"cuda:{i}: an input tensor of a quantised GEMM held NaN or Inf "
+                             "(4-bit grids have no such codes)")
+
+
+def _stream() -> int:
+    return torch.cuda.current_stream().cuda_stream
+
+
+@_fp._one_line_errors
+def quantize(x: torch.Tensor, cfg: Any = None, *, out: Optional[QTensorCUDA] = None, rht_path: str = "fused",
+             check_finite: str = "sync", **knobs):
+    """Quantise a 2-D tensor along its last dimension. ``cfg`` is a QuantConfig (``fp4lab.config``) or a recipe
+    name with ``knobs`` as in ``fp4lab.quantize``. A CPU tensor goes through the golden model and gives an
+    ``fp4lab.QTensor``; a CUDA tensor through the CUDA kernels (fused or unfused RHT) and gives a QTensorCUDA."""
+    if not isinstance(cfg, (_core.QuantConfig, str, type(None))):
+        raise TypeError(f"quantize(): cfg must be a QuantConfig or a recipe name, not {type(cfg).__name__}")
+    if not isinstance(cfg, _core.QuantConfig):
+        cfg = _fp.config(cfg, **knobs)
+    elif knobs:
+        raise TypeError("give a QuantConfig or knobs, not both")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"quantize(): x must be a torch.Tensor, not {type(x).__name__}")
+    if x.dim() != 2:
+        raise ValueError(f"quantize(): x must be 2-D [rows, K], got shape {list(x.shape)}")
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"quantize(): x must be float32, bfloat16 or float16, not {x.dtype}")
+    x = x.detach()
+    if x.is_cuda and x.dtype == torch.bfloat16:
+        x = x.contiguous()  # the kernels widen BF16 to FP32 as they load it (exactly)
+    else:
+        # One copy at most: FP16/BF16 widen exactly to FP32, and a transposed view is laid out row-major.
+        x = x.to(torch.float32, memory_format=torch.contiguous_format).contiguous()
+    if x.is_cuda:
+        if not _core.cuda_built:
+            raise RuntimeError("this fp4lab was built without CUDA")
+        q = out if out is not None else QTensorCUDA()
+        flag = _nonfinite_flag(x.device) if check_finite == "deferred" else None
+        with torch.cuda.device(x.device):
+            _core.cuda_quantize(x, cfg, q._h, _stream(), rht_path, check_finite == "sync", flag)
+        return q
+    if x.device.type != "cpu":
+        raise ValueError(f"quantize(): tensors on {x.device.type} are not supported (CPU and CUDA are)")
+    # The tensor itself (DLPack), not x.numpy(): that marks the storage, which may be a parameter's, as not
+    # resizable, and FSDP2 frees an unsharded parameter by resizing its storage to 0.
+    return _core.quantize_f32(x, cfg)
+
+
+@_fp._one_line_errors
+def dequantize(q) -> torch.Tensor:
+    """FP32 values of a quantised operand: (grid value · block scale) · global scale, in that FP32 order."""
+    return _dequantize(q, torch.float32)
+
+
+def _dequantize(q, dtype: torch.dtype) -> torch.Tensor:
+    if isinstance(q, QTensorCUDA):
+        out = torch.empty(q.shape, dtype=dtype, device=q.packed_codes.device)
+        with torch.cuda.device(out.device):
+            _core.cuda_dequantize(q._h, out, _stream())
+        return out
+    return torch.from_numpy(q.dequantize()).to(dtype)
+
+
+@_fp._one_line_errors
+def gemm(qa, qb, *, kernel: str = "fast") -> torch.Tensor:
+    """C = A · Bᵀ, FP32 [M, N], under the datapath contract: the golden model for host operands, the CUDA
+    kernels for device operands (``kernel`` "fast": int8 tensor cores; "reference": one thread per output)."""
+    if isinstance(qa, QTensorCUDA) and isinstance(qb, QTensorCUDA):
+        dev = qa.packed_codes.device
+        c = torch.empty((qa.rows, qb.rows), dtype=torch.float32, device=dev)
+        with torch.cuda.device(dev):
+            _core.cuda_gemm(qa._h, qb._h, c, _stream(), kernel)
+        return c
+    if isinstance(qa, _core.QTensor) and isinstance(qb, _core.QTensor):
+        return torch.from_numpy(_core.gemm(qa, qb))
+    raise TypeError("gemm(): both operands must come from fp4lab.torch.quantize on the same kind of device")
+
+
+# ---- the training layer -------------------------------------------------------------------------------------
+
+@_fp._one_line_errors
+def product(qa, qb, mode: str = "exact") -> torch.Tensor:
+    """A · Bᵀ of two quantised operands in a GEMM mode: "exact" is ``gemm`` (the datapath contract, FP32);
+    "fast" multiplies the dequantised operands with torch's matmul: cuBLAS on BF16 values with FP32 accumulation
+    and a BF16 product on CUDA, FP32 on the CPU."""
+    if mode == "exact":
+        return gemm(qa, qb)
+    if mode != "fast":
+        raise ValueError(f"mode must be 'exact' or 'fast', not {mode!r}")
+    if isinstance(qa, QTensorCUDA):
+        return torch.matmul(_dequantize(qa, torch.bfloat16), _dequantize(qb, torch.bfloat16).t())
+    return torch.matmul(dequantize(qa), dequantize(qb).t())
+
+
+# ---- torch.library operators ----------------------------------------------------------------------------------
+# The training path runs through these, so torch.compile traces a converted model's step without a graph break. A
+# quantised operand is three tensors in the golden layout: codes [rows, K] uint8 (one per byte), decoded block
+# scales [rows, K / block] float32 and the global scale, a 0-d float32. The recipe travels as its key (a string
+# constant of the graph) and the SR step as a 0-d int64 tensor, read inside the operator, so a new step is new
+# data for the same graph rather than a new graph.
+
+def _config(recipe: str, step: torch.Tensor, layer: int, pass_: str, operand: str) -> "_core.QuantConfig":
+    return recipe_of_key(recipe).config(pass_, operand, layer=layer, step=int(step))
+
+
+def _qtensor(codes: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor, recipe: str, pass_: str,
+             operand: str) -> "_core.QTensor":
+    """The golden QTensor of an operand's three tensors; its grid, scale and block are the recipe's (the same at
+    every step and layer)."""
+    c = recipe_of_key(recipe).config(pass_, operand, layer=0, step=0).to_dict()
+    return _core.make_qtensor(c["format"], c["scale"], c["block"], c["tile2d"], codes.cpu().numpy(),
+                              scales.cpu().numpy(), float(global_scale))
+
+
+def _operand_tensors(q, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (torch.from_numpy(np.array(q.codes)).to(device), torch.from_numpy(np.array(q.scales)).to(device),
+            torch.tensor(q.global_scale, dtype=torch.float32, device=device))
+
+
+@torch.library.custom_op("fp4lab::quantize", mutates_args=(), device_types="cpu")
+def quantize_op(x: torch.Tensor, step: torch.Tensor, recipe: str, layer: int, pass_: str, operand: str,
+                label: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Operand ``operand`` of pass ``pass_`` of a training GEMM, quantised along its last dimension under
+    ``recipe`` with the SR key (seed, ``step``, ``layer``): (codes, scales, global scale). A fault names ``label``,
+    the pass, the operand and its shape."""
+    try:
+        q = quantize(x, _config(recipe, step, layer, pass_, operand))
+    except ValueError as e:
+        raise ValueError(f"{label}: {pass_} operand {operand} {list(x.shape)}: {e}") from None
+    return _operand_tensors(q, x.device)
+
+
+@quantize_op.register_kernel("cuda")
+def _quantize_cuda(x, step, recipe, layer, pass_, operand, label):
+    # The CUDA kernels quantise; the operand comes back in the golden layout, as the operators carry it.
+    try:
+        q = quantize(x, _config(recipe, step, layer, pass_, operand),
+                     check_finite=recipe_of_key(recipe).check_finite).to_host()
+    except ValueError as e:
+        raise ValueError(f"{label}: {pass_} operand {operand} {list(x.shape)}: {e}") from None
+    return _operand_tensors(q, x.device)
+
+
+@quantize_op.register_fake
+def _(x, step, recipe, layer, pass_, operand, label):
+    block = recipe_of_key(recipe).config(pass_, operand, layer=0, step=0).to_dict()["block"]
+    return (x.new_empty(x.shape, dtype=torch.uint8), x.new_empty((x.shape[0], x.shape[1] // block),
+            dtype=torch.float32), x.new_empty((), dtype=torch.float32))
+
+
+@torch.library.custom_op("fp4lab::gemm", mutates_args=(), device_types=("cpu", "cuda"))
+def gemm_op(codes_a: torch.Tensor, scales_a: torch.Tensor, global_a: torch.Tensor, codes_b: torch.Tensor,
+            scales_b: torch.Tensor, global_b: torch.Tensor, recipe: str, pass_: str) -> torch.Tensor:
+    """C = A · Bᵀ, FP32 [M, N], of two operands of pass ``pass_`` from ``fp4lab::quantize``, under the datapath
+    contract (the golden model; on CUDA tensors too, on host copies)."""
+    qa = _qtensor(codes_a, scales_a, global_a, recipe, pass_, "a")
+    qb = _qtensor(codes_b, scales_b, global_b, recipe, pass_, "b")
+    return torch.from_numpy(_core.gemm(qa, qb)).to(codes_a.device)
+
+
+@gemm_op.register_fake
+def _(codes_a, scales_a, global_a, codes_b, scales_b, global_b, recipe, pass_):
+    return codes_a.new_empty((codes_a.shape[0], codes_b.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("fp4lab::dequantize", mutates_args=(), device_types=("cpu", "cuda"))
+def dequantize_op(codes: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor, recipe: str, pass_: str,
+                  operand: str) -> torch.Tensor:
+    """FP32 values of an operand from ``fp4lab::quantize``: (grid value · block scale) · global scale."""
+    q = _qtensor(codes, scales, global_scale, recipe, pass_, operand)
+    return torch.from_numpy(q.dequantize()).to(codes.device)
+
+
+@dequantize_op.register_fake
+def _(codes, scales, global_scale, recipe, pass_, operand):
+    return codes.new_empty(codes.shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("fp4lab::take_step", mutates_args=("counter",))
+def take_step(counter: torch.Tensor, advance: bool) -> torch.Tensor:
+    """The SR step a forward quantises with (a copy of the 0-d ``counter``), the counter advanced past it when
+    ``advance``. An operator rather than clone() and add_(): a compiled graph may otherwise hand the backward the
+    counter itself, already advanced, in place of the copy."""
+    step = counter.clone()
+    if advance:
+        counter.add_(1)
+    return step
+
+
+@take_step.register_fake
+def _(counter, advance):
+    return torch.empty_like(counter)
+
+
+@torch.library.custom_op("fp4lab::column_sum", mutates_args=())
+def column_sum(dy: torch.Tensor) -> torch.Tensor:
+    """dy.sum(0), the bias gradient, as eager torch adds it up: a compiled graph would choose its own order of
+    additions, and the gradient would differ from eager's in its last bits. (Row-major first: the order of
+    torch's own sum follows the layout, which a compiled graph may choose too.)"""
+    return dy.contiguous().sum(0)
+
+
+@column_sum.register_fake
+def _(dy):
+    return dy.new_empty(dy.shape[1:])
+
+
+def _quantize_operand(x: torch.Tensor, cfg, pass_: str, operand: str, recipe: Recipe, cache: dict):
+    """One operand of a training GEMM on CUDA in eager mode, through the kernels' device buffers of the layer, reused
+    from step to step; a fault names the pass, the operand and its shape."""
+    try:
+        return quantize(x, cfg, out=cache.setdefault(f"{pass_}.{operand}", QTensorCUDA()),
+                        check_finite=recipe.check_finite)
+    except ValueError as e:
+        raise ValueError(f"{pass_} operand {operand} {list(x.shape)}: {e}") from None
+
+
+# Numerics monitors (fp4lab.torch.monitor), called in eager mode with each GEMM's module and operands; empty, they
+# cost one test per GEMM.
+observers: list = []
+
+
+def _qmatmul_observed(a, b, step, recipe: Recipe, layer: int, pass_: str, label: str, cache, owner, shard):
+    """qmatmul in eager mode with the operands in hand: for the monitors, and for a sharded layer's operands."""
+    cfg = lambda p, o: recipe.config(p, o, layer=layer, step=int(step))  # noqa: E731
+
+    def quant(x, c, p, o):
+        if cache is not None and x.is_cuda:
+            return _quantize_operand(x, c, p, o, recipe, cache)  # names the pass, operand and shape
+        try:
+            return quantize(x, c)
+        except ValueError as e:
+            raise ValueError(f"{p} operand {o} {list(x.shape)}: {e}") from None
+
+    if shard is not None:
+        from .distributed import _quantizer
+        quant = _quantizer(shard, quant)
+    try:
+        qa, qb = quant(a, cfg(pass_, "a"), pass_, "a"), quant(b, cfg(pass_, "b"), pass_, "b")
+    except ValueError as e:
+        raise ValueError(f"{label}: {e}") from None
+    y = product(qa, qb, recipe.mode)
+    for obs in observers:
+        obs(owner, int(step), pass_, a, b, qa, qb, y, cfg)
+    return y
+
+
+def qmatmul(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: Recipe, layer: int, pass_: str,
+            label: str, cache: Optional[dict] = None, owner: Any = None) -> torch.Tensor:
+    """A [M, K] · B [N, K]ᵀ, both operands quantised along K under the recipe's settings for ``pass_`` with the SR
+    key (seed, ``step``, ``layer``), in the recipe's mode, through the fp4lab operators. ``cache`` (eager mode) lets
+    CUDA operands go through the kernels' device buffers instead."""
+    shard = getattr(owner, "_sr_shard", None)  # fp4lab.torch.sr_shard: a micro-batch of a global batch
+    if owner is not None and (observers or shard is not None):
+        return _qmatmul_observed(a, b, step, recipe, layer, pass_, label, cache, owner, shard)
+    if cache is not None and a.is_cuda:
+        cfg = lambda o: recipe.config(pass_, o, layer=layer, step=int(step))  # noqa: E731
+        try:
+            qa = _quantize_operand(a, cfg("a"), pass_, "a", recipe, cache)
+            qb = _quantize_operand(b, cfg("b"), pass_, "b", recipe, cache)
+        except ValueError as e:
+            raise ValueError(f"{label}: {e}") from None
+        return product(qa, qb, recipe.mode)
+    key = recipe.key
+    qa = torch.ops.fp4lab.quantize(a, step, key, layer, pass_, "a", label)
+    qb = torch.ops.fp4lab.quantize(b, step, key, layer, pass_, "b", label)
+    if recipe.mode == "exact":
+        return torch.ops.fp4lab.gemm(*qa, *qb, key, pass_)
+    da = torch.ops.fp4lab.dequantize(*qa, key, pass_, "a")
+    db = torch.ops.fp4lab.dequantize(*qb, key, pass_, "b")
+    if a.is_cuda:  # as product(): cuBLAS on BF16 values on CUDA
+        da, db = da.to(torch.bfloat16), db.to(torch.bfloat16)
+    return torch.matmul(da, db.t())

@@ -1,0 +1,141 @@
+"""Recipe: which quantiser settings each operand of each training GEMM of a linear layer takes."""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+import fp4lab as _fp
+from fp4lab import _core
+
+__all__ = ["Recipe", "RECIPES"]
+
+# bf16 is the passthrough recipe (plain F.linear); the others are the presets of docs/spec.md §2.
+RECIPES = ("bf16",) + tuple(_core.recipe_names())
+_PASSES = ("fwd_y", "bwd_dx", "bwd_dw")
+
+
+class Recipe:
+    """A training recipe: a preset name (or "bf16") plus any knob set on top, a GEMM mode and an SR seed.
+
+    ``Recipe("ufp4")``, ``Recipe("e2m1-ref", mode="fast")``, ``Recipe(format="e1m2", rht=16)`` (knobs alone, on
+    the defaults e1m2 / block 16 / fp32 scale / no RHT / RTNE). Knobs apply to every operand of every pass, as on
+    the command line; ``per_pass={"fwd_y": {"rht": 0}}`` and ``per_operand={("bwd_dx", "a"): {...}}`` narrow them.
+
+    Immutable, compared and hashed by value; ``repr`` is the call that builds it, and copies, pickles and
+    ``torch.save`` carry only that call (the C++ settings are rebuilt on demand). ``key`` is that repr: the
+    torch.library operators (``fp4lab.torch.ops``) name the recipe by it.
+    """
+
+    def __init__(self, name: Optional[str] = None, *, mode: str = "exact", seed: int = 0,
+                 per_pass: Optional[Dict[str, Dict[str, Any]]] = None,
+                 per_operand: Optional[Dict[Tuple[str, str], Dict[str, Any]]] = None,
+                 check_finite: str = "sync", **knobs):
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"Recipe(): name must be a str or None, not {type(name).__name__}")
+        if mode not in ("exact", "fast"):
+            raise ValueError(f"mode must be 'exact' or 'fast', not {mode!r}")
+        if check_finite not in ("sync", "deferred"):
+            raise ValueError(f"check_finite must be 'sync' or 'deferred', not {check_finite!r}")
+        if name is not None and name not in RECIPES:
+            raise ValueError(f"unknown recipe '{name}' (known: {', '.join(RECIPES)})")
+        if name == "bf16" and (knobs or per_pass or per_operand):
+            raise ValueError("the bf16 recipe is plain BF16 and takes no knobs")
+        for p in (per_pass or {}):
+            if p not in _PASSES:
+                raise ValueError(f"unknown pass '{p}' (known: {', '.join(_PASSES)})")
+        for p, o in (per_operand or {}):
+            if p not in _PASSES or o not in ("a", "b"):
+                raise ValueError(f"per_operand keys are (pass, 'a'|'b'), not {(p, o)!r}")
+        # The arguments, as given: repr, equality, hashing and pickling all use them.
+        args: Dict[str, Any] = {"mode": mode, "seed": int(seed)}
+        if per_pass:
+            args["per_pass"] = {p: dict(v) for p, v in per_pass.items()}
+        if per_operand:
+            args["per_operand"] = {tuple(k): dict(v) for k, v in per_operand.items()}
+        if check_finite != "sync":
+            args["check_finite"] = check_finite
+        args.update(knobs)
+        set_ = object.__setattr__
+        set_(self, "_name_arg", name)
+        set_(self, "_args", args)
+        set_(self, "name", name or "custom")
+        set_(self, "mode", mode)
+        set_(self, "seed", int(seed))
+        set_(self, "check_finite", check_finite)
+        set_(self, "passthrough", name == "bf16")
+        kn: Dict[Tuple[str, str], dict] = {}
+        for p in _PASSES:
+            for o in ("a", "b"):
+                k = dict(knobs)
+                k.update((per_pass or {}).get(p, {}))
+                k.update((per_operand or {}).get((p, o), {}))
+                for bad in ("seed", "stream", "pass_", "role"):
+                    if bad in k:
+                        raise ValueError(f"{bad} is set by the training step, not by the recipe")
+                kn[(p, o)] = _fp._knobs("Recipe", None if self.passthrough else name, None, None, k)
+        set_(self, "_knobs", kn)
+        set_(self, "_configs", {})
+        set_(self, "key", repr(self))
+        _by_key.setdefault(self.key, self)
+        if not self.passthrough:
+            for p in _PASSES:  # resolve once now, so a bad knob fails here and not in the first backward
+                for o in ("a", "b"):
+                    self.config(p, o, layer=0, step=0)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"fp4lab.torch.Recipe is immutable (make another Recipe rather than setting {name})")
+
+    def config(self, pass_: str, operand: str, *, layer: int, step: int) -> "_core.QuantConfig":
+        """The QuantConfig of one operand of one pass at a training step, SR keyed by (seed, step, layer)."""
+        key = (pass_, operand, layer, step)
+        c = self._configs.get(key)
+        if c is None:
+            if len(self._configs) > 4096:  # one step's worth for a large model; older steps are not asked again
+                self._configs.clear()
+            k = dict(self._knobs[(pass_, operand)])
+            k["seed"] = str(_core.training_seed(self.seed, step))
+            k["stream"] = str(layer)
+            c = self._configs[key] = _core.operand_config(k, pass_, operand)
+        return c
+
+    def __repr__(self) -> str:
+        if "key" in self.__dict__:
+            return self.key
+        args = [repr(self._name_arg)] if self._name_arg is not None else []
+        args += [f"{k}={v!r}" for k, v in self._args.items()]
+        return f"fp4lab.torch.Recipe({', '.join(args)})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Recipe) and repr(self) == repr(other)
+
+    def __hash__(self) -> int:
+        return hash(repr(self))
+
+    def __reduce__(self):
+        return (_recipe_from_args, (self._name_arg, self._args))
+
+    # Immutable: a copy is the object itself (a model and its deep copy share their recipe).
+    def __copy__(self) -> "Recipe":
+        return self
+
+    def __deepcopy__(self, memo) -> "Recipe":
+        return self
+
+
+# Every Recipe by its key (its repr): the torch.library operators take the recipe as this string, a constant that
+# torch.compile can put in a graph.
+_by_key: Dict[str, Recipe] = {}
+
+
+def recipe_of_key(key: str) -> Recipe:
+    r = _by_key.get(key)
+    if r is None:
+        raise ValueError(f"no fp4lab.torch.Recipe has the key {key!r} in this process")
+    return r
+
+
+def _recipe_from_args(name: Optional[str], args: Dict[str, Any]) -> Recipe:
+    return Recipe(name, **args)
+
+
+def _as_recipe(recipe: Any) -> Recipe:
+    return recipe if isinstance(recipe, Recipe) else Recipe(recipe)
