@@ -75,6 +75,16 @@ def _shape_fault(lin: nn.Linear, r: Recipe) -> Optional[str]:
     return None
 
 
+def _set_recipe(report, name: str, kind: str, mod, r: Recipe) -> bool:
+    """An already converted module under recipe ``r``: reported unchanged, or given ``r``; True when it changed."""
+    if mod.recipe == r:
+        report.append(ConvertEntry(name, kind, "unchanged", f"already under {r!r}"))
+        return False
+    report.append(ConvertEntry(name, kind, "recipe changed", f"was {mod.recipe!r}, now {r!r}"))
+    mod.recipe = r
+    return True
+
+
 def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exclude: Optional[str] = None) -> nn.Module:
     """Swaps, in place, every ``nn.Linear`` of ``model`` whose qualified name matches ``include`` (a regex searched
     in the name; default all) and not ``exclude`` for an fp4lab ``Linear`` under ``recipe``, sharing its parameters
@@ -129,11 +139,7 @@ def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exc
                 attention[id(mod.out_proj)] = f"{_MHA_OUT_REASON}, and {ns[0] or '(root)'} is left"
                 continue
             if isinstance(mod, MultiheadAttention):
-                if mod.recipe == r:
-                    report.append(ConvertEntry(ns[0], kind, "unchanged", f"already under {r!r}"))
-                else:
-                    report.append(ConvertEntry(ns[0], kind, "recipe changed", f"was {mod.recipe!r}, now {r!r}"))
-                    mod.recipe = r
+                _set_recipe(report, ns[0], kind, mod, r)
                 new = mod
             else:
                 new = MultiheadAttention.from_mha(mod, r)
@@ -164,11 +170,7 @@ def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exc
             report.append(ConvertEntry(ns[0], kind, "left", fault))
             continue
         if isinstance(mod, Linear):
-            if mod.recipe == r:
-                report.append(ConvertEntry(ns[0], kind, "unchanged", f"already under {r!r}"))
-            else:
-                report.append(ConvertEntry(ns[0], kind, "recipe changed", f"was {mod.recipe!r}, now {r!r}"))
-                mod.recipe = r
+            if _set_recipe(report, ns[0], kind, mod, r):
                 mod._qcache.clear()
             if mod._id_given:
                 continue
