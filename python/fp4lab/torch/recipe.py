@@ -28,7 +28,7 @@ class Recipe:
     def __init__(self, name: Optional[str] = None, *, mode: str = "exact", seed: int = 0,
                  per_pass: Optional[Dict[str, Dict[str, Any]]] = None,
                  per_operand: Optional[Dict[Tuple[str, str], Dict[str, Any]]] = None,
-                 check_finite: str = "sync", **knobs):
+                 check_finite: str = "deferred", **knobs):
         if name is not None and not isinstance(name, str):
             raise TypeError(f"Recipe(): name must be a str or None, not {type(name).__name__}")
         if mode not in ("exact", "fast"):
@@ -51,7 +51,7 @@ class Recipe:
             args["per_pass"] = {p: dict(v) for p, v in per_pass.items()}
         if per_operand:
             args["per_operand"] = {tuple(k): dict(v) for k, v in per_operand.items()}
-        if check_finite != "sync":
+        if check_finite != "deferred":
             args["check_finite"] = check_finite
         args.update(knobs)
         set_ = object.__setattr__
