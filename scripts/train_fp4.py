@@ -15,8 +15,9 @@ BF16). docs/training.md reports the results; docs/spec.md §12 defines the metri
             python3 scripts/train_fp4.py corpus --deb linux-doc-6.12_*.deb data/linux-doc
   train   One run; writes its JSON (the fields of docs/results/training.json's runs) when it completes:
             python3 scripts/train_fp4.py train --data data/linux-doc --size small --recipe ufp4 --out runs/x.json
-  report  Merges run files into docs/results/training.json, writes the tables of docs/training.md between their
-          markers and the loss-curve figures:
+  report  Merges run files into docs/results/training.json, writes the paired comparisons of the recipes
+          (fp4lab.paired: per-seed differences, 95% t-intervals, verdicts) to docs/results/training-paired.json,
+          the tables of docs/training.md between their markers and the loss-curve figures:
             python3 scripts/train_fp4.py report runs/*.json
   recipes Lists the recipes this script knows (the presets and the ablations) with what each changes.
 """
@@ -504,7 +505,7 @@ def tables(runs) -> str:
                   f"in all), d {c['d']}, {c['layers']} layers, sequence {c['seq']}, batch {c['batch']}, "
                   f"{c['steps']} steps ({c['steps'] * c['seq'] * c['batch'] / 1e6:.1f}M tokens)", "",
                   "Per recipe, the mean over its seeds of the BF16-relative loss error (each seed against the BF16 "
-                  "run of the same seed), and the BF16 seed-to-seed spread it has to beat:", "",
+                  "run of the same seed), and the BF16 seed-to-seed spread for context:", "",
                   "| recipe | GEMMs | seeds | Δ val loss %, mean (per seed) | Δ train loss % (last 10%), mean "
                   "(per seed) | paper's Δ % (loss, last 1000 steps) |", "|---|---|---:|---|---|---|"]
         recs = sorted({(m["recipe"], m["gemm_mode"]) for m in rs if "val_rel" in m},
@@ -528,42 +529,133 @@ def tables(runs) -> str:
             lines.append(f"| `{m['name']}`{note} | `{m['recipe']}` | {m['gemm_mode']} | {m['seed']} | "
                          f"{m['val']:.4f} | {_fmt(m.get('val_rel'), '+.2f')} | {m['train']:.4f} | "
                          f"{_fmt(m.get('train_rel'), '+.2f')} | {m['tokens_per_s']:,.0f} | {m['concurrent']} |")
-        lines += ["", verdict(ms, model, length), ""]
+        lines.append("")
+        studies = paired(ms, model, length)
+        for mode, results in studies:
+            lines += paired_table(results, band, mode if len(studies) > 1 else None)
+        lines += [verdict(ms, model, length), ""]
     return "\n".join(lines)
 
 
+def _paired_module():
+    """fp4lab.paired from this tree: it needs only the standard library, so the report runs without the compiled
+    core and always with the definitions committed beside the results."""
+    name = "fp4lab_paired_report"
+    if name not in sys.modules:
+        import importlib.util
+        spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "python", "fp4lab", "paired.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod  # before it runs: dataclasses look their module up there
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+MEASURES = (("val", "final validation loss"), ("train", "training loss over the last 10%"))
+
+
+def paired(ms, model, length):
+    """The paired comparisons of one study (fp4lab.paired): [(GEMM mode, [PairResult, ...])], one entry per GEMM
+    mode of its FP4 runs, each against the BF16 runs of the study. Only runs that reached their last step take
+    part (a stopped run has no final loss)."""
+    pm = _paired_module()
+    order = {n: i for i, n in enumerate(CORE + ABLATIONS)}
+    rs = sorted((m for m in ms if m["model"] == model and m["length"] == length and m["steps"] == length
+                 and not m["diverged"]), key=lambda m: (order.get(m["recipe"], 99), m["recipe"], m["seed"]))
+    modes = sorted({m["gemm_mode"] for m in rs if m["recipe"] != "bf16"})
+    losses = {}
+    for mode in modes:
+        for m in rs:
+            if m["recipe"] == "bf16" or m["gemm_mode"] == mode:
+                losses[(m["recipe"], m["seed"], mode)] = {"val": m["val"], "train": m["train"]}
+    out = pm.compare_all(losses, measures=[k for k, _ in MEASURES])
+    return [(mode, out.get((mode,), [])) for mode in modes]
+
+
+def _pm2(x):
+    return "–" if x is None else f"{x:+.2f}"
+
+
+def paired_table(results, band, mode=None) -> list:
+    """Markdown rows of the paired comparisons of one study and GEMM mode."""
+    if not results:
+        return []
+    head = (f"{mode} GEMMs. " if mode else "") + (
+            "Paired differences A − B in points of the BF16-relative loss error, 100 · (L_A − L_B) / L_bf16 with "
+            "every L of the same seed (negative: A ends lower), over the seeds with runs of A, B and BF16; the 95% "
+            "interval is mean ± t · SE with n − 1 degrees of freedom, and the verdict is read from it alone")
+    head += (f" (the BF16 seed-to-seed spread, {band['val']:.2f} and {band['train']:.2f}, is context, not the "
+             "yardstick):" if band else ":")
+    lines = [head, "", "| A − B | measure | seeds | per seed | mean | SE | 95% interval | above / below 0 | verdict |",
+             "|---|---|---|---|---:|---:|---|---|---|"]
+    for p in results:
+        s = p.stats
+        seeds = ", ".join(str(x) for x in p.seeds) or "none"
+        if p.unpaired():
+            seeds += f" (not paired: {p.unpaired()})"
+        interval = "–" if s.low is None else f"{s.low:+.2f} to {s.high:+.2f}"
+        se = "–" if s.se is None else f"{s.se:.2f}"
+        signs = f"{s.above} / {s.below}" + (f" ({s.zero} at 0)" if s.zero else "")
+        lines.append(f"| `{p.a}` − `{p.b}` | {'val' if p.measure == 'val' else 'train (last 10%)'} | {seeds} | "
+                     f"{', '.join(f'{d:+.2f}' for d in p.diffs) or '–'} | {_pm2(s.mean)} | {se} | {interval} | "
+                     f"{signs} | {p.verdict(notes=False)} |")
+    return lines + [""]
+
+
+def paired_json(runs) -> dict:
+    """Every study's paired comparisons as docs/results/training-paired.json holds them."""
+    ms = metrics(runs)
+    pm = _paired_module()
+    studies = []
+    for model, length in groups(runs):
+        band = noise_band(ms, model, length)
+        for mode, results in paired(ms, model, length):
+            studies.append({"model": model, "length": length, "gemm_mode": mode,
+                            "bf16_spread_pct": None if band is None else {k: band[k] for k in ("val", "train")},
+                            "bf16_seeds": None if band is None else band["seeds"],
+                            "pairs": [p.as_dict() for p in results]})
+    return {"definition": pm.DEFINITION, "measures": dict(MEASURES), "studies": studies}
+
+
+_CLAIM = {"worse": "ufp4 trained worse than e2m1-ref", "better": "ufp4 trained better than e2m1-ref (ufp4 < "
+          "e2m1-ref holds)", "undetected": "no difference detectable", "same": "no difference: identical runs",
+          "one": "one seed, not decided", "none": "not paired"}
+
+
 def verdict(ms, model, length) -> str:
-    """Whether ufp4 < e2m1-ref holds beyond the BF16 seed-to-seed spread: the per-seed differences of the
-    BF16-relative errors must all be negative and their mean larger in size than the spread, on both measures."""
-    pairs = []
+    """ufp4 against e2m1-ref in one study, from the paired statistics of fp4lab.paired: the 95% interval of the
+    per-seed differences decides, on each measure; the BF16 seed-to-seed spread is quoted as context."""
     study = f"{model}, {length} steps"
-    for m in ms:
-        if m["model"] == model and m["length"] == length and m["recipe"] == "ufp4" and "val_rel" in m:
-            e = next((x for x in ms if x["model"] == model and x["length"] == length and x["recipe"] == "e2m1-ref"
-                      and x["seed"] == m["seed"] and x["gemm_mode"] == m["gemm_mode"] and "val_rel" in x), None)
-            if e:
-                pairs.append((m, e))
-    if not pairs:
+    found = [(mode, [p for p in res if (p.a, p.b) == ("ufp4", "e2m1-ref")]) for mode, res in paired(ms, model, length)]
+    found = [(mode, ps) for mode, ps in found if ps and ps[0].stats.n]
+    if not found:
         have = sorted({f"{m['recipe']} seed {m['seed']}" for m in ms if m["model"] == model and
                        m["length"] == length and m["recipe"] in ("ufp4", "e2m1-ref")})
         return (f"**{study}: ufp4 vs e2m1-ref** — not both run with a common seed (of the two, run: "
                 f"{', '.join(have) or 'neither'}).")
     band = noise_band(ms, model, length)
-    parts, holds = [], True
-    for key, what in (("val_rel", "final validation loss"), ("train_rel", "training loss over the last 10%")):
-        d = [u[key] - e[key] for u, e in pairs]
-        mean, _ = _stats(d)
-        ok = all(x < 0 for x in d) and band is not None and -mean > band[key[:-4]]
-        holds &= ok
-        parts.append(f"{what}: ufp4 − e2m1-ref = {mean:+.2f} points on average over {len(d)} seed(s) "
-                     f"({', '.join(f'{x:+.2f}' for x in d)})" +
-                     (f", against a BF16 seed-to-seed spread of {band[key[:-4]]:.2f}" if band else
-                      ", with no second BF16 seed to measure the noise"))
-    worse = all(u["val_rel"] > e["val_rel"] for u, e in pairs) and band is not None and \
-        _stats([u["val_rel"] - e["val_rel"] for u, e in pairs])[0] > band["val"]
-    claim = ("holds" if holds else "is contradicted beyond the noise: ufp4 trained worse" if worse else
-             "is not shown: the difference is within the noise")
-    return f"**{study}: ufp4 < e2m1-ref {claim}** at this scale and training length — " + "; ".join(parts) + "."
+    out = []
+    for mode, ps in found:
+        kinds = [p.stats.kind for p in ps]
+        claim = _CLAIM[kinds[0]] if len(set(kinds)) == 1 else "; ".join(
+            f"{what}: {_CLAIM[k]}" for (_, what), k in zip(MEASURES, kinds))
+        n = ps[0].stats.n
+        where = f"{study}" + (f", {mode} GEMMs" if len(found) > 1 else "")
+        parts = []
+        for p, (key, what) in zip(ps, MEASURES):
+            s = p.stats
+            per = ", ".join(f"{d:+.2f}" for d in p.diffs)
+            if s.n == 1:
+                parts.append(f"{what}: ufp4 − e2m1-ref = {s.mean:+.2f} points (seed {p.seeds[0]}; one seed gives "
+                             "no interval)")
+            else:
+                parts.append(f"{what}: ufp4 − e2m1-ref = {s.mean:+.2f} ± {s.half:.2f} points (95% interval "
+                             f"{s.low:+.2f} to {s.high:+.2f}, t with {n - 1} df; per seed {per}; {s.above} above "
+                             f"zero, {s.below} below)" + p.unpaired_note())
+        ctx = (f"BF16 seed-to-seed spread, for context: {band['val']:.2f} and {band['train']:.2f} over "
+               f"{band['seeds']} seeds" if band else "no second BF16 seed to show the seed-to-seed spread")
+        out.append(f"**{where}: ufp4 vs e2m1-ref over {n} seed{'s' if n != 1 else ''}: {claim}** — " +
+                   "; ".join(parts) + f"; {ctx}.")
+    return "\n- ".join(out)
 
 
 def status(runs) -> str:
@@ -661,6 +753,10 @@ def cmd_report(args):
     order = {n: i for i, n in enumerate(SIZES)}
     runs.sort(key=lambda r: (order[r["model"]], r["name"]))
     _write_atomic(args.json, (json.dumps({"runs": runs}, separators=(",", ":")) + "\n").encode())
+    if args.paired_json is None:
+        args.paired_json = os.path.splitext(args.json)[0] + "-paired.json"
+    if args.paired_json:
+        _write_atomic(args.paired_json, (json.dumps(paired_json(runs), indent=1) + "\n").encode())
     if args.doc:
         with open(args.doc) as f:
             text = f.read()
@@ -668,7 +764,8 @@ def cmd_report(args):
         text = replace_block(text, "training status: scripts/train_fp4.py report", status(runs))
         _write_atomic(args.doc, text.encode())
     figs = plot(runs, args.figures) if args.figures else []
-    print(f"{len(runs)} runs -> {args.json}" + (f", {args.doc}" if args.doc else "") +
+    print(f"{len(runs)} runs -> {args.json}" + (f", {args.paired_json}" if args.paired_json else "") +
+          (f", {args.doc}" if args.doc else "") +
           "".join(f", {p}" for p in figs))
 
 
@@ -809,6 +906,8 @@ def main(argv=None):
     r.add_argument("runs", nargs="*")
     r.add_argument("--json", default=os.path.join(ROOT, "docs/results/training.json"))
     r.add_argument("--merge", action="store_true", help="keep the runs already in --json that are not given")
+    r.add_argument("--paired-json", help="the paired comparisons of every study (fp4lab.paired), as JSON (default: "
+                   "beside --json, its name with -paired; empty: not written)")
     r.add_argument("--doc", default=os.path.join(ROOT, "docs/training.md"))
     r.add_argument("--figures", default=os.path.join(ROOT, "docs/fig_training"))
     x = sub.add_parser("proxy", help="mean GEMM-output SQNR per recipe on traces against the loss ranking")
