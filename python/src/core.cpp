@@ -419,6 +419,12 @@ NB_MODULE(_core, m) {
                       path == "fused" ? fc::RhtPath::fused : fc::RhtPath::unfused, check_finite, d_flag);
   }, "x"_a, "config"_a, "out"_a, "stream"_a, "path"_a = "fused", "check_finite"_a = true,
      "nonfinite_flag"_a = nb::none(), "transposed"_a = false, "q"_a = nb::none());
+  // The quantiser's rotation alone (its first step), FP32 in and out: the numerics monitor's reference on the GPU.
+  m.def("cuda_rotate", [](nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cuda> x, CudaOut out,
+                          const QuantConfig& cfg, uintptr_t stream) {
+    if (out.shape(0) != x.shape(0) || out.shape(1) != x.shape(1)) throw std::invalid_argument("output must have x's shape");
+    fc::rht(x.data(), out.data(), int64_t(x.shape(0)), int64_t(x.shape(1)), cfg, as_stream(stream));
+  }, "x"_a, "out"_a, "config"_a, "stream"_a);
   m.def("cuda_dequantize", [](const fc::DQTensor& q, CudaAny2 out, uintptr_t stream) {
     if (int64_t(out.shape(0)) != q.rows || int64_t(out.shape(1)) != q.cols)
       throw std::invalid_argument("output must have shape [" + std::to_string(q.rows) + ", " + std::to_string(q.cols) + "]");

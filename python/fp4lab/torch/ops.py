@@ -361,8 +361,17 @@ def _quantize_operand(x: torch.Tensor, cfg, pass_: str, operand: str, recipe: Re
 
 
 # Numerics monitors (fp4lab.torch.monitor), called in eager mode with each GEMM's module and operands; empty, they
-# cost one test per GEMM.
+# cost one test per GEMM. An observer with a ``wants(owner, step)`` method is called only at the steps it wants, so
+# the other steps keep the unobserved path (fused fake quantisation in fast mode).
 observers: list = []
+
+
+def _observed(owner, step: torch.Tensor) -> bool:
+    for obs in observers:
+        wants = getattr(obs, "wants", None)
+        if wants is None or wants(owner, int(step)):
+            return True
+    return False
 
 
 def _qmatmul_observed(a, b, step, recipe: Recipe, layer: int, pass_: str, label: str, cache, owner, shard):
@@ -386,7 +395,9 @@ def _qmatmul_observed(a, b, step, recipe: Recipe, layer: int, pass_: str, label:
         raise ValueError(f"{label}: {e}") from None
     y = product(qa, qb, recipe.mode)
     for obs in observers:
-        obs(owner, int(step), pass_, a, b, qa, qb, y, cfg)
+        wants = getattr(obs, "wants", None)
+        if wants is None or wants(owner, int(step)):
+            obs(owner, int(step), pass_, a, b, qa, qb, y, cfg)
     return y
 
 
@@ -396,7 +407,7 @@ def qmatmul(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: Recipe
     key (seed, ``step``, ``layer``), in the recipe's mode, through the fp4lab operators. ``cache`` (eager mode) lets
     CUDA operands go through the kernels' device buffers instead."""
     shard = getattr(owner, "_sr_shard", None)  # fp4lab.torch.sr_shard: a micro-batch of a global batch
-    if owner is not None and (observers or shard is not None):
+    if owner is not None and (shard is not None or (observers and _observed(owner, step))):
         return _qmatmul_observed(a, b, step, recipe, layer, pass_, label, cache, owner, shard)
     if cache is not None and a.is_cuda:
         cfg = lambda o: recipe.config(pass_, o, layer=layer, step=int(step))  # noqa: E731
