@@ -191,10 +191,12 @@ def test_unsampled_steps_run_the_unobserved_path(tmp_path, monkeypatch):
 def test_cuda_records_are_the_host_records_within_fp64_summation(tmp_path, recipe):
     # On the GPU the statistics are computed there; the operands and quantised bits are the host's (exact mode), so
     # the records differ from the host's only by the FP64 sums' order: 1e-9 relative is far below any use.
-    # ReLU, not GELU: the GPU's erf need not round as the CPU's, and the second layer would see other inputs.
+    # ReLU, not GELU, and no bias: the GPU's erf and column sums need not round as the CPU's, and the next step's
+    # operands would differ.
     def relu_model():
         torch.manual_seed(0)
-        return ft.convert(nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 32)), ft.Recipe(recipe, seed=3))
+        m = nn.Sequential(nn.Linear(64, 128, bias=False), nn.ReLU(), nn.Linear(128, 32, bias=False))
+        return ft.convert(m, ft.Recipe(recipe, seed=3))
 
     host, dev = relu_model(), relu_model().cuda()
     with ft.monitor(host, every=2, out=tmp_path / "h.jsonl"):
