@@ -80,18 +80,18 @@ def operand_stats(x: torch.Tensor, q, cfg) -> Dict[str, float]:
     }
 
 
-def _sqnr_db_device(ref: torch.Tensor, x: torch.Tensor) -> float:
-    """_sqnr_db on CUDA tensors: the sums in FP64 on the device (torch's reduction order, so the last bits may differ
-    from the host's), one read back."""
+def _sqnr_sums_device(ref: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Σref² and Σ(ref − x)² of CUDA tensors, in FP64 on the device (torch's reduction order, so the last bits may
+    differ from the host's), as a tensor: the caller reads every sum of a GEMM back at once."""
     ref = ref.to(torch.float64)
     d = ref - x.to(torch.float64)
-    sig, noise = torch.stack(((ref * ref).sum(), (d * d).sum())).tolist()
-    return _log10_db(sig, noise)
+    return torch.stack(((ref * ref).sum(), (d * d).sum()))
 
 
-def operand_stats_device(x: torch.Tensor, q: "_ops.QTensorCUDA", cfg) -> Dict[str, float]:
-    """operand_stats for an operand quantised on the GPU, computed there: the rotation by the CUDA kernel (the golden
-    model's bits), the dequantised values by the CUDA dequantiser, the sums in FP64 on the device."""
+def _operand_sums_device(x: torch.Tensor, q: "_ops.QTensorCUDA", cfg) -> torch.Tensor:
+    """operand_stats' raw figures for an operand quantised on the GPU, computed there (rotation by the CUDA kernel,
+    the golden model's bits; dequantised values by the CUDA dequantiser): Σref², Σ(ref − dq)², amax, the count of
+    flushed and of saturated elements, the element count."""
     xf = x.detach().to(torch.float32).contiguous()
     ref = xf
     if cfg.to_dict()["rht"]:
@@ -100,12 +100,18 @@ def operand_stats_device(x: torch.Tensor, q: "_ops.QTensorCUDA", cfg) -> Dict[st
             _core.cuda_rotate(xf, ref, cfg, _ops._stream())
     dq = _ops._dequantize(q, torch.float32)
     p = q.packed_codes
-    codes = torch.stack((p & 15, p >> 4), dim=-1).reshape(q.shape).long()
-    sat = torch.from_numpy(_saturating_codes(q.format)).to(xf.device)
-    n = ref.numel()
-    amax, zero, nsat = torch.stack((xf.abs().max().double() if n else xf.new_zeros((), dtype=torch.float64),
-                                    ((dq == 0) & (ref != 0)).sum().double(), sat[codes].sum().double())).tolist()
-    return {"sqnr_db": _sqnr_db_device(ref, dq), "amax": amax, "frac_zero": zero / n, "frac_sat": nsat / n}
+    nsat = xf.new_zeros((), dtype=torch.float64)
+    for c in np.flatnonzero(_saturating_codes(q.format)):  # the one or two codes of the largest magnitude
+        nsat = nsat + ((p & 15) == int(c)).sum() + ((p >> 4) == int(c)).sum()
+    amax = xf.abs().max().double() if xf.numel() else xf.new_zeros((), dtype=torch.float64)
+    zero = ((dq == 0) & (ref != 0)).sum().double()
+    return torch.cat((_sqnr_sums_device(ref, dq), torch.stack((amax, zero, nsat.double(),
+                                                                xf.new_tensor(float(xf.numel()), dtype=torch.float64)))))
+
+
+def _operand_stats_of(v) -> Dict[str, float]:
+    sig, noise, amax, zero, nsat, n = v
+    return {"sqnr_db": _log10_db(sig, noise), "amax": amax, "frac_zero": zero / n, "frac_sat": nsat / n}
 
 
 def _json_float(v: float) -> Any:
@@ -153,18 +159,22 @@ class Monitor:
         if pass_ == "fwd_y" and _in_backward():
             return  # an activation-checkpoint recomputation repeats the forward already recorded
         # On the GPU the statistics are computed there (an FP64 product on the host would cost seconds a step).
-        device = isinstance(qa, _ops.QTensorCUDA)
-        if device:
+        if isinstance(qa, _ops.QTensorCUDA):
+            # One read back for the GEMM: its two sums and both operands' figures.
             ref = a.detach().to(torch.float64) @ b.detach().to(torch.float64).t()
-            gemm_sqnr = _sqnr_db_device(ref, y.detach())
+            sums = torch.cat((_sqnr_sums_device(ref, y.detach()), _operand_sums_device(a, qa, cfg(pass_, "a")),
+                              _operand_sums_device(b, qb, cfg(pass_, "b")))).tolist()
             del ref
+            gemm_sqnr = _log10_db(sums[0], sums[1])
+            stats = {"a": _operand_stats_of(sums[2:8]), "b": _operand_stats_of(sums[8:14])}
         else:
             ref = a.detach().to("cpu", torch.float64) @ b.detach().to("cpu", torch.float64).t()
             gemm_sqnr = _sqnr_db(ref.numpy(), y.detach().to("cpu", torch.float64).numpy())
-        for op, x, q in (("a", a, qa), ("b", b, qb)):
+            stats = {op: operand_stats(x, q, cfg(pass_, op)) for op, x, q in (("a", a, qa), ("b", b, qb))}
+        for op, x in (("a", a), ("b", b)):
             rec = {"step": int(step), "layer": name, "pass": pass_, "operand": op, "shape": list(x.shape),
                    "label": cfg(pass_, op).label}
-            st = (operand_stats_device if device else operand_stats)(x, q, cfg(pass_, op))
+            st = stats[op]
             st["gemm_sqnr_db"] = gemm_sqnr
             rec.update({k: _json_float(v) for k, v in st.items()})
             self._file.write(json.dumps(rec) + "\n")

@@ -1,6 +1,6 @@
 """The quantiser, the contract GEMM and the dequantiser on torch tensors: the golden model on CPU tensors, the
 CUDA kernels on CUDA tensors; and the same as torch.library operators (``torch.ops.fp4lab.quantize``, ``gemm``,
-``dequantize``, with ``take_step`` and ``column_sum``), through which the training path runs so that
+``dequantize``, ``fake_quantize``, with ``take_step`` and ``column_sum``), through which the training path runs so that
 torch.compile traces it."""
 from __future__ import annotations
 
@@ -317,6 +317,32 @@ def _(codes, scales, global_scale, recipe, pass_, operand):
     return codes.new_empty(codes.shape, dtype=torch.float32)
 
 
+@torch.library.custom_op("fp4lab::fake_quantize", mutates_args=(), device_types="cpu")
+def fake_quantize_op(x: torch.Tensor, step: torch.Tensor, recipe: str, layer: int, pass_: str, operand: str,
+                     label: str) -> torch.Tensor:
+    """Operand ``operand`` of pass ``pass_`` quantised as ``fp4lab::quantize`` does and dequantised, for a ``fast``
+    GEMM: FP32 values on the CPU (the golden model); on CUDA the BF16 values of one fused pass."""
+    try:
+        q = quantize(x, _config(recipe, step, layer, pass_, operand))
+    except ValueError as e:
+        raise ValueError(f"{label}: {pass_} operand {operand} {list(x.shape)}: {e}") from None
+    return torch.from_numpy(q.dequantize()).reshape(x.shape)
+
+
+@fake_quantize_op.register_kernel("cuda")
+def _fake_quantize_cuda(x, step, recipe, layer, pass_, operand, label):
+    try:
+        return fake_quantize(x, _config(recipe, step, layer, pass_, operand),
+                             check_finite=recipe_of_key(recipe).check_finite)
+    except ValueError as e:
+        raise ValueError(f"{label}: {pass_} operand {operand} {list(x.shape)}: {e}") from None
+
+
+@fake_quantize_op.register_fake
+def _(x, step, recipe, layer, pass_, operand, label):
+    return x.new_empty(x.shape, dtype=torch.bfloat16 if x.is_cuda else torch.float32)
+
+
 @torch.library.custom_op("fp4lab::take_step", mutates_args=("counter",))
 def take_step(counter: torch.Tensor, advance: bool) -> torch.Tensor:
     """The SR step a forward quantises with (a copy of the 0-d ``counter``), the counter advanced past it when
@@ -421,12 +447,11 @@ def qmatmul(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: Recipe
             raise ValueError(f"{label}: {e}") from None
         return torch.matmul(qa, qb.t()) if fake else product(qa, qb, recipe.mode)
     key = recipe.key
-    qa = torch.ops.fp4lab.quantize(a, step, key, layer, pass_, "a", label)
-    qb = torch.ops.fp4lab.quantize(b, step, key, layer, pass_, "b", label)
     if recipe.mode == "exact":
+        qa = torch.ops.fp4lab.quantize(a, step, key, layer, pass_, "a", label)
+        qb = torch.ops.fp4lab.quantize(b, step, key, layer, pass_, "b", label)
         return torch.ops.fp4lab.gemm(*qa, *qb, key, pass_)
-    da = torch.ops.fp4lab.dequantize(*qa, key, pass_, "a")
-    db = torch.ops.fp4lab.dequantize(*qb, key, pass_, "b")
-    if a.is_cuda:  # as product(): cuBLAS on BF16 values on CUDA
-        da, db = da.to(torch.bfloat16), db.to(torch.bfloat16)
+    # As product(): FP32 values on the CPU, BF16 on CUDA (cuBLAS), multiplied by torch's matmul.
+    da = torch.ops.fp4lab.fake_quantize(a, step, key, layer, pass_, "a", label)
+    db = torch.ops.fp4lab.fake_quantize(b, step, key, layer, pass_, "b", label)
     return torch.matmul(da, db.t())
