@@ -172,6 +172,7 @@ def test_operators_pass_torch_library_checks():
                      (torch.ops.fp4lab.gemm.default, (*qa, *qb, r.key, "fwd_y")),
                      (torch.ops.fp4lab.dequantize.default, (*qa, r.key, "fwd_y", "a")),
                      (torch.ops.fp4lab.fake_quantize.default, (x, step, r.key, 5, "fwd_y", "a", "x")),
+                     (torch.ops.fp4lab.qgemm.default, (x, w, step, r.key, 5, "fwd_y", "x")),
                      (torch.ops.fp4lab.column_sum.default, (x,))):
         torch.library.opcheck(op, args)
     # The operators compute what the eager functions do.
@@ -180,6 +181,7 @@ def test_operators_pass_torch_library_checks():
     assert torch.equal(qa[0], torch.tensor(ha.codes)) and torch.equal(qa[1], torch.tensor(ha.scales))
     assert torch.equal(bits(torch.ops.fp4lab.gemm(*qa, *qb, r.key, "fwd_y")), bits(ft.gemm(ha, hb)))
     assert torch.equal(bits(torch.ops.fp4lab.dequantize(*qa, r.key, "fwd_y", "a")), bits(ft.dequantize(ha)))
+    assert torch.equal(bits(torch.ops.fp4lab.qgemm(x, w, step, r.key, 5, "fwd_y", "x")), bits(ft.gemm(ha, hb)))
     assert torch.equal(bits(torch.ops.fp4lab.fake_quantize(x, step, r.key, 5, "fwd_y", "a", "x")),
                        bits(ft.dequantize(ha)))
 

@@ -1,6 +1,6 @@
 """The quantiser, the contract GEMM and the dequantiser on torch tensors: the golden model on CPU tensors, the
 CUDA kernels on CUDA tensors; and the same as torch.library operators (``torch.ops.fp4lab.quantize``, ``gemm``,
-``dequantize``, ``fake_quantize``, with ``take_step`` and ``column_sum``), through which the training path runs so that
+``dequantize``, ``qgemm``, ``fake_quantize``, with ``take_step`` and ``column_sum``), through which the training path runs so that
 torch.compile traces it."""
 from __future__ import annotations
 
@@ -218,17 +218,20 @@ def _operand_tensors(q, device: torch.device) -> Tuple[torch.Tensor, torch.Tenso
             torch.tensor(q.global_scale, dtype=torch.float32, device=device))
 
 
+def _quantize_labelled(x, step, recipe, layer, pass_, operand, label, **kw):
+    try:
+        return quantize(x, _config(recipe, step, layer, pass_, operand), **kw)
+    except ValueError as e:
+        raise ValueError(f"{label}: {pass_} operand {operand} {list(x.shape)}: {e}") from None
+
+
 @torch.library.custom_op("fp4lab::quantize", mutates_args=(), device_types="cpu")
 def quantize_op(x: torch.Tensor, step: torch.Tensor, recipe: str, layer: int, pass_: str, operand: str,
                 label: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Operand ``operand`` of pass ``pass_`` of a training GEMM, quantised along its last dimension under
     ``recipe`` with the SR key (seed, ``step``, ``layer``): (codes, scales, global scale). A fault names ``label``,
     the pass, the operand and its shape."""
-    try:
-        q = quantize(x, _config(recipe, step, layer, pass_, operand))
-    except ValueError as e:
-        raise ValueError(f"{label}: {pass_} operand {operand} {list(x.shape)}: {e}") from None
-    return _operand_tensors(q, x.device)
+    return _operand_tensors(_quantize_labelled(x, step, recipe, layer, pass_, operand, label), x.device)
 
 
 # Device buffers the CUDA kernels of the operators quantise into and multiply from, one set per device (they
@@ -247,11 +250,8 @@ def _scratch_of(device: torch.device, what: str) -> QTensorCUDA:
 def _quantize_cuda(x, step, recipe, layer, pass_, operand, label):
     # The CUDA kernels quantise on the device; the packed codes are unpacked there into the golden layout the
     # operators carry (element 2i in the low nibble), with no host round trip.
-    try:
-        q = quantize(x, _config(recipe, step, layer, pass_, operand), out=_scratch_of(x.device, "q"),
-                     check_finite=recipe_of_key(recipe).check_finite)
-    except ValueError as e:
-        raise ValueError(f"{label}: {pass_} operand {operand} {list(x.shape)}: {e}") from None
+    q = _quantize_labelled(x, step, recipe, layer, pass_, operand, label, out=_scratch_of(x.device, "q"),
+                           check_finite=recipe_of_key(recipe).check_finite)
     p = q.packed_codes
     codes = torch.stack((p & 15, p >> 4), dim=-1).reshape(q.rows, q.cols)
     return codes, q.scales.clone(), q.global_scale.reshape(()).clone()
@@ -317,15 +317,38 @@ def _(codes, scales, global_scale, recipe, pass_, operand):
     return codes.new_empty(codes.shape, dtype=torch.float32)
 
 
+@torch.library.custom_op("fp4lab::qgemm", mutates_args=(), device_types="cpu")
+def qgemm_op(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: str, layer: int, pass_: str,
+             label: str) -> torch.Tensor:
+    """A [M, K] · B [N, K]ᵀ, FP32 [M, N], both operands quantised as ``fp4lab::quantize`` does, under the datapath
+    contract: what ``fp4lab::gemm`` gives of the two ``fp4lab::quantize`` results, in one operator (on CUDA the
+    operands stay in the kernels' layout, in device buffers reused from call to call)."""
+    qa = _quantize_labelled(a, step, recipe, layer, pass_, "a", label)
+    qb = _quantize_labelled(b, step, recipe, layer, pass_, "b", label)
+    return torch.from_numpy(_core.gemm(qa, qb))
+
+
+@qgemm_op.register_kernel("cuda")
+def _qgemm_cuda(a, b, step, recipe, layer, pass_, label):
+    check = recipe_of_key(recipe).check_finite
+    qa = _quantize_labelled(a, step, recipe, layer, pass_, "a", label, out=_scratch_of(a.device, "ga"),
+                            check_finite=check)
+    qb = _quantize_labelled(b, step, recipe, layer, pass_, "b", label, out=_scratch_of(b.device, "gb"),
+                            check_finite=check)
+    return gemm(qa, qb)
+
+
+@qgemm_op.register_fake
+def _(a, b, step, recipe, layer, pass_, label):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=torch.float32)
+
+
 @torch.library.custom_op("fp4lab::fake_quantize", mutates_args=(), device_types="cpu")
 def fake_quantize_op(x: torch.Tensor, step: torch.Tensor, recipe: str, layer: int, pass_: str, operand: str,
                      label: str) -> torch.Tensor:
     """Operand ``operand`` of pass ``pass_`` quantised as ``fp4lab::quantize`` does and dequantised, for a ``fast``
     GEMM: FP32 values on the CPU (the golden model); on CUDA the BF16 values of one fused pass."""
-    try:
-        q = quantize(x, _config(recipe, step, layer, pass_, operand))
-    except ValueError as e:
-        raise ValueError(f"{label}: {pass_} operand {operand} {list(x.shape)}: {e}") from None
+    q = _quantize_labelled(x, step, recipe, layer, pass_, operand, label)
     return torch.from_numpy(q.dequantize()).reshape(x.shape)
 
 
@@ -448,9 +471,7 @@ def qmatmul(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: Recipe
         return torch.matmul(qa, qb.t()) if fake else product(qa, qb, recipe.mode)
     key = recipe.key
     if recipe.mode == "exact":
-        qa = torch.ops.fp4lab.quantize(a, step, key, layer, pass_, "a", label)
-        qb = torch.ops.fp4lab.quantize(b, step, key, layer, pass_, "b", label)
-        return torch.ops.fp4lab.gemm(*qa, *qb, key, pass_)
+        return torch.ops.fp4lab.qgemm(a, b, step, key, layer, pass_, label)
     # As product(): FP32 values on the CPU, BF16 on CUDA (cuBLAS), multiplied by torch's matmul.
     da = torch.ops.fp4lab.fake_quantize(a, step, key, layer, pass_, "a", label)
     db = torch.ops.fp4lab.fake_quantize(b, step, key, layer, pass_, "b", label)
