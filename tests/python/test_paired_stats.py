@@ -1,22 +1,19 @@
-"""fp4lab.paired (python/fp4lab/paired.py) and its use by `scripts/train_fp4.py report`: the t quantile table
-against the closed-form Student t distribution evaluated with the decimal module, the statistics against values
-worked out by hand, the edge cases, and the committed paired results against the committed runs. Standard library
-only, so these run without the compiled core."""
+"""fp4lab.paired (python/fp4lab/paired.py) and its use by `fp4lab-train report` (fp4lab.study): the t quantile
+table against the closed-form Student t distribution evaluated with the decimal module, the statistics against
+values worked out by hand, the edge cases, the rank correlation, and the committed paired results against the
+committed runs."""
 import json
 import math
 import os
 import random
-import sys
 from decimal import Decimal, localcontext
 from fractions import Fraction
 
 import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import train_fp4  # noqa: E402
-
-paired = train_fp4._paired_module()  # python/fp4lab/paired.py, loaded by path
+import fp4lab.study as train_fp4  # noqa: E402
+from fp4lab import paired  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -344,3 +341,12 @@ def test_report_keeps_gemm_modes_apart():
                                 "identical runs**")
     assert status[1].startswith("- **test, 10 steps, fast GEMMs: ufp4 vs e2m1-ref over 2 seeds: ufp4 trained worse")
     assert "fast GEMMs. Paired differences" in train_fp4.tables(runs)
+
+
+def test_ranks_average_ties_and_spearman_follows_them():
+    assert paired.ranks([3.0, 1.0, 2.0, 1.0]) == [3.0, 0.5, 2.0, 0.5]
+    # Spearman's rho of the proxy: the Pearson correlation of the ranks; a reversed order gives -1 exactly.
+    assert train_fp4.report.spearman([1.0, 2.0, 3.0, 4.0], [8.0, 6.0, 4.0, 2.0]) == -1.0
+    # rho with one swapped pair of four: 1 - 6 * 2 / (4 * 15) = 0.8, up to the last bit of the division.
+    assert train_fp4.report.spearman([1.0, 2.0, 3.0, 4.0], [1.0, 3.0, 2.0, 4.0]) == pytest.approx(0.8, rel=1e-15)
+    assert math.isnan(paired.pearson([1.0, 1.0], [2.0, 3.0]))  # no spread: no correlation
