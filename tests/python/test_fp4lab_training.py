@@ -1,5 +1,5 @@
-"""fp4lab.study (`fp4lab-train`): the corpus extraction from a Debian package, a training run's reproducibility and JSON,
-the report's tables, and docs/training.md generated from docs/results/training.json (not typed); the bundled
+"""fp4lab.study (`fp4lab-train`): the corpus extraction from a Debian package, a training run's reproducibility and
+JSON, the report's tables, and docs/training.md generated from docs/results/training.json (not typed); the bundled
 doc-lm trace and its committed analysis."""
 import hashlib
 import json
@@ -11,8 +11,9 @@ import zlib
 
 import pytest
 
+from fp4lab import study as st
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-import fp4lab.study as train_fp4  # noqa: E402
 
 BIN = os.environ.get("FP4LAB_BIN", os.path.join(ROOT, "build", "bin", "fp4lab"))
 RUN_KEYS = {"name", "model", "params", "recipe", "gemm_mode", "seed", "steps", "train_loss", "val_steps", "val_loss",
@@ -184,7 +185,7 @@ def test_a_run_stopped_at_its_time_limit_resumes_bit_for_bit(data, tmp_path):
     pauses = 0
     while True:
         r = py(*args, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        if r.returncode != train_fp4.EXIT_CONTINUE:
+        if r.returncode != st.EXIT_CONTINUE:
             break
         pauses += 1
         assert ck.exists() and not out.exists()
@@ -196,7 +197,7 @@ def test_a_run_stopped_at_its_time_limit_resumes_bit_for_bit(data, tmp_path):
     # A checkpoint of another run is refused, naming the file.
     out.unlink()
     r = py(*args)
-    assert r.returncode == train_fp4.EXIT_CONTINUE
+    assert r.returncode == st.EXIT_CONTINUE
     r = py(*[a if a != "ufp4" else "nvfp4" for a in args[:-4]], "--out", str(tmp_path / "o.json"), "--checkpoint",
            str(ck))
     assert r.returncode != 0 and str(ck) in r.stderr and "another run" in r.stderr
@@ -213,8 +214,8 @@ def test_docs_training_is_generated_from_the_committed_json(tmp_path):
     doc = open(os.path.join(ROOT, "docs", "training.md")).read()
     runs = json.load(open(os.path.join(ROOT, "docs", "results", "training.json")))["runs"]
     assert all(RUN_KEYS <= set(r) for r in runs)
-    assert block(doc, "training tables: fp4lab-train report") == train_fp4.tables(runs).strip()
-    assert block(doc, "training status: fp4lab-train report") == train_fp4.status(runs)
+    assert block(doc, "training tables: fp4lab-train report") == st.tables(runs).strip()
+    assert block(doc, "training status: fp4lab-train report") == st.status(runs)
     bench = [json.load(open(os.path.join(ROOT, "docs", "results", f"bench-train-step-{m}-h200.json")))
              for m in ("small", "large")]
     assert [b["size"] for b in bench] == ["small", "large"]
@@ -256,7 +257,7 @@ def test_bench_train_step_times_the_training_models_and_recipes(tmp_path):
                        capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     info = json.load(open(out))
-    shape = dict(train_fp4.SIZES["test"], seq=256)
+    shape = dict(st.SIZES["test"], seq=256)
     assert info["size"] == "test" and info["model"] == dict({k: shape[k] for k in info["model"] if k != "vocab"},
                                                             vocab=256)
     assert [(row["recipe"], row["mode"]) for row in info["rows"]] == [("bf16", "-"), ("ufp4-rht-none", "exact")]
