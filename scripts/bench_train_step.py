@@ -29,9 +29,8 @@ import torch.nn.functional as F
 import fp4lab
 import fp4lab.torch as ft
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # The decoder and the recipes of docs/training.md.
-from train_fp4 import RECIPES, SIZES, build_model, make_recipe  # noqa: E402
+from fp4lab.study import RECIPES, SIZES, build_model, make_recipe
 
 SHAPE_KEYS = ("d", "layers", "heads", "ffn", "seq", "batch", "vocab")
 # docs/spec.md §12's reference shape, used when --size is not given: the large model with a 32000-token vocabulary.

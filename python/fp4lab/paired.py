@@ -1,7 +1,7 @@
 """Paired comparison of training runs: which of two recipes trains to the lower loss, seed by seed.
 
 Every recipe of one seed starts from the same initialisation and sees the same batches in the same order
-(scripts/train_fp4.py), so two recipes are compared within each seed and the noise of the comparison is the
+(fp4lab.study), so two recipes are compared within each seed and the noise of the comparison is the
 spread of the per-seed differences, not the spread of BF16 over seeds (docs/training.md).
 
 Definitions, for recipes A and B, a measure L (the final validation loss, or the mean training loss over the last
@@ -20,7 +20,8 @@ Definitions, for recipes A and B, a measure L (the final validation loss, or the
 
 The arithmetic is IEEE-754 binary64 `+ − × ÷` and `math.sqrt` (correctly rounded) in a fixed order, the seeds in
 ascending order, squares as products, the quantiles from a table: the same bits on every CPU (docs/spec.md §6.1).
-The module needs nothing but the standard library, so scripts/train_fp4.py loads it without the compiled core.
+The module needs nothing but the standard library. ranks() and pearson() (so Spearman's rho) follow the same rules;
+the study's proxy and the simulator's validation (scripts/sim_validation.py) both use them.
 
     from fp4lab import paired
     losses = {("ufp4", 0): {"val": 1.0519}, ("e2m1-ref", 0): {"val": 1.0506}, ("bf16", 0): {"val": 1.0921}, ...}
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Hashable, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 __all__ = ["DEFINITION", "T975", "t975", "PairedStats", "paired_stats", "PairResult", "compare", "compare_all",
-           "pairs_for", "HEAD_TO_HEAD", "ABLATION_BASE", "REFERENCE"]
+           "pairs_for", "HEAD_TO_HEAD", "ABLATION_BASE", "REFERENCE", "ranks", "pearson"]
 
 # The 0.975 quantile of Student's t distribution for 1..30 degrees of freedom, to 20 significant digits (Python
 # rounds each literal correctly to binary64). tests/python/test_paired_stats.py checks every entry against the
@@ -245,3 +246,28 @@ def compare_all(losses: Mapping[tuple, Mapping[str, float]], measures: Sequence[
         recipes = [r for r, _ in ls]
         out[study] = [compare(ls, x, y, m, reference) for x, y in pairs_for(recipes, reference) for m in measures]
     return out
+
+
+def ranks(v: Sequence[float]) -> List[float]:
+    """0-based ranks of `v`, ties given the mean of their ranks."""
+    order = sorted(range(len(v)), key=lambda i: v[i])
+    rk = [0.0] * len(v)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+            j += 1
+        for t in range(i, j + 1):
+            rk[order[t]] = (i + j) / 2.0
+        i = j + 1
+    return rk
+
+
+def pearson(x: Sequence[float], y: Sequence[float]) -> float:
+    """Summed in list order with IEEE + - * / and sqrt only (no libm pow): the same bits on every machine."""
+    n = len(x)
+    mx, my = sum(x) / n, sum(y) / n
+    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
+    sxx = sum((a - mx) * (a - mx) for a in x)
+    syy = sum((b - my) * (b - my) for b in y)
+    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else float("nan")

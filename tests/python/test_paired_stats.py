@@ -1,22 +1,19 @@
-"""fp4lab.paired (python/fp4lab/paired.py) and its use by `scripts/train_fp4.py report`: the t quantile table
-against the closed-form Student t distribution evaluated with the decimal module, the statistics against values
-worked out by hand, the edge cases, and the committed paired results against the committed runs. Standard library
-only, so these run without the compiled core."""
+"""fp4lab.paired (python/fp4lab/paired.py) and its use by `fp4lab-train report` (fp4lab.study): the t quantile
+table against the closed-form Student t distribution evaluated with the decimal module, the statistics against
+values worked out by hand, the edge cases, the rank correlation, and the committed paired results against the
+committed runs."""
 import json
 import math
 import os
 import random
-import sys
 from decimal import Decimal, localcontext
 from fractions import Fraction
 
 import pytest
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import train_fp4  # noqa: E402
+from fp4lab import paired, study as st
 
-paired = train_fp4._paired_module()  # python/fp4lab/paired.py, loaded by path
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -257,8 +254,8 @@ def committed_runs():
 
 
 def study(runs, model, length):
-    ms = train_fp4.metrics(runs)
-    (mode, results), = train_fp4.paired(ms, model, length)
+    ms = st.metrics(runs)
+    (mode, results), = st.paired(ms, model, length)
     return ms, mode, {(p.a, p.b, p.measure): p for p in results}
 
 
@@ -293,7 +290,7 @@ def test_committed_one_seed_study_gets_no_interval():
 def test_committed_paired_json_is_what_the_report_makes():
     with open(os.path.join(ROOT, "docs", "results", "training-paired.json")) as f:
         committed = json.load(f)
-    assert committed == json.loads(json.dumps(train_fp4.paired_json(committed_runs())))
+    assert committed == json.loads(json.dumps(st.paired_json(committed_runs())))
 
 
 def synthetic_run(recipe, seed, val, mode="exact", steps=10):
@@ -312,10 +309,10 @@ def test_report_tables_and_status_from_paired_statistics():
     # the BF16 seed spread of (2.10 − 1.95) / 2.025 = 7.41%.
     runs += [synthetic_run("ufp4", s, v * (1.02 + 0.001 * (s % 2))) for s, v in base.items()]
     runs.append(synthetic_run("nvfp4", 0, 2.0))
-    status = train_fp4.status(runs)
+    status = st.status(runs)
     assert status.startswith("- **test, 10 steps: ufp4 vs e2m1-ref over 4 seeds: ufp4 trained worse than e2m1-ref**")
     assert "BF16 seed-to-seed spread, for context: 7.41" in status
-    tables = train_fp4.tables(runs)
+    tables = st.tables(runs)
     row = next(x for x in tables.split("\n") if x.startswith("| `ufp4` − `e2m1-ref` | val |"))
     assert "| 0, 1, 2, 3 | +2.00, +2.10, +2.00, +2.10 | +2.05 |" in row
     assert row.endswith("| 4 / 0 | ufp4 worse than e2m1-ref by 2.05 ± 0.09 points |")
@@ -323,7 +320,7 @@ def test_report_tables_and_status_from_paired_statistics():
     assert "| 0 (not paired: seeds 1, 2, 3 of ufp4 have no nvfp4 run) |" in row and "one seed" in row
     # One seed of each: not decided, and the status says there is no interval.
     one = [synthetic_run("bf16", 0, 2.0), synthetic_run("ufp4", 0, 2.2), synthetic_run("e2m1-ref", 0, 2.0)]
-    assert "one seed, not decided" in train_fp4.status(one) and "one seed gives no interval" in train_fp4.status(one)
+    assert "one seed, not decided" in st.status(one) and "one seed gives no interval" in st.status(one)
 
 
 def test_report_keeps_gemm_modes_apart():
@@ -334,13 +331,22 @@ def test_report_keeps_gemm_modes_apart():
     runs += [synthetic_run("e2m1-ref", s, 2.0 + 0.1 * s, "fast") for s in range(2)]
     for r in runs:
         r["name"] += "-" + r["gemm_mode"]
-    ms = train_fp4.metrics(runs)
-    got = dict(train_fp4.paired(ms, "test", 10))
+    ms = st.metrics(runs)
+    got = dict(st.paired(ms, "test", 10))
     assert sorted(got) == ["exact", "fast"]
     assert got["exact"][0].stats.kind == "same" and got["fast"][0].stats.kind == "worse"
-    status = train_fp4.status(runs).split("\n")
+    status = st.status(runs).split("\n")
     assert len(status) == 2
     assert status[0].startswith("- **test, 10 steps, exact GEMMs: ufp4 vs e2m1-ref over 2 seeds: no difference: "
                                 "identical runs**")
     assert status[1].startswith("- **test, 10 steps, fast GEMMs: ufp4 vs e2m1-ref over 2 seeds: ufp4 trained worse")
-    assert "fast GEMMs. Paired differences" in train_fp4.tables(runs)
+    assert "fast GEMMs. Paired differences" in st.tables(runs)
+
+
+def test_ranks_average_ties_and_spearman_follows_them():
+    assert paired.ranks([3.0, 1.0, 2.0, 1.0]) == [3.0, 0.5, 2.0, 0.5]
+    # Spearman's rho of the proxy: the Pearson correlation of the ranks; a reversed order gives -1 exactly.
+    assert st.report.spearman([1.0, 2.0, 3.0, 4.0], [8.0, 6.0, 4.0, 2.0]) == -1.0
+    # rho with one swapped pair of four: 1 - 6 * 2 / (4 * 15) = 0.8, up to the last bit of the division.
+    assert st.report.spearman([1.0, 2.0, 3.0, 4.0], [1.0, 3.0, 2.0, 4.0]) == pytest.approx(0.8, rel=1e-15)
+    assert math.isnan(paired.pearson([1.0, 1.0], [2.0, 3.0]))  # no spread: no correlation
