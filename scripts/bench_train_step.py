@@ -6,8 +6,8 @@ docs/spec.md §12 gives reference timings for. Every linear layer of the blocks 
 (fp4lab.torch.convert); the embedding and the output head stay BF16. For each recipe and GEMM mode it prints the
 median step time over --steps timed steps (CUDA events, after --warmup steps), the ratio to BF16, and the loss at
 the first and the last step on a learnable synthetic token stream (so a recipe that breaks training shows).
---size small|large times scripts/train_fp4.py's models instead, and --recipes takes its recipe names (the presets
-and the ablations of docs/training.md).
+--size small|large times the models of fp4lab.study (fp4lab-train) instead, and --recipes takes its recipe
+names (the presets and the ablations of docs/training.md).
 
     python3 scripts/bench_train_step.py [--size small] [--recipes bf16,ufp4,nvfp4] [--modes fast,exact]
         [--compile bf16,ufp4] [--monitor 100] [--json out.json]
@@ -134,7 +134,7 @@ def main():
     ap.add_argument("--recipes", default="bf16,ufp4,nvfp4")
     ap.add_argument("--modes", default="fast,exact")
     ap.add_argument("--size", choices=sorted(SIZES),
-                    help="take the shape of this model of scripts/train_fp4.py (byte vocabulary, 256) instead of "
+                    help="take the shape of this model of fp4lab.study (byte vocabulary, 256) instead of "
                          "docs/spec.md §12's; a shape flag given as well overrides it")
     for k in SHAPE_KEYS:
         ap.add_argument(f"--{k}", type=int, help=f"default {SPEC_SHAPE[k]}")
