@@ -8,7 +8,7 @@
 # The binary is built on a machine with nvcc (cmake -DFP4LAB_NATIVE=OFF -DFP4LAB_CUDA_ARCHS=90a -DFP4LAB_SIM=OFF,
 # target fp4lab; -DFP4LAB_MPI=OFF unless the GPU image has libmpi: kernels/README.md) and arrives in $CARRY with
 # the shared libraries the GPU image may lack:
-#   $CARRY/bin/fp4lab  $CARRY/lib/{libboost_program_options.so.1.74.0,libgomp.so.1}
+#   $CARRY/bin/fp4lab  $CARRY/lib/{libboost_program_options.so.1.74.0,libgomp.so.1,libmpfr.so.6,libgmp.so.10}
 # Everything goes to $OUT: timings-{quant,gemm-ufp4,gemm-mxfp4}[-repeat].json, env.log, plan.txt, clocks.csv,
 # one log per step. Exit status: the number of failed steps.
 set -u

@@ -2,9 +2,10 @@
 # Everything the CUDA layer needs a GPU for, in one call on an H200 (see kernels/README.md):
 # the cuda tests, fp4lab cuda check on the bundled trace under every recipe, compute-sanitizer memcheck, and the
 # bench. The binaries are built on a machine with nvcc (cmake -DFP4LAB_NATIVE=OFF -DFP4LAB_SIM=OFF, and
-# -DFP4LAB_MPI=OFF unless the GPU image has libmpi: kernels/README.md) and arrive in $CARRY with the two shared
+# -DFP4LAB_MPI=OFF unless the GPU image has libmpi: kernels/README.md) and arrive in $CARRY with the shared
 # libraries the GPU image may lack:
-#   $CARRY/bin/{fp4lab,fp4lab_kernels_tests}  $CARRY/lib/{libboost_program_options.so.1.74.0,libgomp.so.1}
+#   $CARRY/bin/{fp4lab,fp4lab_kernels_tests}
+#   $CARRY/lib/{libboost_program_options.so.1.74.0,libgomp.so.1,libmpfr.so.6,libgmp.so.10}
 # Logs go to $LOGS (default ./h200-out), each step's also appended to $COMBINED when set. Exit status: the
 # number of failed steps.
 set -u
