@@ -77,7 +77,7 @@ int cmd_cuda_qbench(const Invocation& inv) {
   for (const auto& r : recipes) rlist.push_back(gpu::preset(r));
   gpu::require_gpu();  // exit 4 without CUDA in this build, 3 without a device
 #ifdef FP4LAB_CLI_HAS_CUDA
-  using namespace gpu;  // Timer, GemmCase, time_quantize, device_random, fixed, pad, fc
+  using namespace gpu;  // Timer, fixed, pad, fc
   const fc::DeviceInfo dev = fc::device_info();
   cudaStream_t s;
   fc::check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");

@@ -59,7 +59,7 @@ int cmd_cuda_timings(const Invocation& inv) {
   }
   gpu::require_gpu();  // exit 4 without CUDA in this build, 3 without a device
 #ifdef FP4LAB_CLI_HAS_CUDA
-  using namespace gpu;  // Timer, GemmCase, time_quantize, device_random, fixed, pad, fc
+  using namespace gpu;  // Timer, GemmCase, time_quantize, fixed, pad, fc
   const fc::DeviceInfo dev = fc::device_info();
   int clock_khz = 0, mem_khz = 0, bus_bits = 0;
   cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, dev.id);
