@@ -1,6 +1,7 @@
 // The fp4lab subcommand registry. Each subcommand lives in its own cli/cmd_<name>.cpp and is listed in the
 // table in main.cpp. Subcommands that belong to optional layers (analyze, sim) are compiled in when their
-// file exists; cli/CMakeLists.txt then defines FP4LAB_CLI_HAS_<NAME> so the table lists them.
+// file exists; cli/CMakeLists.txt then defines FP4LAB_CLI_HAS_<NAME> so the table lists them. A two-word name
+// ("cuda check") is a member of a group: `fp4lab cuda` lists the group's members.
 #pragma once
 
 #include <string>
@@ -9,8 +10,7 @@
 namespace fp4lab::cli {
 
 struct Invocation {
-  std::string program = "fp4lab"; // the executable, in usage lines ("fp4lab-cuda" shares these helpers)
-  std::string command;            // subcommand name, e.g. "quantize"
+  std::string command;            // subcommand name, e.g. "quantize" or "cuda check"
   std::vector<std::string> args;  // the arguments after it
   std::string command_line;       // the whole command line, shell-quoted (recorded in output metadata)
 };
@@ -31,6 +31,12 @@ int cmd_recipes(const Invocation&);
 int cmd_quantize(const Invocation&);
 int cmd_cast(const Invocation&);
 int cmd_gemm(const Invocation&);
+// fp4lab cuda ... (cmd_cuda_*.cpp): in every build, so that their arguments are checked alike; the GPU work only
+// where the CUDA kernels are built (FP4LAB_CLI_HAS_CUDA), elsewhere they end with kExitNoCuda.
+int cmd_cuda_check(const Invocation&);
+int cmd_cuda_bench(const Invocation&);
+int cmd_cuda_qbench(const Invocation&);
+int cmd_cuda_timings(const Invocation&);
 #ifdef FP4LAB_CLI_HAS_ANALYZE
 int cmd_analyze(const Invocation&);
 #endif

@@ -1,8 +1,9 @@
 // fp4lab: the command-line front end of the golden model. `fp4lab <subcommand> [options]`; each subcommand
 // lives in cli/cmd_<name>.cpp and is listed in kCommands. Every fault ends as one line on stderr,
-// "fp4lab <cmd>: error: <file>: <fault>", with exit code 2 (usage) or 1 (data); nothing escapes main.
+// "fp4lab <cmd>: error: <file>: <fault>", with an exit code of exit_codes.hpp; nothing escapes main.
 #include <malloc.h>
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <iostream>
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "commands.hpp"
+#include "exit_codes.hpp"
 #include "files.hpp"
 #include "fp4lab/io/files.hpp"
 #include "fp4lab/io/safetensors.hpp"
@@ -32,11 +34,42 @@ const Command kCommands[] = {
 #ifdef FP4LAB_CLI_HAS_SIM
     {"sim", "cycle-approximate tensor-core model (SystemC)", cmd_sim},
 #endif
+    {"cuda check", "every GEMM of a trace quantised and multiplied on the GPU, against the golden model bit for bit",
+     cmd_cuda_check},
+    {"cuda bench", "GPU quantiser (plain / fused RHT / unfused RHT) and block-scaled GEMM beside their baselines",
+     cmd_cuda_bench},
+    {"cuda qbench", "GPU BF16 quantiser variants (plain / RHT-16 / SR, row-wise and transposed) beside a copy",
+     cmd_cuda_qbench},
+    {"cuda timings", "per-kernel GPU medians over given shapes, as JSON (the simulator's validation set)",
+     cmd_cuda_timings},
 };
+
+// A group is the first word of two-word subcommands ("cuda" of "cuda check").
+bool is_group(const std::string& word) {
+  for (const Command& c : kCommands)
+    if (std::strncmp(c.name, word.c_str(), word.size()) == 0 && c.name[word.size()] == ' ') return true;
+  return false;
+}
+
+void list(std::ostream& os, const std::string& group) {
+  size_t width = 0;
+  for (const Command& c : kCommands) width = std::max(width, std::strlen(c.name));
+  for (const Command& c : kCommands)
+    if (group.empty() || std::string(c.name).rfind(group + " ", 0) == 0)
+      os << "  " << c.name << std::string(width + 2 - std::strlen(c.name), ' ') << c.summary << "\n";
+}
 
 void usage(std::ostream& os) {
   os << "usage: fp4lab <subcommand> [options]    (fp4lab <subcommand> --help for its options)\n\nsubcommands:\n";
-  for (const Command& c : kCommands) os << "  " << c.name << std::string(10 - std::strlen(c.name), ' ') << c.summary << "\n";
+  list(os, "");
+  os << "\nexit codes:\n";
+  for (const ExitCode& e : kExitCodes) os << "  " << e.code << "  " << e.meaning << "\n";
+}
+
+void group_usage(std::ostream& os, const std::string& group) {
+  os << "usage: fp4lab " << group << " <subcommand> [options]    (fp4lab " << group
+     << " <subcommand> --help for its options)\n\nsubcommands:\n";
+  list(os, group);
 }
 
 std::string shell_quote(const std::string& s) {
@@ -99,6 +132,23 @@ int main(int argc, char** argv) {
     first_arg = 1;
   }
 #endif
+  if (is_group(cmd)) {
+    const std::string next = argc > 2 ? argv[2] : "";
+    if (next == "--help" || next == "-h" || next == "help") {
+      group_usage(std::cout, cmd);
+      return flushed(cmd, kExitOk);
+    }
+    if (next.empty()) {
+      group_usage(std::cerr, cmd);
+      return kExitUsage;
+    }
+    if (next[0] == '-') {
+      report(cmd, "'" + next + "' comes before a subcommand (fp4lab " + cmd + " --help lists them)");
+      return kExitUsage;
+    }
+    cmd += " " + next;
+    first_arg = 3;
+  }
   const Command* entry = nullptr;
   for (const Command& c : kCommands)
     if (cmd == c.name) entry = &c;

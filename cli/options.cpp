@@ -96,7 +96,7 @@ std::vector<int64_t> parse_dims(const std::string& text, const std::string& form
 
 bool parse_args(const Invocation& inv, const po::options_description& desc, const std::string& synopsis,
                 po::variables_map& vm) {
-  const std::string hint = " (see " + inv.program + " " + inv.command + " --help)";
+  const std::string hint = " (see fp4lab " + inv.command + " --help)";
   try {
     for (const std::string& a : inv.args) refuse_placeholders(a, "command line");
     // An empty positional description makes a stray bare word an error instead of being ignored.
@@ -104,7 +104,7 @@ bool parse_args(const Invocation& inv, const po::options_description& desc, cons
     po::store(po::command_line_parser(inv.args).options(desc).style(kCommandLineStyle).positional(no_positionals).run(),
               vm);
     if (vm.count("help")) {
-      std::cout << "usage: " << inv.program << " " << inv.command << " " << synopsis << "\n\n" << desc;
+      std::cout << "usage: fp4lab " << inv.command << " " << synopsis << "\n\n" << desc;
       return false;
     }
     if (vm.count("version")) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "exit_codes.hpp"
 #include "fp4lab/format.hpp"
 #include "fp4lab/knobs.hpp"
 #include "fp4lab/quantize.hpp"
@@ -26,11 +27,7 @@ namespace po = boost::program_options;
 // Keys in insertion order, so the JSON reads like the table.
 using Json = nlohmann::ordered_json;
 
-// ---- errors --------------------------------------------------------------------------------------
-inline constexpr int kExitOk = 0;
-inline constexpr int kExitData = 1;   // a bad input file or tensor
-inline constexpr int kExitUsage = 2;  // a bad option, option value or config file
-
+// ---- errors (exit codes: exit_codes.hpp) ----------------------------------------------------------
 // what() is the fault without the "fp4lab <cmd>: error: " prefix main adds; always one line.
 struct Error : std::runtime_error {
   int exit_code;

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The simulator's validation set (docs/validation.md), measured in one call on an H200: fp4lab-cuda timings over
+# The simulator's validation set (docs/validation.md), measured in one call on an H200: fp4lab cuda timings over
 # every quantiser operand and GEMM shape of workloads/shapes/*.csv and the square sweep 256..16384
 # (scripts/sim_validation.py plan): copies and the three quantiser passes, then the fast GEMM under ufp4 and
 # under mxfp4, each a separate process with its own JSON; then, while the time allows, the same again (the
 # run-to-run spread). The SM clock, memory clock and power are sampled every 200 ms throughout.
 #
-# The binary is built on a machine with nvcc (cmake -DFP4LAB_NATIVE=OFF -DFP4LAB_CUDA_ARCHS=90a, target
-# fp4lab-cuda) and arrives in $CARRY with the shared libraries the GPU image may lack:
-#   $CARRY/bin/fp4lab-cuda  $CARRY/lib/{libboost_program_options.so.1.74.0,libgomp.so.1}
+# The binary is built on a machine with nvcc (cmake -DFP4LAB_NATIVE=OFF -DFP4LAB_CUDA_ARCHS=90a -DFP4LAB_SIM=OFF,
+# target fp4lab; -DFP4LAB_MPI=OFF unless the GPU image has libmpi: kernels/README.md) and arrives in $CARRY with
+# the shared libraries the GPU image may lack:
+#   $CARRY/bin/fp4lab  $CARRY/lib/{libboost_program_options.so.1.74.0,libgomp.so.1,libmpfr.so.6,libgmp.so.10}
 # Everything goes to $OUT: timings-{quant,gemm-ufp4,gemm-mxfp4}[-repeat].json, env.log, plan.txt, clocks.csv,
 # one log per step. Exit status: the number of failed steps.
 set -u
@@ -20,7 +21,7 @@ mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$PWD/$CARRY/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 fail=0
 . "$(dirname "$0")/gpu_step.sh"
-BIN="$CARRY/bin/fp4lab-cuda"
+BIN="$CARRY/bin/fp4lab"
 
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.limit \
@@ -42,10 +43,10 @@ QUANT=$(cat "$OUT/plan-quant.txt")
 GEMM=$(cat "$OUT/plan-gemm.txt")
 one_round() {  # $1: file suffix
   # shellcheck disable=SC2086  # the plans are lists of shape words
-  TAIL=3 step "quant$1" timeout 150 "$BIN" timings $QUANT --reps "$REPS" --json "$OUT/timings-quant$1.json"
+  TAIL=3 step "quant$1" timeout 150 "$BIN" cuda timings $QUANT --reps "$REPS" --json "$OUT/timings-quant$1.json"
   for r in ufp4 mxfp4; do
     # shellcheck disable=SC2086
-    TAIL=3 step "gemm-$r$1" timeout 150 "$BIN" timings $GEMM --gemm-recipe $r --copy 1073741824 --reps "$REPS" \
+    TAIL=3 step "gemm-$r$1" timeout 150 "$BIN" cuda timings $GEMM --gemm-recipe $r --copy 1073741824 --reps "$REPS" \
       --json "$OUT/timings-gemm-$r$1.json"
   done
 }

@@ -10,7 +10,7 @@ APT_PACKAGES=(
   googletest libgtest-dev
   libsystemc-dev verilator yosys
   clang libclang-rt-14-dev        # libFuzzer for the trace-reader fuzz target
-  libopenmpi-dev openmpi-bin       # MPI-sharded analyze / sim sweeps / fp4lab-cuda check (FP4LAB_MPI)
+  libopenmpi-dev openmpi-bin       # MPI-sharded analyze / sim sweeps / fp4lab cuda check (FP4LAB_MPI)
   libtomlplusplus-dev              # TOML sweep files of `fp4lab sim --sweep`
   python3 python3-pip python3-dev
 )

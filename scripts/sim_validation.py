@@ -2,7 +2,7 @@
 """The simulator's validation against measured H200 kernel timings (docs/validation.md).
 
   sim_validation.py plan [--part quant|gemm]
-                                the fp4lab-cuda timings arguments: every quantiser operand and GEMM shape of the
+                                the fp4lab cuda timings arguments: every quantiser operand and GEMM shape of the
                                 workloads/shapes models' three training GEMMs, and the square sweep
   sim_validation.py split       which half (calibration or validation) each measured shape falls in
   sim_validation.py predict TIMINGS.json.. --out docs/results/sim-validation.json [--plot PNG] [--set KEY=VALUE ..]
@@ -90,7 +90,7 @@ def shape_text(s):
 
 
 CONFIG = "sim/configs/h200.cfg"
-# Measured kernel (fp4lab-cuda timings) -> its family and the fp4lab sim arguments that model it.
+# Measured kernel (fp4lab cuda timings) -> its family and the fp4lab sim arguments that model it.
 QUANT_KERNELS = {
     "quantize_plain": ["--kernel", "quantize", "--rht", "0", "--prep.mode", "fused"],
     "quantize_fused_rht16": ["--kernel", "quantize", "--prep.mode", "fused"],
@@ -111,7 +111,7 @@ def family(kernel):
 
 
 def recipe_of(label):
-    """fp4lab-cuda's operand label -> the recipe preset it was timed under."""
+    """fp4lab cuda timings' operand label -> the recipe preset it was timed under."""
     if label.startswith("e1m2_b16_fp32scale"):
         return "ufp4"
     if label.startswith("e2m1_b32_ue8m0scale"):
@@ -120,7 +120,7 @@ def recipe_of(label):
 
 
 def load_measured(paths):
-    """Rows of fp4lab-cuda timings JSON files: the kernels the simulator models (copies are the bandwidth
+    """Rows of fp4lab cuda timings JSON files: the kernels the simulator models (copies are the bandwidth
     reference, not a kernel of the model; gemm_mma is the whole call's second half, reported beside it)."""
     rows, seen = [], set()
     for p in paths:
@@ -408,7 +408,7 @@ def default_fp4lab():
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    pl = sub.add_parser("plan", help="print the fp4lab-cuda timings shape arguments")
+    pl = sub.add_parser("plan", help="print the fp4lab cuda timings shape arguments")
     pl.add_argument("--part", choices=["all", "quant", "gemm"], default="all")
     sub.add_parser("split", help="print each shape's half")
     pr = sub.add_parser("predict", help="simulate every measured row; write the validation JSON")

@@ -1,4 +1,4 @@
-// cuBLAS BF16 GEMM, the baseline `fp4lab-cuda bench` prints beside the block-scaled kernels. Loaded with
+// cuBLAS BF16 GEMM, the baseline `fp4lab cuda bench` prints beside the block-scaled kernels. Loaded with
 // dlopen so that the library, the tests and `check` run without cuBLAS; only `bench` needs it. A toolkit
 // without cuBLAS's headers builds the rest: the baseline then reports itself unavailable (FP4LAB_HAVE_CUBLAS=0).
 #include <string>

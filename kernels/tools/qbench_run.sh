@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The quantiser's GPU evidence in one call (kernels/README.md, "Quantiser speed"): the cuda tests, fp4lab-cuda
+# The quantiser's GPU evidence in one call (kernels/README.md, "Quantiser speed"): the cuda tests, fp4lab cuda
 # qbench (every variant beside a copy of the same bytes), ncu counters of the row-wise and transposed kernels,
 # compute-sanitizer memcheck on the quantiser tests. Binaries in $CARRY/bin, the shared libraries the GPU image
 # may lack in $CARRY/lib (as kernels/tools/h200_run.sh). Logs in $LOGS. STEPS picks steps (default: all).
-#   CARRY=build-cuda-carry BASE=old/fp4lab-cuda kernels/tools/qbench_run.sh
+#   CARRY=build-cuda-carry BASE="old/bin/fp4lab cuda" kernels/tools/qbench_run.sh
 set -u
 CARRY=${CARRY:-build-cuda-carry}
 LOGS=${LOGS:-qbench-out}
@@ -21,16 +21,17 @@ has() { [[ " $STEPS " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv >"$LOGS/env.log" 2>&1
 cat "$LOGS/env.log"
 has tests && TAIL=8 step tests timeout 300 "$CARRY/bin/fp4lab_kernels_tests" --gtest_brief=1
-has qbench && TAIL=200 step qbench timeout 240 "$CARRY/bin/fp4lab-cuda" qbench --json "$LOGS/qbench.json"
-# BASE: another fp4lab-cuda (built from an earlier commit) timed in the same call, for before/after figures.
-[ -n "${BASE:-}" ] && has qbench && TAIL=120 step qbench-base timeout 240 "$BASE" qbench --json "$LOGS/qbench-base.json"
+has qbench && TAIL=200 step qbench timeout 240 "$CARRY/bin/fp4lab" cuda qbench --json "$LOGS/qbench.json"
+# BASE: the `fp4lab cuda` of another build (an earlier commit) timed in the same call, for before/after figures;
+# a command of words, split here.
+[ -n "${BASE:-}" ] && has qbench && TAIL=120 step qbench-base timeout 240 $BASE qbench --json "$LOGS/qbench-base.json"
 if has ncu; then
   SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats
             --section WarpStateStats --section MemoryWorkloadAnalysis"
   # One launch each at 8192x1024 BF16 (kernel template: <T = BF16 bits, format index (0 E2M1, 1 E1M2), block, RHT>).
   while read -r name kernel recipe variant layout; do
     TAIL=80 step "ncu-$name" timeout 120 ncu --clock-control none --kernel-name-base mangled -k "regex:$kernel" \
-      --launch-skip 1 --launch-count 1 $SECTIONS "$CARRY/bin/fp4lab-cuda" qbench --shape 8192x1024 \
+      --launch-skip 1 --launch-count 1 $SECTIONS "$CARRY/bin/fp4lab" cuda qbench --shape 8192x1024 \
       --recipe "$recipe" --variant "$variant" --layout "$layout" --reps 3 </dev/null
   done <<'LIST'
 ufp4-plain-row quantize_kernelItLi1ELi16ELi0E ufp4 plain row-wise
@@ -47,7 +48,7 @@ if has mix; then
   while read -r name kernel recipe variant; do
     TAIL=60 step "mix-$name" timeout 120 ncu --clock-control none --kernel-name-base mangled -k "regex:$kernel" \
       --launch-skip 1 --launch-count 1 --metrics smsp__inst_executed.sum,sass__inst_executed_per_opcode \
-      --print-metric-instances values "$CARRY/bin/fp4lab-cuda" qbench --shape 8192x1024 --recipe "$recipe" \
+      --print-metric-instances values "$CARRY/bin/fp4lab" cuda qbench --shape 8192x1024 --recipe "$recipe" \
       --variant "$variant" --layout row-wise --reps 3 </dev/null
   done <<'LIST'
 ufp4-plain quantize_kernelItLi1ELi16ELi0E ufp4 plain
@@ -58,7 +59,7 @@ fi
 # Static SASS opcode counts of the row-wise BF16 ufp4 kernel (E1M2, block 16, no RHT), for the instruction budget.
 if has sass; then
   sass() {
-    cuobjdump -sass "$CARRY/bin/fp4lab-cuda" | awk '/Function :/ { f = ($3 ~ /quantize_kernelItLi1ELi16ELi0E/) }
+    cuobjdump -sass "$CARRY/bin/fp4lab" | awk '/Function :/ { f = ($3 ~ /quantize_kernelItLi1ELi16ELi0E/) }
       f && /^ +\/\*[0-9a-f]+\*\// { op = $2; if (op ~ /^@/) op = $3; sub(/\..*/, "", op); sub(/;$/, "", op); c[op]++; n++ }
       END { for (o in c) print c[o], o; print n, "TOTAL" }' | sort -rn
   }

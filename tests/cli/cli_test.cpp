@@ -1072,5 +1072,139 @@ TEST_F(Cli, VersionNamesReleaseAndCommit) {
   }
 }
 
+
+// ---- exit codes: one table (cli/exit_codes.hpp), printed by --help and copied in docs/spec.md §11.1 -----------
+TEST_F(Cli, ExitCodesAgreeWithSpecAndHelp) {
+  std::istringstream doc(slurp(FP4LAB_SOURCE_DIR "/docs/spec.md"));
+  std::vector<std::pair<std::string, std::string>> table;  // (code, meaning) as written
+  bool in_table = false;
+  for (std::string line; std::getline(doc, line);) {
+    if (!in_table) {
+      in_table = line == "| exit code | meaning |";
+      if (in_table) std::getline(doc, line);  // the |---| line
+      continue;
+    }
+    if (line.rfind("| ", 0) != 0) break;
+    const size_t bar = line.find(" | ", 2);
+    ASSERT_NE(bar, std::string::npos) << line;
+    ASSERT_GE(line.size(), bar + 5) << line;
+    table.emplace_back(line.substr(2, bar - 2), line.substr(bar + 3, line.size() - bar - 5));
+  }
+  ASSERT_TRUE(in_table) << "docs/spec.md has no table headed '| exit code | meaning |'";
+  ASSERT_EQ(table.size(), std::size(cli::kExitCodes)) << "docs/spec.md's exit-code table has another number of rows";
+  const Result help = run({"--help"});
+  ASSERT_EQ(help.code, 0);
+  for (size_t i = 0; i < table.size(); ++i) {
+    const cli::ExitCode& e = cli::kExitCodes[i];
+    EXPECT_EQ(table[i].first, std::to_string(e.code)) << "docs/spec.md exit-code row " << i + 1;
+    EXPECT_EQ(table[i].second, e.meaning) << "docs/spec.md exit-code row " << i + 1;
+    const std::string row = "\n  " + std::to_string(e.code) + "  " + e.meaning + "\n";
+    EXPECT_NE(help.out.find(row), std::string::npos) << "fp4lab --help lacks" << row;
+  }
+  // The codes the subcommands use are rows of the table.
+  for (int code : {cli::kExitOk, cli::kExitData, cli::kExitUsage, cli::kExitNoDevice, cli::kExitNoCuda})
+    EXPECT_TRUE(std::any_of(std::begin(cli::kExitCodes), std::end(cli::kExitCodes),
+                            [&](const cli::ExitCode& e) { return e.code == code; }))
+        << code;
+}
+
+// ---- fp4lab cuda: subcommands of fp4lab in every build; the GPU work only where CUDA was built ----------------
+const std::string kBundledTrace = FP4LAB_SOURCE_DIR "/workloads/tiny-lm/step_005000";
+
+TEST_F(Cli, CudaHelpListsItsSubcommands) {
+  const Result top = run({"--help"});
+  const Result group = run({"cuda", "--help"});
+  EXPECT_EQ(group.code, 0) << group.err;
+  for (const char* s : {"check", "bench", "qbench", "timings"}) {
+    EXPECT_NE(group.out.find(std::string("  cuda ") + s + " "), std::string::npos) << s << " in\n" << group.out;
+    EXPECT_NE(top.out.find(std::string("  cuda ") + s + " "), std::string::npos) << s;
+    const Result h = run({"cuda", s, "--help"});
+    EXPECT_EQ(h.code, 0) << s;
+    EXPECT_EQ(h.out.rfind(std::string("usage: fp4lab cuda ") + s + " ", 0), 0u) << h.out;
+    EXPECT_NE(h.out.find("--json"), std::string::npos) << s;
+  }
+  EXPECT_EQ(group.out.find("  quantize "), std::string::npos) << "fp4lab cuda --help lists only its members";
+  const Result none = run({"cuda"});
+  EXPECT_EQ(none.code, cli::kExitUsage);
+  EXPECT_NE(none.err.find("cuda check"), std::string::npos) << none.err;
+}
+
+// With valid arguments, a build without CUDA ends each cuda subcommand with one line and kExitNoCuda; a CUDA
+// build ends with kExitNoDevice where there is no GPU, and runs (exit 0) where there is one. The arguments are
+// small so that a machine with a GPU runs each in seconds.
+TEST_F(Cli, CudaWithoutCudaOrDeviceSaysSoInOneLine) {
+  const std::vector<std::vector<std::string>> runs = {
+      {"cuda", "check", "--trace", kBundledTrace, "--limit", "1"},
+      {"cuda", "bench", "--size", "256", "--reps", "3"},
+      {"cuda", "qbench", "--shape", "32x32", "--recipe", "ufp4", "--variant", "plain", "--layout", "row-wise",
+       "--reps", "3"},
+      {"cuda", "timings", "--copy", "4096", "--reps", "3"},
+  };
+  for (const auto& args : runs) {
+    SCOPED_TRACE("fp4lab cuda " + args[1]);
+    const Result r = run(args);
+    const std::string prefix = "fp4lab cuda " + args[1] + ": error: ";
+#ifdef FP4LAB_TEST_CUDA
+    if (r.code == 0) continue;  // a GPU is here: the subcommand ran
+    EXPECT_EQ(r.code, cli::kExitNoDevice) << r.err;
+    EXPECT_EQ(r.err.rfind(prefix + "no usable CUDA device (", 0), 0u) << r.err;
+#else
+    EXPECT_EQ(r.code, cli::kExitNoCuda) << r.err;
+    EXPECT_EQ(r.err, prefix + "this fp4lab was built without CUDA (FP4LAB_CUDA=OFF or no nvcc found when configured)\n");
+#endif
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+}
+
+// Bad arguments and inputs of the cuda subcommands are reported before any device is looked at: the CLI's one
+// line and exit code, in every build (a build without CUDA would otherwise say kExitNoCuda).
+TEST_F(Cli, CudaArgumentErrorsComeBeforeTheDevice) {
+  std::filesystem::create_directory(path("empty"));
+  const std::vector<ErrCase> cases = {
+      {{"cuda", "check", "--trace", kBundledTrace, "--recipe", "fp8"}, 2, {"unknown recipe 'fp8'"}},
+      {{"cuda", "check", "--trace", "@missing"}, 1, {"@missing", "no such file"}},
+      {{"cuda", "check", "--trace", kBundledTrace, "@missing"}, 1, {"@missing"}},
+      {{"cuda", "check", "--trace", "@empty"}, 1, {"@empty"}},
+      {{"cuda", "check"}, 2, {"--trace", "required"}},
+      {{"cuda", "check", "--trace", kBundledTrace, "--gemm", "slow"}, 2, {"--gemm", "'slow'"}},
+      {{"cuda", "check", "--trace", kBundledTrace, "--bogus"}, 2, {"--bogus"}},
+      {{"cuda", "check", "--trace", kBundledTrace, "--json", "@nodir/out.json"}, 1, {"@nodir/out.json"}},
+      {{"cuda", "bench", "--trace", "@missing"}, 1, {"@missing"}},
+      {{"cuda", "bench", "--recipe", "fp8"}, 2, {"unknown recipe 'fp8'"}},
+      {{"cuda", "bench", "--size", "100"}, 2, {"--size"}},
+      {{"cuda", "qbench", "--shape", "100x100"}, 2, {"--shape 100x100", "multiples of 32"}},
+      {{"cuda", "qbench", "--recipe", "fp8"}, 2, {"unknown recipe 'fp8'"}},
+      {{"cuda", "timings", "--quant", "12x"}, 2, {"--quant '12x'"}},
+      {{"cuda", "timings", "--gemm-recipe", "fp8"}, 2, {"unknown recipe 'fp8'"}},
+      {{"cuda", "timings", "--reps", "1"}, 2, {"--reps"}},
+      {{"cuda", "frob"}, 2, {"unknown subcommand 'cuda frob'"}},
+      {{"cuda", "--trace", kBundledTrace}, 2, {"'--trace' comes before a subcommand"}},
+  };
+  auto expand = [&](const std::string& s) {
+    const size_t at = s.find('@');
+    return at == std::string::npos ? s : s.substr(0, at) + path(s.substr(at + 1));
+  };
+  for (const ErrCase& k : cases) {
+    std::vector<std::string> args;
+    std::string shown;
+    for (const auto& a : k.args) {
+      args.push_back(expand(a));
+      shown += " " + a;
+    }
+    SCOPED_TRACE("fp4lab" + shown);
+    const Result r = run(args);
+    EXPECT_EQ(r.code, k.code) << r.err;
+    ASSERT_FALSE(r.err.empty());
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_EQ(r.err.back(), '\n');
+    const std::string prefix = args[1] == "frob" ? "fp4lab: error: "
+                               : args[1][0] == '-' ? "fp4lab cuda: error: "
+                                                   : "fp4lab cuda " + args[1] + ": error: ";
+    EXPECT_EQ(r.err.rfind(prefix, 0), 0u) << r.err;
+    for (const auto& w : k.want) EXPECT_NE(r.err.find(expand(w)), std::string::npos) << "want '" << expand(w) << "' in " << r.err;
+  }
+}
+
 }  // namespace
 }  // namespace fp4lab

@@ -220,7 +220,7 @@ TEST(Check, TimingDoesNotDependOnCheck) {
   fs::remove_all(dir);
 }
 
-// The simulator numbers a trace's records as fp4lab analyze and fp4lab-cuda check do: record i quantises with
+// The simulator numbers a trace's records as fp4lab analyze and fp4lab cuda check do: record i quantises with
 // SR GEMM id i (stream i*8 + pass*2 + operand), so the three draw the same stochastic-rounding bits.
 TEST(Check, RecordsAreNumberedAsAnalyzeNumbersThem) {
   const std::string dir = synthetic_trace("ids", 32, 64, 48, 3);

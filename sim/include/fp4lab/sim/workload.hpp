@@ -41,7 +41,7 @@ struct LayerShape {
 
 // The three training GEMMs of a layer. `quant(pass, operand, gemm)` gives each operand's quantiser settings;
 // `gemm` is the layer's position in the workload, its GEMM id in the SR counter (Recipe::operand's stream), as
-// fp4lab analyze and fp4lab-cuda check number the records of a trace.
+// fp4lab analyze and fp4lab cuda check number the records of a trace.
 using OperandConfigFn = std::function<QuantConfig(Pass, Operand, uint32_t gemm)>;
 std::vector<GemmJob> training_gemms(const LayerShape& layer, const OperandConfigFn& quant, uint32_t gemm);
 
