@@ -62,6 +62,17 @@ int cmd_gemm(const Invocation& inv) {
   const JsonOut json(vm);
   const Pass pass = selected_pass(vm);
   const QuantConfig cfg_a = operand_config(vm, pass, Operand::a), cfg_b = operand_config(vm, pass, Operand::b);
+  {
+    // The pairing rule of the contract (docs/spec.md §5) on the two configurations, before any file is read.
+    QTensor pa, pb;
+    pa.block = cfg_a.block, pa.rht = cfg_a.rht, pa.rht_signs = cfg_a.rht_signs;
+    pb.block = cfg_b.block, pb.rht = cfg_b.rht, pb.rht_signs = cfg_b.rht_signs;
+    try {
+      check_gemm_operands(pa, pb);
+    } catch (const std::invalid_argument& e) {
+      usage_error(e.what());
+    }
+  }
   const auto [file_a, name_a] = split_file_tensor(vm["a"].as<std::string>(), "--a");
   const auto [file_b, name_b] = split_file_tensor(vm["b"].as<std::string>(), "--b");
   const std::string out = vm["out"].as<std::string>();

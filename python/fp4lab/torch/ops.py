@@ -143,6 +143,13 @@ def product(qa, qb, mode: str = "exact") -> torch.Tensor:
         return gemm(qa, qb)
     if mode != "fast":
         raise ValueError(f"mode must be 'exact' or 'fast', not {mode!r}")
+    # The same pairs as the contract GEMM: operands quantised under different rotations have no product.
+    if isinstance(qa, QTensorCUDA) and isinstance(qb, QTensorCUDA):
+        _core.cuda_check_gemm_operands(qa._h, qb._h)
+    elif isinstance(qa, _core.QTensor) and isinstance(qb, _core.QTensor):
+        _core.check_gemm_operands(qa, qb)
+    else:
+        raise TypeError("product(): both operands must come from fp4lab.torch.quantize on the same kind of device")
     if isinstance(qa, QTensorCUDA):
         return torch.matmul(_dequantize(qa, torch.bfloat16), _dequantize(qb, torch.bfloat16).t())
     return torch.matmul(dequantize(qa), dequantize(qb).t())
@@ -165,7 +172,12 @@ def _qtensor(codes: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tens
     every step and layer)."""
     c = recipe_of_key(recipe).config(pass_, operand, layer=0, step=0).to_dict()
     return _core.make_qtensor(c["format"], c["scale"], c["block"], c["tile2d"], codes.cpu().numpy(),
-                              scales.cpu().numpy(), float(global_scale))
+                              scales.cpu().numpy(), float(global_scale), c["rht"], _signs(c["rht_signs"]))
+
+
+def _signs(text: str) -> list:
+    """A QuantConfig's signs as to_dict() spells them ("+1,-1,..."; "" without RHT) -> floats."""
+    return [1.0 if t == "+1" else -1.0 for t in text.split(",")] if text else []
 
 
 def _operand_tensors(q, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
