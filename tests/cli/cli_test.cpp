@@ -993,6 +993,36 @@ TEST_F(Cli, JsonConfigFaultsNameFileAndKey) {
   EXPECT_FALSE(std::filesystem::exists(path("o")));
 }
 
+// The JSON form refuses what the `key = value` form refuses or cannot hold: a repeated key (nlohmann would keep the
+// last), an empty key (was "ambiguous"), a NUL byte (it cut the message, and a file name short), and a value past
+// 64 KiB (was echoed whole); values are echoed escaped and at most 80 bytes long.
+TEST_F(Cli, JsonConfigRepeatedEmptyNulAndHugeValuesAreRefused) {
+  const std::string in = path("in.safetensors");
+  auto with = [&](const std::string& name, const std::string& text) {
+    std::ofstream(path(name), std::ios::binary) << text;
+    return run({"quantize", "--in", in, "--tensor", "x", "--out", path("o"), "--config", path(name)});
+  };
+  expect_one_line_error(with("dup.json", R"({"recipe": "ufp4", "format": "e1m2", "recipe": "nvfp4"})"), "quantize", 2,
+                        {path("dup.json"), "key 'recipe' is given twice"});
+  expect_one_line_error(with("dupr.json", R"({"config": {"rht": 16, "rht": 32}})"), "quantize", 2,
+                        {path("dupr.json"), "key 'rht' is given twice"});
+  const Result e = with("empty.json", R"({"": 1})");
+  expect_one_line_error(e, "quantize", 2, {path("empty.json"), "an empty key"});
+  EXPECT_EQ(e.err.find("ambiguous"), std::string::npos) << e.err;
+  expect_one_line_error(with("nul.json", R"({"format": "e2\u0000m1"})"), "quantize", 2,
+                        {path("nul.json"), "option 'format': the value 'e2\\x00m1' holds a NUL byte at byte 2"});
+  expect_one_line_error(with("nul.cfg", std::string("format = e2\0m1\n", 15)), "quantize", 2,
+                        {path("nul.cfg"), "the value 'e2\\x00m1' holds a NUL byte"});
+  const Result h = with("huge.json", "{\"format\": \"" + std::string(1 << 20, 'y') + "\"}");
+  expect_one_line_error(h, "quantize", 2, {path("huge.json"), "option 'format': a value of 1048576 bytes (at most 65536)"});
+  EXPECT_LT(h.err.size(), 400u);
+  // A value under the limit is named by its first 80 bytes, wherever the fault is found.
+  const Result l = with("long.json", "{\"format\": \"" + std::string(5000, 'z') + "\"}");
+  expect_one_line_error(l, "quantize", 2, {"unknown format '" + std::string(80, 'z') + "... (5000 bytes)'"});
+  EXPECT_LT(l.err.size(), 400u);
+  EXPECT_FALSE(std::filesystem::exists(path("o")));
+}
+
 // The one progress reporter of analyze and sim (cli/options.hpp): silent for the first two seconds and whenever
 // stderr is not a terminal, so a captured stderr holds nothing but a failure's one line.
 TEST(Progress, OnlyToATerminalAndOnlyAfterTwoSeconds) {
