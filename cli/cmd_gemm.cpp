@@ -131,10 +131,10 @@ int cmd_gemm(const Invocation& inv) {
     std::cout << fmt("C[%lld, %lld] = A[%lld, %lld] . B[%lld, %lld]^T -> %s (%s)\n", (long long)M, (long long)N,
                      (long long)M, (long long)K, (long long)N, (long long)K, printable(out).c_str(), bf16 ? "BF16" : "FP32");
     std::cout << fmt("recipe %s, pass %s\n", recipe.c_str(), pass_name(pass));
-    std::cout << fmt("A  %-34s SQNR %8.4f dB  alpha %.6f\n", cfg_a.label().c_str(), a.sqnr, a.alpha);
-    std::cout << fmt("B  %-34s SQNR %8.4f dB  alpha %.6f\n", cfg_b.label().c_str(), b.sqnr, b.alpha);
-    std::cout << fmt("GEMM-output SQNR %.4f dB (against the float64 product)  eta = alpha_A * alpha_B = %.6f\n", sqnr,
-                     eta);
+    std::cout << fmt("A  %-34s SQNR %s  alpha %.6f\n", cfg_a.label().c_str(), sqnr_text(a.sqnr, 11, 4).c_str(), a.alpha);
+    std::cout << fmt("B  %-34s SQNR %s  alpha %.6f\n", cfg_b.label().c_str(), sqnr_text(b.sqnr, 11, 4).c_str(), b.alpha);
+    std::cout << fmt("GEMM-output SQNR %s (against the float64 product)  eta = alpha_A * alpha_B = %.6f\n",
+                     sqnr_text(sqnr, 0, 4).c_str(), eta);
   }
   json.write({{"command", "gemm"},
               {"a", {{"input", file_a}, {"tensor", name_a}, {"shape", {M, K}}, {"config", config_json(cfg_a)},

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdlib>
@@ -25,6 +26,15 @@ namespace fp4lab::cli {
 void usage_error(const std::string& msg) { throw Error(kExitUsage, msg); }
 void data_error(const std::string& file, const std::string& msg) {
   throw Error(kExitData, file.empty() ? msg : file + ": " + msg);
+}
+
+std::string sqnr_text(double db, int width, int prec) {
+  if (std::isfinite(db)) return fmt("%*.*f dB", std::max(width - 3, 0), prec, db);
+  return fmt("%*s", width, db > 0 ? "exact" : "n/a");
+}
+
+std::string delta_text(double d, int width, int prec) {
+  return std::isfinite(d) ? fmt("%+*.*f", width, prec, d) : fmt("%*s", width, "n/a");
 }
 
 std::string fmt(const char* f, ...) {

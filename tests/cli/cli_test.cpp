@@ -1023,6 +1023,37 @@ TEST_F(Cli, JsonConfigRepeatedEmptyNulAndHugeValuesAreRefused) {
   EXPECT_FALSE(std::filesystem::exists(path("o")));
 }
 
+// Exact quantisation has SQNR +inf (docs/spec.md §6.1), which the JSON writes as null: tables print "exact" for it
+// and "n/a" for a difference with an exact side (inf - inf was "-nan"), never inf or nan, on all-zero and constant
+// traces, in analyze, quantize and gemm alike.
+TEST_F(Cli, ExactQuantisationPrintsExactNotInfOrNan) {
+  for (const float v : {0.0f, 0.75f}) {
+    SCOPED_TRACE(v);
+    const std::vector<float> x(32 * 64, v), dy(32 * 32, v);
+    io::write_safetensors(path("c.safetensors"), {io::make_f32("g.fwd_x", {32, 64}, x), io::make_f32("g.fwd_w", {32, 64}, x),
+                                                  io::make_f32("g.bwd_dy", {32, 32}, dy)},
+                          {{"fp4lab.trace.version", "1"}});
+    std::vector<Result> rs = {
+        run({"analyze", "--trace", path("c.safetensors"), "--recipe", "ufp4", "--json", path("a.json")}),
+        run({"quantize", "--in", path("c.safetensors"), "--tensor", "g.fwd_x", "--out", path("q")}),
+        run({"gemm", "--a", path("c.safetensors") + ":g.fwd_x", "--b", path("c.safetensors") + ":g.fwd_w", "--out", path("g")})};
+    for (Result& r : rs) {
+      ASSERT_EQ(r.code, 0) << r.err;
+      for (size_t i; (i = r.out.find(path(""))) != std::string::npos;) r.out.erase(i, path("").size());  // random name
+      EXPECT_NE(r.out.find("exact"), std::string::npos) << r.out;
+      for (const char* bad : {"inf", "nan", "NaN", "Inf"}) EXPECT_EQ(r.out.find(bad), std::string::npos) << r.out;
+    }
+    EXPECT_NE(rs[0].out.find("n/a"), std::string::npos) << rs[0].out;
+    const json a = json::parse(slurp(path("a.json")));
+    size_t nulls = 0, exact_cells = 0;
+    for (const auto& t : a["tensors"]) nulls += t["sqnr_db"].is_null();
+    for (const auto& g : a["gemms"]) nulls += g["sqnr_db"].is_null();
+    for (size_t i = 0; (i = rs[0].out.find("exact", i)) != std::string::npos; ++i) ++exact_cells;
+    EXPECT_GT(nulls, 0u);
+    EXPECT_EQ(exact_cells, nulls);  // one "exact" cell per null record, no more
+  }
+}
+
 // The one progress reporter of analyze and sim (cli/options.hpp): silent for the first two seconds and whenever
 // stderr is not a terminal, so a captured stderr holds nothing but a failure's one line.
 TEST(Progress, OnlyToATerminalAndOnlyAfterTwoSeconds) {
