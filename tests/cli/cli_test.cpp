@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -1052,6 +1053,34 @@ TEST_F(Cli, ExactQuantisationPrintsExactNotInfOrNan) {
     EXPECT_GT(nulls, 0u);
     EXPECT_EQ(exact_cells, nulls);  // one "exact" cell per null record, no more
   }
+}
+
+// Every *.safetensors entry of a trace folder is read: a dangling or looping link, or a FIFO of that name, is a data
+// error naming it, found before any analysis (they were skipped without a word).
+TEST_F(Cli, TraceFolderLinksAndFifosAreNamedNotSkipped) {
+  namespace fs = std::filesystem;
+  const std::string t = path("tr");
+  fs::create_directory(t);
+  write_trace(t + "/a.safetensors", 32, 64, 32);
+  struct Case {
+    std::string entry;
+    std::function<void(const std::string&)> make;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {"b.safetensors", [](const std::string& p) { fs::create_symlink("gone.safetensors", p); },
+       "link to a missing file 'gone.safetensors'"},
+      {"c.safetensors", [](const std::string& p) { fs::create_symlink("c.safetensors", p); }, "link loop"},
+      {"f.safetensors", [](const std::string& p) { ASSERT_EQ(::mkfifo(p.c_str(), 0600), 0); }, "file is a FIFO"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.entry);
+    const std::string p = t + "/" + c.entry;
+    c.make(p);
+    expect_one_line_error(run({"analyze", "--trace", t, "--json", path("a.json")}), "analyze", 1, {p + ": " + c.want});
+    EXPECT_FALSE(fs::exists(path("a.json")));
+    fs::remove(p);
+  }
+  EXPECT_EQ(run({"analyze", "--trace", t}).code, 0);
 }
 
 // The one progress reporter of analyze and sim (cli/options.hpp): silent for the first two seconds and whenever
