@@ -1083,6 +1083,32 @@ TEST_F(Cli, TraceFolderLinksAndFifosAreNamedNotSkipped) {
   EXPECT_EQ(run({"analyze", "--trace", t}).code, 0);
 }
 
+// Paths and names are recorded in UTF-8 (JSON, safetensors metadata): one that is not UTF-8 is a usage error naming
+// it, escaped, before any work (quantize and gemm used to finish and then blame "a tensor name", analyze wrote U+FFFD
+// into its report). Valid UTF-8 beyond ASCII works.
+TEST_F(Cli, NonUtf8PathsAreRefusedBeforeTheWork) {
+  const std::string in = path("in.safetensors"), bad = path("bad\xff");
+  std::ofstream(path("c.cfg")) << "in = " << bad << "/x.safetensors\n";
+  const std::vector<std::vector<std::string>> cases = {
+      {"quantize", "--in", bad + "/x.safetensors", "--tensor", "x", "--out", path("o")},
+      {"quantize", "--in", in, "--tensor", "x", "--out", bad + "/o"},
+      {"quantize", "--in", in, "--tensor", "x", "--out", path("o"), "--json", bad + ".json"},
+      {"quantize", "--config", path("c.cfg"), "--tensor", "x", "--out", path("o")},
+      {"gemm", "--a", in + ":x", "--b", bad + ":x", "--out", path("o")},
+      {"analyze", "--trace", bad, "--json", path("o")}};
+  for (const auto& args : cases) {
+    SCOPED_TRACE(args[1] + " " + args[2]);
+    const Result r = run(args);
+    expect_one_line_error(r, args[0], 2, {"bad\\xFF", "is not valid UTF-8"});
+    EXPECT_EQ(r.err.find('\xff'), std::string::npos);  // the message itself is UTF-8
+    EXPECT_FALSE(std::filesystem::exists(path("o")));
+  }
+  std::filesystem::create_directory(path("\xc3\xa9t\xc3\xa9"));  // "été"
+  const Result ok = run({"quantize", "--in", in, "--tensor", "x", "--out", path("\xc3\xa9t\xc3\xa9/o"), "--json", "-"});
+  ASSERT_EQ(ok.code, 0) << ok.err;
+  EXPECT_EQ(json::parse(ok.out)["out"], path("\xc3\xa9t\xc3\xa9/o"));
+}
+
 // The one progress reporter of analyze and sim (cli/options.hpp): silent for the first two seconds and whenever
 // stderr is not a terminal, so a captured stderr holds nothing but a failure's one line.
 TEST(Progress, OnlyToATerminalAndOnlyAfterTwoSeconds) {
