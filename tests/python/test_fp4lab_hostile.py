@@ -117,3 +117,78 @@ def test_rht_signs_of_the_wrong_shape_or_type():
     with pytest.raises(ValueError) as e:
         fp4lab.config(rht_signs=3)
     assert one_line(e) == "--rht-signs: sign 1 is '3', not +1 or -1"
+
+
+# ---- fp4lab.torch: an empty batch, sizes a recipe cannot take, overflow in fast mode, integer arguments ---------
+
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+def test_linear_on_no_tokens_is_nn_linear(mode):
+    torch = pytest.importorskip("torch")
+    import fp4lab.torch as ft
+    torch.manual_seed(0)
+    lin = ft.Linear(64, 32, recipe=ft.Recipe("ufp4", mode=mode))
+    ref = torch.nn.Linear(64, 32)
+    ref.load_state_dict({k: v for k, v in lin.state_dict().items() if k != "_extra_state"})
+    for shape in ((0, 64), (3, 0, 64)):
+        x, xr = torch.randn(shape, requires_grad=True), torch.randn(shape, requires_grad=True)
+        y, yr = lin(x), ref(xr)
+        assert y.shape == yr.shape == (*shape[:-1], 32)
+        y.sum().backward()
+        yr.sum().backward()
+        assert x.grad.shape == x.shape
+        assert torch.equal(lin.weight.grad, ref.weight.grad) and torch.equal(lin.bias.grad, ref.bias.grad)
+        assert not lin.weight.grad.any()
+        lin.zero_grad()
+        ref.zero_grad()
+
+
+def test_linear_sizes_the_recipe_cannot_take_are_refused_at_construction():
+    pytest.importorskip("torch")
+    import fp4lab.torch as ft
+    for args, want in (((40, 32), "fwd_y operand a [tokens, 40]: reduction dimension 40 is not a multiple of the "
+                                  "block size 16"),
+                       ((64, 24), "bwd_dx operand a [tokens, 24]: reduction dimension 24 is not a multiple"),
+                       ((80, 64, "mxfp4"), "reduction dimension 80 is not a multiple of the block size 32")):
+        with pytest.raises(ValueError) as e:
+            ft.Linear(*args[:2], recipe=args[2] if len(args) > 2 else "ufp4")
+        assert want in one_line(e)
+    ft.Linear(40, 24, recipe="bf16")  # plain F.linear takes any size
+    ft.Linear(64, 32, recipe="ufp4")
+
+
+def test_fast_mode_refuses_an_overflowing_output_as_exact_mode_does():
+    torch = pytest.importorskip("torch")
+    import fp4lab.torch as ft
+    x = torch.full((16, 64), 1e3)
+    for mode in ("exact", "fast"):
+        lin = ft.Linear(64, 32, bias=False, recipe=ft.Recipe("ufp4", mode=mode))
+        with torch.no_grad():
+            lin.weight.fill_(3e37)
+        with pytest.raises(ValueError) as e:
+            lin(x)
+        assert one_line(e) == "GEMM output overflows FP32 at C[0, 0]", mode
+        qa, qb = ft.quantize(x, "ufp4", role="fwd_x"), ft.quantize(lin.weight.detach(), "ufp4", role="fwd_w")
+        with pytest.raises(ValueError, match="GEMM output overflows FP32 at C"):
+            ft.product(qa, qb, mode)
+
+
+def test_integer_arguments_give_one_line_errors():
+    torch = pytest.importorskip("torch")
+    import fp4lab.torch as ft
+    lin = ft.Linear(64, 32)
+    cases = [(lambda: ft.Recipe("ufp4", seed=-1), ValueError, "Recipe(): seed must be an integer from 0 to 2**64 - 1"),
+             (lambda: ft.Recipe("ufp4", seed=2**64), ValueError, "Recipe(): seed must be an integer"),
+             (lambda: ft.Recipe("ufp4", seed=1.5), TypeError, "Recipe(): seed must be an int, not float"),
+             (lambda: ft.Recipe("ufp4", seed=True), TypeError, "Recipe(): seed must be an int, not bool"),
+             (lambda: ft.set_step(lin, -1), ValueError, "set_step(): step must be an integer from 0 to 2**63 - 1"),
+             (lambda: ft.set_step(lin, 2**70), ValueError, "set_step(): step must be an integer"),
+             (lambda: ft.set_step(lin, 3.0), TypeError, "set_step(): step must be an int, not float"),
+             (lambda: setattr(lin, "step", "7"), TypeError, "step: step must be an int, not str"),
+             (lambda: ft.Linear(64, 32, layer_id=2**29), ValueError, "Linear(): layer_id must be an integer"),
+             (lambda: ft.Linear(64, 32, layer_id=1.0), TypeError, "Linear(): layer_id must be an int")]
+    for f, kind, want in cases:
+        with pytest.raises(kind) as e:
+            f()
+        assert one_line(e).startswith(want), one_line(e)
+    ft.set_step(lin, torch.tensor(5))  # an integer tensor is an int
+    assert lin.step == 5 and ft.Recipe("ufp4", seed=np.uint64(2**64 - 1)).seed == 2**64 - 1

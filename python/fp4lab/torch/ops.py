@@ -50,13 +50,30 @@ def _nonfinite_flag(device: torch.device) -> torch.Tensor:
 
 
 def check_finite() -> None:
-    """Raises ValueError when a CUDA operand quantised with check_finite='deferred' held NaN or Inf since the last
-    call (one synchronisation; a training loop calls it once a step), and clears the flag."""
+    """Raises ValueError when a CUDA operand quantised with check_finite='deferred' held NaN or Inf, or a GEMM output
+    overflowed, since the last call (one synchronisation; a training loop calls it once a step), and clears the flag."""
     for i, f in _flags.items():
-        if int(f.item()):
+        v = int(f.item())
+        if v:
             f.zero_()
-            raise ValueError(f"cuda:{i}: an input tensor of a quantised GEMM held NaN or Inf "
-                             "(4-bit grids have no such codes)")
+            if v & 1:
+                raise ValueError(f"cuda:{i}: an input tensor of a quantised GEMM held NaN or Inf "
+                                 "(4-bit grids have no such codes)")
+            raise ValueError(f"cuda:{i}: the output of a quantised GEMM overflowed")
+
+
+def _check_output(y: torch.Tensor, check_finite: str = "sync") -> torch.Tensor:
+    """An output past FP32 (or BF16, fast mode's CUDA product) is a data fault, not a result: the golden GEMM refuses
+    it, and so do the CUDA kernels and fast mode here. With check_finite='deferred' a CUDA output only raises bit 1
+    of the device flag (no synchronisation), which check_finite() reads."""
+    if y.is_cuda and check_finite == "deferred":
+        _nonfinite_flag(y.device).bitwise_or_(torch.isfinite(y).logical_not().any().to(torch.int32) * 2)
+        return y
+    bad = torch.isfinite(y).logical_not()
+    if bool(bad.any()):
+        r, c = (int(v) for v in bad.nonzero()[0])
+        raise ValueError(f"GEMM output overflows {'BF16' if y.dtype == torch.bfloat16 else 'FP32'} at C[{r}, {c}]")
+    return y
 
 
 def _stream() -> int:
@@ -118,15 +135,16 @@ def _dequantize(q, dtype: torch.dtype) -> torch.Tensor:
 
 
 @_fp._one_line_errors
-def gemm(qa, qb, *, kernel: str = "fast") -> torch.Tensor:
+def gemm(qa, qb, *, kernel: str = "fast", check_finite: str = "sync") -> torch.Tensor:
     """C = A · Bᵀ, FP32 [M, N], under the datapath contract: the golden model for host operands, the CUDA
-    kernels for device operands (``kernel`` "fast": int8 tensor cores; "reference": one thread per output)."""
+    kernels for device operands (``kernel`` "fast": int8 tensor cores; "reference": one thread per output). An output
+    past FP32 raises ValueError (on CUDA with ``check_finite="deferred"``, at the next ``check_finite()``)."""
     if isinstance(qa, QTensorCUDA) and isinstance(qb, QTensorCUDA):
         dev = qa.packed_codes.device
         c = torch.empty((qa.rows, qb.rows), dtype=torch.float32, device=dev)
         with torch.cuda.device(dev):
             _core.cuda_gemm(qa._h, qb._h, c, _stream(), kernel)
-        return c
+        return _check_output(c, check_finite)
     if isinstance(qa, _core.QTensor) and isinstance(qb, _core.QTensor):
         return torch.from_numpy(_core.gemm(qa, qb))
     raise TypeError("gemm(): both operands must come from fp4lab.torch.quantize on the same kind of device")
@@ -135,12 +153,12 @@ def gemm(qa, qb, *, kernel: str = "fast") -> torch.Tensor:
 # ---- the training layer -------------------------------------------------------------------------------------
 
 @_fp._one_line_errors
-def product(qa, qb, mode: str = "exact") -> torch.Tensor:
+def product(qa, qb, mode: str = "exact", check_finite: str = "sync") -> torch.Tensor:
     """A · Bᵀ of two quantised operands in a GEMM mode: "exact" is ``gemm`` (the datapath contract, FP32);
     "fast" multiplies the dequantised operands with torch's matmul: cuBLAS on BF16 values with FP32 accumulation
-    and a BF16 product on CUDA, FP32 on the CPU."""
+    and a BF16 product on CUDA, FP32 on the CPU. Either mode raises ValueError on an output that overflows."""
     if mode == "exact":
-        return gemm(qa, qb)
+        return gemm(qa, qb, check_finite=check_finite)
     if mode != "fast":
         raise ValueError(f"mode must be 'exact' or 'fast', not {mode!r}")
     # The same pairs as the contract GEMM: operands quantised under different rotations have no product.
@@ -151,8 +169,8 @@ def product(qa, qb, mode: str = "exact") -> torch.Tensor:
     else:
         raise TypeError("product(): both operands must come from fp4lab.torch.quantize on the same kind of device")
     if isinstance(qa, QTensorCUDA):
-        return torch.matmul(_dequantize(qa, torch.bfloat16), _dequantize(qb, torch.bfloat16).t())
-    return torch.matmul(dequantize(qa), dequantize(qb).t())
+        return fast_matmul(_dequantize(qa, torch.bfloat16), _dequantize(qb, torch.bfloat16), check_finite)
+    return fast_matmul(dequantize(qa), dequantize(qb), check_finite)
 
 
 # ---- torch.library operators ----------------------------------------------------------------------------------
@@ -244,6 +262,18 @@ def _(codes, scales, global_scale, recipe, pass_, operand):
     return codes.new_empty(codes.shape, dtype=torch.float32)
 
 
+@torch.library.custom_op("fp4lab::fast_matmul", mutates_args=(), device_types=("cpu", "cuda"))
+def fast_matmul(da: torch.Tensor, db: torch.Tensor, check_finite: str) -> torch.Tensor:
+    """Fast mode's product of two dequantised operands, da · dbᵀ by torch's matmul, refused when it overflows as the
+    contract GEMM's is. An operator, so that the check stays inside a compiled graph without breaking it."""
+    return _check_output(torch.matmul(da, db.t()), check_finite)
+
+
+@fast_matmul.register_fake
+def _(da, db, check_finite):
+    return da.new_empty((da.shape[0], db.shape[0]))
+
+
 @torch.library.custom_op("fp4lab::take_step", mutates_args=("counter",))
 def take_step(counter: torch.Tensor, advance: bool) -> torch.Tensor:
     """The SR step a forward quantises with (a copy of the 0-d ``counter``), the counter advanced past it when
@@ -307,7 +337,7 @@ def _qmatmul_observed(a, b, step, recipe: Recipe, layer: int, pass_: str, label:
         qa, qb = quant(a, cfg(pass_, "a"), pass_, "a"), quant(b, cfg(pass_, "b"), pass_, "b")
     except ValueError as e:
         raise ValueError(f"{label}: {e}") from None
-    y = product(qa, qb, recipe.mode)
+    y = product(qa, qb, recipe.mode, recipe.check_finite)
     for obs in observers:
         obs(owner, int(step), pass_, a, b, qa, qb, y, cfg)
     return y
@@ -328,7 +358,7 @@ def qmatmul(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: Recipe
             qb = _quantize_operand(b, cfg("b"), pass_, "b", recipe, cache)
         except ValueError as e:
             raise ValueError(f"{label}: {e}") from None
-        return product(qa, qb, recipe.mode)
+        return product(qa, qb, recipe.mode, recipe.check_finite)
     key = recipe.key
     qa = torch.ops.fp4lab.quantize(a, step, key, layer, pass_, "a", label)
     qb = torch.ops.fp4lab.quantize(b, step, key, layer, pass_, "b", label)
@@ -338,4 +368,4 @@ def qmatmul(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: Recipe
     db = torch.ops.fp4lab.dequantize(*qb, key, pass_, "b")
     if a.is_cuda:  # as product(): cuBLAS on BF16 values on CUDA
         da, db = da.to(torch.bfloat16), db.to(torch.bfloat16)
-    return torch.matmul(da, db.t())
+    return torch.ops.fp4lab.fast_matmul(da, db, recipe.check_finite)

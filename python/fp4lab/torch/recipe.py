@@ -1,12 +1,27 @@
 """Recipe: which quantiser settings each operand of each training GEMM of a linear layer takes."""
 from __future__ import annotations
 
+import operator
 from typing import Any, Dict, Optional, Tuple
 
 import fp4lab as _fp
 from fp4lab import _core
 
 __all__ = ["Recipe", "RECIPES"]
+
+def _whole(func: str, name: str, value: Any, hi: int) -> int:
+    """``value`` as an int from 0 to hi - 1, or a one-line TypeError (a float, a bool, a str) or ValueError (out of
+    range) naming ``func`` and ``name``, rather than a silent truncation or the bindings' signature dump."""
+    if isinstance(value, bool):
+        raise TypeError(f"{func}: {name} must be an int, not bool")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{func}: {name} must be an int, not {type(value).__name__}") from None
+    if not 0 <= v < hi:
+        raise ValueError(f"{func}: {name} must be an integer from 0 to 2**{hi.bit_length() - 1} - 1, not {v}")
+    return v
+
 
 # bf16 is the passthrough recipe (plain F.linear); the others are the presets of docs/spec.md §2.
 RECIPES = ("bf16",) + tuple(_core.recipe_names())
@@ -45,8 +60,9 @@ class Recipe:
         for p, o in (per_operand or {}):
             if p not in _PASSES or o not in ("a", "b"):
                 raise ValueError(f"per_operand keys are (pass, 'a'|'b'), not {(p, o)!r}")
+        seed = _whole("Recipe()", "seed", seed, 2**64)  # the Philox key of training_seed (docs/spec.md §12)
         # The arguments, as given: repr, equality, hashing and pickling all use them.
-        args: Dict[str, Any] = {"mode": mode, "seed": int(seed)}
+        args: Dict[str, Any] = {"mode": mode, "seed": seed}
         if per_pass:
             args["per_pass"] = {p: dict(v) for p, v in per_pass.items()}
         if per_operand:
