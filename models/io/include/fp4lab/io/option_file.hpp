@@ -74,8 +74,8 @@ inline void check_option_values(const boost::program_options::parsed_options& pa
 
 // Parses `text` in either form against `desc`. Throws boost::program_options::error (unknown, empty or repeated
 // key, bad JSON, a value of the wrong kind, too long or holding a NUL byte); callers prefix the file name.
-inline boost::program_options::parsed_options parse_option_text(const std::string& text,
-                                                                 const boost::program_options::options_description& desc) {
+inline boost::program_options::parsed_options parse_option_text_whole(
+    const std::string& text, const boost::program_options::options_description& desc) {
   namespace po = boost::program_options;
   if (!is_json_text(text)) {
     std::istringstream in(text);
@@ -122,6 +122,23 @@ inline boost::program_options::parsed_options parse_option_text(const std::strin
   }
   check_option_values(parsed);
   return parsed;
+}
+
+// parse_option_text_whole with every message one line of at most 300 bytes: Boost and nlohmann echo an unknown key,
+// an invalid line or the last token read whole, which a hostile file makes megabytes long.
+inline boost::program_options::parsed_options parse_option_text(const std::string& text,
+                                                                 const boost::program_options::options_description& desc) {
+  namespace po = boost::program_options;
+  try {
+    return parse_option_text_whole(text, desc);
+  } catch (const po::error& e) {
+    std::string m = e.what();
+    if (m.size() <= 300 && m.find('\n') == std::string::npos) throw;
+    for (char& c : m)
+      if (c == '\n') c = ' ';
+    if (m.size() > 300) m = m.substr(0, 300) + "... (" + std::to_string(m.size()) + " bytes)";
+    throw po::error(m);
+  }
 }
 
 }  // namespace fp4lab::io
