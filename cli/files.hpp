@@ -13,14 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "text.hpp"  // printable, valid_utf8
+
 namespace fp4lab::cli {
 
-// Control bytes (< 0x20, 0x7F) and bytes that are not part of valid UTF-8 as \xNN; everything else as is. With
-// keep_newlines, '\n' stays (for a whole table printed at once).
-std::string printable(const std::string& s, bool keep_newlines = false);
-
-// Whether s is valid UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
-bool valid_utf8(const std::string& s);
 
 void check_outputs(const boost::program_options::variables_map& vm, std::vector<std::string> outputs,
                    std::vector<std::string> inputs);
