@@ -1,19 +1,14 @@
 """Hostile input to the Python package, one test per class: operand pairs the contract does not define, knobs that
 mean something else than on the command line, and arguments the bindings would refuse with a signature dump.
 
-The package comes from PYTHONPATH (ctest points it at the build's in-tree package); FP4LAB_BIN names the built
-command line."""
-import os
-import subprocess
-
+The package comes from PYTHONPATH (ctest points it at the build's in-tree package). The CUDA case runs where the
+package was built with CUDA and a GPU is present."""
 import numpy as np
 import pytest
 
 import fp4lab
 from fp4lab import _core
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-BIN = os.environ.get("FP4LAB_BIN", os.path.join(ROOT, "build", "bin", "fp4lab"))
 X = np.random.default_rng(24).standard_normal((32, 64), dtype=np.float32)
 SAME_ROTATION = "the contract multiplies operands quantised under the same rotation"
 
@@ -192,3 +187,35 @@ def test_integer_arguments_give_one_line_errors():
         assert one_line(e).startswith(want), one_line(e)
     ft.set_step(lin, torch.tensor(5))  # an integer tensor is an int
     assert lin.step == 5 and ft.Recipe("ufp4", seed=np.uint64(2**64 - 1)).seed == 2**64 - 1
+
+
+def test_cuda_operands_refuse_different_rotations_and_overflow():
+    torch = pytest.importorskip("torch")
+    import fp4lab.torch as ft
+    if not (_core.cuda_built and torch.cuda.is_available()):
+        pytest.skip("no CUDA build or no GPU")
+    x = torch.from_numpy(X).cuda()
+    qa, qb = ft.quantize(x, "ufp4", role="fwd_x"), ft.quantize(x, "nvfp4", role="fwd_w")
+    assert qa.rht == 16 and qb.rht == 0
+    for f in (lambda: ft.gemm(qa, qb), lambda: ft.gemm(qa, qb, kernel="reference"), lambda: ft.product(qa, qb, "fast")):
+        with pytest.raises(ValueError) as e:
+            f()
+        assert one_line(e).startswith("operand A was rotated by RHT-16 (signs te) and operand B was not")
+    # The same rotation on the host and on the device: the golden layout carries it back.
+    assert qa.to_host().rht_signs == fp4lab.quantize(X, "ufp4", role="fwd_x").rht_signs
+    big = torch.full((16, 64), 1e3, device="cuda")
+    w = torch.full((32, 64), 3e37, device="cuda")
+    for mode in ("exact", "fast"):
+        lin = ft.Linear(64, 32, bias=False, recipe=ft.Recipe("ufp4", mode=mode)).cuda()
+        with torch.no_grad():
+            lin.weight.copy_(w)
+        with pytest.raises(ValueError, match="overflow"):
+            lin(big)
+        torch.cuda.synchronize()
+        ft.check_finite()  # a sync recipe leaves no deferred flag behind
+    lin = ft.Linear(64, 32, bias=False, recipe=ft.Recipe("ufp4", mode="fast", check_finite="deferred")).cuda()
+    with torch.no_grad():
+        lin.weight.copy_(w)
+    lin(big)  # no synchronisation: the device flag records the overflow
+    with pytest.raises(ValueError, match="the output of a quantised GEMM overflowed"):
+        ft.check_finite()
