@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Benchmark: `fp4lab analyze` against a straightforward numpy implementation of the same definitions
-(scripts/analysis_numpy.py), on the same traces, in the same run. Prints wall time, throughput in trace
+(fp4lab.oracle), on the same traces, in the same run. Prints wall time, throughput in trace
 elements per second for both, the ratio, and how closely the two agree.
 
     python3 scripts/bench_analyze.py --fp4lab build/bin/fp4lab [--trace DIR] [--larger 4] [--repeat 5]
@@ -13,44 +13,25 @@ two are equal; BF16 like the original), written to a temporary folder.
 import argparse
 import json
 import os
-import struct
 import subprocess
-import sys
 import tempfile
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import analysis_numpy  # noqa: E402
+from fp4lab import oracle as analysis_numpy
+from fp4lab import trace
 
 
 def larger_trace(src, folder, factor):
     """The records of `src` with tokens x factor: X and dY rows repeated, copy c scaled by 2^-c (exact in BF16)."""
-    for fn in sorted(f for f in os.listdir(src) if f.endswith(".safetensors")):
-        raw = open(os.path.join(src, fn), "rb").read()
-        (n,) = struct.unpack("<Q", raw[:8])
-        header = json.loads(raw[8 : 8 + n])
-        meta = header.pop("__metadata__", {})
-        out_header, blobs, off = {"__metadata__": meta}, [], 0
-        for name, t in header.items():
-            b, e = t["data_offsets"]
-            assert t["dtype"] == "BF16", f"{fn}: {name} is {t['dtype']}, expected BF16"
-            a = np.frombuffer(raw[8 + n + b : 8 + n + e], dtype="<u2").reshape(t["shape"])
-            shape = list(t["shape"])
+    for fn in trace.files(src):
+        meta, tensors = trace.read_raw(fn)
+        for name, a in tensors.items():
+            assert trace.dtype_name(a) == "BF16", f"{fn}: {name} is {trace.dtype_name(a)}, expected BF16"
             if not name.endswith(".fwd_w"):  # X [tokens, in], dY [tokens, out]
-                f32 = (a.astype(np.uint32) << 16).view(np.float32)
-                a = np.concatenate([(f32 * np.float32(2.0**-c)).view(np.uint32) >> 16 for c in range(factor)])
-                a = a.astype(np.uint16)
-                shape[0] *= factor
-            blob = a.tobytes()
-            out_header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [off, off + len(blob)]}
-            blobs.append(blob)
-            off += len(blob)
-        h = json.dumps(out_header).encode()
-        h += b" " * (-len(h) % 8)
-        with open(os.path.join(folder, fn), "wb") as f:
-            f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+                tensors[name] = np.concatenate([a * a.dtype.type(2.0**-c) for c in range(factor)])
+        trace.write_file(os.path.join(folder, os.path.basename(fn)), tensors, meta)
 
 
 def bench(fp4lab, trace, repeat):

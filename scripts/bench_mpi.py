@@ -16,13 +16,15 @@ import argparse
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
 import time
 
+import ml_dtypes
 import numpy as np
+
+from fp4lab import trace
 
 # Each rank runs under this wrapper, which reports the rank's peak RSS (ru_maxrss of its one child, in KiB).
 RSS_WRAPPER = r"""
@@ -35,33 +37,15 @@ sys.exit(rc)
 """
 
 
-def bf16_bytes(a):
-    """float32 -> BF16 bytes, round to nearest even (finite inputs)."""
-    u = a.astype(np.float32).view(np.uint32)
-    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    return u.astype(np.uint16).tobytes()
-
-
 def write_record(path, gemm, tokens, d_in, d_out, rng):
     """One trace v1 file: <gemm>.fwd_x [tokens, in], .fwd_w [out, in], .bwd_dy [tokens, out], BF16."""
     # Activations with per-channel scales (outlier channels), weights ~ N(0, 1/in), heavy-tailed gradients.
     x = rng.standard_normal((tokens, d_in), dtype=np.float32) * rng.lognormal(0, 1, d_in).astype(np.float32)
     w = rng.standard_normal((d_out, d_in), dtype=np.float32) / np.float32(np.sqrt(d_in))
     dy = rng.standard_t(4, (tokens, d_out)).astype(np.float32) * np.float32(1e-3)
-    tensors = [(f"{gemm}.fwd_x", [tokens, d_in], bf16_bytes(x)), (f"{gemm}.fwd_w", [d_out, d_in], bf16_bytes(w)),
-               (f"{gemm}.bwd_dy", [tokens, d_out], bf16_bytes(dy))]
-    header, off = {"__metadata__": {"fp4lab.trace.version": "1", "source": "scripts/bench_mpi.py (synthetic)"}}, 0
-    for name, shape, b in tensors:
-        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [off, off + len(b)]}
-        off += len(b)
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for _, _, b in tensors:
-            f.write(b)
-    return off
+    tensors = {f"{gemm}.{r}": a.astype(ml_dtypes.bfloat16) for r, a in zip(trace.ROLES, (x, w, dy))}  # RTNE
+    trace.write_file(path, tensors, {"fp4lab.trace.version": "1", "source": "scripts/bench_mpi.py (synthetic)"})
+    return sum(a.nbytes for a in tensors.values())
 
 
 def make_trace(folder, gb, seed):

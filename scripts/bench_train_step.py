@@ -6,19 +6,21 @@ docs/spec.md §12 gives reference timings for. Every linear layer of the blocks 
 (fp4lab.torch.convert); the embedding and the output head stay BF16. For each recipe and GEMM mode it prints the
 median step time over --steps timed steps (CUDA events, after --warmup steps), the ratio to BF16, and the loss at
 the first and the last step on a learnable synthetic token stream (so a recipe that breaks training shows).
---size small|large times scripts/train_fp4.py's models instead, and --recipes takes its recipe names (the presets
-and the ablations of docs/training.md).
+--size small|large times the models of fp4lab.study (fp4lab-train) instead, and --recipes takes its recipe
+names (the presets and the ablations of docs/training.md).
 
     python3 scripts/bench_train_step.py [--size small] [--recipes bf16,ufp4,nvfp4] [--modes fast,exact]
-        [--json out.json]
+        [--compile bf16,ufp4] [--monitor 100] [--json out.json]
     python3 scripts/bench_train_step.py table RESULTS.json...   (markdown tables of measured results)
 """
 import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -27,9 +29,8 @@ import torch.nn.functional as F
 import fp4lab
 import fp4lab.torch as ft
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # The decoder and the recipes of docs/training.md.
-from train_fp4 import RECIPES, SIZES, build_model, make_recipe  # noqa: E402
+from fp4lab.study import RECIPES, SIZES, build_model, make_recipe
 
 SHAPE_KEYS = ("d", "layers", "heads", "ffn", "seq", "batch", "vocab")
 # docs/spec.md §12's reference shape, used when --size is not given: the large model with a 32000-token vocabulary.
@@ -47,7 +48,7 @@ def batches(vocab, batch, seq, device, seed):
         yield x.to(device, non_blocking=True)
 
 
-def run(args, recipe, mode, device, profile=False):
+def run(args, recipe, mode, device, profile=False, compiled=False, monitor_every=0):
     torch.manual_seed(0)
     cfg = {"d": args.d, "layers": args.layers, "heads": args.heads, "ffn": args.ffn, "seq": args.seq}
     model = build_model(cfg, args.vocab).to(device, torch.bfloat16)
@@ -57,7 +58,14 @@ def run(args, recipe, mode, device, profile=False):
     data = batches(args.vocab, args.batch, args.seq, device, seed=1)
     times, losses = [], []
     prof = None
-    for step in range(args.warmup + args.steps):
+    mon = None
+    steps = args.steps
+    if monitor_every:
+        # Enough steps that sampled steps come at their share: 2 per `monitor_every` timed steps.
+        steps = 2 * monitor_every
+        mon = ft.monitor(model, every=monitor_every, out=os.path.join(args.tmp, f"monitor-{recipe}-{mode}.jsonl"))
+    train_model = torch.compile(model, fullgraph=True) if compiled else model
+    for step in range(args.warmup + steps):
         if profile and step == args.warmup + args.steps - 2:
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA,
                                                       torch.profiler.ProfilerActivity.CPU])
@@ -67,7 +75,7 @@ def run(args, recipe, mode, device, profile=False):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
         t0 = time.perf_counter()
-        logits = model(x[:, :-1])
+        logits = train_model(x[:, :-1])
         loss = F.cross_entropy(logits.float().view(-1, args.vocab), x[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -86,11 +94,19 @@ def run(args, recipe, mode, device, profile=False):
     if prof is not None:
         prof.__exit__(None, None, None)
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18), flush=True)
+    if mon is not None:
+        mon.close()
     params = sum(p.numel() for n, p in model.named_parameters() if n.startswith("blocks."))
-    return {"recipe": recipe, "mode": mode if recipe != "bf16" else "-", "median_ms": statistics.median(times),
-            "min_ms": min(times), "max_ms": max(times), "loss_first": losses[0], "loss_last": losses[-1],
-            "block_params": params, "steps_timed": len(times),
-            "tokens_per_s": args.batch * args.seq / (statistics.median(times) / 1e3)}
+    parts = ([mode] if recipe != "bf16" else []) + (["compile"] if compiled else []) + \
+        ([f"monitor/{monitor_every}"] if monitor_every else [])
+    label = "+".join(parts) or "-"
+    row = {"recipe": recipe, "mode": label, "median_ms": statistics.median(times), "mean_ms": statistics.mean(times),
+           "min_ms": min(times), "max_ms": max(times), "loss_first": losses[0], "loss_last": losses[-1],
+           "block_params": params, "steps_timed": len(times),
+           "tokens_per_s": args.batch * args.seq / (statistics.median(times) / 1e3)}
+    if mon is not None:
+        row["monitor_records"] = mon.records
+    return row
 
 
 def table(info: dict) -> str:
@@ -102,8 +118,10 @@ def table(info: dict) -> str:
              f"of {info['rows'][0]['steps_timed']} steps",
              "", "| recipe | GEMMs | ms/step | min–max ms | tokens/s | × BF16 |", "|---|---|---:|---:|---:|---:|"]
     for r in info["rows"]:
-        lines.append(f"| `{r['recipe']}` | {r['mode']} | {r['median_ms']:.2f} | {r['min_ms']:.1f}–{r['max_ms']:.1f} "
-                     f"| {r['tokens_per_s']:,.0f} | {r['vs_bf16']:.2f} |")
+        mon = f" (mean {r['mean_ms']:.2f} ms over {r['steps_timed']} steps, {100 * r['monitor_overhead']:+.1f}% " \
+              "against the same mode's mean)" if "monitor_overhead" in r else ""
+        lines.append(f"| `{r['recipe']}` | {r['mode']}{mon} | {r['median_ms']:.2f} | "
+                     f"{r['min_ms']:.1f}–{r['max_ms']:.1f} | {r['tokens_per_s']:,.0f} | {r['vs_bf16']:.2f} |")
     return "\n".join(lines)
 
 
@@ -116,7 +134,7 @@ def main():
     ap.add_argument("--recipes", default="bf16,ufp4,nvfp4")
     ap.add_argument("--modes", default="fast,exact")
     ap.add_argument("--size", choices=sorted(SIZES),
-                    help="take the shape of this model of scripts/train_fp4.py (byte vocabulary, 256) instead of "
+                    help="take the shape of this model of fp4lab.study (byte vocabulary, 256) instead of "
                          "docs/spec.md §12's; a shape flag given as well overrides it")
     for k in SHAPE_KEYS:
         ap.add_argument(f"--{k}", type=int, help=f"default {SPEC_SHAPE[k]}")
@@ -126,6 +144,11 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--profile", metavar="RECIPE:MODE", help="also profile two steps of this run: top CUDA kernels")
+    ap.add_argument("--compile", default="", metavar="RECIPES",
+                    help="also time these recipes (e.g. bf16,ufp4) under torch.compile(model, fullgraph=True)")
+    ap.add_argument("--monitor", type=int, default=0, metavar="N",
+                    help="also time each fp4lab row with fp4lab.torch.monitor(every=N) over 2N steps; its mean step "
+                         "time against the row's own is the monitor's overhead")
     args = ap.parse_args()
     shape = dict(SIZES[args.size], vocab=256) if args.size else SPEC_SHAPE
     for k in SHAPE_KEYS:
@@ -141,20 +164,33 @@ def main():
     names = args.recipes.split(",")
     if "bf16" not in names:
         names.insert(0, "bf16")  # the baseline always runs, first, in this process
-    for r in names:
-        for mode in (["-"] if r == "bf16" else args.modes.split(",")):
-            row = run(args, r, mode, device, profile=args.profile == f"{r}:{mode}")
-            rows.append(row)
-            print(f"{r:18s} {row['mode']:6s} {row['median_ms']:9.2f} ms/step (min {row['min_ms']:.2f}, max "
-                  f"{row['max_ms']:.2f})  loss {row['loss_first']:.3f} -> {row['loss_last']:.3f}", flush=True)
+    args.tmp = tempfile.mkdtemp(prefix="fp4lab-bench-")
+    try:
+        for r in names:
+            for mode in (["-"] if r == "bf16" else args.modes.split(",")):
+                variants = [(False, 0)] + ([(True, 0)] if r in args.compile.split(",") else [])
+                variants += [(False, args.monitor)] if args.monitor and r != "bf16" else []
+                for compiled, every in variants:
+                    row = run(args, r, mode, device, profile=args.profile == f"{r}:{mode}" and not compiled
+                              and not every, compiled=compiled, monitor_every=every)
+                    if every:  # the same recipe and mode without the monitor, mean against mean
+                        own = next(x for x in rows if x["recipe"] == r and x["mode"] == mode)
+                        row["monitor_overhead"] = row["mean_ms"] / own["mean_ms"] - 1.0
+                    rows.append(row)
+                    print(f"{r:18s} {row['mode']:20s} {row['median_ms']:9.2f} ms/step (mean {row['mean_ms']:.2f}, "
+                          f"min {row['min_ms']:.2f}, max {row['max_ms']:.2f})  loss {row['loss_first']:.3f} -> "
+                          f"{row['loss_last']:.3f}", flush=True)
+    finally:
+        shutil.rmtree(args.tmp, ignore_errors=True)
     base = rows[0]["median_ms"]
     for row in rows:
         row["vs_bf16"] = row["median_ms"] / base
-    print(f"\n{'recipe':18s} {'mode':6s} {'ms/step':>9s} {'tokens/s':>10s} {'x BF16':>7s}  loss first -> last")
+    print(f"\n{'recipe':18s} {'mode':20s} {'ms/step':>9s} {'tokens/s':>10s} {'x BF16':>7s}  loss first -> last")
     for row in rows:
-        print(f"{row['recipe']:18s} {row['mode']:6s} {row['median_ms']:9.2f} {row['tokens_per_s']:10,.0f} "
+        extra = f"  monitor overhead {100 * row['monitor_overhead']:+.1f}% (mean)" if "monitor_overhead" in row else ""
+        print(f"{row['recipe']:18s} {row['mode']:20s} {row['median_ms']:9.2f} {row['tokens_per_s']:10,.0f} "
               f"{row['vs_bf16']:7.2f}  "
-              f"{row['loss_first']:.3f} -> {row['loss_last']:.3f}")
+              f"{row['loss_first']:.3f} -> {row['loss_last']:.3f}{extra}")
     info = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch": torch.__version__, "fp4lab": fp4lab.__version__, "command": " ".join(sys.argv),
             "size": args.size, "model": {k: getattr(args, k) for k in SHAPE_KEYS},
@@ -163,7 +199,10 @@ def main():
         with open(args.json + ".tmp", "w") as f:
             json.dump(info, f, indent=1)
         os.replace(args.json + ".tmp", args.json)
-    bad = [r for r in rows if not math.isfinite(r["loss_last"]) or r["loss_last"] >= r["loss_first"]]
+    # (A monitor row trains 2N steps, where this short learning-rate schedule need not keep the loss falling: only
+    # a non-finite loss counts there.)
+    bad = [r for r in rows if not math.isfinite(r["loss_last"])
+           or ("monitor_overhead" not in r and r["loss_last"] >= r["loss_first"])]
     if bad:
         print("loss did not go down under: " + ", ".join(f"{r['recipe']}/{r['mode']}" for r in bad))
         sys.exit(1)

@@ -10,17 +10,15 @@ the unquantised operands):
     python3 scripts/fast_vs_exact.py [--trace DIR] [--device cuda|cpu] [--json out.json]
 """
 import argparse
-import glob
 import json
 import os
 
-import ml_dtypes  # noqa: F401  (registers bfloat16 for safetensors' numpy loader)
 import numpy as np
 import torch
-from safetensors.numpy import load_file
 
 import fp4lab
 import fp4lab.torch as ft
+from fp4lab import trace
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 ROLES = {"fwd_y": ("fwd_x", "fwd_w"), "bwd_dx": ("bwd_dy", "fwd_w"), "bwd_dw": ("bwd_dy", "fwd_x")}
@@ -40,10 +38,8 @@ def main():
     ap.add_argument("--json")
     args = ap.parse_args()
     rows = []
-    for path in sorted(glob.glob(os.path.join(args.trace, "*.safetensors"))):
-        d = load_file(path)
-        gemm = os.path.basename(path)[: -len(".safetensors")]
-        t = {k.rsplit(".", 1)[1]: torch.from_numpy(v.astype(np.float32)) for k, v in d.items()}
+    for gemm, *tensors in trace.records(args.trace):
+        t = {r: torch.from_numpy(v) for r, v in zip(trace.ROLES, tensors)}
         for recipe in fp4lab.recipes():
             for p, (ra, rb) in ROLES.items():
                 a = operand(t[ra], p, ra).contiguous().to(args.device)

@@ -38,6 +38,8 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
+from fp4lab.paired import pearson, ranks  # the same bits on every machine (docs/spec.md §6.1)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEP = [256, 512, 1024, 2048, 4096, 8192, 16384]
 
@@ -179,34 +181,10 @@ def assign_split(rows):
     return rows
 
 
-def ranks(v):
-    order = sorted(range(len(v)), key=lambda i: v[i])
-    rk = [0.0] * len(v)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
-            j += 1
-        for t in range(i, j + 1):
-            rk[order[t]] = (i + j) / 2.0
-        i = j + 1
-    return rk
-
-
 def exact_log(x):
     """ln x from the decimal module (exact integer arithmetic, correctly rounded to 40 digits) rounded to a float:
     libm's log is picked by the CPU and not correctly rounded, so its last bit can differ between machines."""
     return float(decimal.Context(prec=40).ln(decimal.Decimal(x)))
-
-
-def pearson(x, y):
-    """Summed in list order with IEEE + - * / and sqrt only (no libm pow): the same bits on every machine."""
-    n = len(x)
-    mx, my = sum(x) / n, sum(y) / n
-    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
-    sxx = sum((a - mx) * (a - mx) for a in x)
-    syy = sum((b - my) * (b - my) for b in y)
-    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else float("nan")
 
 
 def metrics(rows):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs training runs of scripts/train_fp4.py on every GPU of a CUDA machine, PER_GPU at a time on each, and
+# Runs training runs of fp4lab.study (fp4lab-train) on every GPU of a CUDA machine, PER_GPU at a time on each, and
 # leaves each run's JSON and log in $LOGS/runs. Builds fp4lab._core for that machine's python3 first (build-gpu/,
 # CUDA kernels for sm_$ARCHS). A run whose JSON is already in $LOGS/runs is skipped.
 #
@@ -21,7 +21,7 @@ set -u
 LOGS=${LOGS:-gpu-out}
 ARCHS=${ARCHS:-90a}
 PER_GPU=${PER_GPU:-1}
-DATA=${DATA:?DATA must name the folder made by train_fp4.py corpus}
+DATA=${DATA:?DATA must name the folder made by fp4lab-train corpus}
 [[ ${DEADLINE:-0} =~ ^[0-9]+$ ]] || { echo "DEADLINE=$DEADLINE: not whole seconds since the epoch" >&2; exit 100; }
 [[ ${TIME_LIMIT:-1} =~ ^[0-9]*\.?[0-9]+$ ]] && [ "${TIME_LIMIT:-1}" != 0 ] ||
   { echo "TIME_LIMIT=$TIME_LIMIT: not a positive number of seconds" >&2; exit 100; }
@@ -39,7 +39,7 @@ fi
 export PYTHONPATH=$pp
 ngpu=$(nvidia-smi -L | wc -l)
 nvidia-smi --query-gpu=index,name,clocks.max.sm --format=csv,noheader
-run_name() { python3 scripts/train_fp4.py name "$1"; }  # SPEC: the one naming rule, train_fp4.py's
+run_name() { python3 -m fp4lab.study name "$1"; }  # SPEC: the one naming rule, the study's
 run_one() {  # GPU SPEC
   local size recipe mode seed steps extra name
   IFS=: read -r size recipe mode seed steps extra <<<"$2"
@@ -54,7 +54,7 @@ run_one() {  # GPU SPEC
     [ -z "$limit" ] || [ "${whole:-0}" -gt $left ] && limit=$left
   fi
   [ -n "$limit" ] && mkdir -p build-gpu/ckpt && resume=(--checkpoint "build-gpu/ckpt/$name.pt" --time-limit "$limit")
-  CUDA_VISIBLE_DEVICES=$1 python3 scripts/train_fp4.py train --data "$DATA" --size "$size" --recipe "$recipe" \
+  CUDA_VISIBLE_DEVICES=$1 python3 -m fp4lab.study train --data "$DATA" --size "$size" --recipe "$recipe" \
     --mode "$mode" --seed "$seed" --steps "$steps" --name "$name" --concurrent "$PER_GPU" \
     --out "$LOGS/runs/$name.json" "${resume[@]}" ${TRAIN_ARGS:-} $extra >>"$LOGS/runs/$name.log" 2>&1
   local rc=$?

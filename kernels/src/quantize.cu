@@ -71,6 +71,8 @@ struct QArgs {
   uint64_t seed;
   uint32_t stream;
   float signs[32];         // RHT signs (D entries)
+  uint16_t* deq;           // fake quantisation: the dequantised BF16 values [rows, cols]; null = not written
+  float value[16];         // decode(format, code), for deq
 };
 
 // Loads the G consecutive inputs of one thread with 16-byte loads (cols is a multiple of 16, so every group
@@ -169,12 +171,14 @@ __device__ __forceinline__ void quantize_group(float (&y)[G], int64_t row, int64
   // As fp4lab::quantize: finite inputs near FLT_MAX can rotate to Inf/NaN, which has no code.
   if constexpr (D > 0) flag_nonfinite<G>(y, a.nonfinite, 2);
   const int64_t base = row * a.cols + col0;
-  if (base == 0) *a.global_dec = a.scale == ScaleKind::ue4m3 ? 1.0f / s_enc : 1.0f;
+  const float g_dec = a.scale == ScaleKind::ue4m3 ? 1.0f / s_enc : 1.0f;
+  if (base == 0 && a.global_dec) *a.global_dec = g_dec;
 
   const int64_t kb = a.cols / B;
   uint32_t packed[G / 8];
 #pragma unroll
   for (int w = 0; w < G / 8; ++w) packed[w] = 0;
+  float s_dec[G / B];
 #pragma unroll
   for (int b = 0; b < G / B; ++b) {
     const int64_t sidx = row * kb + col0 / B + b;
@@ -186,7 +190,8 @@ __device__ __forceinline__ void quantize_group(float (&y)[G], int64_t row, int64
       for (int j = 0; j < B; ++j) amax = fmaxf(amax, fabsf(y[b * B + j]));
     }
     const BlockScale bs = block_scale(f, a.scale, amax, s_enc);
-    a.scales[sidx] = bs.dec;
+    s_dec[b] = bs.dec;
+    if (a.scales) a.scales[sidx] = bs.dec;
     if (a.scale_codes) a.scale_codes[sidx] = bs.code;
     // Unswitched by hand so that neither the division of fp32 scales nor Philox runs where it is not needed.
     if (a.scale == ScaleKind::fp32) {
@@ -201,14 +206,31 @@ __device__ __forceinline__ void quantize_group(float (&y)[G], int64_t row, int64
         round_block<F, B, false, false>(y, b, bs, a.scale, a, base, packed);
     }
   }
-  uint8_t* out = a.codes + base / 2;
-  if constexpr (G == 16) {
-    *reinterpret_cast<uint2*>(out) = make_uint2(packed[0], packed[1]);
-  } else {
+  if (a.codes) {
+    uint8_t* out = a.codes + base / 2;
+    if constexpr (G == 16) {
+      *reinterpret_cast<uint2*>(out) = make_uint2(packed[0], packed[1]);
+    } else {
 #pragma unroll
-    for (int w = 0; w < G / 16; ++w)
-      reinterpret_cast<uint4*>(out)[w] =
-          make_uint4(packed[4 * w], packed[4 * w + 1], packed[4 * w + 2], packed[4 * w + 3]);
+      for (int w = 0; w < G / 16; ++w)
+        reinterpret_cast<uint4*>(out)[w] =
+            make_uint4(packed[4 * w], packed[4 * w + 1], packed[4 * w + 2], packed[4 * w + 3]);
+    }
+  }
+  if (a.deq) {
+    // The dequantiser's arithmetic (dequantize_kernel), on the codes still in registers: fake quantisation reads
+    // the input once and writes BF16 once, instead of writing codes and scales and reading them back.
+    uint32_t w[G / 2];
+#pragma unroll
+    for (int e = 0; e < G; e += 2) {
+      const float lo = __fmul_rn(__fmul_rn(a.value[(packed[e / 8] >> (4 * (e % 8))) & 15u], s_dec[e / B]), g_dec);
+      const float hi =
+          __fmul_rn(__fmul_rn(a.value[(packed[e / 8] >> (4 * (e % 8 + 1))) & 15u], s_dec[e / B]), g_dec);
+      w[e / 2] = uint32_t(f32_to_bf16(lo)) | (uint32_t(f32_to_bf16(hi)) << 16);
+    }
+    uint4* o = reinterpret_cast<uint4*>(a.deq + base);
+#pragma unroll
+    for (int i = 0; i < G / 8; ++i) o[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
   }
 }
 
@@ -672,32 +694,37 @@ namespace {
 // or the configuration has no RHT), after the amax pass the scale kind needs. rows x cols is the output's shape;
 // tr: x is [cols, rows] and the output is its transpose's quantisation.
 template <class T>
-void quantize_pass(const T* x, int d, int fmt, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor& out,
-                   QuantWorkspace& ws, cudaStream_t s, bool check_finite, int* d_nonfinite_flag, bool tr) {
-  out.format = cfg.format;
-  out.scale_kind = cfg.scale;
-  out.block = cfg.block;
-  out.tile2d = cfg.tile2d;
-  out.rht = cfg.rht;
-  out.rht_signs = cfg.rht != 0 ? cfg.rht_signs : std::vector<float>();
-  out.rows = rows;
-  out.cols = cols;
-  out.codes.resize(size_t(rows * cols / 2));
-  out.scales.resize(size_t(rows * (cols / cfg.block)));
-  if (cfg.scale != ScaleKind::fp32)
-    out.scale_codes.resize(size_t(rows * (cols / cfg.block)));
-  else
-    out.scale_codes = Buffer<uint8_t>();
-  out.global_dec.resize(1);
-
+void quantize_pass(const T* x, int d, int fmt, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor* out,
+                   uint16_t* deq, QuantWorkspace& ws, cudaStream_t s, bool check_finite, int* d_nonfinite_flag,
+                   bool tr) {
   QArgs a{};
+  if (out) {
+    out->format = cfg.format;
+    out->scale_kind = cfg.scale;
+    out->block = cfg.block;
+    out->tile2d = cfg.tile2d;
+    out->rht = cfg.rht;
+    out->rht_signs = cfg.rht != 0 ? cfg.rht_signs : std::vector<float>();
+    out->rows = rows;
+    out->cols = cols;
+    out->codes.resize(size_t(rows * cols / 2));
+    out->scales.resize(size_t(rows * (cols / cfg.block)));
+    if (cfg.scale != ScaleKind::fp32)
+      out->scale_codes.resize(size_t(rows * (cols / cfg.block)));
+    else
+      out->scale_codes = Buffer<uint8_t>();
+    out->global_dec.resize(1);
+    a.codes = out->codes.data();
+    a.scales = out->scales.data();
+    a.scale_codes = cfg.scale != ScaleKind::fp32 ? out->scale_codes.data() : nullptr;
+    a.global_dec = out->global_dec.data();
+  }
+  a.deq = deq;
+  for (int c = 0; c < 16; ++c)
+    a.value[c] = code_valid(cfg.format, uint8_t(c)) ? decode(cfg.format, uint8_t(c)) : 0.0f;
   a.x = x;
   a.rows = rows;
   a.cols = cols;
-  a.codes = out.codes.data();
-  a.scales = out.scales.data();
-  a.scale_codes = cfg.scale != ScaleKind::fp32 ? out.scale_codes.data() : nullptr;
-  a.global_dec = out.global_dec.data();
   a.scale = cfg.scale;
   a.rounding = cfg.rounding;
   a.rht_bf16 = d > 0 && cfg.rht_bf16;
@@ -732,8 +759,9 @@ void quantize_pass(const T* x, int d, int fmt, int64_t rows, int64_t cols, const
 }
 
 // rows x cols: the output's shape; tr: d_x is [cols, rows] and is quantised as its transpose.
+// out and deq: the quantised operand and the dequantised BF16 values (fake quantisation), either or both.
 template <class T>
-void quantize_impl(const T* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor& out,
+void quantize_impl(const T* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor* out, uint16_t* deq,
                    QuantWorkspace& ws, cudaStream_t s, RhtPath path, bool check_finite, int* d_nonfinite_flag,
                    bool tr = false) {
   validate(cfg, rows, cols);
@@ -745,36 +773,49 @@ void quantize_impl(const T* d_x, int64_t rows, int64_t cols, const QuantConfig& 
     transpose_kernel<T><<<dim3(unsigned((rows + 31) / 32), unsigned((cols + 31) / 32)), dim3(32, 8), 0, s>>>(
         d_x, ws.transposed.data(), cols, rows);
     check_launch("transpose_kernel");
-    return quantize_impl<float>(ws.transposed.data(), rows, cols, cfg, out, ws, s, path, check_finite,
+    return quantize_impl<float>(ws.transposed.data(), rows, cols, cfg, out, deq, ws, s, path, check_finite,
                                 d_nonfinite_flag);
   }
   // RHT-64/128 keep 64/128 values per thread in registers only in the standalone pass: take the unfused path.
   if (cfg.rht != 0 && (path == RhtPath::unfused || cfg.rht > 32)) {
     ws.rotated.resize(size_t(rows * cols));
     rht_impl(d_x, ws.rotated.data(), rows, cols, cfg, s);
-    return quantize_pass<float>(ws.rotated.data(), 0, fmt, rows, cols, cfg, out, ws, s, check_finite,
+    return quantize_pass<float>(ws.rotated.data(), 0, fmt, rows, cols, cfg, out, deq, ws, s, check_finite,
                                 d_nonfinite_flag, false);
   }
-  quantize_pass<T>(d_x, cfg.rht, fmt, rows, cols, cfg, out, ws, s, check_finite, d_nonfinite_flag, tr);
+  quantize_pass<T>(d_x, cfg.rht, fmt, rows, cols, cfg, out, deq, ws, s, check_finite, d_nonfinite_flag, tr);
 }
 }  // namespace
 
 void quantize(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor& out,
               QuantWorkspace& ws, cudaStream_t s, RhtPath path, bool check_finite, int* d_nonfinite_flag) {
-  quantize_impl(d_x, rows, cols, cfg, out, ws, s, path, check_finite, d_nonfinite_flag);
+  quantize_impl(d_x, rows, cols, cfg, &out, nullptr, ws, s, path, check_finite, d_nonfinite_flag);
 }
 void quantize_bf16(const uint16_t* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor& out,
                    QuantWorkspace& ws, cudaStream_t s, RhtPath path, bool check_finite, int* d_nonfinite_flag) {
-  quantize_impl(d_x, rows, cols, cfg, out, ws, s, path, check_finite, d_nonfinite_flag);
+  quantize_impl(d_x, rows, cols, cfg, &out, nullptr, ws, s, path, check_finite, d_nonfinite_flag);
 }
 void quantize_transposed(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor& out,
                          QuantWorkspace& ws, cudaStream_t s, RhtPath path, bool check_finite, int* d_nonfinite_flag) {
-  quantize_impl(d_x, cols, rows, cfg, out, ws, s, path, check_finite, d_nonfinite_flag, true);
+  quantize_impl(d_x, cols, rows, cfg, &out, nullptr, ws, s, path, check_finite, d_nonfinite_flag, true);
 }
 void quantize_transposed_bf16(const uint16_t* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg,
                               DQTensor& out, QuantWorkspace& ws, cudaStream_t s, RhtPath path, bool check_finite,
                               int* d_nonfinite_flag) {
-  quantize_impl(d_x, cols, rows, cfg, out, ws, s, path, check_finite, d_nonfinite_flag, true);
+  quantize_impl(d_x, cols, rows, cfg, &out, nullptr, ws, s, path, check_finite, d_nonfinite_flag, true);
+}
+
+void fake_quantize(const void* d_x, bool x_bf16, bool transposed, int64_t rows, int64_t cols,
+                   const QuantConfig& cfg, uint16_t* d_out, DQTensor* q, QuantWorkspace& ws, cudaStream_t s,
+                   RhtPath path, bool check_finite, int* d_nonfinite_flag) {
+  if (!d_out) throw std::invalid_argument("fake_quantize(): no output");
+  const int64_t r = transposed ? cols : rows, c = transposed ? rows : cols;
+  if (x_bf16)
+    quantize_impl(static_cast<const uint16_t*>(d_x), r, c, cfg, q, d_out, ws, s, path, check_finite,
+                  d_nonfinite_flag, transposed);
+  else
+    quantize_impl(static_cast<const float*>(d_x), r, c, cfg, q, d_out, ws, s, path, check_finite,
+                  d_nonfinite_flag, transposed);
 }
 
 uint64_t count_rtne_fast_mismatches(const ElemFormat& f, uint32_t* first_bad, uint64_t* evaluated) {

@@ -102,6 +102,19 @@ QTensor quantize_bf16(CpuBf16In x, const QuantConfig& cfg) {
   return quantize(f.data(), rows, cols, cfg);
 }
 
+// The rotation a rebuilt operand says it was quantised under: none (no signs), or a valid size with its d signs.
+void check_rotation(int rht, const std::vector<float>& rht_signs) {
+  if (rht != 0) {
+    if (!rht_size_ok(rht)) throw std::invalid_argument(rht_size_fault(rht));
+    if (int(rht_signs.size()) != rht)
+      throw std::invalid_argument("RHT needs " + std::to_string(rht) + " signs, got " + std::to_string(rht_signs.size()));
+    for (float s : rht_signs)
+      if (s != 1.0f && s != -1.0f) throw std::invalid_argument("RHT signs must be +1 or -1");
+  } else if (!rht_signs.empty()) {
+    throw std::invalid_argument("rht_signs given without an RHT size");
+  }
+}
+
 // A QTensor from its parts (codes one per byte, decoded scales, the rotation it was quantised under), checked like
 // the CLI checks a file.
 QTensor make_qtensor(const std::string& format, const std::string& scale, int block, bool tile2d,
@@ -117,14 +130,7 @@ QTensor make_qtensor(const std::string& format, const std::string& scale, int bl
   // scale is no quantised operand.
   if (!(std::isfinite(global_dec) && global_dec > 0.0f))
     throw std::invalid_argument("global_scale must be a positive finite number, not " + std::to_string(global_dec));
-  if (rht != 0) {
-    if (!rht_size_ok(rht)) throw std::invalid_argument(rht_size_fault(rht));
-    if (int(rht_signs.size()) != rht)
-      throw std::invalid_argument("RHT needs " + std::to_string(rht) + " signs, got " + std::to_string(rht_signs.size()));
-    for (float s : rht_signs)
-      if (s != 1.0f && s != -1.0f) throw std::invalid_argument("RHT signs must be +1 or -1");
-  } else if (!rht_signs.empty())
-    throw std::invalid_argument("rht_signs given without an RHT size");
+  check_rotation(rht, rht_signs);
   q.rht = rht;
   q.rht_signs = rht_signs;
   q.rows = int64_t(codes.shape(0));
@@ -371,6 +377,43 @@ NB_MODULE(_core, m) {
   m.def("cuda_check_gemm_operands", [](const fc::DQTensor& a, const fc::DQTensor& b) { check_gemm_operands(a, b); },
         "a"_a, "b"_a);
   m.def("cuda_upload", [](const QTensor& q, fc::DQTensor& out) { fc::upload(q, out); }, "q"_a, "out"_a);
+  // A device operand from device tensors (packed codes [rows, cols/2], block scales [rows, cols/block], the
+  // global scale [1]), copied on the stream into out's buffers (which grow only): how the torch.library GEMM
+  // operator hands its tensors to the kernels without a host round trip.
+  m.def("cuda_make_qtensor", [](const std::string& format, const std::string& scale, int block, bool tile2d,
+                                nb::ndarray<uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cuda> packed,
+                                nb::ndarray<float, nb::ndim<2>, nb::c_contig, nb::device::cuda> scales,
+                                nb::ndarray<float, nb::ndim<1>, nb::c_contig, nb::device::cuda> global_scale,
+                                fc::DQTensor& out, uintptr_t stream, int rht, const std::vector<float>& rht_signs) {
+    if (block != 16 && block != 32) throw std::invalid_argument("block size must be 16 or 32, not " + std::to_string(block));
+    const int64_t rows = int64_t(packed.shape(0)), cols = 2 * int64_t(packed.shape(1));
+    if (cols % block != 0)
+      throw std::invalid_argument("codes have " + std::to_string(cols) + " columns, not a multiple of the block size " +
+                                  std::to_string(block));
+    if (int64_t(scales.shape(0)) != rows || int64_t(scales.shape(1)) != cols / block)
+      throw std::invalid_argument("scales must have shape [" + std::to_string(rows) + ", " + std::to_string(cols / block) + "]");
+    if (global_scale.shape(0) != 1) throw std::invalid_argument("the global scale is one value");
+    out.format = parse_format(format);
+    out.scale_kind = parse_scale(scale);
+    out.block = block;
+    out.tile2d = tile2d;
+    check_rotation(rht, rht_signs);
+    out.rht = rht;
+    out.rht_signs = rht_signs;
+    out.rows = rows;
+    out.cols = cols;
+    out.codes.resize(size_t(rows * cols / 2));
+    out.scales.resize(size_t(rows * (cols / block)));
+    out.scale_codes = fc::Buffer<uint8_t>();
+    out.global_dec.resize(1);
+    const cudaStream_t s = as_stream(stream);
+    fc::check(cudaMemcpyAsync(out.codes.data(), packed.data(), out.codes.size(), cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+    fc::check(cudaMemcpyAsync(out.scales.data(), scales.data(), out.scales.size() * sizeof(float),
+                              cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+    fc::check(cudaMemcpyAsync(out.global_dec.data(), global_scale.data(), sizeof(float), cudaMemcpyDeviceToDevice, s),
+              "cudaMemcpyAsync");
+  }, "format"_a, "scale"_a, "block"_a, "tile2d"_a, "packed_codes"_a, "scales"_a, "global_scale"_a, "out"_a, "stream"_a,
+     "rht"_a = 0, "rht_signs"_a = std::vector<float>());
   // transposed: quantise x^T (blocks along x's first dimension) reading x in place, bit-identical to quantising
   // a transposed copy; out is then [cols, rows].
   m.def("cuda_quantize", [](CudaIn x, const QuantConfig& cfg, fc::DQTensor& out, uintptr_t stream,
@@ -397,6 +440,33 @@ NB_MODULE(_core, m) {
       throw std::invalid_argument("the CUDA quantiser takes float32 or bfloat16 tensors");
   }, "x"_a, "config"_a, "out"_a, "stream"_a, "path"_a = "fused", "check_finite"_a = true, "nonfinite_flag"_a = nb::none(),
      "transposed"_a = false);
+  // Fake quantisation in one pass: out (BF16, the quantised operand's shape) receives what cuda_dequantize would
+  // write in BF16 for the operand cuda_quantize makes of x (transposed: of x^T); q, when given, receives it too.
+  m.def("cuda_fake_quantize", [](CudaIn x, const QuantConfig& cfg, CudaAny2 out, uintptr_t stream,
+                                 const std::string& path, bool check_finite, nb::object flag, bool transposed,
+                                 fc::DQTensor* q) {
+    int* d_flag = nullptr;
+    if (!flag.is_none()) d_flag = nb::cast<CudaFlag>(flag).data();
+    if (path != "fused" && path != "unfused") throw std::invalid_argument("rht path must be fused or unfused");
+    const bool bf16 = x.dtype() == kBf16;
+    if (!bf16 && x.dtype() != nb::dtype<float>())
+      throw std::invalid_argument("the CUDA quantiser takes float32 or bfloat16 tensors");
+    if (out.dtype() != kBf16) throw std::invalid_argument("fake quantisation writes bfloat16");
+    const int64_t rows = int64_t(x.shape(0)), cols = int64_t(x.shape(1));
+    const int64_t orows = transposed ? cols : rows, ocols = transposed ? rows : cols;
+    if (int64_t(out.shape(0)) != orows || int64_t(out.shape(1)) != ocols)
+      throw std::invalid_argument("output must have shape [" + std::to_string(orows) + ", " + std::to_string(ocols) + "]");
+    fc::fake_quantize(x.data(), bf16, transposed, rows, cols, cfg, static_cast<uint16_t*>(out.data()), q,
+                      workspaces().quant, as_stream(stream),
+                      path == "fused" ? fc::RhtPath::fused : fc::RhtPath::unfused, check_finite, d_flag);
+  }, "x"_a, "config"_a, "out"_a, "stream"_a, "path"_a = "fused", "check_finite"_a = true,
+     "nonfinite_flag"_a = nb::none(), "transposed"_a = false, "q"_a = nb::none());
+  // The quantiser's rotation alone (its first step), FP32 in and out: the numerics monitor's reference on the GPU.
+  m.def("cuda_rotate", [](nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cuda> x, CudaOut out,
+                          const QuantConfig& cfg, uintptr_t stream) {
+    if (out.shape(0) != x.shape(0) || out.shape(1) != x.shape(1)) throw std::invalid_argument("output must have x's shape");
+    fc::rht(x.data(), out.data(), int64_t(x.shape(0)), int64_t(x.shape(1)), cfg, as_stream(stream));
+  }, "x"_a, "out"_a, "config"_a, "stream"_a);
   m.def("cuda_dequantize", [](const fc::DQTensor& q, CudaAny2 out, uintptr_t stream) {
     if (int64_t(out.shape(0)) != q.rows || int64_t(out.shape(1)) != q.cols)
       throw std::invalid_argument("output must have shape [" + std::to_string(q.rows) + ", " + std::to_string(q.cols) + "]");

@@ -362,6 +362,57 @@ TEST_P(QuantizeRecipeOperands, OddAndLargeShapesMatchGoldenBitForBit) {
 INSTANTIATE_TEST_SUITE_P(Presets, QuantizeRecipeOperands, ::testing::ValuesIn(recipe_cases()),
                          [](const ::testing::TestParamInfo<RCase>& i) { return i.param.name(); });
 
+// Fake quantisation (the training layer's "fast" operands): one pass writes the BF16 values the golden model's
+// dequantisation gives, rounded RTNE, row-wise and transposed, from FP32 and BF16 inputs, with and without the
+// quantised operand beside them.
+class FakeQuantize : public ::testing::TestWithParam<QCase> {};
+
+TEST_P(FakeQuantize, EqualsGoldenDequantisationInBf16) {
+  SKIP_WITHOUT_GPU();
+  const QuantConfig& cfg = GetParam().cfg;
+  size_t compared = 0;
+  fc::QuantWorkspace ws;
+  for (int input = 0; input < 2; ++input) {
+    const std::vector<float> t0 = input == 0 ? random_input(67) : adversarial_input(cfg.format, 71);
+    for (bool bf16 : {false, true}) {
+      std::vector<float> t = t0;
+      if (bf16) to_bf16(t);
+      const QTensor gold = fp4lab::quantize(t.data(), kRows, kCols, cfg);
+      const std::vector<float> deq = gold.dequantize();
+      for (bool tr : {false, true})
+        for (fc::RhtPath path : {fc::RhtPath::fused, fc::RhtPath::unfused})
+          for (bool with_q : {false, true}) {
+            if (path == fc::RhtPath::unfused && cfg.rht == 0) continue;
+            const std::string what = std::string(input ? "adversarial" : "random") + (bf16 ? " bf16" : " fp32") +
+                                     (tr ? " transposed" : " row-wise") +
+                                     (path == fc::RhtPath::fused ? " fused" : " unfused") + (with_q ? " +q" : "");
+            std::vector<float> src = tr ? transposed(t, kRows, kCols) : t;
+            fc::Buffer<float> df;
+            fc::Buffer<uint16_t> db;
+            std::vector<float> w = src;
+            if (bf16) db.upload(to_bf16(w)); else df.upload(src);
+            fc::Buffer<uint16_t> out(size_t(kRows * kCols));
+            out.fill_bytes(0xFF);  // poisoned: an unwritten element cannot pass
+            fc::DQTensor q;
+            const void* px = bf16 ? static_cast<const void*>(db.data()) : static_cast<const void*>(df.data());
+            fc::fake_quantize(px, bf16, tr, tr ? kCols : kRows, tr ? kRows : kCols, cfg, out.data(),
+                              with_q ? &q : nullptr, ws, nullptr, path);
+            const std::vector<uint16_t> got = out.to_host();
+            int bad = 0;
+            for (size_t i = 0; i < deq.size(); ++i, ++compared)
+              if (got[i] != fp4lab::f32_to_bf16(deq[i]) && bad++ < 8)
+                ADD_FAILURE() << what << ": element " << i << " golden " << fp4lab::f32_to_bf16(deq[i]) << " gpu "
+                              << got[i];
+            if (with_q) compared += expect_same(gold, fc::to_host(q), t, what);
+          }
+    }
+  }
+  EXPECT_GT(compared, size_t(0)) << "checked nothing";
+}
+
+INSTANTIATE_TEST_SUITE_P(AllRecipesAndKnobs, FakeQuantize, ::testing::ValuesIn(quant_cases()),
+                         [](const ::testing::TestParamInfo<QCase>& i) { return i.param.name(); });
+
 TEST(QuantizeErrors, TransposedRejectsNonFiniteInputAndBadShapes) {
   SKIP_WITHOUT_GPU();
   QuantConfig cfg;

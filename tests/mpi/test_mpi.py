@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
@@ -80,12 +79,16 @@ def analyze(a, tmp):
 
 def poison(path, tensor):
     """Writes a NaN over the first element of `tensor` (BF16 or F32) in a safetensors file."""
-    with open(path, "r+b") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        hdr = json.loads(f.read(n))
-        t = hdr[tensor]
-        f.seek(8 + n + t["data_offsets"][0])
-        f.write(b"\xc0\x7f" if t["dtype"] == "BF16" else struct.pack("<f", float("nan")))
+    import ml_dtypes  # noqa: F401  (BF16 arrays for safetensors' numpy API)
+    import numpy as np
+    from safetensors import safe_open
+    from safetensors.numpy import load_file, save_file
+    with safe_open(path, "numpy") as f:
+        meta = f.metadata()
+    tensors = load_file(path)
+    tensors[tensor] = tensors[tensor].copy()
+    tensors[tensor].reshape(-1)[0] = np.nan
+    save_file(tensors, path, metadata=meta)
 
 
 def fault(a, tmp):

@@ -1,4 +1,4 @@
-"""`fp4lab analyze` against an independent numpy implementation of docs/spec.md §6 (scripts/analysis_numpy.py),
+"""`fp4lab analyze` against an independent numpy implementation of docs/spec.md §6 (fp4lab.oracle),
 its JSON schema, the bundled-trace default, and its rejection of bad traces.
 
 FP4LAB_BIN names the built binary (ctest sets it)."""
@@ -6,14 +6,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import analysis_numpy  # noqa: E402
+from fp4lab import oracle as analysis_numpy  # noqa: E402
 
 BIN = os.environ.get("FP4LAB_BIN", os.path.join(ROOT, "build", "bin", "fp4lab"))
 TRACE = os.path.join(ROOT, "workloads", "tiny-lm", "step_005000")

@@ -1,7 +1,7 @@
-"""`capture_traces.py check` (numpy only) and the bundled workloads/tiny-lm trace."""
+"""fp4lab.trace (the reader and writer of trace folders, and `fp4lab-capture check`) and the bundled
+workloads/tiny-lm trace. FP4LAB_BIN names the built binary (ctest sets it)."""
 import json
 import os
-import struct
 import subprocess
 import sys
 
@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file, load_file
 
+from fp4lab import trace as ct
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import capture_traces as ct  # noqa: E402
+BIN = os.environ.get("FP4LAB_BIN", os.path.join(ROOT, "build", "bin", "fp4lab"))
 
 BUNDLED = os.path.join(ROOT, "workloads", "tiny-lm", "step_005000")
 META = {"fp4lab.trace.version": "1", "step": "3", "model": "synthetic"}
@@ -32,7 +33,7 @@ def good(t=64, i=32, o=48, seed=0):
 
 def test_reader_matches_safetensors_on_f32(tmp_path):
     p = write(tmp_path / "a.safetensors", good())
-    meta, arrays, dtypes = ct.read_safetensors(p)
+    meta, arrays, dtypes = ct.read_file(p)
     ref = load_file(p)
     assert meta == META and set(arrays) == set(ref) and set(dtypes.values()) == {"F32"}
     for k in ref:
@@ -40,22 +41,45 @@ def test_reader_matches_safetensors_on_f32(tmp_path):
 
 
 def test_reader_decodes_bf16_bit_patterns(tmp_path):
-    # BF16 is written by hand (safetensors' numpy API has no bfloat16): the bit patterns below are exact.
     pats = np.array([0x3F80, 0xC040, 0x0001, 0x7F7F, 0x8000, 0x3E00], dtype="<u2")  # 1, -3, min sub, max, -0, 0.125
     want = pats.view(ml_dtypes.bfloat16).astype(np.float32)
-    hdr = json.dumps({"__metadata__": META, "t": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, 12]}})
-    hdr += " " * (-len(hdr) % 8)
     p = tmp_path / "b.safetensors"
-    p.write_bytes(struct.pack("<Q", len(hdr)) + hdr.encode() + pats.tobytes())
-    _, arrays, dtypes = ct.read_safetensors(str(p))
+    save_file({"t": pats.view(ml_dtypes.bfloat16).reshape(2, 3)}, str(p), metadata=META)
+    raw = p.read_bytes()
+    assert b'"dtype":"BF16"' in raw and raw.endswith(pats.tobytes())  # stored as BF16, the patterns as given
+    _, arrays, dtypes = ct.read_file(str(p))
     assert dtypes["t"] == "BF16" and arrays["t"].shape == (2, 3)
     assert arrays["t"].reshape(-1).view(np.uint32).tolist() == want.view(np.uint32).tolist()
     assert want[0] == 1.0 and want[1] == -3.0 and want[5] == 0.125
 
 
+def test_writer_round_trips_a_record_the_cli_analyses_alike(tmp_path):
+    """A bundled record read and written again by fp4lab.trace: the same tensors, bytes and metadata, and the same
+    `fp4lab analyze` lists from the C++ reader."""
+    src = os.path.join(BUNDLED, "layers.0.attn.proj.safetensors")
+    meta, tensors = ct.read_raw(src)
+    dst = str(tmp_path / "layers.0.attn.proj.safetensors")
+    ct.write_file(dst, tensors, meta)
+    meta2, tensors2 = ct.read_raw(dst)
+    assert meta2 == meta and list(tensors2) == list(tensors)
+    for k, a in tensors.items():
+        assert tensors2[k].dtype == a.dtype and tensors2[k].tobytes() == a.tobytes(), k
+    assert not [f for f in os.listdir(tmp_path) if ".tmp-" in f]  # written under a temporary name, then renamed
+    out = []
+    for i, p in enumerate((src, dst)):
+        j = tmp_path / f"a{i}.json"
+        r = subprocess.run([BIN, "analyze", "--trace", p, "--formats", "e1m2", "--json", str(j)],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        out.append({k: json.load(open(j))[k] for k in ("tensors", "gemms")})
+    assert out[0] == out[1]
+    with pytest.raises(ct.TraceError, match="dtype int32 is not BF16 or F32"):
+        ct.write_file(dst, {"x": np.zeros(4, np.int32)}, {})
+
+
 @pytest.mark.parametrize("fault,message", [
-    ("truncated", r"data offsets \[\d+, \d+\) do not fit shape"),
-    ("short", r"too short for a safetensors header"),
+    ("truncated", r"not a valid safetensors file \(.*\)"),
+    ("short", r"not a valid safetensors file \(.*header too small\)"),
     ("version", r'lacks "fp4lab.trace.version": "1"'),
     ("missing", r"gemm 'g' lacks tensor 'g.bwd_dy'"),
     ("shape", r"gemm 'g': shapes fwd_x \[64, 32\], fwd_w \[48, 32\], bwd_dy \[64, 40\] disagree"),
@@ -85,10 +109,10 @@ def test_check_rejects_bad_files_naming_file_and_fault(tmp_path, fault, message)
     elif fault == "short":
         p.write_bytes(b"\x01\x02")
     with pytest.raises(ct.TraceError, match=message) as e:
-        ct.check_trace(str(p))
+        ct.check(str(p))
     assert str(e.value).startswith(str(p))
     # The CLI prints the same fault on one line and exits 1.
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "capture_traces.py"), "check", str(p)],
+    r = subprocess.run([sys.executable, "-m", "fp4lab.capture", "check", str(p)],
                        capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and str(p) in r.stderr
 
@@ -117,7 +141,7 @@ EXPECTED = {  # gemm: (tokens, in, out) of the tiny LM in workloads/README.md
 def bundled():
     if not os.path.isdir(BUNDLED):
         pytest.fail(f"{BUNDLED}: bundled trace missing")
-    return {r["gemm"]: r for r in ct.check_trace(BUNDLED, 128)}
+    return {r["gemm"]: r for r in ct.check(BUNDLED, 128)}
 
 
 def test_bundled_trace_is_valid_v1(bundled):

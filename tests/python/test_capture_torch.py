@@ -1,4 +1,4 @@
-"""scripts/capture_traces.py hooks, on real PyTorch modules (needs torch; skipped where it is missing).
+"""fp4lab.capture hooks, on real PyTorch modules (needs torch; skipped where it is missing).
 
 The captured tensors are compared bit for bit with values the test controls: the input it fed, the weights,
 and dY forced by a loss sum(out * R), whose gradient with respect to `out` is exactly R.
@@ -13,9 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import capture_traces as ct  # noqa: E402
+import fp4lab.capture as ct  # noqa: E402
 
 
 def bits(t):
@@ -165,7 +163,7 @@ def test_run_wraps_an_unmodified_script(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     out = tmp_path / "traces"
-    cmd = [sys.executable, os.path.join(ROOT, "scripts", "capture_traces.py"), "run", "--pattern", r"^2$",
+    cmd = [sys.executable, "-m", "fp4lab.capture", "run", "--pattern", r"^2$",
            "--steps", "0,3", "--out", str(out), "--meta", "model=wrapped test", "--", str(script),
            str(tmp_path / "seen.pt")]
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -176,8 +174,8 @@ def test_run_wraps_an_unmodified_script(tmp_path):
         # The weight captured at step s is the one after s optimizer updates.
         assert (bits(t["2.fwd_w"]) == bits(seen[step])).all()
         assert not (bits(t["2.fwd_w"]) == bits(seen[step + 1])).all()
-        assert m["step"] == str(step) and m["model"] == "wrapped test" and "capture_traces.py run" in m["command"]
+        assert m["step"] == str(step) and m["model"] == "wrapped test" and "capture.py run" in m["command"]
     assert sorted(os.listdir(out)) == ["step_000000", "step_000003"]
 
-    p = subprocess.run(cmd[:6] + ["7"] + cmd[7:], capture_output=True, text=True)
+    p = subprocess.run(cmd[:7] + ["7"] + cmd[8:], capture_output=True, text=True)
     assert p.returncode == 1 and "before steps [7] were captured (5 optimizer steps counted)" in p.stderr

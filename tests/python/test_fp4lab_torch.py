@@ -272,3 +272,62 @@ def test_cuda_quantize_and_reference_kernel_match_golden():
             h16, d16 = ft.quantize(a16, ca), ft.quantize(a16.cuda(), ca)
             assert np.array_equal(d16.to_host().codes, h16.codes), (recipe, p)
             assert np.array_equal(bits(d16.to_host().scales), bits(h16.scales)), (recipe, p)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
+def test_cuda_transposed_views_and_fake_quantisation_match_the_row_major_operand():
+    # The backward GEMMs' operands Wᵀ, dYᵀ and Xᵀ are transposed views: the kernels read them in place, with the
+    # bits of the row-major copy; fake quantisation gives the dequantiser's BF16 values of that operand in one pass.
+    torch.manual_seed(0)
+    t = torch.randn(256, 96) * 3
+    for recipe in QUANT_RECIPES:
+        for p in ("fwd_y", "bwd_dx", "bwd_dw"):
+            cfg = fp4lab.config(recipe, pass_=p, operand="a")
+            for dt in (torch.float32, torch.bfloat16):
+                src = t.to(dt).cuda()
+                for view in (src, src.t()):
+                    ref = ft.quantize(view.contiguous(), cfg)
+                    q = ft.quantize(view, cfg)
+                    assert np.array_equal(q.to_host().codes, ref.to_host().codes), (recipe, p, dt, view.shape)
+                    assert np.array_equal(bits(q.to_host().scales), bits(ref.to_host().scales))
+                    want = ft._dequantize(ref, torch.bfloat16)
+                    got_q = ft.QTensorCUDA()
+                    got = ft.fake_quantize(view, cfg, out=got_q)
+                    assert got.dtype == torch.bfloat16 and got.shape == want.shape
+                    assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (recipe, p, dt, view.shape)
+                    assert np.array_equal(got_q.to_host().codes, ref.to_host().codes)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
+@pytest.mark.parametrize("recipe", QUANT_RECIPES)
+def test_cuda_fast_layer_is_the_product_of_dequantised_operands(recipe):
+    # fast mode's fused path gives what product(…, "fast") makes of the quantised operands, bit for bit, in all
+    # three GEMMs (the backward ones from transposed views).
+    layer = make_layer(recipe, mode="fast").cuda().to(torch.bfloat16)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 32, 64, generator=g).to(torch.bfloat16).cuda().requires_grad_(True)
+    dy = torch.randn(2, 32, 96, generator=g).to(torch.bfloat16).cuda()
+    step = layer.step
+    y = layer(x)
+    y.backward(dy)
+    cfg = lambda p, o: layer.recipe.config(p, o, layer=layer.layer_id, step=step)  # noqa: E731
+    x2, dy2, w = x.detach().reshape(-1, 64), dy.reshape(-1, 96), layer.weight.detach()
+    q = lambda v, p, o: ft.quantize(v.contiguous(), cfg(p, o))  # noqa: E731
+    want_y = ft.product(q(x2, "fwd_y", "a"), q(w, "fwd_y", "b"), "fast")
+    want_dx = ft.product(q(dy2, "bwd_dx", "a"), q(w.t(), "bwd_dx", "b"), "fast")
+    want_dw = ft.product(q(dy2.t(), "bwd_dw", "a"), q(x2.t(), "bwd_dw", "b"), "fast")
+    assert torch.equal(y.reshape(-1, 96).view(torch.int16), want_y.view(torch.int16))
+    assert torch.equal(x.grad.reshape(-1, 64).view(torch.int16), want_dx.view(torch.int16))
+    assert torch.equal(layer.weight.grad.view(torch.int16), want_dw.view(torch.int16))
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
+def test_cuda_deferred_finite_check_raises_at_the_next_step():
+    layer = make_layer("ufp4").cuda()
+    assert layer.recipe.check_finite == "deferred"
+    x = torch.randn(32, 64).cuda()
+    x[3, 5] = float("nan")
+    layer(x.requires_grad_(True)).sum().backward()  # no synchronisation, no error yet
+    with pytest.raises(ValueError, match="NaN or Inf since the last check"):
+        layer(torch.randn(32, 64).cuda())
+    layer(torch.randn(32, 64).cuda())  # the flag was cleared

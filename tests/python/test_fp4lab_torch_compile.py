@@ -136,6 +136,16 @@ def test_set_step_reaches_the_compiled_graph_without_a_recompilation():
     assert not torch.equal(g, model.fc1.weight.grad)
 
 
+@pytest.mark.skipif(not (torch.cuda.is_available() and ft.ops._core.cuda_built),
+                    reason="needs a CUDA GPU and a CUDA build of fp4lab")
+@pytest.mark.parametrize("recipe", ["ufp4", "nvfp4"])
+def test_cuda_training_step_compiles_whole_and_matches_eager_bit_for_bit(recipe):
+    # On CUDA the operators run the kernels on the device (quantiser, contract GEMM, dequantiser); eager mode runs
+    # the same kernels through the layers' own buffers.
+    x, t = torch.randn(64, 32).cuda(), torch.randn(64, 32).cuda()
+    check_compiled_training(lambda: MLP().cuda(), x, t, recipe)
+
+
 def test_fast_mode_compiles_whole():
     torch.manual_seed(0)
     x = torch.randn(64, 32)
@@ -161,6 +171,8 @@ def test_operators_pass_torch_library_checks():
     for op, args in ((torch.ops.fp4lab.quantize.default, (x, step, r.key, 5, "fwd_y", "a", "x")),
                      (torch.ops.fp4lab.gemm.default, (*qa, *qb, r.key, "fwd_y")),
                      (torch.ops.fp4lab.dequantize.default, (*qa, r.key, "fwd_y", "a")),
+                     (torch.ops.fp4lab.fake_quantize.default, (x, step, r.key, 5, "fwd_y", "a", "x")),
+                     (torch.ops.fp4lab.qgemm.default, (x, w, step, r.key, 5, "fwd_y", "x")),
                      (torch.ops.fp4lab.column_sum.default, (x,))):
         torch.library.opcheck(op, args)
     # The operators compute what the eager functions do.
@@ -169,6 +181,9 @@ def test_operators_pass_torch_library_checks():
     assert torch.equal(qa[0], torch.tensor(ha.codes)) and torch.equal(qa[1], torch.tensor(ha.scales))
     assert torch.equal(bits(torch.ops.fp4lab.gemm(*qa, *qb, r.key, "fwd_y")), bits(ft.gemm(ha, hb)))
     assert torch.equal(bits(torch.ops.fp4lab.dequantize(*qa, r.key, "fwd_y", "a")), bits(ft.dequantize(ha)))
+    assert torch.equal(bits(torch.ops.fp4lab.qgemm(x, w, step, r.key, 5, "fwd_y", "x")), bits(ft.gemm(ha, hb)))
+    assert torch.equal(bits(torch.ops.fp4lab.fake_quantize(x, step, r.key, 5, "fwd_y", "a", "x")),
+                       bits(ft.dequantize(ha)))
 
 
 def test_operator_faults_name_the_layer_and_operand():

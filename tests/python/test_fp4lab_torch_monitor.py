@@ -171,3 +171,49 @@ def test_tensorboard_where_importable(tmp_path):
     rec = read(tmp_path / "m.jsonl")[0]
     ev = acc.Scalars(f"{rec['layer']}/{rec['pass']}/{rec['operand']}/sqnr_db")
     assert [e.step for e in ev] == [0] and ev[0].value == pytest.approx(rec["sqnr_db"], rel=1e-6)  # stored as FP32
+
+
+def test_unsampled_steps_run_the_unobserved_path(tmp_path, monkeypatch):
+    # Between sampled steps the layers keep their own path (fused fake quantisation in fast mode on the GPU).
+    from fp4lab.torch import ops
+    calls = []
+    real = ops._qmatmul_observed
+    monkeypatch.setattr(ops, "_qmatmul_observed", lambda *a, **k: calls.append(int(a[2])) or real(*a, **k))
+    model = make_model()
+    with ft.monitor(model, every=3, out=tmp_path / "m.jsonl"):
+        run(model, 5)
+    assert sorted(set(calls)) == [0, 3] and len(calls) == 2 * 2 * 3  # steps 0 and 3: 2 layers x 3 GEMMs
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and ft.ops._core.cuda_built),
+                    reason="needs a CUDA GPU and a CUDA build of fp4lab")
+@pytest.mark.parametrize("recipe", ["ufp4", "nvfp4"])
+def test_cuda_records_are_the_host_records_within_fp64_summation(tmp_path, recipe):
+    # On the GPU the statistics are computed there; the operands and quantised bits are the host's (exact mode), so
+    # the records differ from the host's only by the FP64 sums' order: 1e-9 relative is far below any use.
+    # ReLU, not GELU, and no bias: the GPU's erf and column sums need not round as the CPU's, and the next step's
+    # operands would differ.
+    def relu_model():
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(64, 128, bias=False), nn.ReLU(), nn.Linear(128, 32, bias=False))
+        return ft.convert(m, ft.Recipe(recipe, seed=3))
+
+    host, dev = relu_model(), relu_model().cuda()
+    with ft.monitor(host, every=2, out=tmp_path / "h.jsonl"):
+        run(host, 3)
+    with ft.monitor(dev, every=2, out=tmp_path / "d.jsonl"):
+        opt = torch.optim.SGD(dev.parameters(), lr=0.05)
+        for i in range(3):
+            g = torch.Generator().manual_seed(i)
+            x, t = torch.randn(32, 64, generator=g).cuda(), torch.randn(32, 32, generator=g).cuda()
+            loss = (dev(x.requires_grad_(True)) - t).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    h, d = read(tmp_path / "h.jsonl"), read(tmp_path / "d.jsonl")
+    assert len(h) == len(d) == 2 * 2 * 3 * 2
+    for rh, rd in zip(h, d):
+        for k in ("step", "layer", "pass", "operand", "shape", "label", "amax", "frac_zero", "frac_sat"):
+            assert rh[k] == rd[k], (k, rh, rd)
+        for k in ("sqnr_db", "gemm_sqnr_db"):
+            assert rd[k] == pytest.approx(rh[k], rel=1e-9), (k, rh, rd)

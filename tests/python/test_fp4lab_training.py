@@ -1,5 +1,5 @@
-"""scripts/train_fp4.py: the corpus extraction from a Debian package, a training run's reproducibility and JSON,
-the report's tables, and docs/training.md generated from docs/results/training.json (not typed); the bundled
+"""fp4lab.study (`fp4lab-train`): the corpus extraction from a Debian package, a training run's reproducibility and
+JSON, the report's tables, and docs/training.md generated from docs/results/training.json (not typed); the bundled
 doc-lm trace and its committed analysis."""
 import hashlib
 import json
@@ -11,10 +11,9 @@ import zlib
 
 import pytest
 
+from fp4lab import study as st
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-SCRIPT = os.path.join(ROOT, "scripts", "train_fp4.py")
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import train_fp4  # noqa: E402
 
 BIN = os.environ.get("FP4LAB_BIN", os.path.join(ROOT, "build", "bin", "fp4lab"))
 RUN_KEYS = {"name", "model", "params", "recipe", "gemm_mode", "seed", "steps", "train_loss", "val_steps", "val_loss",
@@ -22,7 +21,17 @@ RUN_KEYS = {"name", "model", "params", "recipe", "gemm_mode", "seed", "steps", "
 
 
 def py(*args, **kw):
-    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, **kw)
+    return subprocess.run([sys.executable, "-m", "fp4lab.study", *args], capture_output=True, text=True, **kw)
+
+
+def bench_train_step():
+    """scripts/bench_train_step.py as a module (a developer tool, not part of the package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_train_step",
+                                                  os.path.join(ROOT, "scripts", "bench_train_step.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 FILES = {  # relative to html/_sources
@@ -135,9 +144,9 @@ def test_training_runs_reproducible_with_the_documented_json(data, tmp_path):
     assert json.load(open(tmp_path / "a.json")) == a
 
     doc = tmp_path / "t.md"
-    doc.write_text("<!-- training status: scripts/train_fp4.py report -->\n<!-- end of training status: "
-                   "scripts/train_fp4.py report -->\n<!-- training tables: scripts/train_fp4.py report -->\n"
-                   "<!-- end of training tables: scripts/train_fp4.py report -->\n")
+    doc.write_text("<!-- training status: fp4lab-train report -->\n<!-- end of training status: "
+                   "fp4lab-train report -->\n<!-- training tables: fp4lab-train report -->\n"
+                   "<!-- end of training tables: fp4lab-train report -->\n")
     # A BF16 run of another length is a study of its own, never the reference of the 12-step runs.
     short = train(data, tmp_path / "short.json", "bf16", steps=10)
     assert short["name"] != bf["name"]
@@ -176,7 +185,7 @@ def test_a_run_stopped_at_its_time_limit_resumes_bit_for_bit(data, tmp_path):
     pauses = 0
     while True:
         r = py(*args, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        if r.returncode != train_fp4.EXIT_CONTINUE:
+        if r.returncode != st.EXIT_CONTINUE:
             break
         pauses += 1
         assert ck.exists() and not out.exists()
@@ -188,7 +197,7 @@ def test_a_run_stopped_at_its_time_limit_resumes_bit_for_bit(data, tmp_path):
     # A checkpoint of another run is refused, naming the file.
     out.unlink()
     r = py(*args)
-    assert r.returncode == train_fp4.EXIT_CONTINUE
+    assert r.returncode == st.EXIT_CONTINUE
     r = py(*[a if a != "ufp4" else "nvfp4" for a in args[:-4]], "--out", str(tmp_path / "o.json"), "--checkpoint",
            str(ck))
     assert r.returncode != 0 and str(ck) in r.stderr and "another run" in r.stderr
@@ -205,14 +214,13 @@ def test_docs_training_is_generated_from_the_committed_json(tmp_path):
     doc = open(os.path.join(ROOT, "docs", "training.md")).read()
     runs = json.load(open(os.path.join(ROOT, "docs", "results", "training.json")))["runs"]
     assert all(RUN_KEYS <= set(r) for r in runs)
-    assert block(doc, "training tables: scripts/train_fp4.py report") == train_fp4.tables(runs).strip()
-    assert block(doc, "training status: scripts/train_fp4.py report") == train_fp4.status(runs)
-    import bench_train_step
+    assert block(doc, "training tables: fp4lab-train report") == st.tables(runs).strip()
+    assert block(doc, "training status: fp4lab-train report") == st.status(runs)
     bench = [json.load(open(os.path.join(ROOT, "docs", "results", f"bench-train-step-{m}-h200.json")))
              for m in ("small", "large")]
     assert [b["size"] for b in bench] == ["small", "large"]
     assert block(doc, "throughput tables: scripts/bench_train_step.py table") == "\n\n".join(
-        bench_train_step.table(b) for b in bench)
+        bench_train_step().table(b) for b in bench)
     copy = tmp_path / "training.md"
     shutil.copy(os.path.join(ROOT, "docs", "training.md"), copy)
     r = py("proxy", "tiny-lm step 5000=docs/results/analysis.json",
@@ -220,8 +228,8 @@ def test_docs_training_is_generated_from_the_committed_json(tmp_path):
            "doc-lm step 1999=docs/results/analysis-doc-lm.json", "--doc", str(copy), "--figure",
            str(tmp_path / "p.png"), cwd=ROOT)
     assert r.returncode == 0, r.stderr
-    assert block(copy.read_text(), "proxy tables: scripts/train_fp4.py proxy") == block(
-        doc, "proxy tables: scripts/train_fp4.py proxy")
+    assert block(copy.read_text(), "proxy tables: fp4lab-train proxy") == block(
+        doc, "proxy tables: fp4lab-train proxy")
 
 
 def test_bundled_doc_lm_trace_and_its_analysis(tmp_path):
@@ -239,7 +247,7 @@ def test_bundled_doc_lm_trace_and_its_analysis(tmp_path):
 
 
 def test_bench_train_step_times_the_training_models_and_recipes(tmp_path):
-    """bench_train_step.py --size takes train_fp4.py's model shape and recipe names (ablations included); its JSON
+    """bench_train_step.py --size takes fp4lab.study's model shape and recipe names (ablations included); its JSON
     is what the table of docs/training.md is made from."""
     bench = os.path.join(ROOT, "scripts", "bench_train_step.py")
     out = tmp_path / "b.json"
@@ -249,7 +257,7 @@ def test_bench_train_step_times_the_training_models_and_recipes(tmp_path):
                        capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     info = json.load(open(out))
-    shape = dict(train_fp4.SIZES["test"], seq=256)
+    shape = dict(st.SIZES["test"], seq=256)
     assert info["size"] == "test" and info["model"] == dict({k: shape[k] for k in info["model"] if k != "vocab"},
                                                             vocab=256)
     assert [(row["recipe"], row["mode"]) for row in info["rows"]] == [("bf16", "-"), ("ufp4-rht-none", "exact")]
@@ -260,8 +268,7 @@ def test_bench_train_step_times_the_training_models_and_recipes(tmp_path):
     r = subprocess.run([sys.executable, bench, "--recipes", "e3m0"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and "unknown recipe e3m0" in r.stderr
     # Without --size it times docs/spec.md §12's reference model, whose shape it takes from the large model.
-    import bench_train_step
     spec = " ".join(open(os.path.join(ROOT, "docs", "spec.md")).read().split())
-    s = bench_train_step.SPEC_SHAPE
+    s = bench_train_step().SPEC_SHAPE
     assert (f"d {s['d']}, {s['layers']} layers, {s['heads']} heads, FFN {s['ffn']}, sequence {s['seq']}, batch "
             f"{s['batch']}") in spec

@@ -75,3 +75,29 @@ def test_installed_package_is_typed_and_holds_the_torch_modules(fp4lab):
         assert os.path.isfile(os.path.join(pkg, "torch", m + ".py")), m
     assert run_installed("import fp4lab.torch as ft, torch; print(torch.ops.fp4lab.gemm.default.name())") == \
         "fp4lab::gemm"
+
+
+def test_installed_package_holds_the_paired_statistics(fp4lab):
+    # The module `fp4lab-train report` uses, importable from the installed package: three paired differences
+    # whose 95% interval (t with 2 df) is 0.4867 ± 0.8199 and holds zero.
+    out = run_installed("from fp4lab import paired\n"
+                        "s = paired.paired_stats([0.12, 0.76, 0.58])\n"
+                        "print(s.kind, f'{s.mean:.4f} {s.half:.4f}')")
+    assert out == "undetected 0.4867 0.8199"
+
+
+def test_installed_console_scripts_capture_check_and_train_recipes(fp4lab):
+    # fp4lab-capture and fp4lab-train are the installed package's (pyproject.toml [project.scripts]), run away from
+    # the source tree: the check of the bundled trace, and the study's recipe list.
+    pkg = os.path.dirname(fp4lab)
+    for m in ("trace", "capture", "oracle", "study/__init__", "study/train", "study/report", "study/tiny_lm"):
+        assert os.path.isfile(os.path.join(pkg, m + ".py")), m
+    path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    cap, train = (shutil.which(n, path=path) for n in ("fp4lab-capture", "fp4lab-train"))
+    assert cap and train, "the fp4lab-capture / fp4lab-train console scripts are not on PATH"
+    r = subprocess.run([cap, "check", os.path.join(ROOT, "workloads", "tiny-lm", "step_005000"), "--block", "128"],
+                       capture_output=True, text=True, cwd="/", env=env)
+    assert r.returncode == 0 and "8 gemms valid" in r.stdout, r.stderr
+    r = subprocess.run([train, "recipes"], capture_output=True, text=True, cwd="/", env=env)
+    assert r.returncode == 0 and "ufp4-rht-none" in r.stdout and "e2m1-ref" in r.stdout, r.stderr

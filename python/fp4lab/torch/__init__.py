@@ -21,7 +21,7 @@ the CPU).
     ft.convert(model, "ufp4", exclude=r"lm_head")     # every other nn.Linear now trains under UFP4
 """
 from .recipe import RECIPES, Recipe
-from .ops import QTensorCUDA, check_finite, dequantize, gemm, product, quantize, _dequantize
+from .ops import QTensorCUDA, check_finite, dequantize, fake_quantize, gemm, product, quantize, _dequantize
 from .linear import Linear, layer_id_of
 from .attention import MultiheadAttention
 from .convert import ConvertEntry, ConvertReport, convert, set_step
@@ -29,5 +29,5 @@ from .monitor import monitor
 from .distributed import sr_shard
 
 __all__ = ["Recipe", "Linear", "MultiheadAttention", "convert", "ConvertReport", "ConvertEntry", "layer_id_of",
-           "set_step", "quantize", "gemm", "product", "dequantize", "QTensorCUDA", "check_finite", "RECIPES",
+           "set_step", "quantize", "fake_quantize", "gemm", "product", "dequantize", "QTensorCUDA", "check_finite", "RECIPES",
            "monitor", "sr_shard"]

@@ -11,7 +11,7 @@ from torch import nn
 
 from fp4lab import _core
 
-from .ops import column_sum, qmatmul, take_step
+from .ops import check_finite_once, column_sum, qmatmul, take_step
 from .recipe import Recipe, _as_recipe, _whole
 
 __all__ = ["Linear", "layer_id_of"]
@@ -108,6 +108,8 @@ def _apply(gemm, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
     # Under torch.compile the CUDA operands go through the operators rather than the layer's device buffers.
     # In eager mode the GEMM's own object also goes along, for the numerics monitors and sr_shard.
     eager = not torch.compiler.is_compiling()
+    if eager and x.is_cuda and gemm.recipe.check_finite == "deferred":
+        check_finite_once(int(step), gemm)  # the flag of the last step's operands, read once a step
     args = (step, gemm.recipe, gemm.layer_id, gemm._label(), gemm._qcache if eager else None, gemm if eager else None)
     dev = x.device.type
     if torch.is_autocast_enabled(dev):

@@ -6,8 +6,9 @@ product, one JSON object per line (and TensorBoard scalars when tensorboard is i
         train(model)
 
 The layers call the monitor with the operands they have just quantised (``fp4lab.torch.ops.observers``); an
-unsampled step costs one modulo per GEMM, a sampled step recomputes the dequantised operands and an FP64
-reference product on the CPU."""
+unsampled step costs one modulo per GEMM and runs unobserved; a sampled step recomputes the dequantised operands and
+an FP64 reference product where the operands are (on the GPU, with FP64 sums in torch's CUDA reduction order, so a
+GPU record may differ from the host's in the last bits of its statistics)."""
 from __future__ import annotations
 
 import json
@@ -43,8 +44,11 @@ def _saturating_codes(fmt: str) -> np.ndarray:
 def _sqnr_db(ref: np.ndarray, x: np.ndarray) -> float:
     """10·log10(Σref² / Σ(ref − x)²) in FP64; +inf when x equals ref, nan for an all-zero ref."""
     ref = ref.astype(np.float64, copy=False)
-    sig = float(np.sum(ref * ref))
-    noise = float(np.sum((ref - x.astype(np.float64, copy=False)) ** 2))
+    d = ref - x.astype(np.float64, copy=False)
+    return _log10_db(float(np.sum(ref * ref)), float(np.sum(d * d)))
+
+
+def _log10_db(sig: float, noise: float) -> float:
     if noise == 0.0:
         return math.inf if sig > 0.0 else math.nan
     # log10 from the decimal module (exact to 40 digits, then one rounding), not libm's, whose last bit follows the
@@ -74,6 +78,40 @@ def operand_stats(x: torch.Tensor, q, cfg) -> Dict[str, float]:
         "frac_zero": float(np.count_nonzero((dq == 0) & (ref != 0))) / n,
         "frac_sat": float(np.count_nonzero(_saturating_codes(q.format)[codes & 15])) / n,
     }
+
+
+def _sqnr_sums_device(ref: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Σref² and Σ(ref − x)² of CUDA tensors, in FP64 on the device (torch's reduction order, so the last bits may
+    differ from the host's), as a tensor: the caller reads every sum of a GEMM back at once."""
+    ref = ref.to(torch.float64)
+    d = ref - x.to(torch.float64)
+    return torch.stack(((ref * ref).sum(), (d * d).sum()))
+
+
+def _operand_sums_device(x: torch.Tensor, q: "_ops.QTensorCUDA", cfg) -> torch.Tensor:
+    """operand_stats' raw figures for an operand quantised on the GPU, computed there (rotation by the CUDA kernel,
+    the golden model's bits; dequantised values by the CUDA dequantiser): Σref², Σ(ref − dq)², amax, the count of
+    flushed and of saturated elements, the element count."""
+    xf = x.detach().to(torch.float32).contiguous()
+    ref = xf
+    if cfg.to_dict()["rht"]:
+        ref = torch.empty_like(xf)
+        with torch.cuda.device(xf.device):
+            _core.cuda_rotate(xf, ref, cfg, _ops._stream())
+    dq = _ops._dequantize(q, torch.float32)
+    p = q.packed_codes
+    nsat = xf.new_zeros((), dtype=torch.float64)
+    for c in np.flatnonzero(_saturating_codes(q.format)):  # the one or two codes of the largest magnitude
+        nsat = nsat + ((p & 15) == int(c)).sum() + ((p >> 4) == int(c)).sum()
+    amax = xf.abs().max().double() if xf.numel() else xf.new_zeros((), dtype=torch.float64)
+    zero = ((dq == 0) & (ref != 0)).sum().double()
+    return torch.cat((_sqnr_sums_device(ref, dq), torch.stack((amax, zero, nsat.double(),
+                                                                xf.new_tensor(float(xf.numel()), dtype=torch.float64)))))
+
+
+def _operand_stats_of(v) -> Dict[str, float]:
+    sig, noise, amax, zero, nsat, n = v
+    return {"sqnr_db": _log10_db(sig, noise), "amax": amax, "frac_zero": zero / n, "frac_sat": nsat / n}
 
 
 def _json_float(v: float) -> Any:
@@ -106,24 +144,37 @@ class Monitor:
             self._tb = SummaryWriter(log_dir=tensorboard or self.out + ".tb")
         except ImportError:  # tensorboard is optional: the JSONL is the record
             pass
-        _ops.observers.append(self._observe)
+        _ops.observers.append(self)
 
-    def _observe(self, layer, step: int, pass_: str, a, b, qa, qb, y, cfg) -> None:
-        if step % self.every:
+    def wants(self, layer, step: int) -> bool:
+        """Whether the GEMMs of ``layer`` at ``step`` are recorded (the others run unobserved)."""
+        return step % self.every == 0 and id(layer) in self._names
+
+    def __call__(self, layer, step: int, pass_: str, a, b, qa, qb, y, cfg) -> None:
+        if not self.wants(layer, step):
             return
-        name = self._names.get(id(layer))
-        if name is None:
-            return
+        name = self._names[id(layer)]
         if not getattr(layer, "owner", layer).training:
             return  # an evaluation forward: it repeats the step it is at, and is no training step
         if pass_ == "fwd_y" and _in_backward():
             return  # an activation-checkpoint recomputation repeats the forward already recorded
-        ref = a.detach().to("cpu", torch.float64) @ b.detach().to("cpu", torch.float64).t()
-        gemm_sqnr = _sqnr_db(ref.numpy(), y.detach().to("cpu", torch.float64).numpy())
-        for op, x, q in (("a", a, qa), ("b", b, qb)):
+        # On the GPU the statistics are computed there (an FP64 product on the host would cost seconds a step).
+        if isinstance(qa, _ops.QTensorCUDA):
+            # One read back for the GEMM: its two sums and both operands' figures.
+            ref = a.detach().to(torch.float64) @ b.detach().to(torch.float64).t()
+            sums = torch.cat((_sqnr_sums_device(ref, y.detach()), _operand_sums_device(a, qa, cfg(pass_, "a")),
+                              _operand_sums_device(b, qb, cfg(pass_, "b")))).tolist()
+            del ref
+            gemm_sqnr = _log10_db(sums[0], sums[1])
+            stats = {"a": _operand_stats_of(sums[2:8]), "b": _operand_stats_of(sums[8:14])}
+        else:
+            ref = a.detach().to("cpu", torch.float64) @ b.detach().to("cpu", torch.float64).t()
+            gemm_sqnr = _sqnr_db(ref.numpy(), y.detach().to("cpu", torch.float64).numpy())
+            stats = {op: operand_stats(x, q, cfg(pass_, op)) for op, x, q in (("a", a, qa), ("b", b, qb))}
+        for op, x in (("a", a), ("b", b)):
             rec = {"step": int(step), "layer": name, "pass": pass_, "operand": op, "shape": list(x.shape),
                    "label": cfg(pass_, op).label}
-            st = operand_stats(x, q, cfg(pass_, op))
+            st = stats[op]
             st["gemm_sqnr_db"] = gemm_sqnr
             rec.update({k: _json_float(v) for k, v in st.items()})
             self._file.write(json.dumps(rec) + "\n")
@@ -135,8 +186,8 @@ class Monitor:
         self._file.flush()
 
     def close(self) -> None:
-        if self._observe in _ops.observers:
-            _ops.observers.remove(self._observe)
+        if self in _ops.observers:
+            _ops.observers.remove(self)
         if not self._file.closed:
             self._file.close()
         if self._tb is not None:

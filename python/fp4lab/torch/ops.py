@@ -1,6 +1,6 @@
 """The quantiser, the contract GEMM and the dequantiser on torch tensors: the golden model on CPU tensors, the
 CUDA kernels on CUDA tensors; and the same as torch.library operators (``torch.ops.fp4lab.quantize``, ``gemm``,
-``dequantize``, with ``take_step`` and ``column_sum``), through which the training path runs so that
+``dequantize``, ``qgemm``, ``fake_quantize``, with ``take_step`` and ``column_sum``), through which the training path runs so that
 torch.compile traces it."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from fp4lab import _core
 
 from .recipe import Recipe, recipe_of_key
 
-__all__ = ["quantize", "gemm", "product", "dequantize", "QTensorCUDA", "check_finite"]
+__all__ = ["quantize", "fake_quantize", "gemm", "product", "dequantize", "QTensorCUDA", "check_finite"]
 
 
 # ---- operations on tensors ------------------------------------------------------------------------------------
@@ -51,15 +51,18 @@ def _nonfinite_flag(device: torch.device) -> torch.Tensor:
 
 def check_finite() -> None:
     """Raises ValueError when a CUDA operand quantised with check_finite='deferred' held NaN or Inf, or a GEMM output
-    overflowed, since the last call (one synchronisation; a training loop calls it once a step), and clears the flag."""
+    overflowed, since the last call (one synchronisation), and clears the flag. The layers call it at the first
+    forward of each training step; a loop may call it at the end of a step to hear of a fault one step sooner."""
+    global _checked_step
+    _checked_step = None
     for i, f in _flags.items():
         v = int(f.item())
         if v:
             f.zero_()
             if v & 1:
-                raise ValueError(f"cuda:{i}: an input tensor of a quantised GEMM held NaN or Inf "
+                raise ValueError(f"cuda:{i}: an input tensor of a quantised GEMM held NaN or Inf since the last check "
                                  "(4-bit grids have no such codes)")
-            raise ValueError(f"cuda:{i}: the output of a quantised GEMM overflowed")
+            raise ValueError(f"cuda:{i}: the output of a quantised GEMM overflowed since the last check")
 
 
 def _check_output(y: torch.Tensor, check_finite: str = "sync") -> torch.Tensor:
@@ -74,6 +77,22 @@ def _check_output(y: torch.Tensor, check_finite: str = "sync") -> torch.Tensor:
         r, c = (int(v) for v in bad.nonzero()[0])
         raise ValueError(f"GEMM output overflows {'BF16' if y.dtype == torch.bfloat16 else 'FP32'} at C[{r}, {c}]")
     return y
+
+
+# The step and the layer of the last check_finite_once().
+_checked_step: Optional[int] = None
+_checked_by: Optional[int] = None
+
+
+def check_finite_once(step: int, layer: Any) -> None:
+    """check_finite() once per training step (the layers call it at each forward on CUDA): at a forward whose step
+    differs from the last check's, or by the layer that made it (the first layer of the model). One flag read a step
+    instead of a synchronisation per operand; not while a CUDA graph is being captured."""
+    global _checked_step, _checked_by
+    if (step != _checked_step or id(layer) == _checked_by) and _flags \
+            and not torch.cuda.is_current_stream_capturing():
+        check_finite()
+        _checked_step, _checked_by = step, id(layer)
 
 
 def _stream() -> int:
@@ -98,25 +117,51 @@ def quantize(x: torch.Tensor, cfg: Any = None, *, out: Optional[QTensorCUDA] = N
         raise ValueError(f"quantize(): x must be 2-D [rows, K], got shape {list(x.shape)}")
     if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise TypeError(f"quantize(): x must be float32, bfloat16 or float16, not {x.dtype}")
-    x = x.detach()
-    if x.is_cuda and x.dtype == torch.bfloat16:
-        x = x.contiguous()  # the kernels widen BF16 to FP32 as they load it (exactly)
-    else:
-        # One copy at most: FP16/BF16 widen exactly to FP32, and a transposed view is laid out row-major.
-        x = x.to(torch.float32, memory_format=torch.contiguous_format).contiguous()
+    x, tr = _cuda_input(x.detach())
     if x.is_cuda:
-        if not _core.cuda_built:
-            raise RuntimeError("this fp4lab was built without CUDA")
         q = out if out is not None else QTensorCUDA()
         flag = _nonfinite_flag(x.device) if check_finite == "deferred" else None
         with torch.cuda.device(x.device):
-            _core.cuda_quantize(x, cfg, q._h, _stream(), rht_path, check_finite == "sync", flag)
+            _core.cuda_quantize(x, cfg, q._h, _stream(), rht_path, check_finite == "sync", flag, tr)
         return q
     if x.device.type != "cpu":
         raise ValueError(f"quantize(): tensors on {x.device.type} are not supported (CPU and CUDA are)")
     # The tensor itself (DLPack), not x.numpy(): that marks the storage, which may be a parameter's, as not
     # resizable, and FSDP2 frees an unsharded parameter by resizing its storage to 0.
     return _core.quantize_f32(x, cfg)
+
+
+def _cuda_input(x: torch.Tensor) -> Tuple[torch.Tensor, bool]:
+    """The tensor the quantiser reads, and whether it reads it transposed. On CUDA a transposed view (Wᵀ, dYᵀ,
+    Xᵀ of the backward GEMMs) is read in place by the transposed kernels, and BF16 is widened as it is loaded (both
+    exactly as quantising the FP32 row-major copy); otherwise one copy at most: FP16/BF16 widen exactly to FP32,
+    and other strides are laid out row-major."""
+    if x.is_cuda:
+        if not _core.cuda_built:
+            raise RuntimeError("this fp4lab was built without CUDA")
+        tr = not x.is_contiguous() and x.t().is_contiguous()
+        if tr:
+            x = x.t()
+        if x.dtype != torch.bfloat16:
+            x = x.to(torch.float32)
+        return x.contiguous(), tr
+    return x.to(torch.float32, memory_format=torch.contiguous_format).contiguous(), False
+
+
+def fake_quantize(x: torch.Tensor, cfg: "_core.QuantConfig", *, out: Optional[QTensorCUDA] = None,
+                  rht_path: str = "fused", check_finite: str = "sync") -> torch.Tensor:
+    """The BF16 values ``dequantize(quantize(x, cfg))`` rounded to BF16 gives, for a CUDA tensor, in one pass over
+    x (the operands of ``fast`` GEMMs); ``out`` receives the quantised operand too when given."""
+    x, tr = _cuda_input(x.detach())
+    if not x.is_cuda:
+        raise ValueError("fake_quantize(): x must be a CUDA tensor")
+    shape = (x.shape[1], x.shape[0]) if tr else tuple(x.shape)
+    y = torch.empty(shape, dtype=torch.bfloat16, device=x.device)
+    flag = _nonfinite_flag(x.device) if check_finite == "deferred" else None
+    with torch.cuda.device(x.device):
+        _core.cuda_fake_quantize(x, cfg, y, _stream(), rht_path, check_finite == "sync", flag, tr,
+                                 None if out is None else out._h)
+    return y
 
 
 @_fp._one_line_errors
@@ -203,28 +248,53 @@ def _operand_tensors(q, device: torch.device) -> Tuple[torch.Tensor, torch.Tenso
             torch.tensor(q.global_scale, dtype=torch.float32, device=device))
 
 
+def _quantize_labelled(x, step, recipe, layer, pass_, operand, label, **kw):
+    try:
+        return quantize(x, _config(recipe, step, layer, pass_, operand), **kw)
+    except ValueError as e:
+        raise ValueError(f"{label}: {pass_} operand {operand} {list(x.shape)}: {e}") from None
+
+
 @torch.library.custom_op("fp4lab::quantize", mutates_args=(), device_types="cpu")
 def quantize_op(x: torch.Tensor, step: torch.Tensor, recipe: str, layer: int, pass_: str, operand: str,
                 label: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Operand ``operand`` of pass ``pass_`` of a training GEMM, quantised along its last dimension under
     ``recipe`` with the SR key (seed, ``step``, ``layer``): (codes, scales, global scale). A fault names ``label``,
     the pass, the operand and its shape."""
-    try:
-        q = quantize(x, _config(recipe, step, layer, pass_, operand))
-    except ValueError as e:
-        raise ValueError(f"{label}: {pass_} operand {operand} {list(x.shape)}: {e}") from None
-    return _operand_tensors(q, x.device)
+    return _operand_tensors(_quantize_labelled(x, step, recipe, layer, pass_, operand, label), x.device)
+
+
+# Device buffers the CUDA kernels of the operators quantise into and multiply from, one set per device (they
+# only grow; the stream orders their reuse). The operators' results are fresh torch tensors.
+_scratch: Dict[Tuple[int, str], QTensorCUDA] = {}
+
+
+def _scratch_of(device: torch.device, what: str) -> QTensorCUDA:
+    key = (device.index if device.index is not None else torch.cuda.current_device(), what)
+    if key not in _scratch:
+        _scratch[key] = QTensorCUDA()
+    return _scratch[key]
 
 
 @quantize_op.register_kernel("cuda")
 def _quantize_cuda(x, step, recipe, layer, pass_, operand, label):
-    # The CUDA kernels quantise; the operand comes back in the golden layout, as the operators carry it.
-    try:
-        q = quantize(x, _config(recipe, step, layer, pass_, operand),
-                     check_finite=recipe_of_key(recipe).check_finite).to_host()
-    except ValueError as e:
-        raise ValueError(f"{label}: {pass_} operand {operand} {list(x.shape)}: {e}") from None
-    return _operand_tensors(q, x.device)
+    # The CUDA kernels quantise on the device; the packed codes are unpacked there into the golden layout the
+    # operators carry (element 2i in the low nibble), with no host round trip.
+    q = _quantize_labelled(x, step, recipe, layer, pass_, operand, label, out=_scratch_of(x.device, "q"),
+                           check_finite=recipe_of_key(recipe).check_finite)
+    p = q.packed_codes
+    codes = torch.stack((p & 15, p >> 4), dim=-1).reshape(q.rows, q.cols)
+    return codes, q.scales.clone(), q.global_scale.reshape(()).clone()
+
+
+def _device_operand(codes, scales, global_scale, recipe: str, pass_: str, operand: str, what: str) -> QTensorCUDA:
+    """The kernels' operand of the operators' three CUDA tensors (codes packed two per byte on the device)."""
+    c = recipe_of_key(recipe).config(pass_, operand, layer=0, step=0).to_dict()
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()
+    q = _scratch_of(codes.device, what)
+    _core.cuda_make_qtensor(c["format"], c["scale"], c["block"], c["tile2d"], packed, scales.contiguous(),
+                            global_scale.reshape(1).contiguous(), q._h, _stream(), c["rht"], _signs(c["rht_signs"]))
+    return q
 
 
 @quantize_op.register_fake
@@ -234,14 +304,21 @@ def _(x, step, recipe, layer, pass_, operand, label):
             dtype=torch.float32), x.new_empty((), dtype=torch.float32))
 
 
-@torch.library.custom_op("fp4lab::gemm", mutates_args=(), device_types=("cpu", "cuda"))
+@torch.library.custom_op("fp4lab::gemm", mutates_args=(), device_types="cpu")
 def gemm_op(codes_a: torch.Tensor, scales_a: torch.Tensor, global_a: torch.Tensor, codes_b: torch.Tensor,
             scales_b: torch.Tensor, global_b: torch.Tensor, recipe: str, pass_: str) -> torch.Tensor:
     """C = A · Bᵀ, FP32 [M, N], of two operands of pass ``pass_`` from ``fp4lab::quantize``, under the datapath
-    contract (the golden model; on CUDA tensors too, on host copies)."""
+    contract: the golden model on CPU tensors, the CUDA kernels' fast GEMM on CUDA tensors."""
     qa = _qtensor(codes_a, scales_a, global_a, recipe, pass_, "a")
     qb = _qtensor(codes_b, scales_b, global_b, recipe, pass_, "b")
     return torch.from_numpy(_core.gemm(qa, qb)).to(codes_a.device)
+
+
+@gemm_op.register_kernel("cuda")
+def _gemm_cuda(codes_a, scales_a, global_a, codes_b, scales_b, global_b, recipe, pass_):
+    qa = _device_operand(codes_a, scales_a, global_a, recipe, pass_, "a", "a")
+    qb = _device_operand(codes_b, scales_b, global_b, recipe, pass_, "b", "b")
+    return gemm(qa, qb, check_finite=recipe_of_key(recipe).check_finite)
 
 
 @gemm_op.register_fake
@@ -249,12 +326,20 @@ def _(codes_a, scales_a, global_a, codes_b, scales_b, global_b, recipe, pass_):
     return codes_a.new_empty((codes_a.shape[0], codes_b.shape[0]), dtype=torch.float32)
 
 
-@torch.library.custom_op("fp4lab::dequantize", mutates_args=(), device_types=("cpu", "cuda"))
+@torch.library.custom_op("fp4lab::dequantize", mutates_args=(), device_types="cpu")
 def dequantize_op(codes: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor, recipe: str, pass_: str,
                   operand: str) -> torch.Tensor:
     """FP32 values of an operand from ``fp4lab::quantize``: (grid value · block scale) · global scale."""
     q = _qtensor(codes, scales, global_scale, recipe, pass_, operand)
     return torch.from_numpy(q.dequantize()).to(codes.device)
+
+
+@dequantize_op.register_kernel("cuda")
+def _dequantize_cuda(codes, scales, global_scale, recipe, pass_, operand):
+    # The dequantiser's FP32 products, in its order, on the device (two correctly rounded multiplications; there is
+    # no addition for a fused multiply-add to contract).
+    q = _device_operand(codes, scales, global_scale, recipe, pass_, operand, "d")
+    return _dequantize(q, torch.float32)
 
 
 @dequantize_op.register_fake
@@ -272,6 +357,55 @@ def fast_matmul(da: torch.Tensor, db: torch.Tensor, check_finite: str) -> torch.
 @fast_matmul.register_fake
 def _(da, db, check_finite):
     return da.new_empty((da.shape[0], db.shape[0]))
+
+
+@torch.library.custom_op("fp4lab::qgemm", mutates_args=(), device_types="cpu")
+def qgemm_op(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: str, layer: int, pass_: str,
+             label: str) -> torch.Tensor:
+    """A [M, K] · B [N, K]ᵀ, FP32 [M, N], both operands quantised as ``fp4lab::quantize`` does, under the datapath
+    contract: what ``fp4lab::gemm`` gives of the two ``fp4lab::quantize`` results, in one operator (on CUDA the
+    operands stay in the kernels' layout, in device buffers reused from call to call)."""
+    qa = _quantize_labelled(a, step, recipe, layer, pass_, "a", label)
+    qb = _quantize_labelled(b, step, recipe, layer, pass_, "b", label)
+    return torch.from_numpy(_core.gemm(qa, qb))
+
+
+@qgemm_op.register_kernel("cuda")
+def _qgemm_cuda(a, b, step, recipe, layer, pass_, label):
+    check = recipe_of_key(recipe).check_finite
+    qa = _quantize_labelled(a, step, recipe, layer, pass_, "a", label, out=_scratch_of(a.device, "ga"),
+                            check_finite=check)
+    qb = _quantize_labelled(b, step, recipe, layer, pass_, "b", label, out=_scratch_of(b.device, "gb"),
+                            check_finite=check)
+    return gemm(qa, qb, check_finite=check)
+
+
+@qgemm_op.register_fake
+def _(a, b, step, recipe, layer, pass_, label):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("fp4lab::fake_quantize", mutates_args=(), device_types="cpu")
+def fake_quantize_op(x: torch.Tensor, step: torch.Tensor, recipe: str, layer: int, pass_: str, operand: str,
+                     label: str) -> torch.Tensor:
+    """Operand ``operand`` of pass ``pass_`` quantised as ``fp4lab::quantize`` does and dequantised, for a ``fast``
+    GEMM: FP32 values on the CPU (the golden model); on CUDA the BF16 values of one fused pass."""
+    q = _quantize_labelled(x, step, recipe, layer, pass_, operand, label)
+    return torch.from_numpy(q.dequantize()).reshape(x.shape)
+
+
+@fake_quantize_op.register_kernel("cuda")
+def _fake_quantize_cuda(x, step, recipe, layer, pass_, operand, label):
+    try:
+        return fake_quantize(x, _config(recipe, step, layer, pass_, operand),
+                             check_finite=recipe_of_key(recipe).check_finite)
+    except ValueError as e:
+        raise ValueError(f"{label}: {pass_} operand {operand} {list(x.shape)}: {e}") from None
+
+
+@fake_quantize_op.register_fake
+def _(x, step, recipe, layer, pass_, operand, label):
+    return x.new_empty(x.shape, dtype=torch.bfloat16 if x.is_cuda else torch.float32)
 
 
 @torch.library.custom_op("fp4lab::take_step", mutates_args=("counter",))
@@ -303,10 +437,14 @@ def _(dy):
     return dy.new_empty(dy.shape[1:])
 
 
-def _quantize_operand(x: torch.Tensor, cfg, pass_: str, operand: str, recipe: Recipe, cache: dict):
+def _quantize_operand(x: torch.Tensor, cfg, pass_: str, operand: str, recipe: Recipe, cache: dict,
+                      fake: bool = False):
     """One operand of a training GEMM on CUDA in eager mode, through the kernels' device buffers of the layer, reused
-    from step to step; a fault names the pass, the operand and its shape."""
+    from step to step (``fake``: its BF16 dequantised values instead, for a ``fast`` GEMM); a fault names the pass,
+    the operand and its shape."""
     try:
+        if fake:
+            return fake_quantize(x, cfg, check_finite=recipe.check_finite)
         return quantize(x, cfg, out=cache.setdefault(f"{pass_}.{operand}", QTensorCUDA()),
                         check_finite=recipe.check_finite)
     except ValueError as e:
@@ -314,8 +452,17 @@ def _quantize_operand(x: torch.Tensor, cfg, pass_: str, operand: str, recipe: Re
 
 
 # Numerics monitors (fp4lab.torch.monitor), called in eager mode with each GEMM's module and operands; empty, they
-# cost one test per GEMM.
+# cost one test per GEMM. An observer with a ``wants(owner, step)`` method is called only at the steps it wants, so
+# the other steps keep the unobserved path (fused fake quantisation in fast mode).
 observers: list = []
+
+
+def _observed(owner, step: torch.Tensor) -> bool:
+    for obs in observers:
+        wants = getattr(obs, "wants", None)
+        if wants is None or wants(owner, int(step)):
+            return True
+    return False
 
 
 def _qmatmul_observed(a, b, step, recipe: Recipe, layer: int, pass_: str, label: str, cache, owner, shard):
@@ -339,7 +486,9 @@ def _qmatmul_observed(a, b, step, recipe: Recipe, layer: int, pass_: str, label:
         raise ValueError(f"{label}: {e}") from None
     y = product(qa, qb, recipe.mode, recipe.check_finite)
     for obs in observers:
-        obs(owner, int(step), pass_, a, b, qa, qb, y, cfg)
+        wants = getattr(obs, "wants", None)
+        if wants is None or wants(owner, int(step)):
+            obs(owner, int(step), pass_, a, b, qa, qb, y, cfg)
     return y
 
 
@@ -349,23 +498,25 @@ def qmatmul(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: Recipe
     key (seed, ``step``, ``layer``), in the recipe's mode, through the fp4lab operators. ``cache`` (eager mode) lets
     CUDA operands go through the kernels' device buffers instead."""
     shard = getattr(owner, "_sr_shard", None)  # fp4lab.torch.sr_shard: a micro-batch of a global batch
-    if owner is not None and (observers or shard is not None):
+    if owner is not None and (shard is not None or (observers and _observed(owner, step))):
         return _qmatmul_observed(a, b, step, recipe, layer, pass_, label, cache, owner, shard)
     if cache is not None and a.is_cuda:
         cfg = lambda o: recipe.config(pass_, o, layer=layer, step=int(step))  # noqa: E731
+        # fast: one pass per operand writes its BF16 dequantised values, and cuBLAS multiplies them (what product()
+        # computes from the quantised operands, bit for bit, without writing and re-reading them).
+        fake = recipe.mode == "fast"
         try:
-            qa = _quantize_operand(a, cfg("a"), pass_, "a", recipe, cache)
-            qb = _quantize_operand(b, cfg("b"), pass_, "b", recipe, cache)
+            qa = _quantize_operand(a, cfg("a"), pass_, "a", recipe, cache, fake)
+            qb = _quantize_operand(b, cfg("b"), pass_, "b", recipe, cache, fake)
         except ValueError as e:
             raise ValueError(f"{label}: {e}") from None
+        if fake:
+            return fast_matmul(qa, qb, recipe.check_finite)
         return product(qa, qb, recipe.mode, recipe.check_finite)
     key = recipe.key
-    qa = torch.ops.fp4lab.quantize(a, step, key, layer, pass_, "a", label)
-    qb = torch.ops.fp4lab.quantize(b, step, key, layer, pass_, "b", label)
     if recipe.mode == "exact":
-        return torch.ops.fp4lab.gemm(*qa, *qb, key, pass_)
-    da = torch.ops.fp4lab.dequantize(*qa, key, pass_, "a")
-    db = torch.ops.fp4lab.dequantize(*qb, key, pass_, "b")
-    if a.is_cuda:  # as product(): cuBLAS on BF16 values on CUDA
-        da, db = da.to(torch.bfloat16), db.to(torch.bfloat16)
+        return torch.ops.fp4lab.qgemm(a, b, step, key, layer, pass_, label)
+    # As product(): FP32 values on the CPU, BF16 on CUDA (cuBLAS), multiplied by torch's matmul.
+    da = torch.ops.fp4lab.fake_quantize(a, step, key, layer, pass_, "a", label)
+    db = torch.ops.fp4lab.fake_quantize(b, step, key, layer, pass_, "b", label)
     return torch.ops.fp4lab.fast_matmul(da, db, recipe.check_finite)

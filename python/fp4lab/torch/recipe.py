@@ -4,6 +4,8 @@ from __future__ import annotations
 import operator
 from typing import Any, Dict, Optional, Tuple
 
+import numpy as np
+
 import fp4lab as _fp
 from fp4lab import _core
 
@@ -21,6 +23,21 @@ def _whole(func: str, name: str, value: Any, hi: int) -> int:
     if not 0 <= v < hi:
         raise ValueError(f"{func}: {name} must be an integer from 0 to 2**{hi.bit_length() - 1} - 1, not {v}")
     return v
+
+
+def _same_rotation(pass_: str, a: "_core.QuantConfig", b: "_core.QuantConfig") -> None:
+    """A pass whose operands are rotated differently has no product under the contract (docs/spec.md §5): refused
+    when the recipe is made, with the GEMM's own reason, rather than at its first product."""
+    ops = []
+    for c in (a, b):
+        d = c.to_dict()
+        signs = [1.0 if t == "+1" else -1.0 for t in d["rht_signs"].split(",")] if d["rht_signs"] else []
+        codes, scales = np.zeros((1, 128), np.uint8), np.ones((1, 128 // d["block"]), np.float32)
+        ops.append(_core.make_qtensor(d["format"], d["scale"], d["block"], False, codes, scales, 1.0, d["rht"], signs))
+    try:
+        _core.check_gemm_operands(*ops)
+    except ValueError as e:
+        raise ValueError(f"Recipe(): {pass_}: {e}") from None
 
 
 # bf16 is the passthrough recipe (plain F.linear); the others are the presets of docs/spec.md §2.
@@ -43,7 +60,7 @@ class Recipe:
     def __init__(self, name: Optional[str] = None, *, mode: str = "exact", seed: int = 0,
                  per_pass: Optional[Dict[str, Dict[str, Any]]] = None,
                  per_operand: Optional[Dict[Tuple[str, str], Dict[str, Any]]] = None,
-                 check_finite: str = "sync", **knobs):
+                 check_finite: str = "deferred", **knobs):
         if name is not None and not isinstance(name, str):
             raise TypeError(f"Recipe(): name must be a str or None, not {type(name).__name__}")
         if mode not in ("exact", "fast"):
@@ -67,7 +84,7 @@ class Recipe:
             args["per_pass"] = {p: dict(v) for p, v in per_pass.items()}
         if per_operand:
             args["per_operand"] = {tuple(k): dict(v) for k, v in per_operand.items()}
-        if check_finite != "sync":
+        if check_finite != "deferred":
             args["check_finite"] = check_finite
         args.update(knobs)
         set_ = object.__setattr__
@@ -96,6 +113,7 @@ class Recipe:
             for p in _PASSES:  # resolve once now, so a bad knob fails here and not in the first backward
                 for o in ("a", "b"):
                     self.config(p, o, layer=0, step=0)
+                _same_rotation(p, self.config(p, "a", layer=0, step=0), self.config(p, "b", layer=0, step=0))
 
     def __setattr__(self, name, value):
         raise AttributeError(f"fp4lab.torch.Recipe is immutable (make another Recipe rather than setting {name})")

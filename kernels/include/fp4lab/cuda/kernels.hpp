@@ -156,6 +156,14 @@ void quantize_transposed_bf16(const uint16_t* d_x, int64_t rows, int64_t cols, c
                               DQTensor& out, QuantWorkspace& ws, cudaStream_t stream = nullptr,
                               RhtPath path = RhtPath::fused, bool check_finite = true,
                               int* d_nonfinite_flag = nullptr);
+// Fake quantisation, the operands of the training layer's "fast" GEMMs: d_out [rows, cols] (or [cols, rows] when
+// transposed) receives, as BF16 bit patterns, exactly what dequantize_bf16() gives for the operand quantize()
+// (quantize_transposed()) makes of d_x (FP32, or BF16 bits when x_bf16), in the same pass: the input is read once
+// and only BF16 is written. q, when not null, receives the quantised operand too. Arguments otherwise as quantize().
+void fake_quantize(const void* d_x, bool x_bf16, bool transposed, int64_t rows, int64_t cols,
+                   const QuantConfig& cfg, uint16_t* d_out, DQTensor* q, QuantWorkspace& ws,
+                   cudaStream_t stream = nullptr, RhtPath path = RhtPath::fused, bool check_finite = true,
+                   int* d_nonfinite_flag = nullptr);
 // Dequantised values of q, (grid value * block scale) * global scale in that FP32 order as QTensor::dequant
 // computes them, into d_out [rows, cols] as FP32, or rounded to BF16 (RTNE) as bit patterns.
 void dequantize(const DQTensor& q, float* d_out, cudaStream_t stream = nullptr);

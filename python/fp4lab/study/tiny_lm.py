@@ -1,16 +1,21 @@
-#!/usr/bin/env python3
-"""A small byte-level SwiGLU decoder trained on Jane Austen's six novels, with fp4lab trace capture.
+"""The decoder that made the bundled trace workloads/tiny-lm: a small byte-level SwiGLU decoder trained on Jane
+Austen's six novels, with fp4lab trace capture (fp4lab.capture).
 
   corpus:  extracts the novels' text from the Debian package r-cran-janeaustenr (MIT; the novels are in the
            public domain) into plain UTF-8 files. Runs where apt works:
              apt-get download r-cran-janeaustenr
-             python3 scripts/train_tiny_lm.py corpus r-cran-janeaustenr_1.0.0-1_all.deb .device-carry/austen
-  train:   trains the model (BF16 autocast, AdamW) and writes trace v1 files through capture_traces.py at the
-           chosen steps (a step = optimizer updates applied before the captured forward/backward):
-             python3 scripts/train_tiny_lm.py train --data .device-carry/austen --out traces
+             python3 -m fp4lab.study.tiny_lm corpus r-cran-janeaustenr_1.0.0-1_all.deb data/austen
+  train:   trains the model (BF16 autocast, AdamW) and writes trace v1 files at the chosen steps (a step =
+           optimizer updates applied before the captured forward/backward):
+             python3 -m fp4lab.study.tiny_lm train --data data/austen --out traces
 
 Module names: layers.{i}.attn.qkv, layers.{i}.attn.proj, layers.{i}.mlp.fc1 (gate and up, fused),
 layers.{i}.mlp.fc2. The held-out novel (default Persuasion) is the validation set.
+
+It is not the study's decoder (fp4lab.study.model) and stays apart from it: rotary positions instead of learned
+ones, dropout, an FP32 RMSNorm with eps 1e-6, the loss inside forward and other module names. Those are the
+model whose operands the bundled trace holds (its metadata names this trainer), so folding it into the study's
+model would leave the trace without the code that reproduces it.
 """
 from __future__ import annotations
 
@@ -122,14 +127,14 @@ def cmd_corpus(args) -> int:
                 src = tmp
             texts = extract_austen(src)
     except subprocess.CalledProcessError:
-        print(f"train_tiny_lm: {args.package}: dpkg-deb cannot unpack it", file=sys.stderr)
+        print(f"tiny_lm: {args.package}: dpkg-deb cannot unpack it", file=sys.stderr)
         return 1
     except (OSError, ValueError, KeyError, IndexError, struct.error, zlib.error) as e:
-        print(f"train_tiny_lm: {args.package}: not the janeaustenr data ({type(e).__name__}: {e})", file=sys.stderr)
+        print(f"tiny_lm: {args.package}: not the janeaustenr data ({type(e).__name__}: {e})", file=sys.stderr)
         return 1
     missing = [n for n in NOVELS if n not in texts]
     if missing:
-        print(f"train_tiny_lm: {args.package}: novels missing: {missing}", file=sys.stderr)
+        print(f"tiny_lm: {args.package}: novels missing: {missing}", file=sys.stderr)
         return 1
     os.makedirs(args.out, exist_ok=True)
     for n in NOVELS:
@@ -239,7 +244,7 @@ def load_bytes(folder: str, names):
             with open(p, "rb") as f:
                 data += f.read()
         except OSError as e:
-            raise SystemExit(f"train_tiny_lm: {p}: cannot read ({e.strerror}); run the corpus step first")
+            raise SystemExit(f"tiny_lm: {p}: cannot read ({e.strerror}); run the corpus step first")
     return data
 
 
@@ -260,8 +265,9 @@ def unigram_entropy(train: bytes, val: bytes):
 
 def cmd_train(args) -> int:
     import torch
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from capture_traces import TraceCapture, check_trace, print_check, parse_steps
+
+    from ..capture import TraceCapture, parse_steps
+    from ..trace import check as check_trace, print_check
 
     torch.manual_seed(args.seed)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -368,7 +374,8 @@ def cmd_train(args) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python3 -m fp4lab.study.tiny_lm", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("corpus", help="extract the novels from the Debian package into text files")
     c.add_argument("package", help="r-cran-janeaustenr .deb, or the folder it was unpacked into")

@@ -1,7 +1,7 @@
-#!/usr/bin/env python3
-"""A straightforward numpy implementation of fp4lab's pinned analyses (docs/spec.md §6).
+"""A straightforward numpy implementation of fp4lab's pinned analyses (docs/spec.md §6): the test oracle.
 
-Written independently of the C++ code from the definitions alone, for two uses:
+Written independently of the C++ code from the definitions alone (it calls nothing of fp4lab but the trace
+reader, fp4lab.trace), for two uses:
   * the baseline that `scripts/bench_analyze.py` times `fp4lab analyze` against, and
   * a cross-check: tests/python compares its numbers with fp4lab's JSON.
 
@@ -10,11 +10,11 @@ RHT-16 as H . diag(s) / 4 along the reduction dimension.
 """
 import json
 import math
-import os
-import struct
 import sys
 
 import numpy as np
+
+from .trace import records as load_trace
 
 GRIDS = {
     "e2m1": np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=np.float32),
@@ -23,42 +23,6 @@ GRIDS = {
     "e2m1_max2": np.array([0, 0.5, 1, 1.5, 2], dtype=np.float32),
 }
 TE_SIGNS = np.array([1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1], dtype=np.float32)
-
-
-def read_safetensors(path):
-    """Returns ({name: float32 array}, metadata) for F32/BF16 tensors."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8 : 8 + n])
-    meta = header.pop("__metadata__", {})
-    base = 8 + n
-    out = {}
-    for name, t in header.items():
-        b, e = t["data_offsets"]
-        buf = raw[base + b : base + e]
-        if t["dtype"] == "F32":
-            a = np.frombuffer(buf, dtype="<f4")
-        elif t["dtype"] == "BF16":
-            a = (np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
-        else:
-            continue
-        out[name] = a.reshape(t["shape"])
-    return out, meta
-
-
-def load_trace(path):
-    """[(gemm, X, W, dY)] in file order."""
-    files = [path] if os.path.isfile(path) else sorted(
-        os.path.join(path, f) for f in os.listdir(path) if f.endswith(".safetensors"))
-    layers = []
-    for fn in files:
-        tensors, _ = read_safetensors(fn)
-        for name in tensors:
-            if name.endswith(".fwd_x"):
-                g = name[: -len(".fwd_x")]
-                layers.append((g, tensors[g + ".fwd_x"], tensors[g + ".fwd_w"], tensors[g + ".bwd_dy"]))
-    return layers
 
 
 def hadamard(d):
@@ -150,5 +114,5 @@ def analyze(trace, formats=("e2m1", "e1m2"), rhts=(0, 16)):
     return {"fp4lab.analysis.version": 1, "config": {"implementation": "numpy"}, "tensors": tensors, "gemms": gemms}
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # python3 -m fp4lab.oracle TRACE: the JSON on stdout
     json.dump(analyze(sys.argv[1]), sys.stdout, indent=1)

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Capture fp4lab trace v1 files (docs/spec.md §7) from the nn.Linear layers of any PyTorch model.
 
 A trace is a folder of .safetensors files. For each captured linear layer `<gemm>` (its dotted module name)
@@ -19,30 +18,22 @@ Three ways to use it:
                   opt.step()
   * wrap an unmodified training script (counts optimizer.step() calls, finds the model as the first
     top-level module whose forward runs with matching nn.Linear children):
-              capture_traces.py run --pattern 'mlp\\.' --steps 100,200 --out traces -- train.py --lr 1e-3
-  * check a trace folder or file without PyTorch (numpy + ml_dtypes only): validates it as the C++ reader
-    does and prints outlier statistics per tensor:
-              capture_traces.py check workloads/tiny-lm/step_005000 [--json stats.json]
+              fp4lab-capture run --pattern 'mlp\\.' --steps 100,200 --out traces -- train.py --lr 1e-3
+  * check a trace folder or file without PyTorch (fp4lab.trace): validates it as the C++ reader does and
+    prints outlier statistics per tensor:
+              fp4lab-capture check workloads/tiny-lm/step_005000 [--json stats.json]
 """
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 import re
 import shlex
-import struct
 import sys
 from typing import Dict, Iterable, List, Optional
 
-TRACE_VERSION = "1"
-SUFFIXES = ("fwd_x", "fwd_w", "bwd_dy")
-
-
-class TraceError(Exception):
-    """A one-line fault naming the file or module concerned."""
-
+from .trace import (TRACE_VERSION, TraceError, add_check_arguments, check as check_trace,  # noqa: F401
+                    check_main, print_check, write_file)
 
 # ---------------------------------------------------------------------------------------------------------
 # Capture (needs torch; imported lazily so `check` runs without it)
@@ -147,7 +138,7 @@ class TraceCapture:
                 "gemm_dtype": r["gemm_dtype"],
             })
             path = os.path.join(folder, f"{name}.safetensors")
-            save_safetensors(path, tensors, meta)
+            write_file(path, tensors, meta)
             paths.append(path)
         self.written += paths
         return paths
@@ -239,35 +230,6 @@ def _snapshot(t, dt):
     return t.to("cpu", dt, copy=True).contiguous()
 
 
-def save_safetensors(path: str, tensors, metadata: Dict[str, str]):
-    """Writes torch tensors (BF16 or F32) as a safetensors file: an 8-byte little-endian header length, the JSON
-    header (dtype, shape, data offsets, __metadata__), the raw little-endian data; under a temporary name, then
-    renamed, so a killed capture leaves no truncated trace."""
-    torch = _torch()
-    names = {torch.bfloat16: "BF16", torch.float32: "F32"}
-    header, chunks, off = {"__metadata__": {k: str(v) for k, v in metadata.items()}}, [], 0
-    for name, t in tensors.items():
-        if t.dtype not in names:
-            raise TraceError(f"{path}: tensor {name}: dtype {t.dtype} is not BF16 or F32")
-        raw = t.contiguous().view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32).numpy().tobytes()
-        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + len(raw)]}
-        chunks.append(raw)
-        off += len(raw)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)  # the data starts 8-byte aligned
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(struct.pack("<Q", len(h)) + h)
-            for c in chunks:
-                f.write(c)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def _command_line(argv: Optional[List[str]] = None) -> str:
     argv = sys.argv if argv is None else argv
     return " ".join(shlex.quote(a) for a in ["python3"] + list(argv))
@@ -297,7 +259,7 @@ def run_wrapped(args) -> int:
                            metadata={"model": meta.pop("model", type(root).__name__), **meta})
         cap.arm(state["updates"])
         state["cap"] = cap
-        print(f"capture_traces: attached to {type(root).__name__}: {len(cap.modules)} linear layers, "
+        print(f"fp4lab-capture: attached to {type(root).__name__}: {len(cap.modules)} linear layers, "
               f"steps {sorted(steps)}", file=sys.stderr)
 
     def pre_hook(mod, _args):
@@ -320,7 +282,7 @@ def run_wrapped(args) -> int:
         cap = state["cap"]
         if cap is not None:
             for p in cap.write():
-                print(f"capture_traces: wrote {p}", file=sys.stderr)
+                print(f"fp4lab-capture: wrote {p}", file=sys.stderr)
         state["updates"] += 1
         if cap is not None:
             cap.arm(state["updates"])
@@ -360,129 +322,10 @@ def parse_steps(text: str) -> set:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# `check`: validation and statistics without torch
-# ---------------------------------------------------------------------------------------------------------
-
-_NP_DTYPES = {"F32": ("<f4", 4), "BF16": ("bf16", 2), "F16": ("<f2", 2)}
-
-
-def read_safetensors(path: str):
-    """Returns (metadata, {name: float32 ndarray}, {name: dtype string}). Raises TraceError on a bad file."""
-    import numpy as np  # noqa: PLC0415
-    import ml_dtypes  # noqa: PLC0415
-    try:
-        with open(path, "rb") as f:
-            blob = f.read()
-    except OSError as e:
-        raise TraceError(f"{path}: cannot read ({e.strerror})") from None
-    if len(blob) < 8:
-        raise TraceError(f"{path}: {len(blob)} bytes, too short for a safetensors header")
-    (hlen,) = struct.unpack("<Q", blob[:8])
-    if hlen > len(blob) - 8:
-        raise TraceError(f"{path}: header length {hlen} runs past the end of the file ({len(blob)} bytes)")
-    try:
-        header = json.loads(blob[8:8 + hlen])
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TraceError(f"{path}: header is not valid JSON ({e})") from None
-    if not isinstance(header, dict):
-        raise TraceError(f"{path}: header is not a JSON object")
-    meta = header.pop("__metadata__", {}) or {}
-    data = memoryview(blob)[8 + hlen:]
-    arrays, dtypes = {}, {}
-    for name, info in header.items():
-        try:
-            dt, shape, (b, e) = info["dtype"], info["shape"], info["data_offsets"]
-        except (TypeError, KeyError, ValueError):
-            raise TraceError(f"{path}: tensor {name!r}: malformed header entry") from None
-        if dt not in _NP_DTYPES:
-            raise TraceError(f"{path}: tensor {name!r}: dtype {dt} is not F32, BF16 or F16")
-        npdt, size = _NP_DTYPES[dt]
-        n = math.prod(shape)
-        if e - b != n * size or not 0 <= b <= e <= len(data):
-            raise TraceError(f"{path}: tensor {name!r}: data offsets [{b}, {e}) do not fit shape {shape} "
-                             f"{dt} inside {len(data)} bytes of data")
-        a = np.frombuffer(data[b:e], dtype=ml_dtypes.bfloat16 if npdt == "bf16" else npdt).reshape(shape)
-        arrays[name] = a.astype(np.float32)
-        dtypes[name] = dt
-    return meta, arrays, dtypes
-
-
-def tensor_stats(a) -> Dict[str, float]:
-    """Outlier statistics of a [rows, cols] tensor. Kurtosis is the plain 4th standardised moment of all
-    elements (3 for a Gaussian); channel = column (the `in` features of X, the `out` features of dY)."""
-    import numpy as np  # noqa: PLC0415
-    a = a.astype(np.float64)
-    mu, sd = a.mean(), a.std()
-    rms = math.sqrt(float((a * a).mean()))
-    col_rms = np.sqrt((a * a).mean(axis=0))
-    med = float(np.median(col_rms))
-    return {
-        "kurtosis": float(((a - mu) ** 4).mean() / sd ** 4) if sd > 0 else float("nan"),
-        "amax_over_rms": float(np.abs(a).max() / rms) if rms > 0 else float("nan"),
-        "max_over_median_channel_rms": float(col_rms.max() / med) if med > 0 else float("inf"),
-        "rms": rms,
-    }
-
-
-def check_trace(path: str, block: int = 16) -> List[dict]:
-    """Validates a trace folder (or one file) as docs/spec.md §7 says; returns one dict per gemm."""
-    import numpy as np  # noqa: PLC0415
-    if os.path.isdir(path):
-        files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".safetensors"))
-        if not files:
-            raise TraceError(f"{path}: no .safetensors files in the folder")
-    else:
-        files = [path]
-    out = []
-    for f in files:
-        meta, arrays, dtypes = read_safetensors(f)
-        if meta.get("fp4lab.trace.version") != TRACE_VERSION:
-            raise TraceError(f"{f}: __metadata__ lacks \"fp4lab.trace.version\": \"1\"")
-        gemms = sorted({n.rsplit(".", 1)[0] for n in arrays if n.rsplit(".", 1)[-1] in SUFFIXES})
-        if not gemms:
-            raise TraceError(f"{f}: no <gemm>.fwd_x/.fwd_w/.bwd_dy tensors")
-        for g in gemms:
-            names = [f"{g}.{s}" for s in SUFFIXES]
-            for n in names:
-                if n not in arrays:
-                    raise TraceError(f"{f}: gemm {g!r} lacks tensor {n!r}")
-                if dtypes[n] not in ("BF16", "F32"):
-                    raise TraceError(f"{f}: tensor {n!r} is {dtypes[n]}, trace v1 allows BF16 or F32")
-                if arrays[n].ndim != 2:
-                    raise TraceError(f"{f}: tensor {n!r} has shape {list(arrays[n].shape)}, expected 2-D")
-                bad = np.flatnonzero(~np.isfinite(arrays[n]))
-                if bad.size:
-                    raise TraceError(f"{f}: tensor {n!r}: non-finite value at flat index {bad[0]}")
-            x, w, dy = (arrays[n] for n in names)
-            t, i = x.shape
-            o = w.shape[0]
-            if w.shape[1] != i or dy.shape != (t, o):
-                raise TraceError(f"{f}: gemm {g!r}: shapes fwd_x {list(x.shape)}, fwd_w {list(w.shape)}, "
-                                 f"bwd_dy {list(dy.shape)} disagree")
-            for what, n in (("tokens", t), ("in", i), ("out", o)):
-                if n % block:
-                    raise TraceError(f"{f}: gemm {g!r}: {what} = {n} is not a multiple of {block}")
-            out.append({"file": f, "gemm": g, "tokens": t, "in": i, "out": o, "dtype": dtypes[names[0]],
-                        "step": meta.get("step", ""), "model": meta.get("model", ""),
-                        "command": meta.get("command", ""),
-                        "x": tensor_stats(x), "w": tensor_stats(w), "dy": tensor_stats(dy)})
-    return out
-
-
-def print_check(rows: List[dict]):
-    print(f"{'gemm':<22} {'tokens':>6} {'in':>5} {'out':>5} {'dtype':>5}  "
-          f"{'x kurt':>8} {'x amax/rms':>10} {'x chmax/med':>11}  {'dy kurt':>8} {'dy amax/rms':>11}")
-    for r in rows:
-        x, dy = r["x"], r["dy"]
-        print(f"{r['gemm']:<22} {r['tokens']:>6} {r['in']:>5} {r['out']:>5} {r['dtype']:>5}  "
-              f"{x['kurtosis']:>8.2f} {x['amax_over_rms']:>10.2f} {x['max_over_median_channel_rms']:>11.2f}  "
-              f"{dy['kurtosis']:>8.2f} {dy['amax_over_rms']:>11.2f}")
-
-
-# ---------------------------------------------------------------------------------------------------------
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="fp4lab-capture", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run a training script and capture traces from its nn.Linear layers")
     r.add_argument("--pattern", required=True, help="regex searched in the dotted module names")
@@ -497,30 +340,21 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="stored dtype: what the GEMM consumed (default), or forced BF16/F32")
     r.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE", help="extra metadata")
     r.add_argument("script", nargs=argparse.REMAINDER, help="-- script.py [its arguments]")
-    c = sub.add_parser("check", help="validate a trace folder/file and print outlier statistics")
-    c.add_argument("path")
-    c.add_argument("--block", type=int, default=16, help="tokens/in/out must be multiples of this")
-    c.add_argument("--json", default=None, help="also write the statistics as JSON to this file")
+    add_check_arguments(sub.add_parser("check", help="validate a trace folder/file and print outlier statistics"))
     args = ap.parse_args(argv)
+    if args.cmd == "check":
+        return check_main(args, "fp4lab-capture")
     try:
-        if args.cmd == "run":
-            if args.script and args.script[0] == "--":
-                args.script = args.script[1:]
-            if not args.script:
-                raise TraceError("run: name the training script after --")
-            for kv in args.meta:
-                if "=" not in kv:
-                    raise TraceError(f"--meta: expected KEY=VALUE, got {kv!r}")
-            return run_wrapped(args)
-        rows = check_trace(args.path, args.block)
-        print_check(rows)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1)
-        print(f"{args.path}: {len(rows)} gemms valid (trace v1, block {args.block})")
-        return 0
+        if args.script and args.script[0] == "--":
+            args.script = args.script[1:]
+        if not args.script:
+            raise TraceError("run: name the training script after --")
+        for kv in args.meta:
+            if "=" not in kv:
+                raise TraceError(f"--meta: expected KEY=VALUE, got {kv!r}")
+        return run_wrapped(args)
     except TraceError as e:
-        print(f"capture_traces: {e}", file=sys.stderr)
+        print(f"fp4lab-capture: {e}", file=sys.stderr)
         return 1
 
 

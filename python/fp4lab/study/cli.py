@@ -1,0 +1,99 @@
+"""`fp4lab-train`: the command line of the training study."""
+import argparse
+import sys
+
+from . import __doc__ as DOC
+from .corpus import cmd_corpus
+from .model import RECIPES, SIZES
+from .report import PRESETS, cmd_proxy, cmd_report
+from .train import EXIT_CONTINUE, cmd_train, run_name
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="fp4lab-train", description=DOC,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("corpus", help="extract the token files from the linux-doc package")
+    g = c.add_mutually_exclusive_group()
+    g.add_argument("--deb", help="a linux-doc-<version>_*.deb file")
+    g.add_argument("--root", default="/", help="the root of an installed system (default /)")
+    c.add_argument("out", help="output folder")
+    t = sub.add_parser("train", help="one training run")
+    t.add_argument("--data", required=True)
+    t.add_argument("--size", choices=sorted(SIZES), default="small")
+    t.add_argument("--recipe", choices=sorted(RECIPES), default="bf16")
+    t.add_argument("--mode", choices=["exact", "fast"], default="exact")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--steps", type=int, default=2000)
+    t.add_argument("--seq", type=int)
+    t.add_argument("--batch", type=int)
+    t.add_argument("--lr", type=float)
+    t.add_argument("--eval-every", type=int, default=250)
+    t.add_argument("--eval-windows", type=int, default=256, help="validation sequences per intermediate evaluation")
+    t.add_argument("--log-every", type=int, default=50)
+    t.add_argument("--device", default=None)
+    t.add_argument("--name")
+    t.add_argument("--out")
+    t.add_argument("--force", action="store_true")
+    t.add_argument("--deterministic", action="store_true", help="PyTorch's deterministic algorithms: on a GPU, "
+                   "two runs of one command then agree bit for bit (on the CPU they always do); an operation without "
+                   "one stops the run")
+    t.add_argument("--concurrent", type=int, default=1, help="runs sharing the GPU (recorded, for tokens/s)")
+    t.add_argument("--checkpoint", help="resume from this file if it exists; where --time-limit saves the state")
+    t.add_argument("--time-limit", type=float, help="stop after this many seconds at a step boundary, save the state "
+                   f"to --checkpoint and exit {EXIT_CONTINUE}")
+    t.add_argument("--capture-steps", help="write trace v1 folders at these steps (updates applied before the pass)")
+    t.add_argument("--capture-dir", default="traces")
+    t.add_argument("--capture-pattern", help="modules to capture (default qkv, proj, fc1, fc2 of the first and the "
+                   "last block)")
+    t.add_argument("--capture-tokens", type=int, default=256, help="token rows kept per GEMM")
+    t.add_argument("--capture-token-stride", type=int, default=1, help="keep every n-th token row")
+    t.add_argument("--capture-max-out", type=int, help="keep at most this many output features, evenly spaced")
+    r = sub.add_parser("report", help="merge runs into training.json, docs tables and figures")
+    r.add_argument("runs", nargs="*")
+    r.add_argument("--json", default="docs/results/training.json")
+    r.add_argument("--merge", action="store_true", help="keep the runs already in --json that are not given")
+    r.add_argument("--paired-json", help="the paired comparisons of every study (fp4lab.paired), as JSON (default: "
+                   "beside --json, its name with -paired; empty: not written)")
+    r.add_argument("--doc", default="docs/training.md")
+    r.add_argument("--figures", default="docs/fig_training")
+    x = sub.add_parser("proxy", help="mean GEMM-output SQNR per recipe on traces against the loss ranking")
+    x.add_argument("analysis", nargs="+", metavar="LABEL=ANALYSIS.json", help="fp4lab analyze --recipe "
+                   + ",".join(PRESETS) + " --json output")
+    x.add_argument("--training", default="docs/results/training.json")
+    x.add_argument("--seed", type=int, default=0, help="the seed whose runs give the outcome (every preset has it)")
+    x.add_argument("--doc", default="docs/training.md")
+    x.add_argument("--figure", default="docs/fig_training_proxy.png")
+    sub.add_parser("recipes", help="list the recipes")
+    n = sub.add_parser("name", help="the run name of each scripts/train_study.sh run spec")
+    n.add_argument("specs", nargs="+", metavar="SIZE:RECIPE:MODE:SEED:STEPS[:EXTRA ARGS]")
+    args = ap.parse_args(argv)
+    if args.cmd == "corpus":
+        cmd_corpus(args)
+    elif args.cmd == "train":
+        if args.device is None:
+            import torch
+            args.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if args.steps < 1 or args.eval_every < 1 or args.log_every < 1 or args.eval_windows < 1:
+            ap.error("--steps, --eval-every, --log-every and --eval-windows must be positive")
+        if args.time_limit is not None and (not args.checkpoint or not args.time_limit > 0):
+            ap.error("--time-limit needs --checkpoint and a positive number of seconds")
+        args.name = args.name or run_name(args.size, args.recipe, args.mode, args.seed, args.steps)
+        cmd_train(args)
+    elif args.cmd == "report":
+        cmd_report(args)
+    elif args.cmd == "proxy":
+        cmd_proxy(args)
+    elif args.cmd == "name":
+        for spec in args.specs:
+            f = spec.split(":", 5)
+            if len(f) < 5:
+                ap.error(f"{spec}: not SIZE:RECIPE:MODE:SEED:STEPS[:EXTRA ARGS]")
+            print(run_name(*f[:5]))
+    else:
+        for n, (preset, pp, po, what) in RECIPES.items():
+            print(f"{n:20s} {what}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

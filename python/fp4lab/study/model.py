@@ -1,0 +1,87 @@
+"""The study's decoder, its sizes and its recipes (the presets and the ablations)."""
+import math
+
+# d_model, layers, heads, FFN width, sequence, batch (sequences), peak learning rate.
+SIZES = {
+    "small": dict(d=512, layers=10, heads=8, ffn=1408, seq=512, batch=16, lr=1.5e-3),
+    "large": dict(d=1024, layers=8, heads=16, ffn=2816, seq=1024, batch=8, lr=6e-4),
+    "test": dict(d=64, layers=2, heads=2, ffn=128, seq=64, batch=4, lr=3e-3),  # for the CPU test only
+}
+
+NO_RHT = {"rht": 0}
+# name -> (preset, per_pass overrides, per_operand overrides, what it is). The ablations are those of the paper's
+# dense 1.5B study (docs/spec.md §8): RHT scope on the uniform grid, SR on dY, and E2M1 with RHT everywhere.
+RECIPES = {
+    "bf16": ("bf16", {}, {}, "BF16 GEMMs (autocast), the reference"),
+    "nvfp4": ("nvfp4", {}, {}, "Transformer Engine's NVFP4 recipe"),
+    "mxfp4": ("mxfp4", {}, {}, "OCP MXFP4"),
+    "e2m1-ref": ("e2m1-ref", {}, {}, "E2M1, FP32 scales, RHT on bwd_dw, SR on dY (the paper's E2M1 baseline)"),
+    "ufp4": ("ufp4", {}, {}, "E1M2, FP32 scales, RHT on all three GEMMs, SR on dY (the paper's recipe)"),
+    "ufp4-rht-none": ("ufp4", {"fwd_y": NO_RHT, "bwd_dx": NO_RHT, "bwd_dw": NO_RHT}, {}, "ufp4 without RHT"),
+    "ufp4-rht-wgrad": ("ufp4", {"fwd_y": NO_RHT, "bwd_dx": NO_RHT}, {}, "ufp4 with RHT on bwd_dw only"),
+    "ufp4-rht-fwd-wgrad": ("ufp4", {"bwd_dx": NO_RHT}, {}, "ufp4 with RHT on fwd_y and bwd_dw"),
+    "ufp4-sr-none": ("ufp4", {p: {"rounding": "rtne"} for p in ("fwd_y", "bwd_dx", "bwd_dw")}, {},
+                     "ufp4 with round-to-nearest-even everywhere"),
+    "ufp4-sr-grads": ("ufp4", {"bwd_dx": {"rounding": "sr"}, "bwd_dw": {"rounding": "sr"}}, {},
+                      "ufp4 with SR on every operand of the two gradient GEMMs"),
+    "e2m1-rht-all": ("e2m1-ref", {"fwd_y": {"rht": 16}, "bwd_dx": {"rht": 16}}, {},
+                     "e2m1-ref with RHT on all three GEMMs"),
+}
+
+
+def make_recipe(name: str, mode: str, seed: int):
+    import fp4lab.torch as ft
+    preset, per_pass, per_operand, _ = RECIPES[name]
+    if preset == "bf16":
+        return ft.Recipe("bf16")
+    return ft.Recipe(preset, mode=mode, seed=seed, per_pass=per_pass or None, per_operand=per_operand or None,
+                     check_finite="deferred")
+
+
+def build_model(cfg: dict, vocab: int = 256):
+    """The decoder of docs/training.md (scripts/bench_train_step.py times the same one): cfg gives d, layers,
+    heads, ffn and seq."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self, d, heads, ffn):
+            super().__init__()
+            self.heads = heads
+            self.norm1 = nn.RMSNorm(d)
+            self.qkv = nn.Linear(d, 3 * d, bias=False)
+            self.proj = nn.Linear(d, d, bias=False)
+            self.norm2 = nn.RMSNorm(d)
+            self.fc1 = nn.Linear(d, 2 * ffn, bias=False)  # gate and up in one GEMM
+            self.fc2 = nn.Linear(ffn, d, bias=False)
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+            a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               is_causal=True)
+            x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+            g, u = self.fc1(self.norm2(x)).chunk(2, dim=-1)
+            return x + self.fc2(F.silu(g) * u)
+
+    class Decoder(nn.Module):
+        def __init__(self, vocab, d, layers, heads, ffn, seq):
+            super().__init__()
+            self.emb = nn.Embedding(vocab, d)
+            self.pos = nn.Embedding(seq, d)
+            self.blocks = nn.ModuleList(Block(d, heads, ffn) for _ in range(layers))
+            self.norm = nn.RMSNorm(d)
+            self.head = nn.Linear(d, vocab, bias=False)
+            for n, p in self.named_parameters():
+                if p.dim() == 2:
+                    # GPT-2's initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2·layers).
+                    std = 0.02 / math.sqrt(2 * layers) if n.endswith(("proj.weight", "fc2.weight")) else 0.02
+                    nn.init.normal_(p, 0.0, std)
+
+        def forward(self, idx):
+            x = self.emb(idx) + self.pos.weight[: idx.shape[1]]
+            for blk in self.blocks:
+                x = blk(x)
+            return self.head(self.norm(x))
+
+    return Decoder(vocab, cfg["d"], cfg["layers"], cfg["heads"], cfg["ffn"], cfg["seq"])

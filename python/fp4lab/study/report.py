@@ -1,0 +1,426 @@
+"""The study's report: metrics, paired comparisons (fp4lab.paired), tables, verdicts, figures, and the SQNR proxy."""
+import json
+import math
+import os
+
+from .. import paired as pm
+from .corpus import write_atomic
+from .model import SIZES
+
+CORE = ["bf16", "nvfp4", "mxfp4", "e2m1-ref", "ufp4"]
+ABLATIONS = ["ufp4-rht-none", "ufp4-rht-wgrad", "ufp4-rht-fwd-wgrad", "ufp4", "ufp4-sr-none", "ufp4-sr-grads",
+             "e2m1-rht-all"]
+PAPER = {"e2m1-ref": "Dense 1.5B 1.2570, MoE 7.9B 2.3596, MoE 124B 1.7308",
+         "ufp4": "Dense 1.5B 0.9673, MoE 7.9B 1.8469, MoE 124B 1.3863"}
+
+
+def tail_mean(run, frac=0.1):
+    n = len(run["train_loss"])
+    k = max(1, int(round(n * frac)))
+    return sum(run["train_loss"][-k:]) / k
+
+
+def _stats(xs):
+    """Mean and sample standard deviation, summed in list order with IEEE + - * / and sqrt only (no libm pow,
+    no numpy reduction), so the same bits on every machine (docs/spec.md §6.1)."""
+    n = len(xs)
+    mean = sum(xs) / n
+    sd = math.sqrt(sum((x - mean) * (x - mean) for x in xs) / (n - 1)) if n > 1 else float("nan")
+    return mean, sd
+
+
+def groups(runs):
+    """The studies among the runs: (model, training length in steps), each compared only within itself, since
+    the learning-rate schedule spans the whole length."""
+    order = {n: i for i, n in enumerate(SIZES)}
+    return sorted({(r["model"], r["config"]["steps"]) for r in runs}, key=lambda g: (order[g[0]], g[1]))
+
+
+def metrics(runs):
+    """Per run: final validation loss, last-10% training loss, and both relative to the BF16 run of the same
+    model, length and seed (same initialisation and batches; docs/spec.md §12), in %."""
+    bf = {(r["model"], r["config"]["steps"], r["seed"]): r for r in runs if r["recipe"] == "bf16"}
+    out = []
+    for r in runs:
+        m = {"name": r["name"], "model": r["model"], "length": r["config"]["steps"], "recipe": r["recipe"],
+             "gemm_mode": r["gemm_mode"], "seed": r["seed"],
+             "val": r["val_loss"][-1] if r["val_loss"] else float("nan"),
+             "train": tail_mean(r), "tokens_per_s": r["tokens_per_s"], "steps": len(r["steps"]),
+             "concurrent": r.get("concurrent_runs", 1), "diverged": r.get("diverged")}
+        ref = bf.get((r["model"], m["length"], r["seed"]))
+        if ref is not None and r["recipe"] != "bf16" and len(ref["steps"]) == len(r["steps"]):
+            m["val_rel"] = 100 * (m["val"] - ref["val_loss"][-1]) / ref["val_loss"][-1]
+            m["train_rel"] = 100 * (m["train"] - tail_mean(ref)) / tail_mean(ref)
+        out.append(m)
+    return out
+
+
+def noise_band(ms, model, length):
+    """The BF16 seed-to-seed spread: (max − min) / mean of the BF16 runs' loss, in %, per measure."""
+    b = [m for m in ms if m["model"] == model and m["length"] == length and m["recipe"] == "bf16"]
+    if len(b) < 2:
+        return None
+    band = {}
+    for key in ("val", "train"):
+        xs = [m[key] for m in b]
+        band[key] = 100 * (max(xs) - min(xs)) / (sum(xs) / len(xs))
+    band["seeds"] = len(b)
+    return band
+
+
+def _fmt(v, spec):
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def tables(runs) -> str:
+    ms = metrics(runs)
+    order = {n: i for i, n in enumerate(CORE + ABLATIONS)}
+    lines = []
+    for model, length in groups(runs):
+        rs = [m for m in ms if m["model"] == model and m["length"] == length]
+        r0 = next(r for r in runs if r["model"] == model and r["config"]["steps"] == length)
+        c = r0["config"]
+        band = noise_band(ms, model, length)
+        lines += [f"### {model}: {r0['block_params'] / 1e6:.1f}M parameters in the blocks ({r0['params'] / 1e6:.1f}M "
+                  f"in all), d {c['d']}, {c['layers']} layers, sequence {c['seq']}, batch {c['batch']}, "
+                  f"{c['steps']} steps ({c['steps'] * c['seq'] * c['batch'] / 1e6:.1f}M tokens)", "",
+                  "Per recipe, the mean over its seeds of the BF16-relative loss error (each seed against the BF16 "
+                  "run of the same seed), and the BF16 seed-to-seed spread for context:", "",
+                  "| recipe | GEMMs | seeds | Δ val loss %, mean (per seed) | Δ train loss % (last 10%), mean "
+                  "(per seed) | paper's Δ % (loss, last 1000 steps) |", "|---|---|---:|---|---|---|"]
+        recs = sorted({(m["recipe"], m["gemm_mode"]) for m in rs if "val_rel" in m},
+                      key=lambda k: (order.get(k[0], 99), k[1]))
+        for rec, mode in recs:
+            sel = sorted((m for m in rs if m["recipe"] == rec and m["gemm_mode"] == mode and "val_rel" in m),
+                         key=lambda m: m["seed"])
+            cells = []
+            for key in ("val_rel", "train_rel"):
+                mean, _ = _stats([m[key] for m in sel])
+                cells.append(f"{mean:+.2f} ({', '.join(f'{m[key]:+.2f}' for m in sel)})")
+            lines.append(f"| `{rec}` | {mode} | {len(sel)} | {cells[0]} | {cells[1]} | {PAPER.get(rec, '')} |")
+        if band:
+            lines.append(f"| BF16 seed-to-seed spread ({band['seeds']} seeds, (max − min) / mean) | bf16 | "
+                         f"{band['seeds']} | {band['val']:.2f} | {band['train']:.2f} | |")
+        lines += ["", "Every run:", "",
+                  "| run | recipe | GEMMs | seed | val loss | Δ val % | train loss (last 10%) | Δ train % | "
+                  "tokens/s | runs per GPU (at most) |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for m in sorted(rs, key=lambda m: (order.get(m["recipe"], 99), m["gemm_mode"], m["seed"])):
+            note = f" — stopped: {m['diverged']}" if m["diverged"] else ""
+            lines.append(f"| `{m['name']}`{note} | `{m['recipe']}` | {m['gemm_mode']} | {m['seed']} | "
+                         f"{m['val']:.4f} | {_fmt(m.get('val_rel'), '+.2f')} | {m['train']:.4f} | "
+                         f"{_fmt(m.get('train_rel'), '+.2f')} | {m['tokens_per_s']:,.0f} | {m['concurrent']} |")
+        lines.append("")
+        studies = paired(ms, model, length)
+        for mode, results in studies:
+            lines += paired_table(results, band, mode if len(studies) > 1 else None)
+        lines += [verdict(ms, model, length), ""]
+    return "\n".join(lines)
+
+
+MEASURES = (("val", "final validation loss"), ("train", "training loss over the last 10%"))
+
+
+def paired(ms, model, length):
+    """The paired comparisons of one study (fp4lab.paired): [(GEMM mode, [PairResult, ...])], one entry per GEMM
+    mode of its FP4 runs, each against the BF16 runs of the study. Only runs that reached their last step take
+    part (a stopped run has no final loss)."""
+    order = {n: i for i, n in enumerate(CORE + ABLATIONS)}
+    rs = sorted((m for m in ms if m["model"] == model and m["length"] == length and m["steps"] == length
+                 and not m["diverged"]), key=lambda m: (order.get(m["recipe"], 99), m["recipe"], m["seed"]))
+    modes = sorted({m["gemm_mode"] for m in rs if m["recipe"] != "bf16"})
+    losses = {}
+    for mode in modes:
+        for m in rs:
+            if m["recipe"] == "bf16" or m["gemm_mode"] == mode:
+                losses[(m["recipe"], m["seed"], mode)] = {"val": m["val"], "train": m["train"]}
+    out = pm.compare_all(losses, measures=[k for k, _ in MEASURES])
+    return [(mode, out.get((mode,), [])) for mode in modes]
+
+
+def _pm2(x):
+    return "–" if x is None else f"{x:+.2f}"
+
+
+def paired_table(results, band, mode=None) -> list:
+    """Markdown rows of the paired comparisons of one study and GEMM mode."""
+    if not results:
+        return []
+    head = (f"{mode} GEMMs. " if mode else "") + (
+            "Paired differences A − B in points of the BF16-relative loss error, 100 · (L_A − L_B) / L_bf16 with "
+            "every L of the same seed (negative: A ends lower), over the seeds with runs of A, B and BF16; the 95% "
+            "interval is mean ± t · SE with n − 1 degrees of freedom, and the verdict is read from it alone")
+    head += (f" (the BF16 seed-to-seed spread, {band['val']:.2f} and {band['train']:.2f}, is context, not the "
+             "yardstick):" if band else ":")
+    lines = [head, "", "| A − B | measure | seeds | per seed | mean | SE | 95% interval | above / below 0 | verdict |",
+             "|---|---|---|---|---:|---:|---|---|---|"]
+    for p in results:
+        s = p.stats
+        seeds = ", ".join(str(x) for x in p.seeds) or "none"
+        if p.unpaired():
+            seeds += f" (not paired: {p.unpaired()})"
+        interval = "–" if s.low is None else f"{s.low:+.2f} to {s.high:+.2f}"
+        se = "–" if s.se is None else f"{s.se:.2f}"
+        signs = f"{s.above} / {s.below}" + (f" ({s.zero} at 0)" if s.zero else "")
+        lines.append(f"| `{p.a}` − `{p.b}` | {'val' if p.measure == 'val' else 'train (last 10%)'} | {seeds} | "
+                     f"{', '.join(f'{d:+.2f}' for d in p.diffs) or '–'} | {_pm2(s.mean)} | {se} | {interval} | "
+                     f"{signs} | {p.verdict(notes=False)} |")
+    return lines + [""]
+
+
+def paired_json(runs) -> dict:
+    """Every study's paired comparisons as docs/results/training-paired.json holds them."""
+    ms = metrics(runs)
+    studies = []
+    for model, length in groups(runs):
+        band = noise_band(ms, model, length)
+        for mode, results in paired(ms, model, length):
+            studies.append({"model": model, "length": length, "gemm_mode": mode,
+                            "bf16_spread_pct": None if band is None else {k: band[k] for k in ("val", "train")},
+                            "bf16_seeds": None if band is None else band["seeds"],
+                            "pairs": [p.as_dict() for p in results]})
+    return {"definition": pm.DEFINITION, "measures": dict(MEASURES), "studies": studies}
+
+
+_CLAIM = {"worse": "ufp4 trained worse than e2m1-ref", "better": "ufp4 trained better than e2m1-ref (ufp4 < "
+          "e2m1-ref holds)", "undetected": "no difference detectable", "same": "no difference: identical runs",
+          "one": "one seed, not decided", "none": "not paired"}
+
+
+def verdict(ms, model, length) -> str:
+    """ufp4 against e2m1-ref in one study, from the paired statistics of fp4lab.paired: the 95% interval of the
+    per-seed differences decides, on each measure; the BF16 seed-to-seed spread is quoted as context."""
+    study = f"{model}, {length} steps"
+    found = [(mode, [p for p in res if (p.a, p.b) == ("ufp4", "e2m1-ref")]) for mode, res in paired(ms, model, length)]
+    found = [(mode, ps) for mode, ps in found if ps and ps[0].stats.n]
+    if not found:
+        have = sorted({f"{m['recipe']} seed {m['seed']}" for m in ms if m["model"] == model and
+                       m["length"] == length and m["recipe"] in ("ufp4", "e2m1-ref")})
+        return (f"**{study}: ufp4 vs e2m1-ref** — not both run with a common seed (of the two, run: "
+                f"{', '.join(have) or 'neither'}).")
+    band = noise_band(ms, model, length)
+    out = []
+    for mode, ps in found:
+        kinds = [p.stats.kind for p in ps]
+        claim = _CLAIM[kinds[0]] if len(set(kinds)) == 1 else "; ".join(
+            f"{what}: {_CLAIM[k]}" for (_, what), k in zip(MEASURES, kinds))
+        n = ps[0].stats.n
+        where = f"{study}" + (f", {mode} GEMMs" if len(found) > 1 else "")
+        parts = []
+        for p, (key, what) in zip(ps, MEASURES):
+            s = p.stats
+            per = ", ".join(f"{d:+.2f}" for d in p.diffs)
+            if s.n == 1:
+                parts.append(f"{what}: ufp4 − e2m1-ref = {s.mean:+.2f} points (seed {p.seeds[0]}; one seed gives "
+                             "no interval)")
+            else:
+                parts.append(f"{what}: ufp4 − e2m1-ref = {s.mean:+.2f} ± {s.half:.2f} points (95% interval "
+                             f"{s.low:+.2f} to {s.high:+.2f}, t with {n - 1} df; per seed {per}; {s.above} above "
+                             f"zero, {s.below} below)" + p.unpaired_note())
+        ctx = (f"BF16 seed-to-seed spread, for context: {band['val']:.2f} and {band['train']:.2f} over "
+               f"{band['seeds']} seeds" if band else "no second BF16 seed to show the seed-to-seed spread")
+        out.append(f"**{where}: ufp4 vs e2m1-ref over {n} seed{'s' if n != 1 else ''}: {claim}** — " +
+                   "; ".join(parts) + f"; {ctx}.")
+    return "\n- ".join(out)
+
+
+def status(runs) -> str:
+    """The status block of docs/training.md: one verdict per study."""
+    ms = metrics(runs)
+    return "\n".join(f"- {verdict(ms, model, length)}" for model, length in groups(runs))
+
+
+def replace_block(text: str, marker: str, body: str) -> str:
+    start, end = f"<!-- {marker} -->", f"<!-- end of {marker} -->"
+    i, j = text.find(start), text.find(end)
+    if i < 0 or j < i:
+        raise SystemExit(f"markers '{start}' / '{end}' not found")
+    return text[: i + len(start)] + "\n" + body.rstrip() + "\n" + text[j:]
+
+
+def plot(runs, path_prefix):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    written = []
+    colors = {n: f"C{i}" for i, n in enumerate(CORE + [a for a in ABLATIONS if a not in CORE])}
+    seed_style = ["-", ":", "--", "-."]  # one line style per seed, so the seeds of one recipe can be told apart
+    for model, length in groups(runs):
+        rs = [r for r in runs if r["model"] == model and r["config"]["steps"] == length]
+        bf = {r["seed"]: r for r in rs if r["recipe"] == "bf16"}
+        abl = [r for r in rs if r["recipe"] in ABLATIONS and r["recipe"] != "ufp4"]
+        panels = 3 if abl else 2 if len(bf) < len(rs) else 1  # BF16 runs alone: their validation curves
+        fig, ax = plt.subplots(1, panels, figsize=(6.2 * panels, 4.8), squeeze=False)
+        ax = ax[0]
+
+        def rel_curve(a, r):
+            ref = bf.get(r["seed"])
+            if ref is None or r is ref or len(r["train_loss"]) != len(ref["train_loss"]):
+                return
+            w = max(1, len(r["train_loss"]) // 20)  # moving mean over 5% of the run
+            d = [100 * (x - y) / y for x, y in zip(r["train_loss"], ref["train_loss"])]
+            sm = [sum(d[i - w + 1: i + 1]) / w for i in range(w - 1, len(d))]
+            a.plot(r["steps"][w - 1:], sm, seed_style[r["seed"] % len(seed_style)], color=colors.get(r["recipe"], "k"),
+                   label=f"{r['recipe']} s{r['seed']}")
+
+        for r in rs:
+            if r["recipe"] in CORE:
+                ax[0].plot(r["val_steps"], r["val_loss"], seed_style[r["seed"] % len(seed_style)], marker=".",
+                           color=colors[r["recipe"]], label=f"{r['recipe']} s{r['seed']}")
+                if panels > 1:
+                    rel_curve(ax[1], r)
+        for r in abl:
+            rel_curve(ax[2], r)
+        if abl:
+            for r in rs:
+                if r["recipe"] == "ufp4" and r["seed"] == 0:
+                    rel_curve(ax[2], r)
+        study = f"{model}, {length} steps"
+        ax[0].set(xlabel="step", ylabel="validation loss (nats/byte)", title=f"{study}: validation loss")
+        if panels > 1:
+            ax[1].set(xlabel="step", ylabel="% vs BF16 of the same seed", title=f"{study}: training loss vs BF16 "
+                      "(moving mean)")
+        if abl:
+            ax[2].set(xlabel="step", ylabel="% vs BF16 of the same seed", title=f"{study}: ablations (seed 0)")
+        n = max(len(r["steps"]) for r in rs)
+        for a in ax[1:]:
+            a.axhline(0, color="k", lw=0.5)
+            a.set_xlim(n // 5, n)
+        for a in ax:
+            a.grid(alpha=0.3)
+            a.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        out = f"{path_prefix}_{model}_{length}.png"
+        fig.savefig(out + ".tmp.png", dpi=100)
+        os.replace(out + ".tmp.png", out)
+        plt.close(fig)
+        written.append(out)
+    return written
+
+
+def cmd_report(args):
+    runs, seen = [], set()
+    for p in args.runs:
+        with open(p) as f:
+            r = json.load(f)
+        if r["name"] in seen:
+            raise SystemExit(f"{p}: run name {r['name']!r} given twice")
+        seen.add(r["name"])
+        runs.append(r)
+    if args.merge and os.path.exists(args.json):
+        with open(args.json) as f:
+            for r in json.load(f)["runs"]:
+                if r["name"] not in seen:
+                    runs.append(r)
+                    seen.add(r["name"])
+    if not runs:  # never replace a results file with an empty one
+        raise SystemExit(f"report: no runs to write to {args.json} (give run JSONs, or --merge to redo the report "
+                         "of the runs already there)")
+    order = {n: i for i, n in enumerate(SIZES)}
+    runs.sort(key=lambda r: (order[r["model"]], r["name"]))
+    write_atomic(args.json, (json.dumps({"runs": runs}, separators=(",", ":")) + "\n").encode())
+    if args.paired_json is None:
+        args.paired_json = os.path.splitext(args.json)[0] + "-paired.json"
+    if args.paired_json:
+        write_atomic(args.paired_json, (json.dumps(paired_json(runs), indent=1) + "\n").encode())
+    if args.doc:
+        with open(args.doc) as f:
+            text = f.read()
+        text = replace_block(text, "training tables: fp4lab-train report", tables(runs))
+        text = replace_block(text, "training status: fp4lab-train report", status(runs))
+        write_atomic(args.doc, text.encode())
+    figs = plot(runs, args.figures) if args.figures else []
+    print(f"{len(runs)} runs -> {args.json}" + (f", {args.paired_json}" if args.paired_json else "") +
+          (f", {args.doc}" if args.doc else "") +
+          "".join(f", {p}" for p in figs))
+
+
+PRESETS = ["nvfp4", "mxfp4", "e2m1-ref", "ufp4"]
+
+
+def spearman(xs, ys):
+    """Spearman's rho, with the rank and correlation code the simulator's validation uses (ties averaged)."""
+    return pm.pearson(pm.ranks(xs), pm.ranks(ys))
+
+
+def proxy_sqnr(analysis_path):
+    """Mean GEMM-output SQNR (dB) per recipe over every GEMM and pass of `fp4lab analyze --recipe` output."""
+    with open(analysis_path) as f:
+        j = json.load(f)
+    out = {}
+    for rec in PRESETS:
+        xs = [r["sqnr_db"] for r in j["gemms"] if r.get("recipe") == rec]
+        if not xs:
+            raise SystemExit(f"{analysis_path}: no GEMM rows for recipe {rec} (run analyze with --recipe "
+                             f"{','.join(PRESETS)})")
+        out[rec] = sum(xs) / len(xs)
+    return out
+
+
+def cmd_proxy(args):
+    """Does a recipe's mean GEMM-output SQNR on a trace predict its loss ranking? One row per trace and per
+    study (model and length)."""
+    with open(args.training) as f:
+        runs = json.load(f)["runs"]
+    ms = metrics(runs)
+    traces = []
+    for spec in args.analysis:
+        label, _, path = spec.partition("=")
+        traces.append((label, proxy_sqnr(path)))
+    # The studies with every preset at this seed: a ranking of fewer recipes says little.
+    outcome = {}
+    for g in groups(runs):
+        o = {m["recipe"]: m["val_rel"] for m in ms if (m["model"], m["length"]) == g and m["recipe"] in PRESETS
+             and "val_rel" in m and m["seed"] == args.seed}
+        if len(o) == len(PRESETS):
+            outcome[g] = o
+    studies = list(outcome)
+    lines = ["| trace | " + " | ".join(f"`{r}` SQNR dB" for r in PRESETS) + " | SQNR ranking (best first) |",
+             "|---|" + "---:|" * len(PRESETS) + "---|"]
+    for label, sq in traces:
+        rank = " > ".join(sorted(PRESETS, key=lambda r: -sq[r]))
+        lines.append(f"| {label} | " + " | ".join(f"{sq[r]:.2f}" for r in PRESETS) + f" | {rank} |")
+    lines += ["", f"| model, length (seed {args.seed}) | " + " | ".join(f"`{r}` Δ val %" for r in PRESETS) +
+              " | loss ranking (best first) | " + " | ".join(f"Spearman vs {label}" for label, _ in traces) + " |",
+              "|---|" + "---:|" * len(PRESETS) + "---|" + "---:|" * len(traces)]
+    for study in studies:
+        rank = " > ".join(sorted(PRESETS, key=lambda r: outcome[study][r]))
+        rhos = []
+        for _, sq in traces:
+            # A good proxy: higher SQNR, lower loss error, so rho(SQNR, −Δloss) = +1.
+            rhos.append(spearman([sq[r] for r in PRESETS], [-outcome[study][r] for r in PRESETS]))
+        lines.append(f"| {study[0]}, {study[1]} steps | " +
+                     " | ".join(f"{outcome[study][r]:+.2f}" for r in PRESETS) +
+                     f" | {rank} | " + " | ".join(f"{x:+.2f}" for x in rhos) + " |")
+    text = "\n".join(lines)
+    if args.doc:
+        with open(args.doc) as f:
+            doc = f.read()
+        write_atomic(args.doc, replace_block(doc, "proxy tables: fp4lab-train proxy", text).encode())
+    else:
+        print(text)
+    if args.figure:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, axes = plt.subplots(1, len(studies), figsize=(6 * len(studies), 4.6), squeeze=False)
+        for ax, study in zip(axes[0], studies):
+            band = noise_band(ms, *study)
+            if band:
+                ax.axhspan(-band["val"] / 2, band["val"] / 2, color="0.85", label="± half the BF16 seed spread")
+            for k, (label, sq) in enumerate(traces):
+                ax.plot([sq[r] for r in PRESETS], [outcome[study][r] for r in PRESETS], "o", color=f"C{k}",
+                        label=label)
+                for r in PRESETS:
+                    ax.annotate(r, (sq[r], outcome[study][r]), fontsize=7, xytext=(3, 3),
+                                textcoords="offset points")
+            ax.axhline(0, color="k", lw=0.5)
+            ax.set(xlabel="mean GEMM-output SQNR on the trace (dB)", ylabel="Δ final validation loss vs BF16 (%)",
+                   title=f"{study[0]} model, {study[1]} steps: proxy against outcome")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(args.figure + ".tmp.png", dpi=100)
+        os.replace(args.figure + ".tmp.png", args.figure)
+        plt.close(fig)
+    print(f"proxy: {len(traces)} traces x {len(studies)} studies" + (f" -> {args.doc}" if args.doc else "") +
+          (f", {args.figure}" if args.figure else ""))

@@ -1,0 +1,352 @@
+"""fp4lab.paired (python/fp4lab/paired.py) and its use by `fp4lab-train report` (fp4lab.study): the t quantile
+table against the closed-form Student t distribution evaluated with the decimal module, the statistics against
+values worked out by hand, the edge cases, the rank correlation, and the committed paired results against the
+committed runs."""
+import json
+import math
+import os
+import random
+from decimal import Decimal, localcontext
+from fractions import Fraction
+
+import pytest
+
+from fp4lab import paired, study as st
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The t table, against an independent evaluation of the distribution
+# ---------------------------------------------------------------------------------------------------------
+
+def _atan_series(x, eps):
+    """arctan by its Taylor series, for |x| small."""
+    total, term, x2, k = x, x, x * x, 1
+    while True:
+        term = -term * x2
+        k += 2
+        if abs(term / k) < eps:
+            return total
+        total += term / k
+
+
+def _atan(x, pi, eps):
+    if x > 1:
+        return pi / 2 - _atan(1 / x, pi, eps)
+    halvings = 0
+    while x > Decimal("0.05"):  # arctan x = 2 arctan(x / (1 + √(1 + x²)))
+        x = x / (1 + (1 + x * x).sqrt())
+        halvings += 1
+    return _atan_series(x, eps) * (2 ** halvings)
+
+
+def two_sided_probability(t, nu):
+    """P(|T| < t) for Student's t with nu degrees of freedom, by the finite series of Abramowitz & Stegun
+    26.7.3 (nu odd) and 26.7.4 (nu even), in 50-digit decimal arithmetic; θ = arctan(t / √nu)."""
+    with localcontext() as ctx:
+        ctx.prec = 50
+        eps = Decimal(10) ** -48
+        pi = 16 * _atan_series(Decimal(1) / 5, eps) - 4 * _atan_series(Decimal(1) / 239, eps)  # Machin
+        t, n = Decimal(t), Decimal(nu)
+        r = n + t * t
+        sin, cos2 = t / r.sqrt(), n / r
+        if nu % 2 == 0:  # sin θ (1 + 1/2 cos²θ + 1·3/(2·4) cos⁴θ + … + cos^(nu−2)θ term)
+            term = total = Decimal(1)
+            for k in range(1, nu // 2):
+                term = term * cos2 * (2 * k - 1) / (2 * k)
+                total += term
+            return +(sin * total)
+        theta = _atan(t / n.sqrt(), pi, eps)
+        if nu == 1:
+            return +(2 * theta / pi)
+        term = total = cos2.sqrt()  # (2/π)(θ + sin θ (cos θ + 2/3 cos³θ + … + cos^(nu−2)θ term))
+        for k in range(1, (nu - 1) // 2):
+            term = term * cos2 * (2 * k) / (2 * k + 1)
+            total += term
+        return +(2 / pi * (theta + sin * total))
+
+
+def test_the_reference_distribution_itself():
+    # Known points: for one degree of freedom (Cauchy) P(|T| < 1) = 1/2; for two, P(|T| < t) = t / √(2 + t²).
+    assert abs(two_sided_probability(1.0, 1) - Decimal("0.5")) < Decimal("1e-45")
+    with localcontext() as ctx:
+        ctx.prec = 50
+        assert abs(two_sided_probability(3.0, 2) - Decimal(3) / Decimal(11).sqrt()) < Decimal("1e-45")
+    assert two_sided_probability(0.0, 7) == 0
+    # Increasing in t, below 1, and the more degrees of freedom the closer to the normal's 0.9500042 at 1.96.
+    for nu in (3, 8, 29):
+        assert two_sided_probability(1.9, nu) < two_sided_probability(2.0, nu) < 1
+    assert two_sided_probability(1.96, 5) < two_sided_probability(1.96, 30) < Decimal("0.9500042")
+
+
+def test_t_table_is_the_correctly_rounded_0975_quantile():
+    assert sorted(paired.T975) == list(range(1, 31))
+    for df, t in paired.T975.items():
+        assert paired.t975(df) == t
+        # The quantile lies within half an ulp of the tabulated double: it is the correctly rounded value.
+        half_ulp = Decimal(math.ulp(t)) / 2
+        assert two_sided_probability(Decimal(t) - half_ulp, df) < Decimal("0.95"), df
+        assert two_sided_probability(Decimal(t) + half_ulp, df) > Decimal("0.95"), df
+
+
+def test_t_table_matches_the_published_three_decimal_table():
+    # The familiar table of two-sided 95% critical values (any statistics textbook), df 1..30.
+    published = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+                 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+                 2.045, 2.042]
+    assert [round(paired.T975[df], 3) for df in range(1, 31)] == published
+    for bad in (0, 31, -1):
+        with pytest.raises(ValueError, match="degrees of freedom"):
+            paired.t975(bad)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The statistics
+# ---------------------------------------------------------------------------------------------------------
+
+def test_three_seed_example_against_hand_computed_values():
+    # docs/training.md's 6000-step ufp4 − e2m1-ref validation differences, as printed: +0.12, +0.76, +0.58.
+    # By hand: mean = 1.46 / 3 = 0.486667; deviations −0.366667, +0.273333, +0.093333, squares summing to
+    # 0.217867; SD = √(0.217867 / 2) = 0.330051; SE = SD / √3 = 0.190555; t(0.975, 2 df) = 4.302653;
+    # t · SE = 0.819891; interval −0.333224 to +1.306558. It holds zero: no difference detectable.
+    s = paired.paired_stats([0.12, 0.76, 0.58])
+    assert s.n == 3 and (s.above, s.below, s.zero) == (3, 0, 0)
+    assert s.mean == pytest.approx(0.4866666666666667, abs=1e-12)
+    assert s.sd == pytest.approx(0.3300505011863084, abs=1e-12)
+    assert s.se == pytest.approx(0.1905547457060860, abs=1e-12)
+    assert s.t == paired.T975[2]
+    assert s.half == pytest.approx(0.8198908967790060, abs=1e-12)
+    assert s.low == pytest.approx(-0.3332242301123393, abs=1e-12)
+    assert s.high == pytest.approx(1.3065575634456726, abs=1e-12)
+    assert s.kind == "undetected"
+    # The same figures from exact rational arithmetic (the inputs are doubles near 0.12 …, so not to the bit).
+    d = [Fraction(12, 100), Fraction(76, 100), Fraction(58, 100)]
+    mean = sum(d) / 3
+    var = sum((x - mean) ** 2 for x in d) / 2
+    assert abs(s.mean - float(mean)) < 1e-15 and abs(s.se * s.se - float(var / 3)) < 1e-15
+
+
+def test_verdicts_read_from_the_interval():
+    def result(diffs):
+        return paired.PairResult("ufp4", "e2m1-ref", "val", tuple(range(len(diffs))), tuple(diffs),
+                                 paired.paired_stats(diffs))
+
+    # By hand: mean −1.05; deviations ±0.05, ±0.15: Σ = 0.05; SE = √(0.05 / 3 / 4) = 0.0645497;
+    # t(3 df) = 3.182446: ± 0.205426, interval −1.2554 to −0.8446, below zero.
+    r = result([-1.0, -1.2, -0.9, -1.1])
+    assert r.stats.half == pytest.approx(0.2054264, abs=1e-6) and r.stats.kind == "better"
+    assert r.verdict() == "ufp4 better than e2m1-ref by 1.05 ± 0.21 points"
+    r = result([1.0, 1.2, 0.9, 1.1])
+    assert r.stats.kind == "worse" and r.verdict() == "ufp4 worse than e2m1-ref by 1.05 ± 0.21 points"
+    assert (r.stats.above, r.stats.below) == (4, 0)
+    r = result([0.12, 0.76, 0.58])
+    assert r.verdict() == "no difference detectable at ±0.82 points"
+    # n = 2 uses the widest quantile of the table: t(1 df) = 12.706.
+    r = result([1.0, 3.0])
+    assert r.stats.half == pytest.approx(12.706204736174705, abs=1e-12)
+    assert r.verdict() == "no difference detectable at ±12.71 points"
+
+
+def test_edge_cases():
+    s = paired.paired_stats([])
+    assert (s.n, s.mean, s.half, s.kind) == (0, None, None, "none")
+    none = paired.PairResult("ufp4", "e2m1-ref", "val", (), (), s)
+    assert none.verdict() == "ufp4 vs e2m1-ref: no seed with a run of both"
+    s = paired.paired_stats([10.94])
+    assert (s.n, s.mean, s.sd, s.se, s.half, s.low, s.high, s.kind) == (1, 10.94, None, None, None, None, None,
+                                                                         "one")
+    one = paired.PairResult("ufp4", "e2m1-ref", "val", (0,), (10.94,), s)
+    assert one.verdict() == "one seed (+10.94 points): no interval from one seed, nothing decided"
+    # All differences equal: no spread, so an interval of no width, and the verdict says so.
+    s = paired.paired_stats([0.5, 0.5, 0.5])
+    assert s.sd == 0 and s.se == 0 and s.half == 0 and s.low == s.high == 0.5 and s.kind == "worse"
+    eq = paired.PairResult("ufp4", "e2m1-ref", "val", (0, 1, 2), (0.5,) * 3, s)
+    assert eq.verdict() == ("ufp4 worse than e2m1-ref by 0.50 ± 0.00 points (all 3 differences equal: the "
+                            "interval has no width)")
+    s = paired.paired_stats([0.0, 0.0])
+    assert s.kind == "same" and s.zero == 2 and s.half == 0
+    assert paired.PairResult("a", "b", "val", (0, 1), (0.0, 0.0), s).verdict() == ("no difference: identical on "
+                                                                                 "all 2 seeds")
+    with pytest.raises(ValueError, match="finite"):
+        paired.paired_stats([1.0, float("nan")])
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        paired.paired_stats([0.1] * 32)  # beyond the table
+    assert paired.paired_stats([0.1 * k for k in range(31)]).t == paired.T975[30]
+
+
+def losses_of(table):
+    """{(recipe, seed): {"val": v, "train": v}} from {recipe: {seed: loss}} (the same loss for both measures)."""
+    return {(r, s): {"val": v, "train": v} for r, per_seed in table.items() for s, v in per_seed.items()}
+
+
+def test_compare_pairs_only_seeds_with_both_runs_and_a_reference_and_says_which_not():
+    losses = losses_of({"ufp4": {0: 1.02, 1: 1.10, 2: 1.05, 4: 1.0},
+                        "e2m1-ref": {0: 1.00, 2: 1.04, 3: 1.2, 4: 1.0},
+                        "bf16": {0: 1.25, 1: 1.2, 2: 1.30, 3: 1.1}})
+    r = paired.compare(losses, "ufp4", "e2m1-ref", "val")
+    assert r.seeds == (0, 2) and r.only_a == (1,) and r.only_b == (3,) and r.no_reference == (4,)
+    # d = 100 · (L_A − L_B) / L_bf16 of the same seed.
+    assert r.diffs == (100 * (1.02 - 1.00) / 1.25, 100 * (1.05 - 1.04) / 1.30)
+    assert r.diffs[0] == pytest.approx(1.6) and r.diffs[1] == pytest.approx(0.769230769)
+    assert r.stats.n == 2
+    assert r.unpaired() == ("seed 1 of ufp4 has no e2m1-ref run; seed 3 of e2m1-ref has no ufp4 run; seed 4 has "
+                            "no bf16 run")
+    assert r.verdict().endswith("(seed 1 of ufp4 has no e2m1-ref run; seed 3 of e2m1-ref has no ufp4 run; seed 4 "
+                                "has no bf16 run: not paired)")
+    assert "not paired" not in r.verdict(notes=False)
+    # Against BF16 the difference is the BF16-relative loss error itself.
+    b = paired.compare(losses, "ufp4", "bf16", "val")
+    assert b.seeds == (0, 1, 2) and b.only_b == (3,) and b.only_a == (4,)
+    assert b.diffs == tuple(100 * (losses[("ufp4", s)]["val"] - losses[("bf16", s)]["val"]) /
+                            losses[("bf16", s)]["val"] for s in (0, 1, 2))
+    # The same bits whatever order the runs come in: the seeds are summed in ascending order.
+    items = list(losses.items())
+    random.Random(1).shuffle(items)
+    assert paired.compare(dict(items), "ufp4", "e2m1-ref", "val") == r
+    # No common seed.
+    n = paired.compare(losses_of({"ufp4": {0: 1.0}, "e2m1-ref": {1: 1.0}, "bf16": {0: 1.0, 1: 1.0}}), "ufp4",
+                       "e2m1-ref", "val")
+    assert n.stats.n == 0 and n.only_a == (0,) and n.only_b == (1,)
+    assert n.verdict().startswith("ufp4 vs e2m1-ref: no seed with a run of both (seed 0 of ufp4 has")
+
+
+def test_pairs_that_matter():
+    allr = ["bf16", "nvfp4", "mxfp4", "e2m1-ref", "ufp4", "ufp4-rht-none", "ufp4-rht-wgrad", "ufp4-rht-fwd-wgrad",
+            "ufp4-sr-none", "ufp4-sr-grads", "e2m1-rht-all"]
+    got = paired.pairs_for(allr)
+    assert got[:3] == [("ufp4", "e2m1-ref"), ("ufp4", "nvfp4"), ("ufp4", "mxfp4")]
+    assert got[3:9] == [("ufp4-rht-none", "ufp4"), ("ufp4-rht-wgrad", "ufp4"), ("ufp4-rht-fwd-wgrad", "ufp4"),
+                        ("ufp4-sr-none", "ufp4"), ("ufp4-sr-grads", "ufp4"), ("e2m1-rht-all", "e2m1-ref")]
+    assert got[9:] == [(r, "bf16") for r in allr[1:]]
+    # Only pairs whose two recipes are present; no BF16 pairs without BF16.
+    assert paired.pairs_for(["ufp4", "e2m1-rht-all", "ufp4-sr-none"]) == [("ufp4-sr-none", "ufp4")]
+    assert paired.pairs_for(["bf16", "ufp4"]) == [("ufp4", "bf16")]
+
+
+def test_compare_all_keeps_studies_apart():
+    losses = {}
+    for corpus, shift in (("linux-doc", 0.0), ("other", 0.5)):
+        for seed in range(3):
+            losses[("bf16", seed, corpus, "small")] = {"val": 2.0 + shift, "train": 2.0 + shift}
+            losses[("ufp4", seed, corpus, "small")] = {"val": 2.02 + shift + 0.001 * seed, "train": 2.0 + shift}
+            losses[("e2m1-ref", seed, corpus, "small")] = {"val": 2.0 + shift, "train": 2.0 + shift}
+    losses[("ufp4", 0, "linux-doc", "large")] = {"val": 1.0, "train": 1.0}
+    out = paired.compare_all(losses)
+    assert sorted(out) == [("linux-doc", "large"), ("linux-doc", "small"), ("other", "small")]
+    assert out[("linux-doc", "large")] == []  # nothing to compare a lone run with
+    small = out[("linux-doc", "small")]
+    assert [(p.a, p.b, p.measure) for p in small] == [("ufp4", "e2m1-ref", "val"), ("ufp4", "e2m1-ref", "train"),
+                                                      ("ufp4", "bf16", "val"), ("ufp4", "bf16", "train"),
+                                                      ("e2m1-ref", "bf16", "val"), ("e2m1-ref", "bf16", "train")]
+    assert small[0].stats.kind == "worse" and small[0].seeds == (0, 1, 2)
+    assert small[1].stats.kind == "same"
+    assert out[("other", "small")][0].diffs[0] == pytest.approx(100 * 0.02 / 2.5)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The report, on the committed runs and on synthetic ones
+# ---------------------------------------------------------------------------------------------------------
+
+def committed_runs():
+    with open(os.path.join(ROOT, "docs", "results", "training.json")) as f:
+        return json.load(f)["runs"]
+
+
+def study(runs, model, length):
+    ms = st.metrics(runs)
+    (mode, results), = st.paired(ms, model, length)
+    return ms, mode, {(p.a, p.b, p.measure): p for p in results}
+
+
+def test_committed_6000_step_runs():
+    ms, mode, res = study(committed_runs(), "small", 6000)
+    assert mode == "exact"
+    v = res[("ufp4", "e2m1-ref", "val")]
+    # The per-seed differences docs/training.md printed before the paired statistics existed.
+    assert v.seeds == (0, 1, 2) and [round(d, 2) for d in v.diffs] == [0.12, 0.76, 0.58]
+    # Each is the difference of the two recipes' BF16-relative errors of that seed.
+    rel = {(m["recipe"], m["seed"]): m["val_rel"] for m in ms if m["length"] == 6000 and "val_rel" in m}
+    for s, d in zip(v.seeds, v.diffs):
+        assert d == pytest.approx(rel[("ufp4", s)] - rel[("e2m1-ref", s)], abs=1e-12)
+    # Within rounding of the hand-computed example above (each difference printed to ±0.005).
+    assert abs(v.stats.mean - 0.486667) < 0.005 and abs(v.stats.half - 0.819891) < 0.03
+    assert v.stats.kind == "undetected" and (v.stats.above, v.stats.below) == (3, 0)
+    t = res[("ufp4", "e2m1-ref", "train")]
+    assert [round(d, 2) for d in t.diffs] == [0.23, 0.66, 0.90] and t.stats.kind == "undetected"
+    assert ("ufp4", "bf16", "val") in res and ("ufp4", "nvfp4", "val") not in res  # no nvfp4 run at 6000 steps
+
+
+def test_committed_one_seed_study_gets_no_interval():
+    _, mode, res = study(committed_runs(), "large", 2000)
+    assert mode == "fast"
+    v = res[("ufp4", "e2m1-ref", "val")]
+    assert v.stats.n == 1 and v.stats.half is None and v.stats.kind == "one"
+    assert round(v.diffs[0], 2) == 10.94
+    nv = res[("nvfp4", "bf16", "val")]
+    assert nv.seeds == (0,) and nv.only_b == (1,)  # BF16 has a second seed, nvfp4 not
+
+
+def test_committed_paired_json_is_what_the_report_makes():
+    with open(os.path.join(ROOT, "docs", "results", "training-paired.json")) as f:
+        committed = json.load(f)
+    assert committed == json.loads(json.dumps(st.paired_json(committed_runs())))
+
+
+def synthetic_run(recipe, seed, val, mode="exact", steps=10):
+    return {"name": f"test-{recipe}-s{seed}", "model": "test", "params": 1, "block_params": 1, "recipe": recipe,
+            "gemm_mode": "bf16" if recipe == "bf16" else mode, "seed": seed, "steps": list(range(1, steps + 1)),
+            "train_loss": [val + 0.1] * steps, "val_steps": [steps], "val_loss": [val], "tokens_per_s": 1.0,
+            "concurrent_runs": 1, "diverged": None,
+            "config": {"d": 64, "layers": 2, "seq": 64, "batch": 4, "steps": steps}}
+
+
+def test_report_tables_and_status_from_paired_statistics():
+    base = {0: 2.00, 1: 2.10, 2: 1.95, 3: 2.05}
+    runs = [synthetic_run("bf16", s, v) for s, v in base.items()]
+    runs += [synthetic_run("e2m1-ref", s, v) for s, v in base.items()]
+    # ufp4 ends 2.0 or 2.1 points of BF16 higher on every seed: a clear, consistent difference, yet smaller than
+    # the BF16 seed spread of (2.10 − 1.95) / 2.025 = 7.41%.
+    runs += [synthetic_run("ufp4", s, v * (1.02 + 0.001 * (s % 2))) for s, v in base.items()]
+    runs.append(synthetic_run("nvfp4", 0, 2.0))
+    status = st.status(runs)
+    assert status.startswith("- **test, 10 steps: ufp4 vs e2m1-ref over 4 seeds: ufp4 trained worse than e2m1-ref**")
+    assert "BF16 seed-to-seed spread, for context: 7.41" in status
+    tables = st.tables(runs)
+    row = next(x for x in tables.split("\n") if x.startswith("| `ufp4` − `e2m1-ref` | val |"))
+    assert "| 0, 1, 2, 3 | +2.00, +2.10, +2.00, +2.10 | +2.05 |" in row
+    assert row.endswith("| 4 / 0 | ufp4 worse than e2m1-ref by 2.05 ± 0.09 points |")
+    row = next(x for x in tables.split("\n") if x.startswith("| `ufp4` − `nvfp4` | val |"))
+    assert "| 0 (not paired: seeds 1, 2, 3 of ufp4 have no nvfp4 run) |" in row and "one seed" in row
+    # One seed of each: not decided, and the status says there is no interval.
+    one = [synthetic_run("bf16", 0, 2.0), synthetic_run("ufp4", 0, 2.2), synthetic_run("e2m1-ref", 0, 2.0)]
+    assert "one seed, not decided" in st.status(one) and "one seed gives no interval" in st.status(one)
+
+
+def test_report_keeps_gemm_modes_apart():
+    # exact and fast runs of one study are compared within their mode, each against the same BF16 runs.
+    runs = [synthetic_run("bf16", s, 2.0 + 0.1 * s) for s in range(2)]
+    runs += [synthetic_run(r, s, 2.0 + 0.1 * s, "exact") for r in ("ufp4", "e2m1-ref") for s in range(2)]
+    runs += [synthetic_run("ufp4", s, 2.2 + 0.1 * s, "fast") for s in range(2)]
+    runs += [synthetic_run("e2m1-ref", s, 2.0 + 0.1 * s, "fast") for s in range(2)]
+    for r in runs:
+        r["name"] += "-" + r["gemm_mode"]
+    ms = st.metrics(runs)
+    got = dict(st.paired(ms, "test", 10))
+    assert sorted(got) == ["exact", "fast"]
+    assert got["exact"][0].stats.kind == "same" and got["fast"][0].stats.kind == "worse"
+    status = st.status(runs).split("\n")
+    assert len(status) == 2
+    assert status[0].startswith("- **test, 10 steps, exact GEMMs: ufp4 vs e2m1-ref over 2 seeds: no difference: "
+                                "identical runs**")
+    assert status[1].startswith("- **test, 10 steps, fast GEMMs: ufp4 vs e2m1-ref over 2 seeds: ufp4 trained worse")
+    assert "fast GEMMs. Paired differences" in st.tables(runs)
+
+
+def test_ranks_average_ties_and_spearman_follows_them():
+    assert paired.ranks([3.0, 1.0, 2.0, 1.0]) == [3.0, 0.5, 2.0, 0.5]
+    # Spearman's rho of the proxy: the Pearson correlation of the ranks; a reversed order gives -1 exactly.
+    assert st.report.spearman([1.0, 2.0, 3.0, 4.0], [8.0, 6.0, 4.0, 2.0]) == -1.0
+    # rho with one swapped pair of four: 1 - 6 * 2 / (4 * 15) = 0.8, up to the last bit of the division.
+    assert st.report.spearman([1.0, 2.0, 3.0, 4.0], [1.0, 3.0, 2.0, 4.0]) == pytest.approx(0.8, rel=1e-15)
+    assert math.isnan(paired.pearson([1.0, 1.0], [2.0, 3.0]))  # no spread: no correlation
