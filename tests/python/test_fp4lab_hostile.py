@@ -206,7 +206,7 @@ def test_cuda_operands_refuse_different_rotations_and_overflow():
     big = torch.full((16, 64), 1e3, device="cuda")
     w = torch.full((32, 64), 3e37, device="cuda")
     for mode in ("exact", "fast"):
-        lin = ft.Linear(64, 32, bias=False, recipe=ft.Recipe("ufp4", mode=mode)).cuda()
+        lin = ft.Linear(64, 32, bias=False, recipe=ft.Recipe("ufp4", mode=mode, check_finite="sync")).cuda()
         with torch.no_grad():
             lin.weight.copy_(w)
         with pytest.raises(ValueError, match="overflow"):
