@@ -359,7 +359,13 @@ NB_MODULE(_core, m) {
       .def_prop_ro("block", [](const fc::DQTensor& q) { return q.block; })
       .def_prop_ro("format", [](const fc::DQTensor& q) { return std::string(q.format.name); })
       .def_prop_ro("scale", [](const fc::DQTensor& q) { return std::string(scale_name(q.scale_kind)); })
+      .def_prop_ro("tile2d", [](const fc::DQTensor& q) { return q.tile2d; })
+      // The rotation the operand was quantised under, as QTensor's: size (0 = none) and signs (None without RHT).
       .def_prop_ro("rht", [](const fc::DQTensor& q) { return q.rht; })
+      .def_prop_ro("rht_signs", [](const fc::DQTensor& q) -> nb::object {
+        if (q.rht == 0) return nb::none();
+        return nb::cast(q.rht_signs);
+      })
       // Two 4-bit codes per byte, element 2i in the low nibble (the device layout).
       .def_prop_ro("packed_codes", [](nb::handle self) {
         auto& q = nb::cast<fc::DQTensor&>(self);

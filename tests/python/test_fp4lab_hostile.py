@@ -196,7 +196,7 @@ def test_cuda_operands_refuse_different_rotations_and_overflow():
         pytest.skip("no CUDA build or no GPU")
     x = torch.from_numpy(X).cuda()
     qa, qb = ft.quantize(x, "ufp4", role="fwd_x"), ft.quantize(x, "nvfp4", role="fwd_w")
-    assert qa.rht == 16 and qb.rht == 0
+    assert (qa.rht, qb.rht, qb.rht_signs, qb.tile2d) == (16, 0, None, True)
     for f in (lambda: ft.gemm(qa, qb), lambda: ft.gemm(qa, qb, kernel="reference"), lambda: ft.product(qa, qb, "fast")):
         with pytest.raises(ValueError) as e:
             f()
