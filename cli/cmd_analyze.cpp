@@ -51,7 +51,7 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
-std::string db(double v) { return std::isfinite(v) ? fmt("%7.2f", v) : std::string("    inf"); }
+std::string db(double v) { return sqnr_text(v, 10, 2); }  // "  21.96 dB", or "     exact" for no error
 
 Json level_json(const std::vector<EmpiricalLevel>& levels) {
   Json bias = Json::array(), counts = Json::array(), values = Json::array();
@@ -469,8 +469,9 @@ int cmd_analyze(const Invocation& inv) {
     };
     auto row = [&](const Row& r, bool with_beff) {
       std::cout << fmt("%-26s %-7s", printable(r.gemm).c_str(), r.what.c_str());
-      for (double v : r.sqnr) std::cout << fmt(" %*s", w, (db(v) + " dB").c_str());
-      if (can_invert) std::cout << fmt(" %+8.2f %+8.2f", r.sqnr[e2_r] - r.sqnr[e2_0], r.sqnr[e1_r] - r.sqnr[e1_0]);
+      for (double v : r.sqnr) std::cout << fmt(" %*s", w, db(v).c_str());
+      if (can_invert)
+        std::cout << " " << delta_text(r.sqnr[e2_r] - r.sqnr[e2_0], 8, 2) << " " << delta_text(r.sqnr[e1_r] - r.sqnr[e1_0], 8, 2);
       if (with_beff) for (double v : r.beff) std::cout << fmt(" %*.3f", w, v);
       if (can_invert && inverted(r)) std::cout << "  inversion";
       std::cout << "\n";
@@ -489,7 +490,7 @@ int cmd_analyze(const Invocation& inv) {
       std::cout << "\nTraining recipes (each pass with the recipe's own operand settings)\n";
       for (const auto& g : gemms)
         if (g.contains("recipe"))
-          std::cout << fmt("  %-10s %-26s %-7s SQNR %s dB  eta %.6f\n", g["recipe"].get<std::string>().c_str(),
+          std::cout << fmt("  %-10s %-26s %-7s SQNR %s  eta %.6f\n", g["recipe"].get<std::string>().c_str(),
                            printable(g["gemm"].get<std::string>()).c_str(), g["pass"].get<std::string>().c_str(),
                            db(g["sqnr_db"].get<double>()).c_str(), g["eta"].get<double>());
     }

@@ -62,6 +62,17 @@ int cmd_gemm(const Invocation& inv) {
   const JsonOut json(vm);
   const Pass pass = selected_pass(vm);
   const QuantConfig cfg_a = operand_config(vm, pass, Operand::a), cfg_b = operand_config(vm, pass, Operand::b);
+  {
+    // The pairing rule of the contract (docs/spec.md §5) on the two configurations, before any file is read.
+    QTensor pa, pb;
+    pa.block = cfg_a.block, pa.rht = cfg_a.rht, pa.rht_signs = cfg_a.rht_signs;
+    pb.block = cfg_b.block, pb.rht = cfg_b.rht, pb.rht_signs = cfg_b.rht_signs;
+    try {
+      check_gemm_operands(pa, pb);
+    } catch (const std::invalid_argument& e) {
+      usage_error(e.what());
+    }
+  }
   const auto [file_a, name_a] = split_file_tensor(vm["a"].as<std::string>(), "--a");
   const auto [file_b, name_b] = split_file_tensor(vm["b"].as<std::string>(), "--b");
   const std::string out = vm["out"].as<std::string>();
@@ -120,10 +131,10 @@ int cmd_gemm(const Invocation& inv) {
     std::cout << fmt("C[%lld, %lld] = A[%lld, %lld] . B[%lld, %lld]^T -> %s (%s)\n", (long long)M, (long long)N,
                      (long long)M, (long long)K, (long long)N, (long long)K, printable(out).c_str(), bf16 ? "BF16" : "FP32");
     std::cout << fmt("recipe %s, pass %s\n", recipe.c_str(), pass_name(pass));
-    std::cout << fmt("A  %-34s SQNR %8.4f dB  alpha %.6f\n", cfg_a.label().c_str(), a.sqnr, a.alpha);
-    std::cout << fmt("B  %-34s SQNR %8.4f dB  alpha %.6f\n", cfg_b.label().c_str(), b.sqnr, b.alpha);
-    std::cout << fmt("GEMM-output SQNR %.4f dB (against the float64 product)  eta = alpha_A * alpha_B = %.6f\n", sqnr,
-                     eta);
+    std::cout << fmt("A  %-34s SQNR %s  alpha %.6f\n", cfg_a.label().c_str(), sqnr_text(a.sqnr, 11, 4).c_str(), a.alpha);
+    std::cout << fmt("B  %-34s SQNR %s  alpha %.6f\n", cfg_b.label().c_str(), sqnr_text(b.sqnr, 11, 4).c_str(), b.alpha);
+    std::cout << fmt("GEMM-output SQNR %s (against the float64 product)  eta = alpha_A * alpha_B = %.6f\n",
+                     sqnr_text(sqnr, 0, 4).c_str(), eta);
   }
   json.write({{"command", "gemm"},
               {"a", {{"input", file_a}, {"tensor", name_a}, {"shape", {M, K}}, {"config", config_json(cfg_a)},

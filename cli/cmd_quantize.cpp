@@ -77,7 +77,7 @@ int cmd_quantize(const Invocation& inv) {
                      printable(out).c_str());
     std::cout << fmt("config   %s (recipe %s, pass %s, role %s)\n", cfg.label().c_str(), recipe.c_str(),
                      pass_name(pass), operand_role(pass, operand));
-    std::cout << fmt("SQNR     %.4f dB%s\n", sqnr, cfg.rht ? " (against the rotated tensor)" : "");
+    std::cout << fmt("SQNR     %s%s\n", sqnr_text(sqnr, 0, 4).c_str(), cfg.rht ? " (against the rotated tensor)" : "");
     std::cout << fmt("B_eff    %.4f\nalpha    %.6f\n", be, alpha);
   }
   json.write({{"command", "quantize"},

@@ -3,29 +3,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <system_error>
 
 #include "options.hpp"
 
 namespace fp4lab::cli {
-
-std::string printable(const std::string& s, bool keep_newlines) {
-  std::string r;
-  r.reserve(s.size());
-  for (const char ch : s) {
-    const unsigned char c = static_cast<unsigned char>(ch);
-    if ((c < 0x20 && !(keep_newlines && c == '\n')) || c == 0x7F) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02X", c);
-      r += buf;
-    } else {
-      r += ch;
-    }
-  }
-  return r;
-}
 
 namespace {
 namespace fs = std::filesystem;

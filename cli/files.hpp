@@ -13,11 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "text.hpp"  // printable, valid_utf8
+
 namespace fp4lab::cli {
 
-// Control bytes (< 0x20, 0x7F) as \xNN; everything else as is. With keep_newlines, '\n' stays (for a whole
-// table printed at once).
-std::string printable(const std::string& s, bool keep_newlines = false);
 
 void check_outputs(const boost::program_options::variables_map& vm, std::vector<std::string> outputs,
                    std::vector<std::string> inputs);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdlib>
@@ -25,6 +26,15 @@ namespace fp4lab::cli {
 void usage_error(const std::string& msg) { throw Error(kExitUsage, msg); }
 void data_error(const std::string& file, const std::string& msg) {
   throw Error(kExitData, file.empty() ? msg : file + ": " + msg);
+}
+
+std::string sqnr_text(double db, int width, int prec) {
+  if (std::isfinite(db)) return fmt("%*.*f dB", std::max(width - 3, 0), prec, db);
+  return fmt("%*s", width, db > 0 ? "exact" : "n/a");
+}
+
+std::string delta_text(double d, int width, int prec) {
+  return std::isfinite(d) ? fmt("%+*.*f", width, prec, d) : fmt("%*s", width, "n/a");
 }
 
 std::string fmt(const char* f, ...) {
@@ -134,6 +144,16 @@ bool parse_args(const Invocation& inv, const po::options_description& desc, cons
       po::store(parsed, vm);
     }
     po::notify(vm);
+    // Paths and names are recorded in UTF-8 (JSON reports, safetensors metadata, the command line a report
+    // repeats): a value that is not UTF-8 is refused here, before any work, rather than when the output is written.
+    for (const auto& [key, v] : vm) {
+      const auto* one = boost::any_cast<std::string>(&v.value());
+      const auto* many = boost::any_cast<std::vector<std::string>>(&v.value());
+      std::vector<std::string> values = one ? std::vector<std::string>{*one} : many ? *many : std::vector<std::string>{};
+      for (const std::string& s : values)
+        if (!valid_utf8(s))
+          usage_error("--" + key + ": '" + printable(s) + "' is not valid UTF-8 (fp4lab records paths and names in UTF-8)");
+    }
   } catch (const po::error& e) {
     usage_error(e.what() + hint);
   }

@@ -137,4 +137,10 @@ std::pair<std::string, std::string> split_file_tensor(const std::string& spec, c
 std::string shape_string(const std::vector<int64_t>& s);  // "[2, 3]"
 std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
 
+// An SQNR as a table prints it, right-aligned in `width` characters with `prec` decimals and " dB": +inf (no error
+// at all, docs/spec.md §6.1; null in the JSON) is "exact"; NaN cannot arise from the definition but would read "n/a".
+std::string sqnr_text(double db, int width, int prec);
+// A difference of two SQNRs, signed: "n/a" when a side is exact (inf - x or inf - inf; null in the JSON).
+std::string delta_text(double d, int width, int prec);
+
 }  // namespace fp4lab::cli

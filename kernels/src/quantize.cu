@@ -703,6 +703,8 @@ void quantize_pass(const T* x, int d, int fmt, int64_t rows, int64_t cols, const
     out->scale_kind = cfg.scale;
     out->block = cfg.block;
     out->tile2d = cfg.tile2d;
+    out->rht = cfg.rht;
+    out->rht_signs = cfg.rht != 0 ? cfg.rht_signs : std::vector<float>();
     out->rows = rows;
     out->cols = cols;
     out->codes.resize(size_t(rows * cols / 2));
@@ -917,6 +919,8 @@ QTensor to_host(const DQTensor& d) {
   q.scale_kind = d.scale_kind;
   q.block = d.block;
   q.tile2d = d.tile2d;
+  q.rht = d.rht;
+  q.rht_signs = d.rht_signs;
   q.rows = d.rows;
   q.cols = d.cols;
   const std::vector<uint8_t> packed = d.codes.to_host();
@@ -934,6 +938,8 @@ void upload(const QTensor& q, DQTensor& d) {
   d.scale_kind = q.scale_kind;
   d.block = q.block;
   d.tile2d = q.tile2d;
+  d.rht = q.rht;
+  d.rht_signs = q.rht_signs;
   d.rows = q.rows;
   d.cols = q.cols;
   std::vector<uint8_t> packed(q.codes.size() / 2);

@@ -34,25 +34,25 @@ ElemFormat parse_format(const std::string& name) {
     if (name == f.name) return f;
     known.append(known.empty() ? "" : ", ").append(f.name);
   }
-  fail("unknown format '" + name + "' (known: " + known + ")");
+  fail("unknown format '" + shown(name) + "' (known: " + known + ")");
 }
 
 ScaleKind parse_scale(const std::string& name) {
   for (ScaleKind s : {ScaleKind::fp32, ScaleKind::ue4m3, ScaleKind::ue8m0, ScaleKind::ue8m0_ceil})
     if (name == scale_name(s)) return s;
-  fail("unknown scale '" + name + "' (known: fp32, ue4m3, ue8m0, ue8m0-ceil)");
+  fail("unknown scale '" + shown(name) + "' (known: fp32, ue4m3, ue8m0, ue8m0-ceil)");
 }
 
 Rounding parse_rounding(const std::string& name) {
   if (name == "rtne") return Rounding::rtne;
   if (name == "sr") return Rounding::sr;
-  fail("unknown rounding '" + name + "' (known: rtne, sr)");
+  fail("unknown rounding '" + shown(name) + "' (known: rtne, sr)");
 }
 
 Pass parse_pass(const std::string& name) {
   for (Pass p : kPasses)
     if (name == pass_name(p)) return p;
-  fail("unknown pass '" + name + "' (known: fwd_y, bwd_dx, bwd_dw)");
+  fail("unknown pass '" + shown(name) + "' (known: fwd_y, bwd_dx, bwd_dw)");
 }
 
 uint64_t parse_uint(const std::string& text, const std::string& option, uint64_t max) {
@@ -61,7 +61,7 @@ uint64_t parse_uint(const std::string& text, const std::string& option, uint64_t
   errno = 0;
   const unsigned long long v = digits ? std::strtoull(text.c_str(), nullptr, 10) : 0;
   if (!digits || errno == ERANGE || v > max)
-    fail("--" + option + ": '" + text + "' is not an integer from 0 to " + std::to_string(max));
+    fail("--" + option + ": '" + shown(text) + "' is not an integer from 0 to " + std::to_string(max));
   return v;
 }
 
@@ -70,14 +70,14 @@ int parse_int(const std::string& text, const std::string& option) {
   const std::string digits = neg ? text.substr(1) : text;
   const bool ok = !digits.empty() && digits.size() <= 10 && digits.find_first_not_of("0123456789") == std::string::npos;
   const long long v = ok ? std::strtoll(digits.c_str(), nullptr, 10) : 0;
-  if (!ok || v > INT_MAX) fail("--" + option + ": '" + text + "' is not an integer");
+  if (!ok || v > INT_MAX) fail("--" + option + ": '" + shown(text) + "' is not an integer");
   return int(neg ? -v : v);
 }
 
 int parse_rht(const std::string& text, const std::string& option) {
   if (text == "none") return 0;
   const bool digits = !text.empty() && text.size() <= 9 && text.find_first_not_of("0123456789") == std::string::npos;
-  if (!digits) fail("--" + option + ": '" + text + "' is not none (or 0: RHT off) nor an RHT size");
+  if (!digits) fail("--" + option + ": '" + shown(text) + "' is not none (or 0: RHT off) nor an RHT size");
   const int d = std::atoi(text.c_str());
   if (d != 0 && !rht_size_ok(d)) fail("--" + option + ": " + rht_size_fault(d) + " (none or 0: RHT off)");
   return d;
@@ -86,7 +86,7 @@ int parse_rht(const std::string& text, const std::string& option) {
 bool parse_bool(const std::string& text, const std::string& option) {
   if (text == "true" || text == "1" || text == "yes" || text == "on") return true;
   if (text == "false" || text == "0" || text == "no" || text == "off") return false;
-  fail("--" + option + ": '" + text + "' is not true or false");
+  fail("--" + option + ": '" + shown(text) + "' is not true or false");
 }
 
 std::vector<float> parse_rht_signs(const std::string& text, int d) {
@@ -107,7 +107,7 @@ std::vector<float> parse_rht_signs(const std::string& text, int d) {
     else if (tok == "-1" || tok == "-")
       s.push_back(-1.0f);
     else
-      fail("--rht-signs: sign " + std::to_string(s.size() + 1) + " is '" + tok + "', not +1 or -1");
+      fail("--rht-signs: sign " + std::to_string(s.size() + 1) + " is '" + shown(tok) + "', not +1 or -1");
     if (comma == std::string::npos) break;
     pos = comma + 1;
   }
@@ -136,7 +136,7 @@ Operand selected_operand(const Knobs& k, Pass pass) {
   if (!r) return Operand::a;
   const std::string& role = *r;
   if (role != "fwd_x" && role != "fwd_w" && role != "bwd_dy")
-    fail("unknown role '" + role + "' (known: fwd_x, fwd_w, bwd_dy)");
+    fail("unknown role '" + shown(role) + "' (known: fwd_x, fwd_w, bwd_dy)");
   for (Operand o : {Operand::a, Operand::b})
     if (role == operand_role(pass, o)) return o;
   fail("role " + role + " is not an operand of pass " + pass_name(pass) + " (A = " + operand_role(pass, Operand::a) +
@@ -148,7 +148,7 @@ QuantConfig operand_config(const Knobs& k, Pass pass, Operand operand) {
     (void)value;
     bool known = false;
     for (const auto& n : knob_names(true)) known = known || n == name;
-    if (!known) fail("unknown knob '" + name + "'");
+    if (!known) fail("unknown knob '" + shown(name) + "'");
   }
   Recipe base;  // "custom": e1m2, block 16, fp32, no RHT, RTNE
   if (const std::string* r = get(k, "recipe")) {

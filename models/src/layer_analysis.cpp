@@ -61,6 +61,8 @@ Quantised quantise(const LayerOperands::Operand& o, const QuantConfig& c) {
   plain.rht = 0;
   plain.rht_bf16 = false;
   r.q = quantize(r.seen, o.rows, o.cols, plain);
+  r.q.rht = c.rht;  // the operand was rotated, if not by quantize() itself
+  r.q.rht_signs = c.rht != 0 ? c.rht_signs : std::vector<float>();
   r.m = moments(r.seen, r.q);
   return r;
 }

@@ -232,6 +232,8 @@ QTensor quantize(const float* x_in, int64_t rows, int64_t cols, const QuantConfi
   q.scale_kind = cfg.scale;
   q.block = cfg.block;
   q.tile2d = cfg.tile2d;
+  q.rht = cfg.rht;
+  q.rht_signs = cfg.rht != 0 ? cfg.rht_signs : std::vector<float>();
   q.rows = rows;
   q.cols = cols;
   const int64_t kb = cols / cfg.block;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "fp4lab/knobs.hpp"
 #include "fp4lab/philox.hpp"
 #include "fp4lab/rht.hpp"
 
@@ -60,7 +61,7 @@ Recipe Recipe::preset(const std::string& name) {
   } else {
     std::string known;
     for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
-    throw std::invalid_argument("unknown recipe '" + name + "' (known: " + known + ")");
+    throw std::invalid_argument("unknown recipe '" + shown(name) + "' (known: " + known + ")");
   }
   return r;
 }

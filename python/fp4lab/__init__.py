@@ -39,8 +39,14 @@ def _knob_text(name: str, value: Any) -> str:
         return str(int(value))
     if name == "rht-signs" and not isinstance(value, str):
         # A sequence of +1/-1 entries; anything else is passed through for the parser to name.
+        if isinstance(value, np.ndarray) and value.ndim != 1:
+            raise ValueError(f"knob rht_signs: a 1-D sequence of +1/-1 entries or 'te', not a {value.ndim}-D array")
+        if not isinstance(value, Iterable):
+            raise TypeError(f"knob rht_signs: a sequence of +1/-1 entries or 'te', not {type(value).__name__}")
         out = []
         for s in value:
+            if not isinstance(s, (int, float, np.integer, np.floating)) or isinstance(s, (bool, np.bool_)):
+                raise TypeError(f"knob rht_signs: entries are +1 or -1, not {type(s).__name__}")
             out.append("+1" if s == 1 else "-1" if s == -1 else str(s))
         return ",".join(out)
     if isinstance(value, str):
@@ -87,7 +93,9 @@ def _knobs(func: str, recipe: Optional[str], pass_: Optional[str], role: Optiona
         if name not in _KNOBS:
             raise TypeError(f"{func}() got an unexpected keyword argument '{name}' "
                             f"(knobs: {', '.join(sorted(_KNOBS))})")
-        if value is not None:
+        if name == "rht" and value is None:
+            k["rht"] = "none"  # None means no rotation, as in analyze() and the CLI's --rht none
+        elif value is not None:
             k[_KNOBS[name]] = _knob_text(_KNOBS[name], value)
     return k
 
@@ -126,7 +134,8 @@ def quantize(x: np.ndarray, recipe: Optional[str] = None, *, pass_: Optional[str
     """Block-quantise a 2-D float32 or ml_dtypes.bfloat16 array along its last dimension.
 
     ``recipe`` is a preset (``fp4lab.recipes()``) whose settings for ``pass_`` and ``role`` apply; knobs named
-    as the CLI's options (``format``, ``block``, ``scale``, ``tile2d``, ``rht``, ``rht_signs`` (list or "te"),
+    as the CLI's options (``format``, ``block``, ``scale``, ``tile2d``, ``rht`` (a size, or 0 or None: no
+    rotation, as ``--rht none``), ``rht_signs`` (list or "te"),
     ``rht_seed``, ``rht_bf16``, ``rounding``, ``seed``, ``stream``) override it. Returns a QTensor with
     ``codes`` (uint8 [rows, K]), ``scales`` (float32 [rows, K/B]), ``scale_codes`` (uint8 or None),
     ``global_scale`` and ``dequantize()``.
@@ -156,7 +165,9 @@ def quantize_with(x: np.ndarray, cfg: QuantConfig) -> QTensor:
 @_one_line_errors
 def gemm(qa: QTensor, qb: QTensor) -> np.ndarray:
     """C = A · Bᵀ (float32 [M, N]) of two operands quantised along K, under the datapath contract
-    (docs/datapath.md): exact int32 block dot products, FP32 scaling and accumulation in ascending block order."""
+    (docs/datapath.md): exact int32 block dot products, FP32 scaling and accumulation in ascending block order.
+    Raises ValueError, with the reason, for a pair the contract does not define (docs/spec.md §5): K or the block
+    size differ, or the operands were not quantised under the same rotation (RHT size and signs, or none)."""
     if not isinstance(qa, QTensor) or not isinstance(qb, QTensor):
         raise TypeError("gemm(): both operands must be fp4lab.QTensor (from fp4lab.quantize)")
     return _core.gemm(qa, qb)

@@ -102,15 +102,37 @@ QTensor quantize_bf16(CpuBf16In x, const QuantConfig& cfg) {
   return quantize(f.data(), rows, cols, cfg);
 }
 
-// A QTensor from its parts (codes one per byte, decoded scales), checked like the CLI checks a file.
+// The rotation a rebuilt operand says it was quantised under: none (no signs), or a valid size with its d signs.
+void check_rotation(int rht, const std::vector<float>& rht_signs) {
+  if (rht != 0) {
+    if (!rht_size_ok(rht)) throw std::invalid_argument(rht_size_fault(rht));
+    if (int(rht_signs.size()) != rht)
+      throw std::invalid_argument("RHT needs " + std::to_string(rht) + " signs, got " + std::to_string(rht_signs.size()));
+    for (float s : rht_signs)
+      if (s != 1.0f && s != -1.0f) throw std::invalid_argument("RHT signs must be +1 or -1");
+  } else if (!rht_signs.empty()) {
+    throw std::invalid_argument("rht_signs given without an RHT size");
+  }
+}
+
+// A QTensor from its parts (codes one per byte, decoded scales, the rotation it was quantised under), checked like
+// the CLI checks a file.
 QTensor make_qtensor(const std::string& format, const std::string& scale, int block, bool tile2d,
                      nb::ndarray<const uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> codes,
-                     nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu> scales, float global_dec) {
+                     nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu> scales, float global_dec,
+                     int rht, const std::vector<float>& rht_signs) {
   QTensor q;
   q.format = parse_format(format);
   q.scale_kind = parse_scale(scale);
   q.block = block;
   q.tile2d = tile2d;
+  // S_dec = 1 / S_enc with 0 < S_enc <= FLT_MAX (docs/spec.md §2): a NaN, infinite, zero or negative global
+  // scale is no quantised operand.
+  if (!(std::isfinite(global_dec) && global_dec > 0.0f))
+    throw std::invalid_argument("global_scale must be a positive finite number, not " + std::to_string(global_dec));
+  check_rotation(rht, rht_signs);
+  q.rht = rht;
+  q.rht_signs = rht_signs;
   q.rows = int64_t(codes.shape(0));
   q.cols = int64_t(codes.shape(1));
   if (block != 16 && block != 32) throw std::invalid_argument("block size must be 16 or 32, not " + std::to_string(block));
@@ -274,6 +296,17 @@ NB_MODULE(_core, m) {
       .def_prop_ro("block", [](const QTensor& q) { return q.block; })
       .def_prop_ro("tile2d", [](const QTensor& q) { return q.tile2d; })
       .def_prop_ro("global_scale", [](const QTensor& q) { return q.global_dec; })
+      // The rotation the operand was quantised under: its size (0 = none) and signs (None without RHT).
+      .def_prop_ro("rht", [](const QTensor& q) { return q.rht; })
+      .def_prop_ro("rht_signs", [](const QTensor& q) -> nb::object {
+        if (q.rht == 0) return nb::none();
+        return nb::cast(q.rht_signs);
+      })
+      .def("__repr__", [](const QTensor& q) {
+        return "<fp4lab.QTensor [" + std::to_string(q.rows) + ", " + std::to_string(q.cols) + "] " + q.format.name +
+               " b" + std::to_string(q.block) + (q.tile2d ? "x16 " : " ") + scale_name(q.scale_kind) + " " +
+               rht_name(q.rht, q.rht_signs) + ">";
+      })
       .def_prop_ro("codes", [](nb::handle self) {
         const QTensor& q = nb::cast<const QTensor&>(self);
         return view(q.codes, size_t(q.rows), size_t(q.cols), self);
@@ -301,7 +334,9 @@ NB_MODULE(_core, m) {
   m.def("validate", [](const QuantConfig& cfg, int64_t rows, int64_t cols) { validate(cfg, rows, cols); },
         "config"_a, "rows"_a, "cols"_a, "Raises ValueError when a [rows, cols] operand cannot be quantised so.");
   m.def("make_qtensor", &make_qtensor, "format"_a, "scale"_a, "block"_a, "tile2d"_a, "codes"_a, "scales"_a,
-        "global_scale"_a);
+        "global_scale"_a, "rht"_a = 0, "rht_signs"_a = std::vector<float>());
+  m.def("check_gemm_operands", [](const QTensor& a, const QTensor& b) { check_gemm_operands(a, b); }, "a"_a, "b"_a,
+        "Raises ValueError, with the reason, when the contract does not define A . B^T (docs/spec.md §5).");
   m.def("gemm", [](const QTensor& a, const QTensor& b) {
     std::vector<float> c;
     {
@@ -324,6 +359,13 @@ NB_MODULE(_core, m) {
       .def_prop_ro("block", [](const fc::DQTensor& q) { return q.block; })
       .def_prop_ro("format", [](const fc::DQTensor& q) { return std::string(q.format.name); })
       .def_prop_ro("scale", [](const fc::DQTensor& q) { return std::string(scale_name(q.scale_kind)); })
+      .def_prop_ro("tile2d", [](const fc::DQTensor& q) { return q.tile2d; })
+      // The rotation the operand was quantised under, as QTensor's: size (0 = none) and signs (None without RHT).
+      .def_prop_ro("rht", [](const fc::DQTensor& q) { return q.rht; })
+      .def_prop_ro("rht_signs", [](const fc::DQTensor& q) -> nb::object {
+        if (q.rht == 0) return nb::none();
+        return nb::cast(q.rht_signs);
+      })
       // Two 4-bit codes per byte, element 2i in the low nibble (the device layout).
       .def_prop_ro("packed_codes", [](nb::handle self) {
         auto& q = nb::cast<fc::DQTensor&>(self);
@@ -338,6 +380,8 @@ NB_MODULE(_core, m) {
         return device_view(q.global_dec, {size_t(1)}, self);
       })
       .def("to_host", [](const fc::DQTensor& q) { return fc::to_host(q); });
+  m.def("cuda_check_gemm_operands", [](const fc::DQTensor& a, const fc::DQTensor& b) { check_gemm_operands(a, b); },
+        "a"_a, "b"_a);
   m.def("cuda_upload", [](const QTensor& q, fc::DQTensor& out) { fc::upload(q, out); }, "q"_a, "out"_a);
   // A device operand from device tensors (packed codes [rows, cols/2], block scales [rows, cols/block], the
   // global scale [1]), copied on the stream into out's buffers (which grow only): how the torch.library GEMM
@@ -346,7 +390,7 @@ NB_MODULE(_core, m) {
                                 nb::ndarray<uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cuda> packed,
                                 nb::ndarray<float, nb::ndim<2>, nb::c_contig, nb::device::cuda> scales,
                                 nb::ndarray<float, nb::ndim<1>, nb::c_contig, nb::device::cuda> global_scale,
-                                fc::DQTensor& out, uintptr_t stream) {
+                                fc::DQTensor& out, uintptr_t stream, int rht, const std::vector<float>& rht_signs) {
     if (block != 16 && block != 32) throw std::invalid_argument("block size must be 16 or 32, not " + std::to_string(block));
     const int64_t rows = int64_t(packed.shape(0)), cols = 2 * int64_t(packed.shape(1));
     if (cols % block != 0)
@@ -359,6 +403,9 @@ NB_MODULE(_core, m) {
     out.scale_kind = parse_scale(scale);
     out.block = block;
     out.tile2d = tile2d;
+    check_rotation(rht, rht_signs);
+    out.rht = rht;
+    out.rht_signs = rht_signs;
     out.rows = rows;
     out.cols = cols;
     out.codes.resize(size_t(rows * cols / 2));
@@ -371,7 +418,8 @@ NB_MODULE(_core, m) {
                               cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
     fc::check(cudaMemcpyAsync(out.global_dec.data(), global_scale.data(), sizeof(float), cudaMemcpyDeviceToDevice, s),
               "cudaMemcpyAsync");
-  }, "format"_a, "scale"_a, "block"_a, "tile2d"_a, "packed_codes"_a, "scales"_a, "global_scale"_a, "out"_a, "stream"_a);
+  }, "format"_a, "scale"_a, "block"_a, "tile2d"_a, "packed_codes"_a, "scales"_a, "global_scale"_a, "out"_a, "stream"_a,
+     "rht"_a = 0, "rht_signs"_a = std::vector<float>());
   // transposed: quantise x^T (blocks along x's first dimension) reading x in place, bit-identical to quantising
   // a transposed copy; out is then [cols, rows].
   m.def("cuda_quantize", [](CudaIn x, const QuantConfig& cfg, fc::DQTensor& out, uintptr_t stream,

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -991,6 +992,121 @@ TEST_F(Cli, JsonConfigFaultsNameFileAndKey) {
   // A placeholder spelt with JSON escapes is refused like one in plain text (the parser would loop on it).
   expect_one_line_error(with("ph.json", R"({"block": "1\u0025value\u0025"})"), "quantize", 2, {"%value%"});
   EXPECT_FALSE(std::filesystem::exists(path("o")));
+}
+
+// The JSON form refuses what the `key = value` form refuses or cannot hold: a repeated key (nlohmann would keep the
+// last), an empty key (was "ambiguous"), a NUL byte (it cut the message, and a file name short), and a value past
+// 64 KiB (was echoed whole); values are echoed escaped and at most 80 bytes long.
+TEST_F(Cli, JsonConfigRepeatedEmptyNulAndHugeValuesAreRefused) {
+  const std::string in = path("in.safetensors");
+  auto with = [&](const std::string& name, const std::string& text) {
+    std::ofstream(path(name), std::ios::binary) << text;
+    return run({"quantize", "--in", in, "--tensor", "x", "--out", path("o"), "--config", path(name)});
+  };
+  expect_one_line_error(with("dup.json", R"({"recipe": "ufp4", "format": "e1m2", "recipe": "nvfp4"})"), "quantize", 2,
+                        {path("dup.json"), "key 'recipe' is given twice"});
+  expect_one_line_error(with("dupr.json", R"({"config": {"rht": 16, "rht": 32}})"), "quantize", 2,
+                        {path("dupr.json"), "key 'rht' is given twice"});
+  const Result e = with("empty.json", R"({"": 1})");
+  expect_one_line_error(e, "quantize", 2, {path("empty.json"), "an empty key"});
+  EXPECT_EQ(e.err.find("ambiguous"), std::string::npos) << e.err;
+  expect_one_line_error(with("nul.json", R"({"format": "e2\u0000m1"})"), "quantize", 2,
+                        {path("nul.json"), "option 'format': the value 'e2\\x00m1' holds a NUL byte at byte 2"});
+  expect_one_line_error(with("nul.cfg", std::string("format = e2\0m1\n", 15)), "quantize", 2,
+                        {path("nul.cfg"), "the value 'e2\\x00m1' holds a NUL byte"});
+  const Result h = with("huge.json", "{\"format\": \"" + std::string(1 << 20, 'y') + "\"}");
+  expect_one_line_error(h, "quantize", 2, {path("huge.json"), "option 'format': a value of 1048576 bytes (at most 65536)"});
+  EXPECT_LT(h.err.size(), 400u);
+  // A value under the limit is named by its first 80 bytes, wherever the fault is found.
+  const Result l = with("long.json", "{\"format\": \"" + std::string(5000, 'z') + "\"}");
+  expect_one_line_error(l, "quantize", 2, {"unknown format '" + std::string(80, 'z') + "... (5000 bytes)'"});
+  EXPECT_LT(l.err.size(), 400u);
+  EXPECT_FALSE(std::filesystem::exists(path("o")));
+}
+
+// Exact quantisation has SQNR +inf (docs/spec.md §6.1), which the JSON writes as null: tables print "exact" for it
+// and "n/a" for a difference with an exact side (inf - inf was "-nan"), never inf or nan, on all-zero and constant
+// traces, in analyze, quantize and gemm alike.
+TEST_F(Cli, ExactQuantisationPrintsExactNotInfOrNan) {
+  for (const float v : {0.0f, 0.75f}) {
+    SCOPED_TRACE(v);
+    const std::vector<float> x(32 * 64, v), dy(32 * 32, v);
+    io::write_safetensors(path("c.safetensors"), {io::make_f32("g.fwd_x", {32, 64}, x), io::make_f32("g.fwd_w", {32, 64}, x),
+                                                  io::make_f32("g.bwd_dy", {32, 32}, dy)},
+                          {{"fp4lab.trace.version", "1"}});
+    std::vector<Result> rs = {
+        run({"analyze", "--trace", path("c.safetensors"), "--recipe", "ufp4", "--json", path("a.json")}),
+        run({"quantize", "--in", path("c.safetensors"), "--tensor", "g.fwd_x", "--out", path("q")}),
+        run({"gemm", "--a", path("c.safetensors") + ":g.fwd_x", "--b", path("c.safetensors") + ":g.fwd_w", "--out", path("g")})};
+    for (Result& r : rs) {
+      ASSERT_EQ(r.code, 0) << r.err;
+      for (size_t i; (i = r.out.find(path(""))) != std::string::npos;) r.out.erase(i, path("").size());  // random name
+      EXPECT_NE(r.out.find("exact"), std::string::npos) << r.out;
+      for (const char* bad : {"inf", "nan", "NaN", "Inf"}) EXPECT_EQ(r.out.find(bad), std::string::npos) << r.out;
+    }
+    EXPECT_NE(rs[0].out.find("n/a"), std::string::npos) << rs[0].out;
+    const json a = json::parse(slurp(path("a.json")));
+    size_t nulls = 0, exact_cells = 0;
+    for (const auto& t : a["tensors"]) nulls += t["sqnr_db"].is_null();
+    for (const auto& g : a["gemms"]) nulls += g["sqnr_db"].is_null();
+    for (size_t i = 0; (i = rs[0].out.find("exact", i)) != std::string::npos; ++i) ++exact_cells;
+    EXPECT_GT(nulls, 0u);
+    EXPECT_EQ(exact_cells, nulls);  // one "exact" cell per null record, no more
+  }
+}
+
+// Every *.safetensors entry of a trace folder is read: a dangling or looping link, or a FIFO of that name, is a data
+// error naming it, found before any analysis (they were skipped without a word).
+TEST_F(Cli, TraceFolderLinksAndFifosAreNamedNotSkipped) {
+  namespace fs = std::filesystem;
+  const std::string t = path("tr");
+  fs::create_directory(t);
+  write_trace(t + "/a.safetensors", 32, 64, 32);
+  struct Case {
+    std::string entry;
+    std::function<void(const std::string&)> make;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {"b.safetensors", [](const std::string& p) { fs::create_symlink("gone.safetensors", p); },
+       "link to a missing file 'gone.safetensors'"},
+      {"c.safetensors", [](const std::string& p) { fs::create_symlink("c.safetensors", p); }, "link loop"},
+      {"f.safetensors", [](const std::string& p) { ASSERT_EQ(::mkfifo(p.c_str(), 0600), 0); }, "file is a FIFO"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.entry);
+    const std::string p = t + "/" + c.entry;
+    c.make(p);
+    expect_one_line_error(run({"analyze", "--trace", t, "--json", path("a.json")}), "analyze", 1, {p + ": " + c.want});
+    EXPECT_FALSE(fs::exists(path("a.json")));
+    fs::remove(p);
+  }
+  EXPECT_EQ(run({"analyze", "--trace", t}).code, 0);
+}
+
+// Paths and names are recorded in UTF-8 (JSON, safetensors metadata): one that is not UTF-8 is a usage error naming
+// it, escaped, before any work (quantize and gemm used to finish and then blame "a tensor name", analyze wrote U+FFFD
+// into its report). Valid UTF-8 beyond ASCII works.
+TEST_F(Cli, NonUtf8PathsAreRefusedBeforeTheWork) {
+  const std::string in = path("in.safetensors"), bad = path("bad\xff");
+  std::ofstream(path("c.cfg")) << "in = " << bad << "/x.safetensors\n";
+  const std::vector<std::vector<std::string>> cases = {
+      {"quantize", "--in", bad + "/x.safetensors", "--tensor", "x", "--out", path("o")},
+      {"quantize", "--in", in, "--tensor", "x", "--out", bad + "/o"},
+      {"quantize", "--in", in, "--tensor", "x", "--out", path("o"), "--json", bad + ".json"},
+      {"quantize", "--config", path("c.cfg"), "--tensor", "x", "--out", path("o")},
+      {"gemm", "--a", in + ":x", "--b", bad + ":x", "--out", path("o")},
+      {"analyze", "--trace", bad, "--json", path("o")}};
+  for (const auto& args : cases) {
+    SCOPED_TRACE(args[1] + " " + args[2]);
+    const Result r = run(args);
+    expect_one_line_error(r, args[0], 2, {"bad\\xFF", "is not valid UTF-8"});
+    EXPECT_EQ(r.err.find('\xff'), std::string::npos);  // the message itself is UTF-8
+    EXPECT_FALSE(std::filesystem::exists(path("o")));
+  }
+  std::filesystem::create_directory(path("\xc3\xa9t\xc3\xa9"));  // "été"
+  const Result ok = run({"quantize", "--in", in, "--tensor", "x", "--out", path("\xc3\xa9t\xc3\xa9/o"), "--json", "-"});
+  ASSERT_EQ(ok.code, 0) << ok.err;
+  EXPECT_EQ(json::parse(ok.out)["out"], path("\xc3\xa9t\xc3\xa9/o"));
 }
 
 // The one progress reporter of analyze and sim (cli/options.hpp): silent for the first two seconds and whenever

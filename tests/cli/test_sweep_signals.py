@@ -10,10 +10,12 @@ A float64 GEMM reference past FLT_MAX is a data fault, not an Inf written with e
 size or record given twice, and names rows of a folder given as DIR/ by the folder.
 Signals: SIGINT, SIGTERM, SIGHUP and SIGPIPE arriving while an output's temporary exists end the run by that signal
 and leave no temporary behind; an output name at the file system's limit is written.
+A sweep reports progress on stderr only when stderr is a terminal.
 Plain Python: exit 0 on success, 1 with a message on failure.
 """
 import argparse
 import os
+import pty
 import signal
 import subprocess
 import sys
@@ -66,6 +68,8 @@ def documented_limit():
 
 
 def sweeps(fp4lab, tmp):
+    global checked
+
     def toml(name, text):
         path = os.path.join(tmp, name)
         with open(path, "w") as f:
@@ -113,11 +117,31 @@ def sweeps(fp4lab, tmp):
     for f in os.listdir(tmp):
         if f.endswith(".toml"):
             os.unlink(os.path.join(tmp, f))
-    # The good sweep still runs and writes both outputs.
+    # The good sweep still runs and writes both outputs; with stderr not a terminal it reports no progress (a
+    # captured stderr holds nothing but a failure's line), with a terminal it reports each run.
     s = toml("ok.toml", head + 'recipe = ["ufp4", "nvfp4"]\n')
     p = subprocess.run([fp4lab, "sim", "--sweep", s, "--out", "good"], capture_output=True, text=True, cwd=tmp)
     if p.returncode != 0 or not os.path.exists(os.path.join(tmp, "good.json")):
         fail(f"a good sweep failed: {p.stderr}")
+    if p.stderr:
+        fail(f"a sweep with stderr not a terminal wrote progress: {p.stderr!r}")
+    master, slave = pty.openpty()
+    p = subprocess.run([fp4lab, "sim", "--sweep", s, "--out", "good"], stdout=subprocess.DEVNULL, stderr=slave,
+                       cwd=tmp)
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: the terminal's other end is closed and drained
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    if p.returncode != 0 or b"sim sweep: [2/2]" not in seen:
+        fail(f"a sweep on a terminal: exit {p.returncode}, progress {seen!r}")
+    checked += 2
 
 
 def temporaries(folder):

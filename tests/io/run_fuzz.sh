@@ -3,7 +3,8 @@
 # on a seed corpus the target writes itself. Fails on any crash, leak, timeout or escaped exception. Exit 77
 # (ctest: skipped) when no clang++ with libFuzzer is available. Targets:
 #   safetensors  the safetensors reader and trace v1 validation (tests/io/fuzz_safetensors.cpp)
-#   readers      the simulator's configuration and shape-list readers (tests/sim/fuzz_readers.cpp)
+#   readers      the simulator's configuration and shape-list readers, the config-file reader (`key = value` and
+#                JSON) and the sweep-file reader (tests/sim/fuzz_readers.cpp; toml++ from the system)
 #   tests/io/run_fuzz.sh <repo root> <work dir> [seconds=60] [target=safetensors]
 # FP4LAB_FUZZ_COVERAGE=1 additionally replays the final corpus through a source-coverage build and prints
 # llvm-cov's report for safetensors.cpp.
@@ -33,9 +34,10 @@ case $target in
   safetensors) srcs+=("$root/tests/io/fuzz_safetensors.cpp") ;;
   readers)
     srcs+=("$root/sim/src/config.cpp" "$root/sim/src/workload.cpp" "$root/models/src/recipe.cpp"
-           "$root/tests/sim/fuzz_readers.cpp")
-    incs+=(-I"$root/sim/include")
-    libs+=(-lboost_program_options) ;;
+           "$root/cli/sweep_reader.cpp" "$root/cli/text.cpp" "$root/tests/sim/fuzz_readers.cpp")
+    # toml++ as Debian builds it, a shared library: its parser is not instrumented, but the build stays short.
+    incs+=(-I"$root/sim/include" -I"$root/cli" -DTOML_HEADER_ONLY=0 -DTOML_SHARED_LIB=1)
+    libs+=(-lboost_program_options -ltomlplusplus) ;;
   *) echo "unknown fuzz target '$target'"; exit 2 ;;
 esac
 bin="$work/fuzz_$target"
@@ -54,6 +56,11 @@ if [[ $target == readers ]]; then
 "mac.units = "
 "config = "
 "%value%"
+"[[grid]]"
+"[defaults]"
+"name = "
+"{recipe}"
+"\\u0000"
 "1e308"
 "nan"
 "-1"

@@ -339,6 +339,57 @@ TEST(GemmBadInput, MismatchedOperandsThrow) {
   }
 }
 
+// A QTensor carries the rotation it was quantised under, and the GEMM multiplies only operands rotated alike or
+// both unrotated (docs/spec.md §5): RHT against none, RHT-16 against RHT-32 and other signs are refused with the
+// reason, by the fast path and the reference alike. Grids and scale formats may differ: each operand keeps its own
+// factor (docs/datapath.md §3), so e1m2 x e2m1 is the product of the dequantised operands.
+TEST(GemmBadInput, OperandsUnderDifferentRotationsThrow) {
+  Rng rng(72);
+  const auto x = rng.normals(16 * 64);
+  auto cfg = [](int d, uint64_t seed) {
+    QuantConfig c;
+    c.rht = d;
+    c.rht_signs = d == 0 ? std::vector<float>() : d == 16 && seed == 0 ? rht_signs_te(16) : rht_signs_from_seed(d, seed);
+    return c;
+  };
+  const QTensor none = quantize(x.data(), 16, 64, cfg(0, 0)), te = quantize(x.data(), 16, 64, cfg(16, 0));
+  const QTensor seeded = quantize(x.data(), 16, 64, cfg(16, 5)), r32 = quantize(x.data(), 16, 64, cfg(32, 5));
+  EXPECT_EQ(te.rht, 16);
+  EXPECT_EQ(te.rht_signs, rht_signs_te(16));
+  EXPECT_EQ(none.rht, 0);
+  EXPECT_TRUE(none.rht_signs.empty());
+  struct Case {
+    const QTensor *a, *b;
+    std::string want;
+  };
+  const std::string why = "the contract multiplies operands quantised under the same rotation";
+  for (const Case& c : {Case{&te, &none, "operand A was rotated by RHT-16 (signs te) and operand B was not: " + why},
+                        Case{&none, &te, "operand B was rotated by RHT-16 (signs te) and operand A was not: " + why},
+                        Case{&te, &seeded, "operand A was rotated by RHT-16 (signs te) and operand B by RHT-16 (signs 0x"},
+                        Case{&seeded, &r32, "operand A was rotated by RHT-16 (signs 0x"}})
+    for (auto f : {+[](const QTensor& a, const QTensor& b) { return gemm(a, b); },
+                   +[](const QTensor& a, const QTensor& b) { return reference::gemm_contract(a, b); }}) {
+      try {
+        f(*c.a, *c.b);
+        ADD_FAILURE() << "accepted: " << c.want;
+      } catch (const std::invalid_argument& e) {
+        const std::string m = e.what();
+        EXPECT_EQ(m.rfind(c.want, 0), 0u) << m;
+        EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+      }
+    }
+  // Alike: accepted, and bit-identical to the reference.
+  EXPECT_EQ(gemm(te, te), reference::gemm_contract(te, te));
+  EXPECT_EQ(gemm(seeded, quantize(x.data(), 16, 64, cfg(16, 5))).size(), 16u * 16u);
+  QuantConfig e2m1 = cfg(16, 0);
+  e2m1.format = kE2M1;
+  e2m1.scale = ScaleKind::ue4m3;
+  e2m1.rht_bf16 = true;
+  const QTensor other_grid = quantize(x.data(), 16, 64, e2m1);
+  const std::vector<float> mixed = gemm(te, other_grid);
+  EXPECT_EQ(mixed, reference::gemm_contract(te, other_grid));
+}
+
 // The float64 reference is defined by its order (docs/spec.md §6.1): each output is the sum of its exact
 // products in ascending k from +0.0. Shapes off every tile size, and 1 or 3 threads: bit-identical to the loop.
 TEST(GemmF64, EqualsAscendingKSumBitForBit) {

@@ -162,8 +162,8 @@ def sweep(a, tmp):
     runs = json.load(open(plain + ".json"))["runs"]
     if len(runs) != 10:
         fail(f"expected 10 runs, got {len(runs)}")
-    if p.stderr.count("sim sweep: [") != 10:
-        fail("expected one progress line per run on stderr")
+    if "sim sweep:" in p.stderr:  # progress goes to a terminal only (docs/spec.md §11.1)
+        fail(f"a sweep wrote progress to a captured stderr: {p.stderr!r}")
     print(f"ok: {len(runs)} sweep runs, JSON and CSV identical with -np {a.np}")
 
 

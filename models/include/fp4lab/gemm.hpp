@@ -9,6 +9,7 @@
 
 #include "fp4lab/format.hpp"
 #include "fp4lab/quantize.hpp"
+#include "fp4lab/rht.hpp"
 
 namespace fp4lab {
 
@@ -49,8 +50,11 @@ FP4LAB_HD inline float tensor_factor(const ElemFormat& f, float global_dec) {
 }
 FP4LAB_HD inline float contract_finish(float acc, float ga, float gb) { return FP4LAB_FMUL(acc, FP4LAB_FMUL(ga, gb)); }
 
-// Throws std::invalid_argument when A and B cannot be multiplied (K or block mismatch). A template so the
-// host QTensor and the CUDA layer's device tensors share one rule and one message.
+// Throws std::invalid_argument, with the reason, when the contract does not define the product of A and B
+// (docs/spec.md §5): K and the block size must agree, and both operands must be rotated by the same RHT (size and
+// signs) or neither, as the rotation cancels only then (§3). Grids, scale formats, 2-D tiles, BF16 rounding of the
+// rotated values and the rounding mode may differ per operand: each operand's factor is its own (docs/datapath.md
+// §3). A template so the host QTensor and the CUDA layer's device tensors share one rule and one message.
 template <class Q>
 void check_gemm_operands(const Q& a, const Q& b) {
   if (a.cols != b.cols)
@@ -59,6 +63,18 @@ void check_gemm_operands(const Q& a, const Q& b) {
   if (a.block != b.block)
     throw std::invalid_argument("GEMM operands disagree on block size: " + std::to_string(a.block) + " vs " +
                                 std::to_string(b.block));
+  if (a.rht != b.rht || (a.rht != 0 && a.rht_signs != b.rht_signs)) {
+    const std::string why =
+        ": the contract multiplies operands quantised under the same rotation, or both unrotated (docs/spec.md §3)";
+    if (a.rht == 0 || b.rht == 0) {
+      const bool ra = a.rht != 0;
+      throw std::invalid_argument(std::string("operand ") + (ra ? "A" : "B") + " was rotated by " +
+                                  rht_name(ra ? a.rht : b.rht, ra ? a.rht_signs : b.rht_signs) + " and operand " +
+                                  (ra ? "B" : "A") + " was not" + why);
+    }
+    throw std::invalid_argument("operand A was rotated by " + rht_name(a.rht, a.rht_signs) + " and operand B by " +
+                                rht_name(b.rht, b.rht_signs) + why);
+  }
 }
 
 // Fast CPU implementation (vectorised, both cores); bit-identical to reference::gemm_contract.

@@ -97,6 +97,10 @@ struct QTensor {
   ScaleKind scale_kind = ScaleKind::fp32;
   int block = 16;
   bool tile2d = false;
+  // The rotation the operand was quantised under (docs/spec.md §3): a GEMM multiplies only operands rotated
+  // alike, or both unrotated, so a QTensor carries it for check_gemm_operands.
+  int rht = 0;                       // Hadamard size; 0 = not rotated
+  std::vector<float> rht_signs;      // its d signs (+-1); empty when rht = 0
   int64_t rows = 0, cols = 0;
   std::vector<uint8_t> codes;        // rows x cols; bit 3 sign, bits 0-2 magnitude index
   std::vector<float> scales;         // rows x cols/block decoded block scales (2-D tiles repeat per row)

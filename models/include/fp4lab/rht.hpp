@@ -8,6 +8,7 @@
 // The stages realise the Sylvester matrix H_d = H_2 (x) H_{d/2} in natural order.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
@@ -64,6 +65,22 @@ inline std::vector<float> rht_signs_from_seed(int d, uint64_t seed) {
 inline std::vector<float> rht_signs_te(int d) {
   if (d != 16) throw std::invalid_argument("Transformer Engine's RHT sign vector is defined for d = 16 only, not " + std::to_string(d));
   return std::vector<float>(kTeSigns16, kTeSigns16 + 16);
+}
+
+// A rotation in a message: "RHT-16 (signs te)" for Transformer Engine's vector, else the signs as hex digits,
+// four signs a digit, the first sign the top bit, a set bit a -1 ("RHT-32 (signs 0x1d0f35e2)"); "no RHT" for d = 0.
+inline std::string rht_name(int d, const std::vector<float>& signs) {
+  if (d == 0) return "no RHT";
+  std::string r = "RHT-" + std::to_string(d) + " (signs ";
+  if (d == 16 && signs.size() == 16 && std::equal(signs.begin(), signs.end(), kTeSigns16)) return r + "te)";
+  r += "0x";
+  static const char kHex[] = "0123456789abcdef";
+  for (size_t i = 0; i < signs.size(); i += 4) {
+    int v = 0;
+    for (size_t j = i; j < i + 4; ++j) v = v * 2 + (j < signs.size() && signs[j] < 0 ? 1 : 0);
+    r += kHex[v];
+  }
+  return r + ")";
 }
 
 }  // namespace fp4lab

@@ -495,8 +495,16 @@ Trace::Trace(const std::string& path, int block) {
     // error_code overloads throughout: a listing problem becomes an io::Error, not a filesystem_error.
     fs::directory_iterator it(path, ec);
     for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
-      std::error_code ec2;
-      if (it->path().extension() == ".safetensors" && it->is_regular_file(ec2)) paths.push_back(it->path().string());
+      if (it->path().extension() != ".safetensors") continue;
+      // Every *.safetensors entry is part of the trace: a dangling or looping link, a FIFO or a folder of that name
+      // is refused, naming it (the reader's open_regular names a FIFO or folder), not skipped without a word.
+      std::error_code ec2, ec3;
+      if (it->is_symlink(ec2) && !fs::exists(fs::status(it->path(), ec3))) {
+        const std::string target = fs::read_symlink(it->path(), ec2).string();
+        if (ec3.value() == ELOOP) fail(it->path().string(), "link loop (" + q(target) + " leads back to itself)");
+        fail(it->path().string(), "link to a missing file " + q(target));
+      }
+      paths.push_back(it->path().string());
     }
     if (ec) fail(path, "cannot list folder: " + ec.message());
     if (paths.empty()) fail(path, "folder holds no .safetensors files");

@@ -10,11 +10,9 @@ from typing import Any, Dict, Optional
 
 from torch import nn
 
-from fp4lab import _core
-
 from .attention import MultiheadAttention
-from .linear import Linear, _Stepped, layer_id_of
-from .recipe import Recipe, _as_recipe
+from .linear import Linear, _shape_fault, _Stepped, layer_id_of
+from .recipe import Recipe, _as_recipe, _whole
 
 __all__ = ["convert", "ConvertReport", "ConvertEntry", "set_step"]
 
@@ -59,19 +57,6 @@ _FAST_PATH_REASON = ("its fused inference path (eval mode, no grad) computes wit
 def _no_fused_path(module, args):
     """A forward pre-hook that does nothing: nn.TransformerEncoderLayer takes its fused inference path only on a
     module without hooks."""
-    return None
-
-
-def _shape_fault(lin: nn.Linear, r: Recipe) -> Optional[str]:
-    """Why the recipe cannot take this layer's weight and reduction dimensions in and out, or None. (The token count,
-    the third reduction dimension, is checked at each forward.)"""
-    t = 512  # a token count every block, tile and RHT size divides: only the weight's dimensions are on trial
-    for p, o, rows, cols in (("fwd_y", "a", t, lin.in_features), ("fwd_y", "b", lin.out_features, lin.in_features),
-                             ("bwd_dx", "a", t, lin.out_features), ("bwd_dx", "b", lin.in_features, lin.out_features)):
-        try:
-            _core.validate(r.config(p, o, layer=0, step=0), rows, cols)
-        except ValueError as e:
-            return f"{p} operand {o} [{'tokens' if rows == t else rows}, {cols}]: {e}"
     return None
 
 
@@ -230,4 +215,4 @@ def set_step(model: nn.Module, step: int) -> None:
     """Sets the training step (the SR step key) of every fp4lab Linear and MultiheadAttention in ``model``."""
     for m in model.modules():
         if isinstance(m, _Stepped):
-            m.step = m._last_step = int(step)
+            m.step = m._last_step = _whole("set_step()", "step", step, 2**63)

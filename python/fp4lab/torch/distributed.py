@@ -66,6 +66,6 @@ def _quantizer(shard, inner):
             codes = codes[:, rank * cols:(rank + 1) * cols]
             scales = scales[:, rank * cols // b:(rank + 1) * cols // b]
         return _core.make_qtensor(q.format, q.scale, q.block, q.tile2d, np.ascontiguousarray(codes),
-                                  np.ascontiguousarray(scales), q.global_scale)
+                                  np.ascontiguousarray(scales), q.global_scale, q.rht, q.rht_signs or [])
 
     return quantize

@@ -12,7 +12,7 @@ from torch import nn
 from fp4lab import _core
 
 from .ops import check_finite_once, column_sum, qmatmul, take_step
-from .recipe import Recipe, _as_recipe
+from .recipe import Recipe, _as_recipe, _whole
 
 __all__ = ["Linear", "layer_id_of"]
 
@@ -78,6 +78,19 @@ def _in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
+def _shape_fault(lin: nn.Linear, r: Recipe) -> Optional[str]:
+    """Why the recipe cannot take this layer's weight and reduction dimensions in and out, or None. (The token count,
+    the third reduction dimension, is checked at each forward.)"""
+    t = 512  # a token count every block, tile and RHT size divides: only the weight's dimensions are on trial
+    for p, o, rows, cols in (("fwd_y", "a", t, lin.in_features), ("fwd_y", "b", lin.out_features, lin.in_features),
+                             ("bwd_dx", "a", t, lin.out_features), ("bwd_dx", "b", lin.in_features, lin.out_features)):
+        try:
+            _core.validate(r.config(p, o, layer=0, step=0), rows, cols)
+        except ValueError as e:
+            return f"{p} operand {o} [{'tokens' if rows == t else rows}, {cols}]: {e}"
+    return None
+
+
 def _check_shapes(label: str, recipe: Recipe, layer: int, step: int, tokens: int, in_f: int, out_f: int) -> None:
     """The backward GEMMs reduce over out and tokens: a shape they cannot take is refused before the forward GEMM
     runs, not after it."""
@@ -132,7 +145,7 @@ class _Stepped(nn.Module):
 
     @step.setter
     def step(self, value: int) -> None:
-        self._step.fill_(int(value))
+        self._step.fill_(_whole("step", "step", value, 2**63))  # an int64 tensor
 
     def _take_step(self, records: bool) -> Tuple[torch.Tensor, bool]:
         """The step this forward quantises with (a 0-d int64 tensor), and whether it is a forward outside a backward
@@ -189,8 +202,14 @@ class Linear(_Stepped, nn.Linear):
                  layer_id: Optional[int] = None, device=None, dtype=None):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self._init_step(recipe)
+        # The reduction dimensions in (fwd_y) and out (bwd_dx) are fixed by the layer: sizes the recipe cannot take
+        # are refused here, not at the first forward (the token count, bwd_dw's, is checked at each forward).
+        fault = None if self.recipe.passthrough else _shape_fault(self, self.recipe)
+        if fault:
+            raise ValueError(f"Linear({in_features}, {out_features}) under {self.recipe!r}: {fault}")
         self._id_given = layer_id is not None
-        self.layer_id = _ROOT_ID if layer_id is None else int(layer_id)
+        # The SR stream of an operand is id·8 + pass·2 + operand, a uint32.
+        self.layer_id = _ROOT_ID if layer_id is None else _whole("Linear()", "layer_id", layer_id, 2**_ID_BITS)
         self._qcache: dict = {}
 
     @classmethod
@@ -207,6 +226,10 @@ class Linear(_Stepped, nn.Linear):
         if self.recipe.passthrough:
             return F.linear(x, self.weight, self.bias)
         step, check = self._take_step(torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
+        if x.dim() > 0 and x.shape[:-1].numel() == 0 and x.shape[-1] == self.in_features:
+            # No tokens: the output has no rows, and the weight and bias gradients are sums over no tokens, zero
+            # under any recipe (the contract's accumulator starts at +0.0). F.linear gives both, as nn.Linear does.
+            return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
         if check:
             _check_shapes(self._label(), self.recipe, self.layer_id, int(step), x.numel() // x.shape[-1],
                           self.in_features, self.out_features)

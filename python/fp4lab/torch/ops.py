@@ -50,16 +50,33 @@ def _nonfinite_flag(device: torch.device) -> torch.Tensor:
 
 
 def check_finite() -> None:
-    """Raises ValueError when a CUDA operand quantised with check_finite='deferred' held NaN or Inf since the last
-    call (one synchronisation), and clears the flag. The layers call it at the first forward of each training step;
-    a loop may call it at the end of a step to hear of a fault one step sooner."""
+    """Raises ValueError when a CUDA operand quantised with check_finite='deferred' held NaN or Inf, or a GEMM output
+    overflowed, since the last call (one synchronisation), and clears the flag. The layers call it at the first
+    forward of each training step; a loop may call it at the end of a step to hear of a fault one step sooner."""
     global _checked_step
     _checked_step = None
     for i, f in _flags.items():
-        if int(f.item()):
+        v = int(f.item())
+        if v:
             f.zero_()
-            raise ValueError(f"cuda:{i}: an input tensor of a quantised GEMM held NaN or Inf since the last check "
-                             "(4-bit grids have no such codes)")
+            if v & 1:
+                raise ValueError(f"cuda:{i}: an input tensor of a quantised GEMM held NaN or Inf since the last check "
+                                 "(4-bit grids have no such codes)")
+            raise ValueError(f"cuda:{i}: the output of a quantised GEMM overflowed since the last check")
+
+
+def _check_output(y: torch.Tensor, check_finite: str = "sync") -> torch.Tensor:
+    """An output past FP32 (or BF16, fast mode's CUDA product) is a data fault, not a result: the golden GEMM refuses
+    it, and so do the CUDA kernels and fast mode here. With check_finite='deferred' a CUDA output only raises bit 1
+    of the device flag (no synchronisation), which check_finite() reads."""
+    if y.is_cuda and check_finite == "deferred":
+        _nonfinite_flag(y.device).bitwise_or_(torch.isfinite(y).logical_not().any().to(torch.int32) * 2)
+        return y
+    bad = torch.isfinite(y).logical_not()
+    if bool(bad.any()):
+        r, c = (int(v) for v in bad.nonzero()[0])
+        raise ValueError(f"GEMM output overflows {'BF16' if y.dtype == torch.bfloat16 else 'FP32'} at C[{r}, {c}]")
+    return y
 
 
 # The step and the layer of the last check_finite_once().
@@ -163,15 +180,16 @@ def _dequantize(q, dtype: torch.dtype) -> torch.Tensor:
 
 
 @_fp._one_line_errors
-def gemm(qa, qb, *, kernel: str = "fast") -> torch.Tensor:
+def gemm(qa, qb, *, kernel: str = "fast", check_finite: str = "sync") -> torch.Tensor:
     """C = A · Bᵀ, FP32 [M, N], under the datapath contract: the golden model for host operands, the CUDA
-    kernels for device operands (``kernel`` "fast": int8 tensor cores; "reference": one thread per output)."""
+    kernels for device operands (``kernel`` "fast": int8 tensor cores; "reference": one thread per output). An output
+    past FP32 raises ValueError (on CUDA with ``check_finite="deferred"``, at the next ``check_finite()``)."""
     if isinstance(qa, QTensorCUDA) and isinstance(qb, QTensorCUDA):
         dev = qa.packed_codes.device
         c = torch.empty((qa.rows, qb.rows), dtype=torch.float32, device=dev)
         with torch.cuda.device(dev):
             _core.cuda_gemm(qa._h, qb._h, c, _stream(), kernel)
-        return c
+        return _check_output(c, check_finite)
     if isinstance(qa, _core.QTensor) and isinstance(qb, _core.QTensor):
         return torch.from_numpy(_core.gemm(qa, qb))
     raise TypeError("gemm(): both operands must come from fp4lab.torch.quantize on the same kind of device")
@@ -180,17 +198,24 @@ def gemm(qa, qb, *, kernel: str = "fast") -> torch.Tensor:
 # ---- the training layer -------------------------------------------------------------------------------------
 
 @_fp._one_line_errors
-def product(qa, qb, mode: str = "exact") -> torch.Tensor:
+def product(qa, qb, mode: str = "exact", check_finite: str = "sync") -> torch.Tensor:
     """A · Bᵀ of two quantised operands in a GEMM mode: "exact" is ``gemm`` (the datapath contract, FP32);
     "fast" multiplies the dequantised operands with torch's matmul: cuBLAS on BF16 values with FP32 accumulation
-    and a BF16 product on CUDA, FP32 on the CPU."""
+    and a BF16 product on CUDA, FP32 on the CPU. Either mode raises ValueError on an output that overflows."""
     if mode == "exact":
-        return gemm(qa, qb)
+        return gemm(qa, qb, check_finite=check_finite)
     if mode != "fast":
         raise ValueError(f"mode must be 'exact' or 'fast', not {mode!r}")
+    # The same pairs as the contract GEMM: operands quantised under different rotations have no product.
+    if isinstance(qa, QTensorCUDA) and isinstance(qb, QTensorCUDA):
+        _core.cuda_check_gemm_operands(qa._h, qb._h)
+    elif isinstance(qa, _core.QTensor) and isinstance(qb, _core.QTensor):
+        _core.check_gemm_operands(qa, qb)
+    else:
+        raise TypeError("product(): both operands must come from fp4lab.torch.quantize on the same kind of device")
     if isinstance(qa, QTensorCUDA):
-        return torch.matmul(_dequantize(qa, torch.bfloat16), _dequantize(qb, torch.bfloat16).t())
-    return torch.matmul(dequantize(qa), dequantize(qb).t())
+        return fast_matmul(_dequantize(qa, torch.bfloat16), _dequantize(qb, torch.bfloat16), check_finite)
+    return fast_matmul(dequantize(qa), dequantize(qb), check_finite)
 
 
 # ---- torch.library operators ----------------------------------------------------------------------------------
@@ -210,7 +235,12 @@ def _qtensor(codes: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tens
     every step and layer)."""
     c = recipe_of_key(recipe).config(pass_, operand, layer=0, step=0).to_dict()
     return _core.make_qtensor(c["format"], c["scale"], c["block"], c["tile2d"], codes.cpu().numpy(),
-                              scales.cpu().numpy(), float(global_scale))
+                              scales.cpu().numpy(), float(global_scale), c["rht"], _signs(c["rht_signs"]))
+
+
+def _signs(text: str) -> list:
+    """A QuantConfig's signs as to_dict() spells them ("+1,-1,..."; "" without RHT) -> floats."""
+    return [1.0 if t == "+1" else -1.0 for t in text.split(",")] if text else []
 
 
 def _operand_tensors(q, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -263,7 +293,7 @@ def _device_operand(codes, scales, global_scale, recipe: str, pass_: str, operan
     packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()
     q = _scratch_of(codes.device, what)
     _core.cuda_make_qtensor(c["format"], c["scale"], c["block"], c["tile2d"], packed, scales.contiguous(),
-                            global_scale.reshape(1).contiguous(), q._h, _stream())
+                            global_scale.reshape(1).contiguous(), q._h, _stream(), c["rht"], _signs(c["rht_signs"]))
     return q
 
 
@@ -288,7 +318,7 @@ def gemm_op(codes_a: torch.Tensor, scales_a: torch.Tensor, global_a: torch.Tenso
 def _gemm_cuda(codes_a, scales_a, global_a, codes_b, scales_b, global_b, recipe, pass_):
     qa = _device_operand(codes_a, scales_a, global_a, recipe, pass_, "a", "a")
     qb = _device_operand(codes_b, scales_b, global_b, recipe, pass_, "b", "b")
-    return gemm(qa, qb)
+    return gemm(qa, qb, check_finite=recipe_of_key(recipe).check_finite)
 
 
 @gemm_op.register_fake
@@ -317,6 +347,18 @@ def _(codes, scales, global_scale, recipe, pass_, operand):
     return codes.new_empty(codes.shape, dtype=torch.float32)
 
 
+@torch.library.custom_op("fp4lab::fast_matmul", mutates_args=(), device_types=("cpu", "cuda"))
+def fast_matmul(da: torch.Tensor, db: torch.Tensor, check_finite: str) -> torch.Tensor:
+    """Fast mode's product of two dequantised operands, da · dbᵀ by torch's matmul, refused when it overflows as the
+    contract GEMM's is. An operator, so that the check stays inside a compiled graph without breaking it."""
+    return _check_output(torch.matmul(da, db.t()), check_finite)
+
+
+@fast_matmul.register_fake
+def _(da, db, check_finite):
+    return da.new_empty((da.shape[0], db.shape[0]))
+
+
 @torch.library.custom_op("fp4lab::qgemm", mutates_args=(), device_types="cpu")
 def qgemm_op(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: str, layer: int, pass_: str,
              label: str) -> torch.Tensor:
@@ -335,7 +377,7 @@ def _qgemm_cuda(a, b, step, recipe, layer, pass_, label):
                             check_finite=check)
     qb = _quantize_labelled(b, step, recipe, layer, pass_, "b", label, out=_scratch_of(b.device, "gb"),
                             check_finite=check)
-    return gemm(qa, qb)
+    return gemm(qa, qb, check_finite=check)
 
 
 @qgemm_op.register_fake
@@ -442,7 +484,7 @@ def _qmatmul_observed(a, b, step, recipe: Recipe, layer: int, pass_: str, label:
         qa, qb = quant(a, cfg(pass_, "a"), pass_, "a"), quant(b, cfg(pass_, "b"), pass_, "b")
     except ValueError as e:
         raise ValueError(f"{label}: {e}") from None
-    y = product(qa, qb, recipe.mode)
+    y = product(qa, qb, recipe.mode, recipe.check_finite)
     for obs in observers:
         wants = getattr(obs, "wants", None)
         if wants is None or wants(owner, int(step)):
@@ -468,11 +510,13 @@ def qmatmul(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: Recipe
             qb = _quantize_operand(b, cfg("b"), pass_, "b", recipe, cache, fake)
         except ValueError as e:
             raise ValueError(f"{label}: {e}") from None
-        return torch.matmul(qa, qb.t()) if fake else product(qa, qb, recipe.mode)
+        if fake:
+            return fast_matmul(qa, qb, recipe.check_finite)
+        return product(qa, qb, recipe.mode, recipe.check_finite)
     key = recipe.key
     if recipe.mode == "exact":
         return torch.ops.fp4lab.qgemm(a, b, step, key, layer, pass_, label)
     # As product(): FP32 values on the CPU, BF16 on CUDA (cuBLAS), multiplied by torch's matmul.
     da = torch.ops.fp4lab.fake_quantize(a, step, key, layer, pass_, "a", label)
     db = torch.ops.fp4lab.fake_quantize(b, step, key, layer, pass_, "b", label)
-    return torch.matmul(da, db.t())
+    return torch.ops.fp4lab.fast_matmul(da, db, recipe.check_finite)

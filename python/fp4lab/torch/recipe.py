@@ -1,12 +1,44 @@
 """Recipe: which quantiser settings each operand of each training GEMM of a linear layer takes."""
 from __future__ import annotations
 
+import operator
 from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
 
 import fp4lab as _fp
 from fp4lab import _core
 
 __all__ = ["Recipe", "RECIPES"]
+
+def _whole(func: str, name: str, value: Any, hi: int) -> int:
+    """``value`` as an int from 0 to hi - 1, or a one-line TypeError (a float, a bool, a str) or ValueError (out of
+    range) naming ``func`` and ``name``, rather than a silent truncation or the bindings' signature dump."""
+    if isinstance(value, bool):
+        raise TypeError(f"{func}: {name} must be an int, not bool")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{func}: {name} must be an int, not {type(value).__name__}") from None
+    if not 0 <= v < hi:
+        raise ValueError(f"{func}: {name} must be an integer from 0 to 2**{hi.bit_length() - 1} - 1, not {v}")
+    return v
+
+
+def _same_rotation(pass_: str, a: "_core.QuantConfig", b: "_core.QuantConfig") -> None:
+    """A pass whose operands are rotated differently has no product under the contract (docs/spec.md §5): refused
+    when the recipe is made, with the GEMM's own reason, rather than at its first product."""
+    ops = []
+    for c in (a, b):
+        d = c.to_dict()
+        signs = [1.0 if t == "+1" else -1.0 for t in d["rht_signs"].split(",")] if d["rht_signs"] else []
+        codes, scales = np.zeros((1, 128), np.uint8), np.ones((1, 128 // d["block"]), np.float32)
+        ops.append(_core.make_qtensor(d["format"], d["scale"], d["block"], False, codes, scales, 1.0, d["rht"], signs))
+    try:
+        _core.check_gemm_operands(*ops)
+    except ValueError as e:
+        raise ValueError(f"Recipe(): {pass_}: {e}") from None
+
 
 # bf16 is the passthrough recipe (plain F.linear); the others are the presets of docs/spec.md §2.
 RECIPES = ("bf16",) + tuple(_core.recipe_names())
@@ -45,8 +77,9 @@ class Recipe:
         for p, o in (per_operand or {}):
             if p not in _PASSES or o not in ("a", "b"):
                 raise ValueError(f"per_operand keys are (pass, 'a'|'b'), not {(p, o)!r}")
+        seed = _whole("Recipe()", "seed", seed, 2**64)  # the Philox key of training_seed (docs/spec.md §12)
         # The arguments, as given: repr, equality, hashing and pickling all use them.
-        args: Dict[str, Any] = {"mode": mode, "seed": int(seed)}
+        args: Dict[str, Any] = {"mode": mode, "seed": seed}
         if per_pass:
             args["per_pass"] = {p: dict(v) for p, v in per_pass.items()}
         if per_operand:
@@ -80,6 +113,7 @@ class Recipe:
             for p in _PASSES:  # resolve once now, so a bad knob fails here and not in the first backward
                 for o in ("a", "b"):
                     self.config(p, o, layer=0, step=0)
+                _same_rotation(p, self.config(p, "a", layer=0, step=0), self.config(p, "b", layer=0, step=0))
 
     def __setattr__(self, name, value):
         raise AttributeError(f"fp4lab.torch.Recipe is immutable (make another Recipe rather than setting {name})")

@@ -106,6 +106,8 @@ struct DQTensor {
   ScaleKind scale_kind = ScaleKind::fp32;
   int block = 16;
   bool tile2d = false;
+  int rht = 0;                  // the rotation quantised under (as QTensor): size, 0 = none
+  std::vector<float> rht_signs; // and its signs, for check_gemm_operands
   int64_t rows = 0, cols = 0;
   Buffer<uint8_t> codes;        // rows * cols / 2
   Buffer<float> scales;         // rows * cols / block decoded block scales

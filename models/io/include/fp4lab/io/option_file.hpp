@@ -7,6 +7,7 @@
 // Header-only: its users link Boost.Program_options; fp4lab_io does not.
 #pragma once
 
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "fp4lab/io/files.hpp"
+#include "fp4lab/knobs.hpp"  // shown(): a value as a message echoes it
 
 namespace fp4lab::io {
 
@@ -51,24 +53,66 @@ inline std::vector<std::string> json_option_tokens(const std::string& key, const
   return out;
 }
 
-// Parses `text` in either form against `desc`. Throws boost::program_options::error (unknown key, bad JSON,
-// a value of the wrong kind); callers prefix the file name.
-inline boost::program_options::parsed_options parse_option_text(const std::string& text,
-                                                                 const boost::program_options::options_description& desc) {
+// The longest option value a config file may give, in bytes: far above any path (PATH_MAX is 4096) or list, and
+// low enough that a hostile file is refused before its value is copied into every message and parsed option.
+inline constexpr size_t kMaxOptionValue = 65536;
+
+// Every value of a parsed file, in either form: no NUL byte (the option would act on the text before it, a file
+// name cut short) and at most kMaxOptionValue bytes.
+inline void check_option_values(const boost::program_options::parsed_options& parsed) {
+  namespace po = boost::program_options;
+  for (const po::option& o : parsed.options)
+    for (const std::string& v : o.value) {
+      if (v.size() > kMaxOptionValue)
+        throw po::error("option '" + shown(o.string_key) + "': a value of " + std::to_string(v.size()) +
+                        " bytes (at most " + std::to_string(kMaxOptionValue) + ")");
+      if (const size_t nul = v.find('\0'); nul != std::string::npos)
+        throw po::error("option '" + shown(o.string_key) + "': the value '" + shown(v) +
+                        "' holds a NUL byte at byte " + std::to_string(nul));
+    }
+}
+
+// Parses `text` in either form against `desc`. Throws boost::program_options::error (unknown, empty or repeated
+// key, bad JSON, a value of the wrong kind, too long or holding a NUL byte); callers prefix the file name.
+inline boost::program_options::parsed_options parse_option_text_whole(
+    const std::string& text, const boost::program_options::options_description& desc) {
   namespace po = boost::program_options;
   if (!is_json_text(text)) {
     std::istringstream in(text);
-    return po::parse_config_file(in, desc);
+    po::parsed_options parsed = po::parse_config_file(in, desc);
+    check_option_values(parsed);
+    return parsed;
   }
+  // nlohmann keeps the last of a repeated key; the `key = value` form refuses a repeated option, and so does this
+  // one, in any object of the document (the keys of each object open so far, innermost last).
+  std::vector<std::vector<std::string>> open_keys;
+  std::string repeated;
+  const auto on_event = [&](int, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    if (ev == E::object_start) open_keys.emplace_back();
+    if (ev == E::object_end && !open_keys.empty()) open_keys.pop_back();
+    if (ev == E::key && !open_keys.empty() && repeated.empty()) {
+      const std::string k = parsed.get<std::string>();
+      std::vector<std::string>& seen = open_keys.back();
+      if (std::find(seen.begin(), seen.end(), k) != seen.end()) repeated = k;
+      seen.push_back(k);
+    }
+    return true;
+  };
   nlohmann::json doc;
   try {
-    doc = nlohmann::json::parse(text);
+    doc = nlohmann::json::parse(text, on_event);
   } catch (const nlohmann::json::exception& e) {
     throw po::error(std::string("not valid JSON: ") + e.what());
   }
+  if (!repeated.empty())
+    throw po::error("key '" + shown(repeated) + "' is given twice in one object (each option once)");
   const nlohmann::json& obj = doc.contains("config") && doc["config"].is_object() ? doc["config"] : doc;
   po::parsed_options parsed(&desc);
   for (const auto& [key, value] : obj.items()) {
+    if (key.empty()) throw po::error("an empty key \"\" (the keys are option names)");
+    if (key.find('\0') != std::string::npos)
+      throw po::error("key '" + shown(key) + "' holds a NUL byte");
     refuse_decoded_placeholders(key, "a key");
     if (!desc.find_nothrow(key, /*approx=*/false)) throw po::unknown_option(key);
     po::option o(key, json_option_tokens(key, value));
@@ -76,7 +120,25 @@ inline boost::program_options::parsed_options parse_option_text(const std::strin
     o.original_tokens.insert(o.original_tokens.begin(), key);
     parsed.options.push_back(std::move(o));
   }
+  check_option_values(parsed);
   return parsed;
+}
+
+// parse_option_text_whole with every message one line of at most 300 bytes: Boost and nlohmann echo an unknown key,
+// an invalid line or the last token read whole, which a hostile file makes megabytes long.
+inline boost::program_options::parsed_options parse_option_text(const std::string& text,
+                                                                 const boost::program_options::options_description& desc) {
+  namespace po = boost::program_options;
+  try {
+    return parse_option_text_whole(text, desc);
+  } catch (const po::error& e) {
+    std::string m = e.what();
+    if (m.size() <= 300 && m.find('\n') == std::string::npos) throw;
+    for (char& c : m)
+      if (c == '\n') c = ' ';
+    if (m.size() > 300) m = m.substr(0, 300) + "... (" + std::to_string(m.size()) + " bytes)";
+    throw po::error(m);
+  }
 }
 
 }  // namespace fp4lab::io

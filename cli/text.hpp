@@ -1,0 +1,16 @@
+// Text as fp4lab's messages and records hold it. No dependencies beyond the standard library, so the readers'
+// fuzz targets (tests/sim/fuzz_readers.cpp) compile it alone.
+#pragma once
+
+#include <string>
+
+namespace fp4lab::cli {
+
+// Control bytes (< 0x20, 0x7F) and bytes that are not part of valid UTF-8 as \xNN; everything else as is. With
+// keep_newlines, '\n' stays (for a whole table printed at once).
+std::string printable(const std::string& s, bool keep_newlines = false);
+
+// Whether s is valid UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
+bool valid_utf8(const std::string& s);
+
+}  // namespace fp4lab::cli
