@@ -2,21 +2,23 @@
 # The simulator's validation set (docs/validation.md), measured in one call on an H200: fp4lab cuda timings over
 # every quantiser operand and GEMM shape of workloads/shapes/*.csv and the square sweep 256..16384
 # (scripts/sim_validation.py plan): copies and the three quantiser passes, then the fast GEMM under ufp4 and
-# under mxfp4, each a separate process with its own JSON; then, while the time allows, the same again (the
-# run-to-run spread). The SM clock, memory clock and power are sampled every 200 ms throughout.
+# under mxfp4, each a separate process with its own JSON; then, unless REPEAT=0, the same again (the run-to-run
+# spread). The SM clock, memory clock and power are sampled every 200 ms throughout.
 #
 # The binary is built on a machine with nvcc (cmake -DFP4LAB_NATIVE=OFF -DFP4LAB_CUDA_ARCHS=90a -DFP4LAB_SIM=OFF,
-# target fp4lab; -DFP4LAB_MPI=OFF unless the GPU image has libmpi: kernels/README.md) and arrives in $CARRY with
-# the shared libraries the GPU image may lack:
+# target fp4lab; -DFP4LAB_MPI=OFF unless the GPU image has libmpi: kernels/README.md) and is copied, with the
+# shared libraries the GPU image may lack, to the folder CARRY names (default build-cuda-bundle):
 #   $CARRY/bin/fp4lab  $CARRY/lib/{libboost_program_options.so.1.74.0,libgomp.so.1,libmpfr.so.6,libgmp.so.10}
+#   OUT=h200-timings [CARRY=build-cuda-bundle] [REPS=9] [REPEAT=1|0] scripts/h200_measure.sh
 # Everything goes to $OUT: timings-{quant,gemm-ufp4,gemm-mxfp4}[-repeat].json, env.log, plan.txt, clocks.csv,
-# one log per step. Exit status: the number of failed steps.
+# one log per step. REPS: timed repeats per kernel and shape; REPEAT=0 skips the second round. Exit status: the
+# number of failed steps.
 set -u
-CARRY=${CARRY:-.device-carry/cuda}
+CARRY=${CARRY:-build-cuda-bundle}
 OUT=${OUT:?set OUT to the output folder}
 LOGS=$OUT
 REPS=${REPS:-9}
-BUDGET=${BUDGET:-420}  # seconds: no repeat step starts after half of it
+REPEAT=${REPEAT:-1}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$PWD/$CARRY/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 fail=0
@@ -51,7 +53,7 @@ one_round() {  # $1: file suffix
   done
 }
 one_round ""
-if [ $SECONDS -lt $((BUDGET / 2)) ]; then one_round -repeat; else echo "no repeat round: ${SECONDS} s used"; fi
+if [ "$REPEAT" != 0 ]; then one_round -repeat; fi
 
 kill "$smi" 2>/dev/null
 wait "$smi" 2>/dev/null

@@ -14,8 +14,9 @@ APT_PACKAGES=(
   libtomlplusplus-dev              # TOML sweep files of `fp4lab sim --sweep`
   python3 python3-pip python3-dev
 )
-# module:pip requirement. PyTorch is pinned to the CPU build this machine kind carries on disk (a plain `torch`
-# would pull a multi-GB CUDA build); nanobind and scikit-build-core build the Python package (pip install .).
+# module:pip requirement; only a module that does not import is installed, so an installed PyTorch (a CPU build
+# saves gigabytes) is kept, and a missing one gets the version the tests run against. nanobind and
+# scikit-build-core build the Python package (pip install .).
 PY_PACKAGES=(numpy ml_dtypes safetensors matplotlib pytest torch:torch==2.13.0 nanobind
              transformers:transformers==5.24.0
              scikit_build_core:scikit-build-core)

@@ -10,8 +10,8 @@ export OMP_WAIT_POLICY=passive
 
 # (No Python module under the sanitizers: an instrumented extension cannot load into an uninstrumented python.)
 # The Python package as users install it, first: `pip install .` builds the same CMake project with
-# scikit-build-core (build-pip/ keeps its objects between runs). Here without the CUDA kernels, which this machine
-# cannot run (the package builds them wherever nvcc is found); ctest's python_package_check tests the installed copy.
+# scikit-build-core (build-pip/ keeps its objects between runs). Without the CUDA kernels, whose tests need a GPU
+# (the package builds them wherever nvcc is found); ctest's python_package_check tests the installed copy.
 PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --no-build-isolation -C build-dir=build-pip \
   -C cmake.define.FP4LAB_CUDA=OFF .
 

@@ -2,14 +2,15 @@
 # Everything the CUDA layer needs a GPU for, in one call on an H200 (see kernels/README.md):
 # the cuda tests, fp4lab cuda check on the bundled trace under every recipe, compute-sanitizer memcheck, and the
 # bench. The binaries are built on a machine with nvcc (cmake -DFP4LAB_NATIVE=OFF -DFP4LAB_SIM=OFF, and
-# -DFP4LAB_MPI=OFF unless the GPU image has libmpi: kernels/README.md) and arrive in $CARRY with the shared
-# libraries the GPU image may lack:
+# -DFP4LAB_MPI=OFF unless the GPU image has libmpi: kernels/README.md) and are copied, with the shared
+# libraries the GPU image may lack, to the folder CARRY names (default build-cuda-bundle):
 #   $CARRY/bin/{fp4lab,fp4lab_kernels_tests}
 #   $CARRY/lib/{libboost_program_options.so.1.74.0,libgomp.so.1,libmpfr.so.6,libgmp.so.10}
+#   [CARRY=build-cuda-bundle] [LOGS=h200-out] [TRACE=workloads/tiny-lm/step_005000] [NCU=1] kernels/tools/h200_run.sh
 # Logs go to $LOGS (default ./h200-out), each step's also appended to $COMBINED when set. Exit status: the
 # number of failed steps.
 set -u
-CARRY=${CARRY:-build-cuda-carry}
+CARRY=${CARRY:-build-cuda-bundle}
 LOGS=${LOGS:-h200-out}
 TRACE=${TRACE:-workloads/tiny-lm/step_005000}
 mkdir -p "$LOGS"

@@ -2,10 +2,11 @@
 # The quantiser's GPU evidence in one call (kernels/README.md, "Quantiser speed"): the cuda tests, fp4lab cuda
 # qbench (every variant beside a copy of the same bytes), ncu counters of the row-wise and transposed kernels,
 # compute-sanitizer memcheck on the quantiser tests. Binaries in $CARRY/bin, the shared libraries the GPU image
-# may lack in $CARRY/lib (as kernels/tools/h200_run.sh). Logs in $LOGS. STEPS picks steps (default: all).
-#   CARRY=build-cuda-carry BASE="old/bin/fp4lab cuda" kernels/tools/qbench_run.sh
+# may lack in $CARRY/lib (as kernels/tools/h200_run.sh; CARRY defaults to build-cuda-bundle). Logs in $LOGS.
+# STEPS picks steps (default: all).
+#   [CARRY=build-cuda-bundle] BASE="old/bin/fp4lab cuda" kernels/tools/qbench_run.sh
 set -u
-CARRY=${CARRY:-build-cuda-carry}
+CARRY=${CARRY:-build-cuda-bundle}
 LOGS=${LOGS:-qbench-out}
 STEPS=${STEPS:-tests qbench ncu mix sass memcheck}
 mkdir -p "$LOGS"
