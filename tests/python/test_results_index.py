@@ -1,6 +1,7 @@
 """docs/results/README.md indexes docs/results/: every file there is a row of the index (first cell, in
 backticks, relative to docs/results/), every row names a file that exists, once, with what it is; and every
-path into docs/results/ that the project's Markdown names exists. Plain Python and pytest: no fp4lab import."""
+path into docs/results/ that the project's Markdown names exists. No fp4lab import and no pytest needed: ctest runs
+it as a plain script (tests/python/CMakeLists.txt), in well under a second; pytest collects it too."""
 import itertools
 import os
 import re
@@ -79,3 +80,10 @@ def test_paths_into_results_exist():
                 if not os.path.exists(f):
                     bad.append(f"{os.path.relpath(md, ROOT)}: {shown}")
     assert not bad, "paths into docs/results/ that do not exist:\n" + "\n".join(sorted(set(bad)))
+
+
+if __name__ == "__main__":
+    for name, fn in list(globals().items()):
+        if name.startswith("test_") and callable(fn):
+            fn()
+    print("docs/results/README.md: every file indexed, every entry present, every docs path into docs/results/ exists")
