@@ -4,6 +4,7 @@ CUDA kernels on CUDA tensors; and the same as torch.library operators (``torch.o
 torch.compile traces it."""
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
@@ -49,16 +50,24 @@ def _nonfinite_flag(device: torch.device) -> torch.Tensor:
     return _flags[i]
 
 
+# The largest |output| of the deferred-checked CUDA GEMMs since the last check, per device (NaN and Inf propagate).
+_out_amax: Dict[int, torch.Tensor] = {}
+
+
 def check_finite() -> None:
     """Raises ValueError when a CUDA operand quantised with check_finite='deferred' held NaN or Inf, or a GEMM output
     overflowed, since the last call (one synchronisation), and clears the flag. The layers call it at the first
     forward of each training step; a loop may call it at the end of a step to hear of a fault one step sooner."""
     global _checked_step
     _checked_step = None
-    for i, f in _flags.items():
-        v = int(f.item())
-        if v:
-            f.zero_()
+    for i in sorted(set(_flags) | set(_out_amax)):
+        v = int(_flags[i].item()) if i in _flags else 0
+        m = float(_out_amax[i].item()) if i in _out_amax else 0.0
+        if v or not math.isfinite(m):
+            if i in _flags:
+                _flags[i].zero_()
+            if i in _out_amax:
+                _out_amax[i].zero_()
             if v & 1:
                 raise ValueError(f"cuda:{i}: an input tensor of a quantised GEMM held NaN or Inf since the last check "
                                  "(4-bit grids have no such codes)")
@@ -67,10 +76,16 @@ def check_finite() -> None:
 
 def _check_output(y: torch.Tensor, check_finite: str = "sync") -> torch.Tensor:
     """An output past FP32 (or BF16, fast mode's CUDA product) is a data fault, not a result: the golden GEMM refuses
-    it, and so do the CUDA kernels and fast mode here. With check_finite='deferred' a CUDA output only raises bit 1
-    of the device flag (no synchronisation), which check_finite() reads."""
+    it, and so do the CUDA kernels and fast mode here. With check_finite='deferred' a CUDA output only folds its
+    largest magnitude into a running maximum on the device (one reduction and one maximum, no synchronisation),
+    which check_finite() reads."""
     if y.is_cuda and check_finite == "deferred":
-        _nonfinite_flag(y.device).bitwise_or_(torch.isfinite(y).logical_not().any().to(torch.int32) * 2)
+        if y.numel():
+            i = y.device.index if y.device.index is not None else torch.cuda.current_device()
+            acc = _out_amax.get(i)
+            if acc is None:
+                acc = _out_amax[i] = torch.zeros((), dtype=torch.float32, device=y.device)
+            torch.maximum(acc, torch.linalg.vector_norm(y, float("inf"), dtype=torch.float32), out=acc)
         return y
     bad = torch.isfinite(y).logical_not()
     if bool(bad.any()):
@@ -89,7 +104,7 @@ def check_finite_once(step: int, layer: Any) -> None:
     differs from the last check's, or by the layer that made it (the first layer of the model). One flag read a step
     instead of a synchronisation per operand; not while a CUDA graph is being captured."""
     global _checked_step, _checked_by
-    if (step != _checked_step or id(layer) == _checked_by) and _flags \
+    if (step != _checked_step or id(layer) == _checked_by) and (_flags or _out_amax) \
             and not torch.cuda.is_current_stream_capturing():
         check_finite()
         _checked_step, _checked_by = step, id(layer)
@@ -214,8 +229,8 @@ def product(qa, qb, mode: str = "exact", check_finite: str = "sync") -> torch.Te
     else:
         raise TypeError("product(): both operands must come from fp4lab.torch.quantize on the same kind of device")
     if isinstance(qa, QTensorCUDA):
-        return fast_matmul(_dequantize(qa, torch.bfloat16), _dequantize(qb, torch.bfloat16), check_finite)
-    return fast_matmul(dequantize(qa), dequantize(qb), check_finite)
+        return _fast_matmul(_dequantize(qa, torch.bfloat16), _dequantize(qb, torch.bfloat16), check_finite)
+    return _fast_matmul(dequantize(qa), dequantize(qb), check_finite)
 
 
 # ---- torch.library operators ----------------------------------------------------------------------------------
@@ -347,11 +362,16 @@ def _(codes, scales, global_scale, recipe, pass_, operand):
     return codes.new_empty(codes.shape, dtype=torch.float32)
 
 
+def _fast_matmul(da: torch.Tensor, db: torch.Tensor, check_finite: str) -> torch.Tensor:
+    return _check_output(torch.matmul(da, db.t()), check_finite)
+
+
 @torch.library.custom_op("fp4lab::fast_matmul", mutates_args=(), device_types=("cpu", "cuda"))
 def fast_matmul(da: torch.Tensor, db: torch.Tensor, check_finite: str) -> torch.Tensor:
     """Fast mode's product of two dequantised operands, da · dbᵀ by torch's matmul, refused when it overflows as the
-    contract GEMM's is. An operator, so that the check stays inside a compiled graph without breaking it."""
-    return _check_output(torch.matmul(da, db.t()), check_finite)
+    contract GEMM's is. An operator, so that the check stays inside a compiled graph without breaking it (eager mode
+    calls the function itself, without the dispatcher)."""
+    return _fast_matmul(da, db, check_finite)
 
 
 @fast_matmul.register_fake
@@ -511,7 +531,7 @@ def qmatmul(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: Recipe
         except ValueError as e:
             raise ValueError(f"{label}: {e}") from None
         if fake:
-            return fast_matmul(qa, qb, recipe.check_finite)
+            return _fast_matmul(qa, qb, recipe.check_finite)
         return product(qa, qb, recipe.mode, recipe.check_finite)
     key = recipe.key
     if recipe.mode == "exact":
