@@ -72,15 +72,6 @@ void group_usage(std::ostream& os, const std::string& group) {
   list(os, group);
 }
 
-std::string shell_quote(const std::string& s) {
-  const bool plain = !s.empty() && s.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-                                                       "0123456789_./:=,+-@%") == std::string::npos;
-  if (plain) return s;
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 // One line, whatever the message holds: control bytes (a name from a file or the command line may carry
 // escape sequences) are shown as \xNN, never sent to the terminal raw.
 void report(const std::string& cmd, const std::string& msg) {

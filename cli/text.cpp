@@ -47,4 +47,13 @@ std::string printable(const std::string& s, bool keep_newlines) {
   return r;
 }
 
+std::string shell_quote(const std::string& s) {
+  const bool plain = !s.empty() && s.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                                       "0123456789_./:=,+-@%") == std::string::npos;
+  if (plain) return s;
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
 }  // namespace fp4lab::cli

@@ -13,4 +13,8 @@ std::string printable(const std::string& s, bool keep_newlines = false);
 // Whether s is valid UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
 bool valid_utf8(const std::string& s);
 
+// One argument as a POSIX shell reads it back: as is when it holds only safe characters, else single-quoted. The
+// command lines outputs record (config.command), from the command line and from fp4lab.analyze alike.
+std::string shell_quote(const std::string& s);
+
 }  // namespace fp4lab::cli

@@ -14,9 +14,7 @@ kernels, and a drop-in ``Linear`` that trains under a recipe.
 from __future__ import annotations
 
 import functools
-import json
 import os
-import subprocess
 from typing import Any, Iterable, Mapping, Optional
 
 import numpy as np
@@ -184,8 +182,8 @@ def recipes() -> dict:
 
 
 def cli_path() -> str:
-    """The fp4lab command line this package runs for analyze(): the one installed with it, else $FP4LAB_BIN, else
-    the one built beside an in-tree build (build/bin/fp4lab next to build/python)."""
+    """The fp4lab command line (the ``fp4lab`` console script runs it): the one installed with this package, else
+    $FP4LAB_BIN, else the one built beside an in-tree build (build/bin/fp4lab next to build/python)."""
     here = os.path.dirname(os.path.abspath(__file__))
     for p in (os.path.join(here, "bin", "fp4lab"), os.environ.get("FP4LAB_BIN", ""),
               os.path.join(here, "..", "..", "bin", "fp4lab")):
@@ -203,26 +201,27 @@ def _list_text(v: Any) -> str:
     return "none" if v in (None, 0) else str(v)
 
 
-def analyze(trace: str, *, formats: Any = None, rht: Any = None, rht_signs: Any = None, rht_seed: Any = None,
+def analyze(trace: Any, *, formats: Any = None, rht: Any = None, rht_signs: Any = None, rht_seed: Any = None,
             recipe: Any = None, block: Optional[int] = None, scale: Optional[str] = None,
             seed: Optional[int] = None) -> dict:
-    """The analyses of docs/spec.md §6 on a trace folder or file: the same dict ``fp4lab analyze --json`` writes
-    (it runs that command). ``formats``, ``rht`` and ``recipe`` take lists or comma-separated strings; ``rht``
-    entries None or 0 mean no rotation."""
-    args = [cli_path(), "analyze", "--trace", os.fspath(trace), "--json", "-"]
+    """The analyses of docs/spec.md §6 on a trace folder or file (or a list of them, as ``--trace DIR DIR``): the
+    same dict ``fp4lab analyze --json`` writes, from the same C++ library, with ``config.command`` the command line
+    that writes it. ``formats``, ``rht`` and ``recipe`` take lists or comma-separated strings; ``rht`` entries None
+    or 0 mean no rotation. A bad option or trace raises ValueError with the command line's one-line message."""
+    paths = [trace] if isinstance(trace, (str, os.PathLike)) else list(trace)
+    traces = []
+    for p in paths:
+        p = os.fspath(p)
+        if not isinstance(p, str):
+            raise TypeError(f"analyze(): a trace path must be a str or os.PathLike of str, not {type(p).__name__}")
+        traces.append(p)
+    opts = {}
     for opt, v in (("formats", formats), ("rht", rht), ("recipe", recipe)):
         if v is not None:
-            args += ["--" + opt, _list_text(v)]
+            opts[opt] = _list_text(v)
     if rht_signs is not None:
-        args += ["--rht-signs", _knob_text("rht-signs", rht_signs)]
+        opts["rht-signs"] = _knob_text("rht-signs", rht_signs)
     for opt, v in (("rht-seed", rht_seed), ("block", block), ("scale", scale), ("seed", seed)):
         if v is not None:
-            args += ["--" + opt, str(v)]
-    r = subprocess.run(args, capture_output=True, text=True)
-    if r.returncode != 0:
-        lines = [ln for ln in r.stderr.splitlines() if ": error: " in ln]
-        msg = lines[-1].split(": error: ", 1)[1] if lines else (r.stderr.strip() or f"exit {r.returncode}")
-        if r.returncode < 0:
-            raise RuntimeError(f"fp4lab analyze was killed by signal {-r.returncode}")
-        raise ValueError(msg)
-    return json.loads(r.stdout)
+            opts[opt] = str(v)
+    return _core.analyze(traces, opts)

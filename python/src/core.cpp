@@ -3,7 +3,8 @@
 // No arithmetic lives here: every call goes to the same C++ functions the command line calls
 // (fp4lab::operand_config for the knobs, fp4lab::quantize, fp4lab::gemm, fp4lab::cuda::*), so results are
 // bit-identical to the CLI by construction. Errors keep the C++ one-line messages: std::invalid_argument
-// (and fp4lab::KnobError) arrive in Python as ValueError.
+// (and fp4lab::KnobError) arrive in Python as ValueError. analyze() calls the trace analysis library
+// (fp4lab/trace_analysis.hpp) that `fp4lab analyze` calls, and returns the dict its JSON reads as.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
@@ -11,8 +12,10 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,7 +25,9 @@
 #include "fp4lab/quantize.hpp"
 #include "fp4lab/recipe.hpp"
 #include "fp4lab/rht.hpp"
+#include "fp4lab/trace_analysis.hpp"
 #include "fp4lab/version.hpp"
+#include "text.hpp"  // cli/: the command line's escaping and quoting, so messages and records match it
 #if FP4LAB_PY_CUDA
 #include "fp4lab/cuda/kernels.hpp"
 #endif
@@ -150,6 +155,85 @@ QTensor make_qtensor(const std::string& format, const std::string& scale, int bl
   check_finite(q.scales.data(), int64_t(q.scales.size()), "scales");
   q.global_dec = global_dec;
   return q;
+}
+
+// ---- analyze -------------------------------------------------------------------------------------------------
+// A JSON value as json.loads reads the text `fp4lab analyze --json` writes: ordered keys, doubles as they are (the
+// JSON text is their shortest round-trip form), non-finite numbers as None (the writer spells them null), and
+// strings decoded with invalid UTF-8 replaced (the writer's error handler replaces them too).
+nb::object to_python(const nlohmann::ordered_json& j) {
+  using V = nlohmann::ordered_json::value_t;
+  switch (j.type()) {
+    case V::null: return nb::none();
+    case V::boolean: return nb::bool_(j.get<bool>());
+    case V::number_integer: return nb::int_(j.get<int64_t>());
+    case V::number_unsigned: return nb::steal(PyLong_FromUnsignedLongLong(j.get<uint64_t>()));
+    case V::number_float: {
+      const double v = j.get<double>();
+      return std::isfinite(v) ? nb::object(nb::float_(v)) : nb::none();
+    }
+    case V::string: {
+      const std::string& t = j.get_ref<const std::string&>();
+      PyObject* o = PyUnicode_DecodeUTF8(t.data(), Py_ssize_t(t.size()), "replace");
+      if (!o) throw nb::python_error();
+      return nb::steal(o);
+    }
+    case V::array: {
+      nb::list l;
+      for (const auto& v : j) l.append(to_python(v));
+      return l;
+    }
+    case V::object: {
+      nb::dict d;
+      for (const auto& [k, v] : j.items()) d[nb::str(k.c_str(), k.size())] = to_python(v);
+      return d;
+    }
+    default: throw std::logic_error("to_python: a JSON value of a type analyze never writes");
+  }
+}
+
+// The analysis of a trace with the options as `fp4lab analyze` spells them (option name without dashes -> text).
+// Faults are the command line's one-line messages, as ValueError (MemoryError when memory runs out).
+nb::object analyze(const std::vector<std::string>& traces, const std::map<std::string, std::string>& options) {
+  // The options in the order of the command line recorded in config.command: the one that writes this same JSON.
+  static const char* const kOrder[] = {"formats", "rht", "recipe", "rht-signs", "rht-seed", "block", "scale", "seed"};
+  for (const auto& [k, v] : options)
+    if (std::find_if(std::begin(kOrder), std::end(kOrder), [&](const char* n) { return k == n; }) == std::end(kOrder))
+      throw nb::value_error(("analyze: unknown option '" + cli::printable(k) + "'").c_str());
+  if (traces.empty()) throw nb::value_error("analyze: no trace given");
+  std::string command = "fp4lab analyze --trace";
+  for (const auto& t : traces) command += " " + cli::shell_quote(t);
+  command += " --json -";
+  AnalysisOptions o;
+  o.traces = traces;
+  nlohmann::ordered_json j;
+  try {
+    for (const char* name : kOrder) {
+      const auto it = options.find(name);
+      if (it == options.end()) continue;
+      command += std::string(" --") + name + " " + cli::shell_quote(it->second);
+      const std::string& v = it->second;
+      const std::string n = name;
+      if (n == "formats") o.formats = v;
+      else if (n == "rht") o.rht = v;
+      else if (n == "recipe") o.recipes = v;
+      else if (n == "rht-signs") o.rht_signs = v;
+      else if (n == "rht-seed") o.rht_seed = v;
+      else if (n == "block") o.block = parse_int(v, "block");
+      else if (n == "scale") o.scale = v;
+      else o.seed = v;
+    }
+    nb::gil_scoped_release release;  // the analysis runs on OpenMP threads; other Python threads may go on
+    j = analysis_json(analyze_traces(o), command);
+  } catch (const std::bad_alloc&) {
+    throw;  // MemoryError
+  } catch (const std::exception& e) {
+    throw nb::value_error(cli::printable(e.what()).c_str());
+  }
+  // Every fp4lab JSON output ends with the build that wrote it.
+  j["fp4lab_version"] = kVersion;
+  j["git_commit"] = kGitCommit;
+  return to_python(j);
 }
 
 #if FP4LAB_PY_CUDA
@@ -337,6 +421,8 @@ NB_MODULE(_core, m) {
         "global_scale"_a, "rht"_a = 0, "rht_signs"_a = std::vector<float>());
   m.def("check_gemm_operands", [](const QTensor& a, const QTensor& b) { check_gemm_operands(a, b); }, "a"_a, "b"_a,
         "Raises ValueError, with the reason, when the contract does not define A . B^T (docs/spec.md §5).");
+  m.def("analyze", &analyze, "traces"_a, "options"_a,
+        "The docs/spec.md §6 analyses of trace folders or files: the dict `fp4lab analyze --json` writes.");
   m.def("gemm", [](const QTensor& a, const QTensor& b) {
     std::vector<float> c;
     {

@@ -1,5 +1,6 @@
 // The docs/spec.md §6 analyses of one captured linear layer (X, W, dY): per tensor and per GEMM pass, for
-// a grid and an RHT size. Pure numerics: the trace reader and the report formatting live in the CLI.
+// a grid and an RHT size. Pure numerics: the trace reader (models/io) and the analysis of a whole trace with its
+// reports (analysis/, fp4lab/trace_analysis.hpp) sit above it.
 #pragma once
 
 #include <cstdint>

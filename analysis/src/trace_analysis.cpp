@@ -1,0 +1,403 @@
+// The analysis of a trace: options, the opened records, the record loop and the merge (trace_analysis.hpp).
+#include "fp4lab/trace_analysis.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <sstream>
+#include <thread>
+
+#include "fp4lab/crmath.hpp"
+#include "fp4lab/knobs.hpp"
+#include "fp4lab/rht.hpp"
+
+namespace fp4lab {
+
+namespace {
+[[noreturn]] void usage_fault(const std::string& msg) { throw AnalysisError(true, msg); }
+[[noreturn]] void data_fault(const std::string& file, const std::string& msg) {
+  throw AnalysisError(false, file.empty() ? msg : file + ": " + msg);
+}
+
+// The knob parsers' faults are usage faults of the analysis.
+template <class F>
+auto knob(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const KnobError& e) {
+    usage_fault(e.what());
+  }
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// A folder given as "t1/" is named by "t1": lexically_normal keeps the trailing separator as an empty name.
+std::string folder_name(const std::string& trace) {
+  std::filesystem::path tp = std::filesystem::path(trace).lexically_normal();
+  if (!tp.has_filename() && tp.has_parent_path()) tp = tp.parent_path();
+  return tp.filename().string();
+}
+}  // namespace
+
+AnalysisPlan plan_analysis(const AnalysisOptions& o) {
+  AnalysisPlan plan;
+  // Settings to compare: formats x RHT sizes.
+  std::vector<ElemFormat> formats;
+  for (const auto& f : split_list(o.formats)) {
+    formats.push_back(knob([&] { return parse_format(f); }));
+    for (size_t i = 0; i + 1 < formats.size(); ++i)
+      if (std::string(formats[i].name) == formats.back().name)
+        usage_fault("--formats: " + std::string(formats.back().name) + " is given twice");
+  }
+  if (formats.empty()) usage_fault("--formats lists no format");
+  std::vector<int> rhts;
+  for (const auto& r : split_list(o.rht)) {
+    rhts.push_back(knob([&] { return parse_rht(r, "rht"); }));
+    if (std::count(rhts.begin(), rhts.end(), rhts.back()) > 1)
+      usage_fault("--rht: " + (rhts.back() ? std::to_string(rhts.back()) : std::string("none")) + " is given twice");
+  }
+  if (rhts.empty()) usage_fault("--rht lists no setting");
+  if (o.block != 16 && o.block != 32) usage_fault("--block: block size must be 16 or 32, not " + std::to_string(o.block));
+  plan.block = o.block;
+  plan.scale = knob([&] { return parse_scale(o.scale); });
+  const uint64_t rht_seed = knob([&] { return parse_uint(o.rht_seed, "rht-seed", UINT64_MAX); });
+  for (const ElemFormat& f : formats)
+    for (int d : rhts) {
+      AnalysisSetting s;
+      s.format = f;
+      s.rht = d;
+      s.block = plan.block;
+      s.scale = plan.scale;
+      if (d != 0) {
+        if (o.rht_signs) s.rht_signs = knob([&] { return parse_rht_signs(*o.rht_signs, d); });
+        else s.rht_signs = d == 16 ? rht_signs_te(16) : rht_signs_from_seed(d, rht_seed);
+      }
+      plan.settings.push_back(s);
+    }
+  if (o.recipes) {
+    for (const auto& name : *o.recipes == "all" ? Recipe::preset_names() : split_list(*o.recipes)) {
+      try {
+        plan.recipes.push_back(Recipe::preset(name));
+      } catch (const std::invalid_argument& e) {
+        usage_fault(std::string("--recipe: ") + e.what());
+      }
+      plan.recipes.back().seed = knob([&] { return parse_uint(o.seed, "seed", UINT64_MAX); });
+    }
+  }
+  // Knob combinations are usage faults, found on a shape every valid knob accepts (as operand_config does).
+  for (const AnalysisSetting& s : plan.settings) {
+    try {
+      validate(s.config(), 16, 128);
+    } catch (const std::invalid_argument& e) {
+      usage_fault(std::string(e.what()) + " (setting " + s.label() + ")");
+    }
+  }
+  for (int d : rhts)
+    if (d) {
+      plan.inversion_rht = d;
+      break;
+    }
+  return plan;
+}
+
+TraceAnalysis::TraceAnalysis(std::vector<std::string> traces, AnalysisPlan plan)
+    : traces_(std::move(traces)), plan_(std::move(plan)) {
+  for (const auto& p : traces_) {
+    open_.push_back(std::make_unique<io::Trace>(p, plan_.block));  // validates every header and shape up front
+    if (open_.back()->records().empty()) data_fault(p, "the trace holds no GEMM records");
+  }
+  std::map<std::string, std::string> seen;  // a record's file, canonical -> as given: one file analysed once
+  for (size_t ti = 0; ti < open_.size(); ++ti)
+    for (const io::TraceRecord& r : open_[ti]->records()) {
+      std::error_code ec;
+      const std::string canon = std::filesystem::weakly_canonical(r.file, ec).string() + "\n" + r.gemm;
+      if (auto [it, fresh] = seen.emplace(ec ? r.file + "\n" + r.gemm : canon, r.file); !fresh)
+        usage_fault("--trace: gemm '" + r.gemm + "' of " + r.file + " is given twice (also as " + it->second + ")");
+      refs_.push_back({ti, &r});
+    }
+}
+
+TraceAnalysis::~TraceAnalysis() = default;
+
+std::vector<uint64_t> TraceAnalysis::record_sizes() const {
+  std::vector<uint64_t> sizes;
+  for (const Ref& ref : refs_) {
+    const io::TraceRecord& r = *ref.rec;
+    sizes.push_back(uint64_t(r.tokens * r.in + r.out * r.in + r.tokens * r.out));
+  }
+  return sizes;
+}
+
+std::vector<std::string> TraceAnalysis::inputs() const {
+  std::vector<std::string> in(traces_.begin(), traces_.end());
+  for (const Ref& ref : refs_) in.push_back(ref.rec->file);
+  return in;
+}
+
+void TraceAnalysis::validate() const {
+  for (const Ref& ref : refs_) {
+    const io::TraceRecord& rec = *ref.rec;
+    for (Pass pass : kPasses) {
+      const PassGeometry g = pass_geometry(pass, rec.tokens, rec.in, rec.out);
+      struct Use {
+        std::string what;
+        QuantConfig cfg;
+        Operand operand;
+      };
+      std::vector<Use> uses;
+      for (Operand o : {Operand::a, Operand::b}) {
+        for (const AnalysisSetting& s : plan_.settings) uses.push_back({s.label(), s.config(), o});
+        for (const Recipe& r : plan_.recipes) uses.push_back({"recipe " + r.name, r.operand(pass, o, 0), o});
+      }
+      for (const Use& u : uses) {
+        const int64_t rows = u.operand == Operand::a ? g.M : g.N;
+        try {
+          fp4lab::validate(u.cfg, rows, g.K);
+        } catch (const std::invalid_argument& e) {
+          data_fault(rec.file, "gemm '" + rec.gemm + "' " + pass_name(pass) +
+                                                  " operand " + (u.operand == Operand::a ? "A" : "B") + " [" +
+                                                  std::to_string(rows) + ", " + std::to_string(g.K) + "] under " +
+                                                  u.what + ": " + e.what());
+        }
+      }
+    }
+  }
+}
+
+RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const AnalysisProgress& progress) const {
+  const std::vector<AnalysisSetting>& settings = plan_.settings;
+  const std::vector<Recipe>& recipes = plan_.recipes;
+  const bool multi = traces_.size() > 1;  // entries then name their folder
+  // All the records' work as one task list that both threads take from in order: per record its load (with the
+  // transposed operands), its three float64 reference products, then every (setting or recipe, pass), heaviest
+  // first -- with RHT, and of fwd_y (two tensors' statistics) -- so that no thread waits at the end of each record
+  // while the other finishes, and the next record loads while this one computes. Every (setting or recipe, pass)
+  // is independent (the inner OpenMP regions then run serially); a task waits only for its record's load and its
+  // pass's reference, both handed out before it (the schedule goes in order). At most about two records are in
+  // memory: a record's operands are freed by its last task.
+  const size_t tasks = 3 * (settings.size() + recipes.size());
+  std::vector<size_t> order(tasks);
+  for (size_t t = 0; t < tasks; ++t) order[t] = t;
+  auto weight = [&](size_t t) {
+    const size_t job = t / 3;
+    const bool rht = job < settings.size() ? settings[job].rht != 0 : true;
+    return (rht ? 2 : 1) * (t % 3 == 0 ? 3 : t % 3 == 1 ? 2 : 1);
+  };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return weight(a) > weight(b); });
+  struct RecordWork {
+    io::Trace::Layer layer;
+    std::unique_ptr<LayerOperands> lo;
+    std::vector<LayerResults> by_task;       // a recipe task's one GEMM in gemms
+    std::vector<std::exception_ptr> faults;  // [0] the load, [1..3] the references, [4 + t] task t
+    bool skipped = false;                    // not loaded: an earlier record failed
+    std::atomic<bool> loaded{false}, ref_ready[3] = {false, false, false};
+    std::atomic<size_t> left{0};  // slots after the load still running
+  };
+  const size_t per = 4 + tasks;
+  std::vector<RecordWork> work(my.size());
+  for (RecordWork& w : work) {
+    w.by_task.resize(tasks);
+    w.faults.resize(per);
+    w.left = per - 1;
+  }
+  // Analysis stops at the first fault, as one process going in order does: records after it are skipped.
+  std::atomic<size_t> first_fault{SIZE_MAX};
+  auto note_fault = [&](size_t k) {
+    for (size_t f = first_fault.load(); k < f && !first_fault.compare_exchange_weak(f, k);) {
+    }
+  };
+  std::atomic<size_t> done{0};
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t g = 0; g < my.size() * per; ++g) {
+    const size_t k = g / per, slot = g % per, ri = my[k];
+    RecordWork& w = work[k];
+    const io::TraceRecord& rec = *refs_[ri].rec;
+    if (slot == 0) {  // the load: every other slot of the record waits for it, so it always signals
+      if (k > first_fault.load()) {
+        w.skipped = true;
+      } else {
+        try {
+          const size_t started = ++done;
+          if (progress) progress(started, my.size(), rec.gemm);
+          w.layer = open_[refs_[ri].trace]->load(rec);
+          w.lo = std::make_unique<LayerOperands>(
+              LayerView{w.layer.x.data(), w.layer.w.data(), w.layer.dy.data(), rec.tokens, rec.in, rec.out},
+              /*with_refs=*/false);
+        } catch (...) {
+          w.faults[0] = std::current_exception();
+          note_fault(k);
+        }
+      }
+      w.loaded.store(true, std::memory_order_release);
+      continue;
+    }
+    while (!w.loaded.load(std::memory_order_acquire)) std::this_thread::yield();
+    const bool run = !w.skipped && !w.faults[0];
+    if (slot <= 3) {  // a reference product: tasks of its pass wait for it, so it always signals
+      if (run) {
+        try {
+          w.lo->compute_ref(kPasses[slot - 1]);
+        } catch (...) {
+          w.faults[slot] = std::current_exception();
+          note_fault(k);
+        }
+      }
+      w.ref_ready[slot - 1].store(true, std::memory_order_release);
+    } else if (run && k <= first_fault.load()) {
+      const size_t t = order[slot - 4], job = t / 3, pi = t % 3;
+      const Pass p = kPasses[pi];
+      try {
+        std::vector<float> c;
+        if (job < settings.size()) w.by_task[t] = analyze_setting_pass(*w.lo, settings[job], p, c);
+        else
+          w.by_task[t].gemms.push_back(
+              analyze_recipe_pass(*w.lo, recipes[job - settings.size()], uint32_t(ri), p, c));
+        while (!w.ref_ready[pi].load(std::memory_order_acquire)) std::this_thread::yield();
+        if (!w.faults[1 + pi]) compare_gemm(w.by_task[t].gemms.back(), c, w.lo->refs[pi]);
+      } catch (...) {
+        w.faults[4 + t] = std::current_exception();
+        note_fault(k);
+      }
+    }
+    if (--w.left == 0) {  // the record's last slot: its operands are no longer needed
+      w.lo.reset();
+      w.layer = io::Trace::Layer{};
+    }
+  }
+
+  // The results, record by record, up to the first fault.
+  RecordBatch batch;
+  for (size_t k = 0; k < my.size(); ++k) {
+    const size_t ri = my[k];
+    const io::TraceRecord& rec = *refs_[ri].rec;
+    const size_t trace = refs_[ri].trace;
+    const std::string gname = multi ? folder_name(traces_[trace]) + ":" + rec.gemm : rec.gemm;
+    std::vector<LayerResults>& by_task = work[k].by_task;
+    try {
+      if (work[k].faults[0]) std::rethrow_exception(work[k].faults[0]);
+      for (size_t i = 1; i < per; ++i)
+        if (work[k].faults[i]) {
+          try {
+            std::rethrow_exception(work[k].faults[i]);
+          } catch (const std::exception& e) {
+            data_fault(rec.file, "gemm '" + rec.gemm + "': " + e.what());
+          }
+        }
+    } catch (...) {
+      batch.fault_at = k;
+      batch.fault = std::current_exception();
+      break;
+    }
+    RecordResult out;
+    out.elements = rec.tokens * rec.in + rec.out * rec.in + rec.tokens * rec.out;
+    out.tensor_rows.resize(3);
+    out.gemm_rows.resize(3);
+    std::map<std::string, double> sqnr_no_rht;  // format/role -> SQNR without RHT, for the delta
+    // Every task succeeded (a fault ended above), so each recipe task holds its GEMM.
+    std::vector<LayerResults> by_setting(settings.size());
+    std::vector<std::vector<GemmResult>> by_recipe(recipes.size());
+    for (size_t t = 0; t < tasks; ++t) {
+      const size_t job = t / 3;
+      if (job < settings.size()) by_setting[job].append(std::move(by_task[t]));
+      else by_recipe[job - settings.size()].push_back(std::move(by_task[t].gemms.front()));
+    }
+    for (size_t si = 0; si < settings.size(); ++si) {
+      for (TensorResult& t : by_setting[si].tensors) {
+        AnalysisRow& row = out.tensor_rows[t.role == "fwd_x" ? 0 : t.role == "fwd_w" ? 1 : 2];
+        row.gemm = gname;
+        row.what = t.role;
+        row.sqnr.push_back(t.sqnr_db);
+        row.beff.push_back(t.beff);
+        TensorEntry e;
+        e.trace = trace;
+        e.gemm = rec.gemm;
+        const std::string key = t.format + "/" + t.role;
+        if (t.rht == 0) sqnr_no_rht[key] = t.sqnr_db;
+        else if (sqnr_no_rht.count(key)) e.delta_sqnr_db = t.sqnr_db - sqnr_no_rht[key];
+        e.tokens = rec.tokens;
+        e.t = std::move(t);
+        out.tensors.push_back(std::move(e));
+      }
+      for (GemmResult& g : by_setting[si].gemms) {
+        AnalysisRow& row = out.gemm_rows[g.pass == "fwd_y" ? 0 : g.pass == "bwd_dx" ? 1 : 2];
+        row.gemm = gname;
+        row.what = g.pass;
+        row.sqnr.push_back(g.sqnr_db);
+        row.eta.push_back(g.eta);
+        out.gemms.push_back({trace, rec.gemm, std::move(g)});
+      }
+    }
+    for (auto& rg : by_recipe)
+      for (GemmResult& g : rg) out.gemms.push_back({trace, rec.gemm, std::move(g)});
+    batch.results.push_back(std::move(out));
+  }
+  return batch;
+}
+
+AnalysisResult TraceAnalysis::merge(std::vector<RecordResult> results) const {
+  AnalysisResult r;
+  r.traces = traces_;
+  r.plan = plan_;
+  r.records = results.size();
+  for (RecordResult& rec : results) {
+    for (auto& t : rec.tensors) r.tensors.push_back(std::move(t));
+    for (auto& g : rec.gemms) r.gemms.push_back(std::move(g));
+    for (auto& row : rec.tensor_rows) r.tensor_rows.push_back(std::move(row));
+    for (auto& row : rec.gemm_rows) r.gemm_rows.push_back(std::move(row));
+    r.elements += rec.elements;
+  }
+  const std::vector<AnalysisSetting>& settings = plan_.settings;
+  // The decay, summed in record order and setting order as the rows were produced.
+  std::map<std::string, double> log_eta_sum;
+  for (const AnalysisRow& row : r.gemm_rows)
+    if (row.what == "fwd_y")
+      for (size_t si = 0; si < settings.size(); ++si) log_eta_sum[settings[si].label()] += cr::log(row.eta[si]);
+  for (const auto& [label, s] : log_eta_sum) r.decay[label] = cr::exp(s);
+
+  // Where the paper's inversion appears: E2M1 ahead without RHT, E1M2 ahead with it.
+  auto find = [&](const char* f, int d) -> int {
+    for (size_t i = 0; i < settings.size(); ++i)
+      if (std::string(settings[i].format.name) == f && settings[i].rht == d) return int(i);
+    return -1;
+  };
+  const int d = plan_.inversion_rht;
+  const int e2_0 = find("e2m1", 0), e2_r = find("e2m1", d), e1_0 = find("e1m2", 0), e1_r = find("e1m2", d);
+  if (d && e2_0 >= 0 && e2_r >= 0 && e1_0 >= 0 && e1_r >= 0) {
+    auto inverted = [&](const AnalysisRow& row) {
+      return row.sqnr[size_t(e2_0)] > row.sqnr[size_t(e1_0)] && row.sqnr[size_t(e1_r)] > row.sqnr[size_t(e2_r)];
+    };
+    Inversion inv;
+    inv.rht = d;
+    for (const AnalysisRow& row : r.tensor_rows)
+      if (inverted(row)) inv.tensors.push_back(row.gemm + "/" + row.what);
+    for (const AnalysisRow& row : r.gemm_rows)
+      if (inverted(row)) inv.gemms.push_back(row.gemm + "/" + row.what);
+    inv.tensors_total = r.tensor_rows.size();
+    inv.gemms_total = r.gemm_rows.size();
+    r.inversion = std::move(inv);
+  }
+  return r;
+}
+
+AnalysisResult analyze_traces(const AnalysisOptions& o, const AnalysisProgress& progress) {
+  AnalysisPlan plan = plan_analysis(o);
+  const TraceAnalysis ta(o.traces, std::move(plan));
+  ta.validate();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<size_t> all(ta.records());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  RecordBatch b = ta.analyze(all, progress);
+  if (b.fault) std::rethrow_exception(b.fault);
+  AnalysisResult r = ta.merge(std::move(b.results));
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace fp4lab
