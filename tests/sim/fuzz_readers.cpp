@@ -70,6 +70,8 @@ void seed(const std::string& dir) {
   put(kOptionText, "{\"recipe\": \"ufp4\", \"rht\": 16, \"rht-signs\": [\"+1\", \"-1\"], \"tile2d\": true}");
   put(kOptionText, "{\"config\": {\"recipe\": \"nvfp4\", \"recipe\": \"ufp4\"}, \"total\": {}}");
   put(kOptionText, "{\"\": 1, \"format\": \"e2\\u0000m1\"}");
+  // An unknown key holding the parser's own placeholder: Boost wording its error never ended (found by this target).
+  put(kOptionText, "recipe-option '%canonical_option%'1 = x\n");
   put(kSweep, "[defaults]\nrecipe = \"ufp4\"\n[[grid]]\nname = \"{recipe}_{mac.kind}\"\nmac.kind = [\"e2m1\", \"dual\"]\n");
   put(kSweep, "[[grid]]\nname = \"{a}\"\na = [\"{a}{a}\", \"x\"]\nb = [1, 2, 3]\nc = [1.5, true, false]\n");
   put(kSweep, "[meta]\nwho = \"x\"\n[[grid]]\nprep.mode = \"fused\"\n\"prep.mode\" = \"frontend\"\n");

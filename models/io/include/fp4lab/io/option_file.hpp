@@ -25,7 +25,8 @@ inline bool is_json_text(const std::string& text) {
   return i != std::string::npos && text[i] == '{';
 }
 
-// JSON escapes can spell a placeholder (io::refuse_option_placeholders) that a check of the raw text misses.
+// A placeholder (io::refuse_option_placeholders) as a Boost.Program_options error: in the `key = value` text, and in
+// JSON, whose escapes can spell one that a check of the raw text misses.
 inline void refuse_decoded_placeholders(const std::string& text, const std::string& where) {
   try {
     refuse_option_placeholders(text, where);
@@ -78,6 +79,9 @@ inline boost::program_options::parsed_options parse_option_text_whole(
     const std::string& text, const boost::program_options::options_description& desc) {
   namespace po = boost::program_options;
   if (!is_json_text(text)) {
+    // Boost expands its placeholders in a message until none is left: a key holding one never ends (the callers
+    // check the text too; the reader does not rely on it).
+    refuse_decoded_placeholders(text, "the file");
     std::istringstream in(text);
     po::parsed_options parsed = po::parse_config_file(in, desc);
     check_option_values(parsed);
