@@ -73,6 +73,12 @@ std::vector<float> normal(size_t n, uint32_t seed, float sigma = 1.0f) {
 
 constexpr int64_t kRows = 32, kCols = 128, kN = 48;
 
+struct ErrCase {
+  std::vector<std::string> args;  // "@name" stands for path("name")
+  int code;
+  std::vector<std::string> want;  // substrings of the message ("@name" likewise)
+};
+
 class Cli : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -94,6 +100,35 @@ class Cli : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
   std::string path(const std::string& name) const { return (std::filesystem::path(dir_) / name).string(); }
+
+  // Runs each case and checks that it ends as one line starting with prefix(args) (the arguments with
+  // "@name" expanded), with the case's exit code and wanted substrings; `no_output` also requires that path("o") was
+  // not written.
+  void expect_one_line_errors(const std::vector<ErrCase>& cases,
+                              const std::function<std::string(const std::vector<std::string>&)>& prefix,
+                              bool no_output) const {
+    auto expand = [&](const std::string& s) {
+      const size_t at = s.find('@');
+      return at == std::string::npos ? s : s.substr(0, at) + path(s.substr(at + 1));
+    };
+    for (const ErrCase& k : cases) {
+      std::vector<std::string> args;
+      std::string shown;
+      for (const auto& a : k.args) {
+        args.push_back(expand(a));
+        shown += " " + a;
+      }
+      SCOPED_TRACE("fp4lab" + shown);
+      const Result r = run(args);
+      EXPECT_EQ(r.code, k.code) << r.err;
+      ASSERT_FALSE(r.err.empty());
+      EXPECT_EQ(r.err.back(), '\n');
+      EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+      EXPECT_EQ(r.err.rfind(prefix(args), 0), 0u) << r.err;
+      for (const auto& w : k.want) EXPECT_NE(r.err.find(expand(w)), std::string::npos) << "want '" << expand(w) << "' in " << r.err;
+      if (no_output) EXPECT_FALSE(std::filesystem::exists(path("o"))) << "an output was written despite the error";
+    }
+  }
 
   // stdout goes to `out` (a file of the test folder unless given). A hang becomes exit 124 (timeout), so a
   // regression fails the test instead of stalling the suite.
@@ -641,12 +676,6 @@ TEST_F(Cli, UsageAndHelp) {
 }
 
 // ---- errors: one line, naming the file and the fault, exit 1 (data) or 2 (usage) ------------------------------
-struct ErrCase {
-  std::vector<std::string> args;  // "@name" stands for path("name")
-  int code;
-  std::vector<std::string> want;  // substrings of the message ("@name" likewise)
-};
-
 TEST_F(Cli, ErrorsAreOneLineNamingFileAndFault) {
   std::vector<float> nan(32, 1.0f), inf(32, 1.0f);
   nan[17] = std::numeric_limits<float>::quiet_NaN();
@@ -694,28 +723,9 @@ TEST_F(Cli, ErrorsAreOneLineNamingFileAndFault) {
       {{"bias"}, 2, {"--format"}},
       {{"frobnicate"}, 2, {"unknown subcommand 'frobnicate'"}},
   };
-  auto expand = [&](const std::string& s) {
-    const size_t at = s.find('@');
-    return at == std::string::npos ? s : s.substr(0, at) + path(s.substr(at + 1));
-  };
-  for (const ErrCase& k : cases) {
-    std::vector<std::string> args;
-    std::string shown;
-    for (const auto& a : k.args) {
-      args.push_back(expand(a));
-      shown += " " + a;
-    }
-    SCOPED_TRACE("fp4lab" + shown);
-    const Result r = run(args);
-    EXPECT_EQ(r.code, k.code) << r.err;
-    ASSERT_FALSE(r.err.empty());
-    EXPECT_EQ(r.err.back(), '\n');
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-    const std::string prefix = args[0] == "frobnicate" ? "fp4lab: error: " : "fp4lab " + args[0] + ": error: ";
-    EXPECT_EQ(r.err.rfind(prefix, 0), 0u) << r.err;
-    for (const auto& w : k.want) EXPECT_NE(r.err.find(expand(w)), std::string::npos) << "want '" << expand(w) << "' in " << r.err;
-    EXPECT_FALSE(std::filesystem::exists(path("o"))) << "an output was written despite the error";
-  }
+  expect_one_line_errors(cases, [](const std::vector<std::string>& args) {
+    return args[0] == "frobnicate" ? std::string("fp4lab: error: ") : "fp4lab " + args[0] + ": error: ";
+  }, true);
 }
 
 // ---- hostile input -------------------------------------------------------------------------------------------
@@ -1297,29 +1307,11 @@ TEST_F(Cli, CudaArgumentErrorsComeBeforeTheDevice) {
       {{"cuda", "frob"}, 2, {"unknown subcommand 'cuda frob'"}},
       {{"cuda", "--trace", kBundledTrace}, 2, {"'--trace' comes before a subcommand"}},
   };
-  auto expand = [&](const std::string& s) {
-    const size_t at = s.find('@');
-    return at == std::string::npos ? s : s.substr(0, at) + path(s.substr(at + 1));
-  };
-  for (const ErrCase& k : cases) {
-    std::vector<std::string> args;
-    std::string shown;
-    for (const auto& a : k.args) {
-      args.push_back(expand(a));
-      shown += " " + a;
-    }
-    SCOPED_TRACE("fp4lab" + shown);
-    const Result r = run(args);
-    EXPECT_EQ(r.code, k.code) << r.err;
-    ASSERT_FALSE(r.err.empty());
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-    EXPECT_EQ(r.err.back(), '\n');
-    const std::string prefix = args[1] == "frob" ? "fp4lab: error: "
-                               : args[1][0] == '-' ? "fp4lab cuda: error: "
-                                                   : "fp4lab cuda " + args[1] + ": error: ";
-    EXPECT_EQ(r.err.rfind(prefix, 0), 0u) << r.err;
-    for (const auto& w : k.want) EXPECT_NE(r.err.find(expand(w)), std::string::npos) << "want '" << expand(w) << "' in " << r.err;
-  }
+  expect_one_line_errors(cases, [](const std::vector<std::string>& args) {
+    return args[1] == "frob" ? std::string("fp4lab: error: ")
+           : args[1][0] == '-' ? std::string("fp4lab cuda: error: ")
+                               : "fp4lab cuda " + args[1] + ": error: ";
+  }, false);
 }
 
 }  // namespace
