@@ -223,9 +223,8 @@ __device__ __forceinline__ void quantize_group(float (&y)[G], int64_t row, int64
     uint32_t w[G / 2];
 #pragma unroll
     for (int e = 0; e < G; e += 2) {
-      const float lo = __fmul_rn(__fmul_rn(a.value[(packed[e / 8] >> (4 * (e % 8))) & 15u], s_dec[e / B]), g_dec);
-      const float hi =
-          __fmul_rn(__fmul_rn(a.value[(packed[e / 8] >> (4 * (e % 8 + 1))) & 15u], s_dec[e / B]), g_dec);
+      const float lo = dequant_value(a.value[(packed[e / 8] >> (4 * (e % 8))) & 15u], s_dec[e / B], g_dec);
+      const float hi = dequant_value(a.value[(packed[e / 8] >> (4 * (e % 8 + 1))) & 15u], s_dec[e / B], g_dec);
       w[e / 2] = uint32_t(f32_to_bf16(lo)) | (uint32_t(f32_to_bf16(hi)) << 16);
     }
     uint4* o = reinterpret_cast<uint4*>(a.deq + base);
@@ -648,6 +647,11 @@ void rht(const float* d_x, float* d_y, int64_t rows, int64_t cols, const QuantCo
 }
 
 namespace {
+// decode(format, code) for the 16 codes (0 for a code the format lacks): the kernels' table of grid values.
+void decode_table(const ElemFormat& f, float (&value)[16]) {
+  for (int c = 0; c < 16; ++c) value[c] = code_valid(f, uint8_t(c)) ? decode(f, uint8_t(c)) : 0.0f;
+}
+
 // Block and tensor amax for the configurations that need them before quantising (ue4m3, 16x16 tiles).
 // x is already rotated when d == 0 and the caller took the unfused path. rows x cols is the quantised operand's
 // shape; tr: x is its transpose.
@@ -720,8 +724,7 @@ void quantize_pass(const T* x, int d, int fmt, int64_t rows, int64_t cols, const
     a.global_dec = out->global_dec.data();
   }
   a.deq = deq;
-  for (int c = 0; c < 16; ++c)
-    a.value[c] = code_valid(cfg.format, uint8_t(c)) ? decode(cfg.format, uint8_t(c)) : 0.0f;
+  decode_table(cfg.format, a.value);
   a.x = x;
   a.rows = rows;
   a.cols = cols;
@@ -889,7 +892,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const DequantArgs 
   const uint32_t w = a.codes[t];
   float v[8];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) v[j] = __fmul_rn(__fmul_rn(a.value[(w >> (4 * j)) & 15u], s), g);
+  for (int j = 0; j < 8; ++j) v[j] = dequant_value(a.value[(w >> (4 * j)) & 15u], s, g);
   store8(out + e0, v);
 }
 
@@ -904,7 +907,7 @@ void dequantize_impl(const DQTensor& q, Out* d_out, cudaStream_t s) {
   a.cols = q.cols;
   a.kb = q.kblocks();
   a.block = q.block;
-  for (int c = 0; c < 16; ++c) a.value[c] = code_valid(q.format, uint8_t(c)) ? decode(q.format, uint8_t(c)) : 0.0f;
+  decode_table(q.format, a.value);
   dequantize_kernel<Out><<<detail::blocks_for(a.words, kThreads), kThreads, 0, s>>>(a, d_out);
   check_launch("dequantize_kernel");
 }

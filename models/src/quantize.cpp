@@ -217,7 +217,7 @@ std::vector<float> QTensor::dequantize() const {
     for (int64_t b = 0; b < kb; ++b) {
       const float s = scales[r * kb + b];
       const int64_t base = r * cols + b * block;
-      for (int j = 0; j < block; ++j) out[base + j] = value[codes[base + j] & 15] * s * global_dec;
+      for (int j = 0; j < block; ++j) out[base + j] = dequant_value(value[codes[base + j] & 15], s, global_dec);
     }
   return out;
 }

@@ -75,6 +75,12 @@ FP4LAB_HD inline float scale_element(ScaleKind kind, float x, const BlockScale& 
   return x * b.enc;
 }
 
+// A quantised element's value: (grid value * block scale) * global_dec, two FP32 products in that order (the
+// dequantiser and the fake quantiser, host and device, all compute it here).
+FP4LAB_HD inline float dequant_value(float grid, float block_scale, float global_dec) {
+  return grid * block_scale * global_dec;
+}
+
 // ---- whole-tensor quantiser (golden model) --------------------------------------------------------
 
 struct QuantConfig {
@@ -108,9 +114,8 @@ struct QTensor {
   float global_dec = 1.0f;           // S_dec for ue4m3; 1 otherwise
 
   int64_t kblocks() const { return cols / block; }
-  // (grid value * block scale) * global_dec, in that FP32 order.
   float dequant(int64_t r, int64_t c) const {
-    return decode(format, codes[r * cols + c]) * scales[r * kblocks() + c / block] * global_dec;
+    return dequant_value(decode(format, codes[r * cols + c]), scales[r * kblocks() + c / block], global_dec);
   }
   std::vector<float> dequantize() const;
 };
