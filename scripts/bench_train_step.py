@@ -48,7 +48,7 @@ def batches(vocab, batch, seq, device, seed):
         yield x.to(device, non_blocking=True)
 
 
-def run(args, recipe, mode, device, profile=False, compiled=False, monitor_every=0):
+def run(args, recipe, mode, device, profile=False, compiled=False, monitor_every=0, steps=None):
     torch.manual_seed(0)
     cfg = {"d": args.d, "layers": args.layers, "heads": args.heads, "ffn": args.ffn, "seq": args.seq}
     model = build_model(cfg, args.vocab).to(device, torch.bfloat16)
@@ -59,10 +59,8 @@ def run(args, recipe, mode, device, profile=False, compiled=False, monitor_every
     times, losses = [], []
     prof = None
     mon = None
-    steps = args.steps
+    steps = steps or args.steps
     if monitor_every:
-        # Enough steps that sampled steps come at their share: 2 per `monitor_every` timed steps.
-        steps = 2 * monitor_every
         mon = ft.monitor(model, every=monitor_every, out=os.path.join(args.tmp, f"monitor-{recipe}-{mode}.jsonl"))
     train_model = torch.compile(model, fullgraph=True) if compiled else model
     for step in range(args.warmup + steps):
@@ -106,7 +104,23 @@ def run(args, recipe, mode, device, profile=False, compiled=False, monitor_every
            "tokens_per_s": args.batch * args.seq / (statistics.median(times) / 1e3)}
     if mon is not None:
         row["monitor_records"] = mon.records
+    if steps != args.steps:
+        row["step_ms"] = times  # a monitor row and its baseline, step by step (the steps after the warm-up)
     return row
+
+
+def monitor_overhead(args, row: dict, base: dict, every: int) -> dict:
+    """The monitor's cost from a monitored run and an unmonitored one of the same model, seed, data and steps, step
+    against step: the total's ratio, the extra time of the sampled steps (the layers' step counter counts the
+    warm-up, so step i of the timed ones is step warmup + i), and the spread of the unsampled steps' differences
+    (what two identical runs differ by)."""
+    d = [m - b for m, b in zip(row["step_ms"], base["step_ms"])]
+    sampled = [i for i in range(len(d)) if (args.warmup + i) % every == 0]
+    rest = [d[i] for i in range(len(d)) if i not in sampled]
+    return {"monitor_overhead": sum(row["step_ms"]) / sum(base["step_ms"]) - 1.0,
+            "monitor_sampled_steps": len(sampled),
+            "monitor_sampled_extra_ms": statistics.mean(d[i] for i in sampled) if sampled else 0.0,
+            "monitor_unsampled_diff_ms": {"mean": statistics.mean(rest), "sd": statistics.stdev(rest)}}
 
 
 def table(info: dict) -> str:
@@ -147,8 +161,8 @@ def main():
     ap.add_argument("--compile", default="", metavar="RECIPES",
                     help="also time these recipes (e.g. bf16,ufp4) under torch.compile(model, fullgraph=True)")
     ap.add_argument("--monitor", type=int, default=0, metavar="N",
-                    help="also time each fp4lab row with fp4lab.torch.monitor(every=N) over 2N steps; its mean step "
-                         "time against the row's own is the monitor's overhead")
+                    help="also time each fp4lab row with fp4lab.torch.monitor(every=N) over 2N steps, paired step "
+                         "for step with the same 2N steps unmonitored: the monitor's overhead")
     args = ap.parse_args()
     shape = dict(SIZES[args.size], vocab=256) if args.size else SPEC_SHAPE
     for k in SHAPE_KEYS:
@@ -168,15 +182,17 @@ def main():
     try:
         for r in names:
             for mode in (["-"] if r == "bf16" else args.modes.split(",")):
-                variants = [(False, 0)] + ([(True, 0)] if r in args.compile.split(",") else [])
-                variants += [(False, args.monitor)] if args.monitor and r != "bf16" else []
-                for compiled, every in variants:
-                    row = run(args, r, mode, device, profile=args.profile == f"{r}:{mode}" and not compiled
-                              and not every, compiled=compiled, monitor_every=every)
-                    if every:  # the same recipe and mode without the monitor, mean against mean
-                        own = next(x for x in rows if x["recipe"] == r and x["mode"] == mode)
-                        row["monitor_overhead"] = row["mean_ms"] / own["mean_ms"] - 1.0
+                first = len(rows)
+                for compiled in [False] + ([True] if r in args.compile.split(",") else []):
+                    rows.append(run(args, r, mode, device, profile=args.profile == f"{r}:{mode}" and not compiled,
+                                    compiled=compiled))
+                if args.monitor and r != "bf16":
+                    # 2N steps with the monitor and, paired, the same 2N steps without it.
+                    base = run(args, r, mode, device, steps=2 * args.monitor)
+                    row = run(args, r, mode, device, monitor_every=args.monitor, steps=2 * args.monitor)
+                    row.update(monitor_overhead(args, row, base, args.monitor), baseline_step_ms=base["step_ms"])
                     rows.append(row)
+                for row in rows[first:]:
                     print(f"{r:18s} {row['mode']:20s} {row['median_ms']:9.2f} ms/step (mean {row['mean_ms']:.2f}, "
                           f"min {row['min_ms']:.2f}, max {row['max_ms']:.2f})  loss {row['loss_first']:.3f} -> "
                           f"{row['loss_last']:.3f}", flush=True)
@@ -187,7 +203,11 @@ def main():
         row["vs_bf16"] = row["median_ms"] / base
     print(f"\n{'recipe':18s} {'mode':20s} {'ms/step':>9s} {'tokens/s':>10s} {'x BF16':>7s}  loss first -> last")
     for row in rows:
-        extra = f"  monitor overhead {100 * row['monitor_overhead']:+.1f}% (mean)" if "monitor_overhead" in row else ""
+        extra = (f"  monitor overhead {100 * row['monitor_overhead']:+.1f}% over {row['steps_timed']} steps paired with "
+                 f"the same steps unmonitored ({row['monitor_sampled_steps']} sampled, "
+                 f"{row['monitor_sampled_extra_ms']:+.0f} ms each; unsampled steps differ by "
+                 f"{row['monitor_unsampled_diff_ms']['mean']:+.2f} ± {row['monitor_unsampled_diff_ms']['sd']:.2f} ms)"
+                 if "monitor_overhead" in row else "")
         print(f"{row['recipe']:18s} {row['mode']:20s} {row['median_ms']:9.2f} {row['tokens_per_s']:10,.0f} "
               f"{row['vs_bf16']:7.2f}  "
               f"{row['loss_first']:.3f} -> {row['loss_last']:.3f}{extra}")

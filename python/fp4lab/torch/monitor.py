@@ -80,12 +80,28 @@ def operand_stats(x: torch.Tensor, q, cfg) -> Dict[str, float]:
     }
 
 
-def _sqnr_sums_device(ref: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """Σref² and Σ(ref − x)² of CUDA tensors, in FP64 on the device (torch's reduction order, so the last bits may
-    differ from the host's), as a tensor: the caller reads every sum of a GEMM back at once."""
-    ref = ref.to(torch.float64)
-    d = ref - x.to(torch.float64)
-    return torch.stack(((ref * ref).sum(), (d * d).sum()))
+def _sqnr_sums_device(ref64: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Σref² and Σ(ref − x)² of CUDA tensors, in FP64 on the device, as a tensor (torch's reduction order, so the
+    last bits may differ from the host's). ``ref64`` is an FP64 scratch tensor the caller gives up: the difference is
+    formed in it in place, so each sum is one pass over memory (cuBLAS's dot) and no other FP64 copy is made."""
+    r = ref64.view(-1)
+    sig = torch.dot(r, r)
+    r.sub_(x.reshape(-1))  # x promotes to FP64 in the same pass
+    return torch.stack((sig, torch.dot(r, r)))
+
+
+_sat_table_cache: Dict[tuple, torch.Tensor] = {}
+
+
+def _saturating_table(fmt: str, device) -> torch.Tensor:
+    """For each byte of packed codes, how many of its two codes are at the grid's largest magnitude, on ``device``."""
+    key = (fmt, str(device))
+    t = _sat_table_cache.get(key)
+    if t is None:
+        one = _saturating_codes(fmt).astype(np.int64)
+        b = np.arange(256)
+        t = _sat_table_cache[key] = torch.as_tensor(one[b & 15] + one[b >> 4], dtype=torch.float64, device=device)
+    return t
 
 
 def _operand_sums_device(x: torch.Tensor, q: "_ops.QTensorCUDA", cfg) -> torch.Tensor:
@@ -99,14 +115,13 @@ def _operand_sums_device(x: torch.Tensor, q: "_ops.QTensorCUDA", cfg) -> torch.T
         with torch.cuda.device(xf.device):
             _core.cuda_rotate(xf, ref, cfg, _ops._stream())
     dq = _ops._dequantize(q, torch.float32)
-    p = q.packed_codes
-    nsat = xf.new_zeros((), dtype=torch.float64)
-    for c in np.flatnonzero(_saturating_codes(q.format)):  # the one or two codes of the largest magnitude
-        nsat = nsat + ((p & 15) == int(c)).sum() + ((p >> 4) == int(c)).sum()
-    amax = xf.abs().max().double() if xf.numel() else xf.new_zeros((), dtype=torch.float64)
-    zero = ((dq == 0) & (ref != 0)).sum().double()
-    return torch.cat((_sqnr_sums_device(ref, dq), torch.stack((amax, zero, nsat.double(),
-                                                                xf.new_tensor(float(xf.numel()), dtype=torch.float64)))))
+    # Saturated codes: a histogram of the packed bytes against a 256-entry table of saturated codes per byte.
+    hist = torch.bincount(q.packed_codes.reshape(-1).to(torch.int32), minlength=256).to(torch.float64)
+    nsat = torch.dot(hist, _saturating_table(q.format, xf.device))
+    amax = torch.linalg.vector_norm(xf, math.inf).double() if xf.numel() else xf.new_zeros((), dtype=torch.float64)
+    zero = torch.count_nonzero(torch.logical_and(dq == 0, ref != 0)).double()
+    n = xf.new_tensor(float(xf.numel()), dtype=torch.float64)
+    return torch.cat((_sqnr_sums_device(ref.to(torch.float64), dq), torch.stack((amax, zero, nsat, n))))
 
 
 def _operand_stats_of(v) -> Dict[str, float]:
@@ -120,8 +135,9 @@ def _json_float(v: float) -> Any:
 
 
 class Monitor:
-    """The handle ``monitor`` returns: ``close()`` (or leaving its ``with`` block) stops recording and closes the
-    files. ``records`` counts the lines written."""
+    """The handle ``monitor`` returns: ``close()`` (or leaving its ``with`` block) stops recording, writes what is
+    pending and closes the files. ``records`` counts the lines written; on the GPU a sampled step's lines are written
+    at the first GEMM of a later step, at ``flush()`` or at ``close()``."""
 
     def __init__(self, model: nn.Module, every: int, out: str, tensorboard: Optional[str] = None):
         if not isinstance(every, int) or every < 1:
@@ -144,10 +160,14 @@ class Monitor:
             self._tb = SummaryWriter(log_dir=tensorboard or self.out + ".tb")
         except ImportError:  # tensorboard is optional: the JSONL is the record
             pass
+        self._pending: list = []  # (step, layer, pass, shapes, labels, FP64 sums on the GPU) not yet read back
         _ops.observers.append(self)
 
     def wants(self, layer, step: int) -> bool:
-        """Whether the GEMMs of ``layer`` at ``step`` are recorded (the others run unobserved)."""
+        """Whether the GEMMs of ``layer`` at ``step`` are recorded (the others run unobserved). The first GEMM of a
+        later step writes the records the GPU computed at a sampled one."""
+        if self._pending and self._pending[-1][0] != step:
+            self.flush()
         return step % self.every == 0 and id(layer) in self._names
 
     def __call__(self, layer, step: int, pass_: str, a, b, qa, qb, y, cfg) -> None:
@@ -158,22 +178,27 @@ class Monitor:
             return  # an evaluation forward: it repeats the step it is at, and is no training step
         if pass_ == "fwd_y" and _in_backward():
             return  # an activation-checkpoint recomputation repeats the forward already recorded
-        # On the GPU the statistics are computed there (an FP64 product on the host would cost seconds a step).
+        # On the GPU the statistics are computed there and read back once per sampled step (the first GEMM of a
+        # later step, or close()), so the device never waits on the host in between.
         if isinstance(qa, _ops.QTensorCUDA):
-            # One read back for the GEMM: its two sums and both operands' figures.
-            ref = a.detach().to(torch.float64) @ b.detach().to(torch.float64).t()
-            sums = torch.cat((_sqnr_sums_device(ref, y.detach()), _operand_sums_device(a, qa, cfg(pass_, "a")),
-                              _operand_sums_device(b, qb, cfg(pass_, "b")))).tolist()
-            del ref
-            gemm_sqnr = _log10_db(sums[0], sums[1])
-            stats = {"a": _operand_stats_of(sums[2:8]), "b": _operand_stats_of(sums[8:14])}
-        else:
-            ref = a.detach().to("cpu", torch.float64) @ b.detach().to("cpu", torch.float64).t()
-            gemm_sqnr = _sqnr_db(ref.numpy(), y.detach().to("cpu", torch.float64).numpy())
-            stats = {op: operand_stats(x, q, cfg(pass_, op)) for op, x, q in (("a", a, qa), ("b", b, qb))}
-        for op, x in (("a", a), ("b", b)):
-            rec = {"step": int(step), "layer": name, "pass": pass_, "operand": op, "shape": list(x.shape),
-                   "label": cfg(pass_, op).label}
+            gemm = _sqnr_sums_device(a.detach().to(torch.float64) @ b.detach().to(torch.float64).t(), y.detach())
+            sums = torch.cat((gemm, _operand_sums_device(a, qa, cfg(pass_, "a")),
+                              _operand_sums_device(b, qb, cfg(pass_, "b"))))
+            self._pending.append((step, name, pass_, a.shape, b.shape, cfg(pass_, "a").label,
+                                  cfg(pass_, "b").label, sums))
+            return
+        ref = a.detach().to("cpu", torch.float64) @ b.detach().to("cpu", torch.float64).t()
+        gemm_sqnr = _sqnr_db(ref.numpy(), y.detach().to("cpu", torch.float64).numpy())
+        stats = {op: operand_stats(x, q, cfg(pass_, op)) for op, x, q in (("a", a, qa), ("b", b, qb))}
+        self._write(step, name, pass_, {"a": (a.shape, cfg(pass_, "a").label), "b": (b.shape, cfg(pass_, "b").label)},
+                    stats, gemm_sqnr)
+        self._file.flush()
+
+    def _write(self, step: int, name: str, pass_: str, ops: Dict[str, tuple], stats: Dict[str, Dict[str, float]],
+               gemm_sqnr: float) -> None:
+        for op, (shape, label) in ops.items():
+            rec = {"step": int(step), "layer": name, "pass": pass_, "operand": op, "shape": list(shape),
+                   "label": label}
             st = stats[op]
             st["gemm_sqnr_db"] = gemm_sqnr
             rec.update({k: _json_float(v) for k, v in st.items()})
@@ -183,9 +208,21 @@ class Monitor:
                 for k, v in st.items():
                     if math.isfinite(v):
                         self._tb.add_scalar(f"{name}/{pass_}/{op}/{k}", v, int(step))
+
+    def flush(self) -> None:
+        """Writes the records computed on the GPU and not yet read back (one read-back for all of them)."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        values = torch.stack([p[-1] for p in pending]).tolist()
+        for (step, name, pass_, sa, sb, la, lb, _), v in zip(pending, values):
+            stats = {"a": _operand_stats_of(v[2:8]), "b": _operand_stats_of(v[8:14])}
+            self._write(step, name, pass_, {"a": (sa, la), "b": (sb, lb)}, stats, _log10_db(v[0], v[1]))
         self._file.flush()
 
     def close(self) -> None:
+        if not self._file.closed:
+            self.flush()
         if self in _ops.observers:
             _ops.observers.remove(self)
         if not self._file.closed:
