@@ -98,16 +98,17 @@ def _saturating_table(fmt: str, device) -> torch.Tensor:
     key = (fmt, str(device))
     t = _sat_table_cache.get(key)
     if t is None:
-        one = _saturating_codes(fmt).astype(np.int64)
+        one = _saturating_codes(fmt).astype(np.int32)
         b = np.arange(256)
-        t = _sat_table_cache[key] = torch.as_tensor(one[b & 15] + one[b >> 4], dtype=torch.float64, device=device)
+        t = _sat_table_cache[key] = torch.as_tensor(one[b & 15] + one[b >> 4], device=device)
     return t
 
 
 def _operand_sums_device(x: torch.Tensor, q: "_ops.QTensorCUDA", cfg) -> torch.Tensor:
     """operand_stats' raw figures for an operand quantised on the GPU, computed there (rotation by the CUDA kernel,
     the golden model's bits; dequantised values by the CUDA dequantiser): Σref², Σ(ref − dq)², amax, the count of
-    flushed and of saturated elements, the element count."""
+    flushed and of saturated elements. Nothing here waits for the device (no bincount, whose output size is read
+    back; no host scalar copied in)."""
     xf = x.detach().to(torch.float32).contiguous()
     ref = xf
     if cfg.to_dict()["rht"]:
@@ -115,17 +116,16 @@ def _operand_sums_device(x: torch.Tensor, q: "_ops.QTensorCUDA", cfg) -> torch.T
         with torch.cuda.device(xf.device):
             _core.cuda_rotate(xf, ref, cfg, _ops._stream())
     dq = _ops._dequantize(q, torch.float32)
-    # Saturated codes: a histogram of the packed bytes against a 256-entry table of saturated codes per byte.
-    hist = torch.bincount(q.packed_codes.reshape(-1).to(torch.int32), minlength=256).to(torch.float64)
-    nsat = torch.dot(hist, _saturating_table(q.format, xf.device))
-    amax = torch.linalg.vector_norm(xf, math.inf).double() if xf.numel() else xf.new_zeros((), dtype=torch.float64)
-    zero = torch.count_nonzero(torch.logical_and(dq == 0, ref != 0)).double()
-    n = xf.new_tensor(float(xf.numel()), dtype=torch.float64)
-    return torch.cat((_sqnr_sums_device(ref.to(torch.float64), dq), torch.stack((amax, zero, nsat, n))))
+    # Saturated codes: a 256-entry table of saturated codes per packed byte, looked up and summed.
+    nsat = _saturating_table(q.format, xf.device).index_select(0, q.packed_codes.reshape(-1).to(torch.int32)).sum()
+    amax = torch.linalg.vector_norm(xf, math.inf) if xf.numel() else xf.new_zeros(())
+    zero = torch.count_nonzero(torch.where(dq == 0, ref, 0.0))  # nonzero inputs flushed to zero
+    return torch.cat((_sqnr_sums_device(ref.to(torch.float64), dq),
+                      torch.stack((amax.double(), zero.double(), nsat.double()))))
 
 
-def _operand_stats_of(v) -> Dict[str, float]:
-    sig, noise, amax, zero, nsat, n = v
+def _operand_stats_of(v, n: int) -> Dict[str, float]:
+    sig, noise, amax, zero, nsat = v
     return {"sqnr_db": _log10_db(sig, noise), "amax": amax, "frac_zero": zero / n, "frac_sat": nsat / n}
 
 
@@ -216,7 +216,7 @@ class Monitor:
         pending, self._pending = self._pending, []
         values = torch.stack([p[-1] for p in pending]).tolist()
         for (step, name, pass_, sa, sb, la, lb, _), v in zip(pending, values):
-            stats = {"a": _operand_stats_of(v[2:8]), "b": _operand_stats_of(v[8:14])}
+            stats = {"a": _operand_stats_of(v[2:7], math.prod(sa)), "b": _operand_stats_of(v[7:12], math.prod(sb))}
             self._write(step, name, pass_, {"a": (sa, la), "b": (sb, lb)}, stats, _log10_db(v[0], v[1]))
         self._file.flush()
 
