@@ -249,6 +249,7 @@ using CudaFlag = nb::ndarray<int, nb::ndim<1>, nb::c_contig, nb::device::cuda>;
 struct Workspaces {
   fc::QuantWorkspace quant;
   fc::GemmWorkspace gemm;
+  fc::OperandStatsWorkspace stats;
 };
 Workspaces& workspaces() {
   static Workspaces* w = new Workspaces;  // never destroyed: freeing device memory at exit races the driver
@@ -559,6 +560,22 @@ NB_MODULE(_core, m) {
     if (out.shape(0) != x.shape(0) || out.shape(1) != x.shape(1)) throw std::invalid_argument("output must have x's shape");
     fc::rht(x.data(), out.data(), int64_t(x.shape(0)), int64_t(x.shape(1)), cfg, as_stream(stream));
   }, "x"_a, "out"_a, "config"_a, "stream"_a);
+  m.def("cuda_operand_stats", [](nb::ndarray<const float, nb::c_contig, nb::device::cuda> x,
+                                 nb::ndarray<const float, nb::c_contig, nb::device::cuda> ref,
+                                 nb::ndarray<const float, nb::c_contig, nb::device::cuda> dq,
+                                 nb::ndarray<const uint8_t, nb::c_contig, nb::device::cuda> codes,
+                                 unsigned saturated_codes,
+                                 nb::ndarray<double, nb::ndim<1>, nb::c_contig, nb::device::cuda> out,
+                                 uintptr_t stream) {
+    const size_t n = x.size();
+    if (ref.size() != n || dq.size() != n) throw std::invalid_argument("x, ref and dq must have as many elements");
+    if (codes.size() != (n + 1) / 2) throw std::invalid_argument("codes must hold (n + 1) / 2 packed bytes");
+    if (out.shape(0) < 5) throw std::invalid_argument("out must hold 5 values");
+    fc::operand_stats(x.data(), ref.data(), dq.data(), codes.data(), int64_t(n), saturated_codes, out.data(),
+                      workspaces().stats, as_stream(stream));
+  }, "x"_a, "ref"_a, "dq"_a, "codes"_a, "saturated_codes"_a, "out"_a, "stream"_a,
+     "The numerics monitor's figures of one operand in one pass: out[:5] = sum ref^2, sum (ref - dq)^2 (FP64), "
+     "max |x|, flushed count, saturated count (codes set in the 16-bit mask).");
   m.def("cuda_dequantize", [](const fc::DQTensor& q, CudaAny2 out, uintptr_t stream) {
     if (int64_t(out.shape(0)) != q.rows || int64_t(out.shape(1)) != q.cols)
       throw std::invalid_argument("output must have shape [" + std::to_string(q.rows) + ", " + std::to_string(q.cols) + "]");

@@ -413,6 +413,54 @@ TEST_P(FakeQuantize, EqualsGoldenDequantisationInBf16) {
 INSTANTIATE_TEST_SUITE_P(AllRecipesAndKnobs, FakeQuantize, ::testing::ValuesIn(quant_cases()),
                          [](const ::testing::TestParamInfo<QCase>& i) { return i.param.name(); });
 
+// The monitor's one-pass statistics: counts and amax exact, the FP64 sums within FP64 summation order of the host's
+// (each term is the same FP64 value; only the order of additions differs), and the same bits on a repeat.
+TEST(OperandStats, AgreeWithTheHostAndRepeatBitForBit) {
+  SKIP_WITHOUT_GPU();
+  QuantConfig cfg;
+  cfg.format = fp4lab::kE2M1;
+  cfg.scale = ScaleKind::ue4m3;
+  cfg.block = 16;
+  std::vector<float> x = random_input(5);
+  for (size_t i = 0; i < x.size(); i += 97) x[i] = 0.0f;   // exact zeros: not counted as flushed
+  for (size_t i = 3; i < x.size(); i += 89) x[i] *= 1e-6f;  // tiny values the quantiser flushes
+  const QTensor q = fp4lab::quantize(x.data(), kRows, kCols, cfg);
+  const std::vector<float> dq = q.dequantize();
+  std::vector<uint8_t> packed(q.codes.size() / 2);
+  for (size_t i = 0; i < packed.size(); ++i) packed[i] = uint8_t(q.codes[2 * i] | (q.codes[2 * i + 1] << 4));
+  const unsigned mask = (1u << 7) | (1u << 15);  // E2M1's +6 and -6
+  long double sig = 0, noise = 0;
+  float amax = 0;
+  double flushed = 0, saturated = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double d = double(x[i]) - double(dq[i]);
+    sig += (long double)(double(x[i]) * double(x[i]));
+    noise += (long double)(d * d);
+    amax = std::max(amax, std::fabs(x[i]));
+    flushed += dq[i] == 0.0f && x[i] != 0.0f;
+    saturated += (mask >> q.codes[i]) & 1u;
+  }
+  ASSERT_GT(flushed, 0.0);
+  ASSERT_GT(saturated, 0.0);
+  fc::Buffer<float> dx, ddq;
+  fc::Buffer<uint8_t> dc;
+  dx.upload(x);
+  ddq.upload(dq);
+  dc.upload(packed);
+  fc::Buffer<double> out(5);
+  fc::OperandStatsWorkspace ws;
+  fc::operand_stats(dx.data(), dx.data(), ddq.data(), dc.data(), int64_t(x.size()), mask, out.data(), ws);
+  const std::vector<double> got = out.to_host();
+  EXPECT_NEAR(got[0], double(sig), 1e-12 * double(sig));
+  EXPECT_NEAR(got[1], double(noise), 1e-12 * double(noise));
+  EXPECT_EQ(got[2], double(amax));
+  EXPECT_EQ(got[3], flushed);
+  EXPECT_EQ(got[4], saturated);
+  fc::operand_stats(dx.data(), dx.data(), ddq.data(), dc.data(), int64_t(x.size()), mask, out.data(), ws);
+  const std::vector<double> again = out.to_host();
+  for (int k = 0; k < 5; ++k) EXPECT_EQ(std::memcmp(&got[k], &again[k], 8), 0) << "figure " << k;
+}
+
 TEST(QuantizeErrors, TransposedRejectsNonFiniteInputAndBadShapes) {
   SKIP_WITHOUT_GPU();
   QuantConfig cfg;

@@ -90,38 +90,33 @@ def _sqnr_sums_device(ref64: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.stack((sig, torch.dot(r, r)))
 
 
-_sat_table_cache: Dict[tuple, torch.Tensor] = {}
+_sat_mask_cache: Dict[str, int] = {}
 
 
-def _saturating_table(fmt: str, device) -> torch.Tensor:
-    """For each byte of packed codes, how many of its two codes are at the grid's largest magnitude, on ``device``."""
-    key = (fmt, str(device))
-    t = _sat_table_cache.get(key)
-    if t is None:
-        one = _saturating_codes(fmt).astype(np.int32)
-        b = np.arange(256)
-        t = _sat_table_cache[key] = torch.as_tensor(one[b & 15] + one[b >> 4], device=device)
-    return t
+def _saturating_mask(fmt: str) -> int:
+    """The codes at the grid's largest magnitude as a 16-bit mask (bit c for code c)."""
+    m = _sat_mask_cache.get(fmt)
+    if m is None:
+        m = _sat_mask_cache[fmt] = int(sum(1 << int(c) for c in np.flatnonzero(_saturating_codes(fmt))))
+    return m
 
 
 def _operand_sums_device(x: torch.Tensor, q: "_ops.QTensorCUDA", cfg) -> torch.Tensor:
     """operand_stats' raw figures for an operand quantised on the GPU, computed there (rotation by the CUDA kernel,
-    the golden model's bits; dequantised values by the CUDA dequantiser): Σref², Σ(ref − dq)², amax, the count of
-    flushed and of saturated elements. Nothing here waits for the device (no bincount, whose output size is read
-    back; no host scalar copied in)."""
+    the golden model's bits; dequantised values by the CUDA dequantiser; the figures by one kernel pass in a fixed
+    order): Σref², Σ(ref − dq)², amax, the count of flushed and of saturated elements. Nothing here waits for the
+    device."""
     xf = x.detach().to(torch.float32).contiguous()
     ref = xf
-    if cfg.to_dict()["rht"]:
-        ref = torch.empty_like(xf)
-        with torch.cuda.device(xf.device):
-            _core.cuda_rotate(xf, ref, cfg, _ops._stream())
-    dq = _ops._dequantize(q, torch.float32)
-    # Saturated codes: a 256-entry table of saturated codes per packed byte, looked up and summed.
-    nsat = _saturating_table(q.format, xf.device).index_select(0, q.packed_codes.reshape(-1).to(torch.int32)).sum()
-    amax = torch.linalg.vector_norm(xf, math.inf) if xf.numel() else xf.new_zeros(())
-    zero = torch.count_nonzero(torch.where(dq == 0, ref, 0.0))  # nonzero inputs flushed to zero
-    return torch.cat((_sqnr_sums_device(ref.to(torch.float64), dq),
-                      torch.stack((amax.double(), zero.double(), nsat.double()))))
+    with torch.cuda.device(xf.device):
+        stream = _ops._stream()
+        if cfg.to_dict()["rht"]:
+            ref = torch.empty_like(xf)
+            _core.cuda_rotate(xf, ref, cfg, stream)
+        dq = _ops._dequantize(q, torch.float32)
+        out = torch.empty(5, dtype=torch.float64, device=xf.device)
+        _core.cuda_operand_stats(xf, ref, dq, q.packed_codes.reshape(-1), _saturating_mask(q.format), out, stream)
+    return out
 
 
 def _operand_stats_of(v, n: int) -> Dict[str, float]:

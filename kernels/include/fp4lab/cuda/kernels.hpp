@@ -175,6 +175,18 @@ void rht(const float* d_x, float* d_y, int64_t rows, int64_t cols, const QuantCo
 void tensor_amax(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, QuantWorkspace& ws,
                  cudaStream_t stream = nullptr);
 
+// The numerics monitor's statistics of one quantised operand, in one pass and a fixed summation order (the same
+// bits on every run): d_out[0..4] = Σ ref², Σ (ref − dq)² (each term in FP64 from the FP32 values, as the host's
+// statistics form it), max |x| (NaN if any x is), the count of elements with dq == 0 and ref != 0 (flushed), and
+// the count of the (n + 1) / 2 packed code bytes' nibbles whose bit is set in saturated_codes (a 16-bit mask).
+// x is the input, ref the input as the quantiser saw it (rotated where the recipe rotates; may be x), dq the
+// dequantised operand, all FP32 with n elements.
+struct OperandStatsWorkspace {
+  Buffer<uint8_t> partials;
+};
+void operand_stats(const float* d_x, const float* d_ref, const float* d_dq, const uint8_t* d_codes, int64_t n,
+                   unsigned saturated_codes, double* d_out, OperandStatsWorkspace& ws, cudaStream_t stream = nullptr);
+
 // The quantiser's RTNE hot path finds the level with one FP32 addition instead of the golden model's search over
 // midpoints (kernels/src/round_fast.cuh). Runs both over all 2^32 FP32 bit patterns on the GPU and returns how
 // many disagree (and the smallest such pattern, and how many patterns were run); the cuda tests require 0 for every
