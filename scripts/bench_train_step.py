@@ -160,6 +160,9 @@ def main():
     ap.add_argument("--profile", metavar="RECIPE:MODE", help="also profile two steps of this run: top CUDA kernels")
     ap.add_argument("--compile", default="", metavar="RECIPES",
                     help="also time these recipes (e.g. bf16,ufp4) under torch.compile(model, fullgraph=True)")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="PyTorch's deterministic algorithms, as fp4lab-train --deterministic sets them (run the "
+                         "benchmark with and without it to see their cost)")
     ap.add_argument("--monitor", type=int, default=0, metavar="N",
                     help="also time each fp4lab row with fp4lab.torch.monitor(every=N) over 2N steps, paired step "
                          "for step with the same 2N steps unmonitored: the monitor's overhead")
@@ -172,6 +175,9 @@ def main():
     if unknown:
         ap.error(f"unknown recipe {', '.join(unknown)}; known: {', '.join(RECIPES)}")
     device = torch.device(args.device)
+    if args.deterministic:  # before any cuBLAS call, which reads the variable once
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     if args.seq % 64 or args.batch * args.seq % 32:
         ap.error("--seq must be a multiple of 64 and batch * seq of 32 (the recipes' block and RHT sizes)")
     rows = []
@@ -213,7 +219,7 @@ def main():
               f"{row['loss_first']:.3f} -> {row['loss_last']:.3f}{extra}")
     info = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch": torch.__version__, "fp4lab": fp4lab.__version__, "command": " ".join(sys.argv),
-            "size": args.size, "model": {k: getattr(args, k) for k in SHAPE_KEYS},
+            "size": args.size, "deterministic": args.deterministic, "model": {k: getattr(args, k) for k in SHAPE_KEYS},
             "block_params": rows[0]["block_params"], "rows": rows}
     if args.json:
         with open(args.json + ".tmp", "w") as f:
