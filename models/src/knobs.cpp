@@ -1,5 +1,6 @@
 #include "fp4lab/knobs.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
@@ -13,6 +14,15 @@ namespace {
 const std::string* get(const Knobs& k, const char* name) {
   const auto it = k.find(name);
   return it == k.end() ? nullptr : &it->second;
+}
+
+std::vector<std::string> role_names() {
+  std::vector<std::string> roles;
+  for (Pass p : kPasses)
+    for (Operand o : {Operand::a, Operand::b})
+      if (std::find(roles.begin(), roles.end(), operand_role(p, o)) == roles.end())
+        roles.push_back(operand_role(p, o));
+  return roles;
 }
 }  // namespace
 
@@ -28,31 +38,49 @@ const std::vector<std::string>& knob_names(bool with_role) {
   return with_role ? with : without;
 }
 
+std::string knob_choices(const std::string& knob, const std::string& sep) {
+  std::vector<std::string> names;
+  if (knob == "format")
+    for (const ElemFormat& f : kAllFormats) names.push_back(f.name);
+  else if (knob == "scale")
+    for (ScaleKind s : kAllScales) names.push_back(scale_name(s));
+  else if (knob == "rounding")
+    for (Rounding r : kRoundings) names.push_back(rounding_name(r));
+  else if (knob == "pass")
+    for (Pass p : kPasses) names.push_back(pass_name(p));
+  else if (knob == "role")
+    names = role_names();
+  else if (knob == "recipe")
+    names = Recipe::preset_names();
+  else
+    throw std::logic_error("knob_choices: knob '" + knob + "' has no list of names");
+  std::string r;
+  for (const std::string& n : names) r.append(r.empty() ? "" : sep).append(n);
+  return r;
+}
+
 ElemFormat parse_format(const std::string& name) {
-  std::string known;
-  for (const ElemFormat& f : kAllFormats) {
+  for (const ElemFormat& f : kAllFormats)
     if (name == f.name) return f;
-    known.append(known.empty() ? "" : ", ").append(f.name);
-  }
-  fail("unknown format '" + shown(name) + "' (known: " + known + ")");
+  fail("unknown format '" + shown(name) + "' (known: " + knob_choices("format", ", ") + ")");
 }
 
 ScaleKind parse_scale(const std::string& name) {
-  for (ScaleKind s : {ScaleKind::fp32, ScaleKind::ue4m3, ScaleKind::ue8m0, ScaleKind::ue8m0_ceil})
+  for (ScaleKind s : kAllScales)
     if (name == scale_name(s)) return s;
-  fail("unknown scale '" + shown(name) + "' (known: fp32, ue4m3, ue8m0, ue8m0-ceil)");
+  fail("unknown scale '" + shown(name) + "' (known: " + knob_choices("scale", ", ") + ")");
 }
 
 Rounding parse_rounding(const std::string& name) {
-  if (name == "rtne") return Rounding::rtne;
-  if (name == "sr") return Rounding::sr;
-  fail("unknown rounding '" + shown(name) + "' (known: rtne, sr)");
+  for (Rounding r : kRoundings)
+    if (name == rounding_name(r)) return r;
+  fail("unknown rounding '" + shown(name) + "' (known: " + knob_choices("rounding", ", ") + ")");
 }
 
 Pass parse_pass(const std::string& name) {
   for (Pass p : kPasses)
     if (name == pass_name(p)) return p;
-  fail("unknown pass '" + shown(name) + "' (known: fwd_y, bwd_dx, bwd_dw)");
+  fail("unknown pass '" + shown(name) + "' (known: " + knob_choices("pass", ", ") + ")");
 }
 
 uint64_t parse_uint(const std::string& text, const std::string& option, uint64_t max) {
@@ -135,8 +163,9 @@ Operand selected_operand(const Knobs& k, Pass pass) {
   const std::string* r = get(k, "role");
   if (!r) return Operand::a;
   const std::string& role = *r;
-  if (role != "fwd_x" && role != "fwd_w" && role != "bwd_dy")
-    fail("unknown role '" + shown(role) + "' (known: fwd_x, fwd_w, bwd_dy)");
+  const std::vector<std::string> roles = role_names();
+  if (std::find(roles.begin(), roles.end(), role) == roles.end())
+    fail("unknown role '" + shown(role) + "' (known: " + knob_choices("role", ", ") + ")");
   for (Operand o : {Operand::a, Operand::b})
     if (role == operand_role(pass, o)) return o;
   fail("role " + role + " is not an operand of pass " + pass_name(pass) + " (A = " + operand_role(pass, Operand::a) +

@@ -751,6 +751,67 @@ void expect_one_line_error(const Result& r, const std::string& cmd, int code, co
   for (const auto& w : want) EXPECT_NE(r.err.find(w), std::string::npos) << "want '" << w << "' in " << r.err;
 }
 
+// ---- the names a knob takes: one table each, printed by --help and errors, restated in README.md and spec.md ----
+std::vector<std::string> split_list(const std::string& list) {  // "a, b, c"
+  std::vector<std::string> names;
+  for (size_t at = 0; at <= list.size();) {
+    const size_t comma = std::min(list.find(", ", at), list.size());
+    names.push_back(list.substr(at, comma - at));
+    at = comma + 2;
+  }
+  return names;
+}
+
+// Each list holds exactly the names its parser takes, each once, and reads them back to the value they name.
+TEST_F(Cli, KnobListsAreWhatTheParsersTake) {
+  const std::vector<std::string> formats = split_list(knob_choices("format", ", "));
+  EXPECT_EQ(formats.size(), std::size(kAllFormats));
+  for (const std::string& n : formats) EXPECT_EQ(parse_format(n).name, n);
+  const std::vector<std::string> scales = split_list(knob_choices("scale", ", "));
+  EXPECT_EQ(scales, (std::vector<std::string>{"fp32", "ue4m3", "ue8m0", "ue8m0-ceil"}));  // docs/spec.md §1
+  for (const std::string& n : scales) EXPECT_EQ(scale_name(parse_scale(n)), n);
+  const std::vector<std::string> roundings = split_list(knob_choices("rounding", ", "));
+  EXPECT_EQ(roundings, (std::vector<std::string>{"rtne", "sr"}));
+  for (const std::string& n : roundings) EXPECT_EQ(rounding_name(parse_rounding(n)), n);
+  const std::vector<std::string> passes = split_list(knob_choices("pass", ", "));
+  EXPECT_EQ(passes.size(), std::size(kPasses));
+  for (const std::string& n : passes) EXPECT_EQ(pass_name(parse_pass(n)), n);
+  EXPECT_EQ(split_list(knob_choices("role", ", ")), (std::vector<std::string>{"fwd_x", "fwd_w", "bwd_dy"}));
+  for (const std::string& n : split_list(knob_choices("role", ", "))) {
+    const Knobs k = {{"role", n}};
+    EXPECT_EQ(operand_role(selected_pass(k), selected_operand(k, selected_pass(k))), n);
+  }
+  for (const std::string& n : split_list(knob_choices("recipe", ", "))) EXPECT_EQ(Recipe::preset(n).name, n);
+  EXPECT_THROW(knob_choices("block", ", "), std::logic_error);
+}
+
+// --help lists each knob's names and an unknown name is answered with the same list; README.md and docs/spec.md
+// restate the lists and must stay equal to them.
+TEST_F(Cli, KnobListsInHelpErrorsAndDocsAreTheTables) {
+  const Result h = run({"quantize", "--help"});
+  ASSERT_EQ(h.code, 0) << h.err;
+  for (const char* knob : {"format", "scale", "rounding", "pass", "role", "recipe"})
+    EXPECT_NE(h.out.find(knob_choices(knob, "|")), std::string::npos) << knob << " list missing from\n" << h.out;
+  const std::string in = path("in.safetensors");
+  const std::pair<const char*, const char*> unknown[] = {{"format", "e3m0"}, {"scale", "ue5m2"}, {"rounding", "up"},
+                                                         {"pass", "fwd"},    {"role", "fwd_dw"}, {"recipe", "fp8"}};
+  for (const auto& [knob, bad] : unknown) {
+    const Result r = run({"quantize", "--in", in, "--tensor", "x", "--out", path("o"), std::string("--") + knob, bad});
+    const std::string want = std::string("unknown ") + knob + " '" + bad + "' (known: " + knob_choices(knob, ", ") + ")";
+    expect_one_line_error(r, "quantize", 2, {want});
+  }
+  const std::string readme = slurp(FP4LAB_SOURCE_DIR "/README.md");
+  for (const char* knob : {"format", "scale", "rounding"})
+    EXPECT_NE(readme.find(std::string("`--") + knob + " " + knob_choices(knob, "|") + "`"), std::string::npos)
+        << "README.md's list of --" << knob;
+  std::string presets;
+  const std::vector<std::string>& names = Recipe::preset_names();
+  for (size_t i = 0; i < names.size(); ++i)
+    presets += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + ("`" + names[i] + "`");
+  EXPECT_NE(slurp(FP4LAB_SOURCE_DIR "/docs/spec.md").find("presets are " + presets), std::string::npos)
+      << "docs/spec.md §2's list of presets, " << presets;
+}
+
 // README's excerpt of the main job's table is what `fp4lab analyze` prints on the bundled trace, line for line
 // (an excerpt: the rows it shows, in that order; `...` stands for rows left out).
 TEST_F(Cli, ReadmeExcerptIsWhatAnalyzePrints) {
