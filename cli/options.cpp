@@ -283,9 +283,9 @@ Knobs recipe_knobs(const po::variables_map& vm) {
   for (const std::string& name : knob_names(/*with_role=*/true)) {
     if (!vm.count(name)) continue;
     const boost::any& v = vm[name].value();
-    // Typed options arrive as their values; the shared parser takes text.
-    if (const int* i = boost::any_cast<int>(&v)) k[name] = std::to_string(*i);
-    else if (const bool* b = boost::any_cast<bool>(&v)) k[name] = *b ? "true" : "false";
+    // Typed options (--block, --tile2d, --rht-bf16) arrive as their values and are passed on as such.
+    if (const int* i = boost::any_cast<int>(&v)) k[name] = int64_t(*i);
+    else if (const bool* b = boost::any_cast<bool>(&v)) k[name] = *b;
     else k[name] = boost::any_cast<std::string>(v);
   }
   return k;

@@ -10,6 +10,7 @@
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/variant.h>  // Knobs: text, or a typed value
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>

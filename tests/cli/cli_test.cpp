@@ -785,6 +785,41 @@ TEST_F(Cli, KnobListsAreWhatTheParsersTake) {
   EXPECT_THROW(knob_choices("block", ", "), std::logic_error);
 }
 
+// A typed knob value (--block, --tile2d and --rht-bf16 as Boost parsed them; fp4lab sim's stream of each GEMM)
+// means what its text means, and one out of range fails with the message its text gets.
+TEST_F(Cli, TypedKnobValuesMeanWhatTheirTextMeans) {
+  const Knobs text = {{"recipe", "nvfp4"}, {"block", "16"},  {"tile2d", "false"}, {"rht-bf16", "true"},
+                      {"stream", "7"},     {"seed", "5"},    {"rht", "16"}};
+  const Knobs typed = {{"recipe", "nvfp4"},     {"block", int64_t(16)}, {"tile2d", false}, {"rht-bf16", true},
+                       {"stream", int64_t(7)}, {"seed", int64_t(5)},  {"rht", "16"}};
+  for (Pass p : kPasses)
+    for (Operand o : {Operand::a, Operand::b}) {
+      const QuantConfig a = operand_config(text, p, o), b = operand_config(typed, p, o);
+      EXPECT_EQ(a.label(), b.label());
+      EXPECT_EQ(a.rht_signs, b.rht_signs);
+      EXPECT_EQ(a.rht_bf16, b.rht_bf16);
+      EXPECT_EQ(a.seed, b.seed);
+      EXPECT_EQ(a.stream, b.stream);
+    }
+  auto fault = [](const Knobs& k) {
+    try {
+      operand_config(k, Pass::fwd_y, Operand::a);
+    } catch (const KnobError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_EQ(fault({{"stream", int64_t(-1)}}), fault({{"stream", "-1"}}));
+  EXPECT_EQ(fault({{"stream", int64_t(1) << 32}}), "--stream: '4294967296' is not an integer from 0 to 4294967295");
+  EXPECT_EQ(fault({{"stream", int64_t(1) << 32}}), fault({{"stream", "4294967296"}}));
+  EXPECT_EQ(fault({{"block", int64_t(24)}}), fault({{"block", "24"}}));
+  EXPECT_EQ(fault({{"block", int64_t(1) << 40}}), "--block: '1099511627776' is not an integer");
+  EXPECT_EQ(fault({{"block", int64_t(1) << 40}}), fault({{"block", "1099511627776"}}));
+  EXPECT_EQ(fault({{"block", true}}), fault({{"block", "true"}}));
+  EXPECT_EQ(fault({{"tile2d", int64_t(2)}}), fault({{"tile2d", "2"}}));
+  EXPECT_EQ(fault({{"format", int64_t(4)}}), "--format: '4' is not text");
+}
+
 // --help lists each knob's names and an unknown name is answered with the same list; README.md and docs/spec.md
 // restate the lists and must stay equal to them.
 TEST_F(Cli, KnobListsInHelpErrorsAndDocsAreTheTables) {
