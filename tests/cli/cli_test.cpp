@@ -820,8 +820,8 @@ TEST_F(Cli, TypedKnobValuesMeanWhatTheirTextMeans) {
   EXPECT_EQ(fault({{"format", int64_t(4)}}), "--format: '4' is not text");
 }
 
-// --help lists each knob's names and an unknown name is answered with the same list; README.md and docs/spec.md
-// restate the lists and must stay equal to them.
+// --help lists each knob's names and an unknown name is answered with the same list; README.md, kernels/README.md
+// and docs/spec.md restate lists and must stay equal to them.
 TEST_F(Cli, KnobListsInHelpErrorsAndDocsAreTheTables) {
   const Result h = run({"quantize", "--help"});
   ASSERT_EQ(h.code, 0) << h.err;
@@ -839,6 +839,9 @@ TEST_F(Cli, KnobListsInHelpErrorsAndDocsAreTheTables) {
   for (const char* knob : {"format", "scale", "rounding"})
     EXPECT_NE(readme.find(std::string("`--") + knob + " " + knob_choices(knob, "|") + "`"), std::string::npos)
         << "README.md's list of --" << knob;
+  EXPECT_NE(slurp(FP4LAB_SOURCE_DIR "/kernels/README.md").find("[--recipe " + knob_choices("recipe", "|") + "]"),
+            std::string::npos)
+      << "kernels/README.md's list of cuda check --recipe";
   std::string presets;
   const std::vector<std::string>& names = Recipe::preset_names();
   for (size_t i = 0; i < names.size(); ++i)
