@@ -164,9 +164,9 @@ int cmd_analyze(const Invocation& inv) {
        "seed of the RHT signs for sizes without --rht-signs other than 16")
       ("block", po::value<int>()->default_value(16)->value_name("B"), "block size along the reduction dimension")
       ("scale", po::value<std::string>()->default_value("fp32")->value_name("S"),
-       "block scale fp32|ue4m3|ue8m0|ue8m0-ceil (docs/spec.md §6 pins fp32 amax/gmax)")
+       ("block scale " + knob_choices("scale", "|") + " (docs/spec.md §6 pins fp32 amax/gmax)").c_str())
       ("recipe", po::value<std::string>()->value_name("R,..|all"),
-       "also run the three GEMMs under these training recipes (ufp4, e2m1-ref, nvfp4, mxfp4)")
+       ("also run the three GEMMs under these training recipes (" + knob_choices("recipe", ", ") + ")").c_str())
       ("seed", po::value<std::string>()->default_value("0")->value_name("S"), "stochastic-rounding seed of recipe runs");
   add_common_options(desc);
   po::variables_map vm;

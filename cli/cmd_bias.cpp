@@ -10,7 +10,7 @@ namespace fp4lab::cli {
 int cmd_bias(const Invocation& inv) {
   po::options_description desc("fp4lab bias options");
   desc.add_options()("format", po::value<std::string>()->required()->value_name("F"),
-                     "element grid e2m1|e1m2|int4|e2m1_max2");
+                     ("element grid " + knob_choices("format", "|")).c_str());
   add_common_options(desc);
   po::variables_map vm;
   if (!parse_args(inv, desc, "--format F [--json FILE|-]", vm)) return kExitOk;

@@ -17,15 +17,20 @@ int cmd_cast(const Invocation& inv) {
   desc.add_options()
       ("in", po::value<std::string>()->required()->value_name("FILE"), "input .safetensors file")
       ("tensor", po::value<std::string>()->required()->value_name("NAME"), "tensor to cast (any shape)")
-      ("format", po::value<std::string>()->required()->value_name("F"), "element grid e2m1|e1m2|int4|e2m1_max2")
-      ("rounding", po::value<std::string>()->default_value("rtne")->value_name("R"), "rtne|sr")
+      ("format", po::value<std::string>()->required()->value_name("F"),
+       ("element grid " + knob_choices("format", "|")).c_str())
+      ("rounding", po::value<std::string>()->default_value(rounding_name(Rounding::rtne))->value_name("R"),
+       knob_choices("rounding", "|").c_str())
       ("seed", po::value<std::string>()->default_value("0")->value_name("S"), "stochastic-rounding seed")
       ("stream", po::value<std::string>()->default_value("0")->value_name("N"),
        "SR stream; element i draws random_bits(seed, stream, i)")
       ("out", po::value<std::string>()->required()->value_name("FILE"), "output .safetensors file");
   add_common_options(desc);
   po::variables_map vm;
-  if (!parse_args(inv, desc, "--in FILE --tensor NAME --format F [--rounding rtne|sr --seed S] --out FILE", vm))
+  if (!parse_args(inv, desc,
+                  "--in FILE --tensor NAME --format F [--rounding " + knob_choices("rounding", "|") +
+                      " --seed S] --out FILE",
+                  vm))
     return kExitOk;
   const JsonOut json(vm);
   const ElemFormat f = parse_format(vm["format"].as<std::string>());
@@ -48,7 +53,7 @@ int cmd_cast(const Invocation& inv) {
     saturated += std::fabs(v) > f.gmax();
   }
 
-  const std::string rname = rounding == Rounding::rtne ? "rtne" : "sr";
+  const std::string rname = rounding_name(rounding);
   std::map<std::string, std::string> meta = {{"fp4lab.command", inv.command_line},
                                              {"fp4lab.source", in + ":" + name},
                                              {"fp4lab.format", f.name},

@@ -121,7 +121,7 @@ int cmd_cuda_check(const Invocation& inv) {
   bool native = false;
   desc.add_options()(
       "trace", po::value(&traces)->multitoken()->required(), "trace folders or files (docs/spec.md §7), e.g. several steps")(
-      "recipe", po::value(&recipe_name)->default_value("ufp4"), "ufp4, e2m1-ref, nvfp4 or mxfp4")(
+      "recipe", po::value(&recipe_name)->default_value("ufp4"), ("one of " + knob_choices("recipe", ", ")).c_str())(
       "seed", po::value(&seed)->default_value(0), "stochastic-rounding seed")(
       "gemm", po::value(&gemm_kind)->default_value("both"), "GPU GEMM kernels to check: fast, reference or both")(
       "native", po::bool_switch(&native), "also run the SM100 tcgen05 path (sm_100 device only) within its tolerance")(

@@ -74,7 +74,7 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
   const uint64_t stream0 = vm.count("stream") ? uint_option(vm, "stream", UINT32_MAX) : 0;
   opt.quant = [&vm, stream0](Pass p, Operand o, uint32_t gemm) {
     Knobs k = recipe_knobs(vm);
-    k["stream"] = std::to_string(stream0 + gemm);
+    k["stream"] = int64_t(stream0 + gemm);
     try {
       return fp4lab::operand_config(k, p, o);
     } catch (const KnobError& e) {

@@ -245,21 +245,24 @@ std::string signs_string(const std::vector<float>& s) { return fp4lab::signs_str
 
 // ---- recipe knobs -----------------------------------------------------------------------------------
 void add_recipe_options(po::options_description& desc, bool with_role) {
-  std::string recipes;
-  for (const auto& n : Recipe::preset_names()) recipes.append(recipes.empty() ? "" : "|").append(n);
+  // Without --recipe an operand gets the settings of Recipe{} ("custom"), as fp4lab::operand_config does.
+  const QuantConfig plain = Recipe{}.operand(Pass::fwd_y, Operand::a);
   desc.add_options()
       ("recipe", po::value<std::string>()->value_name("R"),
-       ("named preset " + recipes + "; explicit knobs below override it").c_str())
+       ("named preset " + knob_choices("recipe", "|") + "; explicit knobs below override it").c_str())
       ("pass", po::value<std::string>()->value_name("P"),
-       "GEMM whose recipe config applies: fwd_y|bwd_dx|bwd_dw (default fwd_y)");
+       ("GEMM whose recipe config applies: " + knob_choices("pass", "|") + " (default fwd_y)").c_str());
   if (with_role)
     desc.add_options()("role", po::value<std::string>()->value_name("ROLE"),
-                       "operand of the pass: fwd_x|fwd_w|bwd_dy (default operand A; without --pass, bwd_dy "
-                       "takes bwd_dx, the others fwd_y)");
+                       ("operand of the pass: " + knob_choices("role", "|") +
+                        " (default operand A; without --pass, bwd_dy takes bwd_dx, the others fwd_y)").c_str());
   desc.add_options()
-      ("format", po::value<std::string>()->value_name("F"), "element grid e2m1|e1m2|int4|e2m1_max2 (default e1m2)")
-      ("block", po::value<int>()->value_name("B"), "elements per block scale, 16|32 (default 16)")
-      ("scale", po::value<std::string>()->value_name("S"), "block scale fp32|ue4m3|ue8m0|ue8m0-ceil (default fp32)")
+      ("format", po::value<std::string>()->value_name("F"),
+       ("element grid " + knob_choices("format", "|") + " (default " + plain.format.name + ")").c_str())
+      ("block", po::value<int>()->value_name("B"),
+       ("elements per block scale, 16|32 (default " + std::to_string(plain.block) + ")").c_str())
+      ("scale", po::value<std::string>()->value_name("S"),
+       ("block scale " + knob_choices("scale", "|") + " (default " + scale_name(plain.scale) + ")").c_str())
       ("tile2d", po::value<bool>()->implicit_value(true)->value_name("BOOL"),
        "16x16 scale tiles (NVFP4 weights); --tile2d=false turns a recipe's off")
       ("rht", po::value<std::string>()->value_name("D"), "random Hadamard transform size 16..128; none (or 0) = off")
@@ -268,7 +271,8 @@ void add_recipe_options(po::options_description& desc, bool with_role) {
       ("rht-seed", po::value<std::string>()->value_name("S"), "derive the RHT signs from seed S (rht_signs_from_seed)")
       ("rht-bf16", po::value<bool>()->implicit_value(true)->value_name("BOOL"),
        "round rotated values to BF16 before the amax (Transformer Engine)")
-      ("rounding", po::value<std::string>()->value_name("R"), "rtne|sr (default rtne)")
+      ("rounding", po::value<std::string>()->value_name("R"),
+       (knob_choices("rounding", "|") + " (default " + rounding_name(plain.rounding) + ")").c_str())
       ("seed", po::value<std::string>()->value_name("S"), "stochastic-rounding seed (default 0)")
       ("stream", po::value<std::string>()->value_name("N"),
        "GEMM id in the SR counter; an operand's stream is N*8 + pass*2 + operand (default 0)");
@@ -279,9 +283,9 @@ Knobs recipe_knobs(const po::variables_map& vm) {
   for (const std::string& name : knob_names(/*with_role=*/true)) {
     if (!vm.count(name)) continue;
     const boost::any& v = vm[name].value();
-    // Typed options arrive as their values; the shared parser takes text.
-    if (const int* i = boost::any_cast<int>(&v)) k[name] = std::to_string(*i);
-    else if (const bool* b = boost::any_cast<bool>(&v)) k[name] = *b ? "true" : "false";
+    // Typed options (--block, --tile2d, --rht-bf16) arrive as their values and are passed on as such.
+    if (const int* i = boost::any_cast<int>(&v)) k[name] = int64_t(*i);
+    else if (const bool* b = boost::any_cast<bool>(&v)) k[name] = *b;
     else k[name] = boost::any_cast<std::string>(v);
   }
   return k;
@@ -306,7 +310,7 @@ Json config_json(const QuantConfig& c) {
           {"rht", c.rht},
           {"rht_signs", signs_string(c.rht_signs)},
           {"rht_bf16", c.rht_bf16},
-          {"rounding", c.rounding == Rounding::rtne ? "rtne" : "sr"},
+          {"rounding", rounding_name(c.rounding)},
           {"seed", c.seed},
           {"stream", c.stream}};
 }

@@ -1,5 +1,6 @@
 #include "fp4lab/knobs.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
@@ -10,9 +11,65 @@ namespace fp4lab {
 
 namespace {
 [[noreturn]] void fail(const std::string& m) { throw KnobError(m); }
-const std::string* get(const Knobs& k, const char* name) {
+const KnobValue* get(const Knobs& k, const char* name) {
   const auto it = k.find(name);
   return it == k.end() ? nullptr : &it->second;
+}
+
+// A value as an error message echoes it (shown() for text).
+std::string shown_value(const KnobValue& v) {
+  if (const auto* s = std::get_if<std::string>(&v)) return shown(*s);
+  if (const auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
+  return std::get<bool>(v) ? "true" : "false";
+}
+std::string int_fault(const std::string& option, const std::string& value) {
+  return "--" + option + ": '" + value + "' is not an integer";
+}
+std::string uint_fault(const std::string& option, const std::string& value, uint64_t max) {
+  return "--" + option + ": '" + value + "' is not an integer from 0 to " + std::to_string(max);
+}
+std::string bool_fault(const std::string& option, const std::string& value) {
+  return "--" + option + ": '" + value + "' is not true or false";
+}
+
+// A knob that is a name, a list or a setting: only its text has a meaning.
+const std::string& text_of(const KnobValue& v, const std::string& option) {
+  if (const auto* s = std::get_if<std::string>(&v)) return *s;
+  fail("--" + option + ": '" + shown_value(v) + "' is not text");
+}
+const std::string* get_text(const Knobs& k, const char* name) {
+  const KnobValue* v = get(k, name);
+  return v ? &text_of(*v, name) : nullptr;
+}
+int int_of(const KnobValue& v, const std::string& option) {
+  if (const auto* i = std::get_if<int64_t>(&v)) {
+    if (*i < INT_MIN || *i > INT_MAX) fail(int_fault(option, shown_value(v)));
+    return int(*i);
+  }
+  if (std::holds_alternative<bool>(v)) fail(int_fault(option, shown_value(v)));
+  return parse_int(std::get<std::string>(v), option);
+}
+uint64_t uint_of(const KnobValue& v, const std::string& option, uint64_t max) {
+  if (const auto* i = std::get_if<int64_t>(&v)) {
+    if (*i < 0 || uint64_t(*i) > max) fail(uint_fault(option, shown_value(v), max));
+    return uint64_t(*i);
+  }
+  if (std::holds_alternative<bool>(v)) fail(uint_fault(option, shown_value(v), max));
+  return parse_uint(std::get<std::string>(v), option, max);
+}
+bool bool_of(const KnobValue& v, const std::string& option) {
+  if (const auto* b = std::get_if<bool>(&v)) return *b;
+  if (std::holds_alternative<int64_t>(v)) fail(bool_fault(option, shown_value(v)));
+  return parse_bool(std::get<std::string>(v), option);
+}
+
+std::vector<std::string> role_names() {
+  std::vector<std::string> roles;
+  for (Pass p : kPasses)
+    for (Operand o : {Operand::a, Operand::b})
+      if (std::find(roles.begin(), roles.end(), operand_role(p, o)) == roles.end())
+        roles.push_back(operand_role(p, o));
+  return roles;
 }
 }  // namespace
 
@@ -28,31 +85,49 @@ const std::vector<std::string>& knob_names(bool with_role) {
   return with_role ? with : without;
 }
 
+std::string knob_choices(const std::string& knob, const std::string& sep) {
+  std::vector<std::string> names;
+  if (knob == "format")
+    for (const ElemFormat& f : kAllFormats) names.push_back(f.name);
+  else if (knob == "scale")
+    for (ScaleKind s : kAllScales) names.push_back(scale_name(s));
+  else if (knob == "rounding")
+    for (Rounding r : kRoundings) names.push_back(rounding_name(r));
+  else if (knob == "pass")
+    for (Pass p : kPasses) names.push_back(pass_name(p));
+  else if (knob == "role")
+    names = role_names();
+  else if (knob == "recipe")
+    names = Recipe::preset_names();
+  else
+    throw std::logic_error("knob_choices: knob '" + knob + "' has no list of names");
+  std::string r;
+  for (const std::string& n : names) r.append(r.empty() ? "" : sep).append(n);
+  return r;
+}
+
 ElemFormat parse_format(const std::string& name) {
-  std::string known;
-  for (const ElemFormat& f : kAllFormats) {
+  for (const ElemFormat& f : kAllFormats)
     if (name == f.name) return f;
-    known.append(known.empty() ? "" : ", ").append(f.name);
-  }
-  fail("unknown format '" + shown(name) + "' (known: " + known + ")");
+  fail("unknown format '" + shown(name) + "' (known: " + knob_choices("format", ", ") + ")");
 }
 
 ScaleKind parse_scale(const std::string& name) {
-  for (ScaleKind s : {ScaleKind::fp32, ScaleKind::ue4m3, ScaleKind::ue8m0, ScaleKind::ue8m0_ceil})
+  for (ScaleKind s : kAllScales)
     if (name == scale_name(s)) return s;
-  fail("unknown scale '" + shown(name) + "' (known: fp32, ue4m3, ue8m0, ue8m0-ceil)");
+  fail("unknown scale '" + shown(name) + "' (known: " + knob_choices("scale", ", ") + ")");
 }
 
 Rounding parse_rounding(const std::string& name) {
-  if (name == "rtne") return Rounding::rtne;
-  if (name == "sr") return Rounding::sr;
-  fail("unknown rounding '" + shown(name) + "' (known: rtne, sr)");
+  for (Rounding r : kRoundings)
+    if (name == rounding_name(r)) return r;
+  fail("unknown rounding '" + shown(name) + "' (known: " + knob_choices("rounding", ", ") + ")");
 }
 
 Pass parse_pass(const std::string& name) {
   for (Pass p : kPasses)
     if (name == pass_name(p)) return p;
-  fail("unknown pass '" + shown(name) + "' (known: fwd_y, bwd_dx, bwd_dw)");
+  fail("unknown pass '" + shown(name) + "' (known: " + knob_choices("pass", ", ") + ")");
 }
 
 uint64_t parse_uint(const std::string& text, const std::string& option, uint64_t max) {
@@ -60,8 +135,7 @@ uint64_t parse_uint(const std::string& text, const std::string& option, uint64_t
   const bool digits = !text.empty() && text.size() <= 20 && text.find_first_not_of("0123456789") == std::string::npos;
   errno = 0;
   const unsigned long long v = digits ? std::strtoull(text.c_str(), nullptr, 10) : 0;
-  if (!digits || errno == ERANGE || v > max)
-    fail("--" + option + ": '" + shown(text) + "' is not an integer from 0 to " + std::to_string(max));
+  if (!digits || errno == ERANGE || v > max) fail(uint_fault(option, shown(text), max));
   return v;
 }
 
@@ -70,7 +144,7 @@ int parse_int(const std::string& text, const std::string& option) {
   const std::string digits = neg ? text.substr(1) : text;
   const bool ok = !digits.empty() && digits.size() <= 10 && digits.find_first_not_of("0123456789") == std::string::npos;
   const long long v = ok ? std::strtoll(digits.c_str(), nullptr, 10) : 0;
-  if (!ok || v > INT_MAX) fail("--" + option + ": '" + shown(text) + "' is not an integer");
+  if (!ok || v > INT_MAX) fail(int_fault(option, shown(text)));
   return int(neg ? -v : v);
 }
 
@@ -86,7 +160,7 @@ int parse_rht(const std::string& text, const std::string& option) {
 bool parse_bool(const std::string& text, const std::string& option) {
   if (text == "true" || text == "1" || text == "yes" || text == "on") return true;
   if (text == "false" || text == "0" || text == "no" || text == "off") return false;
-  fail("--" + option + ": '" + shown(text) + "' is not true or false");
+  fail(bool_fault(option, shown(text)));
 }
 
 std::vector<float> parse_rht_signs(const std::string& text, int d) {
@@ -126,17 +200,18 @@ std::string signs_string(const std::vector<float>& s) {
 }
 
 Pass selected_pass(const Knobs& k) {
-  if (const std::string* p = get(k, "pass")) return parse_pass(*p);
-  if (const std::string* r = get(k, "role"); r && *r == "bwd_dy") return Pass::bwd_dx;
+  if (const std::string* p = get_text(k, "pass")) return parse_pass(*p);
+  if (const std::string* r = get_text(k, "role"); r && *r == "bwd_dy") return Pass::bwd_dx;
   return Pass::fwd_y;
 }
 
 Operand selected_operand(const Knobs& k, Pass pass) {
-  const std::string* r = get(k, "role");
+  const std::string* r = get_text(k, "role");
   if (!r) return Operand::a;
   const std::string& role = *r;
-  if (role != "fwd_x" && role != "fwd_w" && role != "bwd_dy")
-    fail("unknown role '" + shown(role) + "' (known: fwd_x, fwd_w, bwd_dy)");
+  const std::vector<std::string> roles = role_names();
+  if (std::find(roles.begin(), roles.end(), role) == roles.end())
+    fail("unknown role '" + shown(role) + "' (known: " + knob_choices("role", ", ") + ")");
   for (Operand o : {Operand::a, Operand::b})
     if (role == operand_role(pass, o)) return o;
   fail("role " + role + " is not an operand of pass " + pass_name(pass) + " (A = " + operand_role(pass, Operand::a) +
@@ -151,33 +226,33 @@ QuantConfig operand_config(const Knobs& k, Pass pass, Operand operand) {
     if (!known) fail("unknown knob '" + shown(name) + "'");
   }
   Recipe base;  // "custom": e1m2, block 16, fp32, no RHT, RTNE
-  if (const std::string* r = get(k, "recipe")) {
+  if (const std::string* r = get_text(k, "recipe")) {
     try {
       base = Recipe::preset(*r);
     } catch (const std::invalid_argument& e) {
       fail(e.what());
     }
   }
-  if (const std::string* s = get(k, "seed")) base.seed = parse_uint(*s, "seed", UINT64_MAX);
-  const std::string* st = get(k, "stream");
-  const uint32_t stream = st ? uint32_t(parse_uint(*st, "stream", UINT32_MAX)) : 0u;
+  if (const KnobValue* s = get(k, "seed")) base.seed = uint_of(*s, "seed", UINT64_MAX);
+  const KnobValue* st = get(k, "stream");
+  const uint32_t stream = st ? uint32_t(uint_of(*st, "stream", UINT32_MAX)) : 0u;
   QuantConfig c = base.operand(pass, operand, stream);
 
-  if (const std::string* v = get(k, "format")) c.format = parse_format(*v);
-  if (const std::string* v = get(k, "block")) c.block = parse_int(*v, "block");
-  if (const std::string* v = get(k, "scale")) c.scale = parse_scale(*v);
-  if (const std::string* v = get(k, "tile2d")) c.tile2d = parse_bool(*v, "tile2d");
-  if (const std::string* v = get(k, "rounding")) c.rounding = parse_rounding(*v);
+  if (const std::string* v = get_text(k, "format")) c.format = parse_format(*v);
+  if (const KnobValue* v = get(k, "block")) c.block = int_of(*v, "block");
+  if (const std::string* v = get_text(k, "scale")) c.scale = parse_scale(*v);
+  if (const KnobValue* v = get(k, "tile2d")) c.tile2d = bool_of(*v, "tile2d");
+  if (const std::string* v = get_text(k, "rounding")) c.rounding = parse_rounding(*v);
 
   // RHT: "rht" D sets the size (0 turns it off); signs come from rht-signs, rht-seed, the recipe (when the
   // size matches) or, for d = 16, Transformer Engine's vector.
-  const std::string* rht = get(k, "rht");
+  const std::string* rht = get_text(k, "rht");
   if (rht) {
     c.rht = parse_rht(*rht, "rht");
     if (int(c.rht_signs.size()) != c.rht) c.rht_signs.clear();
   }
-  const std::string* signs = get(k, "rht-signs");
-  const std::string* rseed = get(k, "rht-seed");
+  const std::string* signs = get_text(k, "rht-signs");
+  const KnobValue* rseed = get(k, "rht-seed");
   if (signs && rseed) fail("give --rht-signs or --rht-seed, not both");
   if (signs) {
     if (c.rht == 0 && rht) fail("--rht-signs given with --rht 0");
@@ -191,7 +266,7 @@ QuantConfig operand_config(const Knobs& k, Pass pass, Operand operand) {
   } else if (rseed) {
     if (c.rht == 0) fail("--rht-seed needs an RHT size (--rht D)");
     if (!rht_size_ok(c.rht)) fail(rht_size_fault(c.rht));
-    c.rht_signs = rht_signs_from_seed(c.rht, parse_uint(*rseed, "rht-seed", UINT64_MAX));
+    c.rht_signs = rht_signs_from_seed(c.rht, uint_of(*rseed, "rht-seed", UINT64_MAX));
   }
   if (c.rht != 0 && int(c.rht_signs.size()) != c.rht) {
     if (c.rht != 16)
@@ -203,8 +278,8 @@ QuantConfig operand_config(const Knobs& k, Pass pass, Operand operand) {
     c.rht_signs.clear();
     c.rht_bf16 = false;
   }
-  if (const std::string* v = get(k, "rht-bf16")) {
-    c.rht_bf16 = parse_bool(*v, "rht-bf16");
+  if (const KnobValue* v = get(k, "rht-bf16")) {
+    c.rht_bf16 = bool_of(*v, "rht-bf16");
     if (c.rht_bf16 && c.rht == 0) fail("--rht-bf16 needs an RHT (--rht D)");
   }
 

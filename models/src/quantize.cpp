@@ -20,7 +20,7 @@ namespace fp4lab {
 std::string QuantConfig::label() const {
   std::string s = std::string(format.name) + "_b" + std::to_string(block) + (tile2d ? "x16" : "") + "_" +
                   scale_name(scale) + "scale_rht" + std::to_string(rht) + "_" +
-                  (rounding == Rounding::rtne ? "rtne" : "sr");
+                  rounding_name(rounding);
   return s;
 }
 

@@ -10,6 +10,7 @@
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/variant.h>  // Knobs: text, or a typed value
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
@@ -65,7 +66,7 @@ nb::dict config_dict(const QuantConfig& c) {
   d["rht"] = c.rht;
   d["rht_signs"] = signs_string(c.rht_signs);
   d["rht_bf16"] = c.rht_bf16;
-  d["rounding"] = c.rounding == Rounding::rtne ? "rtne" : "sr";
+  d["rounding"] = rounding_name(c.rounding);
   d["seed"] = c.seed;
   d["stream"] = c.stream;
   return d;
@@ -296,7 +297,7 @@ NB_MODULE(_core, m) {
       .def("to_dict", &config_dict)
       .def("__getstate__", [](const QuantConfig& c) {
         return ConfigState(c.format.name, c.block, c.tile2d, scale_name(c.scale), c.rht, c.rht_signs, c.rht_bf16,
-                           c.rounding == Rounding::rtne ? "rtne" : "sr", c.seed, c.stream);
+                           rounding_name(c.rounding), c.seed, c.stream);
       })
       .def("__setstate__", [](QuantConfig& c, const ConfigState& s) {
         QuantConfig v;

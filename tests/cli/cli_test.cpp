@@ -751,6 +751,105 @@ void expect_one_line_error(const Result& r, const std::string& cmd, int code, co
   for (const auto& w : want) EXPECT_NE(r.err.find(w), std::string::npos) << "want '" << w << "' in " << r.err;
 }
 
+// ---- the names a knob takes: one table each, printed by --help and errors, restated in README.md and spec.md ----
+std::vector<std::string> split_list(const std::string& list) {  // "a, b, c"
+  std::vector<std::string> names;
+  for (size_t at = 0; at <= list.size();) {
+    const size_t comma = std::min(list.find(", ", at), list.size());
+    names.push_back(list.substr(at, comma - at));
+    at = comma + 2;
+  }
+  return names;
+}
+
+// Each list holds exactly the names its parser takes, each once, and reads them back to the value they name.
+TEST_F(Cli, KnobListsAreWhatTheParsersTake) {
+  const std::vector<std::string> formats = split_list(knob_choices("format", ", "));
+  EXPECT_EQ(formats.size(), std::size(kAllFormats));
+  for (const std::string& n : formats) EXPECT_EQ(parse_format(n).name, n);
+  const std::vector<std::string> scales = split_list(knob_choices("scale", ", "));
+  EXPECT_EQ(scales, (std::vector<std::string>{"fp32", "ue4m3", "ue8m0", "ue8m0-ceil"}));  // docs/spec.md §1
+  for (const std::string& n : scales) EXPECT_EQ(scale_name(parse_scale(n)), n);
+  const std::vector<std::string> roundings = split_list(knob_choices("rounding", ", "));
+  EXPECT_EQ(roundings, (std::vector<std::string>{"rtne", "sr"}));
+  for (const std::string& n : roundings) EXPECT_EQ(rounding_name(parse_rounding(n)), n);
+  const std::vector<std::string> passes = split_list(knob_choices("pass", ", "));
+  EXPECT_EQ(passes.size(), std::size(kPasses));
+  for (const std::string& n : passes) EXPECT_EQ(pass_name(parse_pass(n)), n);
+  EXPECT_EQ(split_list(knob_choices("role", ", ")), (std::vector<std::string>{"fwd_x", "fwd_w", "bwd_dy"}));
+  for (const std::string& n : split_list(knob_choices("role", ", "))) {
+    const Knobs k = {{"role", n}};
+    EXPECT_EQ(operand_role(selected_pass(k), selected_operand(k, selected_pass(k))), n);
+  }
+  for (const std::string& n : split_list(knob_choices("recipe", ", "))) EXPECT_EQ(Recipe::preset(n).name, n);
+  EXPECT_THROW(knob_choices("block", ", "), std::logic_error);
+}
+
+// A typed knob value (--block, --tile2d and --rht-bf16 as Boost parsed them; fp4lab sim's stream of each GEMM)
+// means what its text means, and one out of range fails with the message its text gets.
+TEST_F(Cli, TypedKnobValuesMeanWhatTheirTextMeans) {
+  const Knobs text = {{"recipe", "nvfp4"}, {"block", "16"},  {"tile2d", "false"}, {"rht-bf16", "true"},
+                      {"stream", "7"},     {"seed", "5"},    {"rht", "16"}};
+  const Knobs typed = {{"recipe", "nvfp4"},     {"block", int64_t(16)}, {"tile2d", false}, {"rht-bf16", true},
+                       {"stream", int64_t(7)}, {"seed", int64_t(5)},  {"rht", "16"}};
+  for (Pass p : kPasses)
+    for (Operand o : {Operand::a, Operand::b}) {
+      const QuantConfig a = operand_config(text, p, o), b = operand_config(typed, p, o);
+      EXPECT_EQ(a.label(), b.label());
+      EXPECT_EQ(a.rht_signs, b.rht_signs);
+      EXPECT_EQ(a.rht_bf16, b.rht_bf16);
+      EXPECT_EQ(a.seed, b.seed);
+      EXPECT_EQ(a.stream, b.stream);
+    }
+  auto fault = [](const Knobs& k) {
+    try {
+      operand_config(k, Pass::fwd_y, Operand::a);
+    } catch (const KnobError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_EQ(fault({{"stream", int64_t(-1)}}), fault({{"stream", "-1"}}));
+  EXPECT_EQ(fault({{"stream", int64_t(1) << 32}}), "--stream: '4294967296' is not an integer from 0 to 4294967295");
+  EXPECT_EQ(fault({{"stream", int64_t(1) << 32}}), fault({{"stream", "4294967296"}}));
+  EXPECT_EQ(fault({{"block", int64_t(24)}}), fault({{"block", "24"}}));
+  EXPECT_EQ(fault({{"block", int64_t(1) << 40}}), "--block: '1099511627776' is not an integer");
+  EXPECT_EQ(fault({{"block", int64_t(1) << 40}}), fault({{"block", "1099511627776"}}));
+  EXPECT_EQ(fault({{"block", true}}), fault({{"block", "true"}}));
+  EXPECT_EQ(fault({{"tile2d", int64_t(2)}}), fault({{"tile2d", "2"}}));
+  EXPECT_EQ(fault({{"format", int64_t(4)}}), "--format: '4' is not text");
+}
+
+// --help lists each knob's names and an unknown name is answered with the same list; README.md, kernels/README.md
+// and docs/spec.md restate lists and must stay equal to them.
+TEST_F(Cli, KnobListsInHelpErrorsAndDocsAreTheTables) {
+  const Result h = run({"quantize", "--help"});
+  ASSERT_EQ(h.code, 0) << h.err;
+  for (const char* knob : {"format", "scale", "rounding", "pass", "role", "recipe"})
+    EXPECT_NE(h.out.find(knob_choices(knob, "|")), std::string::npos) << knob << " list missing from\n" << h.out;
+  const std::string in = path("in.safetensors");
+  const std::pair<const char*, const char*> unknown[] = {{"format", "e3m0"}, {"scale", "ue5m2"}, {"rounding", "up"},
+                                                         {"pass", "fwd"},    {"role", "fwd_dw"}, {"recipe", "fp8"}};
+  for (const auto& [knob, bad] : unknown) {
+    const Result r = run({"quantize", "--in", in, "--tensor", "x", "--out", path("o"), std::string("--") + knob, bad});
+    const std::string want = std::string("unknown ") + knob + " '" + bad + "' (known: " + knob_choices(knob, ", ") + ")";
+    expect_one_line_error(r, "quantize", 2, {want});
+  }
+  const std::string readme = slurp(FP4LAB_SOURCE_DIR "/README.md");
+  for (const char* knob : {"format", "scale", "rounding"})
+    EXPECT_NE(readme.find(std::string("`--") + knob + " " + knob_choices(knob, "|") + "`"), std::string::npos)
+        << "README.md's list of --" << knob;
+  EXPECT_NE(slurp(FP4LAB_SOURCE_DIR "/kernels/README.md").find("[--recipe " + knob_choices("recipe", "|") + "]"),
+            std::string::npos)
+      << "kernels/README.md's list of cuda check --recipe";
+  std::string presets;
+  const std::vector<std::string>& names = Recipe::preset_names();
+  for (size_t i = 0; i < names.size(); ++i)
+    presets += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + ("`" + names[i] + "`");
+  EXPECT_NE(slurp(FP4LAB_SOURCE_DIR "/docs/spec.md").find("presets are " + presets), std::string::npos)
+      << "docs/spec.md §2's list of presets, " << presets;
+}
+
 // README's excerpt of the main job's table is what `fp4lab analyze` prints on the bundled trace, line for line
 // (an excerpt: the rows it shows, in that order; `...` stands for rows left out).
 TEST_F(Cli, ReadmeExcerptIsWhatAnalyzePrints) {

@@ -3,8 +3,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <regex>
 #include <set>
 
 #include "fp4lab/sim/run.hpp"
@@ -107,7 +110,9 @@ TEST(Config, ErrorsNameTheFileAndTheFault) {
   EXPECT_NE(e.find("mac.kind 'quad'"), std::string::npos) << e;
 
   e = error_of([&] { config("teaching", {"tile.k=48"}); });
-  EXPECT_NE(e.find("tile.k must be a positive multiple of 32"), std::string::npos) << e;
+  EXPECT_NE(e.find("tile.k must be a multiple of 32 (both block sizes), not 48"), std::string::npos) << e;
+  e = error_of([&] { config("teaching", {"pass.elems=48"}); });
+  EXPECT_NE(e.find("pass.elems must be a multiple of 32 (both block sizes), not 48"), std::string::npos) << e;
 
   e = error_of([&] { config("teaching", {"buffer.bytes=1000"}); });
   EXPECT_NE(e.find("cannot hold, per tile slot (tcu.ctas = 1), buffer.slots = 2"), std::string::npos) << e;
@@ -174,6 +179,86 @@ TEST(Config, ValuesOutsideTheirRangeAreRefused) {
   for (const auto& [kv, want] : cases) {
     const std::string e = error_of([&] { config("teaching", {kv}); });
     EXPECT_NE(e.find(want), std::string::npos) << kv << ": " << e;
+  }
+}
+
+// docs/sim.md's table of ranges is config_keys()'s: every numeric key in exactly one row, with its bounds, and the
+// row saying so where the bound is on each tile slot's share, where the value must be a multiple of 32, and where
+// 0 is allowed besides the range.
+TEST(Config, DocumentedRangesAreTheKeyTable) {
+  std::ifstream doc(root() + "/docs/sim.md");
+  std::string line;
+  while (std::getline(doc, line) && line != "| keys | range |") {
+  }
+  ASSERT_TRUE(std::getline(doc, line)) << "docs/sim.md has no table headed '| keys | range |'";
+  auto is_number_key = [](const ConfigKey& k) {
+    return std::holds_alternative<ConfigKey::Member<int>>(k.field) ||
+           std::holds_alternative<ConfigKey::Member<int64_t>>(k.field) ||
+           std::holds_alternative<ConfigKey::Member<double>>(k.field);
+  };
+  auto number = [](const std::string& t) {  // "0.001", "1024", "2^50", "10^9"
+    const size_t hat = t.find('^');
+    return hat == std::string::npos ? std::stod(t) : std::pow(std::stod(t.substr(0, hat)), std::stod(t.substr(hat + 1)));
+  };
+  const std::regex key_re("`([^`]+)`"), range_re("([0-9.^]+) \\.\\. ([0-9.^]+)");
+  std::map<std::string, std::string> row_of;  // key -> its range cell
+  while (std::getline(doc, line) && line.rfind("| ", 0) == 0) {
+    const size_t bar = line.find(" | ", 2);
+    ASSERT_NE(bar, std::string::npos) << line;
+    const std::string keys = line.substr(2, bar - 2), range = line.substr(bar + 3);
+    for (std::sregex_iterator m(keys.begin(), keys.end(), key_re), end; m != end; ++m) {
+      const std::string pattern = (*m)[1];
+      int matched = 0;
+      for (const ConfigKey& k : config_keys()) {
+        const bool match = pattern.rfind("*", 0) == 0 ? k.name.ends_with(pattern.substr(1))
+                           : pattern.ends_with("*")   ? k.name.starts_with(pattern.substr(0, pattern.size() - 1))
+                                                      : k.name == pattern;
+        if (!match) continue;
+        ++matched;
+        EXPECT_TRUE(row_of.emplace(k.name, range).second) << k.name << " is in two rows of docs/sim.md";
+      }
+      EXPECT_GT(matched, 0) << "docs/sim.md names `" << pattern << "`, which is no key";
+    }
+  }
+  for (const ConfigKey& k : config_keys()) {
+    if (!is_number_key(k)) continue;
+    SCOPED_TRACE(k.name);
+    const auto it = row_of.find(k.name);
+    ASSERT_NE(it, row_of.end()) << "no row of docs/sim.md's range table";
+    const std::string& cell = it->second;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(cell, m, range_re)) << cell;
+    EXPECT_EQ(number(m[1]), k.range.lo) << cell;
+    EXPECT_EQ(number(m[2]), k.range.hi) << cell;
+    EXPECT_EQ(cell.find("per tile slot") != std::string::npos, k.range.per_slot) << cell;
+    EXPECT_EQ(cell.find("a multiple of 32") != std::string::npos, k.range.whole_blocks) << cell;
+    EXPECT_EQ(cell.rfind("0, or ", 0) == 0, k.range.or_zero) << cell;
+  }
+}
+
+// Keys without a default must be given; a file that leaves out any other key gets its member's value in Config{}.
+TEST(Config, RequiredKeysAndDefaults) {
+  const Config full = config("teaching");
+  const nlohmann::json j = full.to_json();
+  const Config plain;
+  for (const ConfigKey& k : config_keys()) {
+    SCOPED_TRACE(k.name);
+    nlohmann::json without = j;
+    without.erase(k.name);
+    const std::string file = write_temp("without.json", without.dump());
+    if (k.required) {
+      const std::string e = error_of([&] { Config::load(file); });
+      EXPECT_NE(e.find("missing key '" + k.name + "'"), std::string::npos) << e;
+    } else {
+      nlohmann::json want = j;
+      want[k.name] = plain.to_json()[k.name];
+      if (k.name == "quant.sr_lanes") want[k.name] = j["quant.lanes"];  // 0, the default, means quant.lanes
+      Config c;
+      const std::string e = error_of([&] { c = Config::load(file); });
+      ASSERT_EQ(e, "(no error)");
+      EXPECT_EQ(c.to_json(), want);
+    }
+    fs::remove(file);
   }
 }
 

@@ -18,6 +18,8 @@
 namespace fp4lab {
 
 enum class Rounding : uint8_t { rtne, sr };
+inline constexpr Rounding kRoundings[] = {Rounding::rtne, Rounding::sr};
+FP4LAB_HD constexpr const char* rounding_name(Rounding r) { return r == Rounding::rtne ? "rtne" : "sr"; }
 
 struct ElemFormat {
   const char* name;

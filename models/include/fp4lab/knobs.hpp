@@ -1,12 +1,13 @@
-// Recipe knobs as text: the one parser from option values ("--format e1m2 --rht 16 ...") to the quantiser
-// settings of an operand. The command line (cli/options.cpp) and the Python package (python/src/core.cpp)
-// both call it, so a knob means the same thing, and fails with the same message, everywhere.
+// Recipe knobs: the one parser from option values ("--format e1m2 --rht 16 ...") to the quantiser settings of an
+// operand. The command line (cli/options.cpp) and the Python package (python/src/core.cpp) both call it, so a
+// knob means the same thing, and fails with the same message, everywhere.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "fp4lab/quantize.hpp"
@@ -19,8 +20,11 @@ struct KnobError : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
-// Option name without the leading dashes ("rht-signs") -> its text as typed; absent keys are not given.
-using Knobs = std::map<std::string, std::string>;
+// A knob's value: its text as typed (command line, config file, Python), or a value already typed (the command
+// line's --block, --tile2d and --rht-bf16 as Boost parsed them; fp4lab sim's stream of each GEMM), taken as it is.
+using KnobValue = std::variant<std::string, int64_t, bool>;
+// Option name without the leading dashes ("rht-signs") -> its value; absent keys are not given.
+using Knobs = std::map<std::string, KnobValue>;
 
 // A value as an error message echoes it: control bytes (NUL included, which would end the message) as \xNN, and at
 // most its first 80 bytes, then "... (N bytes)".
@@ -44,6 +48,10 @@ inline std::string shown(const std::string& text) {
 
 // The recipe-knob names, in the order the CLI's help lists them.
 const std::vector<std::string>& knob_names(bool with_role);
+// The values a knob takes by name ("format", "scale", "rounding", "pass", "role" or "recipe"), from the tables
+// that define them (kAllFormats, kAllScales, kRoundings, kPasses, Recipe::preset_names()), joined by `sep`:
+// the one list that --help texts and error messages print.
+std::string knob_choices(const std::string& knob, const std::string& sep);
 
 ElemFormat parse_format(const std::string& name);
 ScaleKind parse_scale(const std::string& name);

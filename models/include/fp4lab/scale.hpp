@@ -16,6 +16,7 @@ namespace fp4lab {
 // ue8m0_ceil: the other definition in the wild (Transformer Engine's MXFP4 reference):
 //             X = ceil(log2(amax / gmax)), which never clips.
 enum class ScaleKind : uint8_t { fp32, ue4m3, ue8m0, ue8m0_ceil };
+inline constexpr ScaleKind kAllScales[] = {ScaleKind::fp32, ScaleKind::ue4m3, ScaleKind::ue8m0, ScaleKind::ue8m0_ceil};
 
 FP4LAB_HD constexpr const char* scale_name(ScaleKind s) {
   return s == ScaleKind::fp32    ? "fp32"

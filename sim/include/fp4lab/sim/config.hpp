@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "fp4lab/gemm.hpp"  // kMacWidth
@@ -31,14 +32,16 @@ enum class LaunchMode : uint8_t { stream, graph };
 // issue the tensor-core products and the FP32 epilogue), so a k-step occupies the MAC array for both.
 enum class AccIssue : uint8_t { parallel, shared };
 
+// Each enum's spellings, indexed by its value: the one list that parsing, --help, errors and JSON use.
+inline constexpr const char* kMacKindNames[] = {"e2m1", "e1m2", "dual"};
+inline constexpr const char* kPrepModeNames[] = {"frontend", "fused", "unfused", "none"};
+inline constexpr const char* kLaunchModeNames[] = {"stream", "graph"};
+inline constexpr const char* kAccIssueNames[] = {"parallel", "shared"};
+
 const char* mac_kind_name(MacKind k);
 const char* prep_mode_name(PrepMode m);
 const char* launch_mode_name(LaunchMode m);
 const char* acc_issue_name(AccIssue a);
-MacKind parse_mac_kind(const std::string& s);    // throws std::invalid_argument naming the known values
-PrepMode parse_prep_mode(const std::string& s);
-LaunchMode parse_launch_mode(const std::string& s);
-AccIssue parse_acc_issue(const std::string& s);
 
 struct MemLevel {
   double bandwidth = 0;  // bytes per cycle (shared by every TCU)
@@ -60,8 +63,33 @@ struct Energy {
   bool operator==(const Energy&) const = default;
 };
 
+struct Config;
+
+// One configuration key (config_keys() lists them all). A key without `required` defaults to its member's value in
+// Config{}, so the initialisers below are the defaults a file may leave out.
+struct ConfigKey {
+  // Where the value lives: a function giving the member of a Config (the path may go through dram, l2, energy).
+  template <class T>
+  using Member = T& (*)(Config&);
+  using Field = std::variant<Member<std::string>, Member<int>, Member<int64_t>, Member<double>, Member<MacKind>,
+                             Member<PrepMode>, Member<LaunchMode>, Member<AccIssue>>;
+  // What validate() holds a number to (names and enums have none): lo <= value <= hi.
+  struct Range {
+    double lo = 0, hi = 0;
+    bool per_slot = false;      // value / tcu.ctas, the share of each tile slot, is held to the range instead
+    bool or_zero = false;       // 0 is also allowed (it turns the feature off)
+    bool whole_blocks = false;  // a multiple of 32, so whole blocks of either size (16 or 32)
+  };
+
+  std::string name;  // "mac.units": `[mac] units = ` in a file, --mac.units, the JSON key
+  Field field;
+  bool required;     // no default: every configuration file gives it
+  Range range;
+  std::string help;  // --help text (an enum key's list of values is put in front of it)
+};
+
 struct Config {
-  std::string name;          // "teaching", "h100-class", ...
+  std::string name = "custom";  // "teaching", "h100-class", ...
   double clock_ghz = 1;
   int tcus = 1;              // TCUs working on one GEMM; they share the memory levels
   int ctas = 1;              // tiles in flight per TCU, each on its 1/ctas share of the TCU's units and buffer
@@ -106,9 +134,10 @@ struct Config {
 
   Energy energy;
 
-  // Bounds validate() enforces (also listed in docs/sim.md). They keep every product of configuration values
-  // inside the model's int64 counts, a run's time inside SystemC's 64-bit picosecond clock, and the number of
-  // TCU threads small; a value outside (or NaN/Inf) is a configuration error, not a silently wrong result.
+  // Bounds validate() enforces (config_keys() gives each key its range; docs/sim.md lists them). They keep every
+  // product of configuration values inside the model's int64 counts, a run's time inside SystemC's 64-bit
+  // picosecond clock, and the number of TCU threads small; a value outside (or NaN/Inf) is a configuration error,
+  // not a silently wrong result.
   static constexpr double kMinClockGhz = 1e-3, kMaxClockGhz = 1e3;  // the period is kept in whole picoseconds
   static constexpr int kMaxTcus = 1024;                  // one SystemC thread set per TCU
   static constexpr int kMaxTile = 4096, kMaxTileK = 65536;
@@ -131,7 +160,7 @@ struct Config {
   Config per_slot() const;
   int64_t peak_macs_per_cycle() const { return int64_t(tcus) * mac_units * kMacWidth; }
 
-  // Every key, for a config file and the command line. Keys without a default are required.
+  // Every key of config_keys(), for a config file and the command line. Keys without a default are required.
   static po::options_description options();
   // Builds and validates (throws std::invalid_argument with a one-line reason).
   static Config from(const po::variables_map& vm);
@@ -144,5 +173,8 @@ struct Config {
   nlohmann::json to_json() const;
   bool operator==(const Config&) const = default;
 };
+
+// Every key, in --help order: the one table that options(), from(), validate() and to_json() walk.
+const std::vector<ConfigKey>& config_keys();
 
 }  // namespace fp4lab::sim
