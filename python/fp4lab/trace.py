@@ -84,12 +84,12 @@ def write_file(path: str, tensors: Mapping[str, object], metadata: Mapping[str, 
     for name, t in tensors.items():
         a = _as_numpy(name, t, path)
         out.append((name, dtype_name(a), list(a.shape), a.reshape(-1).view(np.uint8)))
-    _io(_core.write_safetensors, path, out, {k: str(v) for k, v in metadata.items()})
+    _io(_core.write_safetensors, os.fspath(path), out, {k: str(v) for k, v in metadata.items()})
 
 
 def _read(path: str):
     """(metadata, [(name, dtype name, array as stored)]) in the file's order."""
-    meta, tensors = _io(_core.read_safetensors, path)
+    meta, tensors = _io(_core.read_safetensors, os.fspath(path))
     dt = _dtypes()
     return meta, [(name, dtype, raw.view(dt[dtype]).reshape(shape)) for name, dtype, shape, raw in tensors]
 
@@ -133,7 +133,7 @@ def files(path: str) -> List[str]:
 def records(path: str):
     """[(gemm, X, W, dY)] of a valid trace as float32 arrays, in the reader's order (files by name, then each gemm's
     first tensor in its file)."""
-    t = _io(_core.Trace, path, 1)
+    t = _io(_core.Trace, os.fspath(path), 1)
     return [(r["gemm"], *_io(t.load, i)) for i, r in enumerate(t.records)]
 
 
@@ -161,7 +161,7 @@ def check(path: str, block: int = 16) -> List[dict]:
     """Validates a trace folder (or one file) with the C++ reader (docs/spec.md §7: headers, version, the three
     tensors of every gemm, BF16/F32, shapes, multiples of `block`, finite values); returns one dict per gemm, in the
     reader's order (files by name, then each gemm's first tensor in its file)."""
-    t = _io(_core.Trace, path, block)
+    t = _io(_core.Trace, os.fspath(path), block)
     out = []
     for i, r in enumerate(t.records):
         meta = t.metadata(r["file"])

@@ -163,12 +163,13 @@ def test_writer_output_reads_back_in_the_oracle(tmp_path):
     r = np.random.default_rng(3)
     bf = r.standard_normal((16, 8)).astype(np.float32).astype(ml_dtypes.bfloat16)
     tensors = {"z.fwd_w": r.standard_normal((4, 32), dtype=np.float32), "a.x": bf, "empty": np.zeros((0, 3), np.float32)}
-    p = str(tmp_path / "w.safetensors")
+    p = tmp_path / "w.safetensors"  # an os.PathLike, as the functions take
     ct.write_file(p, tensors, {"step": 7, "note": "ünïcode"})
     meta, got = oracle.read_safetensors(p)
     assert meta == {"step": "7", "note": "ünïcode"} and list(got) == list(tensors)
     for name, a in tensors.items():
         assert got[name][0] == ct.dtype_name(a) and got[name][1].shape == a.shape and got[name][1].tobytes() == a.tobytes()
+        assert ct.read_raw(p)[1][name].tobytes() == a.tobytes()
     assert os.listdir(tmp_path) == ["w.safetensors"]  # written under a temporary name, then renamed
     torch = pytest.importorskip("torch")
     t = torch.from_numpy(r.standard_normal((2, 16), dtype=np.float32)).to(torch.bfloat16)
