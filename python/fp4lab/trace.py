@@ -45,20 +45,19 @@ def _io(func, *args):
         raise TraceError(str(e)) from None
 
 
-def _bf16():
-    import ml_dtypes  # noqa: PLC0415 — numpy's BF16 dtype
-    return ml_dtypes.bfloat16
-
-
 @functools.lru_cache(maxsize=None)
 def _dtypes() -> Dict[str, np.dtype]:
     """The numpy dtype of each safetensors dtype the reader knows (little-endian, as the format stores them)."""
     import ml_dtypes  # noqa: PLC0415 — BF16 and FP8, which numpy lacks
-    return {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "F64": np.dtype("<f8"), "BF16": np.dtype(ml_dtypes.bfloat16),
-            "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn), "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-            "BOOL": np.dtype(np.bool_), "U8": np.dtype("u1"), "I8": np.dtype("i1"), "U16": np.dtype("<u2"),
-            "I16": np.dtype("<i2"), "U32": np.dtype("<u4"), "I32": np.dtype("<i4"), "U64": np.dtype("<u8"),
-            "I64": np.dtype("<i8")}
+    return {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "F64": np.dtype("<f8"),
+            "BF16": np.dtype(ml_dtypes.bfloat16), "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+            "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2), "BOOL": np.dtype(np.bool_), "U8": np.dtype("u1"),
+            "I8": np.dtype("i1"), "U16": np.dtype("<u2"), "I16": np.dtype("<i2"), "U32": np.dtype("<u4"),
+            "I32": np.dtype("<i4"), "U64": np.dtype("<u8"), "I64": np.dtype("<i8")}
+
+
+def _bf16() -> np.dtype:
+    return _dtypes()["BF16"]
 
 
 def _as_numpy(name: str, t, path: str) -> np.ndarray:

@@ -252,15 +252,22 @@ nb::tuple read_safetensors(const std::string& path) {
   nb::list tensors;
   for (const io::TensorInfo& t : f.tensors()) {
     const uint8_t* p = f.data(t.name);
-    std::vector<uint8_t> bytes(p, p + (t.end - t.begin));
-    tensors.append(nb::make_tuple(t.name, io::dtype_name(t.dtype), t.shape, owned(std::move(bytes), {size_t(t.end - t.begin)})));
+    const size_t n = size_t(t.end - t.begin);
+    tensors.append(nb::make_tuple(t.name, io::dtype_name(t.dtype), t.shape, owned(std::vector<uint8_t>(p, p + n), {n})));
   }
   return nb::make_tuple(f.metadata(), tensors);
 }
 
+// Every dtype of the reader: the enum's values up to the first without a size.
+std::vector<io::DType> all_dtypes() {
+  std::vector<io::DType> out;
+  for (int d = 0; io::dtype_size(io::DType(d)) != 0; ++d) out.push_back(io::DType(d));
+  return out;
+}
+
 io::DType parse_dtype(const std::string& path, const std::string& name) {
-  for (int d = 0; io::dtype_size(io::DType(d)) != 0; ++d)
-    if (name == io::dtype_name(io::DType(d))) return io::DType(d);
+  for (io::DType d : all_dtypes())
+    if (name == io::dtype_name(d)) return d;
   throw io::Error(path + ": dtype '" + name + "' is not a safetensors dtype");
 }
 
@@ -477,7 +484,7 @@ NB_MODULE(_core, m) {
         "The docs/spec.md §6 analyses of trace folders or files: the dict `fp4lab analyze --json` writes.");
   m.def("safetensors_dtypes", [] {
     std::map<std::string, size_t> d;
-    for (int i = 0; io::dtype_size(io::DType(i)) != 0; ++i) d[io::dtype_name(io::DType(i))] = io::dtype_size(io::DType(i));
+    for (io::DType t : all_dtypes()) d[io::dtype_name(t)] = io::dtype_size(t);
     return d;
   }, "Every safetensors dtype the reader knows, with its size in bytes.");
   m.def("read_safetensors", &read_safetensors, "path"_a,
