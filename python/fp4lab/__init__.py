@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, NamedTuple, Optional
 
 import numpy as np
 
@@ -23,7 +23,8 @@ from . import _core
 from ._core import QTensor, QuantConfig
 
 __version__: str = _core.__version__
-__all__ = ["QTensor", "QuantConfig", "analyze", "config", "formats", "gemm", "quantize", "recipes", "__version__"]
+__all__ = ["ABLATIONS", "Ablation", "QTensor", "QuantConfig", "analyze", "config", "formats", "gemm", "quantize",
+           "recipes", "__version__"]
 
 # Knob names as Python keywords ("rht_signs") -> the CLI option they stand for ("rht-signs").
 _KNOBS = {n.replace("-", "_"): n for n in _core.knob_names(True) if n not in ("recipe", "pass", "role")}
@@ -98,14 +99,55 @@ def _knobs(func: str, recipe: Optional[str], pass_: Optional[str], role: Optiona
     return k
 
 
+class Ablation(NamedTuple):
+    """A recipe of the paper's ablation study: a preset with knobs set per pass on top of it."""
+    base: str                                     # the preset it changes
+    per_pass: Mapping[str, Mapping[str, Any]]     # pass -> knobs (as the Python API names them)
+    what: str                                     # what changes, in words
+
+
+_NO_RHT = {"rht": 0}
+_SR = {"rounding": "sr"}
+# The recipes of the paper's dense ablation study (docs/spec.md §8), in its order: RHT scope on the uniform grid
+# growing to ufp4's all three GEMMs, SR, then E2M1 with RHT everywhere; `ufp4` itself is the arm that changes
+# nothing. Their names work wherever a preset's does in Python (config, quantize, fp4lab.torch.Recipe); the training
+# study, its paired comparisons and docs/training.md's table take them from here.
+ABLATIONS = {
+    "ufp4-rht-none": Ablation("ufp4", {"fwd_y": _NO_RHT, "bwd_dx": _NO_RHT, "bwd_dw": _NO_RHT}, "ufp4 without RHT"),
+    "ufp4-rht-wgrad": Ablation("ufp4", {"fwd_y": _NO_RHT, "bwd_dx": _NO_RHT}, "ufp4 with RHT on bwd_dw only"),
+    "ufp4-rht-fwd-wgrad": Ablation("ufp4", {"bwd_dx": _NO_RHT}, "ufp4 with RHT on fwd_y and bwd_dw"),
+    "ufp4": Ablation("ufp4", {}, "RHT on all three GEMMs (the recipe)"),
+    "ufp4-sr-none": Ablation("ufp4", {p: {"rounding": "rtne"} for p in ("fwd_y", "bwd_dx", "bwd_dw")},
+                             "ufp4 with round-to-nearest-even everywhere"),
+    "ufp4-sr-grads": Ablation("ufp4", {"bwd_dx": _SR, "bwd_dw": _SR},
+                              "ufp4 with SR on every operand of the two gradient GEMMs"),
+    "e2m1-rht-all": Ablation("e2m1-ref", {"fwd_y": {"rht": 16}, "bwd_dx": {"rht": 16}},
+                             "e2m1-ref with RHT on all three GEMMs"),
+}
+
+
+def _recipe_knobs(recipe: Optional[str], pass_: str, knobs: Mapping[str, Any]) -> tuple:
+    """(preset, knobs) that make ``recipe`` for one pass: for an ablation, its preset and its knobs for the pass
+    beneath ``knobs``; otherwise ``recipe`` and ``knobs`` as they are."""
+    a = ABLATIONS.get(recipe) if isinstance(recipe, str) else None
+    if a is None:
+        return recipe, dict(knobs)
+    return a.base, {**a.per_pass.get(pass_, {}), **knobs}
+
+
 @_one_line_errors
 def config(recipe: Optional[str] = None, *, pass_: Optional[str] = None, role: Optional[str] = None,
            operand: Optional[str] = None, **knobs) -> QuantConfig:
     """The quantiser settings of one operand: the recipe's for that pass and operand, then the knobs on top.
 
-    Without ``pass_`` the pass is fwd_y (bwd_dx for ``role="bwd_dy"``), as on the command line; ``operand``
-    ("a" or "b") picks an operand where ``role`` does not.
+    ``recipe`` is a preset or an ablation (``fp4lab.ABLATIONS``). Without ``pass_`` the pass is fwd_y (bwd_dx for
+    ``role="bwd_dy"``), as on the command line; ``operand`` ("a" or "b") picks an operand where ``role`` does not.
     """
+    if isinstance(recipe, str) and recipe in ABLATIONS:
+        _check_str("config", "pass_", pass_)
+        # The pass the command line would pick, so that the ablation's knobs for it apply.
+        pass_ = pass_ or _core.selected_pass(_knobs("config", ABLATIONS[recipe].base, None, role, {}))
+        recipe, knobs = _recipe_knobs(recipe, pass_, knobs)
     k = _knobs("config", recipe, pass_, role, knobs)
     _check_str("config", "operand", operand)
     return _core.operand_config(k, pass_ or "", operand or "")
@@ -131,7 +173,8 @@ def quantize(x: np.ndarray, recipe: Optional[str] = None, *, pass_: Optional[str
              role: Optional[str] = None, **knobs) -> QTensor:
     """Block-quantise a 2-D float32 or ml_dtypes.bfloat16 array along its last dimension.
 
-    ``recipe`` is a preset (``fp4lab.recipes()``) whose settings for ``pass_`` and ``role`` apply; knobs named
+    ``recipe`` is a preset (``fp4lab.recipes()``) or an ablation (``fp4lab.ABLATIONS``) whose settings for
+    ``pass_`` and ``role`` apply; knobs named
     as the CLI's options (``format``, ``block``, ``scale``, ``tile2d``, ``rht`` (a size, or 0 or None: no
     rotation, as ``--rht none``), ``rht_signs`` (list or "te"),
     ``rht_seed``, ``rht_bf16``, ``rounding``, ``seed``, ``stream``) override it. Returns a QTensor with

@@ -19,7 +19,7 @@ Three ways to use it:
   * wrap an unmodified training script (counts optimizer.step() calls, finds the model as the first
     top-level module whose forward runs with matching nn.Linear children):
               fp4lab-capture run --pattern 'mlp\\.' --steps 100,200 --out traces -- train.py --lr 1e-3
-  * check a trace folder or file without PyTorch (fp4lab.trace): validates it as the C++ reader does and
+  * check a trace folder or file without PyTorch (fp4lab.trace): validates it with the C++ reader and
     prints outlier statistics per tensor:
               fp4lab-capture check workloads/tiny-lm/step_005000 [--json stats.json]
 """

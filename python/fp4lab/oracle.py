@@ -1,20 +1,58 @@
 """A straightforward numpy implementation of fp4lab's pinned analyses (docs/spec.md §6): the test oracle.
 
-Written independently of the C++ code from the definitions alone (it calls nothing of fp4lab but the trace
-reader, fp4lab.trace), for two uses:
-  * the baseline that `scripts/bench_analyze.py` times `fp4lab analyze` against, and
-  * a cross-check: tests/python compares its numbers with fp4lab's JSON.
+Written independently of the C++ code from the definitions alone (it calls nothing of fp4lab, and reads traces
+with its own few lines of numpy), for three uses:
+  * the baseline that `scripts/bench_analyze.py` times `fp4lab analyze` against,
+  * a cross-check: tests/python compares its numbers with fp4lab's JSON, and
+  * the reference that tests/python holds fp4lab.trace's reads against, byte for byte.
 
 Blocks of 16 along the last dimension, one FP32 scale amax/gmax per block, RTNE (ties to the even level),
 RHT-16 as H . diag(s) / 4 along the reduction dimension.
 """
 import json
 import math
+import os
 import sys
 
 import numpy as np
 
-from .trace import records as load_trace
+# ---- reading: safetensors is [8 bytes: little-endian header length n][n bytes: JSON header][data] ----------------
+# Only what trace v1 stores (F32 and BF16 along with F16), as 1-D views shaped by the header; no validation
+# beyond what decoding needs: the reader under test does that.
+_WIDE = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}
+
+
+def read_safetensors(path):
+    """(metadata, {name: (dtype name, array of the stored values)}), header order; BF16 as its uint16 bit patterns."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    n = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    data = blob[8 + n:]
+    out = {}
+    for name, e in header.items():
+        b, end = e["data_offsets"]
+        out[name] = (e["dtype"], np.frombuffer(data[b:end], dtype=_WIDE[e["dtype"]]).reshape(e["shape"]))
+    return meta, out
+
+
+def as_f32(dtype, a):
+    """The values of a stored F32, F16 or BF16 array as float32 (BF16 is the top half of an FP32 bit pattern)."""
+    if dtype == "BF16":
+        return (a.astype(np.uint32) << 16).view(np.float32)
+    return a.astype(np.float32)
+
+
+def load_trace(path):
+    """[(gemm, X, W, dY)] as float32 arrays: files by name, gemms by name within a file."""
+    names = sorted(f for f in os.listdir(path) if f.endswith(".safetensors")) if os.path.isdir(path) else [path]
+    out = []
+    for fn in names:
+        _, tensors = read_safetensors(os.path.join(path, fn) if os.path.isdir(path) else fn)
+        for g in sorted({k.rsplit(".", 1)[0] for k in tensors if k.endswith(".fwd_x")}):
+            out.append((g, *(as_f32(*tensors[f"{g}.{r}"]) for r in ("fwd_x", "fwd_w", "bwd_dy"))))
+    return out
 
 GRIDS = {
     "e2m1": np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=np.float32),

@@ -34,6 +34,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, Hashable, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from . import ABLATIONS
+
 __all__ = ["DEFINITION", "T975", "t975", "PairedStats", "paired_stats", "PairResult", "compare", "compare_all",
            "pairs_for", "HEAD_TO_HEAD", "ABLATION_BASE", "REFERENCE", "ranks", "pearson"]
 
@@ -60,12 +62,9 @@ DEFINITION = ("d_s = 100 * (L_A,s - L_B,s) / L_bf16,s per seed s with runs of A,
 # The head-to-head comparisons of the study (docs/training.md): the paper's recipe against the E2M1 reference
 # and the two other presets. A − B, so a positive difference means the first trained worse.
 HEAD_TO_HEAD = (("ufp4", "e2m1-ref"), ("ufp4", "nvfp4"), ("ufp4", "mxfp4"))
-# Each ablation of the paper's dense study against the recipe it changes (docs/training.md, "The paper's
-# ablations"): the RHT-scope and SR variants change ufp4, E2M1 with RHT everywhere changes e2m1-ref.
-ABLATION_BASE = {
-    "ufp4-rht-none": "ufp4", "ufp4-rht-wgrad": "ufp4", "ufp4-rht-fwd-wgrad": "ufp4", "ufp4-sr-none": "ufp4",
-    "ufp4-sr-grads": "ufp4", "e2m1-rht-all": "e2m1-ref",
-}
+# Each ablation of the paper's dense study against the preset it changes (fp4lab.ABLATIONS): the RHT-scope and SR
+# variants change ufp4, E2M1 with RHT everywhere changes e2m1-ref.
+ABLATION_BASE = {name: a.base for name, a in ABLATIONS.items() if name != a.base}
 
 
 def t975(df: int) -> float:

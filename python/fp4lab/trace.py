@@ -1,14 +1,15 @@
-"""Trace v1 folders (docs/spec.md §7): reading, writing and checking them, through the `safetensors` package.
+"""Trace v1 folders (docs/spec.md §7): reading, writing and checking them, through the C++ reader and writer that
+`fp4lab analyze` and the other commands use (bound in fp4lab._core).
 
 A trace is a folder of .safetensors files. Each record holds, for a linear layer `<gemm>`, the operands of its
 three training GEMMs at one step: `<gemm>.fwd_x` [tokens, in], `<gemm>.fwd_w` [out, in] and `<gemm>.bwd_dy`
-[tokens, out], BF16 or F32, with "fp4lab.trace.version": "1" in __metadata__. This module is the package's one
-safetensors reader and writer; the C++ reader of `fp4lab analyze` reads the same files.
+[tokens, out], BF16 or F32, with "fp4lab.trace.version": "1" in __metadata__. Faults are TraceError (a
+ValueError) with the reader's one-line message naming the file and the fault.
 
     from fp4lab import trace
     meta, arrays, dtypes = trace.read_file("t/step_000100/layers.0.mlp.fc2.safetensors")   # float32 arrays
     for gemm, x, w, dy in trace.records("t/step_000100"): ...
-    rows = trace.check("t/step_000100")       # validates as the C++ reader does; outlier statistics per tensor
+    rows = trace.check("t/step_000100")       # the C++ reader's validation; outlier statistics per tensor
 
 `python3 -m fp4lab.trace FOLDER|FILE [--block 16] [--json stats.json]` (also `fp4lab-capture check`) prints the
 check's table.
@@ -16,6 +17,7 @@ check's table.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -24,18 +26,38 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
+from . import _core
+
 TRACE_VERSION = "1"
 ROLES = ("fwd_x", "fwd_w", "bwd_dy")
 SUFFIX = ".safetensors"
 
 
-class TraceError(Exception):
+class TraceError(ValueError):
     """A one-line fault naming the file or module concerned."""
 
 
-def _bf16():
-    import ml_dtypes  # noqa: PLC0415 — numpy's BF16 dtype, which safetensors' numpy API maps to "BF16"
-    return ml_dtypes.bfloat16
+def _io(func, *args):
+    """A call into the C++ reader or writer, its ValueError as a TraceError."""
+    try:
+        return func(*args)
+    except ValueError as e:
+        raise TraceError(str(e)) from None
+
+
+@functools.lru_cache(maxsize=None)
+def _dtypes() -> Dict[str, np.dtype]:
+    """The numpy dtype of each safetensors dtype the reader knows (little-endian, as the format stores them)."""
+    import ml_dtypes  # noqa: PLC0415 — BF16 and FP8, which numpy lacks
+    return {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "F64": np.dtype("<f8"),
+            "BF16": np.dtype(ml_dtypes.bfloat16), "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+            "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2), "BOOL": np.dtype(np.bool_), "U8": np.dtype("u1"),
+            "I8": np.dtype("i1"), "U16": np.dtype("<u2"), "I16": np.dtype("<i2"), "U32": np.dtype("<u4"),
+            "I32": np.dtype("<i4"), "U64": np.dtype("<u8"), "I64": np.dtype("<i8")}
+
+
+def _bf16() -> np.dtype:
+    return _dtypes()["BF16"]
 
 
 def _as_numpy(name: str, t, path: str) -> np.ndarray:
@@ -54,54 +76,43 @@ def _as_numpy(name: str, t, path: str) -> np.ndarray:
 
 
 def write_file(path: str, tensors: Mapping[str, object], metadata: Mapping[str, object]) -> None:
-    """Writes BF16 or F32 tensors (numpy arrays, ml_dtypes.bfloat16 for BF16, or torch tensors) and `metadata`
-    (values as text) as one safetensors file; under a temporary name, then renamed, so that a killed writer
-    leaves no truncated record."""
-    from safetensors.numpy import save  # noqa: PLC0415
-    arrays = {name: _as_numpy(name, t, path) for name, t in tensors.items()}
-    blob = save(arrays, metadata={k: str(v) for k, v in metadata.items()})
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(blob)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Writes BF16 or F32 tensors (numpy arrays, ml_dtypes.bfloat16 for BF16, or torch tensors) in the given order
+    and `metadata` (values as text) as one safetensors file; under a temporary name, then renamed, so that a killed
+    writer leaves no truncated record."""
+    out = []
+    for name, t in tensors.items():
+        a = _as_numpy(name, t, path)
+        out.append((name, dtype_name(a), list(a.shape), a.reshape(-1).view(np.uint8)))
+    _io(_core.write_safetensors, os.fspath(path), out, {k: str(v) for k, v in metadata.items()})
+
+
+def _read(path: str):
+    """(metadata, [(name, dtype name, array as stored)]) in the file's order."""
+    meta, tensors = _io(_core.read_safetensors, os.fspath(path))
+    dt = _dtypes()
+    return meta, [(name, dtype, raw.view(dt[dtype]).reshape(shape)) for name, dtype, shape, raw in tensors]
 
 
 def read_raw(path: str) -> Tuple[Dict[str, str], Dict[str, np.ndarray]]:
     """(metadata, {name: array as stored}): BF16 as ml_dtypes.bfloat16, F32 and F16 as themselves."""
-    from safetensors import SafetensorError, safe_open  # noqa: PLC0415
-    _bf16()
-    if not os.path.isfile(path):
-        raise TraceError(f"{path}: no such file")
-    try:
-        with safe_open(path, "numpy") as f:
-            meta = f.metadata() or {}
-            arrays = {name: f.get_tensor(name) for name in f.keys()}
-    except (SafetensorError, OSError, ValueError, TypeError) as e:
-        raise TraceError(f"{path}: not a valid safetensors file ({str(e).splitlines()[0] if str(e) else e})") \
-            from None
-    return meta, arrays
-
-
-_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
+    meta, tensors = _read(path)
+    return meta, {name: a for name, _, a in tensors}
 
 
 def dtype_name(a: np.ndarray) -> str:
     """The safetensors name of an array's dtype (BF16, F32, F16, ...)."""
-    return "BF16" if a.dtype == np.dtype(_bf16()) else _DTYPES.get(a.dtype, a.dtype.name.upper())
+    for name, d in _dtypes().items():
+        if a.dtype == d:
+            return name
+    raise TraceError(f"dtype {a.dtype} has no safetensors name")
 
 
 def read_file(path: str):
     """(metadata, {name: float32 array}, {name: stored dtype name}) of one file; only F32, BF16 and F16 tensors
     are accepted."""
-    meta, raw = read_raw(path)
+    meta, tensors = _read(path)
     arrays, dtypes = {}, {}
-    for name, a in raw.items():
-        dt = dtype_name(a)
+    for name, dt, a in tensors:
         if dt not in ("F32", "BF16", "F16"):
             raise TraceError(f"{path}: tensor {name!r}: dtype {dt} is not F32, BF16 or F16")
         arrays[name], dtypes[name] = a.astype(np.float32), dt
@@ -118,18 +129,11 @@ def files(path: str) -> List[str]:
     return out
 
 
-def gemm_names(names) -> List[str]:
-    """The GEMMs named by `<gemm>.<role>` tensor names, sorted."""
-    return sorted({n.rsplit(".", 1)[0] for n in names if n.rsplit(".", 1)[-1] in ROLES})
-
-
 def records(path: str):
-    """[(gemm, X, W, dY)] as float32 arrays, in file order and, within a file, by name."""
-    out = []
-    for fn in files(path):
-        _, arrays, _ = read_file(fn)
-        out += [(g, *(arrays[f"{g}.{r}"] for r in ROLES)) for g in gemm_names(arrays)]
-    return out
+    """[(gemm, X, W, dY)] of a valid trace as float32 arrays, in the reader's order (files by name, then each gemm's
+    first tensor in its file)."""
+    t = _io(_core.Trace, os.fspath(path), 1)
+    return [(r["gemm"], *_io(t.load, i)) for i, r in enumerate(t.records)]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -153,40 +157,18 @@ def tensor_stats(a) -> Dict[str, float]:
 
 
 def check(path: str, block: int = 16) -> List[dict]:
-    """Validates a trace folder (or one file) as docs/spec.md §7 says; returns one dict per gemm."""
+    """Validates a trace folder (or one file) with the C++ reader (docs/spec.md §7: headers, version, the three
+    tensors of every gemm, BF16/F32, shapes, multiples of `block`, finite values); returns one dict per gemm, in the
+    reader's order (files by name, then each gemm's first tensor in its file)."""
+    t = _io(_core.Trace, os.fspath(path), block)
     out = []
-    for f in files(path):
-        meta, arrays, dtypes = read_file(f)
-        if meta.get("fp4lab.trace.version") != TRACE_VERSION:
-            raise TraceError(f"{f}: __metadata__ lacks \"fp4lab.trace.version\": \"1\"")
-        gemms = gemm_names(arrays)
-        if not gemms:
-            raise TraceError(f"{f}: no <gemm>.fwd_x/.fwd_w/.bwd_dy tensors")
-        for g in gemms:
-            names = [f"{g}.{s}" for s in ROLES]
-            for n in names:
-                if n not in arrays:
-                    raise TraceError(f"{f}: gemm {g!r} lacks tensor {n!r}")
-                if dtypes[n] not in ("BF16", "F32"):
-                    raise TraceError(f"{f}: tensor {n!r} is {dtypes[n]}, trace v1 allows BF16 or F32")
-                if arrays[n].ndim != 2:
-                    raise TraceError(f"{f}: tensor {n!r} has shape {list(arrays[n].shape)}, expected 2-D")
-                bad = np.flatnonzero(~np.isfinite(arrays[n]))
-                if bad.size:
-                    raise TraceError(f"{f}: tensor {n!r}: non-finite value at flat index {bad[0]}")
-            x, w, dy = (arrays[n] for n in names)
-            t, i = x.shape
-            o = w.shape[0]
-            if w.shape[1] != i or dy.shape != (t, o):
-                raise TraceError(f"{f}: gemm {g!r}: shapes fwd_x {list(x.shape)}, fwd_w {list(w.shape)}, "
-                                 f"bwd_dy {list(dy.shape)} disagree")
-            for what, n in (("tokens", t), ("in", i), ("out", o)):
-                if n % block:
-                    raise TraceError(f"{f}: gemm {g!r}: {what} = {n} is not a multiple of {block}")
-            out.append({"file": f, "gemm": g, "tokens": t, "in": i, "out": o, "dtype": dtypes[names[0]],
-                        "step": meta.get("step", ""), "model": meta.get("model", ""),
-                        "command": meta.get("command", ""),
-                        "x": tensor_stats(x), "w": tensor_stats(w), "dy": tensor_stats(dy)})
+    for i, r in enumerate(t.records):
+        meta = t.metadata(r["file"])
+        x, w, dy = _io(t.load, i)
+        out.append({"file": r["file"], "gemm": r["gemm"], "tokens": r["tokens"], "in": r["in"], "out": r["out"],
+                    "dtype": r["dtype"], "step": meta.get("step", ""), "model": meta.get("model", ""),
+                    "command": meta.get("command", ""),
+                    "x": tensor_stats(x), "w": tensor_stats(w), "dy": tensor_stats(dy)})
     return out
 
 

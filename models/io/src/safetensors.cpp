@@ -584,15 +584,17 @@ void Trace::add(std::shared_ptr<SafetensorsFile> f, int block) {
 }
 
 const std::map<std::string, std::string>& Trace::metadata(const std::string& file) const {
+  return this->file(file).metadata();
+}
+
+const SafetensorsFile& Trace::file(const std::string& file) const {
   const auto it = files_.find(file);
   if (it == files_.end()) fail(file, "not a file of this trace");
-  return it->second->metadata();
+  return *it->second;
 }
 
 Trace::Layer Trace::load(const TraceRecord& r) const {
-  const auto it = files_.find(r.file);
-  if (it == files_.end()) fail(r.file, "not a file of this trace");
-  const SafetensorsFile& f = *it->second;
+  const SafetensorsFile& f = file(r.file);
   Layer l;
   l.x = f.read_f32(r.gemm + ".fwd_x");
   l.w = f.read_f32(r.gemm + ".fwd_w");

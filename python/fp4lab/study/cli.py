@@ -91,7 +91,7 @@ def main(argv=None):
                 ap.error(f"{spec}: not SIZE:RECIPE:MODE:SEED:STEPS[:EXTRA ARGS]")
             print(run_name(*f[:5]))
     else:
-        for n, (preset, pp, po, what) in RECIPES.items():
+        for n, what in RECIPES.items():
             print(f"{n:20s} {what}")
 
 

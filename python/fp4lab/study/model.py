@@ -1,6 +1,8 @@
 """The study's decoder, its sizes and its recipes (the presets and the ablations)."""
 import math
 
+from .. import ABLATIONS
+
 # d_model, layers, heads, FFN width, sequence, batch (sequences), peak learning rate.
 SIZES = {
     "small": dict(d=512, layers=10, heads=8, ffn=1408, seq=512, batch=16, lr=1.5e-3),
@@ -8,34 +10,24 @@ SIZES = {
     "test": dict(d=64, layers=2, heads=2, ffn=128, seq=64, batch=4, lr=3e-3),  # for the CPU test only
 }
 
-NO_RHT = {"rht": 0}
-# name -> (preset, per_pass overrides, per_operand overrides, what it is). The ablations are those of the paper's
-# dense 1.5B study (docs/spec.md §8): RHT scope on the uniform grid, SR on dY, and E2M1 with RHT everywhere.
+# name -> what it is: BF16, the presets, then the ablations of the paper's dense 1.5B study (fp4lab.ABLATIONS, where
+# they are defined: RHT scope on the uniform grid, SR, and E2M1 with RHT everywhere). fp4lab.torch.Recipe takes every
+# name but bf16's as it is.
 RECIPES = {
-    "bf16": ("bf16", {}, {}, "BF16 GEMMs (autocast), the reference"),
-    "nvfp4": ("nvfp4", {}, {}, "Transformer Engine's NVFP4 recipe"),
-    "mxfp4": ("mxfp4", {}, {}, "OCP MXFP4"),
-    "e2m1-ref": ("e2m1-ref", {}, {}, "E2M1, FP32 scales, RHT on bwd_dw, SR on dY (the paper's E2M1 baseline)"),
-    "ufp4": ("ufp4", {}, {}, "E1M2, FP32 scales, RHT on all three GEMMs, SR on dY (the paper's recipe)"),
-    "ufp4-rht-none": ("ufp4", {"fwd_y": NO_RHT, "bwd_dx": NO_RHT, "bwd_dw": NO_RHT}, {}, "ufp4 without RHT"),
-    "ufp4-rht-wgrad": ("ufp4", {"fwd_y": NO_RHT, "bwd_dx": NO_RHT}, {}, "ufp4 with RHT on bwd_dw only"),
-    "ufp4-rht-fwd-wgrad": ("ufp4", {"bwd_dx": NO_RHT}, {}, "ufp4 with RHT on fwd_y and bwd_dw"),
-    "ufp4-sr-none": ("ufp4", {p: {"rounding": "rtne"} for p in ("fwd_y", "bwd_dx", "bwd_dw")}, {},
-                     "ufp4 with round-to-nearest-even everywhere"),
-    "ufp4-sr-grads": ("ufp4", {"bwd_dx": {"rounding": "sr"}, "bwd_dw": {"rounding": "sr"}}, {},
-                      "ufp4 with SR on every operand of the two gradient GEMMs"),
-    "e2m1-rht-all": ("e2m1-ref", {"fwd_y": {"rht": 16}, "bwd_dx": {"rht": 16}}, {},
-                     "e2m1-ref with RHT on all three GEMMs"),
+    "bf16": "BF16 GEMMs (autocast), the reference",
+    "nvfp4": "Transformer Engine's NVFP4 recipe",
+    "mxfp4": "OCP MXFP4",
+    "e2m1-ref": "E2M1, FP32 scales, RHT on bwd_dw, SR on dY (the paper's E2M1 baseline)",
+    "ufp4": "E1M2, FP32 scales, RHT on all three GEMMs, SR on dY (the paper's recipe)",
 }
+RECIPES.update((n, a.what) for n, a in ABLATIONS.items() if n not in RECIPES)
 
 
 def make_recipe(name: str, mode: str, seed: int):
     import fp4lab.torch as ft
-    preset, per_pass, per_operand, _ = RECIPES[name]
-    if preset == "bf16":
+    if name == "bf16":
         return ft.Recipe("bf16")
-    return ft.Recipe(preset, mode=mode, seed=seed, per_pass=per_pass or None, per_operand=per_operand or None,
-                     check_finite="deferred")
+    return ft.Recipe(name, mode=mode, seed=seed, check_finite="deferred")
 
 
 def build_model(cfg: dict, vocab: int = 256):

@@ -3,13 +3,13 @@ import json
 import math
 import os
 
+from .. import ABLATIONS as _ABLATIONS
 from .. import paired as pm
 from .corpus import write_atomic
 from .model import SIZES
 
 CORE = ["bf16", "nvfp4", "mxfp4", "e2m1-ref", "ufp4"]
-ABLATIONS = ["ufp4-rht-none", "ufp4-rht-wgrad", "ufp4-rht-fwd-wgrad", "ufp4", "ufp4-sr-none", "ufp4-sr-grads",
-             "e2m1-rht-all"]
+ABLATIONS = list(_ABLATIONS)  # the paper's ablation study, ufp4 among them (fp4lab.ABLATIONS)
 PAPER = {"e2m1-ref": "Dense 1.5B 1.2570, MoE 7.9B 2.3596, MoE 124B 1.7308",
          "ufp4": "Dense 1.5B 0.9673, MoE 7.9B 1.8469, MoE 124B 1.3863"}
 

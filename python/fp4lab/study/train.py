@@ -180,7 +180,7 @@ def cmd_train(args):
     done = step + 1
     run = {
         "name": args.name, "model": args.size, "params": params, "block_params": block_params,
-        "recipe": args.recipe, "recipe_detail": RECIPES[args.recipe][3],
+        "recipe": args.recipe, "recipe_detail": RECIPES[args.recipe],
         "gemm_mode": "bf16" if args.recipe == "bf16" else args.mode, "seed": args.seed,
         "steps": list(range(1, done + 1)), "train_loss": [float(v) for v in losses[:done].cpu().tolist()],
         "val_steps": val_steps, "val_loss": val_loss,

@@ -20,7 +20,7 @@ the CPU).
     import fp4lab.torch as ft
     ft.convert(model, "ufp4", exclude=r"lm_head")     # every other nn.Linear now trains under UFP4
 """
-from .recipe import RECIPES, Recipe
+from .recipe import ABLATIONS, RECIPES, Recipe
 from .ops import QTensorCUDA, check_finite, dequantize, fake_quantize, gemm, product, quantize, _dequantize
 from .linear import Linear, layer_id_of
 from .attention import MultiheadAttention
@@ -30,4 +30,4 @@ from .distributed import sr_shard
 
 __all__ = ["Recipe", "Linear", "MultiheadAttention", "convert", "ConvertReport", "ConvertEntry", "layer_id_of",
            "set_step", "quantize", "fake_quantize", "gemm", "product", "dequantize", "QTensorCUDA", "check_finite", "RECIPES",
-           "monitor", "sr_shard"]
+           "ABLATIONS", "monitor", "sr_shard"]

@@ -9,7 +9,7 @@ import numpy as np
 import fp4lab as _fp
 from fp4lab import _core
 
-__all__ = ["Recipe", "RECIPES"]
+__all__ = ["Recipe", "RECIPES", "ABLATIONS"]
 
 def _whole(func: str, name: str, value: Any, hi: int) -> int:
     """``value`` as an int from 0 to hi - 1, or a one-line TypeError (a float, a bool, a str) or ValueError (out of
@@ -40,8 +40,10 @@ def _same_rotation(pass_: str, a: "_core.QuantConfig", b: "_core.QuantConfig") -
         raise ValueError(f"Recipe(): {pass_}: {e}") from None
 
 
-# bf16 is the passthrough recipe (plain F.linear); the others are the presets of docs/spec.md §2.
+# bf16 is the passthrough recipe (plain F.linear); the others are the presets of docs/spec.md §2. Recipe also takes
+# the names of the ablations (fp4lab.ABLATIONS: a preset with knobs set per pass).
 RECIPES = ("bf16",) + tuple(_core.recipe_names())
+ABLATIONS = _fp.ABLATIONS
 _PASSES = ("fwd_y", "bwd_dx", "bwd_dw")
 
 
@@ -49,7 +51,8 @@ class Recipe:
     """A training recipe: a preset name (or "bf16") plus any knob set on top, a GEMM mode and an SR seed.
 
     ``Recipe("ufp4")``, ``Recipe("e2m1-ref", mode="fast")``, ``Recipe(format="e1m2", rht=16)`` (knobs alone, on
-    the defaults e1m2 / block 16 / fp32 scale / no RHT / RTNE). Knobs apply to every operand of every pass, as on
+    the defaults e1m2 / block 16 / fp32 scale / no RHT / RTNE), ``Recipe("ufp4-rht-wgrad")`` (an ablation: its
+    preset with its knobs per pass, beneath any given here). Knobs apply to every operand of every pass, as on
     the command line; ``per_pass={"fwd_y": {"rht": 0}}`` and ``per_operand={("bwd_dx", "a"): {...}}`` narrow them.
 
     Immutable, compared and hashed by value; ``repr`` is the call that builds it, and copies, pickles and
@@ -67,8 +70,9 @@ class Recipe:
             raise ValueError(f"mode must be 'exact' or 'fast', not {mode!r}")
         if check_finite not in ("sync", "deferred"):
             raise ValueError(f"check_finite must be 'sync' or 'deferred', not {check_finite!r}")
-        if name is not None and name not in RECIPES:
-            raise ValueError(f"unknown recipe '{name}' (known: {', '.join(RECIPES)})")
+        if name is not None and name not in RECIPES and name not in ABLATIONS:
+            known = list(RECIPES) + [a for a in ABLATIONS if a not in RECIPES]
+            raise ValueError(f"unknown recipe '{name}' (known: {', '.join(known)})")
         if name == "bf16" and (knobs or per_pass or per_operand):
             raise ValueError("the bf16 recipe is plain BF16 and takes no knobs")
         for p in (per_pass or {}):
@@ -104,7 +108,8 @@ class Recipe:
                 for bad in ("seed", "stream", "pass_", "role"):
                     if bad in k:
                         raise ValueError(f"{bad} is set by the training step, not by the recipe")
-                kn[(p, o)] = _fp._knobs("Recipe", None if self.passthrough else name, None, None, k)
+                preset, k = _fp._recipe_knobs(None if self.passthrough else name, p, k)
+                kn[(p, o)] = _fp._knobs("Recipe", preset, None, None, k)
         set_(self, "_knobs", kn)
         set_(self, "_configs", {})
         set_(self, "key", repr(self))

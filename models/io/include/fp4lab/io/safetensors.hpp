@@ -112,6 +112,8 @@ class Trace {
   explicit Trace(std::vector<std::shared_ptr<SafetensorsFile>> files, int block = 16);
   const std::vector<TraceRecord>& records() const { return records_; }
   const std::map<std::string, std::string>& metadata(const std::string& file) const;
+  // One file of the trace (a record's `file`), for what a record does not carry, such as its tensors' dtypes.
+  const SafetensorsFile& file(const std::string& file) const;
 
   struct Layer {
     std::vector<float> x, w, dy;  // row-major FP32 copies of fwd_x, fwd_w, bwd_dy
