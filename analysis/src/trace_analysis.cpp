@@ -195,6 +195,7 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
     io::Trace::Layer layer;
     std::unique_ptr<LayerOperands> lo;
     std::vector<LayerResults> by_task;       // a recipe task's one GEMM in gemms
+    RecordResult result;                     // made from by_task by the record's last slot
     std::vector<std::exception_ptr> faults;  // [0] the load, [1..3] the references, [4 + t] task t
     bool skipped = false;                    // not loaded: an earlier record failed
     std::atomic<bool> loaded{false}, ref_ready[3] = {false, false, false};
@@ -212,6 +213,58 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
   auto note_fault = [&](size_t k) {
     for (size_t f = first_fault.load(); k < f && !first_fault.compare_exchange_weak(f, k);) {
     }
+  };
+  // A record's task results in report order: per setting its tensors and GEMMs, then its recipe GEMMs. Made by the
+  // record's last slot, so that a long trace holds each record's compact result rather than all its task results.
+  auto finish = [&](size_t k) {
+    const size_t ri = my[k];
+    const io::TraceRecord& rec = *refs_[ri].rec;
+    const size_t trace = refs_[ri].trace;
+    const std::string gname = multi ? folder_name(traces_[trace]) + ":" + rec.gemm : rec.gemm;
+    std::vector<LayerResults>& by_task = work[k].by_task;
+    RecordResult out;
+    out.elements = rec.tokens * rec.in + rec.out * rec.in + rec.tokens * rec.out;
+    out.tensor_rows.resize(3);
+    out.gemm_rows.resize(3);
+    std::map<std::string, double> sqnr_no_rht;  // format/role -> SQNR without RHT, for the delta
+    // Every task succeeded (finish runs only then), so each recipe task holds its GEMM.
+    std::vector<LayerResults> by_setting(settings.size());
+    std::vector<std::vector<GemmResult>> by_recipe(recipes.size());
+    for (size_t t = 0; t < tasks; ++t) {
+      const size_t job = t / 3;
+      if (job < settings.size()) by_setting[job].append(std::move(by_task[t]));
+      else by_recipe[job - settings.size()].push_back(std::move(by_task[t].gemms.front()));
+    }
+    for (size_t si = 0; si < settings.size(); ++si) {
+      for (TensorResult& t : by_setting[si].tensors) {
+        AnalysisRow& row = out.tensor_rows[t.role == "fwd_x" ? 0 : t.role == "fwd_w" ? 1 : 2];
+        row.gemm = gname;
+        row.what = t.role;
+        row.sqnr.push_back(t.sqnr_db);
+        row.beff.push_back(t.beff);
+        TensorEntry e;
+        e.trace = trace;
+        e.gemm = rec.gemm;
+        const std::string key = t.format + "/" + t.role;
+        if (t.rht == 0) sqnr_no_rht[key] = t.sqnr_db;
+        else if (sqnr_no_rht.count(key)) e.delta_sqnr_db = t.sqnr_db - sqnr_no_rht[key];
+        e.tokens = rec.tokens;
+        e.t = std::move(t);
+        out.tensors.push_back(std::move(e));
+      }
+      for (GemmResult& g : by_setting[si].gemms) {
+        AnalysisRow& row = out.gemm_rows[g.pass == "fwd_y" ? 0 : g.pass == "bwd_dx" ? 1 : 2];
+        row.gemm = gname;
+        row.what = g.pass;
+        row.sqnr.push_back(g.sqnr_db);
+        row.eta.push_back(g.eta);
+        out.gemms.push_back({trace, rec.gemm, std::move(g)});
+      }
+    }
+    for (auto& rg : by_recipe)
+      for (GemmResult& g : rg) out.gemms.push_back({trace, rec.gemm, std::move(g)});
+    work[k].result = std::move(out);
+    by_task = std::vector<LayerResults>();
   };
   std::atomic<size_t> done{0};
 #pragma omp parallel for schedule(dynamic, 1)
@@ -269,6 +322,14 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
     if (--w.left == 0) {  // the record's last slot: its operands are no longer needed
       w.lo.reset();
       w.layer = io::Trace::Layer{};
+      if (run && std::none_of(w.faults.begin(), w.faults.end(), [](const std::exception_ptr& f) { return bool(f); })) {
+        try {
+          finish(k);
+        } catch (...) {  // out of memory: no exception may leave the parallel loop
+          w.faults[0] = std::current_exception();
+          note_fault(k);
+        }
+      }
     }
   }
 
@@ -277,9 +338,6 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
   for (size_t k = 0; k < my.size(); ++k) {
     const size_t ri = my[k];
     const io::TraceRecord& rec = *refs_[ri].rec;
-    const size_t trace = refs_[ri].trace;
-    const std::string gname = multi ? folder_name(traces_[trace]) + ":" + rec.gemm : rec.gemm;
-    std::vector<LayerResults>& by_task = work[k].by_task;
     try {
       if (work[k].faults[0]) std::rethrow_exception(work[k].faults[0]);
       for (size_t i = 1; i < per; ++i)
@@ -295,48 +353,7 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
       batch.fault = std::current_exception();
       break;
     }
-    RecordResult out;
-    out.elements = rec.tokens * rec.in + rec.out * rec.in + rec.tokens * rec.out;
-    out.tensor_rows.resize(3);
-    out.gemm_rows.resize(3);
-    std::map<std::string, double> sqnr_no_rht;  // format/role -> SQNR without RHT, for the delta
-    // Every task succeeded (a fault ended above), so each recipe task holds its GEMM.
-    std::vector<LayerResults> by_setting(settings.size());
-    std::vector<std::vector<GemmResult>> by_recipe(recipes.size());
-    for (size_t t = 0; t < tasks; ++t) {
-      const size_t job = t / 3;
-      if (job < settings.size()) by_setting[job].append(std::move(by_task[t]));
-      else by_recipe[job - settings.size()].push_back(std::move(by_task[t].gemms.front()));
-    }
-    for (size_t si = 0; si < settings.size(); ++si) {
-      for (TensorResult& t : by_setting[si].tensors) {
-        AnalysisRow& row = out.tensor_rows[t.role == "fwd_x" ? 0 : t.role == "fwd_w" ? 1 : 2];
-        row.gemm = gname;
-        row.what = t.role;
-        row.sqnr.push_back(t.sqnr_db);
-        row.beff.push_back(t.beff);
-        TensorEntry e;
-        e.trace = trace;
-        e.gemm = rec.gemm;
-        const std::string key = t.format + "/" + t.role;
-        if (t.rht == 0) sqnr_no_rht[key] = t.sqnr_db;
-        else if (sqnr_no_rht.count(key)) e.delta_sqnr_db = t.sqnr_db - sqnr_no_rht[key];
-        e.tokens = rec.tokens;
-        e.t = std::move(t);
-        out.tensors.push_back(std::move(e));
-      }
-      for (GemmResult& g : by_setting[si].gemms) {
-        AnalysisRow& row = out.gemm_rows[g.pass == "fwd_y" ? 0 : g.pass == "bwd_dx" ? 1 : 2];
-        row.gemm = gname;
-        row.what = g.pass;
-        row.sqnr.push_back(g.sqnr_db);
-        row.eta.push_back(g.eta);
-        out.gemms.push_back({trace, rec.gemm, std::move(g)});
-      }
-    }
-    for (auto& rg : by_recipe)
-      for (GemmResult& g : rg) out.gemms.push_back({trace, rec.gemm, std::move(g)});
-    batch.results.push_back(std::move(out));
+    batch.results.push_back(std::move(work[k].result));
   }
   return batch;
 }
@@ -345,20 +362,15 @@ AnalysisResult TraceAnalysis::merge(std::vector<RecordResult> results) const {
   AnalysisResult r;
   r.traces = traces_;
   r.plan = plan_;
-  r.records = results.size();
-  for (RecordResult& rec : results) {
-    for (auto& t : rec.tensors) r.tensors.push_back(std::move(t));
-    for (auto& g : rec.gemms) r.gemms.push_back(std::move(g));
-    for (auto& row : rec.tensor_rows) r.tensor_rows.push_back(std::move(row));
-    for (auto& row : rec.gemm_rows) r.gemm_rows.push_back(std::move(row));
-    r.elements += rec.elements;
-  }
+  for (const RecordResult& rec : results) r.elements += rec.elements;
+  r.records = std::move(results);
   const std::vector<AnalysisSetting>& settings = plan_.settings;
   // The decay, summed in record order and setting order as the rows were produced.
   std::map<std::string, double> log_eta_sum;
-  for (const AnalysisRow& row : r.gemm_rows)
-    if (row.what == "fwd_y")
-      for (size_t si = 0; si < settings.size(); ++si) log_eta_sum[settings[si].label()] += cr::log(row.eta[si]);
+  for (const RecordResult& rec : r.records)
+    for (const AnalysisRow& row : rec.gemm_rows)
+      if (row.what == "fwd_y")
+        for (size_t si = 0; si < settings.size(); ++si) log_eta_sum[settings[si].label()] += cr::log(row.eta[si]);
   for (const auto& [label, s] : log_eta_sum) r.decay[label] = cr::exp(s);
 
   // Where the paper's inversion appears: E2M1 ahead without RHT, E1M2 ahead with it.
@@ -375,12 +387,16 @@ AnalysisResult TraceAnalysis::merge(std::vector<RecordResult> results) const {
     };
     Inversion inv;
     inv.rht = d;
-    for (const AnalysisRow& row : r.tensor_rows)
-      if (inverted(row)) inv.tensors.push_back(row.gemm + "/" + row.what);
-    for (const AnalysisRow& row : r.gemm_rows)
-      if (inverted(row)) inv.gemms.push_back(row.gemm + "/" + row.what);
-    inv.tensors_total = r.tensor_rows.size();
-    inv.gemms_total = r.gemm_rows.size();
+    for (const RecordResult& rec : r.records) {
+      for (const AnalysisRow& row : rec.tensor_rows)
+        if (inverted(row)) inv.tensors.push_back(row.gemm + "/" + row.what);
+      inv.tensors_total += rec.tensor_rows.size();
+    }
+    for (const RecordResult& rec : r.records) {
+      for (const AnalysisRow& row : rec.gemm_rows)
+        if (inverted(row)) inv.gemms.push_back(row.gemm + "/" + row.what);
+      inv.gemms_total += rec.gemm_rows.size();
+    }
     r.inversion = std::move(inv);
   }
   return r;
