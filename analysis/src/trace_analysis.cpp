@@ -201,6 +201,15 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
     std::atomic<bool> loaded{false}, ref_ready[3] = {false, false, false};
     std::atomic<size_t> left{0};  // slots after the load still running
   };
+  // A pass whose float64 reference (8 bytes per output) would outweigh every job's quantised operands (under a
+  // byte per element) and 32 MB is analysed in panels by its reference slot, all jobs together
+  // (analyze_pass_in_panels): its reference and outputs are never whole in memory. Others keep one task per job,
+  // their reference made once and held.
+  auto in_panels = [&](const io::TraceRecord& rec, size_t pi) {
+    const PassGeometry g = pass_geometry(kPasses[pi], rec.tokens, rec.in, rec.out);
+    const double ref = 8.0 * double(g.M) * double(g.N), operands = double(g.M + g.N) * double(g.K);
+    return ref > 32e6 && ref > operands * double(settings.size() + recipes.size());
+  };
   const size_t per = 4 + tasks;
   std::vector<RecordWork> work(my.size());
   for (RecordWork& w : work) {
@@ -296,14 +305,20 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
     if (slot <= 3) {  // a reference product: tasks of its pass wait for it, so it always signals
       if (run) {
         try {
-          w.lo->compute_ref(kPasses[slot - 1]);
+          const size_t pi = slot - 1;
+          if (!in_panels(rec, pi)) {
+            w.lo->compute_ref(kPasses[pi]);
+          } else {  // every job of the pass, here: its tasks find their results made
+            std::vector<LayerResults> r = analyze_pass_in_panels(*w.lo, kPasses[pi], settings, recipes, uint32_t(ri));
+            for (size_t job = 0; job < r.size(); ++job) w.by_task[job * 3 + pi] = std::move(r[job]);
+          }
         } catch (...) {
           w.faults[slot] = std::current_exception();
           note_fault(k);
         }
       }
       w.ref_ready[slot - 1].store(true, std::memory_order_release);
-    } else if (run && k <= first_fault.load()) {
+    } else if (run && k <= first_fault.load() && !in_panels(rec, order[slot - 4] % 3)) {
       const size_t t = order[slot - 4], job = t / 3, pi = t % 3;
       const Pass p = kPasses[pi];
       try {
