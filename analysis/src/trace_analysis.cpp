@@ -200,6 +200,7 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
     bool skipped = false;                    // not loaded: an earlier record failed
     std::atomic<bool> loaded{false}, ref_ready[3] = {false, false, false};
     std::atomic<size_t> left{0};  // slots after the load still running
+    std::atomic<bool> freed{false};  // its operands are gone (its last slot ended)
   };
   // A pass whose float64 reference (8 bytes per output) would outweigh every job's quantised operands (under a
   // byte per element) and 32 MB is analysed in panels by its reference slot, all jobs together
@@ -212,6 +213,12 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
   };
   const size_t per = 4 + tasks;
   std::vector<RecordWork> work(my.size());
+  constexpr double kOverlapBytes = 256e6;
+  std::vector<uint64_t> sizes;  // elements of each record's three tensors
+  for (size_t ri : my) {
+    const io::TraceRecord& r = *refs_[ri].rec;
+    sizes.push_back(uint64_t(r.tokens * r.in + r.out * r.in + r.tokens * r.out));
+  }
   for (RecordWork& w : work) {
     w.by_task.resize(tasks);
     w.faults.resize(per);
@@ -282,6 +289,12 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
     RecordWork& w = work[k];
     const io::TraceRecord& rec = *refs_[ri].rec;
     if (slot == 0) {  // the load: every other slot of the record waits for it, so it always signals
+      // A record loads while the one before it computes, unless the two together are large: their FP32 operands
+      // and transposes (8 bytes per element each) would then double the memory a large trace needs. It waits for
+      // the record before to free its operands instead; that record's slots were all handed out before this one,
+      // so the wait ends, and the cost is an idle thread during a large record's last task.
+      if (k > 0 && 8.0 * double(sizes[k] + sizes[k - 1]) > kOverlapBytes)
+        while (!work[k - 1].freed.load(std::memory_order_acquire)) std::this_thread::yield();
       if (k > first_fault.load()) {
         w.skipped = true;
       } else {
@@ -337,6 +350,7 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
     if (--w.left == 0) {  // the record's last slot: its operands are no longer needed
       w.lo.reset();
       w.layer = io::Trace::Layer{};
+      w.freed.store(true, std::memory_order_release);
       if (run && std::none_of(w.faults.begin(), w.faults.end(), [](const std::exception_ptr& f) { return bool(f); })) {
         try {
           finish(k);
