@@ -24,7 +24,8 @@ BiasSum::BiasSum(const ElemFormat& f) : n_(f.num_levels()) {
 }
 
 void BiasSum::add(const QTensor& q, const float* seen, int64_t row0, int64_t rows) {
-  // Copies on the stack: the per-element scatter then stays out of memory.
+  // Copies on the stack: the per-element scatter then stays out of memory, and the code bytes (which may alias
+  // anything) do not force the sums to be reloaded.
   double sum[16], level[16];
   int64_t cnt[16];
   std::copy(sum_, sum_ + 16, sum);
