@@ -44,7 +44,7 @@ void print_table(const AnalysisResult& r) {
   std::string trace_path;
   for (const auto& p : r.traces) trace_path += (trace_path.empty() ? "" : ", ") + p;
   std::cout << fmt("fp4lab analyze: %s — %zu GEMMs, %lld elements, 1x%d blocks, %s scales, RTNE (%.1f s)\n\n",
-                   printable(trace_path).c_str(), r.records, (long long)r.elements, r.plan.block,
+                   printable(trace_path).c_str(), r.records.size(), (long long)r.elements, r.plan.block,
                    scale_name(r.plan.scale), r.seconds);
   auto db = [](double v) { return sqnr_text(v, 10, 2); };  // "  21.96 dB", or "     exact" for no error
   auto find = [&](const char* f, int d) -> size_t {
@@ -79,10 +79,12 @@ void print_table(const AnalysisResult& r) {
     std::cout << "\n";
   };
   header("Tensor SQNR (dB; with RHT against the rotated tensor), d = SQNR(RHT) - SQNR(none), and B_eff", true);
-  for (const AnalysisRow& x : r.tensor_rows) row(x, true);
+  for (const RecordResult& rec : r.records)
+    for (const AnalysisRow& x : rec.tensor_rows) row(x, true);
   std::cout << "\n";
   header("GEMM-output SQNR (dB) against the float64 product of the unquantised operands", false);
-  for (const AnalysisRow& x : r.gemm_rows) row(x, false);
+  for (const RecordResult& rec : r.records)
+    for (const AnalysisRow& x : rec.gemm_rows) row(x, false);
   if (can_invert)
     std::cout << fmt("\nInversion (E2M1 ahead without RHT, E1M2 ahead with RHT-%d): %zu of %zu tensors, %zu of %zu GEMMs\n",
                      d, r.inversion->tensors.size(), r.inversion->tensors_total, r.inversion->gemms.size(),
@@ -91,10 +93,11 @@ void print_table(const AnalysisResult& r) {
   for (const auto& [label, v] : r.decay) std::cout << fmt("  %-16s %.6f\n", label.c_str(), v);
   if (!r.plan.recipes.empty()) {
     std::cout << "\nTraining recipes (each pass with the recipe's own operand settings)\n";
-    for (const GemmEntry& e : r.gemms)
-      if (!e.g.recipe.empty())
-        std::cout << fmt("  %-10s %-26s %-7s SQNR %s  eta %.6f\n", e.g.recipe.c_str(), printable(e.gemm).c_str(),
-                         e.g.pass.c_str(), db(e.g.sqnr_db).c_str(), e.g.eta);
+    for (const RecordResult& rec : r.records)
+      for (const GemmEntry& e : rec.gemms)
+        if (!e.g.recipe.empty())
+          std::cout << fmt("  %-10s %-26s %-7s SQNR %s  eta %.6f\n", e.g.recipe.c_str(), printable(e.gemm).c_str(),
+                           e.g.pass.c_str(), db(e.g.sqnr_db).c_str(), e.g.eta);
   }
 }
 
@@ -196,7 +199,9 @@ int cmd_analyze(const Invocation& inv) {
   const std::optional<AnalysisResult> r = analyze_over_ranks(*ta);
   if (!r) return kExitOk;  // rank 0 writes the one report
   if (json.table()) print_table(*r);
-  json.write(analysis_json(*r, inv.command_line));
+  json.write_pieces([&](const Json& stamps, const JsonOut::Sink& sink) {
+    write_analysis_json(*r, inv.command_line, stamps, sink);
+  });
   return kExitOk;
 }
 

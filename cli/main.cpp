@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
   using namespace fp4lab::cli;
   // Keep freed tensors in the heap: glibc otherwise maps every large buffer afresh and unmaps it on free, and
   // the page faults of re-zeroing them were 12% of `analyze` (17% of its wall time on the bundled trace).
-  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_MMAP_THRESHOLD, 16 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   // A run ended by SIGINT, SIGTERM, SIGHUP or SIGPIPE leaves no temporary output behind (docs/spec.md §11.1).
   fp4lab::io::remove_temporaries_on_signals();

@@ -209,6 +209,21 @@ void JsonOut::write(const Json& j) const {
   io::write_file_atomic(dest, text);  // io::Error names the file; nothing is left under it on failure
 }
 
+void JsonOut::write_pieces(const std::function<void(const Json& stamps, const Sink& sink)>& make) const {
+  if (dest.empty()) return;
+  const Json stamps = {{"fp4lab_version", kVersion}, {"git_commit", kGitCommit}};
+  if (dest == "-") {
+    make(stamps, [](const std::string& piece) { std::cout << piece; });
+    std::cout << "\n" << std::flush;
+    if (!std::cout) data_error("stdout", "write failed");
+    return;
+  }
+  io::AtomicFile f(dest);  // io::Error names the file; nothing is left under it on failure
+  make(stamps, [&](const std::string& piece) { f.write(piece.data(), piece.size()); });
+  f.write("\n", 1);
+  f.commit();
+}
+
 void write_text_atomic(const std::string& path, const std::string& text) {
   io::write_file_atomic(path, text);  // a temporary name renamed into place; io::Error names the file
 }

@@ -6,6 +6,7 @@
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <ostream>
@@ -84,6 +85,10 @@ struct JsonOut {
   explicit JsonOut(const po::variables_map& vm);
   bool table() const { return dest != "-"; }  // print the human table?
   void write(const Json& j) const;
+  // The same for a document too large to hold: `make(stamps, sink)` hands its text (dump(2), no final newline,
+  // ending with the members of `stamps`) to `sink` piece by piece; it reaches the file through the same temporary.
+  using Sink = std::function<void(const std::string&)>;
+  void write_pieces(const std::function<void(const Json& stamps, const Sink& sink)>& make) const;
 };
 // Writes `text` to a temporary file beside `path` and renames it into place (data error naming `path`).
 void write_text_atomic(const std::string& path, const std::string& text);

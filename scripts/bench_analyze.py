@@ -4,8 +4,15 @@
 elements per second for both, the ratio, and how closely the two agree.
 
     python3 scripts/bench_analyze.py --fp4lab build/bin/fp4lab [--trace DIR] [--larger 4] [--repeat 5] [--python]
+                                     [--memory [--small-records 40000]]
 
 --python also times fp4lab.analyze, the same library called in this process.
+
+--memory also measures peak RSS (getrusage of each run in a process of its own) of fp4lab analyze and of the numpy
+analysis, side by side, on three synthetic BF16 traces written to a temporary folder: one small record alone (the
+binary's own overhead), one large record [16384, 2048, 64] of 69.5 MB (the largest record of
+scripts/bench_mpi.py's trace), and --small-records records of [32, 32, 16] (4.1 kB each), one file each. It prints
+each run's wall time and fp4lab's JSON size.
 
 Runs of the two alternate (fp4lab, numpy, fp4lab, ...), so that load from other work on the machine falls on
 both alike; the medians are compared. --larger F also times a trace F times the bundled one's tokens, made
@@ -15,7 +22,9 @@ two are equal; BF16 like the original), written to a temporary folder.
 import argparse
 import json
 import os
+import shutil
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -92,6 +101,68 @@ def bench(fp4lab, trace, repeat, python=False):
     return tn / tc
 
 
+# Runs argv[1:] and prints the peak RSS of that one child in KiB (ru_maxrss of RUSAGE_CHILDREN), so that each
+# measured run has a process of its own and the figure is not the maximum over everything run before it.
+RSS_WRAPPER = r"""
+import resource, subprocess, sys
+subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+"""
+# The numpy analysis of one trace, as its own process.
+NUMPY_RUN = "import sys; from fp4lab import oracle; oracle.analyze(sys.argv[1])"
+
+
+def synthetic_trace(folder, shape, records, seed):
+    """`records` files of one record each, [tokens, in, out] = shape, BF16: heavy-tailed activations with outlier
+    channels, Gaussian weights, Student-t gradients. Returns the bytes of one record."""
+    import ml_dtypes
+    os.makedirs(folder)
+    rng = np.random.default_rng(seed)
+    t, d_in, d_out = shape
+    for i in range(records):
+        x = rng.standard_normal((t, d_in), dtype=np.float32) * rng.lognormal(0, 1, d_in).astype(np.float32)
+        w = rng.standard_normal((d_out, d_in), dtype=np.float32) / np.float32(np.sqrt(d_in))
+        dy = rng.standard_t(4, (t, d_out)).astype(np.float32) * np.float32(1e-3)
+        tensors = {f"r{i:06d}.linear.{r}": a.astype(ml_dtypes.bfloat16) for r, a in zip(trace.ROLES, (x, w, dy))}
+        trace.write_file(os.path.join(folder, f"r{i:06d}.safetensors"), tensors,
+                         {"fp4lab.trace.version": "1", "source": "scripts/bench_analyze.py (synthetic)"})
+    return 2 * (t * d_in + d_out * d_in + t * d_out)
+
+
+def peak_rss(argv):
+    """(peak RSS in bytes, wall seconds) of argv run in a process of its own."""
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", RSS_WRAPPER] + argv, check=True, capture_output=True, text=True)
+    return int(p.stdout.split()[-1]) * 1024, time.perf_counter() - t0
+
+
+def memory(fp4lab, small_records):
+    """Peak RSS of fp4lab analyze and of the numpy analysis on the synthetic traces, side by side."""
+    mib = lambda b: f"{b / 2**20:.0f} MiB"  # noqa: E731
+    size_text = lambda b: f"{b / 1e6:.1f} MB" if b >= 1e6 else f"{b / 1e3:.1f} kB"  # noqa: E731
+    # Peak RSS over the record's size, where the record is large enough for the ratio to mean something.
+    ratio = lambda rss, record: f"{rss / record:.2f}x" if record >= 1e6 else "-"  # noqa: E731
+    print(f"\nmemory: peak RSS of each run in a process of its own; BF16 records, one file each "
+          f"(load average {os.getloadavg()[0]:.2f})")
+    print(f"{'trace':<30}{'largest record':>15} | {'fp4lab RSS':>10}{'/ record':>9}{'wall s':>8}{'JSON':>10}"
+          f"{'JSON/rec':>10} | {'numpy RSS':>10}{'/ record':>9}{'wall s':>8}")
+    with tempfile.TemporaryDirectory() as d:
+        cases = [("one record [32, 32, 16]", (32, 32, 16), 1),
+                 ("one record [16384, 2048, 64]", (16384, 2048, 64), 1),
+                 (f"{small_records} records [32, 32, 16]", (32, 32, 16), small_records)]
+        for i, (name, shape, n) in enumerate(cases):
+            folder = os.path.join(d, f"t{i}")
+            record = synthetic_trace(folder, shape, n, seed=i)
+            out = os.path.join(d, "analysis.json")
+            rss_c, tc = peak_rss([fp4lab, "analyze", "--trace", folder, "--json", out])
+            size = os.path.getsize(out)
+            rss_n, tn = peak_rss([sys.executable, "-c", NUMPY_RUN, folder])
+            print(f"{name:<30}{size_text(record):>15} | {mib(rss_c):>10}{ratio(rss_c, record):>9}{tc:>8.1f}"
+                  f"{size_text(size):>10}{size_text(size / n):>10} | {mib(rss_n):>10}{ratio(rss_n, record):>9}{tn:>8.1f}",
+                  flush=True)
+            shutil.rmtree(folder)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fp4lab", default="build/bin/fp4lab")
@@ -100,6 +171,10 @@ def main():
     ap.add_argument("--python", action="store_true", help="also time fp4lab.analyze (in process)")
     ap.add_argument("--larger", type=int, default=0, metavar="F",
                     help="also a trace with F times the tokens, made from --trace (BF16 traces)")
+    ap.add_argument("--memory", action="store_true",
+                    help="also peak RSS of both on a large record and on many small ones (synthetic, see above)")
+    ap.add_argument("--small-records", type=int, default=40000, metavar="N",
+                    help="records of the many-small-records trace of --memory")
     a = ap.parse_args()
     print(f"load average before: {os.getloadavg()[0]:.2f}")
     ratios = [bench(a.fp4lab, a.trace, a.repeat, a.python)]
@@ -109,6 +184,8 @@ def main():
             print()
             ratios.append(bench(a.fp4lab, d, a.repeat, a.python))
     print(f"load average after: {os.getloadavg()[0]:.2f}; speed-ups: " + ", ".join(f"{r:.1f}x" for r in ratios))
+    if a.memory:
+        memory(a.fp4lab, a.small_records)
 
 
 if __name__ == "__main__":

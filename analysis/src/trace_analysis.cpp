@@ -195,13 +195,30 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
     io::Trace::Layer layer;
     std::unique_ptr<LayerOperands> lo;
     std::vector<LayerResults> by_task;       // a recipe task's one GEMM in gemms
+    RecordResult result;                     // made from by_task by the record's last slot
     std::vector<std::exception_ptr> faults;  // [0] the load, [1..3] the references, [4 + t] task t
     bool skipped = false;                    // not loaded: an earlier record failed
     std::atomic<bool> loaded{false}, ref_ready[3] = {false, false, false};
     std::atomic<size_t> left{0};  // slots after the load still running
+    std::atomic<bool> freed{false};  // its operands are gone (its last slot ended)
+  };
+  // A pass whose float64 reference (8 bytes per output) would outweigh every job's quantised operands (under a
+  // byte per element) and 32 MB is analysed in panels by its reference slot, all jobs together
+  // (analyze_pass_in_panels): its reference and outputs are never whole in memory. Others keep one task per job,
+  // their reference made once and held.
+  auto in_panels = [&](const io::TraceRecord& rec, size_t pi) {
+    const PassGeometry g = pass_geometry(kPasses[pi], rec.tokens, rec.in, rec.out);
+    const double ref = 8.0 * double(g.M) * double(g.N), operands = double(g.M + g.N) * double(g.K);
+    return ref > 32e6 && ref > operands * double(settings.size() + recipes.size());
   };
   const size_t per = 4 + tasks;
   std::vector<RecordWork> work(my.size());
+  constexpr double kOverlapBytes = 256e6;
+  std::vector<uint64_t> sizes;  // elements of each record's three tensors
+  for (size_t ri : my) {
+    const io::TraceRecord& r = *refs_[ri].rec;
+    sizes.push_back(uint64_t(r.tokens * r.in + r.out * r.in + r.tokens * r.out));
+  }
   for (RecordWork& w : work) {
     w.by_task.resize(tasks);
     w.faults.resize(per);
@@ -213,94 +230,20 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
     for (size_t f = first_fault.load(); k < f && !first_fault.compare_exchange_weak(f, k);) {
     }
   };
-  std::atomic<size_t> done{0};
-#pragma omp parallel for schedule(dynamic, 1)
-  for (size_t g = 0; g < my.size() * per; ++g) {
-    const size_t k = g / per, slot = g % per, ri = my[k];
-    RecordWork& w = work[k];
-    const io::TraceRecord& rec = *refs_[ri].rec;
-    if (slot == 0) {  // the load: every other slot of the record waits for it, so it always signals
-      if (k > first_fault.load()) {
-        w.skipped = true;
-      } else {
-        try {
-          const size_t started = ++done;
-          if (progress) progress(started, my.size(), rec.gemm);
-          w.layer = open_[refs_[ri].trace]->load(rec);
-          w.lo = std::make_unique<LayerOperands>(
-              LayerView{w.layer.x.data(), w.layer.w.data(), w.layer.dy.data(), rec.tokens, rec.in, rec.out},
-              /*with_refs=*/false);
-        } catch (...) {
-          w.faults[0] = std::current_exception();
-          note_fault(k);
-        }
-      }
-      w.loaded.store(true, std::memory_order_release);
-      continue;
-    }
-    while (!w.loaded.load(std::memory_order_acquire)) std::this_thread::yield();
-    const bool run = !w.skipped && !w.faults[0];
-    if (slot <= 3) {  // a reference product: tasks of its pass wait for it, so it always signals
-      if (run) {
-        try {
-          w.lo->compute_ref(kPasses[slot - 1]);
-        } catch (...) {
-          w.faults[slot] = std::current_exception();
-          note_fault(k);
-        }
-      }
-      w.ref_ready[slot - 1].store(true, std::memory_order_release);
-    } else if (run && k <= first_fault.load()) {
-      const size_t t = order[slot - 4], job = t / 3, pi = t % 3;
-      const Pass p = kPasses[pi];
-      try {
-        std::vector<float> c;
-        if (job < settings.size()) w.by_task[t] = analyze_setting_pass(*w.lo, settings[job], p, c);
-        else
-          w.by_task[t].gemms.push_back(
-              analyze_recipe_pass(*w.lo, recipes[job - settings.size()], uint32_t(ri), p, c));
-        while (!w.ref_ready[pi].load(std::memory_order_acquire)) std::this_thread::yield();
-        if (!w.faults[1 + pi]) compare_gemm(w.by_task[t].gemms.back(), c, w.lo->refs[pi]);
-      } catch (...) {
-        w.faults[4 + t] = std::current_exception();
-        note_fault(k);
-      }
-    }
-    if (--w.left == 0) {  // the record's last slot: its operands are no longer needed
-      w.lo.reset();
-      w.layer = io::Trace::Layer{};
-    }
-  }
-
-  // The results, record by record, up to the first fault.
-  RecordBatch batch;
-  for (size_t k = 0; k < my.size(); ++k) {
+  // A record's task results in report order: per setting its tensors and GEMMs, then its recipe GEMMs. Made by the
+  // record's last slot, so that a long trace holds each record's compact result rather than all its task results.
+  auto finish = [&](size_t k) {
     const size_t ri = my[k];
     const io::TraceRecord& rec = *refs_[ri].rec;
     const size_t trace = refs_[ri].trace;
     const std::string gname = multi ? folder_name(traces_[trace]) + ":" + rec.gemm : rec.gemm;
     std::vector<LayerResults>& by_task = work[k].by_task;
-    try {
-      if (work[k].faults[0]) std::rethrow_exception(work[k].faults[0]);
-      for (size_t i = 1; i < per; ++i)
-        if (work[k].faults[i]) {
-          try {
-            std::rethrow_exception(work[k].faults[i]);
-          } catch (const std::exception& e) {
-            data_fault(rec.file, "gemm '" + rec.gemm + "': " + e.what());
-          }
-        }
-    } catch (...) {
-      batch.fault_at = k;
-      batch.fault = std::current_exception();
-      break;
-    }
     RecordResult out;
     out.elements = rec.tokens * rec.in + rec.out * rec.in + rec.tokens * rec.out;
     out.tensor_rows.resize(3);
     out.gemm_rows.resize(3);
     std::map<std::string, double> sqnr_no_rht;  // format/role -> SQNR without RHT, for the delta
-    // Every task succeeded (a fault ended above), so each recipe task holds its GEMM.
+    // Every task succeeded (finish runs only then), so each recipe task holds its GEMM.
     std::vector<LayerResults> by_setting(settings.size());
     std::vector<std::vector<GemmResult>> by_recipe(recipes.size());
     for (size_t t = 0; t < tasks; ++t) {
@@ -336,7 +279,110 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
     }
     for (auto& rg : by_recipe)
       for (GemmResult& g : rg) out.gemms.push_back({trace, rec.gemm, std::move(g)});
-    batch.results.push_back(std::move(out));
+    work[k].result = std::move(out);
+    by_task = std::vector<LayerResults>();
+  };
+  std::atomic<size_t> done{0};
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t g = 0; g < my.size() * per; ++g) {
+    const size_t k = g / per, slot = g % per, ri = my[k];
+    RecordWork& w = work[k];
+    const io::TraceRecord& rec = *refs_[ri].rec;
+    if (slot == 0) {  // the load: every other slot of the record waits for it, so it always signals
+      // A record loads while the one before it computes, unless the two together are large: their FP32 operands
+      // and transposes (8 bytes per element each) would then double the memory a large trace needs. It waits for
+      // the record before to free its operands instead; that record's slots were all handed out before this one,
+      // so the wait ends, and the cost is an idle thread during a large record's last task.
+      if (k > 0 && 8.0 * double(sizes[k] + sizes[k - 1]) > kOverlapBytes)
+        while (!work[k - 1].freed.load(std::memory_order_acquire)) std::this_thread::yield();
+      if (k > first_fault.load()) {
+        w.skipped = true;
+      } else {
+        try {
+          const size_t started = ++done;
+          if (progress) progress(started, my.size(), rec.gemm);
+          w.layer = open_[refs_[ri].trace]->load(rec);
+          w.lo = std::make_unique<LayerOperands>(
+              LayerView{w.layer.x.data(), w.layer.w.data(), w.layer.dy.data(), rec.tokens, rec.in, rec.out},
+              /*with_refs=*/false);
+        } catch (...) {
+          w.faults[0] = std::current_exception();
+          note_fault(k);
+        }
+      }
+      w.loaded.store(true, std::memory_order_release);
+      continue;
+    }
+    while (!w.loaded.load(std::memory_order_acquire)) std::this_thread::yield();
+    const bool run = !w.skipped && !w.faults[0];
+    if (slot <= 3) {  // a reference product: tasks of its pass wait for it, so it always signals
+      if (run) {
+        try {
+          const size_t pi = slot - 1;
+          if (!in_panels(rec, pi)) {
+            w.lo->compute_ref(kPasses[pi]);
+          } else {  // every job of the pass, here: its tasks find their results made
+            std::vector<LayerResults> r = analyze_pass_in_panels(*w.lo, kPasses[pi], settings, recipes, uint32_t(ri));
+            for (size_t job = 0; job < r.size(); ++job) w.by_task[job * 3 + pi] = std::move(r[job]);
+          }
+        } catch (...) {
+          w.faults[slot] = std::current_exception();
+          note_fault(k);
+        }
+      }
+      w.ref_ready[slot - 1].store(true, std::memory_order_release);
+    } else if (run && k <= first_fault.load() && !in_panels(rec, order[slot - 4] % 3)) {
+      const size_t t = order[slot - 4], job = t / 3, pi = t % 3;
+      const Pass p = kPasses[pi];
+      try {
+        std::vector<float> c;
+        if (job < settings.size()) w.by_task[t] = analyze_setting_pass(*w.lo, settings[job], p, c);
+        else
+          w.by_task[t].gemms.push_back(
+              analyze_recipe_pass(*w.lo, recipes[job - settings.size()], uint32_t(ri), p, c));
+        while (!w.ref_ready[pi].load(std::memory_order_acquire)) std::this_thread::yield();
+        if (!w.faults[1 + pi]) compare_gemm(w.by_task[t].gemms.back(), c, w.lo->refs[pi]);
+      } catch (...) {
+        w.faults[4 + t] = std::current_exception();
+        note_fault(k);
+      }
+    }
+    if (--w.left == 0) {  // the record's last slot: its operands are no longer needed
+      w.lo.reset();
+      w.layer = io::Trace::Layer{};
+      w.freed.store(true, std::memory_order_release);
+      if (run && std::none_of(w.faults.begin(), w.faults.end(), [](const std::exception_ptr& f) { return bool(f); })) {
+        try {
+          finish(k);
+        } catch (...) {  // out of memory: no exception may leave the parallel loop
+          w.faults[0] = std::current_exception();
+          note_fault(k);
+        }
+      }
+    }
+  }
+
+  // The results, record by record, up to the first fault.
+  RecordBatch batch;
+  for (size_t k = 0; k < my.size(); ++k) {
+    const size_t ri = my[k];
+    const io::TraceRecord& rec = *refs_[ri].rec;
+    try {
+      if (work[k].faults[0]) std::rethrow_exception(work[k].faults[0]);
+      for (size_t i = 1; i < per; ++i)
+        if (work[k].faults[i]) {
+          try {
+            std::rethrow_exception(work[k].faults[i]);
+          } catch (const std::exception& e) {
+            data_fault(rec.file, "gemm '" + rec.gemm + "': " + e.what());
+          }
+        }
+    } catch (...) {
+      batch.fault_at = k;
+      batch.fault = std::current_exception();
+      break;
+    }
+    batch.results.push_back(std::move(work[k].result));
   }
   return batch;
 }
@@ -345,20 +391,15 @@ AnalysisResult TraceAnalysis::merge(std::vector<RecordResult> results) const {
   AnalysisResult r;
   r.traces = traces_;
   r.plan = plan_;
-  r.records = results.size();
-  for (RecordResult& rec : results) {
-    for (auto& t : rec.tensors) r.tensors.push_back(std::move(t));
-    for (auto& g : rec.gemms) r.gemms.push_back(std::move(g));
-    for (auto& row : rec.tensor_rows) r.tensor_rows.push_back(std::move(row));
-    for (auto& row : rec.gemm_rows) r.gemm_rows.push_back(std::move(row));
-    r.elements += rec.elements;
-  }
+  for (const RecordResult& rec : results) r.elements += rec.elements;
+  r.records = std::move(results);
   const std::vector<AnalysisSetting>& settings = plan_.settings;
   // The decay, summed in record order and setting order as the rows were produced.
   std::map<std::string, double> log_eta_sum;
-  for (const AnalysisRow& row : r.gemm_rows)
-    if (row.what == "fwd_y")
-      for (size_t si = 0; si < settings.size(); ++si) log_eta_sum[settings[si].label()] += cr::log(row.eta[si]);
+  for (const RecordResult& rec : r.records)
+    for (const AnalysisRow& row : rec.gemm_rows)
+      if (row.what == "fwd_y")
+        for (size_t si = 0; si < settings.size(); ++si) log_eta_sum[settings[si].label()] += cr::log(row.eta[si]);
   for (const auto& [label, s] : log_eta_sum) r.decay[label] = cr::exp(s);
 
   // Where the paper's inversion appears: E2M1 ahead without RHT, E1M2 ahead with it.
@@ -375,12 +416,16 @@ AnalysisResult TraceAnalysis::merge(std::vector<RecordResult> results) const {
     };
     Inversion inv;
     inv.rht = d;
-    for (const AnalysisRow& row : r.tensor_rows)
-      if (inverted(row)) inv.tensors.push_back(row.gemm + "/" + row.what);
-    for (const AnalysisRow& row : r.gemm_rows)
-      if (inverted(row)) inv.gemms.push_back(row.gemm + "/" + row.what);
-    inv.tensors_total = r.tensor_rows.size();
-    inv.gemms_total = r.gemm_rows.size();
+    for (const RecordResult& rec : r.records) {
+      for (const AnalysisRow& row : rec.tensor_rows)
+        if (inverted(row)) inv.tensors.push_back(row.gemm + "/" + row.what);
+      inv.tensors_total += rec.tensor_rows.size();
+    }
+    for (const RecordResult& rec : r.records) {
+      for (const AnalysisRow& row : rec.gemm_rows)
+        if (inverted(row)) inv.gemms.push_back(row.gemm + "/" + row.what);
+      inv.gemms_total += rec.gemm_rows.size();
+    }
     r.inversion = std::move(inv);
   }
   return r;

@@ -2,6 +2,7 @@
 
 #include "fp4lab/crmath.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -18,27 +19,46 @@ std::vector<LevelBias> analytic_bias(const ElemFormat& f) {
   return out;
 }
 
-std::vector<EmpiricalLevel> empirical_bias(const QTensor& q, const float* seen) {
-  const int L = q.format.num_levels();
-  double sum[16] = {}, level[16] = {};  // on the stack: the per-element scatter then stays out of memory
-  int64_t cnt[16] = {};
-  for (int i = 0; i < L; ++i) level[i] = q.format.level(i);
+BiasSum::BiasSum(const ElemFormat& f) : n_(f.num_levels()) {
+  for (int i = 0; i < n_; ++i) level_[i] = f.level(i);
+}
+
+void BiasSum::add(const QTensor& q, const float* seen, int64_t row0, int64_t rows) {
+  // Copies on the stack: the per-element scatter then stays out of memory, and the code bytes (which may alias
+  // anything) do not force the sums to be reloaded.
+  double sum[16], level[16];
+  int64_t cnt[16];
+  std::copy(sum_, sum_ + 16, sum);
+  std::copy(level_, level_ + 16, level);
+  std::copy(cnt_, cnt_ + 16, cnt);
   const int64_t kb = q.kblocks();
-  for (int64_t r = 0; r < q.rows; ++r)
+  for (int64_t r = row0; r < row0 + rows; ++r)
     for (int64_t b = 0; b < kb; ++b) {
       const double scale = double(q.scales[r * kb + b]) * q.global_dec;
       if (scale == 0.0) continue;  // an all-zero block carries no information about the grid
       const double inv = 1.0 / scale;
-      const int64_t base = r * q.cols + b * q.block;
+      const int64_t base = r * q.cols + b * q.block, sbase = (r - row0) * q.cols + b * q.block;
       for (int j = 0; j < q.block; ++j) {
         const int i = code_index(q.codes[base + j]);  // indices past max_index never come out of quantize()
-        sum[i] += level[i] - std::fabs(double(seen[base + j])) * inv;
+        sum[i] += level[i] - std::fabs(double(seen[sbase + j])) * inv;
         ++cnt[i];
       }
     }
+  std::copy(sum, sum + 16, sum_);
+  std::copy(cnt, cnt + 16, cnt_);
+}
+
+std::vector<EmpiricalLevel> BiasSum::levels() const {
   std::vector<EmpiricalLevel> out;
-  for (int i = 0; i < L; ++i) out.push_back({i, level[i], cnt[i], cnt[i] ? sum[i] / double(cnt[i]) : 0.0});
+  out.reserve(size_t(n_));
+  for (int i = 0; i < n_; ++i) out.push_back({i, level_[i], cnt_[i], cnt_[i] ? sum_[i] / double(cnt_[i]) : 0.0});
   return out;
+}
+
+std::vector<EmpiricalLevel> empirical_bias(const QTensor& q, const float* seen) {
+  BiasSum b(q.format);
+  b.add(q, seen, 0, q.rows);
+  return b.levels();
 }
 
 double Moments::sqnr_db() const {
@@ -67,38 +87,75 @@ struct Lanes {
   }
 };
 template <class R>
-Moments moments_impl(const R* ref, const float* q, int64_t n) {
-  Lanes acc;
+void moments_into(Lanes& acc, const R* ref, const float* q, int64_t n) {
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
     for (int l = 0; l < kLanes; ++l) acc.add(l, double(ref[i + l]), double(q[i + l]));
   for (int l = 0; i < n; ++i, ++l) acc.add(l, double(ref[i]), double(q[i]));
+}
+template <class R>
+Moments moments_impl(const R* ref, const float* q, int64_t n) {
+  Lanes acc;
+  moments_into(acc, ref, q, n);
   return acc.sum();
+}
+
+// Element i's lane is i % 8 as in moments_impl (rows are multiples of the block, so of 8), and every value is
+// QTensor::dequant's: (grid value * block scale) * global_dec. `ref` holds rows [row0, row0 + rows).
+void moments_into(Lanes& out, const float* ref, const QTensor& q, int64_t row0, int64_t rows) {
+  Lanes acc = out;  // a local copy: the code bytes may alias anything, a caller's lanes would be reloaded per byte
+  float grid[16];
+  for (int c = 0; c < 16; ++c) grid[c] = decode(q.format, uint8_t(c));
+  const int64_t kb = q.kblocks();
+  for (int64_t r = row0; r < row0 + rows; ++r)
+    for (int64_t b = 0; b < kb; ++b) {
+      const float s = q.scales[r * kb + b];
+      const int64_t base = r * q.cols + b * q.block, rbase = (r - row0) * q.cols + b * q.block;
+      for (int64_t j = 0; j < q.block; j += kLanes)
+        for (int l = 0; l < kLanes; ++l) {
+          const float v = grid[q.codes[base + j + l] & 15] * s * q.global_dec;
+          acc.add(l, double(ref[rbase + j + l]), double(v));
+        }
+    }
+  out = acc;
 }
 }  // namespace
 
 Moments moments(const float* ref, const float* q, int64_t n) { return moments_impl(ref, q, n); }
 Moments moments(const double* ref, const float* q, int64_t n) { return moments_impl(ref, q, n); }
 
-// Element i's lane is i % 8 as in moments_impl (rows are multiples of the block, so of 8), and every value is
-// QTensor::dequant's: (grid value * block scale) * global_dec.
 Moments moments(const float* ref, const QTensor& q) {
   Lanes acc;
-  float grid[16];
-  for (int c = 0; c < 16; ++c) grid[c] = decode(q.format, uint8_t(c));
-  const int64_t kb = q.kblocks();
-  for (int64_t r = 0; r < q.rows; ++r)
-    for (int64_t b = 0; b < kb; ++b) {
-      const float s = q.scales[r * kb + b];
-      const int64_t base = r * q.cols + b * q.block;
-      for (int64_t j = 0; j < q.block; j += kLanes)
-        for (int l = 0; l < kLanes; ++l) {
-          const float v = grid[q.codes[base + j + l] & 15] * s * q.global_dec;
-          acc.add(l, double(ref[base + j + l]), double(v));
-        }
-    }
+  moments_into(acc, ref, q, 0, q.rows);
   return acc.sum();
 }
+
+// MomentsSum keeps the lanes between calls (Lanes, whose loops vectorise, stays private to this file).
+namespace {
+Lanes load(const double* r2, const double* e2, const double* d) {
+  Lanes acc;
+  std::copy(r2, r2 + kLanes, acc.r2);
+  std::copy(e2, e2 + kLanes, acc.e2);
+  std::copy(d, d + kLanes, acc.d);
+  return acc;
+}
+void store(const Lanes& acc, double* r2, double* e2, double* d) {
+  std::copy(acc.r2, acc.r2 + kLanes, r2);
+  std::copy(acc.e2, acc.e2 + kLanes, e2);
+  std::copy(acc.d, acc.d + kLanes, d);
+}
+}  // namespace
+void MomentsSum::add(const float* ref, const QTensor& q, int64_t row0, int64_t rows) {
+  Lanes acc = load(r2_, e2_, d_);
+  moments_into(acc, ref, q, row0, rows);
+  store(acc, r2_, e2_, d_);
+}
+void MomentsSum::add(const double* ref, const float* q, int64_t n) {
+  Lanes acc = load(r2_, e2_, d_);
+  moments_into(acc, ref, q, n);
+  store(acc, r2_, e2_, d_);
+}
+Moments MomentsSum::sum() const { return load(r2_, e2_, d_).sum(); }
 
 double sqnr_db(const float* ref, const float* q, int64_t n) { return moments(ref, q, n).sqnr_db(); }
 double sqnr_db(const double* ref, const float* q, int64_t n) { return moments(ref, q, n).sqnr_db(); }

@@ -9,17 +9,47 @@
 
 namespace fp4lab {
 
+namespace {
+// Finite operands can still accumulate past FLT_MAX; an Inf (or the NaN of Inf - Inf) is no result, so
+// the product is refused here, where every layer (CLI, analyze, sim --check) gets it from.
+void check_finite_output(const std::vector<float>& c, int64_t N, int64_t row0) {
+  for (size_t i = 0; i < c.size(); ++i)
+    if (!std::isfinite(c[i]))
+      throw std::invalid_argument("GEMM output overflows FP32 at C[" + std::to_string(row0 + int64_t(i) / N) + ", " +
+                                  std::to_string(int64_t(i) % N) + "]");
+}
+}  // namespace
+
 std::vector<float> gemm(const QTensor& a, const QTensor& b) {
   check_gemm_operands(a, b);
   // The fastest SIMD path this build compiled in (AVX-512 VNNI, AVX2 or scalar); see gemm_kernels.cpp.
   std::vector<float> c = detail::gemm_on(detail::gemm_best_path(), a, b);
-  // Finite operands can still accumulate past FLT_MAX; an Inf (or the NaN of Inf - Inf) is no result, so
-  // the product is refused here, where every layer (CLI, analyze, sim --check) gets it from.
-  const int64_t N = b.rows;
-  for (size_t i = 0; i < c.size(); ++i)
-    if (!std::isfinite(c[i]))
-      throw std::invalid_argument("GEMM output overflows FP32 at C[" + std::to_string(int64_t(i) / N) + ", " +
-                                  std::to_string(int64_t(i) % N) + "]");
+  check_finite_output(c, b.rows, 0);
+  return c;
+}
+
+std::vector<float> gemm_rows(const QTensor& a, int64_t row0, int64_t rows, const QTensor& b) {
+  check_gemm_operands(a, b);
+  if (row0 < 0 || rows < 0 || row0 + rows > a.rows)
+    throw std::invalid_argument("gemm_rows: rows [" + std::to_string(row0) + ", " + std::to_string(row0 + rows) +
+                                ") are not rows of A (" + std::to_string(a.rows) + ")");
+  QTensor p;  // the panel: A's settings, its rows' codes and scales
+  p.format = a.format;
+  p.scale_kind = a.scale_kind;
+  p.block = a.block;
+  p.tile2d = a.tile2d;
+  p.rht = a.rht;
+  p.rht_signs = a.rht_signs;
+  p.rows = rows;
+  p.cols = a.cols;
+  p.global_dec = a.global_dec;
+  const int64_t kb = a.kblocks();
+  p.codes.assign(a.codes.begin() + row0 * a.cols, a.codes.begin() + (row0 + rows) * a.cols);
+  p.scales.assign(a.scales.begin() + row0 * kb, a.scales.begin() + (row0 + rows) * kb);
+  if (!a.scale_codes.empty())
+    p.scale_codes.assign(a.scale_codes.begin() + row0 * kb, a.scale_codes.begin() + (row0 + rows) * kb);
+  std::vector<float> c = detail::gemm_on(detail::gemm_best_path(), p, b);
+  check_finite_output(c, b.rows, row0);
   return c;
 }
 

@@ -2,6 +2,9 @@
 
 #include "fp4lab/gemm.hpp"
 
+#include <algorithm>
+#include <optional>
+
 namespace fp4lab {
 
 std::string AnalysisSetting::label() const {
@@ -43,27 +46,51 @@ QuantConfig AnalysisSetting::config() const {
 namespace {
 
 struct Quantised {
-  std::vector<float> rotated;  // the rotated operand (RHT on only)
-  const float* seen = nullptr;  // what the quantiser saw: rotated, or the operand itself
   QTensor q;
-  Moments m;  // of the dequantised values against what the quantiser saw
+  Moments m;                         // of the dequantised values against what the quantiser saw
+  std::vector<EmpiricalLevel> bias;  // with_bias only
 };
-// Rotating first and quantising the rotated values without RHT is exactly quantize() with RHT (the
-// rotation is its first step); it keeps the rotated copy the analyses compare against.
-Quantised quantise(const LayerOperands::Operand& o, const QuantConfig& c) {
+// The statistics compare the codes with what the quantiser saw: the operand, or the operand rotated. Rotating
+// first and quantising the rotated values without RHT is exactly quantize() with RHT (the rotation is its first
+// step). A small operand is rotated once, whole, and the copy kept for the statistics (3% faster on the bundled
+// trace than rotating twice). A large one is quantised with its rotation inside quantize() and the rotated values
+// made again a panel of rows at a time for the statistics (the same rotation, so the same bits): a whole rotated
+// copy would cost four bytes per element per running task.
+Quantised quantise(const LayerOperands::Operand& o, const QuantConfig& c, bool with_bias) {
+  constexpr int64_t kWholeCopy = int64_t(1) << 20;  // elements (4 MB of floats)
   Quantised r;
-  r.seen = o.p;
-  if (c.rht != 0) {
-    r.rotated = rotate(o.p, o.rows, o.cols, c);
-    r.seen = r.rotated.data();
+  MomentsSum m;
+  std::optional<BiasSum> bias;
+  if (with_bias) bias.emplace(c.format);
+  if (c.rht == 0 || o.rows * o.cols <= kWholeCopy) {
+    std::vector<float> rotated;
+    const float* seen = o.p;
+    if (c.rht != 0) {
+      rotated = rotate(o.p, o.rows, o.cols, c);
+      seen = rotated.data();
+    }
+    QuantConfig plain = c;
+    plain.rht = 0;
+    plain.rht_bf16 = false;
+    r.q = quantize(seen, o.rows, o.cols, plain);
+    r.q.rht = c.rht;  // the operand was rotated, if not by quantize() itself
+    r.q.rht_signs = c.rht != 0 ? c.rht_signs : std::vector<float>();
+    m.add(seen, r.q, 0, o.rows);
+    if (bias) bias->add(r.q, seen, 0, o.rows);
+  } else {
+    r.q = quantize(o.p, o.rows, o.cols, c);
+    // About 256 kB of floats per panel, in whole 16-row groups (the rows of a 16x16 tile stay together).
+    const int64_t panel = std::max<int64_t>(16, (int64_t(1) << 16) / o.cols / 16 * 16);
+    std::vector<float> rotated;
+    for (int64_t r0 = 0; r0 < o.rows; r0 += panel) {
+      const int64_t n = std::min(panel, o.rows - r0);
+      rotated = rotate(o.p + r0 * o.cols, n, o.cols, c);
+      m.add(rotated.data(), r.q, r0, n);
+      if (bias) bias->add(r.q, rotated.data(), r0, n);
+    }
   }
-  QuantConfig plain = c;
-  plain.rht = 0;
-  plain.rht_bf16 = false;
-  r.q = quantize(r.seen, o.rows, o.cols, plain);
-  r.q.rht = c.rht;  // the operand was rotated, if not by quantize() itself
-  r.q.rht_signs = c.rht != 0 ? c.rht_signs : std::vector<float>();
-  r.m = moments(r.seen, r.q);
+  r.m = m.sum();
+  if (bias) r.bias = bias->levels();
   return r;
 }
 
@@ -85,7 +112,7 @@ TensorResult tensor_result(const char* role, const Quantised& q, int rht) {
   r.sqnr_db = q.m.sqnr_db();
   r.beff = beff(q.q);
   r.alpha = q.m.alpha();
-  r.bias_per_level = empirical_bias(q.q, q.seen);
+  r.bias_per_level = q.bias;
   return r;
 }
 }  // namespace
@@ -103,22 +130,83 @@ LayerResults analyze_setting_pass(const LayerOperands& l, const AnalysisSetting&
   return out;
 }
 
-LayerResults analyze_setting_pass(const LayerOperands& l, const AnalysisSetting& s, Pass p, std::vector<float>& cout) {
-  const QuantConfig c = s.config();
-  const auto [a, b] = l.pass(p);
-  const Quantised qa = quantise(a, c), qb = quantise(b, c);
+namespace {
+// A setting's pass but its GEMM output: the tensor results (fwd_y's A and B are X and W along their last
+// dimension, bwd_dx's A is dY along its last dimension) and the GEMM's entry, its sqnr_db and eta_measured to come.
+LayerResults setting_pass_results(Pass p, const AnalysisSetting& s, const Quantised& qa, const Quantised& qb) {
   LayerResults out;
-  // fwd_y's A and B are X and W along their last dimension; bwd_dx's A is dY along its last dimension.
   if (p == Pass::fwd_y) {
     out.tensors.push_back(tensor_result("fwd_x", qa, s.rht));
     out.tensors.push_back(tensor_result("fwd_w", qb, s.rht));
   } else if (p == Pass::bwd_dx) {
     out.tensors.push_back(tensor_result("bwd_dy", qa, s.rht));
   }
-  GemmResult g = gemm_result(p, qa, qb, cout);
+  GemmResult g;
+  g.pass = pass_name(p);
+  g.format = qa.q.format.name;
+  g.eta = qa.m.alpha() * qb.m.alpha();
   g.rht = s.rht;
   out.gemms.push_back(std::move(g));
   return out;
+}
+}  // namespace
+
+std::vector<LayerResults> analyze_pass_in_panels(const LayerOperands& l, Pass p,
+                                                 const std::vector<AnalysisSetting>& settings,
+                                                 const std::vector<Recipe>& recipes, uint32_t stream,
+                                                 int64_t panel_rows) {
+  const auto [a, b] = l.pass(p);
+  struct Job {
+    Quantised qa, qb;
+    MomentsSum cmp;  // of the quantised output against the reference
+  };
+  std::vector<Job> jobs;
+  std::vector<LayerResults> out;
+  for (const AnalysisSetting& s : settings) {
+    const QuantConfig c = s.config();
+    jobs.push_back({quantise(a, c, p != Pass::bwd_dw), quantise(b, c, p == Pass::fwd_y), {}});
+    out.push_back(setting_pass_results(p, s, jobs.back().qa, jobs.back().qb));
+  }
+  for (const Recipe& r : recipes) {
+    const QuantConfig ca = r.operand(p, Operand::a, stream), cb = r.operand(p, Operand::b, stream);
+    jobs.push_back({quantise(a, ca, false), quantise(b, cb, false), {}});
+    GemmResult g;
+    g.pass = pass_name(p);
+    g.eta = jobs.back().qa.m.alpha() * jobs.back().qb.m.alpha();
+    g.format = r.format.name;
+    g.recipe = r.name;
+    g.rht = ca.rht;
+    LayerResults lr;
+    lr.gemms.push_back(std::move(g));
+    out.push_back(std::move(lr));
+  }
+  // Panels of about 4 MB of reference and output (12 bytes per element), each reference panel computed once for
+  // every job; the moments add up in row-major order across panels, as over the whole product.
+  const int64_t M = a.rows, N = b.rows, K = a.cols;
+  const int64_t panel = panel_rows > 0 ? panel_rows : std::max<int64_t>(1, (int64_t(4) << 20) / (12 * N));
+  for (int64_t r0 = 0; r0 < M; r0 += panel) {
+    const int64_t n = std::min(panel, M - r0);
+    const std::vector<double> ref = gemm_f64(a.p + r0 * K, b.p, n, N, K);
+    for (Job& j : jobs) {
+      const std::vector<float> c = gemm_rows(j.qa.q, r0, n, j.qb.q);
+      j.cmp.add(ref.data(), c.data(), n * N);
+    }
+  }
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const Moments m = jobs[i].cmp.sum();
+    out[i].gemms.back().sqnr_db = m.sqnr_db();
+    out[i].gemms.back().eta_measured = m.alpha();
+  }
+  return out;
+}
+
+LayerResults analyze_setting_pass(const LayerOperands& l, const AnalysisSetting& s, Pass p, std::vector<float>& cout) {
+  const QuantConfig c = s.config();
+  const auto [a, b] = l.pass(p);
+  // fwd_y's A and B and bwd_dx's A are tensor results too, which report the empirical bias.
+  const Quantised qa = quantise(a, c, p != Pass::bwd_dw), qb = quantise(b, c, p == Pass::fwd_y);
+  cout = gemm(qa.q, qb.q);
+  return setting_pass_results(p, s, qa, qb);
 }
 
 void LayerResults::append(LayerResults&& part) {
@@ -143,7 +231,7 @@ GemmResult analyze_recipe_pass(const LayerOperands& l, const Recipe& r, uint32_t
                                std::vector<float>& c) {
   const auto [a, b] = l.pass(p);
   const QuantConfig ca = r.operand(p, Operand::a, stream), cb = r.operand(p, Operand::b, stream);
-  GemmResult g = gemm_result(p, quantise(a, ca), quantise(b, cb), c);
+  GemmResult g = gemm_result(p, quantise(a, ca, false), quantise(b, cb, false), c);
   g.format = r.format.name;
   g.recipe = r.name;
   g.rht = ca.rht;

@@ -79,6 +79,41 @@ TEST(TraceAnalysis, ByteFormKeepsInfinitiesAndAbsentDeltas) {
   EXPECT_EQ(back.elements, 7);
 }
 
+// The report written piece by piece is the document's dump(2), byte for byte: on real records (two traces, a recipe,
+// the inversion lists), on one setting (no inversion), and on a hand-made result with what JSON cannot hold as
+// such (an infinite SQNR, a name that is not UTF-8) and empty lists.
+TEST(TraceAnalysis, StreamedReportIsTheDocumentsText) {
+  const nlohmann::ordered_json tail = {{"fp4lab_version", "v"}, {"git_commit", "c"}};
+  auto check = [&](const AnalysisResult& r) {
+    nlohmann::ordered_json doc = analysis_json(r, "cmd");
+    for (const auto& [k, v] : tail.items()) doc[k] = v;
+    std::string got;
+    write_analysis_json(r, "cmd", tail, [&](const std::string& piece) { got += piece; });
+    EXPECT_EQ(got, doc.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+  };
+  AnalysisOptions o = small_options();
+  check(analyze_traces(o));
+  o.traces.resize(1);
+  o.formats = "e1m2";
+  o.rht = "none";
+  o.recipes.reset();
+  check(analyze_traces(o));
+
+  AnalysisResult r;
+  r.traces = {"t\xff1", "t2"};
+  r.plan = plan_analysis(AnalysisOptions{});
+  RecordResult rec;
+  TensorEntry t;
+  t.trace = 1;
+  t.gemm = "g\xff";
+  t.t.role = "fwd_x";
+  t.t.sqnr_db = INFINITY;
+  rec.tensors = {t};
+  r.records = {rec, RecordResult{}};
+  r.inversion = Inversion{};
+  check(r);
+}
+
 TEST(TraceAnalysis, StopsAtTheFirstFailingRecord) {
   // A copy of a record with a NaN as its last element, after a good record: the good one's results come back,
   // then the fault, naming the file.

@@ -10,6 +10,8 @@
 
 #include "fp4lab/analysis.hpp"
 #include "fp4lab/crmath.hpp"
+#include "fp4lab/gemm.hpp"
+#include "fp4lab/layer_analysis.hpp"
 #include "fp4lab/quantize.hpp"
 #include "test_util.hpp"
 
@@ -204,6 +206,71 @@ TEST(Moments, OnTheFlyEqualsDequantisedCopy) {
 
 // The correctly rounded functions the statistics are defined with (docs/spec.md §6.1), against values rounded
 // by hand from their exact expansions (hex literals: the double nearest the true value).
+// The memory-bounded forms give the same bits as the whole-tensor ones: analyze_pass_in_panels (reference and
+// outputs a few rows at a time, all jobs of a pass together) against analyze_setting_pass / analyze_recipe_pass with
+// the whole reference, on a layer whose X is large enough (> 2^20 elements) for the statistics to re-rotate it a
+// panel at a time, under settings and recipes that cover RHT, BF16 rotation, ue4m3's tensor scale, 2-D tiles and SR.
+TEST(LayerAnalysis, PanelsGiveTheWholeTensorsBits) {
+  const int64_t T = 1024, I = 1040, O = 32;
+  std::mt19937 rng(5);
+  std::student_t_distribution<float> heavy(3.0f);
+  std::vector<float> x(size_t(T * I)), w(size_t(O * I)), dy(size_t(T * O));
+  for (auto* v : {&x, &w, &dy})
+    for (float& e : *v) e = heavy(rng);
+  const LayerOperands lo(LayerView{x.data(), w.data(), dy.data(), T, I, O});
+  std::vector<AnalysisSetting> settings(2);
+  settings[0].format = kE2M1;
+  settings[1].rht = 16;
+  settings[1].rht_signs = rht_signs_te(16);
+  const std::vector<Recipe> recipes = {Recipe::preset("nvfp4"), Recipe::preset("ufp4")};
+  auto bits = [](double v) { return std::bit_cast<uint64_t>(v); };
+  auto same_gemm = [&](const GemmResult& a, const GemmResult& b) {
+    EXPECT_EQ(a.pass, b.pass);
+    EXPECT_EQ(a.format, b.format);
+    EXPECT_EQ(a.recipe, b.recipe);
+    EXPECT_EQ(a.rht, b.rht);
+    EXPECT_EQ(bits(a.sqnr_db), bits(b.sqnr_db)) << a.pass << " " << a.format << " " << a.recipe;
+    EXPECT_EQ(bits(a.eta), bits(b.eta));
+    EXPECT_EQ(bits(a.eta_measured), bits(b.eta_measured));
+  };
+  for (Pass p : kPasses) {
+    const std::vector<LayerResults> got = analyze_pass_in_panels(lo, p, settings, recipes, 3, /*panel_rows=*/7);
+    ASSERT_EQ(got.size(), settings.size() + recipes.size());
+    for (size_t s = 0; s < settings.size(); ++s) {
+      const LayerResults want = analyze_setting_pass(lo, settings[s], p);
+      ASSERT_EQ(got[s].tensors.size(), want.tensors.size());
+      for (size_t t = 0; t < want.tensors.size(); ++t) {
+        const TensorResult &a = got[s].tensors[t], &b = want.tensors[t];
+        EXPECT_EQ(a.role, b.role);
+        EXPECT_EQ(bits(a.sqnr_db), bits(b.sqnr_db)) << a.role;
+        EXPECT_EQ(bits(a.beff), bits(b.beff));
+        EXPECT_EQ(bits(a.alpha), bits(b.alpha));
+        ASSERT_EQ(a.bias_per_level.size(), b.bias_per_level.size());
+        for (size_t i = 0; i < a.bias_per_level.size(); ++i) {
+          EXPECT_EQ(a.bias_per_level[i].count, b.bias_per_level[i].count);
+          EXPECT_EQ(bits(a.bias_per_level[i].mean_error), bits(b.bias_per_level[i].mean_error));
+        }
+      }
+      same_gemm(got[s].gemms.at(0), want.gemms.at(0));
+    }
+    for (size_t r = 0; r < recipes.size(); ++r)
+      same_gemm(got[settings.size() + r].gemms.at(0), analyze_recipe_pass(lo, recipes[r], 3, p));
+  }
+  // The rotated statistics of X (a panel at a time, above) against a whole rotated copy, by hand.
+  QuantConfig c = settings[1].config();
+  const std::vector<float> rx = rotate(x.data(), T, I, c);
+  const QTensor q = quantize(x.data(), T, I, c);
+  const LayerResults fwd = analyze_setting_pass(lo, settings[1], Pass::fwd_y);
+  EXPECT_EQ(bits(fwd.tensors[0].sqnr_db), bits(moments(rx.data(), q).sqnr_db()));
+  const std::vector<EmpiricalLevel> bias = empirical_bias(q, rx.data());
+  for (size_t i = 0; i < bias.size(); ++i)
+    EXPECT_EQ(bits(fwd.tensors[0].bias_per_level[i].mean_error), bits(bias[i].mean_error));
+  // A panel of a product is those rows of the whole product, and an overflow names its row in the whole.
+  const QTensor qw = quantize(w.data(), O, I, c);
+  const std::vector<float> whole = gemm(q, qw), rows = gemm_rows(q, 100, 9, qw);
+  EXPECT_EQ(rows, std::vector<float>(whole.begin() + 100 * O, whole.begin() + 109 * O));
+}
+
 TEST(CorrectlyRounded, KnownValues) {
   EXPECT_EQ(cr::log(2.0), 0x1.62e42fefa39efp-1);    // ln 2 = 0.693147180559945309417...
   EXPECT_EQ(cr::exp(1.0), 0x1.5bf0a8b145769p+1);    // e = 2.718281828459045235360...

@@ -101,11 +101,10 @@ struct Inversion {
 struct AnalysisResult {
   std::vector<std::string> traces;
   AnalysisPlan plan;
-  size_t records = 0;
+  // Every record's results, in record order: the report's lists are these records' lists one after the other
+  // (kept per record rather than copied into lists of the whole trace, which briefly needed both).
+  std::vector<RecordResult> records;
   int64_t elements = 0;
-  std::vector<TensorEntry> tensors;
-  std::vector<GemmEntry> gemms;
-  std::vector<AnalysisRow> tensor_rows, gemm_rows;
   // E2M1 ahead without RHT and E1M2 ahead with it; absent unless both grids are given with and without RHT.
   std::optional<Inversion> inversion;
   std::map<std::string, double> decay;  // setting label -> prod eta over the fwd_y GEMMs
@@ -159,5 +158,12 @@ AnalysisResult analyze_traces(const AnalysisOptions& o, const AnalysisProgress& 
 // The analysis JSON v1 (docs/spec.md §6), without the build stamps every fp4lab JSON ends with. `command` is the
 // command line recorded in config.command.
 nlohmann::ordered_json analysis_json(const AnalysisResult& r, const std::string& command);
+
+// The same document with the members of `tail` appended (the build stamps), as text: exactly what
+// dump(2) of it gives (no trailing newline), handed to `sink` in pieces of about 1 MB as it is made, so that
+// neither the document nor its text is ever held whole (a trace of 40,000 records makes 500 MB of it).
+using JsonSink = std::function<void(const std::string&)>;
+void write_analysis_json(const AnalysisResult& r, const std::string& command, const nlohmann::ordered_json& tail,
+                         const JsonSink& sink);
 
 }  // namespace fp4lab

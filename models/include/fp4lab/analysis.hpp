@@ -43,6 +43,33 @@ Moments moments(const double* ref, const float* q, int64_t n);
 // The same against the dequantised values of q, computed on the fly (no dequantised copy).
 Moments moments(const float* ref, const QTensor& q);
 
+// The same sums built up over consecutive rows of one tensor (or product), in order: the same lanes and the same
+// order of additions, so the same bits as one call over the whole, without the whole in memory at once.
+class MomentsSum {
+ public:
+  // Rows [row0, row0 + rows) of q against `ref`, which holds those rows only.
+  void add(const float* ref, const QTensor& q, int64_t row0, int64_t rows);
+  // The next n elements (n a multiple of 8, but for the last call).
+  void add(const double* ref, const float* q, int64_t n);
+  Moments sum() const;
+
+ private:
+  double r2_[8] = {}, e2_[8] = {}, d_[8] = {};
+};
+
+// empirical_bias built up over consecutive rows of q; `seen` holds those rows only.
+class BiasSum {
+ public:
+  explicit BiasSum(const ElemFormat& f);
+  void add(const QTensor& q, const float* seen, int64_t row0, int64_t rows);
+  std::vector<EmpiricalLevel> levels() const;
+
+ private:
+  int n_;
+  double sum_[16] = {}, level_[16] = {};
+  int64_t cnt_[16] = {};
+};
+
 // 10 log10(sum ref^2 / sum (q - ref)^2); +inf when the error is zero.
 double sqnr_db(const float* ref, const float* q, int64_t n);
 double sqnr_db(const double* ref, const float* q, int64_t n);

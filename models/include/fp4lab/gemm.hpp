@@ -80,6 +80,10 @@ void check_gemm_operands(const Q& a, const Q& b) {
 // Fast CPU implementation (vectorised, both cores); bit-identical to reference::gemm_contract.
 std::vector<float> gemm(const QTensor& a, const QTensor& b);
 
+// Rows [row0, row0 + rows) of gemm(a, b), the same bits (every output is its own sum), for callers that take a
+// large product a panel of rows at a time. An overflow names its row in the whole product.
+std::vector<float> gemm_rows(const QTensor& a, int64_t row0, int64_t rows, const QTensor& b);
+
 // Plain reference product of unquantised operands, C = A . B^T in float64: each output the sum of its exact
 // products in ascending k from +0.0, so the same bits on every CPU, build and thread count (docs/spec.md §6).
 std::vector<double> gemm_f64(const float* a, const float* b, int64_t M, int64_t N, int64_t K);

@@ -89,6 +89,17 @@ LayerResults analyze_setting_pass(const LayerOperands& l, const AnalysisSetting&
 LayerResults analyze_setting_pass(const LayerOperands& l, const AnalysisSetting& s, Pass p, std::vector<float>& c);
 void compare_gemm(GemmResult& g, const std::vector<float>& c, const std::vector<double>& ref);
 
+// Every setting's and recipe's results of pass p (one LayerResults per setting, then per recipe, each as
+// analyze_setting_pass or analyze_recipe_pass and compare_gemm give it), for a pass whose float64 reference is
+// too large to hold: the reference is made a panel of rows at a time, once for all of them, and each GEMM output
+// is compared with it panel by panel, so neither the reference nor any output is ever whole in memory. Every
+// job's quantised operands are held meanwhile. It needs no refs (LayerOperands with_refs = false). `panel_rows`:
+// output rows per panel (0: about 4 MB of reference and output).
+std::vector<LayerResults> analyze_pass_in_panels(const LayerOperands& l, Pass p,
+                                                 const std::vector<AnalysisSetting>& settings,
+                                                 const std::vector<Recipe>& recipes, uint32_t stream,
+                                                 int64_t panel_rows = 0);
+
 // The three GEMMs under a training recipe's operand settings (its grid, scales, RHT per pass, SR on dY).
 std::vector<GemmResult> analyze_recipe(const LayerOperands& l, const Recipe& r, uint32_t stream);
 GemmResult analyze_recipe_pass(const LayerOperands& l, const Recipe& r, uint32_t stream, Pass p);

@@ -177,6 +177,11 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     mapped_ = false;
     throw;
   }
+  release_pages();  // the header is parsed; opening a trace of many files should not keep each one's first pages
+}
+
+void SafetensorsFile::release_pages() const {
+  if (mapped_) ::madvise(const_cast<uint8_t*>(map_), map_size_, MADV_DONTNEED);
 }
 
 SafetensorsFile::SafetensorsFile(std::string name, std::vector<uint8_t> bytes)
@@ -599,6 +604,9 @@ Trace::Layer Trace::load(const TraceRecord& r) const {
   l.x = f.read_f32(r.gemm + ".fwd_x");
   l.w = f.read_f32(r.gemm + ".fwd_w");
   l.dy = f.read_f32(r.gemm + ".bwd_dy");
+  // read_f32 drops each tensor's pages, but the kernel maps a faulting page's neighbours with it (fault-around), so
+  // pages of the tensors read before could come back: drop the whole file once all three are copied.
+  f.release_pages();
   const auto n = [](int64_t a, int64_t b) { return uint64_t(a) * uint64_t(b); };  // unsigned: no UB on bogus records
   if (l.x.size() != n(r.tokens, r.in) || l.w.size() != n(r.out, r.in) || l.dy.size() != n(r.tokens, r.out))
     fail(r.file, "gemm " + q(r.gemm) + ": record shape does not match the file");

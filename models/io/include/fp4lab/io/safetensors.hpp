@@ -56,6 +56,9 @@ class SafetensorsFile {
   // The tensor converted to FP32 (F32, BF16, F16 accepted). With check_finite, NaN/Inf is an Error
   // naming file, tensor and flat element index.
   std::vector<float> read_f32(const std::string& name, bool check_finite = true) const;
+  // Drops the file's pages from this process (the page cache keeps them; a later read maps them again), so that
+  // a trace of many files holds none of them between reads. Advisory: nothing changes if the system declines.
+  void release_pages() const;
 
  private:
   std::string path_;

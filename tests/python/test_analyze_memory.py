@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Peak memory of `fp4lab analyze` follows the record, not the trace: plain Python (no pytest, no fp4lab package).
+
+Three runs, each under a small wrapper process that reports its one child's peak RSS (getrusage; a child's peak
+includes its parent's pages at the fork, so the parent must stay small: this script is not):
+  1. one small record: the binary's own footprint, subtracted from the others;
+  2. 3,000 records of [16, 16, 16], one file each: above the footprint, under 24 kB per record (the report's text is
+     about 12.6 kB per record; holding it as a JSON document took about 100 kB per record);
+  3. one record of [4096, 1024, 64] (9 MB of BF16): above the footprint, under 9 times the record with two OpenMP
+     threads (7.0 now: the FP32 copies and transposes of its operands, 4 times, and each running task's quantised
+     operands; holding its float64 bwd_dx reference, outputs and rotated copies whole took 14.4 times).
+Each report must be complete: every record's tensors and GEMMs.
+
+    python3 tests/python/test_analyze_memory.py --fp4lab build/bin/fp4lab
+"""
+import argparse
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+
+def write_record(path, gemm, shape, rng):
+    """One trace v1 file holding one record, BF16 (the top 16 bits of FP32 normals: finite, heavy enough)."""
+    tokens, d_in, d_out = shape
+    shapes = {"fwd_x": (tokens, d_in), "fwd_w": (d_out, d_in), "bwd_dy": (tokens, d_out)}
+    header, blobs, off = {"__metadata__": {"fp4lab.trace.version": "1"}}, [], 0
+    for role, s in shapes.items():
+        data = (rng.standard_normal(s, dtype=np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
+        header[f"{gemm}.{role}"] = {"dtype": "BF16", "shape": list(s), "data_offsets": [off, off + len(data)]}
+        blobs.append(data)
+        off += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    return off
+
+
+WRAPPER = r"""
+import resource, subprocess, sys
+r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, r.stderr.strip())
+"""
+
+
+def analyze(fp4lab, folder, out):
+    """(peak RSS in bytes, the report) of one analyze run."""
+    # Two threads, as on the CI runner: each running task holds its own quantised operands.
+    r = subprocess.run([sys.executable, "-S", "-c", WRAPPER, fp4lab, "analyze", "--trace", folder, "--json", out],
+                       capture_output=True, text=True, check=True, env=dict(os.environ, OMP_NUM_THREADS="2"))
+    code, kib, err = (r.stdout.split(" ", 2) + [""])[:3]
+    if code != "0":
+        sys.exit(f"test_analyze_memory: analyze {folder} failed ({code}): {err.strip()}")
+    with open(out) as f:
+        report = json.load(f)
+    return int(kib) * 1024, report
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fp4lab", required=True)
+    a = ap.parse_args()
+    rng = np.random.default_rng(0)
+    failures = []
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "a.json")
+        one, many, large = (os.path.join(d, n) for n in ("one", "many", "large"))
+        for f in (one, many, large):
+            os.mkdir(f)
+
+        write_record(os.path.join(one, "r.safetensors"), "r.linear", (16, 16, 16), rng)
+        base, _ = analyze(a.fp4lab, one, out)
+
+        n = 3000
+        for i in range(n):
+            write_record(os.path.join(many, f"r{i:05d}.safetensors"), f"r{i:05d}.linear", (16, 16, 16), rng)
+        rss, report = analyze(a.fp4lab, many, out)
+        if len(report["tensors"]) != 12 * n or len(report["gemms"]) != 12 * n:
+            failures.append(f"{n} records: {len(report['tensors'])} tensors and {len(report['gemms'])} GEMMs reported")
+        per_record = (rss - base) / n
+        print(f"{n} records of [16, 16, 16]: peak RSS {rss / 2**20:.1f} MiB, {per_record / 1e3:.1f} kB per record "
+              f"above one record's {base / 2**20:.1f} MiB")
+        if per_record > 24e3:
+            failures.append(f"{n} records: {per_record / 1e3:.1f} kB per record above the footprint (limit 24 kB)")
+
+        record = write_record(os.path.join(large, "r.safetensors"), "big", (4096, 1024, 64), rng)
+        rss, report = analyze(a.fp4lab, large, out)
+        if len(report["tensors"]) != 12 or len(report["gemms"]) != 12:
+            failures.append("large record: incomplete report")
+        ratio = (rss - base) / record
+        print(f"one record of [4096, 1024, 64] ({record / 1e6:.1f} MB): peak RSS {rss / 2**20:.1f} MiB, "
+              f"{ratio:.2f} times the record above the footprint")
+        if ratio > 9:
+            failures.append(f"large record: {ratio:.2f} times the record above the footprint (limit 9)")
+    for f in failures:
+        print("FAIL: " + f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
