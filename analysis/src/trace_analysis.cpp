@@ -351,7 +351,9 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
       w.lo.reset();
       w.layer = io::Trace::Layer{};
       w.freed.store(true, std::memory_order_release);
-      if (run && std::none_of(w.faults.begin(), w.faults.end(), [](const std::exception_ptr& f) { return bool(f); })) {
+      // Not past the first fault: a later record's task slots were skipped, so it has no results to finish.
+      if (run && k < first_fault.load() &&
+          std::none_of(w.faults.begin(), w.faults.end(), [](const std::exception_ptr& f) { return bool(f); })) {
         try {
           finish(k);
         } catch (...) {  // out of memory: no exception may leave the parallel loop

@@ -135,3 +135,22 @@ def test_nan_in_trace_rejected(tmp_path):
     r = run("analyze", "--trace", str(d))
     assert r.returncode == 1
     assert "l.safetensors" in r.stderr and "NaN" in r.stderr, r.stderr
+
+
+def test_fault_in_first_record_with_many_threads(tmp_path):
+    # A fault in the first record while later records load and compute beside it (more threads than one record's
+    # tasks, every recipe): one line and exit 1 every time, never a later record's half-made results (which
+    # crashed the report once).
+    d = tmp_path / "t"
+    d.mkdir()
+    files = sorted(f for f in os.listdir(TRACE) if f.endswith(".safetensors"))[:4]
+    for i, f in enumerate(files):
+        raw = bytearray(open(os.path.join(TRACE, f), "rb").read())
+        if i == 0:
+            raw[-2:] = b"\xc0\x7f"  # the last BF16 element becomes a NaN
+        (d / f"{i}-{f}").write_bytes(bytes(raw))
+    env = dict(os.environ, OMP_NUM_THREADS="64")
+    for _ in range(8):
+        r = subprocess.run([BIN, "analyze", "--trace", str(d), "--recipe", "all"], capture_output=True, text=True,
+                           env=env)
+        assert r.returncode == 1 and "NaN" in r.stderr and r.stderr.count("\n") == 1, (r.returncode, r.stderr)
