@@ -217,3 +217,16 @@ def test_cuda_records_are_the_host_records_within_fp64_summation(tmp_path, recip
             assert rh[k] == rd[k], (k, rh, rd)
         for k in ("sqnr_db", "gemm_sqnr_db"):
             assert rd[k] == pytest.approx(rh[k], rel=1e-9), (k, rh, rd)
+
+
+def test_close_stops_watching_even_when_the_last_read_back_fails(tmp_path, monkeypatch):
+    from fp4lab.torch import ops
+    model = make_model()
+    mon = ft.monitor(model, every=1, out=tmp_path / "m.jsonl")
+
+    def fail():
+        raise RuntimeError("device fault")
+    monkeypatch.setattr(mon, "flush", fail)
+    with pytest.raises(RuntimeError, match="device fault"):
+        mon.close()
+    assert mon not in ops.observers and mon._file.closed
