@@ -85,7 +85,9 @@ def bench(fp4lab, trace, repeat, python=False):
     db = max(abs(r["beff"] - nt[key_t(r)]["beff"]) for r in jc["tensors"])
     dg = max(abs(r["sqnr_db"] - ng[key_g(r)]["sqnr_db"]) for r in jc["gemms"] if key_g(r) in ng)
 
-    print(f"trace {trace}: {elements} elements, {len(jc['tensors'])} tensor and {len(jc['gemms'])} GEMM records")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    shown = os.path.relpath(trace, root) if os.path.abspath(trace).startswith(root + os.sep) else trace
+    print(f"trace {shown}: {elements} elements, {len(jc['tensors'])} tensor and {len(jc['gemms'])} GEMM records")
     print(f"{'implementation':<22}{'wall (s, median of %d)' % repeat:>26}{'elements/s':>16}   all runs (s)")
     print(f"{'fp4lab analyze':<22}{tc:>26.3f}{elements / tc:>16.3e}   " + " ".join(f"{r[0]:.3f}" for r in runs_c))
     print(f"{'numpy (same defs)':<22}{tn:>26.3f}{elements / tn:>16.3e}   " + " ".join(f"{r[0]:.3f}" for r in runs_n))

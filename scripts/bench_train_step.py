@@ -31,6 +31,7 @@ import fp4lab.torch as ft
 
 # The decoder and the recipes of docs/training.md.
 from fp4lab.study import RECIPES, SIZES, build_model, make_recipe
+from fp4lab.study.train import use_deterministic_algorithms
 
 SHAPE_KEYS = ("d", "layers", "heads", "ffn", "seq", "batch", "vocab")
 # docs/spec.md §12's reference shape, used when --size is not given: the large model with a 32000-token vocabulary.
@@ -182,9 +183,8 @@ def main():
     if unknown:
         ap.error(f"unknown recipe {', '.join(unknown)}; known: {', '.join(RECIPES)}")
     device = torch.device(args.device)
-    if args.deterministic:  # before any cuBLAS call, which reads the variable once
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
+    if args.deterministic:
+        use_deterministic_algorithms()
     if args.seq % 64 or args.batch * args.seq % 32:
         ap.error("--seq must be a multiple of 64 and batch * seq of 32 (the recipes' block and RHT sizes)")
     rows = []

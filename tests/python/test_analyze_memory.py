@@ -6,9 +6,10 @@ includes its parent's pages at the fork, so the parent must stay small: this scr
   1. one small record: the binary's own footprint, subtracted from the others;
   2. 3,000 records of [16, 16, 16], one file each: above the footprint, under 24 kB per record (the report's text is
      about 12.6 kB per record; holding it as a JSON document took about 100 kB per record);
-  3. one record of [4096, 1024, 64] (9 MB of BF16): above the footprint, under 9 times the record with two OpenMP
-     threads (7.0 now: the FP32 copies and transposes of its operands, 4 times, and each running task's quantised
-     operands; holding its float64 bwd_dx reference, outputs and rotated copies whole took 14.4 times).
+  3. one record of [4096, 1024, 64] (9 MB of BF16): above the footprint, under 11 times the record with two OpenMP
+     threads. Measured 7.0-7.4 (5.7 with one thread, 10.2 with four): the FP32 copies and transposes of its
+     operands, 4 times, and each running task's quantised operands, as tasks happen to share a thread's heap.
+     Holding its float64 bwd_dx reference, outputs and rotated copies whole took 14.4 times.
 Each report must be complete: every record's tensors and GEMMs.
 
     python3 tests/python/test_analyze_memory.py --fp4lab build/bin/fp4lab
@@ -95,8 +96,8 @@ def main():
         ratio = (rss - base) / record
         print(f"one record of [4096, 1024, 64] ({record / 1e6:.1f} MB): peak RSS {rss / 2**20:.1f} MiB, "
               f"{ratio:.2f} times the record above the footprint")
-        if ratio > 9:
-            failures.append(f"large record: {ratio:.2f} times the record above the footprint (limit 9)")
+        if ratio > 11:
+            failures.append(f"large record: {ratio:.2f} times the record above the footprint (limit 11)")
     for f in failures:
         print("FAIL: " + f)
     return 1 if failures else 0

@@ -23,6 +23,15 @@ def _load(data_dir: str, name: str):
     return a
 
 
+def use_deterministic_algorithms() -> None:
+    """PyTorch's fixed-order algorithms, before any CUDA work. On a GPU, cuDNN attention's backward (and at least one
+    other PyTorch kernel) adds in a varying order, so two runs of one command part after the first step (fp4lab's
+    own kernels are order-independent already). cuBLAS reads the variable when it starts, so it goes first."""
+    import torch
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+
+
 def run_name(size: str, recipe: str, mode: str, seed, steps) -> str:
     """A run's name (its JSON, log and checkpoint files): scripts/train_study.sh names runs through `name`."""
     return f"{size}-{recipe}-{'bf16' if recipe == 'bf16' else mode}-s{seed}-{steps}"
@@ -49,11 +58,7 @@ def cmd_train(args):
         raise SystemExit(f"{args.data}: too little text for sequence {seq}")
     device = torch.device(args.device)
     if args.deterministic:
-        # On a GPU, cuDNN attention's backward (and at least one other PyTorch kernel) adds in a varying order, so
-        # two runs of one command part after the first step; these settings pick fixed-order algorithms (fp4lab's
-        # own kernels are order-independent already). cuBLAS reads the variable when it starts, so it goes first.
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
+        use_deterministic_algorithms()
 
     torch.manual_seed(args.seed)
     model = build_model(cfg).to(device)
