@@ -30,24 +30,7 @@ std::vector<float> gemm(const QTensor& a, const QTensor& b) {
 
 std::vector<float> gemm_rows(const QTensor& a, int64_t row0, int64_t rows, const QTensor& b) {
   check_gemm_operands(a, b);
-  if (row0 < 0 || rows < 0 || row0 + rows > a.rows)
-    throw std::invalid_argument("gemm_rows: rows [" + std::to_string(row0) + ", " + std::to_string(row0 + rows) +
-                                ") are not rows of A (" + std::to_string(a.rows) + ")");
-  QTensor p;  // the panel: A's settings, its rows' codes and scales
-  p.format = a.format;
-  p.scale_kind = a.scale_kind;
-  p.block = a.block;
-  p.tile2d = a.tile2d;
-  p.rht = a.rht;
-  p.rht_signs = a.rht_signs;
-  p.rows = rows;
-  p.cols = a.cols;
-  p.global_dec = a.global_dec;
-  const int64_t kb = a.kblocks();
-  p.codes.assign(a.codes.begin() + row0 * a.cols, a.codes.begin() + (row0 + rows) * a.cols);
-  p.scales.assign(a.scales.begin() + row0 * kb, a.scales.begin() + (row0 + rows) * kb);
-  if (!a.scale_codes.empty())
-    p.scale_codes.assign(a.scale_codes.begin() + row0 * kb, a.scale_codes.begin() + (row0 + rows) * kb);
+  const QTensor p = a.rows_panel(row0, rows);
   std::vector<float> c = detail::gemm_on(detail::gemm_best_path(), p, b);
   check_finite_output(c, b.rows, row0);
   return c;

@@ -206,6 +206,27 @@ std::vector<float> rotate(const float* x, int64_t rows, int64_t cols, const Quan
   return y;
 }
 
+QTensor QTensor::rows_panel(int64_t row0, int64_t n) const {
+  if (row0 < 0 || n < 0 || row0 + n > rows)
+    throw std::invalid_argument("rows [" + std::to_string(row0) + ", " + std::to_string(row0 + n) +
+                                ") are not rows of the operand (" + std::to_string(rows) + ")");
+  QTensor p;
+  p.format = format;
+  p.scale_kind = scale_kind;
+  p.block = block;
+  p.tile2d = tile2d;
+  p.rht = rht;
+  p.rht_signs = rht_signs;
+  p.rows = n;
+  p.cols = cols;
+  p.global_dec = global_dec;
+  const int64_t kb = kblocks();
+  p.codes.assign(codes.begin() + row0 * cols, codes.begin() + (row0 + n) * cols);
+  p.scales.assign(scales.begin() + row0 * kb, scales.begin() + (row0 + n) * kb);
+  if (!scale_codes.empty()) p.scale_codes.assign(scale_codes.begin() + row0 * kb, scale_codes.begin() + (row0 + n) * kb);
+  return p;
+}
+
 std::vector<float> QTensor::dequantize() const {
   // dequant(r, c) block by block: the same two FP32 multiplies, with the 16 code values from a table.
   float value[16];

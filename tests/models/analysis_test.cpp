@@ -269,6 +269,7 @@ TEST(LayerAnalysis, PanelsGiveTheWholeTensorsBits) {
   const QTensor qw = quantize(w.data(), O, I, c);
   const std::vector<float> whole = gemm(q, qw), rows = gemm_rows(q, 100, 9, qw);
   EXPECT_EQ(rows, std::vector<float>(whole.begin() + 100 * O, whole.begin() + 109 * O));
+  EXPECT_THROW(gemm_rows(q, q.rows - 2, 3, qw), std::invalid_argument);  // past the last row
 }
 
 TEST(CorrectlyRounded, KnownValues) {

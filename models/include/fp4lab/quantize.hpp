@@ -118,6 +118,9 @@ struct QTensor {
     return dequant_value(decode(format, codes[r * cols + c]), scales[r * kblocks() + c / block], global_dec);
   }
   std::vector<float> dequantize() const;
+  // Rows [row0, row0 + n) as an operand of their own: the same settings, those rows' codes and scales. Throws
+  // std::invalid_argument for rows outside the tensor.
+  QTensor rows_panel(int64_t row0, int64_t n) const;
 };
 
 // Throws std::invalid_argument with a one-line reason on a bad shape, configuration or a non-finite input.
