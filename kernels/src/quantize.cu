@@ -69,6 +69,7 @@ struct QArgs {
   Rounding rounding;
   bool rht_bf16;
   uint64_t seed;
+  const uint64_t* seed_dev; // non-null: the seed is read here on the device (a captured step's key)
   uint32_t stream;
   float signs[32];         // RHT signs (D entries)
   uint16_t* deq;           // fake quantisation: the dequantised BF16 values [rows, cols]; null = not written
@@ -131,13 +132,13 @@ __device__ __forceinline__ void rotate_group(float (&y)[G], const float* signs, 
 // Scales and rounds block b of the thread's values into packed nibbles (element e -> bits 4(e%8) of word e/8).
 template <int F, int B, bool FP32, bool RTNE, int G>
 __device__ __forceinline__ void round_block(const float (&y)[G], int b, const BlockScale& bs, ScaleKind kind,
-                                            const QArgs& a, int64_t base, uint32_t (&packed)[G / 8]) {
+                                            const QArgs& a, uint64_t seed, int64_t base, uint32_t (&packed)[G / 8]) {
 #pragma unroll
   for (int j = 0; j < B; ++j) {
     const int e = b * B + j;
     const float v = scale_element(FP32 ? ScaleKind::fp32 : kind, y[e], bs);
     const uint8_t c = RTNE ? detail::round_rtne_fast<F>(v)
-                           : detail::round_sr_fast<F>(v, random_bits(a.seed, a.stream, uint64_t(base + e)));
+                           : detail::round_sr_fast<F>(v, random_bits_in_group(seed, a.stream, uint64_t(base), uint32_t(e)));
     packed[e / 8] |= uint32_t(c) << (4 * (e % 8));
   }
 }
@@ -170,11 +171,12 @@ __device__ __forceinline__ void quantize_group(float (&y)[G], int64_t row, int64
   rotate_group<G, D>(y, a.signs, a.rht_bf16);
   // As fp4lab::quantize: finite inputs near FLT_MAX can rotate to Inf/NaN, which has no code.
   if constexpr (D > 0) flag_nonfinite<G>(y, a.nonfinite, 2);
-  const int64_t base = row * a.cols + col0;
+  const int64_t base = row * a.cols + col0;  // a multiple of G: G divides cols and col0 (the SR groups)
   const float g_dec = a.scale == ScaleKind::ue4m3 ? 1.0f / s_enc : 1.0f;
   if (base == 0 && a.global_dec) *a.global_dec = g_dec;
 
   const int64_t kb = a.cols / B;
+  const uint64_t seed = a.rounding == Rounding::sr && a.seed_dev ? __ldg(a.seed_dev) : a.seed;
   uint32_t packed[G / 8];
 #pragma unroll
   for (int w = 0; w < G / 8; ++w) packed[w] = 0;
@@ -196,14 +198,14 @@ __device__ __forceinline__ void quantize_group(float (&y)[G], int64_t row, int64
     // Unswitched by hand so that neither the division of fp32 scales nor Philox runs where it is not needed.
     if (a.scale == ScaleKind::fp32) {
       if (a.rounding == Rounding::rtne)
-        round_block<F, B, true, true>(y, b, bs, ScaleKind::fp32, a, base, packed);
+        round_block<F, B, true, true>(y, b, bs, ScaleKind::fp32, a, seed, base, packed);
       else
-        round_block<F, B, true, false>(y, b, bs, ScaleKind::fp32, a, base, packed);
+        round_block<F, B, true, false>(y, b, bs, ScaleKind::fp32, a, seed, base, packed);
     } else {
       if (a.rounding == Rounding::rtne)
-        round_block<F, B, false, true>(y, b, bs, a.scale, a, base, packed);
+        round_block<F, B, false, true>(y, b, bs, a.scale, a, seed, base, packed);
       else
-        round_block<F, B, false, false>(y, b, bs, a.scale, a, base, packed);
+        round_block<F, B, false, false>(y, b, bs, a.scale, a, seed, base, packed);
     }
   }
   if (a.codes) {
@@ -700,7 +702,7 @@ namespace {
 template <class T>
 void quantize_pass(const T* x, int d, int fmt, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor* out,
                    uint16_t* deq, QuantWorkspace& ws, cudaStream_t s, bool check_finite, int* d_nonfinite_flag,
-                   bool tr) {
+                   bool tr, const uint64_t* d_seed) {
   QArgs a{};
   if (out) {
     out->format = cfg.format;
@@ -732,6 +734,7 @@ void quantize_pass(const T* x, int d, int fmt, int64_t rows, int64_t cols, const
   a.rounding = cfg.rounding;
   a.rht_bf16 = d > 0 && cfg.rht_bf16;
   a.seed = cfg.seed;
+  a.seed_dev = d_seed;
   a.stream = cfg.stream;
   copy_signs(a.signs, 32, cfg);
 
@@ -766,7 +769,7 @@ void quantize_pass(const T* x, int d, int fmt, int64_t rows, int64_t cols, const
 template <class T>
 void quantize_impl(const T* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor* out, uint16_t* deq,
                    QuantWorkspace& ws, cudaStream_t s, RhtPath path, bool check_finite, int* d_nonfinite_flag,
-                   bool tr = false) {
+                   bool tr, const uint64_t* d_seed) {
   validate(cfg, rows, cols);
   const int fmt = detail::format_index(cfg.format);
   if (rows * cols % 2 != 0) throw std::invalid_argument("odd element count");
@@ -777,48 +780,96 @@ void quantize_impl(const T* d_x, int64_t rows, int64_t cols, const QuantConfig& 
         d_x, ws.transposed.data(), cols, rows);
     check_launch("transpose_kernel");
     return quantize_impl<float>(ws.transposed.data(), rows, cols, cfg, out, deq, ws, s, path, check_finite,
-                                d_nonfinite_flag);
+                                d_nonfinite_flag, false, d_seed);
   }
   // RHT-64/128 keep 64/128 values per thread in registers only in the standalone pass: take the unfused path.
   if (cfg.rht != 0 && (path == RhtPath::unfused || cfg.rht > 32)) {
     ws.rotated.resize(size_t(rows * cols));
     rht_impl(d_x, ws.rotated.data(), rows, cols, cfg, s);
     return quantize_pass<float>(ws.rotated.data(), 0, fmt, rows, cols, cfg, out, deq, ws, s, check_finite,
-                                d_nonfinite_flag, false);
+                                d_nonfinite_flag, false, d_seed);
   }
-  quantize_pass<T>(d_x, cfg.rht, fmt, rows, cols, cfg, out, deq, ws, s, check_finite, d_nonfinite_flag, tr);
+  quantize_pass<T>(d_x, cfg.rht, fmt, rows, cols, cfg, out, deq, ws, s, check_finite, d_nonfinite_flag, tr, d_seed);
 }
 }  // namespace
 
 void quantize(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor& out,
-              QuantWorkspace& ws, cudaStream_t s, RhtPath path, bool check_finite, int* d_nonfinite_flag) {
-  quantize_impl(d_x, rows, cols, cfg, &out, nullptr, ws, s, path, check_finite, d_nonfinite_flag);
+              QuantWorkspace& ws, cudaStream_t s, RhtPath path, bool check_finite, int* d_nonfinite_flag,
+              const uint64_t* d_seed) {
+  quantize_impl(d_x, rows, cols, cfg, &out, nullptr, ws, s, path, check_finite, d_nonfinite_flag, false, d_seed);
 }
 void quantize_bf16(const uint16_t* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor& out,
-                   QuantWorkspace& ws, cudaStream_t s, RhtPath path, bool check_finite, int* d_nonfinite_flag) {
-  quantize_impl(d_x, rows, cols, cfg, &out, nullptr, ws, s, path, check_finite, d_nonfinite_flag);
+                   QuantWorkspace& ws, cudaStream_t s, RhtPath path, bool check_finite, int* d_nonfinite_flag,
+              const uint64_t* d_seed) {
+  quantize_impl(d_x, rows, cols, cfg, &out, nullptr, ws, s, path, check_finite, d_nonfinite_flag, false, d_seed);
 }
 void quantize_transposed(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor& out,
-                         QuantWorkspace& ws, cudaStream_t s, RhtPath path, bool check_finite, int* d_nonfinite_flag) {
-  quantize_impl(d_x, cols, rows, cfg, &out, nullptr, ws, s, path, check_finite, d_nonfinite_flag, true);
+                         QuantWorkspace& ws, cudaStream_t s, RhtPath path, bool check_finite, int* d_nonfinite_flag,
+                         const uint64_t* d_seed) {
+  quantize_impl(d_x, cols, rows, cfg, &out, nullptr, ws, s, path, check_finite, d_nonfinite_flag, true, d_seed);
 }
 void quantize_transposed_bf16(const uint16_t* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg,
                               DQTensor& out, QuantWorkspace& ws, cudaStream_t s, RhtPath path, bool check_finite,
-                              int* d_nonfinite_flag) {
-  quantize_impl(d_x, cols, rows, cfg, &out, nullptr, ws, s, path, check_finite, d_nonfinite_flag, true);
+                              int* d_nonfinite_flag, const uint64_t* d_seed) {
+  quantize_impl(d_x, cols, rows, cfg, &out, nullptr, ws, s, path, check_finite, d_nonfinite_flag, true, d_seed);
 }
 
 void fake_quantize(const void* d_x, bool x_bf16, bool transposed, int64_t rows, int64_t cols,
                    const QuantConfig& cfg, uint16_t* d_out, DQTensor* q, QuantWorkspace& ws, cudaStream_t s,
-                   RhtPath path, bool check_finite, int* d_nonfinite_flag) {
+                   RhtPath path, bool check_finite, int* d_nonfinite_flag, const uint64_t* d_seed) {
   if (!d_out) throw std::invalid_argument("fake_quantize(): no output");
   const int64_t r = transposed ? cols : rows, c = transposed ? rows : cols;
   if (x_bf16)
     quantize_impl(static_cast<const uint16_t*>(d_x), r, c, cfg, q, d_out, ws, s, path, check_finite,
-                  d_nonfinite_flag, transposed);
+                  d_nonfinite_flag, transposed, d_seed);
   else
     quantize_impl(static_cast<const float*>(d_x), r, c, cfg, q, d_out, ws, s, path, check_finite,
-                  d_nonfinite_flag, transposed);
+                  d_nonfinite_flag, transposed, d_seed);
+}
+
+namespace {
+// A 32-bit word's non-finite test: its one FP32 value, or its two BF16 values (exponent field all ones).
+__device__ __forceinline__ bool word_nonfinite(uint32_t w, bool bf16) {
+  return bf16 ? ((w & 0x7F80u) == 0x7F80u) || ((w & 0x7F800000u) == 0x7F800000u) : (w & 0x7F800000u) == 0x7F800000u;
+}
+
+// Grid-stride over 16-byte words (torch's allocations are 256-byte aligned; a misaligned start takes the scalar
+// loop), then the elements past the last whole word.
+__global__ void __launch_bounds__(kThreads) flag_nonfinite_kernel(const void* y, bool bf16, int64_t n, int* flag,
+                                                                   int bit, bool vec) {
+  const int esize = bf16 ? 2 : 4;
+  const int64_t stride = int64_t(gridDim.x) * kThreads, tid = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  bool bad = false;
+  int64_t done = 0;
+  if (vec) {
+    const int64_t words = n * esize / 16;
+    const uint4* p = static_cast<const uint4*>(y);
+    for (int64_t i = tid; i < words; i += stride) {
+      const uint4 v = __ldg(p + i);
+      bad |= word_nonfinite(v.x, bf16) | word_nonfinite(v.y, bf16) | word_nonfinite(v.z, bf16) |
+             word_nonfinite(v.w, bf16);
+    }
+    done = words * 16 / esize;
+  }
+  for (int64_t i = done + tid; i < n; i += stride) {
+    const uint32_t w = bf16 ? uint32_t(static_cast<const uint16_t*>(y)[i])
+                            : __float_as_uint(static_cast<const float*>(y)[i]);
+    bad |= word_nonfinite(w, bf16);
+  }
+  if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(flag, bit);
+}
+}  // namespace
+
+void flag_nonfinite(const void* d_y, bool bf16, int64_t n, int* d_flag, int bit, cudaStream_t s) {
+  if (n < 0) throw std::invalid_argument("flag_nonfinite(): negative element count");
+  if (!d_flag) throw std::invalid_argument("flag_nonfinite(): no flag");
+  if (n == 0) return;
+  const bool vec = (reinterpret_cast<uintptr_t>(d_y) & 15u) == 0;
+  const int64_t units = vec ? std::max<int64_t>(n * (bf16 ? 2 : 4) / 16, 1) : n;
+  // At most 1024 blocks (several per SM); the threads stride over the rest.
+  const unsigned blocks = std::min(detail::blocks_for(units, kThreads), 1024u);
+  flag_nonfinite_kernel<<<blocks, kThreads, 0, s>>>(d_y, bf16, n, d_flag, bit, vec);
+  check_launch("flag_nonfinite_kernel");
 }
 
 uint64_t count_rtne_fast_mismatches(const ElemFormat& f, uint32_t* first_bad, uint64_t* evaluated) {

@@ -461,6 +461,78 @@ TEST(OperandStats, AgreeWithTheHostAndRepeatBitForBit) {
   for (int k = 0; k < 5; ++k) EXPECT_EQ(std::memcmp(&got[k], &again[k], 8), 0) << "figure " << k;
 }
 
+// A training step captured in a CUDA graph reads its SR seed on the device: the bits of that seed given in the
+// config, row-wise and transposed (whose SR counters are X^T's), and not the bits of the config's own seed.
+TEST(QuantizeDeviceSeed, ReadsTheStochasticRoundingSeedOnTheDevice) {
+  SKIP_WITHOUT_GPU();
+  QuantConfig cfg;
+  cfg.format = fp4lab::kE1M2;
+  cfg.rounding = Rounding::sr;
+  cfg.rht = 16;
+  cfg.rht_signs = fp4lab::rht_signs_te(16);
+  cfg.seed = 0x1234;
+  cfg.stream = 9;
+  QuantConfig keyed = cfg;
+  keyed.seed = 0xFEEDBEEFCAFEF00Dull;
+  const std::vector<float> x = random_input(21);  // [kRows, kCols]
+  const std::vector<float> xt = fp4lab::transpose(x.data(), kRows, kCols);
+  fc::Buffer<float> dx, dxt;
+  dx.upload(x);
+  dxt.upload(xt);
+  fc::Buffer<uint64_t> seed;
+  seed.upload(std::vector<uint64_t>{keyed.seed});
+  fc::QuantWorkspace ws;
+  fc::DQTensor q;
+  const QTensor want = fp4lab::quantize(x.data(), kRows, kCols, keyed);
+  fc::quantize(dx.data(), kRows, kCols, cfg, q, ws, nullptr, fc::RhtPath::fused, true, nullptr, seed.data());
+  EXPECT_EQ(fc::to_host(q).codes, want.codes);
+  EXPECT_NE(fp4lab::quantize(x.data(), kRows, kCols, cfg).codes, want.codes);
+  // X^T [kCols, kRows] quantised in place gives x's quantisation.
+  fc::quantize_transposed(dxt.data(), kCols, kRows, cfg, q, ws, nullptr, fc::RhtPath::fused, true, nullptr,
+                          seed.data());
+  EXPECT_EQ(fc::to_host(q).codes, want.codes);
+}
+
+// The deferred output check: the bit is set exactly when some value is NaN or Inf, wherever it sits (the 16-byte
+// body, the scalar tail, a misaligned start), for FP32 and BF16, and other bits of the flag are kept.
+TEST(FlagNonfinite, SetsItsBitExactlyWhenAValueIsNotFinite) {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 100003;  // not a multiple of 8: a tail past the last 16-byte word
+  for (bool bf16 : {false, true}) {
+    const float big = bf16 ? 3.3895314e38f : FLT_MAX;  // the largest finite value of each type
+    for (int64_t at : {int64_t(-1), int64_t(0), int64_t(12345), n - 3, n - 1}) {
+      for (float bad : {NAN, INFINITY, -INFINITY}) {
+        if (at < 0 && !std::isnan(bad)) continue;  // the all-finite case once per type
+        std::vector<float> y(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) y[size_t(i)] = (i % 3 ? -big : big) * (i % 7 ? 1.0f : 1e-38f);
+        if (at >= 0) y[size_t(at)] = bad;
+        for (int offset : {0, 1}) {  // offset 1: the data starts off a 16-byte boundary
+          fc::Buffer<int> flag(1);
+          const int other = 64;
+          flag.upload(std::vector<int>{other});
+          if (bf16) {
+            std::vector<uint16_t> h(size_t(n) + 1);
+            for (int64_t i = 0; i < n; ++i) h[size_t(i + offset)] = uint16_t(bits(y[size_t(i)]) >> 16);
+            fc::Buffer<uint16_t> d;
+            d.upload(h);
+            fc::flag_nonfinite(d.data() + offset, true, n - offset, flag.data(), 4);
+          } else {
+            std::vector<float> h(size_t(n) + 1);
+            for (int64_t i = 0; i < n; ++i) h[size_t(i + offset)] = y[size_t(i)];
+            fc::Buffer<float> d;
+            d.upload(h);
+            fc::flag_nonfinite(d.data() + offset, false, n - offset, flag.data(), 4);
+          }
+          // With offset 1 the last element falls outside the n - 1 values checked.
+          const bool seen = at >= 0 && at + offset < n;
+          EXPECT_EQ(flag.to_host()[0], other | (seen ? 4 : 0))
+              << (bf16 ? "bf16" : "fp32") << " at " << at << " value " << bad << " offset " << offset;
+        }
+      }
+    }
+  }
+}
+
 TEST(QuantizeErrors, TransposedRejectsNonFiniteInputAndBadShapes) {
   SKIP_WITHOUT_GPU();
   QuantConfig cfg;

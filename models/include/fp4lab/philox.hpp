@@ -47,4 +47,16 @@ FP4LAB_HD inline uint32_t random_bits(uint64_t seed, uint32_t stream, uint64_t i
   return o[0];
 }
 
+// random_bits(seed, stream, base + e) for element e of a group of G = 2^n elements that starts at `base`, a multiple
+// of G, with e < G: base + e then only fills base's zero low bits. The counter words other than the first, (base
+// high, stream, 0), are the same for the whole group, so where a group's elements are unrolled the compiler computes
+// the first round's product of them, and the second round's product of its result, once for the group.
+FP4LAB_HD inline uint32_t random_bits_in_group(uint64_t seed, uint32_t stream, uint64_t base, uint32_t e) {
+  const uint32_t k[2] = {uint32_t(seed), uint32_t(seed >> 32)};
+  const uint32_t c[4] = {uint32_t(base) | e, uint32_t(base >> 32), stream, 0u};
+  uint32_t o[4];
+  Philox4x32::generate(c, k, o);
+  return o[0];
+}
+
 }  // namespace fp4lab

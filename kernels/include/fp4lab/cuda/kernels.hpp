@@ -136,14 +136,17 @@ enum class RhtPath { fused, unfused };
 // std::invalid_argument when x holds NaN or Inf (the golden model's rule). Without it, a non-null
 // d_nonfinite_flag (device int) is set to 1 when x holds NaN or Inf and never cleared, with no synchronisation:
 // a training step checks it once instead of stalling the stream at every operand; with neither the caller vouches.
+// A non-null d_seed (device uint64) is read on the device in place of cfg.seed, the stochastic-rounding key: a
+// training step captured in a CUDA graph replays the same launches, and each replay's key is written there first.
 void quantize(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor& out,
               QuantWorkspace& ws, cudaStream_t stream = nullptr, RhtPath path = RhtPath::fused,
-              bool check_finite = true, int* d_nonfinite_flag = nullptr);
+              bool check_finite = true, int* d_nonfinite_flag = nullptr,
+              const uint64_t* d_seed = nullptr);
 // The same for a BF16 tensor (d_x holds the bit patterns): each value widens exactly to FP32 as it is loaded, so
 // the result is that of quantize() on the FP32 copy, without making the copy.
 void quantize_bf16(const uint16_t* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor& out,
                    QuantWorkspace& ws, cudaStream_t stream = nullptr, RhtPath path = RhtPath::fused,
-                   bool check_finite = true, int* d_nonfinite_flag = nullptr);
+                   bool check_finite = true, int* d_nonfinite_flag = nullptr, const uint64_t* d_seed = nullptr);
 // The quantisation of X^T for x [rows, cols] row-major, read in place: the result ([cols, rows], blocks along x's
 // columns) equals fp4lab::quantize(transpose(x), cols, rows, cfg) bit for bit (the SR counter, the RHT blocks and
 // the 16x16 tiles are those of X^T). The operands bwd_dx and bwd_dw need (W^T, dY^T, X^T) without a transposed
@@ -151,11 +154,12 @@ void quantize_bf16(const uint16_t* d_x, int64_t rows, int64_t cols, const QuantC
 // first. Arguments otherwise as quantize().
 void quantize_transposed(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor& out,
                          QuantWorkspace& ws, cudaStream_t stream = nullptr, RhtPath path = RhtPath::fused,
-                         bool check_finite = true, int* d_nonfinite_flag = nullptr);
+                         bool check_finite = true, int* d_nonfinite_flag = nullptr,
+                         const uint64_t* d_seed = nullptr);
 void quantize_transposed_bf16(const uint16_t* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg,
                               DQTensor& out, QuantWorkspace& ws, cudaStream_t stream = nullptr,
                               RhtPath path = RhtPath::fused, bool check_finite = true,
-                              int* d_nonfinite_flag = nullptr);
+                              int* d_nonfinite_flag = nullptr, const uint64_t* d_seed = nullptr);
 // Fake quantisation, the operands of the training layer's "fast" GEMMs: d_out [rows, cols] (or [cols, rows] when
 // transposed) receives, as BF16 bit patterns, exactly what dequantize_bf16() gives for the operand quantize()
 // (quantize_transposed()) makes of d_x (FP32, or BF16 bits when x_bf16), in the same pass: the input is read once
@@ -163,7 +167,7 @@ void quantize_transposed_bf16(const uint16_t* d_x, int64_t rows, int64_t cols, c
 void fake_quantize(const void* d_x, bool x_bf16, bool transposed, int64_t rows, int64_t cols,
                    const QuantConfig& cfg, uint16_t* d_out, DQTensor* q, QuantWorkspace& ws,
                    cudaStream_t stream = nullptr, RhtPath path = RhtPath::fused, bool check_finite = true,
-                   int* d_nonfinite_flag = nullptr);
+                   int* d_nonfinite_flag = nullptr, const uint64_t* d_seed = nullptr);
 // Dequantised values of q, (grid value * block scale) * global scale in that FP32 order as QTensor::dequant
 // computes them, into d_out [rows, cols] as FP32, or rounded to BF16 (RTNE) as bit patterns.
 void dequantize(const DQTensor& q, float* d_out, cudaStream_t stream = nullptr);
@@ -174,6 +178,11 @@ void rht(const float* d_x, float* d_y, int64_t rows, int64_t cols, const QuantCo
 // Per-tensor maximum of |x| (the device half of the ue4m3 scale), into ws.tensor_amax as FP32 bits.
 void tensor_amax(const float* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, QuantWorkspace& ws,
                  cudaStream_t stream = nullptr);
+
+// Sets `bit` in *d_flag when any of the n values at d_y (FP32, or BF16 bit patterns when bf16) is NaN or Inf: the
+// deferred overflow check of a training GEMM's output, without a synchronisation (the torch layer reads the flag
+// once a step). One atomic per thread block that saw a non-finite value.
+void flag_nonfinite(const void* d_y, bool bf16, int64_t n, int* d_flag, int bit, cudaStream_t stream = nullptr);
 
 // The numerics monitor's statistics of one quantised operand, in one pass and a fixed summation order (the same
 // bits on every run): d_out[0..4] = Σ ref², Σ (ref − dq)² (each term in FP64 from the FP32 values, as the host's
