@@ -295,12 +295,10 @@ nb::dict record_dict(const io::Trace& t, const io::TraceRecord& r) {
 
 #if FP4LAB_PY_CUDA
 namespace fc = fp4lab::cuda;
-// FP32 or BF16 (torch.bfloat16) input, checked at run time.
-using CudaIn = nb::ndarray<nb::ndim<2>, nb::c_contig, nb::device::cuda>;
+// FP32 or BF16 (torch.bfloat16), checked at run time.
 using CudaAny2 = nb::ndarray<nb::ndim<2>, nb::c_contig, nb::device::cuda>;
 const nb::dlpack::dtype kBf16{uint8_t(nb::dlpack::dtype_code::Bfloat), 16, 1};
 using CudaOut = nb::ndarray<float, nb::ndim<2>, nb::c_contig, nb::device::cuda>;
-using CudaFlag = nb::ndarray<int, nb::ndim<1>, nb::c_contig, nb::device::cuda>;
 
 // Scratch memory of the kernels, one set per process, reused across calls (kernels run in stream order).
 struct Workspaces {
@@ -313,6 +311,29 @@ Workspaces& workspaces() {
   return *w;
 }
 cudaStream_t as_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+
+// The launch bindings of the torch layer (fp4lab.torch.ops) take device addresses (Tensor.data_ptr()) and shapes
+// that the layer has checked, not ndarrays: a torch tensor's DLPack export costs about 10 µs of Python, three per
+// quantiser call, on a path that runs hundreds of times a training step. The device is made current for the call.
+template <class T>
+T* device_ptr(uintptr_t p) { return reinterpret_cast<T*>(p); }
+class OnDevice {
+ public:
+  explicit OnDevice(int device) {
+    fc::check(cudaGetDevice(&prev_), "cudaGetDevice");
+    if (prev_ != device) fc::check(cudaSetDevice(device), "cudaSetDevice");
+    else prev_ = -1;
+  }
+  ~OnDevice() { if (prev_ >= 0) cudaSetDevice(prev_); }
+  OnDevice(const OnDevice&) = delete;
+  OnDevice& operator=(const OnDevice&) = delete;
+ private:
+  int prev_ = -1;
+};
+fc::RhtPath rht_path(const std::string& path) {
+  if (path != "fused" && path != "unfused") throw std::invalid_argument("rht path must be fused or unfused");
+  return path == "fused" ? fc::RhtPath::fused : fc::RhtPath::unfused;
+}
 
 // A device view of a DQTensor buffer, owned by the Python object `self`.
 template <class T>
@@ -372,7 +393,14 @@ NB_MODULE(_core, m) {
         v.stream = std::get<9>(s);
         new (&c) QuantConfig(std::move(v));
       })
-      .def("__repr__", [](const QuantConfig& c) { return "<fp4lab.QuantConfig " + c.label() + ">"; });
+      .def("__repr__", [](const QuantConfig& c) { return "<fp4lab.QuantConfig " + c.label() + ">"; })
+      // A training step's settings from its layer's: only the SR key changes from step to step (docs/spec.md §12),
+      // and a copy is cheaper than parsing the knobs again, hundreds of times a step.
+      .def("with_seed", [](const QuantConfig& c, uint64_t seed) {
+        QuantConfig v = c;
+        v.seed = seed;
+        return v;
+      }, "seed"_a, "A copy of these settings with another stochastic-rounding seed.");
 
   m.def("knob_names", &knob_names, "with_role"_a = true);
   m.def("operand_config", [](const Knobs& k, const std::string& pass, const std::string& operand) {
@@ -601,51 +629,54 @@ NB_MODULE(_core, m) {
      "rht"_a = 0, "rht_signs"_a = std::vector<float>());
   // transposed: quantise x^T (blocks along x's first dimension) reading x in place, bit-identical to quantising
   // a transposed copy; out is then [cols, rows].
-  m.def("cuda_quantize", [](CudaIn x, const QuantConfig& cfg, fc::DQTensor& out, uintptr_t stream,
-                            const std::string& path, bool check_finite, nb::object flag, bool transposed) {
-    int* d_flag = nullptr;
-    if (!flag.is_none()) d_flag = nb::cast<CudaFlag>(flag).data();
-    if (path != "fused" && path != "unfused") throw std::invalid_argument("rht path must be fused or unfused");
-    const auto p = path == "fused" ? fc::RhtPath::fused : fc::RhtPath::unfused;
-    const int64_t rows = int64_t(x.shape(0)), cols = int64_t(x.shape(1));
+  // x: the address of a C-contiguous [rows, cols] FP32 (bf16 false) or BF16 tensor on `device`, quantised along
+  // its rows, or (transposed) as its transpose [cols, rows] along x's first dimension, read in place. flag: the
+  // address of the int the deferred check ORs its bits into (0: none). seed: the address of a uint64 read on the
+  // device in place of the config's SR seed (0: the config's), for a step captured in a CUDA graph.
+  m.def("cuda_quantize", [](int device, uintptr_t stream, uintptr_t x, int64_t rows, int64_t cols, bool bf16,
+                            bool transposed, const QuantConfig& cfg, fc::DQTensor& out, const std::string& path,
+                            bool check_finite, uintptr_t flag, uintptr_t seed) {
+    const auto p = rht_path(path);
+    OnDevice on(device);
     auto& ws = workspaces().quant;
-    if (x.dtype() == nb::dtype<float>()) {
-      const auto* px = static_cast<const float*>(x.data());
+    int* d_flag = device_ptr<int>(flag);
+    const auto* d_seed = device_ptr<const uint64_t>(seed);
+    const cudaStream_t st = as_stream(stream);
+    if (!bf16) {
+      const auto* px = device_ptr<const float>(x);
       if (transposed)
-        fc::quantize_transposed(px, rows, cols, cfg, out, ws, as_stream(stream), p, check_finite, d_flag);
+        fc::quantize_transposed(px, rows, cols, cfg, out, ws, st, p, check_finite, d_flag, d_seed);
       else
-        fc::quantize(px, rows, cols, cfg, out, ws, as_stream(stream), p, check_finite, d_flag);
-    } else if (x.dtype() == kBf16) {
-      const auto* px = static_cast<const uint16_t*>(x.data());
+        fc::quantize(px, rows, cols, cfg, out, ws, st, p, check_finite, d_flag, d_seed);
+    } else {
+      const auto* px = device_ptr<const uint16_t>(x);
       if (transposed)
-        fc::quantize_transposed_bf16(px, rows, cols, cfg, out, ws, as_stream(stream), p, check_finite, d_flag);
+        fc::quantize_transposed_bf16(px, rows, cols, cfg, out, ws, st, p, check_finite, d_flag, d_seed);
       else
-        fc::quantize_bf16(px, rows, cols, cfg, out, ws, as_stream(stream), p, check_finite, d_flag);
-    } else
-      throw std::invalid_argument("the CUDA quantiser takes float32 or bfloat16 tensors");
-  }, "x"_a, "config"_a, "out"_a, "stream"_a, "path"_a = "fused", "check_finite"_a = true, "nonfinite_flag"_a = nb::none(),
-     "transposed"_a = false);
+        fc::quantize_bf16(px, rows, cols, cfg, out, ws, st, p, check_finite, d_flag, d_seed);
+    }
+  }, "device"_a, "stream"_a, "x"_a, "rows"_a, "cols"_a, "bf16"_a, "transposed"_a, "config"_a, "out"_a,
+     "path"_a = "fused", "check_finite"_a = true, "nonfinite_flag"_a = 0, "seed"_a = 0);
   // Fake quantisation in one pass: out (BF16, the quantised operand's shape) receives what cuda_dequantize would
   // write in BF16 for the operand cuda_quantize makes of x (transposed: of x^T); q, when given, receives it too.
-  m.def("cuda_fake_quantize", [](CudaIn x, const QuantConfig& cfg, CudaAny2 out, uintptr_t stream,
-                                 const std::string& path, bool check_finite, nb::object flag, bool transposed,
-                                 fc::DQTensor* q) {
-    int* d_flag = nullptr;
-    if (!flag.is_none()) d_flag = nb::cast<CudaFlag>(flag).data();
-    if (path != "fused" && path != "unfused") throw std::invalid_argument("rht path must be fused or unfused");
-    const bool bf16 = x.dtype() == kBf16;
-    if (!bf16 && x.dtype() != nb::dtype<float>())
-      throw std::invalid_argument("the CUDA quantiser takes float32 or bfloat16 tensors");
-    if (out.dtype() != kBf16) throw std::invalid_argument("fake quantisation writes bfloat16");
-    const int64_t rows = int64_t(x.shape(0)), cols = int64_t(x.shape(1));
-    const int64_t orows = transposed ? cols : rows, ocols = transposed ? rows : cols;
-    if (int64_t(out.shape(0)) != orows || int64_t(out.shape(1)) != ocols)
-      throw std::invalid_argument("output must have shape [" + std::to_string(orows) + ", " + std::to_string(ocols) + "]");
-    fc::fake_quantize(x.data(), bf16, transposed, rows, cols, cfg, static_cast<uint16_t*>(out.data()), q,
-                      workspaces().quant, as_stream(stream),
-                      path == "fused" ? fc::RhtPath::fused : fc::RhtPath::unfused, check_finite, d_flag);
-  }, "x"_a, "config"_a, "out"_a, "stream"_a, "path"_a = "fused", "check_finite"_a = true,
-     "nonfinite_flag"_a = nb::none(), "transposed"_a = false, "q"_a = nb::none());
+  m.def("cuda_fake_quantize", [](int device, uintptr_t stream, uintptr_t x, int64_t rows, int64_t cols, bool bf16,
+                                 bool transposed, const QuantConfig& cfg, uintptr_t out, const std::string& path,
+                                 bool check_finite, uintptr_t flag, fc::DQTensor* q, uintptr_t seed) {
+    const auto p = rht_path(path);
+    OnDevice on(device);
+    fc::fake_quantize(device_ptr<const void>(x), bf16, transposed, rows, cols, cfg, device_ptr<uint16_t>(out), q,
+                      workspaces().quant, as_stream(stream), p, check_finite, device_ptr<int>(flag),
+                      device_ptr<const uint64_t>(seed));
+  }, "device"_a, "stream"_a, "x"_a, "rows"_a, "cols"_a, "bf16"_a, "transposed"_a, "config"_a, "out"_a,
+     "path"_a = "fused", "check_finite"_a = true, "nonfinite_flag"_a = 0, "q"_a = nb::none(), "seed"_a = 0,
+     "Fake quantisation in one pass: out (BF16, [rows, cols], or [cols, rows] when transposed) receives what "
+     "cuda_dequantize would write in BF16 for the operand cuda_quantize makes of x; q, when given, receives it too.");
+  m.def("cuda_flag_nonfinite", [](int device, uintptr_t stream, uintptr_t y, int64_t n, bool bf16, uintptr_t flag,
+                                  int bit) {
+    OnDevice on(device);
+    fc::flag_nonfinite(device_ptr<const void>(y), bf16, n, device_ptr<int>(flag), bit, as_stream(stream));
+  }, "device"_a, "stream"_a, "y"_a, "n"_a, "bf16"_a, "flag"_a, "bit"_a,
+     "ORs bit into the int at flag when any of the n FP32 (or BF16) values at y is NaN or Inf.");
   // The quantiser's rotation alone (its first step), FP32 in and out: the numerics monitor's reference on the GPU.
   m.def("cuda_rotate", [](nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cuda> x, CudaOut out,
                           const QuantConfig& cfg, uintptr_t stream) {
@@ -678,18 +709,18 @@ NB_MODULE(_core, m) {
     else
       throw std::invalid_argument("dequantize writes float32 or bfloat16");
   }, "q"_a, "out"_a, "stream"_a);
-  m.def("cuda_gemm", [](const fc::DQTensor& a, const fc::DQTensor& b, CudaOut c, uintptr_t stream,
+  // out: the address of an FP32 [a.rows, b.rows] C-contiguous tensor on `device`.
+  m.def("cuda_gemm", [](int device, uintptr_t stream, const fc::DQTensor& a, const fc::DQTensor& b, uintptr_t out,
                         const std::string& kernel) {
     check_gemm_operands(a, b);
-    if (int64_t(c.shape(0)) != a.rows || int64_t(c.shape(1)) != b.rows)
-      throw std::invalid_argument("output must have shape [" + std::to_string(a.rows) + ", " + std::to_string(b.rows) + "]");
-    if (kernel == "fast")
-      fc::gemm_fast(a, b, c.data(), workspaces().gemm, as_stream(stream));
-    else if (kernel == "reference")
-      fc::gemm_reference(a, b, c.data(), as_stream(stream));
-    else
+    if (kernel != "fast" && kernel != "reference")
       throw std::invalid_argument("kernel must be fast or reference, not '" + kernel + "'");
-  }, "a"_a, "b"_a, "out"_a, "stream"_a, "kernel"_a = "fast");
+    OnDevice on(device);
+    if (kernel == "fast")
+      fc::gemm_fast(a, b, device_ptr<float>(out), workspaces().gemm, as_stream(stream));
+    else
+      fc::gemm_reference(a, b, device_ptr<float>(out), as_stream(stream));
+  }, "device"_a, "stream"_a, "a"_a, "b"_a, "out"_a, "kernel"_a = "fast");
 #else
   m.def("cuda_available", [] { return nb::make_tuple(false, std::string("this fp4lab was built without CUDA (no nvcc found)")); });
 #endif

@@ -146,6 +146,20 @@ print(h.hexdigest())
 """
 
 
+def test_recipe_config_is_the_knobs_config_at_every_step_and_layer():
+    # Recipe.config derives a step's settings from its layer's by the SR seed alone: they must be what the knobs
+    # give for that (seed, step, layer), for the presets and the ablations, at any step.
+    for name in QUANT_RECIPES + [a for a in fp4lab.ABLATIONS if a not in QUANT_RECIPES]:
+        r = ft.Recipe(name, seed=7)
+        for step in (0, 1, 2**40 + 3, 1):
+            for layer in (0, 5):
+                for p in ("fwd_y", "bwd_dx", "bwd_dw"):
+                    for o in ("a", "b"):
+                        want = fp4lab.config(name, pass_=p, operand=o, seed=_core.training_seed(7, step), stream=layer)
+                        got = r.config(p, o, layer=layer, step=step)
+                        assert got.to_dict() == want.to_dict(), (name, step, layer, p, o)
+
+
 @pytest.mark.parametrize("recipe", ["ufp4", "nvfp4"])
 def test_training_reproducible_across_runs_and_thread_counts(recipe):
     digests = set()
@@ -331,3 +345,74 @@ def test_cuda_deferred_finite_check_raises_at_the_next_step():
     with pytest.raises(ValueError, match="NaN or Inf since the last check"):
         layer(torch.randn(32, 64).cuda())
     layer(torch.randn(32, 64).cuda())  # the flag was cleared
+
+
+def _graph_mlp(recipe, mode):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64))
+    return ft.convert(model, ft.Recipe(recipe, mode=mode)).cuda()
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
+@pytest.mark.parametrize("recipe,mode", [("ufp4", "exact"), ("ufp4", "fast"), ("nvfp4", "exact")])
+def test_cuda_captured_training_step_replays_the_eager_steps_bit_for_bit(recipe, mode):
+    # A whole training step (forward, backward, AdamW) captured in a CUDA graph: the kernels read each replay's SR
+    # key on the device, where set_step() wrote it, so the replays compute the eager steps' bits. (ufp4 rounds dY
+    # stochastically: replays that kept the key of the captured step would part from eager's at step 4.)
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(256, 64, generator=g).cuda() for _ in range(8)]
+
+    def loss_of(model, x):
+        return (model(x) - x).square().mean()
+
+    eager = _graph_mlp(recipe, mode)
+    opt = torch.optim.AdamW(eager.parameters(), lr=1e-2, fused=True, capturable=True)
+    want = []
+    for x in xs:
+        opt.zero_grad(set_to_none=False)
+        loss = loss_of(eager, x)
+        loss.backward()
+        opt.step()
+        want.append(loss.detach().clone())
+
+    model = _graph_mlp(recipe, mode)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True, capturable=True)
+    static_x = xs[0].clone()
+    got = []
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up steps, eager (steps 0-2)
+        for x in xs[:3]:
+            static_x.copy_(x)
+            opt.zero_grad(set_to_none=False)
+            loss = loss_of(model, static_x)
+            loss.backward()
+            opt.step()
+            got.append(loss.detach().clone())
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=False)
+    with torch.cuda.graph(graph):
+        static_loss = loss_of(model, static_x)
+        static_loss.backward()
+        opt.step()
+    for step, x in enumerate(xs[3:], start=3):
+        ft.set_step(model, step)
+        static_x.copy_(x)
+        opt.zero_grad(set_to_none=False)
+        graph.replay()
+        got.append(static_loss.detach().clone())
+    ft.check_finite()
+    assert [bits(t).tolist() for t in got] == [bits(t).tolist() for t in want]
+    for (n, p), q in zip(model.named_parameters(), eager.parameters()):
+        assert np.array_equal(bits(p), bits(q)), n
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
+def test_cuda_capture_before_any_eager_step_is_refused():
+    model = _graph_mlp("ufp4", "fast")
+    x = torch.randn(256, 64).cuda()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="run a step on cuda:0 before capturing one in a CUDA graph"):
+        with torch.cuda.graph(graph):
+            model(x).sum().backward()

@@ -173,6 +173,7 @@ def test_operators_pass_torch_library_checks():
                      (torch.ops.fp4lab.dequantize.default, (*qa, r.key, "fwd_y", "a")),
                      (torch.ops.fp4lab.fake_quantize.default, (x, step, r.key, 5, "fwd_y", "a", "x")),
                      (torch.ops.fp4lab.qgemm.default, (x, w, step, r.key, 5, "fwd_y", "x")),
+                     (torch.ops.fp4lab.fast_qmatmul.default, (x, w, step, r.key, 5, "fwd_y", "x")),
                      (torch.ops.fp4lab.column_sum.default, (x,))):
         torch.library.opcheck(op, args)
     # The operators compute what the eager functions do.
@@ -184,6 +185,8 @@ def test_operators_pass_torch_library_checks():
     assert torch.equal(bits(torch.ops.fp4lab.qgemm(x, w, step, r.key, 5, "fwd_y", "x")), bits(ft.gemm(ha, hb)))
     assert torch.equal(bits(torch.ops.fp4lab.fake_quantize(x, step, r.key, 5, "fwd_y", "a", "x")),
                        bits(ft.dequantize(ha)))
+    assert torch.equal(bits(torch.ops.fp4lab.fast_qmatmul(x, w, step, r.key, 5, "fwd_y", "x")),
+                       bits(ft.product(ha, hb, "fast")))
 
 
 def test_operator_faults_name_the_layer_and_operand():

@@ -212,7 +212,10 @@ def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exc
 
 
 def set_step(model: nn.Module, step: int) -> None:
-    """Sets the training step (the SR step key) of every fp4lab Linear and MultiheadAttention in ``model``."""
+    """Sets the training step (the SR step key) of every fp4lab Linear and MultiheadAttention in ``model``. Before
+    each replay of a training step captured in a CUDA graph, this also writes the step's SR seed where the captured
+    kernels read it on the device (the replay runs no Python, so nothing else advances the step)."""
     for m in model.modules():
         if isinstance(m, _Stepped):
             m.step = m._last_step = _whole("set_step()", "step", step, 2**63)
+            m._write_device_seed()

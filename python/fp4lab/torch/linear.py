@@ -108,8 +108,16 @@ def _apply(gemm, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
     # Under torch.compile the CUDA operands go through the operators rather than the layer's device buffers.
     # In eager mode the GEMM's own object also goes along, for the numerics monitors and sr_shard.
     eager = not torch.compiler.is_compiling()
-    if eager and x.is_cuda and gemm.recipe.check_finite == "deferred":
-        check_finite_once(int(step), gemm)  # the flag of the last step's operands, read once a step
+    if eager and x.is_cuda:
+        owner = getattr(gemm, "owner", gemm)  # the module whose step this is (an attention for its projections)
+        if torch.cuda.is_current_stream_capturing():
+            if owner.__dict__.get("_seed_dev") is None or owner._seed_dev.device != x.device:
+                raise RuntimeError(f"{gemm._label()}: run a step on {x.device} before capturing one in a CUDA graph "
+                                   "(the captured kernels read the SR key from a device buffer made then)")
+        else:
+            owner._device_seed(x.device)
+            if gemm.recipe.check_finite == "deferred":
+                check_finite_once(int(step), gemm)  # the flag of the last step's operands, read once a step
     args = (step, gemm.recipe, gemm.layer_id, gemm._label(), gemm._qcache if eager else None, gemm if eager else None)
     dev = x.device.type
     if torch.is_autocast_enabled(dev):
@@ -147,6 +155,21 @@ class _Stepped(nn.Module):
     def step(self, value: int) -> None:
         self._step.fill_(_whole("step", "step", value, 2**63))  # an int64 tensor
 
+    def _device_seed(self, device: torch.device) -> torch.Tensor:
+        """The SR seed of the step on the device (made at the first CUDA forward, or again after the module moved):
+        the seed kernels captured in a CUDA graph read at each replay. set_step() writes each step's there."""
+        t = self.__dict__.get("_seed_dev")
+        if t is None or t.device != device:
+            t = self._seed_dev = torch.empty(1, dtype=torch.int64, device=device)
+            self._write_device_seed()
+        return t
+
+    def _write_device_seed(self) -> None:
+        t = self.__dict__.get("_seed_dev")
+        if t is not None and not self.recipe.passthrough:
+            s = _core.training_seed(self.recipe.seed, self.step)
+            t.fill_(s - 2**64 if s >= 2**63 else s)  # the uint64's bits in an int64
+
     def _take_step(self, records: bool) -> Tuple[torch.Tensor, bool]:
         """The step this forward quantises with (a 0-d int64 tensor), and whether it is a forward outside a backward
         that records a graph (whose shapes are checked)."""
@@ -166,6 +189,11 @@ class _Stepped(nn.Module):
         if self._last_advanced:
             self.step += 1
         return torch.tensor(step, dtype=torch.int64), records
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state.pop("_seed_dev", None)  # made again on the device at the next CUDA forward
+        return state
 
     def __setstate__(self, state):
         if "_step" not in state:  # pickled when the step was a Python int

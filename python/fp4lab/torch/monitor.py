@@ -110,7 +110,7 @@ def _operand_sums_device(x: torch.Tensor, q: "_ops.QTensorCUDA", cfg) -> torch.T
     xf = x.detach().to(torch.float32).contiguous()
     ref = xf
     with torch.cuda.device(xf.device):
-        stream = _ops._stream()
+        stream = _ops._launch(xf)[1]
         if cfg.to_dict()["rht"]:
             ref = torch.empty_like(xf)
             _core.cuda_rotate(xf, ref, cfg, stream)

@@ -1,10 +1,9 @@
 """The quantiser, the contract GEMM and the dequantiser on torch tensors: the golden model on CPU tensors, the
 CUDA kernels on CUDA tensors; and the same as torch.library operators (``torch.ops.fp4lab.quantize``, ``gemm``,
-``dequantize``, ``qgemm``, ``fake_quantize``, with ``take_step`` and ``column_sum``), through which the training path runs so that
-torch.compile traces it."""
+``dequantize``, ``qgemm``, ``fake_quantize``, ``fast_qmatmul``, with ``take_step`` and ``column_sum``), through which
+the training path runs so that torch.compile traces it."""
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
@@ -26,6 +25,7 @@ class QTensorCUDA:
 
     def __init__(self, handle=None):
         self._h = handle if handle is not None else _core.CudaQTensor()
+        self.device = None  # the torch.device its buffers are on, set by whatever fills them
 
     @property
     def shape(self) -> Tuple[int, int]:
@@ -40,18 +40,32 @@ class QTensorCUDA:
         return self._h.to_host()
 
 
+# The deferred check's flag on each device: one int the kernels OR bits into (1: an input held NaN or Inf; 2: an
+# input's RHT overflowed FP32; 4: a GEMM output was NaN or Inf), read by check_finite().
 _flags: Dict[int, torch.Tensor] = {}
+_flag_ptrs: Dict[int, int] = {}
+_INPUT, _RHT, _OUTPUT = 1, 2, 4
 
 
-def _nonfinite_flag(device: torch.device) -> torch.Tensor:
-    i = device.index if device.index is not None else torch.cuda.current_device()
-    if i not in _flags:
-        _flags[i] = torch.zeros(1, dtype=torch.int32, device=device)
-    return _flags[i]
+def _flag_ptr(device: int) -> int:
+    """The address of the device's flag (made at first use)."""
+    p = _flag_ptrs.get(device)
+    if p is None:
+        _flags[device] = torch.zeros(1, dtype=torch.int32, device=torch.device("cuda", device))
+        p = _flag_ptrs[device] = _flags[device].data_ptr()
+    return p
 
 
-# The largest |output| of the deferred-checked CUDA GEMMs since the last check, per device (NaN and Inf propagate).
-_out_amax: Dict[int, torch.Tensor] = {}
+# The current stream's handle on a device; None on a torch built without CUDA (whose tensors are never on a GPU).
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _launch(t: torch.Tensor) -> Tuple[int, int]:
+    """(device index, current stream handle) for kernels working on t: what the launch bindings take, at a fraction
+    of the cost of torch.cuda.device() and torch.cuda.current_stream() (the training path launches hundreds of
+    kernels a step)."""
+    i = t.get_device()
+    return i, _raw_stream(i)
 
 
 def check_finite() -> None:
@@ -60,32 +74,28 @@ def check_finite() -> None:
     forward of each training step; a loop may call it at the end of a step to hear of a fault one step sooner."""
     global _checked_step
     _checked_step = None
-    for i in sorted(set(_flags) | set(_out_amax)):
-        v = int(_flags[i].item()) if i in _flags else 0
-        m = float(_out_amax[i].item()) if i in _out_amax else 0.0
-        if v or not math.isfinite(m):
-            if i in _flags:
-                _flags[i].zero_()
-            if i in _out_amax:
-                _out_amax[i].zero_()
-            if v & 1:
+    for i in sorted(_flags):
+        v = int(_flags[i].item())
+        if v:
+            _flags[i].zero_()
+            if v & _INPUT:
                 raise ValueError(f"cuda:{i}: an input tensor of a quantised GEMM held NaN or Inf since the last check "
                                  "(4-bit grids have no such codes)")
+            if v & _RHT:
+                raise ValueError(f"cuda:{i}: the RHT of an input of a quantised GEMM overflowed FP32 since the last "
+                                 "check (4-bit grids have no such codes)")
             raise ValueError(f"cuda:{i}: the output of a quantised GEMM overflowed since the last check")
 
 
 def _check_output(y: torch.Tensor, check_finite: str = "sync") -> torch.Tensor:
     """An output past FP32 (or BF16, fast mode's CUDA product) is a data fault, not a result: the golden GEMM refuses
-    it, and so do the CUDA kernels and fast mode here. With check_finite='deferred' a CUDA output only folds its
-    largest magnitude into a running maximum on the device (one reduction and one maximum, no synchronisation),
-    which check_finite() reads."""
+    it, and so do the CUDA kernels and fast mode here. With check_finite='deferred' a CUDA output is only scanned on
+    the device, which sets the flag check_finite() reads (one kernel, no synchronisation)."""
     if y.is_cuda and check_finite == "deferred":
         if y.numel():
-            i = y.device.index if y.device.index is not None else torch.cuda.current_device()
-            acc = _out_amax.get(i)
-            if acc is None:
-                acc = _out_amax[i] = torch.zeros((), dtype=torch.float32, device=y.device)
-            torch.maximum(acc, torch.linalg.vector_norm(y, float("inf"), dtype=torch.float32), out=acc)
+            dev, stream = _launch(y)
+            _core.cuda_flag_nonfinite(dev, stream, y.data_ptr(), y.numel(), y.dtype == torch.bfloat16, _flag_ptr(dev),
+                                      _OUTPUT)
         return y
     bad = torch.isfinite(y).logical_not()
     if bool(bad.any()):
@@ -104,22 +114,20 @@ def check_finite_once(step: int, layer: Any) -> None:
     differs from the last check's, or by the layer that made it (the first layer of the model). One flag read a step
     instead of a synchronisation per operand; not while a CUDA graph is being captured."""
     global _checked_step, _checked_by
-    if (step != _checked_step or id(layer) == _checked_by) and (_flags or _out_amax) \
+    if (step != _checked_step or id(layer) == _checked_by) and _flags \
             and not torch.cuda.is_current_stream_capturing():
         check_finite()
         _checked_step, _checked_by = step, id(layer)
 
 
-def _stream() -> int:
-    return torch.cuda.current_stream().cuda_stream
-
-
 @_fp._one_line_errors
 def quantize(x: torch.Tensor, cfg: Any = None, *, out: Optional[QTensorCUDA] = None, rht_path: str = "fused",
-             check_finite: str = "sync", **knobs):
+             check_finite: str = "sync", device_seed: Optional[torch.Tensor] = None, **knobs):
     """Quantise a 2-D tensor along its last dimension. ``cfg`` is a QuantConfig (``fp4lab.config``) or a recipe
     name with ``knobs`` as in ``fp4lab.quantize``. A CPU tensor goes through the golden model and gives an
-    ``fp4lab.QTensor``; a CUDA tensor through the CUDA kernels (fused or unfused RHT) and gives a QTensorCUDA."""
+    ``fp4lab.QTensor``; a CUDA tensor through the CUDA kernels (fused or unfused RHT) and gives a QTensorCUDA.
+    ``device_seed`` (CUDA: an int64 tensor on x's device) holds the SR seed's bits, read by the kernel in place of
+    cfg's: a launch captured in a CUDA graph reads the value there at each replay."""
     if not isinstance(cfg, (_core.QuantConfig, str, type(None))):
         raise TypeError(f"quantize(): cfg must be a QuantConfig or a recipe name, not {type(cfg).__name__}")
     if not isinstance(cfg, _core.QuantConfig):
@@ -135,9 +143,11 @@ def quantize(x: torch.Tensor, cfg: Any = None, *, out: Optional[QTensorCUDA] = N
     x, tr = _cuda_input(x.detach())
     if x.is_cuda:
         q = out if out is not None else QTensorCUDA()
-        flag = _nonfinite_flag(x.device) if check_finite == "deferred" else None
-        with torch.cuda.device(x.device):
-            _core.cuda_quantize(x, cfg, q._h, _stream(), rht_path, check_finite == "sync", flag, tr)
+        dev, stream = _launch(x)
+        q.device = x.device
+        _core.cuda_quantize(dev, stream, x.data_ptr(), x.shape[0], x.shape[1], x.dtype == torch.bfloat16, tr, cfg,
+                            q._h, rht_path, check_finite == "sync", _flag_ptr(dev) if check_finite == "deferred" else 0,
+                            _seed_ptr(device_seed, x))
         return q
     if x.device.type != "cpu":
         raise ValueError(f"quantize(): tensors on {x.device.type} are not supported (CPU and CUDA are)")
@@ -164,19 +174,33 @@ def _cuda_input(x: torch.Tensor) -> Tuple[torch.Tensor, bool]:
 
 
 def fake_quantize(x: torch.Tensor, cfg: "_core.QuantConfig", *, out: Optional[QTensorCUDA] = None,
-                  rht_path: str = "fused", check_finite: str = "sync") -> torch.Tensor:
+                  rht_path: str = "fused", check_finite: str = "sync",
+                  device_seed: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The BF16 values ``dequantize(quantize(x, cfg))`` rounded to BF16 gives, for a CUDA tensor, in one pass over
-    x (the operands of ``fast`` GEMMs); ``out`` receives the quantised operand too when given."""
+    x (the operands of ``fast`` GEMMs); ``out`` receives the quantised operand too when given. ``device_seed`` as
+    in ``quantize``."""
     x, tr = _cuda_input(x.detach())
     if not x.is_cuda:
         raise ValueError("fake_quantize(): x must be a CUDA tensor")
-    shape = (x.shape[1], x.shape[0]) if tr else tuple(x.shape)
-    y = torch.empty(shape, dtype=torch.bfloat16, device=x.device)
-    flag = _nonfinite_flag(x.device) if check_finite == "deferred" else None
-    with torch.cuda.device(x.device):
-        _core.cuda_fake_quantize(x, cfg, y, _stream(), rht_path, check_finite == "sync", flag, tr,
-                                 None if out is None else out._h)
+    rows, cols = x.shape
+    if out is not None:
+        out.device = x.device
+    y = torch.empty((cols, rows) if tr else (rows, cols), dtype=torch.bfloat16, device=x.device)
+    dev, stream = _launch(x)
+    _core.cuda_fake_quantize(dev, stream, x.data_ptr(), rows, cols, x.dtype == torch.bfloat16, tr, cfg, y.data_ptr(),
+                             rht_path, check_finite == "sync", _flag_ptr(dev) if check_finite == "deferred" else 0,
+                             None if out is None else out._h, _seed_ptr(device_seed, x))
     return y
+
+
+def _seed_ptr(seed: Optional[torch.Tensor], x: torch.Tensor) -> int:
+    """The address of a device SR seed for a launch on x's device (0: none, the config's seed)."""
+    if seed is None:
+        return 0
+    if not (isinstance(seed, torch.Tensor) and seed.dtype == torch.int64 and seed.numel() >= 1
+            and seed.device == x.device):
+        raise ValueError(f"device_seed must be an int64 tensor on {x.device}")
+    return seed.data_ptr()
 
 
 @_fp._one_line_errors
@@ -187,9 +211,9 @@ def dequantize(q) -> torch.Tensor:
 
 def _dequantize(q, dtype: torch.dtype) -> torch.Tensor:
     if isinstance(q, QTensorCUDA):
-        out = torch.empty(q.shape, dtype=dtype, device=q.packed_codes.device)
+        out = torch.empty(q.shape, dtype=dtype, device=q.device or q.packed_codes.device)
         with torch.cuda.device(out.device):
-            _core.cuda_dequantize(q._h, out, _stream())
+            _core.cuda_dequantize(q._h, out, _launch(out)[1])
         return out
     return torch.from_numpy(q.dequantize()).to(dtype)
 
@@ -200,10 +224,8 @@ def gemm(qa, qb, *, kernel: str = "fast", check_finite: str = "sync") -> torch.T
     kernels for device operands (``kernel`` "fast": int8 tensor cores; "reference": one thread per output). An output
     past FP32 raises ValueError (on CUDA with ``check_finite="deferred"``, at the next ``check_finite()``)."""
     if isinstance(qa, QTensorCUDA) and isinstance(qb, QTensorCUDA):
-        dev = qa.packed_codes.device
-        c = torch.empty((qa.rows, qb.rows), dtype=torch.float32, device=dev)
-        with torch.cuda.device(dev):
-            _core.cuda_gemm(qa._h, qb._h, c, _stream(), kernel)
+        c = torch.empty((qa.rows, qb.rows), dtype=torch.float32, device=qa.device or qa.packed_codes.device)
+        _core.cuda_gemm(*_launch(c), qa._h, qb._h, c.data_ptr(), kernel)
         return _check_output(c, check_finite)
     if isinstance(qa, _core.QTensor) and isinstance(qb, _core.QTensor):
         return torch.from_numpy(_core.gemm(qa, qb))
@@ -263,9 +285,10 @@ def _operand_tensors(q, device: torch.device) -> Tuple[torch.Tensor, torch.Tenso
             torch.tensor(q.global_scale, dtype=torch.float32, device=device))
 
 
-def _quantize_labelled(x, step, recipe, layer, pass_, operand, label, **kw):
+def _quantize_labelled(x, step, recipe, layer, pass_, operand, label, fake=False, **kw):
+    """quantize (``fake``: fake_quantize) of an operator's operand; a fault names the label, pass, operand and shape."""
     try:
-        return quantize(x, _config(recipe, step, layer, pass_, operand), **kw)
+        return (fake_quantize if fake else quantize)(x, _config(recipe, step, layer, pass_, operand), **kw)
     except ValueError as e:
         raise ValueError(f"{label}: {pass_} operand {operand} {list(x.shape)}: {e}") from None
 
@@ -308,7 +331,9 @@ def _device_operand(codes, scales, global_scale, recipe: str, pass_: str, operan
     packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()
     q = _scratch_of(codes.device, what)
     _core.cuda_make_qtensor(c["format"], c["scale"], c["block"], c["tile2d"], packed, scales.contiguous(),
-                            global_scale.reshape(1).contiguous(), q._h, _stream(), c["rht"], _signs(c["rht_signs"]))
+                            global_scale.reshape(1).contiguous(), q._h, _launch(codes)[1], c["rht"],
+                            _signs(c["rht_signs"]))
+    q.device = codes.device
     return q
 
 
@@ -366,19 +391,6 @@ def _fast_matmul(da: torch.Tensor, db: torch.Tensor, check_finite: str) -> torch
     return _check_output(torch.matmul(da, db.t()), check_finite)
 
 
-@torch.library.custom_op("fp4lab::fast_matmul", mutates_args=(), device_types=("cpu", "cuda"))
-def fast_matmul(da: torch.Tensor, db: torch.Tensor, check_finite: str) -> torch.Tensor:
-    """Fast mode's product of two dequantised operands, da · dbᵀ by torch's matmul, refused when it overflows as the
-    contract GEMM's is. An operator, so that the check stays inside a compiled graph without breaking it (eager mode
-    calls the function itself, without the dispatcher)."""
-    return _fast_matmul(da, db, check_finite)
-
-
-@fast_matmul.register_fake
-def _(da, db, check_finite):
-    return da.new_empty((da.shape[0], db.shape[0]))
-
-
 @torch.library.custom_op("fp4lab::qgemm", mutates_args=(), device_types="cpu")
 def qgemm_op(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: str, layer: int, pass_: str,
              label: str) -> torch.Tensor:
@@ -416,16 +428,39 @@ def fake_quantize_op(x: torch.Tensor, step: torch.Tensor, recipe: str, layer: in
 
 @fake_quantize_op.register_kernel("cuda")
 def _fake_quantize_cuda(x, step, recipe, layer, pass_, operand, label):
-    try:
-        return fake_quantize(x, _config(recipe, step, layer, pass_, operand),
-                             check_finite=recipe_of_key(recipe).check_finite)
-    except ValueError as e:
-        raise ValueError(f"{label}: {pass_} operand {operand} {list(x.shape)}: {e}") from None
+    return _quantize_labelled(x, step, recipe, layer, pass_, operand, label, fake=True,
+                              check_finite=recipe_of_key(recipe).check_finite)
 
 
 @fake_quantize_op.register_fake
 def _(x, step, recipe, layer, pass_, operand, label):
     return x.new_empty(x.shape, dtype=torch.bfloat16 if x.is_cuda else torch.float32)
+
+
+@torch.library.custom_op("fp4lab::fast_qmatmul", mutates_args=(), device_types="cpu")
+def fast_qmatmul_op(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: str, layer: int, pass_: str,
+                    label: str) -> torch.Tensor:
+    """What fast mode computes: A [M, K] · B [N, K]ᵀ of the two operands quantised as ``fp4lab::quantize`` does and
+    dequantised, by torch's matmul (FP32 on the CPU; on CUDA the BF16 values of one fused pass each, multiplied by
+    cuBLAS into BF16), refused when it overflows as the contract GEMM's output is. One operator per GEMM: a
+    compiled step pays an operator's host cost once a GEMM, not once per operand and product."""
+    check = recipe_of_key(recipe).check_finite
+    qa = _quantize_labelled(a, step, recipe, layer, pass_, "a", label)
+    qb = _quantize_labelled(b, step, recipe, layer, pass_, "b", label)
+    return product(qa, qb, "fast", check)
+
+
+@fast_qmatmul_op.register_kernel("cuda")
+def _fast_qmatmul_cuda(a, b, step, recipe, layer, pass_, label):
+    check = recipe_of_key(recipe).check_finite
+    da = _quantize_labelled(a, step, recipe, layer, pass_, "a", label, fake=True, check_finite=check)
+    db = _quantize_labelled(b, step, recipe, layer, pass_, "b", label, fake=True, check_finite=check)
+    return _fast_matmul(da, db, check)
+
+
+@fast_qmatmul_op.register_fake
+def _(a, b, step, recipe, layer, pass_, label):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=torch.bfloat16 if a.is_cuda else torch.float32)
 
 
 @torch.library.custom_op("fp4lab::take_step", mutates_args=("counter",))
@@ -458,15 +493,15 @@ def _(dy):
 
 
 def _quantize_operand(x: torch.Tensor, cfg, pass_: str, operand: str, recipe: Recipe, cache: dict,
-                      fake: bool = False):
+                      fake: bool = False, seed: Optional[torch.Tensor] = None):
     """One operand of a training GEMM on CUDA in eager mode, through the kernels' device buffers of the layer, reused
-    from step to step (``fake``: its BF16 dequantised values instead, for a ``fast`` GEMM); a fault names the pass,
-    the operand and its shape."""
+    from step to step (``fake``: its BF16 dequantised values instead, for a ``fast`` GEMM); ``seed``: the device SR
+    seed of a step being captured in a CUDA graph. A fault names the pass, the operand and its shape."""
     try:
         if fake:
-            return fake_quantize(x, cfg, check_finite=recipe.check_finite)
+            return fake_quantize(x, cfg, check_finite=recipe.check_finite, device_seed=seed)
         return quantize(x, cfg, out=cache.setdefault(f"{pass_}.{operand}", QTensorCUDA()),
-                        check_finite=recipe.check_finite)
+                        check_finite=recipe.check_finite, device_seed=seed)
     except ValueError as e:
         raise ValueError(f"{pass_} operand {operand} {list(x.shape)}: {e}") from None
 
@@ -525,18 +560,16 @@ def qmatmul(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: Recipe
         # fast: one pass per operand writes its BF16 dequantised values, and cuBLAS multiplies them (what product()
         # computes from the quantised operands, bit for bit, without writing and re-reading them).
         fake = recipe.mode == "fast"
+        # While a step is captured in a CUDA graph the kernels read the SR seed from the module's device buffer,
+        # which set_step() writes before each replay.
+        seed = getattr(owner, "owner", owner)._seed_dev if torch.cuda.is_current_stream_capturing() else None
         try:
-            qa = _quantize_operand(a, cfg("a"), pass_, "a", recipe, cache, fake)
-            qb = _quantize_operand(b, cfg("b"), pass_, "b", recipe, cache, fake)
+            qa = _quantize_operand(a, cfg("a"), pass_, "a", recipe, cache, fake, seed)
+            qb = _quantize_operand(b, cfg("b"), pass_, "b", recipe, cache, fake, seed)
         except ValueError as e:
             raise ValueError(f"{label}: {e}") from None
         if fake:
             return _fast_matmul(qa, qb, recipe.check_finite)
         return product(qa, qb, recipe.mode, recipe.check_finite)
-    key = recipe.key
-    if recipe.mode == "exact":
-        return torch.ops.fp4lab.qgemm(a, b, step, key, layer, pass_, label)
-    # As product(): FP32 values on the CPU, BF16 on CUDA (cuBLAS), multiplied by torch's matmul.
-    da = torch.ops.fp4lab.fake_quantize(a, step, key, layer, pass_, "a", label)
-    db = torch.ops.fp4lab.fake_quantize(b, step, key, layer, pass_, "b", label)
-    return torch.ops.fp4lab.fast_matmul(da, db, recipe.check_finite)
+    op = torch.ops.fp4lab.qgemm if recipe.mode == "exact" else torch.ops.fp4lab.fast_qmatmul
+    return op(a, b, step, recipe.key, layer, pass_, label)

@@ -112,6 +112,8 @@ class Recipe:
                 kn[(p, o)] = _fp._knobs("Recipe", preset, None, None, k)
         set_(self, "_knobs", kn)
         set_(self, "_configs", {})
+        set_(self, "_layer_configs", {})
+        set_(self, "_step_seeds", {})
         set_(self, "key", repr(self))
         _by_key.setdefault(self.key, self)
         if not self.passthrough:
@@ -130,11 +132,26 @@ class Recipe:
         if c is None:
             if len(self._configs) > 4096:  # one step's worth for a large model; older steps are not asked again
                 self._configs.clear()
-            k = dict(self._knobs[(pass_, operand)])
-            k["seed"] = str(_core.training_seed(self.seed, step))
-            k["stream"] = str(layer)
-            c = self._configs[key] = _core.operand_config(k, pass_, operand)
+                self._step_seeds.clear()
+            c = self._configs[key] = self._layer_config(pass_, operand, layer).with_seed(self._step_seed(step))
         return c
+
+    def _layer_config(self, pass_: str, operand: str, layer: int) -> "_core.QuantConfig":
+        """The operand's settings in a layer from the knobs, at step 0: a step changes only the SR seed."""
+        key = (pass_, operand, layer)
+        c = self._layer_configs.get(key)
+        if c is None:
+            k = dict(self._knobs[(pass_, operand)])
+            k["seed"] = str(_core.training_seed(self.seed, 0))
+            k["stream"] = str(layer)
+            c = self._layer_configs[key] = _core.operand_config(k, pass_, operand)
+        return c
+
+    def _step_seed(self, step: int) -> int:
+        s = self._step_seeds.get(step)
+        if s is None:
+            s = self._step_seeds[step] = _core.training_seed(self.seed, step)
+        return s
 
     def __repr__(self) -> str:
         if "key" in self.__dict__:
