@@ -10,7 +10,7 @@ the first and the last step on a learnable synthetic token stream (so a recipe t
 names (the presets and the ablations of docs/training.md).
 
     python3 scripts/bench_train_step.py [--size small] [--recipes bf16,ufp4,nvfp4] [--modes fast,exact]
-        [--compile bf16,ufp4] [--monitor 100] [--json out.json]
+        [--compile bf16,ufp4] [--graph bf16,ufp4] [--monitor 100] [--json out.json]
     python3 scripts/bench_train_step.py table RESULTS.json...   (markdown tables of measured results)
 """
 import argparse
@@ -110,6 +110,65 @@ def run(args, recipe, mode, device, profile=False, compiled=False, monitor_every
     return row
 
 
+def run_graph(args, recipe, mode, device):
+    """The same steps with the whole training step (forward, backward, AdamW) captured once in a CUDA graph and
+    replayed: no Python and no host work between kernels. Each replay's SR key is set by ft.set_step (the captured
+    quantisers read it on the device) and its batch copied into the captured input first; the timed span is the
+    replay. (That a replay computes the eager step's bits is tested in tests/python/test_fp4lab_torch.py, on a model
+    whose kernels are all deterministic; this model's attention backward is not.)"""
+    torch.manual_seed(0)
+    cfg = {"d": args.d, "layers": args.layers, "heads": args.heads, "ffn": args.ffn, "seq": args.seq}
+    model = build_model(cfg, args.vocab).to(device, torch.bfloat16)
+    if recipe != "bf16":
+        ft.convert(model, make_recipe(recipe, mode, seed=0), include=r"^blocks\.")
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=True, capturable=True)
+    data = batches(args.vocab, args.batch, args.seq, device, seed=1)
+    static_x = next(data).clone()
+
+    def step():
+        logits = model(static_x[:, :-1])
+        loss = F.cross_entropy(logits.float().view(-1, args.vocab), static_x[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        return loss
+
+    losses, times = [], []
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # the warm-up steps the capture needs, eager, counted as steps 0-2
+        for _ in range(3):
+            opt.zero_grad(set_to_none=False)
+            losses.append(step().item())
+            static_x.copy_(next(data))
+    torch.cuda.current_stream().wait_stream(side)
+    if recipe != "bf16":
+        ft.check_finite()
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=False)
+    with torch.cuda.graph(graph):
+        static_loss = step()
+    for i in range(3, 3 + args.warmup + args.steps):
+        if recipe != "bf16":
+            ft.set_step(model, i)
+        opt.zero_grad(set_to_none=False)  # (outside the graph: the captured backward accumulates into the grads)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        losses.append(static_loss.item())
+        static_x.copy_(next(data))
+        if i >= 3 + args.warmup:
+            times.append(start.elapsed_time(end))
+    if recipe != "bf16":
+        ft.check_finite()
+    params = sum(p.numel() for n, p in model.named_parameters() if n.startswith("blocks."))
+    return {"recipe": recipe, "mode": ("-" if recipe == "bf16" else mode) + "+graph",
+            "median_ms": statistics.median(times), "mean_ms": statistics.mean(times), "min_ms": min(times),
+            "max_ms": max(times), "loss_first": losses[0], "loss_last": losses[-1], "block_params": params,
+            "steps_timed": len(times), "tokens_per_s": args.batch * args.seq / (statistics.median(times) / 1e3)}
+
+
 def monitor_overhead(args, row: dict, base: dict, every: int) -> dict:
     """The monitor's cost from a monitored run and an unmonitored one of the same model, seed, data and steps, step
     against step. A sampled step (the layers' step counter counts the warm-up, so step i of the timed ones is step
@@ -168,6 +227,9 @@ def main():
     ap.add_argument("--profile", metavar="RECIPE:MODE", help="also profile two steps of this run: top CUDA kernels")
     ap.add_argument("--compile", default="", metavar="RECIPES",
                     help="also time these recipes (e.g. bf16,ufp4) under torch.compile(model, fullgraph=True)")
+    ap.add_argument("--graph", default="", metavar="RECIPES",
+                    help="also time these recipes with the whole step (forward, backward, AdamW) captured in a CUDA "
+                         "graph and replayed")
     ap.add_argument("--deterministic", action="store_true",
                     help="PyTorch's deterministic algorithms, as fp4lab-train --deterministic sets them (run the "
                          "benchmark with and without it to see their cost)")
@@ -199,6 +261,8 @@ def main():
                 for compiled in [False] + ([True] if r in args.compile.split(",") else []):
                     rows.append(run(args, r, mode, device, profile=args.profile == f"{r}:{mode}" and not compiled,
                                     compiled=compiled))
+                if r in args.graph.split(","):
+                    rows.append(run_graph(args, r, mode, device))
                 if args.monitor and r != "bf16":
                     # 2N steps with the monitor and, paired, the same 2N steps without it.
                     base = run(args, r, mode, device, steps=2 * args.monitor)
