@@ -98,6 +98,14 @@ def test_preset_lists_stay_the_presets():
     assert all(r["base"] in presets for r in rows)
 
 
+def test_analyze_takes_an_ablation():
+    j = fp4lab.analyze(os.path.join(ROOT, "workloads", "tiny-lm", "step_005000"), formats="e1m2", rht=None,
+                       recipe="ufp4-rht-none")
+    assert j["config"]["recipes"] == ["ufp4-rht-none"]
+    got = [g for g in j["gemms"] if g.get("recipe") == "ufp4-rht-none"]
+    assert got and all(g["rht"] == 0 for g in got)
+
+
 def test_config_without_a_pass_and_given_knobs_sit_on_top():
     # Without pass_ the pass is the command line's choice (fwd_y; bwd_dx for the role bwd_dy), with its knobs.
     assert fp4lab.config("ufp4-rht-fwd-wgrad", role="fwd_x").to_dict()["rht"] == 16
