@@ -169,7 +169,8 @@ int cmd_analyze(const Invocation& inv) {
       ("scale", po::value<std::string>()->default_value("fp32")->value_name("S"),
        ("block scale " + knob_choices("scale", "|") + " (docs/spec.md §6 pins fp32 amax/gmax)").c_str())
       ("recipe", po::value<std::string>()->value_name("R,..|all"),
-       ("also run the three GEMMs under these training recipes (" + knob_choices("recipe", ", ") + ")").c_str())
+       ("also run the three GEMMs under these training recipes (" + knob_choices("recipe", ", ") +
+        "; all: the presets)").c_str())
       ("seed", po::value<std::string>()->default_value("0")->value_name("S"), "stochastic-rounding seed of recipe runs");
   add_common_options(desc);
   po::variables_map vm;

@@ -1,5 +1,7 @@
-// fp4lab formats: every element grid and scale format, all values derived from format.hpp / scale.hpp.
+// fp4lab formats: every element grid (kAllFormats) and scale format (kAllScales), all values derived from
+// format.hpp / scale.hpp.
 #include <iostream>
+#include <stdexcept>
 
 #include "commands.hpp"
 #include "options.hpp"
@@ -14,6 +16,27 @@ std::string join_levels(const ElemFormat& f, bool integer) {
     s += integer ? std::to_string(f.int_level(i)) : fmt("%g", double(f.level(i)));
   }
   return s;
+}
+
+// One scale format's row: its width, its range from the codec itself (E4M3 codes 0x01, the smallest subnormal, and
+// 0x7E, 448; E8M0 codes 0..254) and its rule. A switch, so that a ScaleKind without a row does not compile quietly.
+Json scale_row(ScaleKind s) {
+  const char* name = scale_name(s);
+  switch (s) {
+    case ScaleKind::fp32:
+      return {{"name", name}, {"bits", 32}, {"min", nullptr}, {"max", nullptr},
+              {"rule", "dec = amax / gmax in FP32 (the paper's UFP4 setting)"}};
+    case ScaleKind::ue4m3:
+      return {{"name", name}, {"bits", 8}, {"min", double(e4m3_decode(0x01))}, {"max", double(e4m3_decode(0x7E))},
+              {"rule", "E4M3(min(amax * S_enc / gmax, 448)) RTNE, S_enc = 448 * gmax / amax(tensor) (NVFP4, block 16)"}};
+    case ScaleKind::ue8m0:
+      return {{"name", name}, {"bits", 8}, {"min", double(e8m0_decode(0))}, {"max", double(e8m0_decode(254))},
+              {"rule", "2^X, X = floor(log2 amax) - emax (OCP MX; may clip at gmax)"}};
+    case ScaleKind::ue8m0_ceil:
+      return {{"name", name}, {"bits", 8}, {"min", double(e8m0_decode(0))}, {"max", double(e8m0_decode(254))},
+              {"rule", "2^X, X = ceil(log2(amax / gmax)) (Transformer Engine's MXFP4 reference; never clips)"}};
+  }
+  throw std::logic_error("scale_row: a ScaleKind without a row");
 }
 }  // namespace
 
@@ -45,19 +68,8 @@ int cmd_formats(const Invocation& inv) {
                        {"emax", f.emax()}});
   }
 
-  // Ranges from the codecs themselves: E4M3 codes 0x01 (smallest subnormal) and 0x7E (448); E8M0 0..254.
-  const Json scales = Json::array({
-      {{"name", scale_name(ScaleKind::fp32)}, {"bits", 32}, {"min", nullptr}, {"max", nullptr},
-       {"rule", "dec = amax / gmax in FP32 (the paper's UFP4 setting)"}},
-      {{"name", scale_name(ScaleKind::ue4m3)}, {"bits", 8}, {"min", double(e4m3_decode(0x01))},
-       {"max", double(e4m3_decode(0x7E))},
-       {"rule", "E4M3(min(amax * S_enc / gmax, 448)) RTNE, S_enc = 448 * gmax / amax(tensor) (NVFP4, block 16)"}},
-      {{"name", scale_name(ScaleKind::ue8m0)}, {"bits", 8}, {"min", double(e8m0_decode(0))},
-       {"max", double(e8m0_decode(254))}, {"rule", "2^X, X = floor(log2 amax) - emax (OCP MX; may clip at gmax)"}},
-      {{"name", scale_name(ScaleKind::ue8m0_ceil)}, {"bits", 8}, {"min", double(e8m0_decode(0))},
-       {"max", double(e8m0_decode(254))},
-       {"rule", "2^X, X = ceil(log2(amax / gmax)) (Transformer Engine's MXFP4 reference; never clips)"}},
-  });
+  Json scales = Json::array();
+  for (ScaleKind s : kAllScales) scales.push_back(scale_row(s));
 
   if (json.table()) {
     std::cout << "element grids (sign-magnitude codes: bit 3 sign, bits 0-2 magnitude index)\n";

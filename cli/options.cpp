@@ -264,7 +264,9 @@ void add_recipe_options(po::options_description& desc, bool with_role) {
   const QuantConfig plain = Recipe{}.operand(Pass::fwd_y, Operand::a);
   desc.add_options()
       ("recipe", po::value<std::string>()->value_name("R"),
-       ("named preset " + knob_choices("recipe", "|") + "; explicit knobs below override it").c_str())
+       // ", " between names: the list is longer than a help line, and wraps at spaces.
+       ("named recipe, a preset or an ablation: " + knob_choices("recipe", ", ") +
+        "; explicit knobs below override it").c_str())
       ("pass", po::value<std::string>()->value_name("P"),
        ("GEMM whose recipe config applies: " + knob_choices("pass", "|") + " (default fwd_y)").c_str());
   if (with_role)

@@ -98,7 +98,7 @@ std::string knob_choices(const std::string& knob, const std::string& sep) {
   else if (knob == "role")
     names = role_names();
   else if (knob == "recipe")
-    names = Recipe::preset_names();
+    names = Recipe::names();
   else
     throw std::logic_error("knob_choices: knob '" + knob + "' has no list of names");
   std::string r;

@@ -25,45 +25,104 @@ const char* operand_role(Pass p, Operand o) {
   }
 }
 
+namespace {
+constexpr Rounding kRn = Rounding::rtne, kSr = Rounding::sr;
+constexpr PassRounding kSrDy = {{{kRn, kRn}, {kSr, kRn}, {kSr, kRn}}};      // SR on dY (operand a of the backward)
+constexpr PassRounding kRtne = {{{kRn, kRn}, {kRn, kRn}, {kRn, kRn}}};
+constexpr PassRounding kSrGrads = {{{kRn, kRn}, {kSr, kSr}, {kSr, kSr}}};   // SR on every backward operand
+constexpr std::array<bool, 3> kRhtAll{true, true, true}, kRhtWgrad{false, false, true},
+    kRhtFwdWgrad{true, false, true}, kRhtNone{false, false, false};
+constexpr RecipeKind kPreset = RecipeKind::preset, kAblation = RecipeKind::ablation;
+
+// The table. Every RHT is Transformer Engine's 16 signs (docs/spec.md §3); an ablation differs from its base only
+// in rht_on and rounding (recipe_test checks it), so its `what` can name the change alone.
+struct Row {
+  const char* name;
+  RecipeKind kind;
+  const char* base;
+  int study;
+  ElemFormat format;
+  int block;
+  ScaleKind scale;
+  bool weight_tile2d;
+  int rht;
+  std::array<bool, 3> rht_on;
+  bool rht_bf16;
+  PassRounding rounding;
+  const char* what;
+};
+constexpr ScaleKind kFp32 = ScaleKind::fp32, kUe4m3 = ScaleKind::ue4m3, kUe8m0 = ScaleKind::ue8m0;
+constexpr Row kRows[] = {
+    // name, kind, base, study, format, block, scale, tile2d, rht, rht_on, rht_bf16, rounding, what
+    {"ufp4", kPreset, "ufp4", 4, kE1M2, 16, kFp32, false, 16, kRhtAll, false, kSrDy,
+     "E1M2, FP32 scales, RHT on all three GEMMs, SR on dY (the paper's recipe)"},
+    {"e2m1-ref", kPreset, "e2m1-ref", 0, kE2M1, 16, kFp32, false, 16, kRhtWgrad, false, kSrDy,
+     "E2M1, FP32 scales, RHT on bwd_dw, SR on dY (the paper's E2M1 baseline)"},
+    {"nvfp4", kPreset, "nvfp4", 0, kE2M1, 16, kUe4m3, true, 16, kRhtWgrad, true, kSrDy,
+     "Transformer Engine's NVFP4 recipe"},
+    {"mxfp4", kPreset, "mxfp4", 0, kE2M1, 32, kUe8m0, false, 0, kRhtNone, false, kRtne, "OCP MXFP4"},
+    {"ufp4-rht-none", kAblation, "ufp4", 1, kE1M2, 16, kFp32, false, 16, kRhtNone, false, kSrDy,
+     "ufp4 without RHT"},
+    {"ufp4-rht-wgrad", kAblation, "ufp4", 2, kE1M2, 16, kFp32, false, 16, kRhtWgrad, false, kSrDy,
+     "ufp4 with RHT on bwd_dw only"},
+    {"ufp4-rht-fwd-wgrad", kAblation, "ufp4", 3, kE1M2, 16, kFp32, false, 16, kRhtFwdWgrad, false, kSrDy,
+     "ufp4 with RHT on fwd_y and bwd_dw"},
+    {"ufp4-sr-none", kAblation, "ufp4", 5, kE1M2, 16, kFp32, false, 16, kRhtAll, false, kRtne,
+     "ufp4 with round-to-nearest-even everywhere"},
+    {"ufp4-sr-grads", kAblation, "ufp4", 6, kE1M2, 16, kFp32, false, 16, kRhtAll, false, kSrGrads,
+     "ufp4 with SR on every operand of the two gradient GEMMs"},
+    {"e2m1-rht-all", kAblation, "e2m1-ref", 7, kE2M1, 16, kFp32, false, 16, kRhtAll, false, kSrDy,
+     "e2m1-ref with RHT on all three GEMMs"},
+};
+
+std::vector<std::string> names_of(bool presets_only) {
+  std::vector<std::string> v;
+  for (const Row& r : kRows)
+    if (!presets_only || r.kind == kPreset) v.push_back(r.name);
+  return v;
+}
+}  // namespace
+
+const char* recipe_kind_name(RecipeKind k) { return k == RecipeKind::preset ? "preset" : "ablation"; }
+
+const std::vector<RecipeRow>& recipe_table() {
+  static const std::vector<RecipeRow> table = [] {
+    std::vector<RecipeRow> t;
+    for (const Row& row : kRows) {
+      Recipe r;
+      r.name = row.name;
+      r.format = row.format;
+      r.block = row.block;
+      r.scale = row.scale;
+      r.weight_tile2d = row.weight_tile2d;
+      r.rht = row.rht;
+      r.rht_on = row.rht_on;
+      if (row.rht != 0) r.rht_signs = rht_signs_te(row.rht);
+      r.rht_bf16 = row.rht_bf16;
+      r.rounding = row.rounding;
+      t.push_back({std::move(r), row.kind, row.base, row.study, row.what});
+    }
+    return t;
+  }();
+  return table;
+}
+
 const std::vector<std::string>& Recipe::preset_names() {
-  static const std::vector<std::string> names = {"ufp4", "e2m1-ref", "nvfp4", "mxfp4"};
+  static const std::vector<std::string> names = names_of(true);
   return names;
 }
 
+const std::vector<std::string>& Recipe::names() {
+  static const std::vector<std::string> all = names_of(false);
+  return all;
+}
+
 Recipe Recipe::preset(const std::string& name) {
-  Recipe r;
-  r.name = name;
-  if (name == "ufp4") {  // the paper's recipe: uniform grid, RHT on all three GEMMs, SR on dY
-    r.format = kE1M2;
-    r.rht = 16;
-    r.rht_on = {true, true, true};
-    r.rht_signs = rht_signs_te(16);
-    r.sr_dy = true;
-  } else if (name == "e2m1-ref") {  // the paper's baseline: RHT on wgrad only
-    r.format = kE2M1;
-    r.rht = 16;
-    r.rht_on = {false, false, true};
-    r.rht_signs = rht_signs_te(16);
-    r.sr_dy = true;
-  } else if (name == "nvfp4") {  // Transformer Engine's NVFP4 recipe
-    r.format = kE2M1;
-    r.scale = ScaleKind::ue4m3;
-    r.weight_tile2d = true;
-    r.rht = 16;
-    r.rht_on = {false, false, true};
-    r.rht_signs = rht_signs_te(16);
-    r.rht_bf16 = true;
-    r.sr_dy = true;
-  } else if (name == "mxfp4") {  // OCP MX
-    r.format = kE2M1;
-    r.block = 32;
-    r.scale = ScaleKind::ue8m0;
-  } else {
-    std::string known;
-    for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
-    throw std::invalid_argument("unknown recipe '" + shown(name) + "' (known: " + known + ")");
-  }
-  return r;
+  for (const RecipeRow& row : recipe_table())
+    if (row.recipe.name == name) return row.recipe;
+  std::string known;
+  for (const auto& n : names()) known += (known.empty() ? "" : ", ") + n;
+  throw std::invalid_argument("unknown recipe '" + shown(name) + "' (known: " + known + ")");
 }
 
 QuantConfig Recipe::operand(Pass p, Operand o, uint32_t stream) const {
@@ -78,7 +137,7 @@ QuantConfig Recipe::operand(Pass p, Operand o, uint32_t stream) const {
     c.rht_signs = rht_signs;
     c.rht_bf16 = rht_bf16;
   }
-  c.rounding = (sr_dy && role == "bwd_dy") ? Rounding::sr : Rounding::rtne;
+  c.rounding = rounding[size_t(p)][size_t(o)];
   c.seed = seed;
   c.stream = stream * 8u + uint32_t(p) * 2u + uint32_t(o);
   return c;

@@ -106,33 +106,37 @@ class Ablation(NamedTuple):
     what: str                                     # what changes, in words
 
 
-_NO_RHT = {"rht": 0}
-_SR = {"rounding": "sr"}
+_PASSES = ("fwd_y", "bwd_dx", "bwd_dw")
+# Settings a per-pass knob of the same name sets; the signs follow "rht" (Transformer Engine's for d = 16).
+_PER_PASS_KNOBS = ("format", "block", "scale", "tile2d", "rht", "rht_bf16", "rounding")
+
+
+def _per_pass(name: str, base: str) -> dict:
+    """The knobs per pass that make ``name`` from ``base``: each setting the recipe changes in a pass. A change that
+    differs between the two operands of a pass has no per-pass knob, and is refused here rather than described
+    wrongly."""
+    got, was = _core.recipe_table(name), _core.recipe_table(base)
+    out = {}
+    for p in _PASSES:
+        k = {}
+        for f in _PER_PASS_KNOBS:
+            new = (got[p]["a"][f], got[p]["b"][f])
+            if new != (was[p]["a"][f], was[p]["b"][f]):
+                if new[0] != new[1]:
+                    raise AssertionError(f"recipe {name}: {p} sets {f} differently on its two operands")
+                k[f] = new[0]
+        if k:
+            out[p] = k
+    return out
+
+
 # The recipes of the paper's dense ablation study (docs/spec.md §8), in its order: RHT scope on the uniform grid
 # growing to ufp4's all three GEMMs, SR, then E2M1 with RHT everywhere; `ufp4` itself is the arm that changes
-# nothing. Their names work wherever a preset's does in Python (config, quantize, fp4lab.torch.Recipe); the training
+# nothing. The C++ table of named recipes (models/include/fp4lab/recipe.hpp) defines them, so their names work
+# wherever a preset's does: here (config, quantize, fp4lab.torch.Recipe) and on the command line. The training
 # study, its paired comparisons and docs/training.md's table take them from here.
-ABLATIONS = {
-    "ufp4-rht-none": Ablation("ufp4", {"fwd_y": _NO_RHT, "bwd_dx": _NO_RHT, "bwd_dw": _NO_RHT}, "ufp4 without RHT"),
-    "ufp4-rht-wgrad": Ablation("ufp4", {"fwd_y": _NO_RHT, "bwd_dx": _NO_RHT}, "ufp4 with RHT on bwd_dw only"),
-    "ufp4-rht-fwd-wgrad": Ablation("ufp4", {"bwd_dx": _NO_RHT}, "ufp4 with RHT on fwd_y and bwd_dw"),
-    "ufp4": Ablation("ufp4", {}, "RHT on all three GEMMs (the recipe)"),
-    "ufp4-sr-none": Ablation("ufp4", {p: {"rounding": "rtne"} for p in ("fwd_y", "bwd_dx", "bwd_dw")},
-                             "ufp4 with round-to-nearest-even everywhere"),
-    "ufp4-sr-grads": Ablation("ufp4", {"bwd_dx": _SR, "bwd_dw": _SR},
-                              "ufp4 with SR on every operand of the two gradient GEMMs"),
-    "e2m1-rht-all": Ablation("e2m1-ref", {"fwd_y": {"rht": 16}, "bwd_dx": {"rht": 16}},
-                             "e2m1-ref with RHT on all three GEMMs"),
-}
-
-
-def _recipe_knobs(recipe: Optional[str], pass_: str, knobs: Mapping[str, Any]) -> tuple:
-    """(preset, knobs) that make ``recipe`` for one pass: for an ablation, its preset and its knobs for the pass
-    beneath ``knobs``; otherwise ``recipe`` and ``knobs`` as they are."""
-    a = ABLATIONS.get(recipe) if isinstance(recipe, str) else None
-    if a is None:
-        return recipe, dict(knobs)
-    return a.base, {**a.per_pass.get(pass_, {}), **knobs}
+ABLATIONS = {r["name"]: Ablation(r["base"], _per_pass(r["name"], r["base"]), r["what"])
+             for r in sorted((r for r in _core.recipe_rows() if r["study"]), key=lambda r: r["study"])}
 
 
 @_one_line_errors
@@ -143,11 +147,6 @@ def config(recipe: Optional[str] = None, *, pass_: Optional[str] = None, role: O
     ``recipe`` is a preset or an ablation (``fp4lab.ABLATIONS``). Without ``pass_`` the pass is fwd_y (bwd_dx for
     ``role="bwd_dy"``), as on the command line; ``operand`` ("a" or "b") picks an operand where ``role`` does not.
     """
-    if isinstance(recipe, str) and recipe in ABLATIONS:
-        _check_str("config", "pass_", pass_)
-        # The pass the command line would pick, so that the ablation's knobs for it apply.
-        pass_ = pass_ or _core.selected_pass(_knobs("config", ABLATIONS[recipe].base, None, role, {}))
-        recipe, knobs = _recipe_knobs(recipe, pass_, knobs)
     k = _knobs("config", recipe, pass_, role, knobs)
     _check_str("config", "operand", operand)
     return _core.operand_config(k, pass_ or "", operand or "")

@@ -440,7 +440,21 @@ NB_MODULE(_core, m) {
     for (int c = 0; c < 16; ++c) t[size_t(c)] = code_valid(f, uint8_t(c)) ? decode(f, uint8_t(c)) : NAN;
     return t;
   }, "format"_a, "The value of each 4-bit code (NaN for codes the format does not use).");
-  m.def("recipe_names", &Recipe::preset_names);
+  m.def("recipe_names", &Recipe::preset_names, "The presets, in table order.");
+  m.def("recipe_rows", [] {
+    nb::list l;
+    for (const RecipeRow& row : recipe_table()) {
+      nb::dict d;
+      d["name"] = row.recipe.name;
+      d["kind"] = recipe_kind_name(row.kind);
+      d["base"] = row.base;
+      d["study"] = row.study;
+      d["what"] = row.what;
+      l.append(d);
+    }
+    return l;
+  }, "Every named recipe (the presets, then the ablations): name, kind, base, study (its place in the paper's "
+     "ablation study, 0: none) and what.");
   m.def("formats", [] {
     nb::list l;
     for (const ElemFormat& f : kAllFormats) l.append(format_dict(f));

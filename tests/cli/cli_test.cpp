@@ -14,6 +14,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -825,8 +826,13 @@ TEST_F(Cli, TypedKnobValuesMeanWhatTheirTextMeans) {
 TEST_F(Cli, KnobListsInHelpErrorsAndDocsAreTheTables) {
   const Result h = run({"quantize", "--help"});
   ASSERT_EQ(h.code, 0) << h.err;
-  for (const char* knob : {"format", "scale", "rounding", "pass", "role", "recipe"})
+  for (const char* knob : {"format", "scale", "rounding", "pass", "role"})
     EXPECT_NE(h.out.find(knob_choices(knob, "|")), std::string::npos) << knob << " list missing from\n" << h.out;
+  // The recipes' list is longer than a help line: separated by ", ", it wraps at the spaces.
+  std::istringstream help(h.out);
+  std::string flat, w;
+  while (help >> w) flat += (flat.empty() ? "" : " ") + w;
+  EXPECT_NE(flat.find(knob_choices("recipe", ", ")), std::string::npos) << "recipe list missing from\n" << h.out;
   const std::string in = path("in.safetensors");
   const std::pair<const char*, const char*> unknown[] = {{"format", "e3m0"}, {"scale", "ue5m2"}, {"rounding", "up"},
                                                          {"pass", "fwd"},    {"role", "fwd_dw"}, {"recipe", "fp8"}};
@@ -848,6 +854,47 @@ TEST_F(Cli, KnobListsInHelpErrorsAndDocsAreTheTables) {
     presets += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + ("`" + names[i] + "`");
   EXPECT_NE(slurp(FP4LAB_SOURCE_DIR "/docs/spec.md").find("presets are " + presets), std::string::npos)
       << "docs/spec.md §2's list of presets, " << presets;
+  for (const RecipeRow& row : recipe_table())
+    if (row.kind == RecipeKind::ablation)
+      EXPECT_NE(slurp(FP4LAB_SOURCE_DIR "/docs/spec.md").find("- `" + row.recipe.name + "` — " + row.what + "\n"),
+                std::string::npos)
+          << "docs/spec.md §2's list of ablations, " << row.recipe.name;
+}
+
+// An ablation is a recipe analyze takes by name: on the bundled trace, ufp4-rht-wgrad's GEMMs carry no RHT on fwd_y
+// and bwd_dx, and its bwd_dw GEMMs, where it is ufp4, give ufp4's figures to the bit; "all" stays the presets.
+TEST_F(Cli, AnalyzeTakesAnAblationByName) {
+  const std::string trace = FP4LAB_SOURCE_DIR "/workloads/tiny-lm/step_005000";
+  const Result r = run({"analyze", "--trace", trace, "--formats", "e1m2", "--rht", "none", "--recipe",
+                        "ufp4,ufp4-rht-wgrad", "--json", "-"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["config"]["recipes"], json::array({"ufp4", "ufp4-rht-wgrad"}));
+  std::map<std::pair<std::string, std::string>, json> ufp4;
+  for (const json& g : j["gemms"])
+    if (g["recipe"] == "ufp4") ufp4[{g["gemm"], g["pass"]}] = g;
+  int same = 0, differ = 0;
+  for (const json& g : j["gemms"]) {
+    if (g["recipe"] != "ufp4-rht-wgrad") continue;
+    SCOPED_TRACE(g.dump());
+    const json& u = ufp4.at({g["gemm"], g["pass"]});
+    EXPECT_EQ(u["rht"], 16);
+    if (g["pass"] == "bwd_dw") {
+      EXPECT_EQ(g["rht"], 16);
+      EXPECT_EQ(g["sqnr_db"], u["sqnr_db"]);  // the same operands, quantised alike: the same bits
+      EXPECT_EQ(g["eta"], u["eta"]);
+      ++same;
+    } else {
+      EXPECT_EQ(g["rht"], 0);
+      differ += g["sqnr_db"] != u["sqnr_db"];
+    }
+  }
+  EXPECT_GT(same, 0);
+  EXPECT_EQ(differ, 2 * same);  // fwd_y and bwd_dx of every GEMM, unrotated, give other figures
+  const Result all = run({"analyze", "--trace", trace, "--formats", "e1m2", "--rht", "none", "--recipe", "all",
+                          "--json", "-"});
+  ASSERT_EQ(all.code, 0) << all.err;
+  EXPECT_EQ(json::parse(all.out)["config"]["recipes"], json(Recipe::preset_names()));
 }
 
 // README's excerpt of the main job's table is what `fp4lab analyze` prints on the bundled trace, line for line

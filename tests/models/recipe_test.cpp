@@ -1,6 +1,8 @@
 // Recipe presets (recipe.hpp) against docs/spec.md §2's table, and the pass operand layouts.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -103,6 +105,69 @@ TEST(RecipePresets, SrStreamsAreDistinct) {
   EXPECT_EQ(streams.size(), 18u);
 }
 
+// The table of named recipes: unique names, the presets first, every ablation a change of one preset's RHT passes
+// or rounding alone, and the arms of the paper's ablation study numbered 1..n without a gap.
+TEST(RecipeTable, AblationsChangeOnlyRhtPassesOrRoundingOfAPreset) {
+  const std::vector<RecipeRow>& table = recipe_table();
+  std::set<std::string> names;
+  std::set<int> arms;
+  std::vector<std::string> presets, all;
+  for (const RecipeRow& row : table) {
+    SCOPED_TRACE(row.recipe.name);
+    EXPECT_TRUE(names.insert(row.recipe.name).second);
+    all.push_back(row.recipe.name);
+    if (row.study != 0) EXPECT_TRUE(arms.insert(row.study).second);
+    EXPECT_FALSE(row.what.empty());
+    if (row.kind == RecipeKind::preset) {
+      EXPECT_EQ(all.size(), presets.size() + 1) << "presets come first";
+      presets.push_back(row.recipe.name);
+      EXPECT_EQ(row.base, row.recipe.name);
+      continue;
+    }
+    const Recipe base = Recipe::preset(row.base);
+    EXPECT_NE(std::find(Recipe::preset_names().begin(), Recipe::preset_names().end(), row.base),
+              Recipe::preset_names().end());
+    EXPECT_NE(row.study, 0);
+    const Recipe& r = row.recipe;
+    EXPECT_TRUE(r.rht_on != base.rht_on || r.rounding != base.rounding) << "changes nothing";
+    EXPECT_EQ(std::string(r.format.name), base.format.name);
+    EXPECT_EQ(std::tie(r.block, r.scale, r.weight_tile2d, r.rht, r.rht_signs, r.rht_bf16, r.seed),
+              std::tie(base.block, base.scale, base.weight_tile2d, base.rht, base.rht_signs, base.rht_bf16, base.seed));
+  }
+  EXPECT_EQ(presets, Recipe::preset_names());
+  EXPECT_EQ(all, Recipe::names());
+  ASSERT_FALSE(arms.empty());
+  EXPECT_EQ(*arms.begin(), 1);
+  EXPECT_EQ(*arms.rbegin(), int(arms.size()));
+}
+
+// The ablations, operand by operand, as their names say (docs/spec.md §8): RHT per pass and rounding per operand.
+TEST(RecipeTable, AblationsAreWhatTheirNamesSay) {
+  using R = Rounding;
+  const R n = R::rtne, s = R::sr;
+  struct Want {
+    const char* name;
+    std::array<int, 3> rht;
+    std::array<R, 6> rounding;  // pass order, a then b
+  };
+  const Want wants[] = {
+      {"ufp4-rht-none", {0, 0, 0}, {n, n, s, n, s, n}},      {"ufp4-rht-wgrad", {0, 0, 16}, {n, n, s, n, s, n}},
+      {"ufp4-rht-fwd-wgrad", {16, 0, 16}, {n, n, s, n, s, n}}, {"ufp4-sr-none", {16, 16, 16}, {n, n, n, n, n, n}},
+      {"ufp4-sr-grads", {16, 16, 16}, {n, n, s, s, s, s}},    {"e2m1-rht-all", {16, 16, 16}, {n, n, s, n, s, n}},
+  };
+  for (const Want& w : wants) {
+    SCOPED_TRACE(w.name);
+    const Recipe r = Recipe::preset(w.name);
+    for (Pass p : kPasses)
+      for (Operand o : {Operand::a, Operand::b}) {
+        const QuantConfig c = r.operand(p, o);
+        EXPECT_EQ(c.rht, w.rht[size_t(p)]);
+        EXPECT_EQ(c.rht_signs, c.rht ? rht_signs_te(16) : std::vector<float>{});
+        EXPECT_EQ(c.rounding, w.rounding[size_t(p) * 2 + size_t(o)]);
+      }
+  }
+}
+
 TEST(RecipePresets, UnknownNameThrows) {
   try {
     Recipe::preset("fp4-unknown");
@@ -110,7 +175,8 @@ TEST(RecipePresets, UnknownNameThrows) {
   } catch (const std::invalid_argument& e) {
     const std::string m = e.what();
     EXPECT_NE(m.find("fp4-unknown"), std::string::npos) << m;
-    EXPECT_NE(m.find("ufp4"), std::string::npos) << m;  // lists the known names
+    EXPECT_NE(m.find("ufp4"), std::string::npos) << m;  // lists the known names, ablations too
+    EXPECT_NE(m.find("e2m1-rht-all"), std::string::npos) << m;
   }
   EXPECT_THROW(Recipe::preset(""), std::invalid_argument);
   EXPECT_THROW(Recipe::preset("NVFP4"), std::invalid_argument);

@@ -1,4 +1,5 @@
-"""The ablation recipes (fp4lab.ABLATIONS): what each does to every operand of every pass, that the numpy API and
+"""The ablation recipes (fp4lab.ABLATIONS, rows of the C++ table of named recipes): what each does to every operand
+of every pass, that the rows give what the per-pass knobs of their Python definition gave, that the numpy API and
 fp4lab.torch.Recipe give the same settings for a name, and that the study, the paired comparisons and
 docs/training.md's table are the one definition."""
 import contextlib
@@ -47,6 +48,62 @@ def test_each_ablation_changes_its_preset_as_its_name_says(name):
         assert got[k]["format"] == grid, k
         assert got[k]["rht_signs"] == (te if got[k]["rht"] else ""), k
         assert {f: got[k][f] for f in KEPT} == {f: base[k][f] for f in KEPT}, k
+
+
+# The definition the ablations had in Python before the C++ table of named recipes held them: the preset, and the
+# knobs per pass put on top of it through the knob parser. Each table row gives every operand of every pass the
+# settings this gave, with and without knobs of its own.
+_NO_RHT, _SR = {"rht": 0}, {"rounding": "sr"}
+PER_PASS_DEFINITION = {
+    "ufp4-rht-none": ("ufp4", {"fwd_y": _NO_RHT, "bwd_dx": _NO_RHT, "bwd_dw": _NO_RHT}),
+    "ufp4-rht-wgrad": ("ufp4", {"fwd_y": _NO_RHT, "bwd_dx": _NO_RHT}),
+    "ufp4-rht-fwd-wgrad": ("ufp4", {"bwd_dx": _NO_RHT}),
+    "ufp4": ("ufp4", {}),
+    "ufp4-sr-none": ("ufp4", {p: {"rounding": "rtne"} for p in PASSES}),
+    "ufp4-sr-grads": ("ufp4", {"bwd_dx": _SR, "bwd_dw": _SR}),
+    "e2m1-rht-all": ("e2m1-ref", {"fwd_y": {"rht": 16}, "bwd_dx": {"rht": 16}}),
+}
+OWN_KNOBS = ({}, {"seed": 7, "stream": 3}, {"rounding": "sr"}, {"rht": 16}, {"rht": 0}, {"format": "e2m1"})
+
+
+def per_pass_config(name, pass_, operand, knobs):
+    base, per_pass = PER_PASS_DEFINITION[name]
+    k = fp4lab._knobs("config", base, pass_, None, {**per_pass.get(pass_, {}), **knobs})
+    return fp4lab._core.operand_config(k, pass_, operand)
+
+
+@pytest.mark.parametrize("name", list(PER_PASS_DEFINITION))
+def test_table_rows_give_what_the_per_pass_knobs_gave(name):
+    assert list(fp4lab.ABLATIONS) == list(PER_PASS_DEFINITION)  # the study's order too
+    a = fp4lab.ABLATIONS[name]
+    assert a.base == PER_PASS_DEFINITION[name][0]
+    for p, o in OPERANDS:
+        for knobs in OWN_KNOBS:
+            want = per_pass_config(name, p, o, knobs).to_dict()
+            assert fp4lab.config(name, pass_=p, operand=o, **knobs).to_dict() == want, (p, o, knobs)
+        # per_pass, read back from the table, makes the recipe from its base as well.
+        assert fp4lab.config(a.base, pass_=p, operand=o, **a.per_pass.get(p, {})).to_dict() == \
+            per_pass_config(name, p, o, {}).to_dict(), (p, o)
+    assert fp4lab._core.recipe_table(name) == {
+        p: {o: {**per_pass_config(name, p, o, {}).to_dict(), "role": fp4lab._core.recipe_table(a.base)[p][o]["role"]}
+            for o in "ab"} for p in PASSES}
+
+
+def test_preset_lists_stay_the_presets():
+    presets = ["ufp4", "e2m1-ref", "nvfp4", "mxfp4"]
+    assert fp4lab._core.recipe_names() == presets and list(fp4lab.recipes()) == presets
+    rows = fp4lab._core.recipe_rows()
+    assert [r["name"] for r in rows if r["kind"] == "preset"] == presets
+    assert {r["name"] for r in rows if r["kind"] == "ablation"} == set(fp4lab.ABLATIONS) - {"ufp4"}
+    assert all(r["base"] in presets for r in rows)
+
+
+def test_analyze_takes_an_ablation():
+    j = fp4lab.analyze(os.path.join(ROOT, "workloads", "tiny-lm", "step_005000"), formats="e1m2", rht=None,
+                       recipe="ufp4-rht-none")
+    assert j["config"]["recipes"] == ["ufp4-rht-none"]
+    got = [g for g in j["gemms"] if g.get("recipe") == "ufp4-rht-none"]
+    assert got and all(g["rht"] == 0 for g in got)
 
 
 def test_config_without_a_pass_and_given_knobs_sit_on_top():

@@ -49,7 +49,7 @@ inline std::string shown(const std::string& text) {
 // The recipe-knob names, in the order the CLI's help lists them.
 const std::vector<std::string>& knob_names(bool with_role);
 // The values a knob takes by name ("format", "scale", "rounding", "pass", "role" or "recipe"), from the tables
-// that define them (kAllFormats, kAllScales, kRoundings, kPasses, Recipe::preset_names()), joined by `sep`:
+// that define them (kAllFormats, kAllScales, kRoundings, kPasses, Recipe::names()), joined by `sep`:
 // the one list that --help texts and error messages print.
 std::string knob_choices(const std::string& knob, const std::string& sep);
 

@@ -1,5 +1,6 @@
 // Training recipes (docs/spec.md §2): which grid, block, scale, RHT and rounding each operand of the three
-// training GEMMs of a linear layer gets. Presets are named; every knob is also settable alone.
+// training GEMMs of a linear layer gets. Presets and ablations are named (recipe_table); every knob is also
+// settable alone.
 //
 // Linear layer with X [tokens, in], W [out, in], dY [tokens, out]; every pass is C = A . B^T with both
 // operands quantised along the reduction dimension K:
@@ -24,6 +25,9 @@ const char* pass_name(Pass p);
 // The trace tensor an operand comes from: "fwd_x", "fwd_w" or "bwd_dy".
 const char* operand_role(Pass p, Operand o);
 
+// Rounding of operand a and b of each pass, in pass order.
+using PassRounding = std::array<std::array<Rounding, 2>, 3>;
+
 struct Recipe {
   std::string name = "custom";
   ElemFormat format = kE1M2;
@@ -34,16 +38,35 @@ struct Recipe {
   std::array<bool, 3> rht_on{false, false, false};  // per pass: fwd_y, bwd_dx, bwd_dw
   std::vector<float> rht_signs;               // rht entries
   bool rht_bf16 = false;                      // rotated operands rounded to BF16 (TE's BF16 Hadamard)
-  bool sr_dy = false;                         // stochastic rounding on the dY operands
+  PassRounding rounding{{{Rounding::rtne, Rounding::rtne},
+                         {Rounding::rtne, Rounding::rtne},
+                         {Rounding::rtne, Rounding::rtne}}};
   uint64_t seed = 0;
 
-  // Named presets: ufp4, e2m1-ref, nvfp4, mxfp4. Throws std::invalid_argument on an unknown name.
+  // A named recipe of recipe_table(): a preset or an ablation. Throws std::invalid_argument on any other name.
   static Recipe preset(const std::string& name);
+  // The presets (ufp4, e2m1-ref, nvfp4, mxfp4): what "all" means wherever a list of recipes is asked for.
   static const std::vector<std::string>& preset_names();
+  // Every named recipe, presets first, in table order.
+  static const std::vector<std::string>& names();
 
   // Quantiser settings for one operand of one pass. `stream` tells SR streams of different GEMMs apart.
   QuantConfig operand(Pass p, Operand o, uint32_t stream = 0) const;
 };
+
+// The named recipes (docs/spec.md §2), one row each: the presets, then the ablations of the paper's dense study
+// (docs/spec.md §8), each a preset with RHT or rounding changed on some passes. The CLI, the analyses and the
+// Python package (fp4lab.recipes(), fp4lab.ABLATIONS) all take their recipes from here.
+enum class RecipeKind : uint8_t { preset, ablation };
+struct RecipeRow {
+  Recipe recipe;     // its name and settings
+  RecipeKind kind;
+  std::string base;  // the preset an ablation changes; a preset's own name
+  int study;         // its place among the arms of the paper's ablation study (1, 2, ...); 0: not an arm
+  std::string what;  // what it is, in one line
+};
+const std::vector<RecipeRow>& recipe_table();
+const char* recipe_kind_name(RecipeKind k);
 
 // The shape of a pass, C [M, N] = A [M, K] . B [N, K]^T, for a layer of `tokens` rows, `in` inputs and `out`
 // outputs: the table at the top of this file, written once (the quantiser, the analyses, the simulator's jobs and

@@ -1,7 +1,7 @@
 """The study's decoder, its sizes and its recipes (the presets and the ablations)."""
 import math
 
-from .. import ABLATIONS
+from .. import ABLATIONS, _core
 
 # d_model, layers, heads, FFN width, sequence, batch (sequences), peak learning rate.
 SIZES = {
@@ -10,17 +10,13 @@ SIZES = {
     "test": dict(d=64, layers=2, heads=2, ffn=128, seq=64, batch=4, lr=3e-3),  # for the CPU test only
 }
 
-# name -> what it is: BF16, the presets, then the ablations of the paper's dense 1.5B study (fp4lab.ABLATIONS, where
-# they are defined: RHT scope on the uniform grid, SR, and E2M1 with RHT everywhere). fp4lab.torch.Recipe takes every
-# name but bf16's as it is.
-RECIPES = {
-    "bf16": "BF16 GEMMs (autocast), the reference",
-    "nvfp4": "Transformer Engine's NVFP4 recipe",
-    "mxfp4": "OCP MXFP4",
-    "e2m1-ref": "E2M1, FP32 scales, RHT on bwd_dw, SR on dY (the paper's E2M1 baseline)",
-    "ufp4": "E1M2, FP32 scales, RHT on all three GEMMs, SR on dY (the paper's recipe)",
-}
-RECIPES.update((n, a.what) for n, a in ABLATIONS.items() if n not in RECIPES)
+# name -> what it is: BF16, the presets, then the ablations of the paper's dense 1.5B study (RHT scope on the uniform
+# grid, SR, and E2M1 with RHT everywhere), each said as the C++ table of named recipes says it (_core.recipe_rows();
+# fp4lab.ABLATIONS). fp4lab.torch.Recipe takes every name but bf16's as it is.
+_WHAT = {r["name"]: r["what"] for r in _core.recipe_rows()}
+RECIPES = {"bf16": "BF16 GEMMs (autocast), the reference"}
+RECIPES.update((n, _WHAT[n]) for n in _core.recipe_names())
+RECIPES.update((n, _WHAT[n]) for n in ABLATIONS if n not in RECIPES)
 
 
 def make_recipe(name: str, mode: str, seed: int):

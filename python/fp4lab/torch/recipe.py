@@ -41,7 +41,7 @@ def _same_rotation(pass_: str, a: "_core.QuantConfig", b: "_core.QuantConfig") -
 
 
 # bf16 is the passthrough recipe (plain F.linear); the others are the presets of docs/spec.md §2. Recipe also takes
-# the names of the ablations (fp4lab.ABLATIONS: a preset with knobs set per pass).
+# the names of the ablations (fp4lab.ABLATIONS: a preset with RHT or rounding changed on some passes).
 RECIPES = ("bf16",) + tuple(_core.recipe_names())
 ABLATIONS = _fp.ABLATIONS
 _PASSES = ("fwd_y", "bwd_dx", "bwd_dw")
@@ -52,7 +52,7 @@ class Recipe:
 
     ``Recipe("ufp4")``, ``Recipe("e2m1-ref", mode="fast")``, ``Recipe(format="e1m2", rht=16)`` (knobs alone, on
     the defaults e1m2 / block 16 / fp32 scale / no RHT / RTNE), ``Recipe("ufp4-rht-wgrad")`` (an ablation: its
-    preset with its knobs per pass, beneath any given here). Knobs apply to every operand of every pass, as on
+    settings, beneath any knob given here). Knobs apply to every operand of every pass, as on
     the command line; ``per_pass={"fwd_y": {"rht": 0}}`` and ``per_operand={("bwd_dx", "a"): {...}}`` narrow them.
 
     Immutable, compared and hashed by value; ``repr`` is the call that builds it, and copies, pickles and
@@ -108,8 +108,7 @@ class Recipe:
                 for bad in ("seed", "stream", "pass_", "role"):
                     if bad in k:
                         raise ValueError(f"{bad} is set by the training step, not by the recipe")
-                preset, k = _fp._recipe_knobs(None if self.passthrough else name, p, k)
-                kn[(p, o)] = _fp._knobs("Recipe", preset, None, None, k)
+                kn[(p, o)] = _fp._knobs("Recipe", None if self.passthrough else name, None, None, k)
         set_(self, "_knobs", kn)
         set_(self, "_configs", {})
         set_(self, "_layer_configs", {})
