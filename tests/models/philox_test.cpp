@@ -67,15 +67,17 @@ TEST(Philox4x32_10, RandomBitsLayout) {
 // The quantiser kernels draw a group's words with random_bits_in_group: the same words as random_bits, at groups
 // of 16 and 32 next to the 2^32 boundaries of the index, where a carry into the high word would show.
 TEST(Philox, GroupDrawsAreTheElementDraws) {
-  for (uint64_t g : {16u, 32u})
-    for (uint64_t base : {uint64_t(0), (1ull << 32) - g, 1ull << 32, (3ull << 32) - 2 * g, (5ull << 40) + 7 * g,
-                          ~uint64_t(0) - (g - 1)})
+  for (uint64_t g : {uint64_t(16), uint64_t(32)}) {
+    const uint64_t bases[] = {0, (uint64_t(1) << 32) - g, uint64_t(1) << 32, (uint64_t(3) << 32) - 2 * g,
+                              (uint64_t(5) << 40) + 7 * g, ~uint64_t(0) - (g - 1)};
+    for (uint64_t base : bases)
       for (uint32_t e = 0; e < g; ++e) {
         ASSERT_EQ(base % g, 0u);
         EXPECT_EQ(random_bits_in_group(0x0123456789ABCDEFull, 77u, base, e),
                   random_bits(0x0123456789ABCDEFull, 77u, base + e))
             << base << " + " << e;
       }
+  }
 }
 
 }  // namespace
