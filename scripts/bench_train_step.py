@@ -10,7 +10,7 @@ the first and the last step on a learnable synthetic token stream (so a recipe t
 names (the presets and the ablations of docs/training.md).
 
     python3 scripts/bench_train_step.py [--size small] [--recipes bf16,ufp4,nvfp4] [--modes fast,exact]
-        [--compile bf16,ufp4] [--graph bf16,ufp4] [--monitor 100] [--json out.json]
+        [--compile bf16,ufp4] [--graph bf16,ufp4] [--monitor 100] [--launch-cost] [--json out.json]
     python3 scripts/bench_train_step.py table RESULTS.json...   (markdown tables of measured results)
 """
 import argparse
@@ -163,10 +163,43 @@ def run_graph(args, recipe, mode, device):
     if recipe != "bf16":
         ft.check_finite()
     params = sum(p.numel() for n, p in model.named_parameters() if n.startswith("blocks."))
-    return {"recipe": recipe, "mode": ("-" if recipe == "bf16" else mode) + "+graph",
+    return {"recipe": recipe, "mode": "graph" if recipe == "bf16" else mode + "+graph",
             "median_ms": statistics.median(times), "mean_ms": statistics.mean(times), "min_ms": min(times),
             "max_ms": max(times), "loss_first": losses[0], "loss_last": losses[-1], "block_params": params,
             "steps_timed": len(times), "tokens_per_s": args.batch * args.seq / (statistics.median(times) / 1e3)}
+
+
+def launch_cost(device):
+    """Host time per call of the layer's CUDA launch path (µs, calls issued back to back, no synchronisation between
+    them): what bounds a step that the GPU is not the limit of. Operands of the 103M model's largest shape."""
+    from fp4lab.torch import ops
+
+    def host_us(f, n):
+        f()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(n):
+            f()
+        us = (time.perf_counter() - t) / n * 1e6
+        torch.cuda.synchronize()
+        return us
+
+    x = torch.randn(8192, 1024, device=device, dtype=torch.bfloat16)
+    w = torch.randn(1024, 1024, device=device, dtype=torch.bfloat16)
+    r = ft.Recipe("ufp4", mode="fast")
+    cfg = r.config("fwd_y", "a", layer=3, step=5)
+    step = torch.tensor(5)
+    new_step = iter(range(10**9))
+    for what, f, n in (
+            ("fake_quantize (one operand)", lambda: ops.fake_quantize(x, cfg, check_finite="deferred"), 2000),
+            ("torch.matmul alone (BF16, cuBLAS)", lambda: torch.matmul(x, w.t()), 500),
+            ("matmul + deferred output check", lambda: ops._fast_matmul(x, w, "deferred"), 500),
+            ("one fast GEMM, eager (two operands, product, check)",
+             lambda: ops.qmatmul(x, w, step, r, 3, "fwd_y", "L", {}, None), 500),
+            ("one fast GEMM, the compiled path's operator (fp4lab::fast_qmatmul)",
+             lambda: torch.ops.fp4lab.fast_qmatmul(x, w, step, r.key, 3, "fwd_y", "L"), 500),
+            ("Recipe.config at a new step", lambda: r.config("fwd_y", "a", layer=3, step=next(new_step)), 2000)):
+        print(f"{what:70s} {host_us(f, n):8.1f} us of host a call", flush=True)
 
 
 def monitor_overhead(args, row: dict, base: dict, every: int) -> dict:
@@ -230,6 +263,8 @@ def main():
     ap.add_argument("--graph", default="", metavar="RECIPES",
                     help="also time these recipes with the whole step (forward, backward, AdamW) captured in a CUDA "
                          "graph and replayed")
+    ap.add_argument("--launch-cost", action="store_true",
+                    help="first print the host time per call of the layer's CUDA launch path (no training)")
     ap.add_argument("--deterministic", action="store_true",
                     help="PyTorch's deterministic algorithms, as fp4lab-train --deterministic sets them (run the "
                          "benchmark with and without it to see their cost)")
@@ -249,6 +284,8 @@ def main():
         use_deterministic_algorithms()
     if args.seq % 64 or args.batch * args.seq % 32:
         ap.error("--seq must be a multiple of 64 and batch * seq of 32 (the recipes' block and RHT sizes)")
+    if args.launch_cost and device.type == "cuda":
+        launch_cost(device)
     rows = []
     names = args.recipes.split(",")
     if "bf16" not in names:
