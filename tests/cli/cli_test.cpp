@@ -854,11 +854,13 @@ TEST_F(Cli, KnobListsInHelpErrorsAndDocsAreTheTables) {
     presets += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + ("`" + names[i] + "`");
   EXPECT_NE(slurp(FP4LAB_SOURCE_DIR "/docs/spec.md").find("presets are " + presets), std::string::npos)
       << "docs/spec.md §2's list of presets, " << presets;
-  for (const RecipeRow& row : recipe_table())
-    if (row.kind == RecipeKind::ablation)
+  for (const RecipeRow& row : recipe_table()) {
+    if (row.kind == RecipeKind::ablation) {
       EXPECT_NE(slurp(FP4LAB_SOURCE_DIR "/docs/spec.md").find("- `" + row.recipe.name + "` — " + row.what + "\n"),
                 std::string::npos)
           << "docs/spec.md §2's list of ablations, " << row.recipe.name;
+    }
+  }
 }
 
 // An ablation is a recipe analyze takes by name: on the bundled trace, ufp4-rht-wgrad's GEMMs carry no RHT on fwd_y
