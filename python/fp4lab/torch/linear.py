@@ -102,6 +102,26 @@ def _check_shapes(label: str, recipe: Recipe, layer: int, step: int, tokens: int
             raise ValueError(f"{label}: {p} operand {o} [{rows}, {cols}]: {e}") from None
 
 
+def _check_capture(gemm, owner, device: torch.device, step: int) -> None:
+    """What a forward captured in a CUDA graph needs: the SR key's device buffer, made by an eager step; a deferred
+    finite check (a synchronising one cannot be captured); and one training step per layer in the graph, since a
+    replay reads one key per layer (a recomputed forward repeats its step and is allowed)."""
+    label = gemm._label()
+    if owner.__dict__.get("_seed_dev") is None or owner._seed_dev.device != device:
+        raise RuntimeError(f"{label}: run a step on {device} before capturing one in a CUDA graph (the captured "
+                           "kernels read the SR key from a device buffer made then)")
+    if gemm.recipe.check_finite != "deferred":
+        raise RuntimeError(f"{label}: a recipe with check_finite='sync' synchronises at every operand and cannot be "
+                           "captured in a CUDA graph (use the default, 'deferred')")
+    first = owner.__dict__.get("_capture_step")
+    if first is None:
+        owner._capture_step = step
+    elif first != step:
+        raise RuntimeError(f"{label}: a second training step ({first}, then {step}) of this layer in one captured "
+                           "CUDA graph: a replay reads one SR key per layer (capture one forward per layer per step; "
+                           "call set_step before capturing again)")
+
+
 def _apply(gemm, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
            step: torch.Tensor) -> torch.Tensor:
     """x · weightᵀ + bias under ``gemm``'s recipe and SR key (an fp4lab Linear, or an attention projection)."""
@@ -111,9 +131,7 @@ def _apply(gemm, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
     if eager and x.is_cuda:
         owner = getattr(gemm, "owner", gemm)  # the module whose step this is (an attention for its projections)
         if torch.cuda.is_current_stream_capturing():
-            if owner.__dict__.get("_seed_dev") is None or owner._seed_dev.device != x.device:
-                raise RuntimeError(f"{gemm._label()}: run a step on {x.device} before capturing one in a CUDA graph "
-                                   "(the captured kernels read the SR key from a device buffer made then)")
+            _check_capture(gemm, owner, x.device, int(step))
         else:
             owner._device_seed(x.device)
             if gemm.recipe.check_finite == "deferred":
@@ -165,6 +183,7 @@ class _Stepped(nn.Module):
         return t
 
     def _write_device_seed(self) -> None:
+        self._capture_step = None  # a new capture may take any step
         t = self.__dict__.get("_seed_dev")
         if t is not None and not self.recipe.passthrough:
             s = _core.training_seed(self.recipe.seed, self.step)
@@ -193,6 +212,7 @@ class _Stepped(nn.Module):
     def __getstate__(self):
         state = super().__getstate__()
         state.pop("_seed_dev", None)  # made again on the device at the next CUDA forward
+        state.pop("_capture_step", None)
         return state
 
     def __setstate__(self, state):

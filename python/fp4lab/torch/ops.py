@@ -48,12 +48,21 @@ _INPUT, _RHT, _OUTPUT = 1, 2, 4
 
 
 def _flag_ptr(device: int) -> int:
-    """The address of the device's flag (made at first use)."""
+    """The address of the device's flag (made at first use, which a CUDA graph capture cannot be: its zeroing would
+    run at every replay instead of once)."""
     p = _flag_ptrs.get(device)
     if p is None:
+        _refuse_capture("the first deferred finite check on this device")
         _flags[device] = torch.zeros(1, dtype=torch.int32, device=torch.device("cuda", device))
         p = _flag_ptrs[device] = _flags[device].data_ptr()
     return p
+
+
+def _refuse_capture(what: str) -> None:
+    """A one-line error for what cannot run while a CUDA graph is captured (it would bake one step into the graph)."""
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"{what} cannot be captured in a CUDA graph: capture the eager model after an eager step "
+                           "on the device (docs/python.md, CUDA graphs)")
 
 
 # The current stream's handle on a device; None on a torch built without CUDA (whose tensors are never on a GPU).
@@ -93,8 +102,11 @@ def _check_output(y: torch.Tensor, check_finite: str = "sync") -> torch.Tensor:
     the device, which sets the flag check_finite() reads (one kernel, no synchronisation)."""
     if y.is_cuda and check_finite == "deferred":
         if y.numel():
-            dev, stream = _launch(y)
-            _core.cuda_flag_nonfinite(dev, stream, y.data_ptr(), y.numel(), y.dtype == torch.bfloat16, _flag_ptr(dev),
+            z = y  # the kernel reads dense BF16 or FP32 (the products are one or the other)
+            if z.dtype not in (torch.bfloat16, torch.float32) or not z.is_contiguous():
+                z = z.contiguous().float()
+            dev, stream = _launch(z)
+            _core.cuda_flag_nonfinite(dev, stream, z.data_ptr(), z.numel(), z.dtype == torch.bfloat16, _flag_ptr(dev),
                                       _OUTPUT)
         return y
     bad = torch.isfinite(y).logical_not()
@@ -316,6 +328,7 @@ def _scratch_of(device: torch.device, what: str) -> QTensorCUDA:
 
 @quantize_op.register_kernel("cuda")
 def _quantize_cuda(x, step, recipe, layer, pass_, operand, label):
+    _refuse_capture("the fp4lab operators (torch.compile's path; they read the SR step on the host)")
     # The CUDA kernels quantise on the device; the packed codes are unpacked there into the golden layout the
     # operators carry (element 2i in the low nibble), with no host round trip.
     q = _quantize_labelled(x, step, recipe, layer, pass_, operand, label, out=_scratch_of(x.device, "q"),
@@ -356,6 +369,7 @@ def gemm_op(codes_a: torch.Tensor, scales_a: torch.Tensor, global_a: torch.Tenso
 
 @gemm_op.register_kernel("cuda")
 def _gemm_cuda(codes_a, scales_a, global_a, codes_b, scales_b, global_b, recipe, pass_):
+    _refuse_capture("the fp4lab operators (torch.compile's path; they read the SR step on the host)")
     qa = _device_operand(codes_a, scales_a, global_a, recipe, pass_, "a", "a")
     qb = _device_operand(codes_b, scales_b, global_b, recipe, pass_, "b", "b")
     return gemm(qa, qb, check_finite=recipe_of_key(recipe).check_finite)
@@ -404,6 +418,7 @@ def qgemm_op(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: str, 
 
 @qgemm_op.register_kernel("cuda")
 def _qgemm_cuda(a, b, step, recipe, layer, pass_, label):
+    _refuse_capture("the fp4lab operators (torch.compile's path; they read the SR step on the host)")
     check = recipe_of_key(recipe).check_finite
     qa = _quantize_labelled(a, step, recipe, layer, pass_, "a", label, out=_scratch_of(a.device, "ga"),
                             check_finite=check)
@@ -428,6 +443,7 @@ def fake_quantize_op(x: torch.Tensor, step: torch.Tensor, recipe: str, layer: in
 
 @fake_quantize_op.register_kernel("cuda")
 def _fake_quantize_cuda(x, step, recipe, layer, pass_, operand, label):
+    _refuse_capture("the fp4lab operators (torch.compile's path; they read the SR step on the host)")
     return _quantize_labelled(x, step, recipe, layer, pass_, operand, label, fake=True,
                               check_finite=recipe_of_key(recipe).check_finite)
 
@@ -452,6 +468,7 @@ def fast_qmatmul_op(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe
 
 @fast_qmatmul_op.register_kernel("cuda")
 def _fast_qmatmul_cuda(a, b, step, recipe, layer, pass_, label):
+    _refuse_capture("the fp4lab operators (torch.compile's path; they read the SR step on the host)")
     check = recipe_of_key(recipe).check_finite
     da = _quantize_labelled(a, step, recipe, layer, pass_, "a", label, fake=True, check_finite=check)
     db = _quantize_labelled(b, step, recipe, layer, pass_, "b", label, fake=True, check_finite=check)
@@ -522,6 +539,8 @@ def _observed(owner, step: torch.Tensor) -> bool:
 
 def _qmatmul_observed(a, b, step, recipe: Recipe, layer: int, pass_: str, label: str, cache, owner, shard):
     """qmatmul in eager mode with the operands in hand: for the monitors, and for a sharded layer's operands."""
+    if a.is_cuda:
+        _refuse_capture(f"{label}: a numerics monitor's or sr_shard's GEMM")
     cfg = lambda p, o: recipe.config(p, o, layer=layer, step=int(step))  # noqa: E731
 
     def quant(x, c, p, o):
@@ -562,7 +581,12 @@ def qmatmul(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: Recipe
         fake = recipe.mode == "fast"
         # While a step is captured in a CUDA graph the kernels read the SR seed from the module's device buffer,
         # which set_step() writes before each replay.
-        seed = getattr(owner, "owner", owner)._seed_dev if torch.cuda.is_current_stream_capturing() else None
+        seed = None
+        if torch.cuda.is_current_stream_capturing():
+            if owner is None:
+                raise RuntimeError(f"{label}: qmatmul captured in a CUDA graph needs the layer (owner) whose device SR "
+                                   "key it reads")
+            seed = getattr(owner, "owner", owner)._seed_dev
         try:
             qa = _quantize_operand(a, cfg("a"), pass_, "a", recipe, cache, fake, seed)
             qb = _quantize_operand(b, cfg("b"), pass_, "b", recipe, cache, fake, seed)
