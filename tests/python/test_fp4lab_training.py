@@ -228,8 +228,9 @@ def test_docs_training_is_generated_from_the_committed_json(tmp_path):
            "doc-lm step 1999=docs/results/analysis-doc-lm.json", "--doc", str(copy), "--figure",
            str(tmp_path / "p.png"), cwd=ROOT)
     assert r.returncode == 0, r.stderr
-    assert block(copy.read_text(), "proxy tables: fp4lab-train proxy") == block(
-        doc, "proxy tables: fp4lab-train proxy")
+    for marker in ("proxy tables: fp4lab-train proxy", "proxy paired: fp4lab-train proxy"):
+        assert block(copy.read_text(), marker) == block(doc, marker)
+    assert (tmp_path / "p_paired.png").stat().st_size > 0
 
 
 def test_bundled_doc_lm_trace_and_its_analysis(tmp_path):

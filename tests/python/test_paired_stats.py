@@ -356,3 +356,29 @@ def test_ranks_average_ties_and_spearman_follows_them():
     # rho with one swapped pair of four: 1 - 6 * 2 / (4 * 15) = 0.8, up to the last bit of the division.
     assert st.report.spearman([1.0, 2.0, 3.0, 4.0], [1.0, 3.0, 2.0, 4.0]) == pytest.approx(0.8, rel=1e-15)
     assert math.isnan(paired.pearson([1.0, 1.0], [2.0, 3.0]))  # no spread: no correlation
+
+
+def test_proxy_against_the_committed_paired_effects():
+    # The pairs with an interval in the committed runs, and the trace statistics' differences A - B, each mean
+    # recomputed here from the analysis JSON's GEMM rows.
+    pairs = st.report.proxy_pairs(committed_runs())
+    assert [(m, n, p.a, p.b, p.stats.n) for m, n, _, p in pairs] == [
+        ("small", 1500, "ufp4", "e2m1-ref", 3), ("small", 3000, "ufp4", "e2m1-ref", 2),
+        ("small", 6000, "ufp4", "e2m1-ref", 4)]
+    path = os.path.join(ROOT, "docs", "results", "analysis-doc-lm.json")
+    stats = st.report.proxy_stats(path)
+    rows = json.load(open(path))["gemms"]
+
+    def mean(rec, field, pass_=None):
+        xs = [r[field] for r in rows if r.get("recipe") == rec and (pass_ is None or r["pass"] == pass_)]
+        return sum(xs) / len(xs)
+
+    for rec in ("ufp4", "e2m1-ref"):
+        assert stats[rec] == {"sqnr": mean(rec, "sqnr_db"), "sqnr_dw": mean(rec, "sqnr_db", "bwd_dw"),
+                              "eta": mean(rec, "eta")}
+    table = st.report.proxy_paired_table([("doc-lm", stats)], pairs)
+    last = table.splitlines()[-1]
+    d = stats["ufp4"]["sqnr"] - stats["e2m1-ref"]["sqnr"]
+    assert last.startswith("| small, 6000 steps (exact) | `ufp4` − `e2m1-ref` | 4 | +1.31 (-1.35 to +3.96) | ")
+    assert f"{d:+.2f} / " in last and d > 0
+    assert last.endswith("| not decided (the interval holds 0); SQNR favours ufp4 on every trace |")

@@ -342,18 +342,113 @@ def spearman(xs, ys):
     return pm.pearson(pm.ranks(xs), pm.ranks(ys))
 
 
-def proxy_sqnr(analysis_path):
-    """Mean GEMM-output SQNR (dB) per recipe over every GEMM and pass of `fp4lab analyze --recipe` output."""
+# The trace statistics the proxy sections test, per recipe: the mean over the GEMM rows of `fp4lab analyze --recipe`
+# (every GEMM and pass, or bwd_dw's alone) of the GEMM-output SQNR (dB) and of eta, the output's shrinkage factor.
+PROXIES = (("sqnr", "mean GEMM-output SQNR (dB)", "sqnr_db", None),
+           ("sqnr_dw", "bwd_dw GEMM-output SQNR (dB)", "sqnr_db", "bwd_dw"),
+           ("eta", "mean GEMM-output eta", "eta", None))
+
+
+def proxy_stats(analysis_path):
+    """{recipe: {proxy: value}} of `fp4lab analyze --recipe` output, for the PROXIES."""
     with open(analysis_path) as f:
         j = json.load(f)
     out = {}
     for rec in PRESETS:
-        xs = [r["sqnr_db"] for r in j["gemms"] if r.get("recipe") == rec]
-        if not xs:
+        rows = [r for r in j["gemms"] if r.get("recipe") == rec]
+        if not rows:
             raise SystemExit(f"{analysis_path}: no GEMM rows for recipe {rec} (run analyze with --recipe "
                              f"{','.join(PRESETS)})")
-        out[rec] = sum(xs) / len(xs)
+        out[rec] = {}
+        for key, _, field, pass_ in PROXIES:
+            xs = [r[field] for r in rows if pass_ is None or r["pass"] == pass_]
+            out[rec][key] = sum(xs) / len(xs)
     return out
+
+
+def proxy_sqnr(analysis_path):
+    """Mean GEMM-output SQNR (dB) per recipe over every GEMM and pass of `fp4lab analyze --recipe` output."""
+    return {rec: v["sqnr"] for rec, v in proxy_stats(analysis_path).items()}
+
+
+def proxy_pairs(runs):
+    """The paired effects the proxy is held against: every comparison of two presets in final validation loss with
+    at least two seeds (an interval), as (model, length, GEMM mode, PairResult)."""
+    ms = metrics(runs)
+    out = []
+    for g in groups(runs):
+        for mode, results in paired(ms, *g):
+            for p in results:
+                if p.measure == "val" and p.a in PRESETS and p.b in PRESETS and p.stats.n >= 2:
+                    out.append((g[0], g[1], mode, p))
+    return out
+
+
+def proxy_paired_table(traces, pairs) -> str:
+    """One row per paired effect: its interval, and per trace the proxies' differences A − B. A higher SQNR predicts
+    a lower loss (a negative effect), an eta nearer 1 less shrinkage; the last column says whether the SQNR
+    difference's sign agrees with the effect where the interval decides its sign."""
+    lines = ["| model, length | A − B | seeds | Δ val loss, points (95% interval) | " +
+             " | ".join(f"ΔSQNR / Δ`bwd_dw` SQNR dB / Δη, {label}" for label, _ in traces) +
+             " | SQNR's sign against the effect |",
+             "|---|---|---|---|" + "---|" * len(traces) + "---|"]
+    for model, length, mode, p in pairs:
+        s = p.stats
+        cells = []
+        agree = set()
+        for _, st in traces:
+            d = {k: st[p.a][k] - st[p.b][k] for k, _, _, _ in PROXIES}
+            cells.append(f"{d['sqnr']:+.2f} / {d['sqnr_dw']:+.2f} / {d['eta']:+.4f}")
+            agree.add(d["sqnr"] > 0)
+        if s.kind in ("undetected", "same"):
+            sign = "not decided (the interval holds 0)"
+        else:
+            lower = s.mean < 0  # A ends lower
+            sign = "agrees" if agree == {lower} else "disagrees" if agree == {not lower} else "mixed over traces"
+        if len(agree) == 1:
+            sign += f"; SQNR favours {p.a if agree == {True} else p.b} on every trace"
+        lines.append(f"| {model}, {length} steps ({mode}) | `{p.a}` − `{p.b}` | {s.n} | {s.mean:+.2f} "
+                     f"({s.low:+.2f} to {s.high:+.2f}) | " + " | ".join(cells) + f" | {sign} |")
+    return "\n".join(lines)
+
+
+def plot_proxy_pairs(traces, pairs, path):
+    """Each paired effect (mean and 95% interval over seeds) beside the side the traces' SQNR difference predicts
+    (shaded): an effect whose interval lies inside the shading confirms the proxy, one beyond zero refutes it."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(max(6.0, 2.2 * len(pairs)), 4.6))
+    # The y range of the intervals of three seeds or more; wider ones (two seeds) run off the plot.
+    spans = [abs(v) for _, _, _, p in pairs if p.stats.n >= 3 for v in (p.stats.low, p.stats.high)]
+    lim = 1.3 * max(spans or [abs(v) for _, _, _, p in pairs for v in (p.stats.low, p.stats.high)])
+    for x, (model, length, mode, p) in enumerate(pairs):
+        d = [st[p.a]["sqnr"] - st[p.b]["sqnr"] for _, st in traces]
+        if all(v > 0 for v in d) or all(v < 0 for v in d):  # the side a higher SQNR predicts for A − B
+            lo, hi = (-lim, 0) if d[0] > 0 else (0, lim)
+            ax.fill_between([x - 0.4, x + 0.4], lo, hi, color="C2", alpha=0.15, lw=0,
+                            label="predicted by the SQNR difference" if x == 0 else None)
+            ax.annotate(f"ΔSQNR {min(d):+.2f} to {max(d):+.2f} dB", (x, (lo + hi) / 2), ha="center", fontsize=7)
+        s = p.stats
+        ax.errorbar([x], [s.mean], yerr=[[s.mean - max(s.low, -lim)], [min(s.high, lim) - s.mean]], fmt="o",
+                    color="C0", capsize=4, label="paired effect, 95% interval" if x == 0 else None)
+        if s.low < -lim or s.high > lim:
+            ax.annotate(f"interval {s.low:+.1f} to {s.high:+.1f}", (x, s.mean), fontsize=7, xytext=(6, -10),
+                        textcoords="offset points")
+    ax.set_xticks(range(len(pairs)))
+    ax.set_xticklabels([f"{p.a} − {p.b}\n{model}, {length} steps\n{p.stats.n} seeds" for model, length, _, p in pairs],
+                       fontsize=8)
+    ax.set_xlim(-0.6, len(pairs) - 0.4)
+    ax.set_ylim(-lim, lim)
+    ax.axhline(0, color="k", lw=0.5)
+    ax.set(ylabel="paired Δ final validation loss A − B (points)",
+           title="trace SQNR against the paired loss effects")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path + ".tmp.png", dpi=100)
+    os.replace(path + ".tmp.png", path)
+    plt.close(fig)
 
 
 def cmd_proxy(args):
@@ -362,10 +457,13 @@ def cmd_proxy(args):
     with open(args.training) as f:
         runs = json.load(f)["runs"]
     ms = metrics(runs)
-    traces = []
+    traces, stats = [], []
     for spec in args.analysis:
         label, _, path = spec.partition("=")
-        traces.append((label, proxy_sqnr(path)))
+        st = proxy_stats(path)
+        stats.append((label, st))
+        traces.append((label, {r: v["sqnr"] for r, v in st.items()}))
+    pairs = proxy_pairs(runs)
     # The studies with every preset at this seed: a ranking of fewer recipes says little.
     outcome = {}
     for g in groups(runs):
@@ -395,9 +493,11 @@ def cmd_proxy(args):
     if args.doc:
         with open(args.doc) as f:
             doc = f.read()
-        write_atomic(args.doc, replace_block(doc, "proxy tables: fp4lab-train proxy", text).encode())
+        doc = replace_block(doc, "proxy tables: fp4lab-train proxy", text)
+        doc = replace_block(doc, "proxy paired: fp4lab-train proxy", proxy_paired_table(stats, pairs))
+        write_atomic(args.doc, doc.encode())
     else:
-        print(text)
+        print(text + "\n\n" + proxy_paired_table(stats, pairs))
     if args.figure:
         import matplotlib
         matplotlib.use("Agg")
@@ -422,5 +522,8 @@ def cmd_proxy(args):
         fig.savefig(args.figure + ".tmp.png", dpi=100)
         os.replace(args.figure + ".tmp.png", args.figure)
         plt.close(fig)
-    print(f"proxy: {len(traces)} traces x {len(studies)} studies" + (f" -> {args.doc}" if args.doc else "") +
+    if args.figure:
+        plot_proxy_pairs(traces=stats, pairs=pairs, path=args.figure.replace(".png", "_paired.png"))
+    print(f"proxy: {len(traces)} traces x {len(studies)} studies, {len(pairs)} paired effects" +
+          (f" -> {args.doc}" if args.doc else "") +
           (f", {args.figure}" if args.figure else ""))
