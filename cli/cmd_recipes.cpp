@@ -1,6 +1,8 @@
-// fp4lab recipes: what each operand of each training GEMM gets under every named recipe. Every row is
+// fp4lab recipes: what each operand of each training GEMM gets under every preset (and, with --ablations, every
+// ablation of the paper's study). Every row is
 // Recipe::preset(name).operand(pass, operand), so the table cannot disagree with what the other subcommands
 // quantise. docs/spec.md §2 holds the same table (--markdown prints it); tests/cli checks the two agree.
+#include <algorithm>
 #include <iostream>
 
 #include "commands.hpp"
@@ -23,15 +25,19 @@ const char* yes_no(bool b) { return b ? "yes" : "no"; }
 
 int cmd_recipes(const Invocation& inv) {
   po::options_description desc("fp4lab recipes options");
-  desc.add_options()("markdown", po::bool_switch(), "print the table as Markdown (the table of docs/spec.md §2)");
+  desc.add_options()("markdown", po::bool_switch(), "print the table as Markdown (the table of docs/spec.md §2)")(
+      "ablations", po::bool_switch(), "also the ablations of the paper's study, after the presets");
   add_common_options(desc);
   po::variables_map vm;
-  if (!parse_args(inv, desc, "[--markdown] [--json FILE|-]", vm)) return kExitOk;
+  if (!parse_args(inv, desc, "[--markdown] [--ablations] [--json FILE|-]", vm)) return kExitOk;
   const JsonOut json(vm);
   const bool markdown = vm["markdown"].as<bool>();
+  const std::vector<std::string>& names = vm["ablations"].as<bool>() ? Recipe::names() : Recipe::preset_names();
+  int width = 9;  // the recipe column: the presets' width, wider for the ablations' names
+  for (const std::string& n : names) width = std::max(width, int(n.size()) + 1);
 
   Json rows = Json::array();
-  for (const std::string& name : Recipe::preset_names()) {
+  for (const std::string& name : names) {
     const Recipe r = Recipe::preset(name);
     for (Pass p : kPasses)
       for (Operand o : {Operand::a, Operand::b}) {
@@ -60,10 +66,10 @@ int cmd_recipes(const Invocation& inv) {
                          yes_no(j["rht_bf16"].get<bool>()), s(j, "rounding").c_str());
     } else {
       std::cout << "what each operand of each training GEMM gets (C = A . B^T, blocks and RHT along K)\n";
-      std::cout << fmt("%-9s %-7s %-2s %-7s %-6s %5s %-6s %-6s %4s %-6s %-5s %s\n", "recipe", "pass", "op", "role",
-                       "grid", "block", "scale", "tile2d", "rht", "signs", "bf16", "rounding");
+      std::cout << fmt("%-*s %-7s %-2s %-7s %-6s %5s %-6s %-6s %4s %-6s %-5s %s\n", width, "recipe", "pass", "op",
+                       "role", "grid", "block", "scale", "tile2d", "rht", "signs", "bf16", "rounding");
       for (const Json& j : rows)
-        std::cout << fmt("%-9s %-7s %-2s %-7s %-6s %5d %-6s %-6s %4d %-6s %-5s %s\n", s(j, "recipe").c_str(),
+        std::cout << fmt("%-*s %-7s %-2s %-7s %-6s %5d %-6s %-6s %4d %-6s %-5s %s\n", width, s(j, "recipe").c_str(),
                          s(j, "pass").c_str(), s(j, "operand").c_str(), s(j, "role").c_str(),
                          s(j, "format").c_str(), j["block"].get<int>(), s(j, "scale").c_str(),
                          yes_no(j["tile2d"].get<bool>()), j["rht"].get<int>(), s(j, "rht_signs_kind").c_str(),
@@ -72,7 +78,7 @@ int cmd_recipes(const Invocation& inv) {
                    "rounded to BF16; rounding: rtne or sr, stochastic)\n";
     }
   }
-  json.write({{"recipes", Recipe::preset_names()}, {"operands", rows}});
+  json.write({{"recipes", names}, {"operands", rows}});
   return kExitOk;
 }
 

@@ -127,7 +127,9 @@ class Cli : public ::testing::Test {
       EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
       EXPECT_EQ(r.err.rfind(prefix(args), 0), 0u) << r.err;
       for (const auto& w : k.want) EXPECT_NE(r.err.find(expand(w)), std::string::npos) << "want '" << expand(w) << "' in " << r.err;
-      if (no_output) EXPECT_FALSE(std::filesystem::exists(path("o"))) << "an output was written despite the error";
+      if (no_output) {
+        EXPECT_FALSE(std::filesystem::exists(path("o"))) << "an output was written despite the error";
+      }
     }
   }
 
@@ -236,6 +238,35 @@ const json* find_row(const json& rows, const std::string& recipe, const std::str
   for (const json& j : rows)
     if (j["recipe"] == recipe && j["pass"] == pass && j["operand"] == op) return &j;
   return nullptr;
+}
+
+// --ablations adds the ablations' rows after the presets' own (unchanged); each checked against its name in
+// docs/spec.md §2 (what the ablation turns off or on), not against recipe.cpp.
+TEST_F(Cli, RecipesListsTheAblationsWhenAsked) {
+  const json presets = recipe_rows(run({"recipes", "--json", "-"}));
+  const json all = recipe_rows(run({"recipes", "--ablations", "--json", "-"}));
+  ASSERT_EQ(all.size(), Recipe::names().size() * 3 * 2);
+  for (size_t i = 0; i < presets.size(); ++i) EXPECT_EQ(all[i], presets[i]) << i;
+  const json* r = find_row(all, "ufp4-rht-none", "fwd_y", "A");
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ((*r)["rht"], 0);
+  EXPECT_EQ((*r)["format"], "e1m2");
+  r = find_row(all, "ufp4-rht-wgrad", "bwd_dw", "B");
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ((*r)["rht"], 16);
+  r = find_row(all, "ufp4-sr-grads", "bwd_dx", "B");
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ((*r)["rounding"], "sr");
+  r = find_row(all, "ufp4-sr-none", "bwd_dx", "A");
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ((*r)["rounding"], "rtne");
+  r = find_row(all, "e2m1-rht-all", "fwd_y", "A");
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ((*r)["format"], "e2m1");
+  EXPECT_EQ((*r)["rht"], 16);
+  const Result text = run({"recipes", "--ablations"});
+  EXPECT_EQ(text.code, 0);
+  EXPECT_NE(text.out.find("\nufp4-rht-fwd-wgrad  fwd_y   A  fwd_x   e1m2"), std::string::npos) << text.out;
 }
 
 TEST_F(Cli, RecipesListsWhatEachOperandGets) {
