@@ -49,14 +49,20 @@ def batches(vocab, batch, seq, device, seed):
         yield x.to(device, non_blocking=True)
 
 
-def run(args, recipe, mode, device, profile=False, compiled=False, monitor_every=0, steps=None):
+def setup(args, recipe, mode, device, capturable=False):
+    """The model (seed 0, blocks under the recipe), its AdamW and the data stream every row of a run starts from."""
     torch.manual_seed(0)
     cfg = {"d": args.d, "layers": args.layers, "heads": args.heads, "ffn": args.ffn, "seq": args.seq}
     model = build_model(cfg, args.vocab).to(device, torch.bfloat16)
     if recipe != "bf16":
         ft.convert(model, make_recipe(recipe, mode, seed=0), include=r"^blocks\.")
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=device.type == "cuda")
-    data = batches(args.vocab, args.batch, args.seq, device, seed=1)
+    fused = device.type == "cuda"
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=fused, **({"capturable": True} if capturable else {}))
+    return model, opt, batches(args.vocab, args.batch, args.seq, device, seed=1)
+
+
+def run(args, recipe, mode, device, profile=False, compiled=False, monitor_every=0, steps=None):
+    model, opt, data = setup(args, recipe, mode, device)
     times, losses = [], []
     prof = None
     mon = None
@@ -116,13 +122,7 @@ def run_graph(args, recipe, mode, device):
     quantisers read it on the device) and its batch copied into the captured input first; the timed span is the
     replay. (That a replay computes the eager step's bits is tested in tests/python/test_fp4lab_torch.py, on a model
     whose kernels are all deterministic; this model's attention backward is not.)"""
-    torch.manual_seed(0)
-    cfg = {"d": args.d, "layers": args.layers, "heads": args.heads, "ffn": args.ffn, "seq": args.seq}
-    model = build_model(cfg, args.vocab).to(device, torch.bfloat16)
-    if recipe != "bf16":
-        ft.convert(model, make_recipe(recipe, mode, seed=0), include=r"^blocks\.")
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=True, capturable=True)
-    data = batches(args.vocab, args.batch, args.seq, device, seed=1)
+    model, opt, data = setup(args, recipe, mode, device, capturable=True)
     static_x = next(data).clone()
 
     def step():

@@ -313,7 +313,7 @@ Workspaces& workspaces() {
 cudaStream_t as_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
 // The launch bindings of the torch layer (fp4lab.torch.ops) take device addresses (Tensor.data_ptr()) and shapes
-// that the layer has checked, not ndarrays: a torch tensor's DLPack export costs about 10 µs of Python, three per
+// that the layer has checked, not ndarrays: a torch tensor's DLPack export is a Python call of several µs, three per
 // quantiser call, on a path that runs hundreds of times a training step. The device is made current for the call.
 template <class T>
 T* device_ptr(uintptr_t p) { return reinterpret_cast<T*>(p); }

@@ -366,11 +366,6 @@ def proxy_stats(analysis_path):
     return out
 
 
-def proxy_sqnr(analysis_path):
-    """Mean GEMM-output SQNR (dB) per recipe over every GEMM and pass of `fp4lab analyze --recipe` output."""
-    return {rec: v["sqnr"] for rec, v in proxy_stats(analysis_path).items()}
-
-
 def proxy_pairs(runs):
     """The paired effects the proxy is held against: every comparison of two presets in final validation loss with
     at least two seeds (an interval), as (model, length, GEMM mode, PairResult)."""
