@@ -263,24 +263,30 @@ def test_committed_6000_step_runs():
     ms, mode, res = study(committed_runs(), "small", 6000)
     assert mode == "exact"
     v = res[("ufp4", "e2m1-ref", "val")]
-    # Seeds 0-2: the per-seed differences docs/training.md printed before the paired statistics existed; seed 3 came
-    # later (its runs' validation losses, rounded, 1.0757, 1.0357 and BF16's 1.0599: 100 * (1.0757 - 1.0357) / 1.0599
-    # = 3.77, 3.78 from the unrounded losses).
-    assert v.seeds == (0, 1, 2, 3) and [round(d, 2) for d in v.diffs] == [0.12, 0.76, 0.58, 3.78]
+    # Seeds 0-2: the per-seed differences docs/training.md printed before the paired statistics existed; seeds 3 and 4
+    # came later (their runs' validation losses, rounded: 1.0757, 1.0357, BF16 1.0599: 100 * (1.0757 - 1.0357) / 1.0599
+    # = 3.77, 3.78 from the unrounded losses; 1.1362, 1.1220, BF16 1.0344: 100 * 0.0142 / 1.0344 = 1.37, 1.38 unrounded).
+    assert v.seeds == (0, 1, 2, 3, 4) and [round(d, 2) for d in v.diffs] == [0.12, 0.76, 0.58, 3.78, 1.38]
     # Each is the difference of the two recipes' BF16-relative errors of that seed.
     rel = {(m["recipe"], m["seed"]): m["val_rel"] for m in ms if m["length"] == 6000 and "val_rel" in m}
     for s, d in zip(v.seeds, v.diffs):
         assert d == pytest.approx(rel[("ufp4", s)] - rel[("e2m1-ref", s)], abs=1e-12)
-    # By hand from the printed differences: mean 1.31, SD 1.668, SE 0.834, t(0.975, 3) = 3.182, half-width 2.65.
-    assert abs(v.stats.mean - 1.31) < 0.005 and abs(v.stats.half - 2.654) < 0.03
-    assert v.stats.kind == "undetected" and (v.stats.above, v.stats.below) == (4, 0)
+    # By hand from the printed differences: mean 6.62 / 5 = 1.324, squared deviations summing to 8.356, SD 1.445,
+    # SE 0.646, t(0.975, 4) = 2.776, half-width 1.79.
+    assert abs(v.stats.mean - 1.324) < 0.005 and abs(v.stats.half - 1.794) < 0.02
+    assert v.stats.kind == "undetected" and (v.stats.above, v.stats.below) == (5, 0)
     t = res[("ufp4", "e2m1-ref", "train")]
-    assert [round(d, 2) for d in t.diffs] == [0.23, 0.66, 0.90, 4.62] and t.stats.kind == "undetected"
-    # e2m1-ref below BF16 on all four seeds, by more than the interval's half-width.
+    assert [round(d, 2) for d in t.diffs] == [0.23, 0.66, 0.90, 4.62, 0.98] and t.stats.kind == "undetected"
+    # Seed 4 ends e2m1-ref 8.46 points above BF16, where seeds 0-3 ended below: no longer detected either way.
     e = res[("e2m1-ref", "bf16", "val")]
-    assert e.stats.kind != "undetected" and e.stats.mean < 0 and e.stats.mean + e.stats.half < 0
-    nv = res[("ufp4", "nvfp4", "val")]  # one nvfp4 run (seed 0): a difference, no interval
-    assert nv.seeds == (0,) and nv.stats.kind == "one" and nv.stats.half is None
+    assert e.stats.kind == "undetected" and (e.stats.above, e.stats.below) == (1, 4)
+    # nvfp4: seeds 0-2, below BF16 on each, by more than the interval's half-width.
+    nb = res[("nvfp4", "bf16", "val")]
+    assert nb.seeds == (0, 1, 2) and nb.stats.mean < 0 and nb.stats.mean + nb.stats.half < 0
+    nv = res[("ufp4", "nvfp4", "val")]
+    assert nv.seeds == (0, 1, 2) and nv.stats.kind == "undetected" and (nv.stats.above, nv.stats.below) == (3, 0)
+    mx = res[("ufp4", "mxfp4", "val")]  # one mxfp4 run (seed 0): a difference, no interval
+    assert mx.seeds == (0,) and mx.stats.kind == "one" and mx.stats.half is None
 
 
 def test_committed_one_seed_study_gets_no_interval():
@@ -364,7 +370,7 @@ def test_proxy_against_the_committed_paired_effects():
     pairs = st.report.proxy_pairs(committed_runs())
     assert [(m, n, p.a, p.b, p.stats.n) for m, n, _, p in pairs] == [
         ("small", 1500, "ufp4", "e2m1-ref", 3), ("small", 3000, "ufp4", "e2m1-ref", 2),
-        ("small", 6000, "ufp4", "e2m1-ref", 4)]
+        ("small", 6000, "ufp4", "e2m1-ref", 5), ("small", 6000, "ufp4", "nvfp4", 3)]
     path = os.path.join(ROOT, "docs", "results", "analysis-doc-lm.json")
     stats = st.report.proxy_stats(path)
     rows = json.load(open(path))["gemms"]
@@ -373,12 +379,13 @@ def test_proxy_against_the_committed_paired_effects():
         xs = [r[field] for r in rows if r.get("recipe") == rec and (pass_ is None or r["pass"] == pass_)]
         return sum(xs) / len(xs)
 
-    for rec in ("ufp4", "e2m1-ref"):
+    for rec in ("ufp4", "e2m1-ref", "nvfp4"):
         assert stats[rec] == {"sqnr": mean(rec, "sqnr_db"), "sqnr_dw": mean(rec, "sqnr_db", "bwd_dw"),
                               "eta": mean(rec, "eta")}
     table = st.report.proxy_paired_table([("doc-lm", stats)], pairs)
-    last = table.splitlines()[-1]
-    d = stats["ufp4"]["sqnr"] - stats["e2m1-ref"]["sqnr"]
-    assert last.startswith("| small, 6000 steps (exact) | `ufp4` − `e2m1-ref` | 4 | +1.31 (-1.35 to +3.96) | ")
-    assert f"{d:+.2f} / " in last and d > 0
-    assert last.endswith("| not decided (the interval holds 0); SQNR favours ufp4 on every trace |")
+    rows6000 = table.splitlines()[-2:]
+    for row, b, head in zip(rows6000, ("e2m1-ref", "nvfp4"), ("5 | +1.32 (-0.47 to +3.12)", "3 | +4.07 (-4.72 to +12.86)")):
+        d = stats["ufp4"]["sqnr"] - stats[b]["sqnr"]
+        assert row.startswith(f"| small, 6000 steps (exact) | `ufp4` − `{b}` | {head} | ")
+        assert f"{d:+.2f} / " in row and d > 0
+        assert row.endswith("| not decided (the interval holds 0); SQNR favours ufp4 on every trace |")

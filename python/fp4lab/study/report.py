@@ -243,7 +243,9 @@ def plot(runs, path_prefix):
     import matplotlib.pyplot as plt
     written = []
     colors = {n: f"C{i}" for i, n in enumerate(CORE + [a for a in ABLATIONS if a not in CORE])}
-    seed_style = ["-", ":", "--", "-."]  # one line style per seed, so the seeds of one recipe can be told apart
+    # One line style per seed, so the seeds of one recipe can be told apart (five: solid, dotted, dashed, dash-dot,
+    # dash-dot-dot).
+    seed_style = ["-", ":", "--", "-.", (0, (6, 2, 1, 2, 1, 2))]
     for model, length in groups(runs):
         rs = [r for r in runs if r["model"] == model and r["config"]["steps"] == length]
         bf = {r["seed"]: r for r in rs if r["recipe"] == "bf16"}
@@ -259,12 +261,13 @@ def plot(runs, path_prefix):
             w = max(1, len(r["train_loss"]) // 20)  # moving mean over 5% of the run
             d = [100 * (x - y) / y for x, y in zip(r["train_loss"], ref["train_loss"])]
             sm = [sum(d[i - w + 1: i + 1]) / w for i in range(w - 1, len(d))]
-            a.plot(r["steps"][w - 1:], sm, seed_style[r["seed"] % len(seed_style)], color=colors.get(r["recipe"], "k"),
+            a.plot(r["steps"][w - 1:], sm, linestyle=seed_style[r["seed"] % len(seed_style)],
+                   color=colors.get(r["recipe"], "k"),
                    label=f"{r['recipe']} s{r['seed']}")
 
         for r in rs:
             if r["recipe"] in CORE:
-                ax[0].plot(r["val_steps"], r["val_loss"], seed_style[r["seed"] % len(seed_style)], marker=".",
+                ax[0].plot(r["val_steps"], r["val_loss"], linestyle=seed_style[r["seed"] % len(seed_style)], marker=".",
                            color=colors[r["recipe"]], label=f"{r['recipe']} s{r['seed']}")
                 if panels > 1:
                     rel_curve(ax[1], r)
