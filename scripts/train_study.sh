@@ -39,7 +39,7 @@ fi
 export PYTHONPATH=$pp
 ngpu=$(nvidia-smi -L | wc -l)
 nvidia-smi --query-gpu=index,name,clocks.max.sm --format=csv,noheader
-run_name() { python3 -m fp4lab.study name "$1"; }  # SPEC: the one naming rule, the study's
+run_name() { python3 -m fp4lab.study name --data "$DATA" "$1"; }  # SPEC: the one naming rule, the study's
 run_one() {  # GPU SPEC
   local size recipe mode seed steps extra name
   IFS=: read -r size recipe mode seed steps extra <<<"$2"

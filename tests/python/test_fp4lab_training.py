@@ -96,6 +96,49 @@ def test_corpus_from_installed_tree_and_from_deb(tmp_path):
     assert r.returncode != 0 and "no linux-doc" in r.stderr
 
 
+def test_second_corpus_python_doc(tmp_path):
+    # The Python documentation's package keeps its pages under usr/share/doc/python3.<minor>/html/_sources, as
+    # Sphinx writes them: the same files give the same split, and corpus.json names the corpus.
+    make_tree(tmp_path / "root", pkg="python3.99")
+    make_tree(tmp_path / "root", pkg="linux-doc-9.9")
+    r = py("corpus", "--root", str(tmp_path / "root"), "--corpus", "python-doc", str(tmp_path / "a"))
+    assert r.returncode == 0, r.stderr
+    check_corpus(tmp_path / "a")
+    meta = json.load(open(tmp_path / "a" / "corpus.json"))
+    assert meta["corpus"] == "python-doc" and meta["package"] == "python3.99"
+    assert st.corpus_name(str(tmp_path / "a")) == "python-doc"
+    r = py("corpus", "--root", str(tmp_path / "root"), str(tmp_path / "l"))  # the default: linux-doc
+    assert r.returncode == 0 and json.load(open(tmp_path / "l" / "corpus.json"))["corpus"] == "linux-doc"
+    pkg = tmp_path / "pkg"
+    make_tree(pkg, pkg="python3.99")
+    os.makedirs(pkg / "DEBIAN")
+    (pkg / "DEBIAN" / "control").write_text("Package: python3.99-doc\nVersion: 3.99.1-1\nArchitecture: all\n"
+                                           "Maintainer: t <t@example.org>\nDescription: test\n")
+    deb = tmp_path / "python3.99-doc_3.99.1-1_all.deb"
+    subprocess.run(["dpkg-deb", "-Zxz", "--build", str(pkg), str(deb)], check=True, capture_output=True)
+    r = py("corpus", "--deb", str(deb), str(tmp_path / "b"))
+    assert r.returncode == 0, r.stderr
+    check_corpus(tmp_path / "b")
+    assert json.load(open(tmp_path / "b" / "corpus.json"))["corpus"] == "python-doc"
+    # A package of no corpus, and a corpus not installed, are refused naming the file or folder.
+    other = tmp_path / "perl-doc_5.36_all.deb"
+    shutil.copy(deb, other)
+    r = py("corpus", "--deb", str(other), str(tmp_path / "c"))
+    assert r.returncode != 0 and str(other) in r.stderr and "none of the corpora" in r.stderr
+    r = py("corpus", "--root", str(tmp_path / "nothing"), "--corpus", "python-doc", str(tmp_path / "c"))
+    assert r.returncode != 0 and "no python-doc package installed" in r.stderr
+    # A run names its corpus in its JSON and, for a corpus other than the first, in its name; a corpus.json written
+    # before corpora had names is read by its package.
+    assert py("name", "--data", str(tmp_path / "b"), "small:ufp4:exact:3:6000").stdout.split() == [
+        "small-ufp4-exact-s3-6000-python-doc"]
+    assert py("name", "--data", str(tmp_path / "l"), "small:ufp4:exact:3:6000").stdout.split() == [
+        "small-ufp4-exact-s3-6000"]
+    old = json.load(open(tmp_path / "l" / "corpus.json"))
+    del old["corpus"]
+    (tmp_path / "l" / "corpus.json").write_text(json.dumps(old))
+    assert st.corpus_name(str(tmp_path / "l")) == "linux-doc"
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     """Real English text: this repository's docs for training, its README for validation."""
@@ -118,6 +161,7 @@ def test_training_runs_reproducible_with_the_documented_json(data, tmp_path):
     a = train(data, tmp_path / "a.json", "ufp4")
     b = train(data, tmp_path / "b.json", "ufp4")
     assert RUN_KEYS <= set(a)
+    assert a["corpus"] == os.path.basename(str(data))  # text not made by `corpus`: named by its folder
     assert a["train_loss"] == b["train_loss"] and a["val_loss"] == b["val_loss"]  # bit for bit on the CPU
     assert a["steps"] == list(range(1, 13)) and a["val_steps"] == [6, 12] and len(a["train_loss"]) == 12
     assert a["recipe"] == "ufp4" and a["gemm_mode"] == "exact" and a["diverged"] is None

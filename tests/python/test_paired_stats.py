@@ -368,9 +368,9 @@ def test_proxy_against_the_committed_paired_effects():
     # The pairs with an interval in the committed runs, and the trace statistics' differences A - B, each mean
     # recomputed here from the analysis JSON's GEMM rows.
     pairs = st.report.proxy_pairs(committed_runs())
-    assert [(m, n, p.a, p.b, p.stats.n) for m, n, _, p in pairs] == [
-        ("small", 1500, "ufp4", "e2m1-ref", 3), ("small", 3000, "ufp4", "e2m1-ref", 2),
-        ("small", 6000, "ufp4", "e2m1-ref", 5), ("small", 6000, "ufp4", "nvfp4", 3)]
+    assert [(s, p.a, p.b, p.stats.n) for s, _, p in pairs] == [
+        ("small, 1500 steps", "ufp4", "e2m1-ref", 3), ("small, 3000 steps", "ufp4", "e2m1-ref", 2),
+        ("small, 6000 steps", "ufp4", "e2m1-ref", 5), ("small, 6000 steps", "ufp4", "nvfp4", 3)]
     path = os.path.join(ROOT, "docs", "results", "analysis-doc-lm.json")
     stats = st.report.proxy_stats(path)
     rows = json.load(open(path))["gemms"]
@@ -389,3 +389,43 @@ def test_proxy_against_the_committed_paired_effects():
         assert row.startswith(f"| small, 6000 steps (exact) | `ufp4` − `{b}` | {head} | ")
         assert f"{d:+.2f} / " in row and d > 0
         assert row.endswith("| not decided (the interval holds 0); SQNR favours ufp4 on every trace |")
+
+
+def test_a_second_corpus_is_a_study_of_its_own():
+    # The committed small 1500-step runs, and the same runs again as if made on the second corpus with every loss
+    # 0.5 higher and ufp4's 0.05 higher still: the report keeps the corpora apart (each FP4 run against the BF16 run
+    # of its own corpus and seed) and names the corpus once there are two.
+    first = [r for r in committed_runs() if r["model"] == "small" and r["config"]["steps"] == 1500]
+    second = []
+    for r in first:
+        s = json.loads(json.dumps(r))
+        s["corpus"], s["name"] = "python-doc", r["name"] + "-python-doc"
+        bump = 0.5 + (0.05 if r["recipe"] == "ufp4" else 0.0)
+        s["val_loss"] = [v + bump for v in r["val_loss"]]
+        s["train_loss"] = [v + bump for v in r["train_loss"]]
+        second.append(s)
+    assert st.groups(first) == [("small", 1500, "linux-doc")]  # runs that name no corpus were made on the first
+    runs = first + second
+    assert st.groups(runs) == [("small", 1500, "linux-doc"), ("small", 1500, "python-doc")]
+    ms = st.metrics(runs)
+    by = {(m["corpus"], m["recipe"], m["seed"]): m for m in ms}
+    for seed in range(3):
+        m, bf = by[("python-doc", "ufp4", seed)], by[("python-doc", "bf16", seed)]
+        assert m["val_rel"] == 100 * (m["val"] - bf["val"]) / bf["val"]
+        assert by[("linux-doc", "ufp4", seed)]["val_rel"] == next(
+            x for x in st.metrics(first) if x["recipe"] == "ufp4" and x["seed"] == seed)["val_rel"]
+    # The first corpus's comparisons are those of its runs alone.
+    alone = {(p.a, p.b, p.measure): p.diffs for _, res in st.paired(st.metrics(first), "small", 1500) for p in res}
+    with_second = {(p.a, p.b, p.measure): p.diffs for _, res in st.paired(ms, "small", 1500, "linux-doc") for p in res}
+    assert alone == with_second
+    (_, res), = st.paired(ms, "small", 1500, "python-doc")
+    v = next(p for p in res if (p.a, p.b, p.measure) == ("ufp4", "e2m1-ref", "val"))
+    assert v.seeds == (0, 1, 2) and v.stats.kind == "worse"  # the 0.05 on every seed outweighs the seeds' spread
+    text = st.tables(runs)
+    assert "### small, linux-doc corpus: " in text and "### small, python-doc corpus: " in text
+    status = st.status(runs)
+    assert "**small, 1500 steps, linux-doc: ufp4 vs e2m1-ref" in status
+    assert "**small, 1500 steps, python-doc: ufp4 vs e2m1-ref over 3 seeds: ufp4 trained worse" in status
+    assert [s["corpus"] for s in st.paired_json(runs)["studies"]] == ["linux-doc", "python-doc"]
+    # One corpus alone is not named.
+    assert "### small: " in st.tables(first) and "linux-doc" not in st.status(first)

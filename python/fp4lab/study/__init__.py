@@ -6,12 +6,15 @@ Every run of one model size starts from the same initialisation and sees the sam
 the arithmetic of the blocks' linear layers changes (fp4lab.torch.convert; the embedding and the output head stay
 BF16). docs/training.md reports the results; docs/spec.md §12 defines the metric.
 
-  corpus  Extracts the English reStructuredText sources of the Linux kernel documentation (about 25 MB of English
-          prose, GPL-2.0) from the Debian package linux-doc-<version>, installed or as a .deb file, into byte
-          token files (vocabulary = 256 bytes) with a held-out validation split (every file whose path's CRC-32
-          is 0 mod 20):
+  corpus  Extracts the English reStructuredText page sources of Sphinx-built documentation from a Debian package,
+          installed or as a .deb file, into byte token files (vocabulary = 256 bytes) with a held-out validation
+          split (every file whose path's CRC-32 is 0 mod 20). Two corpora: `linux-doc`, the Linux kernel
+          documentation (linux-doc-<version>, about 25 MB of English prose, GPL-2.0), the study's first; and
+          `python-doc`, the Python documentation (python3.<minor>-doc, about 11 MB, PSF licence), its second:
             apt-get download linux-doc-6.12      # or apt-get install linux-doc-6.12
             fp4lab-train corpus --deb linux-doc-6.12_*.deb data/linux-doc
+            apt-get download python3.11-doc
+            fp4lab-train corpus --deb python3.11-doc_*.deb data/python-doc
   train   One run; writes its JSON (the fields of docs/results/training.json's runs) when it completes:
             fp4lab-train train --data data/linux-doc --size small --recipe ufp4 --out runs/x.json
   report  Merges run files into docs/results/training.json, writes the paired comparisons of the recipes
@@ -25,7 +28,7 @@ Modules: model (decoder, sizes, recipes), corpus, train (one run), report (table
 figures, proxy), cli (`fp4lab-train`), tiny_lm (the decoder that made the bundled trace workloads/tiny-lm).
 Run the commands from the repository root: report and proxy read and write docs/ there by default.
 """
-from .corpus import cmd_corpus, write_atomic  # noqa: F401
+from .corpus import CORPORA, DEFAULT_CORPUS, cmd_corpus, corpus_name, write_atomic  # noqa: F401
 from .model import RECIPES, SIZES, build_model, make_recipe  # noqa: F401
 from .report import (ABLATIONS, CORE, PRESETS, groups, metrics, noise_band, paired, paired_json,  # noqa: F401
                      replace_block, status, tables, verdict)

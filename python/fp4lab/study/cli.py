@@ -3,7 +3,7 @@ import argparse
 import sys
 
 from . import __doc__ as DOC
-from .corpus import cmd_corpus
+from .corpus import CORPORA, DEFAULT_CORPUS, cmd_corpus, corpus_name
 from .model import RECIPES, SIZES
 from .report import PRESETS, cmd_proxy, cmd_report
 from .train import EXIT_CONTINUE, cmd_train, run_name
@@ -13,10 +13,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="fp4lab-train", description=DOC,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("corpus", help="extract the token files from the linux-doc package")
+    c = sub.add_parser("corpus", help="extract the token files from a documentation package ("
+                       + ", ".join(CORPORA) + ")")
     g = c.add_mutually_exclusive_group()
-    g.add_argument("--deb", help="a linux-doc-<version>_*.deb file")
+    g.add_argument("--deb", help="a package file: " + "; ".join(f"{n}: {CORPORA[n][0]}_*.deb" for n in CORPORA))
     g.add_argument("--root", default="/", help="the root of an installed system (default /)")
+    c.add_argument("--corpus", choices=list(CORPORA), default=DEFAULT_CORPUS,
+                   help="with --root: which installed package (default %(default)s); a .deb names its own")
     c.add_argument("out", help="output folder")
     t = sub.add_parser("train", help="one training run")
     t.add_argument("--data", required=True)
@@ -67,6 +70,7 @@ def main(argv=None):
     sub.add_parser("recipes", help="list the recipes")
     n = sub.add_parser("name", help="the run name of each scripts/train_study.sh run spec")
     n.add_argument("specs", nargs="+", metavar="SIZE:RECIPE:MODE:SEED:STEPS[:EXTRA ARGS]")
+    n.add_argument("--data", help="the runs' training data (a corpus other than the first adds its name)")
     args = ap.parse_args(argv)
     if args.cmd == "corpus":
         cmd_corpus(args)
@@ -78,7 +82,8 @@ def main(argv=None):
             ap.error("--steps, --eval-every, --log-every and --eval-windows must be positive")
         if args.time_limit is not None and (not args.checkpoint or not args.time_limit > 0):
             ap.error("--time-limit needs --checkpoint and a positive number of seconds")
-        args.name = args.name or run_name(args.size, args.recipe, args.mode, args.seed, args.steps)
+        args.name = args.name or run_name(args.size, args.recipe, args.mode, args.seed, args.steps,
+                                          corpus_name(args.data))
         cmd_train(args)
     elif args.cmd == "report":
         cmd_report(args)
@@ -89,7 +94,7 @@ def main(argv=None):
             f = spec.split(":", 5)
             if len(f) < 5:
                 ap.error(f"{spec}: not SIZE:RECIPE:MODE:SEED:STEPS[:EXTRA ARGS]")
-            print(run_name(*f[:5]))
+            print(run_name(*f[:5], corpus=corpus_name(args.data) if args.data else DEFAULT_CORPUS))
     else:
         for n, what in RECIPES.items():
             print(f"{n:20s} {what}")

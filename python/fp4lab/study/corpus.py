@@ -1,13 +1,27 @@
-"""The study's corpus: the English reStructuredText sources of the Linux kernel documentation, as byte tokens."""
+"""The study's corpora, as byte tokens: the English reStructuredText page sources of Sphinx-built documentation from
+Debian packages (the Linux kernel's, the default, and Python's), which keep each page's source in html/_sources/."""
 import hashlib
 import io
 import json
 import os
+import re
 import tarfile
 import tempfile
 import zlib
 
-SOURCES = "usr/share/doc/{pkg}/html/_sources/"
+# name -> (Debian package name, its folder under usr/share/doc, what the text is). The corpus is found by the
+# package name of a .deb, or by --corpus among the packages installed under a root.
+CORPORA = {
+    "linux-doc": (r"linux-doc-[0-9][0-9.]*", r"linux-doc-[0-9][0-9.]*", "the Linux kernel documentation"),
+    "python-doc": (r"python3\.[0-9]+-doc", r"python3\.[0-9]+", "the Python documentation"),
+}
+DEFAULT_CORPUS = "linux-doc"  # the corpus of runs whose JSON names none (made before a second corpus existed)
+_SOURCES = re.compile(r"usr/share/doc/([^/]+)/html/_sources/(.+)")
+
+
+def corpus_of_package(pkg: str):
+    """The corpus a Debian package name belongs to, or None."""
+    return next((name for name, (deb, _, _) in CORPORA.items() if re.fullmatch(deb, pkg)), None)
 
 
 def _deb_data_tar(path: str) -> tarfile.TarFile:
@@ -39,26 +53,33 @@ def _is_english_source(rel: str) -> bool:
 
 
 def _collect(args):
-    """(package, version, {relative path: bytes}) from a .deb or an installed tree."""
+    """(corpus, package, version, {relative path: bytes}) from a .deb or an installed tree."""
     files = {}
     if args.deb:
         base = os.path.basename(args.deb)
         pkg, version = (base.split("_") + ["", ""])[:2]
-        with _deb_data_tar(args.deb) as tar:
+        corpus = corpus_of_package(pkg)
+        with _deb_data_tar(args.deb) as tar:  # a file that is no package at all is named as such first
+            if corpus is None:
+                raise SystemExit(f"{args.deb}: package {pkg!r} is none of the corpora's ("
+                                 + ", ".join(f"{n}: {CORPORA[n][0]}" for n in CORPORA) + ")")
             for m in tar.getmembers():
                 name = m.name[2:] if m.name.startswith("./") else m.name
-                prefix = SOURCES.format(pkg=pkg)
-                if m.isfile() and name.startswith(prefix) and _is_english_source(name[len(prefix):]):
-                    files[name[len(prefix):]] = tar.extractfile(m).read()
+                s = _SOURCES.fullmatch(name)
+                if m.isfile() and s and re.fullmatch(CORPORA[corpus][1], s.group(1)) and _is_english_source(s.group(2)):
+                    files[s.group(2)] = tar.extractfile(m).read()
     else:
+        corpus = getattr(args, "corpus", None) or DEFAULT_CORPUS
+        _, folder, what = CORPORA[corpus]
         root = args.root
         docs = os.path.join(root, "usr/share/doc")
-        pkgs = sorted(d for d in os.listdir(docs) if d.startswith("linux-doc-")) if os.path.isdir(docs) else []
+        pkgs = sorted(d for d in os.listdir(docs) if re.fullmatch(folder, d)
+                      and os.path.isdir(os.path.join(docs, d, "html/_sources"))) if os.path.isdir(docs) else []
         if not pkgs:
-            raise SystemExit(f"{docs}: no linux-doc-<version> package installed (apt-get install linux-doc-6.12, or "
-                             "pass --deb)")
+            raise SystemExit(f"{docs}: no {corpus} package installed ({what}: usr/share/doc/{folder}/html/_sources; "
+                             "install it, or pass --deb)")
         pkg, version = pkgs[-1], "installed"
-        src = os.path.join(root, SOURCES.format(pkg=pkg))
+        src = os.path.join(docs, pkg, "html/_sources")
         for dp, _, fns in os.walk(src):
             for fn in fns:
                 rel = os.path.relpath(os.path.join(dp, fn), src)
@@ -67,7 +88,7 @@ def _collect(args):
                         files[rel] = f.read()
     if not files:
         raise SystemExit(f"{args.deb or args.root}: no English .rst.txt sources found")
-    return pkg, version, files
+    return corpus, pkg, version, files
 
 
 def write_atomic(path: str, data: bytes) -> None:
@@ -84,13 +105,13 @@ def write_atomic(path: str, data: bytes) -> None:
 
 
 def cmd_corpus(args):
-    pkg, version, files = _collect(args)
+    corpus, pkg, version, files = _collect(args)
     train, val = [], []
     for rel in sorted(files):
         (val if zlib.crc32(rel.encode()) % 20 == 0 else train).append(files[rel])
     sep = b"\n\n"
     blobs = {"train.bin": sep.join(train), "val.bin": sep.join(val)}
-    meta = {"package": pkg, "version": version, "files": {"train": len(train), "val": len(val)},
+    meta = {"corpus": corpus, "package": pkg, "version": version, "files": {"train": len(train), "val": len(val)},
             "bytes": {k[:-4]: len(v) for k, v in blobs.items()},
             "sha256": {k[:-4]: hashlib.sha256(v).hexdigest() for k, v in blobs.items()},
             "split": "validation = files whose relative path has CRC-32 = 0 mod 20; files joined by a blank line",
@@ -98,5 +119,19 @@ def cmd_corpus(args):
     for k, v in blobs.items():
         write_atomic(os.path.join(args.out, k), v)
     write_atomic(os.path.join(args.out, "corpus.json"), (json.dumps(meta, indent=1) + "\n").encode())
-    print(f"{pkg} {version}: {len(train)} train files ({meta['bytes']['train']:,} bytes), {len(val)} validation "
-          f"files ({meta['bytes']['val']:,} bytes) -> {args.out}")
+    print(f"{corpus}: {pkg} {version}: {len(train)} train files ({meta['bytes']['train']:,} bytes), {len(val)} "
+          f"validation files ({meta['bytes']['val']:,} bytes) -> {args.out}")
+
+
+def corpus_name(data: str) -> str:
+    """The corpus of a training-data folder: the name in the corpus.json `fp4lab-train corpus` wrote (one written
+    before corpora had names, by its package), or else the folder's own name (text not made by that command)."""
+    try:
+        with open(os.path.join(data, "corpus.json")) as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        return os.path.basename(os.path.normpath(os.path.abspath(data)))
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"{os.path.join(data, 'corpus.json')}: {e}") from None
+    name = meta.get("corpus") if isinstance(meta, dict) else None
+    return name or corpus_of_package(str(meta.get("package", ""))) or os.path.basename(os.path.normpath(data))

@@ -5,7 +5,7 @@ import os
 
 from .. import ABLATIONS as _ABLATIONS
 from .. import paired as pm
-from .corpus import write_atomic
+from .corpus import DEFAULT_CORPUS, write_atomic
 from .model import SIZES
 
 CORE = ["bf16", "nvfp4", "mxfp4", "e2m1-ref", "ufp4"]
@@ -29,25 +29,43 @@ def _stats(xs):
     return mean, sd
 
 
+def corpus_of(run):
+    """A run's corpus; runs made before the second corpus name none, and were made on the first."""
+    return run.get("corpus") or DEFAULT_CORPUS
+
+
+def study_label(model, length, corpus, named):
+    """"small, 6000 steps", and ", linux-doc" where the runs hold more than one corpus (`named`)."""
+    return f"{model}, {length} steps" + (f", {corpus}" if named else "")
+
+
+def _named(ms):
+    """Whether the corpus must be named: the runs (as metrics) hold more than one."""
+    return len({m["corpus"] for m in ms}) > 1
+
+
 def groups(runs):
-    """The studies among the runs: (model, training length in steps), each compared only within itself, since
-    the learning-rate schedule spans the whole length."""
+    """The studies among the runs: (model, training length in steps, corpus), each compared only within itself,
+    since the learning-rate schedule spans the whole length and a corpus is its own data; the first corpus's
+    studies first."""
     order = {n: i for i, n in enumerate(SIZES)}
-    return sorted({(r["model"], r["config"]["steps"]) for r in runs}, key=lambda g: (order[g[0]], g[1]))
+    return sorted({(r["model"], r["config"]["steps"], corpus_of(r)) for r in runs},
+                  key=lambda g: (g[2] != DEFAULT_CORPUS, g[2], order[g[0]], g[1]))
 
 
 def metrics(runs):
     """Per run: final validation loss, last-10% training loss, and both relative to the BF16 run of the same
-    model, length and seed (same initialisation and batches; docs/spec.md §12), in %."""
-    bf = {(r["model"], r["config"]["steps"], r["seed"]): r for r in runs if r["recipe"] == "bf16"}
+    model, length, corpus and seed (same initialisation and batches; docs/spec.md §12), in %."""
+    bf = {(r["model"], r["config"]["steps"], corpus_of(r), r["seed"]): r for r in runs if r["recipe"] == "bf16"}
     out = []
     for r in runs:
-        m = {"name": r["name"], "model": r["model"], "length": r["config"]["steps"], "recipe": r["recipe"],
+        m = {"name": r["name"], "model": r["model"], "length": r["config"]["steps"], "corpus": corpus_of(r),
+             "recipe": r["recipe"],
              "gemm_mode": r["gemm_mode"], "seed": r["seed"],
              "val": r["val_loss"][-1] if r["val_loss"] else float("nan"),
              "train": tail_mean(r), "tokens_per_s": r["tokens_per_s"], "steps": len(r["steps"]),
              "concurrent": r.get("concurrent_runs", 1), "diverged": r.get("diverged")}
-        ref = bf.get((r["model"], m["length"], r["seed"]))
+        ref = bf.get((r["model"], m["length"], m["corpus"], r["seed"]))
         if ref is not None and r["recipe"] != "bf16" and len(ref["steps"]) == len(r["steps"]):
             m["val_rel"] = 100 * (m["val"] - ref["val_loss"][-1]) / ref["val_loss"][-1]
             m["train_rel"] = 100 * (m["train"] - tail_mean(ref)) / tail_mean(ref)
@@ -55,9 +73,13 @@ def metrics(runs):
     return out
 
 
-def noise_band(ms, model, length):
+def _in(m, model, length, corpus):
+    return m["model"] == model and m["length"] == length and m["corpus"] == corpus
+
+
+def noise_band(ms, model, length, corpus=DEFAULT_CORPUS):
     """The BF16 seed-to-seed spread: (max − min) / mean of the BF16 runs' loss, in %, per measure."""
-    b = [m for m in ms if m["model"] == model and m["length"] == length and m["recipe"] == "bf16"]
+    b = [m for m in ms if _in(m, model, length, corpus) and m["recipe"] == "bf16"]
     if len(b) < 2:
         return None
     band = {}
@@ -76,14 +98,16 @@ def tables(runs) -> str:
     ms = metrics(runs)
     order = {n: i for i, n in enumerate(CORE + ABLATIONS)}
     lines = []
-    for model, length in groups(runs):
-        rs = [m for m in ms if m["model"] == model and m["length"] == length]
-        r0 = next(r for r in runs if r["model"] == model and r["config"]["steps"] == length)
+    for model, length, corpus in groups(runs):
+        rs = [m for m in ms if _in(m, model, length, corpus)]
+        r0 = next(r for r in runs
+                  if r["model"] == model and r["config"]["steps"] == length and corpus_of(r) == corpus)
         c = r0["config"]
-        band = noise_band(ms, model, length)
-        lines += [f"### {model}: {r0['block_params'] / 1e6:.1f}M parameters in the blocks ({r0['params'] / 1e6:.1f}M "
-                  f"in all), d {c['d']}, {c['layers']} layers, sequence {c['seq']}, batch {c['batch']}, "
-                  f"{c['steps']} steps ({c['steps'] * c['seq'] * c['batch'] / 1e6:.1f}M tokens)", "",
+        band = noise_band(ms, model, length, corpus)
+        on = f", {corpus} corpus" if _named(ms) else ""
+        lines += [f"### {model}{on}: {r0['block_params'] / 1e6:.1f}M parameters in the blocks "
+                  f"({r0['params'] / 1e6:.1f}M in all), d {c['d']}, {c['layers']} layers, sequence {c['seq']}, "
+                  f"batch {c['batch']}, {c['steps']} steps ({c['steps'] * c['seq'] * c['batch'] / 1e6:.1f}M tokens)", "",
                   "Per recipe, the mean over its seeds of the BF16-relative loss error (each seed against the BF16 "
                   "run of the same seed), and the BF16 seed-to-seed spread for context:", "",
                   "| recipe | GEMMs | seeds | Δ val loss %, mean (per seed) | Δ train loss % (last 10%), mean "
@@ -110,23 +134,23 @@ def tables(runs) -> str:
                          f"{m['val']:.4f} | {_fmt(m.get('val_rel'), '+.2f')} | {m['train']:.4f} | "
                          f"{_fmt(m.get('train_rel'), '+.2f')} | {m['tokens_per_s']:,.0f} | {m['concurrent']} |")
         lines.append("")
-        studies = paired(ms, model, length)
+        studies = paired(ms, model, length, corpus)
         for mode, results in studies:
             lines += paired_table(results, band, mode if len(studies) > 1 else None)
-        lines += [verdict(ms, model, length), ""]
+        lines += [verdict(ms, model, length, corpus), ""]
     return "\n".join(lines)
 
 
 MEASURES = (("val", "final validation loss"), ("train", "training loss over the last 10%"))
 
 
-def paired(ms, model, length):
+def paired(ms, model, length, corpus=DEFAULT_CORPUS):
     """The paired comparisons of one study (fp4lab.paired): [(GEMM mode, [PairResult, ...])], one entry per GEMM
     mode of its FP4 runs, each against the BF16 runs of the study. Only runs that reached their last step take
     part (a stopped run has no final loss)."""
     order = {n: i for i, n in enumerate(CORE + ABLATIONS)}
-    rs = sorted((m for m in ms if m["model"] == model and m["length"] == length and m["steps"] == length
-                 and not m["diverged"]), key=lambda m: (order.get(m["recipe"], 99), m["recipe"], m["seed"]))
+    rs = sorted((m for m in ms if _in(m, model, length, corpus) and m["steps"] == length and not m["diverged"]),
+                key=lambda m: (order.get(m["recipe"], 99), m["recipe"], m["seed"]))
     modes = sorted({m["gemm_mode"] for m in rs if m["recipe"] != "bf16"})
     losses = {}
     for mode in modes:
@@ -171,10 +195,10 @@ def paired_json(runs) -> dict:
     """Every study's paired comparisons as docs/results/training-paired.json holds them."""
     ms = metrics(runs)
     studies = []
-    for model, length in groups(runs):
-        band = noise_band(ms, model, length)
-        for mode, results in paired(ms, model, length):
-            studies.append({"model": model, "length": length, "gemm_mode": mode,
+    for model, length, corpus in groups(runs):
+        band = noise_band(ms, model, length, corpus)
+        for mode, results in paired(ms, model, length, corpus):
+            studies.append({"model": model, "length": length, "corpus": corpus, "gemm_mode": mode,
                             "bf16_spread_pct": None if band is None else {k: band[k] for k in ("val", "train")},
                             "bf16_seeds": None if band is None else band["seeds"],
                             "pairs": [p.as_dict() for p in results]})
@@ -186,18 +210,19 @@ _CLAIM = {"worse": "ufp4 trained worse than e2m1-ref", "better": "ufp4 trained b
           "one": "one seed, not decided", "none": "not paired"}
 
 
-def verdict(ms, model, length) -> str:
+def verdict(ms, model, length, corpus=DEFAULT_CORPUS) -> str:
     """ufp4 against e2m1-ref in one study, from the paired statistics of fp4lab.paired: the 95% interval of the
     per-seed differences decides, on each measure; the BF16 seed-to-seed spread is quoted as context."""
-    study = f"{model}, {length} steps"
-    found = [(mode, [p for p in res if (p.a, p.b) == ("ufp4", "e2m1-ref")]) for mode, res in paired(ms, model, length)]
+    study = study_label(model, length, corpus, _named(ms))
+    found = [(mode, [p for p in res if (p.a, p.b) == ("ufp4", "e2m1-ref")])
+             for mode, res in paired(ms, model, length, corpus)]
     found = [(mode, ps) for mode, ps in found if ps and ps[0].stats.n]
     if not found:
-        have = sorted({f"{m['recipe']} seed {m['seed']}" for m in ms if m["model"] == model and
-                       m["length"] == length and m["recipe"] in ("ufp4", "e2m1-ref")})
+        have = sorted({f"{m['recipe']} seed {m['seed']}" for m in ms if _in(m, model, length, corpus)
+                       and m["recipe"] in ("ufp4", "e2m1-ref")})
         return (f"**{study}: ufp4 vs e2m1-ref** — not both run with a common seed (of the two, run: "
                 f"{', '.join(have) or 'neither'}).")
-    band = noise_band(ms, model, length)
+    band = noise_band(ms, model, length, corpus)
     out = []
     for mode, ps in found:
         kinds = [p.stats.kind for p in ps]
@@ -226,7 +251,7 @@ def verdict(ms, model, length) -> str:
 def status(runs) -> str:
     """The status block of docs/training.md: one verdict per study."""
     ms = metrics(runs)
-    return "\n".join(f"- {verdict(ms, model, length)}" for model, length in groups(runs))
+    return "\n".join(f"- {verdict(ms, *g)}" for g in groups(runs))
 
 
 def replace_block(text: str, marker: str, body: str) -> str:
@@ -246,8 +271,9 @@ def plot(runs, path_prefix):
     # One line style per seed, so the seeds of one recipe can be told apart (five: solid, dotted, dashed, dash-dot,
     # dash-dot-dot).
     seed_style = ["-", ":", "--", "-.", (0, (6, 2, 1, 2, 1, 2))]
-    for model, length in groups(runs):
-        rs = [r for r in runs if r["model"] == model and r["config"]["steps"] == length]
+    named = len({corpus_of(r) for r in runs}) > 1
+    for model, length, corpus in groups(runs):
+        rs = [r for r in runs if r["model"] == model and r["config"]["steps"] == length and corpus_of(r) == corpus]
         bf = {r["seed"]: r for r in rs if r["recipe"] == "bf16"}
         abl = [r for r in rs if r["recipe"] in ABLATIONS and r["recipe"] != "ufp4"]
         panels = 3 if abl else 2 if len(bf) < len(rs) else 1  # BF16 runs alone: their validation curves
@@ -277,7 +303,7 @@ def plot(runs, path_prefix):
             for r in rs:
                 if r["recipe"] == "ufp4" and r["seed"] == 0:
                     rel_curve(ax[2], r)
-        study = f"{model}, {length} steps"
+        study = study_label(model, length, corpus, named)
         ax[0].set(xlabel="step", ylabel="validation loss (nats/byte)", title=f"{study}: validation loss")
         if panels > 1:
             ax[1].set(xlabel="step", ylabel="% vs BF16 of the same seed", title=f"{study}: training loss vs BF16 "
@@ -292,7 +318,7 @@ def plot(runs, path_prefix):
             a.grid(alpha=0.3)
             a.legend(fontsize=7, ncol=2)
         fig.tight_layout()
-        out = f"{path_prefix}_{model}_{length}.png"
+        out = f"{path_prefix}_{model}_{length}" + (f"_{corpus}" if named and corpus != DEFAULT_CORPUS else "") + ".png"
         fig.savefig(out + ".tmp.png", dpi=100)
         os.replace(out + ".tmp.png", out)
         plt.close(fig)
@@ -371,14 +397,14 @@ def proxy_stats(analysis_path):
 
 def proxy_pairs(runs):
     """The paired effects the proxy is held against: every comparison of two presets in final validation loss with
-    at least two seeds (an interval), as (model, length, GEMM mode, PairResult)."""
+    at least two seeds (an interval), as (study label, GEMM mode, PairResult)."""
     ms = metrics(runs)
     out = []
     for g in groups(runs):
         for mode, results in paired(ms, *g):
             for p in results:
                 if p.measure == "val" and p.a in PRESETS and p.b in PRESETS and p.stats.n >= 2:
-                    out.append((g[0], g[1], mode, p))
+                    out.append((study_label(*g, _named(ms)), mode, p))
     return out
 
 
@@ -390,7 +416,7 @@ def proxy_paired_table(traces, pairs) -> str:
              " | ".join(f"ΔSQNR / Δ`bwd_dw` SQNR dB / Δη, {label}" for label, _ in traces) +
              " | SQNR's sign against the effect |",
              "|---|---|---|---|" + "---|" * len(traces) + "---|"]
-    for model, length, mode, p in pairs:
+    for study, mode, p in pairs:
         s = p.stats
         cells = []
         agree = set()
@@ -405,7 +431,7 @@ def proxy_paired_table(traces, pairs) -> str:
             sign = "agrees" if agree == {lower} else "disagrees" if agree == {not lower} else "mixed over traces"
         if len(agree) == 1:
             sign += f"; SQNR favours {p.a if agree == {True} else p.b} on every trace"
-        lines.append(f"| {model}, {length} steps ({mode}) | `{p.a}` − `{p.b}` | {s.n} | {s.mean:+.2f} "
+        lines.append(f"| {study} ({mode}) | `{p.a}` − `{p.b}` | {s.n} | {s.mean:+.2f} "
                      f"({s.low:+.2f} to {s.high:+.2f}) | " + " | ".join(cells) + f" | {sign} |")
     return "\n".join(lines)
 
@@ -418,9 +444,9 @@ def plot_proxy_pairs(traces, pairs, path):
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(max(6.0, 2.2 * len(pairs)), 4.6))
     # The y range of the intervals of three seeds or more; wider ones (two seeds) run off the plot.
-    spans = [abs(v) for _, _, _, p in pairs if p.stats.n >= 3 for v in (p.stats.low, p.stats.high)]
-    lim = 1.3 * max(spans or [abs(v) for _, _, _, p in pairs for v in (p.stats.low, p.stats.high)])
-    for x, (model, length, mode, p) in enumerate(pairs):
+    spans = [abs(v) for *_, p in pairs if p.stats.n >= 3 for v in (p.stats.low, p.stats.high)]
+    lim = 1.3 * max(spans or [abs(v) for *_, p in pairs for v in (p.stats.low, p.stats.high)])
+    for x, (study, mode, p) in enumerate(pairs):
         d = [st[p.a]["sqnr"] - st[p.b]["sqnr"] for _, st in traces]
         if all(v > 0 for v in d) or all(v < 0 for v in d):  # the side a higher SQNR predicts for A − B
             lo, hi = (-lim, 0) if d[0] > 0 else (0, lim)
@@ -434,7 +460,7 @@ def plot_proxy_pairs(traces, pairs, path):
             ax.annotate(f"interval {s.low:+.1f} to {s.high:+.1f}", (x, s.mean), fontsize=7, xytext=(6, -10),
                         textcoords="offset points")
     ax.set_xticks(range(len(pairs)))
-    ax.set_xticklabels([f"{p.a} − {p.b}\n{model}, {length} steps\n{p.stats.n} seeds" for model, length, _, p in pairs],
+    ax.set_xticklabels([f"{p.a} − {p.b}\n{study}\n{p.stats.n} seeds" for study, _, p in pairs],
                        fontsize=8)
     ax.set_xlim(-0.6, len(pairs) - 0.4)
     ax.set_ylim(-lim, lim)
@@ -465,7 +491,7 @@ def cmd_proxy(args):
     # The studies with every preset at this seed: a ranking of fewer recipes says little.
     outcome = {}
     for g in groups(runs):
-        o = {m["recipe"]: m["val_rel"] for m in ms if (m["model"], m["length"]) == g and m["recipe"] in PRESETS
+        o = {m["recipe"]: m["val_rel"] for m in ms if _in(m, *g) and m["recipe"] in PRESETS
              and "val_rel" in m and m["seed"] == args.seed}
         if len(o) == len(PRESETS):
             outcome[g] = o
@@ -484,7 +510,7 @@ def cmd_proxy(args):
         for _, sq in traces:
             # A good proxy: higher SQNR, lower loss error, so rho(SQNR, −Δloss) = +1.
             rhos.append(spearman([sq[r] for r in PRESETS], [-outcome[study][r] for r in PRESETS]))
-        lines.append(f"| {study[0]}, {study[1]} steps | " +
+        lines.append(f"| {study_label(*study, _named(ms))} | " +
                      " | ".join(f"{outcome[study][r]:+.2f}" for r in PRESETS) +
                      f" | {rank} | " + " | ".join(f"{x:+.2f}" for x in rhos) + " |")
     text = "\n".join(lines)
@@ -513,7 +539,7 @@ def cmd_proxy(args):
                                 textcoords="offset points")
             ax.axhline(0, color="k", lw=0.5)
             ax.set(xlabel="mean GEMM-output SQNR on the trace (dB)", ylabel="Δ final validation loss vs BF16 (%)",
-                   title=f"{study[0]} model, {study[1]} steps: proxy against outcome")
+                   title=f"{study_label(*study, _named(ms))}: proxy against outcome")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
         fig.tight_layout()

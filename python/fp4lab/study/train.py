@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from .corpus import write_atomic
+from .corpus import CORPORA, DEFAULT_CORPUS, corpus_name, write_atomic
 from .model import RECIPES, SIZES, build_model, make_recipe
 
 EXIT_CONTINUE = 75  # the run stopped at --time-limit with its state in --checkpoint: run the same command again
@@ -32,9 +32,11 @@ def use_deterministic_algorithms() -> None:
     torch.use_deterministic_algorithms(True)
 
 
-def run_name(size: str, recipe: str, mode: str, seed, steps) -> str:
-    """A run's name (its JSON, log and checkpoint files): scripts/train_study.sh names runs through `name`."""
-    return f"{size}-{recipe}-{'bf16' if recipe == 'bf16' else mode}-s{seed}-{steps}"
+def run_name(size: str, recipe: str, mode: str, seed, steps, corpus: str = DEFAULT_CORPUS) -> str:
+    """A run's name (its JSON, log and checkpoint files): scripts/train_study.sh names runs through `name`. Runs on
+    a corpus of CORPORA other than the first carry its name, so the corpora's runs can share one folder."""
+    tail = f"-{corpus}" if corpus in CORPORA and corpus != DEFAULT_CORPUS else ""
+    return f"{size}-{recipe}-{'bf16' if recipe == 'bf16' else mode}-s{seed}-{steps}{tail}"
 
 
 def cmd_train(args):
@@ -54,6 +56,7 @@ def cmd_train(args):
     if args.out and os.path.exists(args.out) and not args.force:
         raise SystemExit(f"{args.out}: exists (--force to replace)")
     train_data, val_data = _load(args.data, "train.bin"), _load(args.data, "val.bin")
+    corpus = corpus_name(args.data)
     if len(train_data) < 100 * (seq + 1) or len(val_data) < batch * seq + 1:
         raise SystemExit(f"{args.data}: too little text for sequence {seq}")
     device = torch.device(args.device)
@@ -110,7 +113,9 @@ def cmd_train(args):
                            token_stride=args.capture_token_stride, max_out=args.capture_max_out,
                            metadata={"model": f"fp4lab.study {args.size}: byte-level SwiGLU decoder, d {cfg['d']}, "
                                               f"{cfg['layers']} layers, FFN {cfg['ffn']}, batch {batch} x {seq}",
-                                     "recipe": args.recipe, "corpus": "linux-doc (fp4lab-train corpus)"})
+                                     "recipe": args.recipe,
+                                     "corpus": f"{corpus} ({CORPORA[corpus][2]}, fp4lab-train corpus)"
+                                     if corpus in CORPORA else corpus})
     losses = torch.zeros(args.steps, dtype=torch.float32, device=device)
     val_steps, val_loss = [], []
     train_time, wall_before, start = 0.0, 0.0, 0
@@ -118,10 +123,11 @@ def cmd_train(args):
     # A run may span several invocations (--time-limit, --checkpoint): the checkpoint holds everything the next
     # step depends on, so a resumed run continues bit for bit where it stopped (on a GPU, with --deterministic).
     key = {"size": args.size, "recipe": args.recipe, "mode": args.mode, "seed": args.seed, "steps": args.steps,
-           "cfg": cfg, "deterministic": args.deterministic}
+           "cfg": cfg, "deterministic": args.deterministic, "corpus": corpus}
     if args.checkpoint and os.path.exists(args.checkpoint):
         ck = torch.load(args.checkpoint, map_location=device, weights_only=False)
         ck["key"].setdefault("deterministic", False)  # checkpoints written before the option existed
+        ck["key"].setdefault("corpus", DEFAULT_CORPUS)  # ... and before a second corpus
         if ck["key"] != key:
             raise SystemExit(f"{args.checkpoint}: a checkpoint of another run ({ck['key']}), not of this one")
         model.load_state_dict(ck["model"])
@@ -185,7 +191,7 @@ def cmd_train(args):
     done = step + 1
     run = {
         "name": args.name, "model": args.size, "params": params, "block_params": block_params,
-        "recipe": args.recipe, "recipe_detail": RECIPES[args.recipe],
+        "corpus": corpus, "recipe": args.recipe, "recipe_detail": RECIPES[args.recipe],
         "gemm_mode": "bf16" if args.recipe == "bf16" else args.mode, "seed": args.seed,
         "steps": list(range(1, done + 1)), "train_loss": [float(v) for v in losses[:done].cpu().tolist()],
         "val_steps": val_steps, "val_loss": val_loss,
