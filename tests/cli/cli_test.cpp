@@ -330,10 +330,10 @@ TEST_F(Cli, SpecRhtSizesAgreeWithTheParser) {
   EXPECT_EQ(run({"analyze", "--rht", std::to_string(kMinRht / 2)}).code, 2);
 }
 
-// docs/spec.md §2 carries the table `fp4lab recipes --markdown` prints; it is parsed here and compared cell
-// by cell with the JSON, so the document cannot drift from the code.
+// docs/spec.md §2 carries the table `fp4lab recipes --markdown --ablations` prints (presets, then ablations); it
+// is parsed here and compared cell by cell with the JSON, so the document cannot drift from the code.
 TEST_F(Cli, SpecRecipeTableAgreesWithRecipes) {
-  const json rows = recipe_rows(run({"recipes", "--json", "-"}));
+  const json rows = recipe_rows(run({"recipes", "--ablations", "--json", "-"}));
   std::istringstream doc(slurp(FP4LAB_SOURCE_DIR "/docs/spec.md"));
   auto cells = [](const std::string& line) {
     std::vector<std::string> c;
@@ -363,7 +363,8 @@ TEST_F(Cli, SpecRecipeTableAgreesWithRecipes) {
     if (line.rfind("|", 0) != 0) break;
     table.push_back(cells(line));
   }
-  ASSERT_TRUE(in_table) << "docs/spec.md has no recipe table with the columns of `fp4lab recipes --markdown`";
+  ASSERT_TRUE(in_table) << "docs/spec.md has no recipe table with the columns of `fp4lab recipes --markdown "
+                           "--ablations`";
   ASSERT_EQ(table.size(), rows.size()) << "docs/spec.md's recipe table has another number of rows";
   for (size_t i = 0; i < rows.size(); ++i) {
     ASSERT_EQ(table[i].size(), columns.size()) << "row " << i + 1;
