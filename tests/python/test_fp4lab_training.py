@@ -54,6 +54,18 @@ def make_tree(root, pkg="linux-doc-9.9"):
             f.write(data)
 
 
+def make_deb(tmp_path, package, version, doc_folder):
+    """make_tree's files as a Debian package built by dpkg-deb (xz data member, as Debian's own)."""
+    pkg = tmp_path / f"pkg-{package}"
+    make_tree(pkg, pkg=doc_folder)
+    os.makedirs(pkg / "DEBIAN")
+    (pkg / "DEBIAN" / "control").write_text(f"Package: {package}\nVersion: {version}\nArchitecture: all\n"
+                                           "Maintainer: t <t@example.org>\nDescription: test\n")
+    deb = tmp_path / f"{package}_{version}_all.deb"
+    subprocess.run(["dpkg-deb", "-Zxz", "--build", str(pkg), str(deb)], check=True, capture_output=True)
+    return deb
+
+
 def expected_split():
     eng = sorted(r for r in FILES if r.endswith(".rst.txt") and not r.startswith("translations/"))
     val = [r for r in eng if zlib.crc32(r.encode()) % 20 == 0]
@@ -75,14 +87,8 @@ def test_corpus_from_installed_tree_and_from_deb(tmp_path):
     r = py("corpus", "--root", str(tmp_path / "root"), str(tmp_path / "a"))
     assert r.returncode == 0, r.stderr
     check_corpus(tmp_path / "a")
-    # The same tree as a Debian package, built by dpkg-deb (xz data member, as Debian's own).
-    pkg = tmp_path / "pkg"
-    make_tree(pkg)
-    os.makedirs(pkg / "DEBIAN")
-    (pkg / "DEBIAN" / "control").write_text("Package: linux-doc-9.9\nVersion: 9.9-1\nArchitecture: all\n"
-                                           "Maintainer: t <t@example.org>\nDescription: test\n")
-    deb = tmp_path / "linux-doc-9.9_9.9-1_all.deb"
-    subprocess.run(["dpkg-deb", "-Zxz", "--build", str(pkg), str(deb)], check=True, capture_output=True)
+    # The same tree as a Debian package.
+    deb = make_deb(tmp_path, "linux-doc-9.9", "9.9-1", "linux-doc-9.9")
     r = py("corpus", "--deb", str(deb), str(tmp_path / "b"))
     assert r.returncode == 0, r.stderr
     check_corpus(tmp_path / "b")
@@ -109,13 +115,7 @@ def test_second_corpus_python_doc(tmp_path):
     assert st.corpus_name(str(tmp_path / "a")) == "python-doc"
     r = py("corpus", "--root", str(tmp_path / "root"), str(tmp_path / "l"))  # the default: linux-doc
     assert r.returncode == 0 and json.load(open(tmp_path / "l" / "corpus.json"))["corpus"] == "linux-doc"
-    pkg = tmp_path / "pkg"
-    make_tree(pkg, pkg="python3.99")
-    os.makedirs(pkg / "DEBIAN")
-    (pkg / "DEBIAN" / "control").write_text("Package: python3.99-doc\nVersion: 3.99.1-1\nArchitecture: all\n"
-                                           "Maintainer: t <t@example.org>\nDescription: test\n")
-    deb = tmp_path / "python3.99-doc_3.99.1-1_all.deb"
-    subprocess.run(["dpkg-deb", "-Zxz", "--build", str(pkg), str(deb)], check=True, capture_output=True)
+    deb = make_deb(tmp_path, "python3.99-doc", "3.99.1-1", "python3.99")
     r = py("corpus", "--deb", str(deb), str(tmp_path / "b"))
     assert r.returncode == 0, r.stderr
     check_corpus(tmp_path / "b")
