@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The simulator's validation set (docs/validation.md), measured in one call on an H200: fp4lab cuda timings over
 # every quantiser operand and GEMM shape of workloads/shapes/*.csv and the square sweep 256..16384
-# (scripts/sim_validation.py plan): copies and the three quantiser passes, then the fast GEMM under ufp4 and
-# under mxfp4, each a separate process with its own JSON; then, unless REPEAT=0, the same again (the run-to-run
-# spread). The SM clock, memory clock and power are sampled every 200 ms throughout.
+# (scripts/sim_validation.py plan; it imports the fp4lab package, fp4lab.simval): copies and the three quantiser
+# passes, then the fast GEMM under ufp4 and under mxfp4, each a separate process with its own JSON; then, unless
+# REPEAT=0, the same again (the run-to-run spread). The SM clock, memory clock and power are sampled every 200 ms
+# throughout.
 #
 # The binary is built on a machine with nvcc (cmake -DFP4LAB_NATIVE=OFF -DFP4LAB_CUDA_ARCHS=90a -DFP4LAB_SIM=OFF,
 # target fp4lab; -DFP4LAB_MPI=OFF unless the GPU image has libmpi: kernels/README.md) and is copied, with the

@@ -21,7 +21,7 @@ Definitions, for recipes A and B, a measure L (the final validation loss, or the
 The arithmetic is IEEE-754 binary64 `+ − × ÷` and `math.sqrt` (correctly rounded) in a fixed order, the seeds in
 ascending order, squares as products, the quantiles from a table: the same bits on every CPU (docs/spec.md §6.1).
 The module needs nothing but the standard library. ranks() and pearson() (so Spearman's rho) follow the same rules;
-the study's proxy and the simulator's validation (scripts/sim_validation.py) both use them.
+the study's proxy and the simulator's validation (fp4lab.simval) both use them.
 
     from fp4lab import paired
     losses = {("ufp4", 0): {"val": 1.0519}, ("e2m1-ref", 0): {"val": 1.0506}, ("bf16", 0): {"val": 1.0921}, ...}

@@ -86,6 +86,12 @@ def test_installed_package_holds_the_paired_statistics(fp4lab):
     assert out == "undetected 0.4867 0.8199"
 
 
+def test_installed_package_holds_the_simulator_validation(fp4lab):
+    # scripts/sim_validation.py imports fp4lab.simval from the package: its split of three shapes by work.
+    out = run_installed("from fp4lab import simval\nprint(simval.split_of([(2, 2), (1, 1), (3, 3)]))")
+    assert out == "{(1, 1): 'calibration', (2, 2): 'validation', (3, 3): 'calibration'}"
+
+
 def test_installed_console_scripts_capture_check_and_train_recipes(fp4lab):
     # fp4lab-capture and fp4lab-train are the installed package's (pyproject.toml [project.scripts]), run away from
     # the source tree: the check of the bundled trace, and the study's recipe list.
