@@ -13,10 +13,12 @@ bias JSON for every grid, and quantize/gemm outputs (codes, scales, C and its fl
 `seconds` of an analysis and the JSON's `git_commit` stamp (taken when each build was configured) are masked;
 nothing else is: each build runs as `./fp4lab` from a folder that links to it, so the command lines the outputs
 record agree.
-The SIMD paths the code selects at compile time (the contract GEMM's scalar / AVX2 / AVX-512 VNNI kernels) are
-each built by one of these builds where the CPU has them: scalar by baseline, AVX2 by x86-64-v3, AVX-512 by the
-native build. x86-64-v4 is not built on its own: on a CPU that runs it the native build already targets AVX-512
-(and VNNI where present), and without VNNI its GEMM path is x86-64-v3's; leaving it out saves a third build. Exits 1 naming the first output that differs.
+The SIMD paths the code selects at compile time (the contract GEMM's scalar / AVX2 / AVX-512 VNNI kernels, the
+float64 reference tile's and RHT-16's AVX-512F forms) are each built by one of these builds where the CPU has
+them: scalar by baseline, AVX2 by x86-64-v3, AVX-512 by the native build. x86-64-v4 is built on its own only when
+the main build is not a -march=native one (its CMakeCache.txt says so): otherwise the native build already targets
+AVX-512 (and VNNI where present), and without VNNI v4's GEMM path is x86-64-v3's; leaving it out saves a build.
+Exits 1 naming the first output that differs.
 """
 import argparse
 import os
@@ -63,6 +65,20 @@ def cpu_flags():
             if line.startswith("flags"):
                 return set(line.split(":", 1)[1].split())
     return set()
+
+
+def is_native(main):
+    """Whether the fp4lab at `main` comes from a -march=native build (FP4LAB_NATIVE on, no FP4LAB_MARCH), read from
+    the CMakeCache.txt of its build folder (main is BUILD/bin/fp4lab); unknown counts as not native."""
+    cache = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(main))), "CMakeCache.txt")
+    try:
+        with open(cache) as f:
+            entries = dict(line.rstrip("\n").split("=", 1) for line in f
+                           if "=" in line and not line.startswith(("#", "//")))
+    except OSError:
+        return False
+    native = entries.get("FP4LAB_NATIVE:BOOL", "").upper() in ("ON", "1", "TRUE")
+    return native and not entries.get("FP4LAB_MARCH:STRING")
 
 
 def build(level, work, jobs):
@@ -138,8 +154,10 @@ def main():
     a = ap.parse_args()
     flags = cpu_flags()
     levels = [lv for lv, need in LEVELS.items() if need <= flags]
-    built = [lv for lv in levels if lv != "x86-64-v4"]  # the native build covers AVX-512 (module docstring)
-    print(f"cross-build: CPU levels {', '.join(levels)}; GEMM paths: scalar"
+    native = is_native(a.main)
+    built = [lv for lv in levels if lv != "x86-64-v4" or not native]  # a native main covers AVX-512 (docstring)
+    print(f"cross-build: CPU levels {', '.join(levels)}; built beside the main build ("
+          f"{'-march=native' if native else 'not native'}): {', '.join(built)}; GEMM paths: scalar"
           + (", avx2" if "avx2" in flags else "") + (", avx512-vnni" if {"avx512f", "avx512bw", "avx512_vnni"} <= flags
                                                      else ""), flush=True)
     builds = {"native": os.path.abspath(a.main)}

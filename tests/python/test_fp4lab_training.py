@@ -106,12 +106,13 @@ def test_second_corpus_python_doc(tmp_path):
     # The Python documentation's package keeps its pages under usr/share/doc/python3.<minor>/html/_sources, as
     # Sphinx writes them: the same files give the same split, and corpus.json names the corpus.
     make_tree(tmp_path / "root", pkg="python3.99")
+    make_tree(tmp_path / "root", pkg="python3.100")  # the newest version is taken: 3.100 after 3.99
     make_tree(tmp_path / "root", pkg="linux-doc-9.9")
     r = py("corpus", "--root", str(tmp_path / "root"), "--corpus", "python-doc", str(tmp_path / "a"))
     assert r.returncode == 0, r.stderr
     check_corpus(tmp_path / "a")
     meta = json.load(open(tmp_path / "a" / "corpus.json"))
-    assert meta["corpus"] == "python-doc" and meta["package"] == "python3.99"
+    assert meta["corpus"] == "python-doc" and meta["package"] == "python3.100-doc"
     assert st.corpus_name(str(tmp_path / "a")) == "python-doc"
     r = py("corpus", "--root", str(tmp_path / "root"), str(tmp_path / "l"))  # the default: linux-doc
     assert r.returncode == 0 and json.load(open(tmp_path / "l" / "corpus.json"))["corpus"] == "linux-doc"
@@ -137,6 +138,14 @@ def test_second_corpus_python_doc(tmp_path):
     del old["corpus"]
     (tmp_path / "l" / "corpus.json").write_text(json.dumps(old))
     assert st.corpus_name(str(tmp_path / "l")) == "linux-doc"
+    # --corpus must agree with the package; a malformed corpus.json is a one-line error naming it.
+    r = py("corpus", "--deb", str(deb), "--corpus", "linux-doc", str(tmp_path / "d"))
+    assert r.returncode != 0 and str(deb) in r.stderr and "a python-doc package, not linux-doc" in r.stderr
+    for bad in ("[1, 2]", '{"corpus": 5}', "{"):
+        (tmp_path / "l" / "corpus.json").write_text(bad)
+        r = py("name", "--data", str(tmp_path / "l"), "small:ufp4:exact:3:6000")
+        assert r.returncode != 0 and str(tmp_path / "l" / "corpus.json") in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
 
 @pytest.fixture(scope="module")
@@ -165,10 +174,13 @@ def test_training_runs_reproducible_with_the_documented_json(data, tmp_path):
     assert a["train_loss"] == b["train_loss"] and a["val_loss"] == b["val_loss"]  # bit for bit on the CPU
     assert a["steps"] == list(range(1, 13)) and a["val_steps"] == [6, 12] and len(a["train_loss"]) == 12
     assert a["recipe"] == "ufp4" and a["gemm_mode"] == "exact" and a["diverged"] is None
-    # The default run name is the one scripts/train_study.sh gets from `name` for the same spec.
-    r = py("name", "test:ufp4:exact:0:12", "test:bf16:exact:1:6000:--capture-steps 2,3")
-    assert r.returncode == 0 and r.stdout.split("\n")[:2] == [a["name"], "test-bf16-bf16-s1-6000"]
-    assert a["name"] == "test-ufp4-exact-s0-12"
+    # The default run name is the one scripts/train_study.sh gets from `name` for the same spec and data; text not
+    # made by `corpus` is a corpus of its own, named by its folder, and the runs on it say so.
+    here = os.path.basename(str(data))
+    r = py("name", "--data", str(data), "test:ufp4:exact:0:12", "test:bf16:exact:1:6000:--capture-steps 2,3")
+    assert r.returncode == 0 and r.stdout.split("\n")[:2] == [a["name"], f"test-bf16-bf16-s1-6000-{here}"]
+    assert a["name"] == f"test-ufp4-exact-s0-12-{here}"
+    assert py("name", "test:ufp4:exact:0:12").stdout.strip() == "test-ufp4-exact-s0-12"  # no data: the first corpus
     assert py("name", "test:ufp4:exact").returncode == 2
     assert a["train_loss"][-1] < a["train_loss"][0]
     # --deterministic runs (every op with a fixed-order algorithm) and is recorded; on the CPU the defaults are
@@ -244,6 +256,13 @@ def test_a_run_stopped_at_its_time_limit_resumes_bit_for_bit(data, tmp_path):
     assert r.returncode == st.EXIT_CONTINUE
     r = py(*[a if a != "ufp4" else "nvfp4" for a in args[:-4]], "--out", str(tmp_path / "o.json"), "--checkpoint",
            str(ck))
+    assert r.returncode != 0 and str(ck) in r.stderr and "another run" in r.stderr
+    # ... and so is one of the same settings on another corpus (the same text under another corpus's name).
+    other = tmp_path / "python-doc"
+    shutil.copytree(data, other)
+    (other / "corpus.json").write_text(json.dumps({"corpus": "python-doc"}))
+    r = py(*[str(other) if a == str(data) else a for a in args[:-4]], "--out", str(tmp_path / "o.json"),
+           "--checkpoint", str(ck))
     assert r.returncode != 0 and str(ck) in r.stderr and "another run" in r.stderr
 
 

@@ -263,9 +263,10 @@ def test_committed_6000_step_runs():
     ms, mode, res = study(committed_runs(), "small", 6000)
     assert mode == "exact"
     v = res[("ufp4", "e2m1-ref", "val")]
-    # Seeds 0-2: the per-seed differences docs/training.md printed before the paired statistics existed; seeds 3 and 4
-    # came later (their runs' validation losses, rounded: 1.0757, 1.0357, BF16 1.0599: 100 * (1.0757 - 1.0357) / 1.0599
-    # = 3.77, 3.78 from the unrounded losses; 1.1362, 1.1220, BF16 1.0344: 100 * 0.0142 / 1.0344 = 1.37, 1.38 unrounded).
+    # Seeds 0-2: the per-seed differences docs/training.md printed before the paired statistics existed; seeds 3 and
+    # 4 came later (their runs' validation losses, rounded: 1.0757, 1.0357, BF16 1.0599: 100 * (1.0757 - 1.0357) /
+    # 1.0599 = 3.77, 3.78 from the unrounded losses; 1.1362, 1.1220, BF16 1.0344: 100 * 0.0142 / 1.0344 = 1.37, 1.38
+    # unrounded).
     assert v.seeds == (0, 1, 2, 3, 4) and [round(d, 2) for d in v.diffs] == [0.12, 0.76, 0.58, 3.78, 1.38]
     # Each is the difference of the two recipes' BF16-relative errors of that seed.
     rel = {(m["recipe"], m["seed"]): m["val_rel"] for m in ms if m["length"] == 6000 and "val_rel" in m}
@@ -384,14 +385,15 @@ def test_proxy_against_the_committed_paired_effects():
                               "eta": mean(rec, "eta")}
     table = st.report.proxy_paired_table([("doc-lm", stats)], pairs)
     rows6000 = table.splitlines()[-2:]
-    for row, b, head in zip(rows6000, ("e2m1-ref", "nvfp4"), ("5 | +1.32 (-0.47 to +3.12)", "3 | +4.07 (-4.72 to +12.86)")):
+    heads = ("5 | +1.32 (-0.47 to +3.12)", "3 | +4.07 (-4.72 to +12.86)")
+    for row, b, head in zip(rows6000, ("e2m1-ref", "nvfp4"), heads):
         d = stats["ufp4"]["sqnr"] - stats[b]["sqnr"]
         assert row.startswith(f"| small, 6000 steps (exact) | `ufp4` − `{b}` | {head} | ")
         assert f"{d:+.2f} / " in row and d > 0
         assert row.endswith("| not decided (the interval holds 0); SQNR favours ufp4 on every trace |")
 
 
-def test_a_second_corpus_is_a_study_of_its_own():
+def test_a_second_corpus_is_a_study_of_its_own(tmp_path):
     # The committed small 1500-step runs, and the same runs again as if made on the second corpus with every loss
     # 0.5 higher and ufp4's 0.05 higher still: the report keeps the corpora apart (each FP4 run against the BF16 run
     # of its own corpus and seed) and names the corpus once there are two.
@@ -429,3 +431,12 @@ def test_a_second_corpus_is_a_study_of_its_own():
     assert [s["corpus"] for s in st.paired_json(runs)["studies"]] == ["linux-doc", "python-doc"]
     # One corpus alone is not named.
     assert "### small: " in st.tables(first) and "linux-doc" not in st.status(first)
+    # Figures: the first corpus's keep their names, the second's carry its name.
+    written = st.report.plot(runs, str(tmp_path / "fig"))
+    assert [os.path.basename(w) for w in written] == ["fig_small_1500.png", "fig_small_1500_python-doc.png"]
+    assert all(os.path.getsize(w) > 10000 for w in written)
+    # The proxy's paired effects are labelled by their study, the corpus named.
+    labels = [s for s, _, _ in st.report.proxy_pairs(runs)]
+    assert labels == ["small, 1500 steps, linux-doc"] * labels.count("small, 1500 steps, linux-doc") + [
+        "small, 1500 steps, python-doc"] * labels.count("small, 1500 steps, python-doc")
+    assert labels.count("small, 1500 steps, python-doc") >= 1 and labels.count("small, 1500 steps, linux-doc") >= 1

@@ -16,10 +16,10 @@ def main(argv=None):
     c = sub.add_parser("corpus", help="extract the token files from a documentation package ("
                        + ", ".join(CORPORA) + ")")
     g = c.add_mutually_exclusive_group()
-    g.add_argument("--deb", help="a package file: " + "; ".join(f"{n}: {CORPORA[n][0]}_*.deb" for n in CORPORA))
+    g.add_argument("--deb", help="a package file: " + "; ".join(f"{n}: {c.shown}_*.deb" for n, c in CORPORA.items()))
     g.add_argument("--root", default="/", help="the root of an installed system (default /)")
-    c.add_argument("--corpus", choices=list(CORPORA), default=DEFAULT_CORPUS,
-                   help="with --root: which installed package (default %(default)s); a .deb names its own")
+    c.add_argument("--corpus", choices=list(CORPORA),
+                   help=f"which corpus (default {DEFAULT_CORPUS}); with --deb, the package's, checked")
     c.add_argument("out", help="output folder")
     t = sub.add_parser("train", help="one training run")
     t.add_argument("--data", required=True)

@@ -8,12 +8,24 @@ import re
 import tarfile
 import tempfile
 import zlib
+from typing import NamedTuple
 
-# name -> (Debian package name, its folder under usr/share/doc, what the text is). The corpus is found by the
-# package name of a .deb, or by --corpus among the packages installed under a root.
+
+class Corpus(NamedTuple):
+    package: str  # the Debian package's name (a regular expression)
+    folder: str   # its folder under usr/share/doc (a regular expression)
+    suffix: str   # the package's name is the folder's and this
+    shown: str    # the package as people write it
+    what: str
+
+
+# The corpora the study knows. A .deb names its corpus by its package; --corpus picks one among the packages
+# installed under a root.
 CORPORA = {
-    "linux-doc": (r"linux-doc-[0-9][0-9.]*", r"linux-doc-[0-9][0-9.]*", "the Linux kernel documentation"),
-    "python-doc": (r"python3\.[0-9]+-doc", r"python3\.[0-9]+", "the Python documentation"),
+    "linux-doc": Corpus(r"linux-doc-[0-9][0-9.]*", r"linux-doc-[0-9][0-9.]*", "", "linux-doc-<version>",
+                        "the Linux kernel documentation"),
+    "python-doc": Corpus(r"python3\.[0-9]+-doc", r"python3\.[0-9]+", "-doc", "python3.<minor>-doc",
+                         "the Python documentation"),
 }
 DEFAULT_CORPUS = "linux-doc"  # the corpus of runs whose JSON names none (made before a second corpus existed)
 _SOURCES = re.compile(r"usr/share/doc/([^/]+)/html/_sources/(.+)")
@@ -21,7 +33,12 @@ _SOURCES = re.compile(r"usr/share/doc/([^/]+)/html/_sources/(.+)")
 
 def corpus_of_package(pkg: str):
     """The corpus a Debian package name belongs to, or None."""
-    return next((name for name, (deb, _, _) in CORPORA.items() if re.fullmatch(deb, pkg)), None)
+    return next((name for name, c in CORPORA.items() if re.fullmatch(c.package, pkg)), None)
+
+
+def _version_key(name: str):
+    """linux-doc-6.9 before linux-doc-6.12, python3.9 before python3.12: numbers compared as numbers."""
+    return [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", name)]
 
 
 def _deb_data_tar(path: str) -> tarfile.TarFile:
@@ -62,24 +79,27 @@ def _collect(args):
         with _deb_data_tar(args.deb) as tar:  # a file that is no package at all is named as such first
             if corpus is None:
                 raise SystemExit(f"{args.deb}: package {pkg!r} is none of the corpora's ("
-                                 + ", ".join(f"{n}: {CORPORA[n][0]}" for n in CORPORA) + ")")
+                                 + ", ".join(f"{n}: {c.shown}" for n, c in CORPORA.items()) + ")")
+            if args.corpus and args.corpus != corpus:
+                raise SystemExit(f"{args.deb}: a {corpus} package, not {args.corpus} (--corpus)")
             for m in tar.getmembers():
                 name = m.name[2:] if m.name.startswith("./") else m.name
                 s = _SOURCES.fullmatch(name)
-                if m.isfile() and s and re.fullmatch(CORPORA[corpus][1], s.group(1)) and _is_english_source(s.group(2)):
+                if m.isfile() and s and re.fullmatch(CORPORA[corpus].folder, s.group(1)) \
+                        and _is_english_source(s.group(2)):
                     files[s.group(2)] = tar.extractfile(m).read()
     else:
-        corpus = getattr(args, "corpus", None) or DEFAULT_CORPUS
-        _, folder, what = CORPORA[corpus]
-        root = args.root
-        docs = os.path.join(root, "usr/share/doc")
-        pkgs = sorted(d for d in os.listdir(docs) if re.fullmatch(folder, d)
-                      and os.path.isdir(os.path.join(docs, d, "html/_sources"))) if os.path.isdir(docs) else []
-        if not pkgs:
-            raise SystemExit(f"{docs}: no {corpus} package installed ({what}: usr/share/doc/{folder}/html/_sources; "
-                             "install it, or pass --deb)")
-        pkg, version = pkgs[-1], "installed"
-        src = os.path.join(docs, pkg, "html/_sources")
+        corpus = args.corpus or DEFAULT_CORPUS
+        c = CORPORA[corpus]
+        docs = os.path.join(args.root, "usr/share/doc")
+        folders = sorted((d for d in os.listdir(docs) if re.fullmatch(c.folder, d)
+                          and os.path.isdir(os.path.join(docs, d, "html/_sources"))),
+                         key=_version_key) if os.path.isdir(docs) else []
+        if not folders:
+            raise SystemExit(f"{docs}: no {corpus} package installed ({c.what}, {c.shown}: apt-get install it, "
+                             "or pass --deb with its .deb from apt-get download)")
+        pkg, version = folders[-1] + c.suffix, "installed"  # the newest version installed
+        src = os.path.join(docs, folders[-1], "html/_sources")
         for dp, _, fns in os.walk(src):
             for fn in fns:
                 rel = os.path.relpath(os.path.join(dp, fn), src)
@@ -126,12 +146,19 @@ def cmd_corpus(args):
 def corpus_name(data: str) -> str:
     """The corpus of a training-data folder: the name in the corpus.json `fp4lab-train corpus` wrote (one written
     before corpora had names, by its package), or else the folder's own name (text not made by that command)."""
+    path = os.path.join(data, "corpus.json")
+    own = os.path.basename(os.path.normpath(os.path.abspath(data)))
     try:
-        with open(os.path.join(data, "corpus.json")) as f:
+        with open(path) as f:
             meta = json.load(f)
     except FileNotFoundError:
-        return os.path.basename(os.path.normpath(os.path.abspath(data)))
+        return own
     except (OSError, ValueError) as e:
-        raise SystemExit(f"{os.path.join(data, 'corpus.json')}: {e}") from None
-    name = meta.get("corpus") if isinstance(meta, dict) else None
-    return name or corpus_of_package(str(meta.get("package", ""))) or os.path.basename(os.path.normpath(data))
+        raise SystemExit(f"{path}: {e}") from None
+    if not isinstance(meta, dict):
+        raise SystemExit(f"{path}: not a JSON object")
+    name = meta.get("corpus")
+    if name is not None and (not isinstance(name, str) or not name):
+        raise SystemExit(f"{path}: 'corpus' is not a name: {name!r}")
+    package = meta.get("package")
+    return name or (corpus_of_package(package) if isinstance(package, str) else None) or own

@@ -107,7 +107,8 @@ def tables(runs) -> str:
         on = f", {corpus} corpus" if _named(ms) else ""
         lines += [f"### {model}{on}: {r0['block_params'] / 1e6:.1f}M parameters in the blocks "
                   f"({r0['params'] / 1e6:.1f}M in all), d {c['d']}, {c['layers']} layers, sequence {c['seq']}, "
-                  f"batch {c['batch']}, {c['steps']} steps ({c['steps'] * c['seq'] * c['batch'] / 1e6:.1f}M tokens)", "",
+                  f"batch {c['batch']}, {c['steps']} steps "
+                  f"({c['steps'] * c['seq'] * c['batch'] / 1e6:.1f}M tokens)", "",
                   "Per recipe, the mean over its seeds of the BF16-relative loss error (each seed against the BF16 "
                   "run of the same seed), and the BF16 seed-to-seed spread for context:", "",
                   "| recipe | GEMMs | seeds | Δ val loss %, mean (per seed) | Δ train loss % (last 10%), mean "
@@ -477,7 +478,7 @@ def plot_proxy_pairs(traces, pairs, path):
 
 def cmd_proxy(args):
     """Does a recipe's mean GEMM-output SQNR on a trace predict its loss ranking? One row per trace and per
-    study (model and length)."""
+    study (model, length and corpus)."""
     with open(args.training) as f:
         runs = json.load(f)["runs"]
     ms = metrics(runs)

@@ -4,6 +4,7 @@ import io
 import json
 import math
 import os
+import re
 import sys
 import time
 
@@ -34,8 +35,9 @@ def use_deterministic_algorithms() -> None:
 
 def run_name(size: str, recipe: str, mode: str, seed, steps, corpus: str = DEFAULT_CORPUS) -> str:
     """A run's name (its JSON, log and checkpoint files): scripts/train_study.sh names runs through `name`. Runs on
-    a corpus of CORPORA other than the first carry its name, so the corpora's runs can share one folder."""
-    tail = f"-{corpus}" if corpus in CORPORA and corpus != DEFAULT_CORPUS else ""
+    any corpus but the first carry its name, so runs of the same settings on two corpora never share a name (a
+    report keeps one run per name)."""
+    tail = "" if corpus == DEFAULT_CORPUS else "-" + re.sub(r"[^A-Za-z0-9._-]+", "_", corpus)
     return f"{size}-{recipe}-{'bf16' if recipe == 'bf16' else mode}-s{seed}-{steps}{tail}"
 
 
@@ -114,7 +116,7 @@ def cmd_train(args):
                            metadata={"model": f"fp4lab.study {args.size}: byte-level SwiGLU decoder, d {cfg['d']}, "
                                               f"{cfg['layers']} layers, FFN {cfg['ffn']}, batch {batch} x {seq}",
                                      "recipe": args.recipe,
-                                     "corpus": f"{corpus} ({CORPORA[corpus][2]}, fp4lab-train corpus)"
+                                     "corpus": f"{corpus} ({CORPORA[corpus].what}, fp4lab-train corpus)"
                                      if corpus in CORPORA else corpus})
     losses = torch.zeros(args.steps, dtype=torch.float32, device=device)
     val_steps, val_loss = [], []
