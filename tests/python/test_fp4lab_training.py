@@ -240,7 +240,8 @@ def test_a_run_stopped_at_its_time_limit_resumes_bit_for_bit(data, tmp_path):
             "--time-limit", "1e-9"]  # every invocation stops after one step
     pauses = 0
     while True:
-        r = py(*args, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        # The first part shares the GPU with two other runs, the later ones with none: the run records the most.
+        r = py(*args, *(["--concurrent", "3"] if pauses == 0 else []), env={**os.environ, "OMP_NUM_THREADS": "1"})
         if r.returncode != st.EXIT_CONTINUE:
             break
         pauses += 1
@@ -250,6 +251,7 @@ def test_a_run_stopped_at_its_time_limit_resumes_bit_for_bit(data, tmp_path):
     parts = json.load(open(out))
     for k in ("train_loss", "val_steps", "val_loss", "steps"):
         assert parts[k] == whole[k], k
+    assert parts["concurrent_runs"] == 3 and whole["concurrent_runs"] == 1
     # A checkpoint of another run is refused, naming the file.
     out.unlink()
     r = py(*args)

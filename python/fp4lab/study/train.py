@@ -126,6 +126,7 @@ def cmd_train(args):
     # step depends on, so a resumed run continues bit for bit where it stopped (on a GPU, with --deterministic).
     key = {"size": args.size, "recipe": args.recipe, "mode": args.mode, "seed": args.seed, "steps": args.steps,
            "cfg": cfg, "deterministic": args.deterministic, "corpus": corpus}
+    concurrent = args.concurrent
     if args.checkpoint and os.path.exists(args.checkpoint):
         ck = torch.load(args.checkpoint, map_location=device, weights_only=False)
         ck["key"].setdefault("deterministic", False)  # checkpoints written before the option existed
@@ -138,6 +139,7 @@ def cmd_train(args):
         losses[: ck["step"]] = ck["losses"].to(device)
         val_steps, val_loss, train_time, wall_before, start = (ck["val_steps"], ck["val_loss"], ck["train_time"],
                                                                ck["wall_s"], ck["step"])
+        concurrent = max(concurrent, ck.get("concurrent", 1))  # the most runs it shared the GPU with, over its parts
         if args.recipe != "bf16":
             ft.set_step(model, start)
         print(f"[{args.name}] resumed at step {start} from {args.checkpoint}", flush=True)
@@ -186,7 +188,7 @@ def cmd_train(args):
             torch.save({"key": key, "model": model.state_dict(), "opt": opt.state_dict(),
                         "rng": rng.bit_generator.state, "losses": losses[: step + 1].cpu(), "step": step + 1,
                         "val_steps": val_steps, "val_loss": val_loss, "train_time": train_time,
-                        "wall_s": wall_before + time.time() - t_start}, buf)
+                        "wall_s": wall_before + time.time() - t_start, "concurrent": concurrent}, buf)
             write_atomic(args.checkpoint, buf.getvalue())
             print(f"[{args.name}] time limit: stopped after step {step + 1}, state in {args.checkpoint}", flush=True)
             sys.exit(EXIT_CONTINUE)
@@ -203,7 +205,7 @@ def cmd_train(args):
                    "FP32 master weights, BF16 autocast", "val_tokens_final": int((n_val - n_val % batch) * seq),
                    "val_tokens_intermediate": int(min(args.eval_windows, n_val) // batch * batch * seq)},
         "diverged": diverged, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-        "deterministic": args.deterministic, "concurrent_runs": args.concurrent,
+        "deterministic": args.deterministic, "concurrent_runs": concurrent,
         "wall_s": wall_before + time.time() - t_start,
         "fp4lab_version": fp4lab.__version__, "command": " ".join(sys.argv),
     }
