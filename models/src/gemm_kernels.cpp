@@ -104,32 +104,51 @@ AlignedBytes pack_a(const QTensor& a) {
 // Bytes of one packed B record (one vector panel, one K block) for L lanes and G 4-byte groups.
 constexpr int64_t record_bytes(int L, int G) { return int64_t(G + 2) * L * 4; }
 
-// B packed into vector panels of L columns (see the file comment); columns past N are zero.
+// B packed into vector panels of L columns (see the file comment); columns past N are zero. Each panel's L rows
+// are first turned into integer views a row at a time (a 16-byte table lookup, vectorised), then moved into the
+// records 4 bytes (one group) at a time.
 AlignedBytes pack_b(const QTensor& b, int L) {
   const IntLut lut(b.format);
   const int64_t N = b.rows, K = b.cols, B = b.block, KB = K / B, G = B / 4;
   const int64_t nvp = (N + L - 1) / L, rec = record_bytes(L, int(G));
   AlignedBytes out{size_t(nvp * KB * rec)};
   uint8_t* base = out.data();
-#pragma omp parallel for schedule(static) if (N * K > kParallelBytes)
-  for (int64_t v = 0; v < nvp; ++v)
-    for (int64_t k = 0; k < KB; ++k) {
-      uint8_t* r = base + (v * KB + k) * rec;
+  const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(lut.v));
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+#pragma omp parallel if (N * K > kParallelBytes)
+  {
+    std::vector<int8_t> view(size_t(L * K));  // the panel's rows as integer views, zero past N
+#pragma omp for schedule(static)
+    for (int64_t v = 0; v < nvp; ++v) {
       for (int l = 0; l < L; ++l) {
         const int64_t n = v * L + l;
-        int32_t sum = 0;
-        float scale = 0.0f;
-        for (int64_t j = 0; j < B; ++j) {
-          const int8_t x = n < N ? lut(b.codes[n * K + k * B + j]) : int8_t(0);
-          r[(j / 4) * L * 4 + l * 4 + j % 4] = uint8_t(x);
-          sum += x;
+        int8_t* row = view.data() + l * K;
+        if (n >= N) {
+          std::fill(row, row + K, int8_t(0));
+          continue;
         }
-        if (n < N) scale = b.scales[n * KB + k];
-        const int32_t corr = -kBias * sum;
-        std::memcpy(r + G * L * 4 + l * 4, &corr, 4);
-        std::memcpy(r + (G + 1) * L * 4 + l * 4, &scale, 4);
+        const uint8_t* codes = b.codes.data() + n * K;
+        for (int64_t j = 0; j < K; j += 16) {  // K is a multiple of the block, so of 16
+          const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + j));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(row + j), _mm_shuffle_epi8(table, _mm_and_si128(c, low4)));
+        }
+      }
+      for (int64_t k = 0; k < KB; ++k) {
+        uint8_t* r = base + (v * KB + k) * rec;
+        for (int l = 0; l < L; ++l) {
+          const int64_t n = v * L + l;
+          const int8_t* x = view.data() + l * K + k * B;
+          int32_t sum = 0;
+          for (int64_t j = 0; j < B; ++j) sum += x[j];
+          for (int64_t g = 0; g < G; ++g) std::memcpy(r + g * L * 4 + l * 4, x + 4 * g, 4);
+          const float scale = n < N ? b.scales[n * KB + k] : 0.0f;
+          const int32_t corr = -kBias * sum;
+          std::memcpy(r + G * L * 4 + l * 4, &corr, 4);
+          std::memcpy(r + (G + 1) * L * 4 + l * 4, &scale, 4);
+        }
       }
     }
+  }
   return out;
 }
 
