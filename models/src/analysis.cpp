@@ -6,6 +6,13 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12 warns inside its own AVX-512 intrinsics (their _mm512_undefined passthrough, GCC PR 105593).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 namespace fp4lab {
 
@@ -148,6 +155,25 @@ void moments_into(Lanes& out, const float* ref, const QTensor& q, int64_t row0, 
     for (int64_t b = 0; b < kb; ++b) {
       const float s = q.scales[r * kb + b];
       const int64_t base = r * q.cols + b * q.block, rbase = (r - row0) * q.cols + b * q.block;
+#if defined(__AVX512F__)
+      if (q.block % 16 == 0) {  // 16 grid values at once from a register table, in the same element order
+        const __m512 table = _mm512_loadu_ps(grid);
+        for (int64_t j = 0; j < q.block; j += 16) {
+          const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&q.codes[base + j]));
+          const __m512i idx = _mm512_and_si512(_mm512_cvtepu8_epi32(c), _mm512_set1_epi32(15));
+          const __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_permutexvar_ps(idx, table), _mm512_set1_ps(s)),
+                                         _mm512_set1_ps(g));
+          V8d lo, hi;
+          const __m512d vlo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+          const __m512d vhi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+          std::memcpy(&lo, &vlo, sizeof lo);
+          std::memcpy(&hi, &vhi, sizeof hi);
+          acc.add(load8(ref + rbase + j), lo);
+          acc.add(load8(ref + rbase + j + 8), hi);
+        }
+        continue;
+      }
+#endif
       for (int64_t j = 0; j < q.block; j += kLanes) {
         V8f v;
         for (int l = 0; l < kLanes; ++l) v[l] = grid[q.codes[base + j + l] & 15];

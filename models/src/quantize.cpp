@@ -140,6 +140,15 @@ struct RotationFault {
 };
 
 float block_amax(const float* y, int n) {
+#if defined(__AVX512F__)
+  // The largest |y| is the same value whatever the order of the comparisons (inputs are finite, and fabs
+  // leaves no -0), so 16 lanes at a time and a reduction give the loop's result.
+  if (n % 16 == 0) {
+    __m512 m = _mm512_setzero_ps();
+    for (int j = 0; j < n; j += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(y + j)));
+    return _mm512_reduce_max_ps(m);
+  }
+#endif
   float m = 0.0f;
   for (int j = 0; j < n; ++j) m = std::max(m, std::fabs(y[j]));
   return m;
