@@ -63,7 +63,7 @@ constexpr int kPanel = kLanes * kVecs;  // B columns per packed panel
 
 // C[m0.., n0..n0+kPanel) for `rows` rows of A against one packed panel of B (K x kPanel, zero past N).
 template <int R>
-void f64_tile(const float* a, int64_t K, const Vec* bp, double* c, int64_t N, int64_t n0) {
+void f64_tile(const double* a, int64_t K, const Vec* bp, double* c, int64_t N, int64_t n0) {
   Vec acc[R][kVecs];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < kVecs; ++v) acc[r][v] = Vec{};  // +0.0
@@ -76,7 +76,7 @@ void f64_tile(const float* a, int64_t K, const Vec* bp, double* c, int64_t N, in
     for (int v = 0; v < kVecs; ++v) __asm__("" : "+v"(b[v]));
 #endif
     for (int r = 0; r < R; ++r) {
-      const double x = double(a[r * K + k]);
+      const double x = a[r * K + k];
       for (int v = 0; v < kVecs; ++v) acc[r][v] += x * b[v];
     }
   }
@@ -89,6 +89,11 @@ void f64_tile(const float* a, int64_t K, const Vec* bp, double* c, int64_t N, in
 std::vector<double> gemm_f64(const float* a, const float* b, int64_t M, int64_t N, int64_t K) {
   std::vector<double> c(size_t(M * N));
   const int64_t panels = (N + kPanel - 1) / kPanel;
+  // A as doubles (the same values), so that the tiles broadcast each one straight from memory instead of
+  // converting and broadcasting it in registers beside the multiplies: made once up to 4 MB, else per tile.
+  constexpr int64_t kWholeA = int64_t(1) << 19;  // elements
+  std::vector<double> whole;
+  if (M * K <= kWholeA) whole.assign(a, a + M * K);
   // One B panel (K x kPanel doubles, about 1 MB at K = 8192) is packed by the thread that uses it, then every
   // row of A streams past it.
 #pragma omp parallel for schedule(dynamic, 1) if (double(M) * double(N) * double(K) > (1 << 21))
@@ -97,9 +102,15 @@ std::vector<double> gemm_f64(const float* a, const float* b, int64_t M, int64_t 
     std::vector<Vec> bp(size_t(K * kVecs));
     for (int64_t k = 0; k < K; ++k)
       for (int j = 0; j < kPanel; ++j) bp[k * kVecs + j / kLanes][j % kLanes] = n0 + j < N ? double(b[(n0 + j) * K + k]) : 0.0;
+    std::vector<double> rows(whole.empty() ? size_t(kRows * K) : 0);
+    auto rows_of = [&](int64_t m, int64_t n) -> const double* {
+      if (!whole.empty()) return whole.data() + m * K;
+      std::copy(a + m * K, a + (m + n) * K, rows.begin());
+      return rows.data();
+    };
     int64_t m = 0;
-    for (; m + kRows <= M; m += kRows) f64_tile<kRows>(a + m * K, K, bp.data(), c.data() + m * N, N, n0);
-    for (; m < M; ++m) f64_tile<1>(a + m * K, K, bp.data(), c.data() + m * N, N, n0);
+    for (; m + kRows <= M; m += kRows) f64_tile<kRows>(rows_of(m, kRows), K, bp.data(), c.data() + m * N, N, n0);
+    for (; m < M; ++m) f64_tile<1>(rows_of(m, 1), K, bp.data(), c.data() + m * N, N, n0);
   }
   return c;
 }
