@@ -87,25 +87,48 @@ void f64_tile(const double* a, int64_t K, const Vec* bp, double* c, int64_t N, i
 }  // namespace
 
 std::vector<double> gemm_f64(const float* a, const float* b, int64_t M, int64_t N, int64_t K) {
+  return gemm_f64(a, K, 1, b, K, 1, M, N, K);
+}
+
+std::vector<double> gemm_f64(const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t b_row,
+                             int64_t b_col, int64_t M, int64_t N, int64_t K) {
   std::vector<double> c(size_t(M * N));
   const int64_t panels = (N + kPanel - 1) / kPanel;
+  // Rows [m, m + n) of A as doubles into dst (n x K), read along whichever of A's dimensions is contiguous.
+  auto a_rows = [&](int64_t m, int64_t n, double* dst) {
+    if (a_col == 1) {
+      for (int64_t r = 0; r < n; ++r) std::copy(a + (m + r) * a_row, a + (m + r) * a_row + K, dst + r * K);
+    } else {
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t r = 0; r < n; ++r) dst[r * K + k] = double(a[(m + r) * a_row + k * a_col]);
+    }
+  };
   // A as doubles (the same values), so that the tiles broadcast each one straight from memory instead of
   // converting and broadcasting it in registers beside the multiplies: made once up to 4 MB, else per tile.
   constexpr int64_t kWholeA = int64_t(1) << 19;  // elements
   std::vector<double> whole;
-  if (M * K <= kWholeA) whole.assign(a, a + M * K);
+  if (M * K <= kWholeA) {
+    whole.resize(size_t(M * K));
+    a_rows(0, M, whole.data());
+  }
   // One B panel (K x kPanel doubles, about 1 MB at K = 8192) is packed by the thread that uses it, then every
   // row of A streams past it.
 #pragma omp parallel for schedule(dynamic, 1) if (double(M) * double(N) * double(K) > (1 << 21))
   for (int64_t p = 0; p < panels; ++p) {
     const int64_t n0 = p * kPanel;
     std::vector<Vec> bp(size_t(K * kVecs));
-    for (int64_t k = 0; k < K; ++k)
-      for (int j = 0; j < kPanel; ++j) bp[k * kVecs + j / kLanes][j % kLanes] = n0 + j < N ? double(b[(n0 + j) * K + k]) : 0.0;
+    if (b_col == 1) {
+      for (int64_t k = 0; k < K; ++k)
+        for (int j = 0; j < kPanel; ++j) bp[k * kVecs + j / kLanes][j % kLanes] = n0 + j < N ? double(b[(n0 + j) * b_row + k]) : 0.0;
+    } else {
+      for (int64_t k = 0; k < K; ++k)
+        for (int j = 0; j < kPanel; ++j)
+          bp[k * kVecs + j / kLanes][j % kLanes] = n0 + j < N ? double(b[(n0 + j) * b_row + k * b_col]) : 0.0;
+    }
     std::vector<double> rows(whole.empty() ? size_t(kRows * K) : 0);
     auto rows_of = [&](int64_t m, int64_t n) -> const double* {
       if (!whole.empty()) return whole.data() + m * K;
-      std::copy(a + m * K, a + (m + n) * K, rows.begin());
+      a_rows(m, n, rows.data());
       return rows.data();
     };
     int64_t m = 0;
