@@ -110,29 +110,32 @@ struct VLanes {
     std::memcpy(l.e2, &e2, sizeof e2);
     std::memcpy(l.d, &d, sizeof d);
   }
-  void add(V8d r, V8d q) {
+  void add(const V8d& r, const V8d& q) {
     const V8d e = q - r;
     r2 += r * r;
     e2 += e * e;
     d += q * r;
   }
 };
-inline V8d load8(const double* p) {
-  V8d v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline V8d load8(const float* p) {
-  V8f v;
-  std::memcpy(&v, p, sizeof v);
-  return __builtin_convertvector(v, V8d);
+// Loads by reference parameter, not by value: a 64-byte vector passed or returned by value draws GCC's ABI note
+// (-Wpsabi) where AVX-512 is off.
+inline void load8(const double* p, V8d& v) { std::memcpy(&v, p, sizeof v); }
+inline void load8(const float* p, V8d& v) {
+  V8f f;
+  std::memcpy(&f, p, sizeof f);
+  v = __builtin_convertvector(f, V8d);
 }
 
 template <class R>
 void moments_into(Lanes& out, const R* ref, const float* q, int64_t n) {
   VLanes acc(out);
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) acc.add(load8(ref + i), load8(q + i));
+  for (; i + kLanes <= n; i += kLanes) {
+    V8d r, v;
+    load8(ref + i, r);
+    load8(q + i, v);
+    acc.add(r, v);
+  }
   acc.store(out);
   for (int l = 0; i < n; ++i, ++l) out.add(l, double(ref[i]), double(q[i]));
 }
@@ -168,8 +171,11 @@ void moments_into(Lanes& out, const float* ref, const QTensor& q, int64_t row0, 
           const __m512d vhi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
           std::memcpy(&lo, &vlo, sizeof lo);
           std::memcpy(&hi, &vhi, sizeof hi);
-          acc.add(load8(ref + rbase + j), lo);
-          acc.add(load8(ref + rbase + j + 8), hi);
+          V8d r;
+          load8(ref + rbase + j, r);
+          acc.add(r, lo);
+          load8(ref + rbase + j + 8, r);
+          acc.add(r, hi);
         }
         continue;
       }
@@ -178,7 +184,9 @@ void moments_into(Lanes& out, const float* ref, const QTensor& q, int64_t row0, 
         V8f v;
         for (int l = 0; l < kLanes; ++l) v[l] = grid[q.codes[base + j + l] & 15];
         v = v * s * g;
-        acc.add(load8(ref + rbase + j), __builtin_convertvector(v, V8d));
+        V8d r;
+        load8(ref + rbase + j, r);
+        acc.add(r, __builtin_convertvector(v, V8d));
       }
     }
   acc.store(out);
