@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -13,6 +14,14 @@ namespace {
 // Finite operands can still accumulate past FLT_MAX; an Inf (or the NaN of Inf - Inf) is no result, so
 // the product is refused here, where every layer (CLI, analyze, sim --check) gets it from.
 void check_finite_output(const std::vector<float>& c, int64_t N, int64_t row0) {
+  // A branch-free scan of the exponent bits first (it vectorises); the element is located only on a fault.
+  uint32_t all_ones = 0;
+  for (size_t i = 0; i < c.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &c[i], 4);
+    all_ones |= uint32_t((bits & 0x7F800000u) == 0x7F800000u);
+  }
+  if (!all_ones) return;
   for (size_t i = 0; i < c.size(); ++i)
     if (!std::isfinite(c[i]))
       throw std::invalid_argument("GEMM output overflows FP32 at C[" + std::to_string(row0 + int64_t(i) / N) + ", " +
@@ -46,7 +55,7 @@ namespace {
 constexpr int kLanes = 8;  // output columns per vector: one AVX-512 register, two AVX2 or four SSE2 ones
 using Vec = double __attribute__((vector_size(kLanes * sizeof(double))));
 #if defined(__AVX512F__)
-constexpr int kRows = 4, kVecs = 2;  // 8 accumulator registers of 32
+constexpr int kRows = 8, kVecs = 2;  // 16 accumulator registers of 32
 #else
 constexpr int kRows = 4, kVecs = 1;  // AVX2: 8 of 16 ymm registers
 #endif
@@ -54,14 +63,20 @@ constexpr int kPanel = kLanes * kVecs;  // B columns per packed panel
 
 // C[m0.., n0..n0+kPanel) for `rows` rows of A against one packed panel of B (K x kPanel, zero past N).
 template <int R>
-void f64_tile(const float* a, int64_t K, const Vec* bp, double* c, int64_t N, int64_t n0) {
+void f64_tile(const double* a, int64_t K, const Vec* bp, double* c, int64_t N, int64_t n0) {
   Vec acc[R][kVecs];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < kVecs; ++v) acc[r][v] = Vec{};  // +0.0
   for (int64_t k = 0; k < K; ++k) {
-    const Vec* b = bp + k * kVecs;
+    Vec b[kVecs];
+    for (int v = 0; v < kVecs; ++v) b[v] = bp[k * kVecs + v];
+#if defined(__AVX512F__)
+    // B's vectors stay in registers for every row (the compiler would otherwise fold a load of them into each
+    // multiply, and the loads, not the multiplies, would set the pace).
+    for (int v = 0; v < kVecs; ++v) __asm__("" : "+v"(b[v]));
+#endif
     for (int r = 0; r < R; ++r) {
-      const double x = double(a[r * K + k]);
+      const double x = a[r * K + k];
       for (int v = 0; v < kVecs; ++v) acc[r][v] += x * b[v];
     }
   }
@@ -72,19 +87,53 @@ void f64_tile(const float* a, int64_t K, const Vec* bp, double* c, int64_t N, in
 }  // namespace
 
 std::vector<double> gemm_f64(const float* a, const float* b, int64_t M, int64_t N, int64_t K) {
+  return gemm_f64(a, K, 1, b, K, 1, M, N, K);
+}
+
+std::vector<double> gemm_f64(const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t b_row,
+                             int64_t b_col, int64_t M, int64_t N, int64_t K) {
   std::vector<double> c(size_t(M * N));
   const int64_t panels = (N + kPanel - 1) / kPanel;
+  // Rows [m, m + n) of A as doubles into dst (n x K), read along whichever of A's dimensions is contiguous.
+  auto a_rows = [&](int64_t m, int64_t n, double* dst) {
+    if (a_col == 1) {
+      for (int64_t r = 0; r < n; ++r) std::copy(a + (m + r) * a_row, a + (m + r) * a_row + K, dst + r * K);
+    } else {
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t r = 0; r < n; ++r) dst[r * K + k] = double(a[(m + r) * a_row + k * a_col]);
+    }
+  };
+  // A as doubles (the same values), so that the tiles broadcast each one straight from memory instead of
+  // converting and broadcasting it in registers beside the multiplies: made once up to 4 MB, else per tile.
+  constexpr int64_t kWholeA = int64_t(1) << 19;  // elements
+  std::vector<double> whole;
+  if (M * K <= kWholeA) {
+    whole.resize(size_t(M * K));
+    a_rows(0, M, whole.data());
+  }
   // One B panel (K x kPanel doubles, about 1 MB at K = 8192) is packed by the thread that uses it, then every
   // row of A streams past it.
 #pragma omp parallel for schedule(dynamic, 1) if (double(M) * double(N) * double(K) > (1 << 21))
   for (int64_t p = 0; p < panels; ++p) {
     const int64_t n0 = p * kPanel;
     std::vector<Vec> bp(size_t(K * kVecs));
-    for (int64_t k = 0; k < K; ++k)
-      for (int j = 0; j < kPanel; ++j) bp[k * kVecs + j / kLanes][j % kLanes] = n0 + j < N ? double(b[(n0 + j) * K + k]) : 0.0;
+    if (b_col == 1) {
+      for (int64_t k = 0; k < K; ++k)
+        for (int j = 0; j < kPanel; ++j) bp[k * kVecs + j / kLanes][j % kLanes] = n0 + j < N ? double(b[(n0 + j) * b_row + k]) : 0.0;
+    } else {
+      for (int64_t k = 0; k < K; ++k)
+        for (int j = 0; j < kPanel; ++j)
+          bp[k * kVecs + j / kLanes][j % kLanes] = n0 + j < N ? double(b[(n0 + j) * b_row + k * b_col]) : 0.0;
+    }
+    std::vector<double> rows(whole.empty() ? size_t(kRows * K) : 0);
+    auto rows_of = [&](int64_t m, int64_t n) -> const double* {
+      if (!whole.empty()) return whole.data() + m * K;
+      a_rows(m, n, rows.data());
+      return rows.data();
+    };
     int64_t m = 0;
-    for (; m + kRows <= M; m += kRows) f64_tile<kRows>(a + m * K, K, bp.data(), c.data() + m * N, N, n0);
-    for (; m < M; ++m) f64_tile<1>(a + m * K, K, bp.data(), c.data() + m * N, N, n0);
+    for (; m + kRows <= M; m += kRows) f64_tile<kRows>(rows_of(m, kRows), K, bp.data(), c.data() + m * N, N, n0);
+    for (; m < M; ++m) f64_tile<1>(rows_of(m, 1), K, bp.data(), c.data() + m * N, N, n0);
   }
   return c;
 }

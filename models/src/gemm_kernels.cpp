@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -90,46 +91,74 @@ void gemm_scalar(const QTensor& a, const QTensor& b, float* c) {
 
 #if defined(FP4LAB_GEMM_AVX512) || defined(FP4LAB_GEMM_AVX2)
 
-// A as biased unsigned bytes, row-major [M, K].
-AlignedBytes pack_a(const QTensor& a) {
+// Rows [row0, row0 + rows) of A as biased unsigned bytes, row-major: a 16-byte table lookup, 16 codes at a time
+// (the element count is a multiple of the block, so of 16).
+AlignedBytes pack_a(const QTensor& a, int64_t row0, int64_t rows) {
   const IntLut lut(a.format);
-  const int64_t n = a.rows * a.cols;
+  uint8_t biased[16];
+  for (int c = 0; c < 16; ++c) biased[c] = uint8_t(lut.v[c] + kBias);
+  const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(biased));
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  const int64_t n = rows * a.cols;
   AlignedBytes out{size_t(n)};
   uint8_t* o = out.data();
+  const uint8_t* codes = a.codes.data() + row0 * a.cols;
 #pragma omp parallel for schedule(static) if (n > kParallelBytes)
-  for (int64_t i = 0; i < n; ++i) o[i] = uint8_t(lut(a.codes[i]) + kBias);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o + i), _mm_shuffle_epi8(table, _mm_and_si128(c, low4)));
+  }
   return out;
 }
 
 // Bytes of one packed B record (one vector panel, one K block) for L lanes and G 4-byte groups.
 constexpr int64_t record_bytes(int L, int G) { return int64_t(G + 2) * L * 4; }
 
-// B packed into vector panels of L columns (see the file comment); columns past N are zero.
-AlignedBytes pack_b(const QTensor& b, int L) {
+// Vector panels [v0, v0 + nvp) of B, each of L columns (see the file comment); columns past N are zero. Each
+// panel's L rows are first turned into integer views a row at a time (a 16-byte table lookup, vectorised), then
+// moved into the records 4 bytes (one group) at a time.
+AlignedBytes pack_b(const QTensor& b, int L, int64_t v0, int64_t nvp) {
   const IntLut lut(b.format);
   const int64_t N = b.rows, K = b.cols, B = b.block, KB = K / B, G = B / 4;
-  const int64_t nvp = (N + L - 1) / L, rec = record_bytes(L, int(G));
+  const int64_t rec = record_bytes(L, int(G));
   AlignedBytes out{size_t(nvp * KB * rec)};
   uint8_t* base = out.data();
-#pragma omp parallel for schedule(static) if (N * K > kParallelBytes)
-  for (int64_t v = 0; v < nvp; ++v)
-    for (int64_t k = 0; k < KB; ++k) {
-      uint8_t* r = base + (v * KB + k) * rec;
+  const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(lut.v));
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+#pragma omp parallel if (nvp * L * K > kParallelBytes)
+  {
+    std::vector<int8_t> view(size_t(L * K));  // the panel's rows as integer views, zero past N
+#pragma omp for schedule(static)
+    for (int64_t v = v0; v < v0 + nvp; ++v) {
       for (int l = 0; l < L; ++l) {
         const int64_t n = v * L + l;
-        int32_t sum = 0;
-        float scale = 0.0f;
-        for (int64_t j = 0; j < B; ++j) {
-          const int8_t x = n < N ? lut(b.codes[n * K + k * B + j]) : int8_t(0);
-          r[(j / 4) * L * 4 + l * 4 + j % 4] = uint8_t(x);
-          sum += x;
+        int8_t* row = view.data() + l * K;
+        if (n >= N) {
+          std::fill(row, row + K, int8_t(0));
+          continue;
         }
-        if (n < N) scale = b.scales[n * KB + k];
-        const int32_t corr = -kBias * sum;
-        std::memcpy(r + G * L * 4 + l * 4, &corr, 4);
-        std::memcpy(r + (G + 1) * L * 4 + l * 4, &scale, 4);
+        const uint8_t* codes = b.codes.data() + n * K;
+        for (int64_t j = 0; j < K; j += 16) {  // K is a multiple of the block, so of 16
+          const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + j));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(row + j), _mm_shuffle_epi8(table, _mm_and_si128(c, low4)));
+        }
+      }
+      for (int64_t k = 0; k < KB; ++k) {
+        uint8_t* r = base + ((v - v0) * KB + k) * rec;
+        for (int l = 0; l < L; ++l) {
+          const int64_t n = v * L + l;
+          const int8_t* x = view.data() + l * K + k * B;
+          int32_t sum = 0;
+          for (int64_t j = 0; j < B; ++j) sum += x[j];
+          for (int64_t g = 0; g < G; ++g) std::memcpy(r + g * L * 4 + l * 4, x + 4 * g, 4);
+          const float scale = n < N ? b.scales[n * KB + k] : 0.0f;
+          const int32_t corr = -kBias * sum;
+          std::memcpy(r + G * L * 4 + l * 4, &corr, 4);
+          std::memcpy(r + (G + 1) * L * 4 + l * 4, &scale, 4);
+        }
       }
     }
+  }
   return out;
 }
 
@@ -165,31 +194,46 @@ void dispatch(int mr, int nv, const TileArgs& t) {
 }
 
 // Runs every tile of C, threads splitting the (panel group, row tile) grid panel-major so each thread
-// keeps its B panels in its own L2 while A streams from the shared L3.
+// keeps its B panels in its own L2 while A streams from the shared L3. The larger packed operand is packed a chunk
+// (about 4 MB) at a time, the smaller one whole, so that the packed copies never hold a large operand whole; tiles
+// only divide the outputs among them, so every output is computed as without chunks.
 template <template <int, int> class Tile, int MR, int NV, int L>
 void gemm_tiled(const QTensor& a, const QTensor& b, float* c) {
   const int64_t M = a.rows, N = b.rows, K = a.cols, KB = K / a.block;
-  const AlignedBytes pa = pack_a(a);
-  const AlignedBytes pb = pack_b(b, L);
   const int64_t panel = KB * record_bytes(L, a.block / 4);
   const float gg = FP4LAB_FMUL(tensor_factor(a.format, a.global_dec), tensor_factor(b.format, b.global_dec));
-  const int64_t nvp = (N + L - 1) / L, groups = (nvp + NV - 1) / NV, mtiles = (M + MR - 1) / MR;
-#pragma omp parallel for collapse(2) schedule(static) if (double(M) * double(N) * double(K) > kParallelMacs)
-  for (int64_t g = 0; g < groups; ++g)
-    for (int64_t mt = 0; mt < mtiles; ++mt) {
-      const int64_t m0 = mt * MR, v0 = g * NV, n0 = v0 * L;
-      TileArgs t;
-      t.a = pa.data() + m0 * K;
-      t.sa = a.scales.data() + m0 * KB;
-      t.K = K;
-      t.KB = KB;
-      t.b = pb.data() + v0 * panel;
-      t.panel = panel;
-      t.gg = gg;
-      t.c = c + m0 * N + n0;
-      t.ldc = N;
-      t.ncols = std::min<int64_t>(NV * L, N - n0);
-      dispatch<Tile, MR, NV>(int(std::min<int64_t>(MR, M - m0)), int(std::min<int64_t>(NV, nvp - v0)), t);
+  const int64_t nvp = (N + L - 1) / L;
+  constexpr int64_t kChunkBytes = int64_t(1) << 22;
+  const bool chunk_a = M * K >= nvp * panel;
+  const int64_t mchunk = chunk_a ? std::max<int64_t>(MR, kChunkBytes / K / MR * MR) : M;
+  const int64_t vchunk = chunk_a ? nvp : std::max<int64_t>(NV, kChunkBytes / panel / NV * NV);
+  std::optional<AlignedBytes> pa, pb;
+  if (!chunk_a) pa.emplace(pack_a(a, 0, M));
+  else pb.emplace(pack_b(b, L, 0, nvp));
+  const bool parallel = double(M) * double(N) * double(K) > kParallelMacs;
+  for (int64_t mc0 = 0; mc0 < M; mc0 += mchunk)
+    for (int64_t vc0 = 0; vc0 < nvp; vc0 += vchunk) {
+      const int64_t mc = std::min(mchunk, M - mc0), vc = std::min(vchunk, nvp - vc0);
+      if (chunk_a) pa.emplace(pack_a(a, mc0, mc));
+      else pb.emplace(pack_b(b, L, vc0, vc));
+      const int64_t groups = (vc + NV - 1) / NV, mtiles = (mc + MR - 1) / MR;
+#pragma omp parallel for collapse(2) schedule(static) if (parallel)
+      for (int64_t g = 0; g < groups; ++g)
+        for (int64_t mt = 0; mt < mtiles; ++mt) {
+          const int64_t m0 = mc0 + mt * MR, v0 = vc0 + g * NV, n0 = v0 * L;
+          TileArgs t;
+          t.a = pa->data() + (m0 - (chunk_a ? mc0 : 0)) * K;
+          t.sa = a.scales.data() + m0 * KB;
+          t.K = K;
+          t.KB = KB;
+          t.b = pb->data() + (v0 - (chunk_a ? 0 : vc0)) * panel;
+          t.panel = panel;
+          t.gg = gg;
+          t.c = c + m0 * N + n0;
+          t.ldc = N;
+          t.ncols = std::min<int64_t>(NV * L, N - n0);
+          dispatch<Tile, MR, NV>(int(std::min<int64_t>(MR, mc0 + mc - m0)), int(std::min<int64_t>(NV, vc0 + vc - v0)), t);
+        }
     }
 }
 

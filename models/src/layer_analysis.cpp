@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <stdexcept>
 
 namespace fp4lab {
 
@@ -11,24 +12,35 @@ std::string AnalysisSetting::label() const {
   return std::string(format.name) + (rht ? " rht" + std::to_string(rht) : " no-rht");
 }
 
-LayerOperands::LayerOperands(const LayerView& v, bool with_refs)
-    : l(v), wt(transpose(v.w, v.out, v.in)), dyt(transpose(v.dy, v.tokens, v.out)), xt(transpose(v.x, v.tokens, v.in)),
-      refs(3) {
+namespace {
+std::vector<float> held(const float* x, int64_t rows, int64_t cols, int64_t limit) {
+  return rows * cols <= limit ? transpose(x, rows, cols) : std::vector<float>();
+}
+}  // namespace
+
+LayerOperands::LayerOperands(const LayerView& v, bool with_refs, int64_t held_transpose)
+    : l(v), wt(held(v.w, v.out, v.in, held_transpose)), dyt(held(v.dy, v.tokens, v.out, held_transpose)),
+      xt(held(v.x, v.tokens, v.in, held_transpose)), refs(3) {
   if (with_refs)
     for (Pass p : kPasses) compute_ref(p);
 }
 
 void LayerOperands::compute_ref(Pass p) {
   const auto [a, b] = pass(p);
-  refs[size_t(p)] = gemm_f64(a.p, b.p, a.rows, b.rows, a.cols);
+  refs[size_t(p)] = gemm_f64(a.p, a.row_stride(), a.col_stride(), b.p, b.row_stride(), b.col_stride(), a.rows,
+                             b.rows, a.cols);
 }
 
 std::pair<LayerOperands::Operand, LayerOperands::Operand> LayerOperands::pass(Pass p) const {
   const PassGeometry g = pass_geometry(p, l.tokens, l.in, l.out);
+  // A transpose not held: the source, read transposed.
+  auto t = [&](const std::vector<float>& held, const float* src, int64_t rows) {
+    return held.empty() ? Operand{src, rows, g.K, true} : Operand{held.data(), rows, g.K};
+  };
   switch (p) {
     case Pass::fwd_y: return {{l.x, g.M, g.K}, {l.w, g.N, g.K}};
-    case Pass::bwd_dx: return {{l.dy, g.M, g.K}, {wt.data(), g.N, g.K}};
-    default: return {{dyt.data(), g.M, g.K}, {xt.data(), g.N, g.K}};
+    case Pass::bwd_dx: return {{l.dy, g.M, g.K}, t(wt, l.w, g.N)};
+    default: return {t(dyt, l.dy, g.M), t(xt, l.x, g.N)};
   }
 }
 
@@ -56,8 +68,74 @@ struct Quantised {
 // trace than rotating twice). A large one is quantised with its rotation inside quantize() and the rotated values
 // made again a panel of rows at a time for the statistics (the same rotation, so the same bits): a whole rotated
 // copy would cost four bytes per element per running task.
+// Rows [r0, r0 + n) of an operand read transposed from its source, into buf (n x cols).
+void transposed_rows(const LayerOperands::Operand& o, int64_t r0, int64_t n, std::vector<float>& buf) {
+  buf.resize(size_t(n * o.cols));
+  for (int64_t c = 0; c < o.cols; ++c) {
+    const float* src = o.p + c * o.rows + r0;
+    for (int64_t i = 0; i < n; ++i) buf[size_t(i * o.cols + c)] = src[i];
+  }
+}
+
+Quantised quantise(const LayerOperands::Operand& o, const QuantConfig& c, bool with_bias);
+
+// An operand read transposed from its source, quantised a panel of rows at a time: without stochastic rounding
+// (keyed by element index) or a tensor-wide scale (ue4m3) every row is quantised alone, and panels of whole 16-row
+// groups keep the 16x16 tiles whole, so the panels' codes and scales are the whole operand's. Each panel's
+// statistics are taken as it is quantised, in row order, as over the whole. Other settings, and a panel that
+// faults (so that the message names the element within the whole operand), quantise a transposed copy.
+Quantised quantise_transposed(const LayerOperands::Operand& o, const QuantConfig& c, bool with_bias) {
+  auto whole = [&] {
+    const std::vector<float> t = transpose(o.p, o.cols, o.rows);
+    return quantise({t.data(), o.rows, o.cols}, c, with_bias);
+  };
+  if (c.rounding != Rounding::rtne || c.scale == ScaleKind::ue4m3) return whole();
+  try {
+    Quantised r;
+    MomentsSum m;
+    std::optional<BiasSum> bias;
+    if (with_bias) bias.emplace(c.format);
+    const int64_t panel = std::max<int64_t>(16, (int64_t(1) << 16) / o.cols / 16 * 16);
+    std::vector<float> rows, rotated;
+    QuantConfig plain = c;
+    plain.rht = 0;
+    plain.rht_bf16 = false;
+    for (int64_t r0 = 0; r0 < o.rows; r0 += panel) {
+      const int64_t n = std::min(panel, o.rows - r0);
+      transposed_rows(o, r0, n, rows);
+      const float* seen = rows.data();
+      if (c.rht != 0) {
+        rotated = rotate(rows.data(), n, o.cols, c);
+        seen = rotated.data();
+      }
+      const QTensor p = quantize(seen, n, o.cols, plain);
+      if (r0 == 0) {
+        r.q = p;
+        r.q.rows = o.rows;
+        r.q.codes.resize(size_t(o.rows * o.cols));
+        r.q.scales.resize(size_t(o.rows * p.kblocks()));
+        if (!p.scale_codes.empty()) r.q.scale_codes.resize(r.q.scales.size());
+        r.q.rht = c.rht;  // the operand was rotated, if not by quantize() itself
+        r.q.rht_signs = c.rht != 0 ? c.rht_signs : std::vector<float>();
+      } else {
+        std::copy(p.codes.begin(), p.codes.end(), r.q.codes.begin() + r0 * o.cols);
+        std::copy(p.scales.begin(), p.scales.end(), r.q.scales.begin() + r0 * p.kblocks());
+        std::copy(p.scale_codes.begin(), p.scale_codes.end(), r.q.scale_codes.begin() + r0 * p.kblocks());
+      }
+      m.add(seen, r.q, r0, n);
+      if (bias) bias->add(r.q, seen, r0, n);
+    }
+    r.m = m.sum();
+    if (bias) r.bias = bias->levels();
+    return r;
+  } catch (const std::invalid_argument&) {
+    return whole();
+  }
+}
+
 Quantised quantise(const LayerOperands::Operand& o, const QuantConfig& c, bool with_bias) {
   constexpr int64_t kWholeCopy = int64_t(1) << 20;  // elements (4 MB of floats)
+  if (o.transposed) return quantise_transposed(o, c, with_bias);
   Quantised r;
   MomentsSum m;
   std::optional<BiasSum> bias;
@@ -186,7 +264,8 @@ std::vector<LayerResults> analyze_pass_in_panels(const LayerOperands& l, Pass p,
   const int64_t panel = panel_rows > 0 ? panel_rows : std::max<int64_t>(1, (int64_t(4) << 20) / (12 * N));
   for (int64_t r0 = 0; r0 < M; r0 += panel) {
     const int64_t n = std::min(panel, M - r0);
-    const std::vector<double> ref = gemm_f64(a.p + r0 * K, b.p, n, N, K);
+    const std::vector<double> ref =
+        gemm_f64(a.p + r0 * a.row_stride(), a.row_stride(), a.col_stride(), b.p, b.row_stride(), b.col_stride(), n, N, K);
     for (Job& j : jobs) {
       const std::vector<float> c = gemm_rows(j.qa.q, r0, n, j.qb.q);
       j.cmp.add(ref.data(), c.data(), n * N);

@@ -204,6 +204,64 @@ TEST(Moments, OnTheFlyEqualsDequantisedCopy) {
     }
 }
 
+// Backward operands read in place from their untransposed tensors (panels transposed as they are quantised, the
+// float64 references read by strides) give the bits of the held transposed copies, under settings and every
+// recipe preset: RHT, BF16 rotation, ue4m3's tensor scale (a transposed copy then), ue8m0, block 32, 2-D tiles and
+// stochastic rounding (a transposed copy then), on a layer of several panels.
+TEST(LayerAnalysis, TransposesReadInPlaceGiveTheHeldCopiesBits) {
+  const int64_t T = 256, I = 96, O = 4128;  // dY^T [4128, 256] and W^T [96, 4128]: several panels each
+  std::mt19937 rng(7);
+  std::student_t_distribution<float> heavy(3.0f);
+  std::vector<float> x(size_t(T * I)), w(size_t(O * I)), dy(size_t(T * O));
+  for (auto* v : {&x, &w, &dy})
+    for (float& e : *v) e = heavy(rng);
+  const LayerView view{x.data(), w.data(), dy.data(), T, I, O};
+  const LayerOperands held(view), in_place(view, true, /*held_transpose=*/0);
+  ASSERT_FALSE(held.xt.empty());
+  ASSERT_TRUE(in_place.xt.empty() && in_place.dyt.empty() && in_place.wt.empty());
+  auto bits = [](double v) { return std::bit_cast<uint64_t>(v); };
+  std::vector<AnalysisSetting> settings(4);
+  settings[0].format = kE2M1;
+  settings[1].rht = 16;
+  settings[1].rht_signs = rht_signs_te(16);
+  settings[2].format = kE2M1;
+  settings[2].rht = 32;
+  settings[2].rht_signs = rht_signs_from_seed(32, 1);
+  settings[2].block = 32;
+  settings[3].scale = ScaleKind::ue8m0;
+  for (const AnalysisSetting& s : settings)
+    for (Pass p : kPasses) {
+      const LayerResults a = analyze_setting_pass(in_place, s, p), b = analyze_setting_pass(held, s, p);
+      ASSERT_EQ(a.tensors.size(), b.tensors.size());
+      for (size_t t = 0; t < a.tensors.size(); ++t) {
+        EXPECT_EQ(bits(a.tensors[t].sqnr_db), bits(b.tensors[t].sqnr_db)) << s.label() << " " << a.tensors[t].role;
+        EXPECT_EQ(bits(a.tensors[t].beff), bits(b.tensors[t].beff));
+        EXPECT_EQ(bits(a.tensors[t].alpha), bits(b.tensors[t].alpha));
+        for (size_t i = 0; i < a.tensors[t].bias_per_level.size(); ++i)
+          EXPECT_EQ(bits(a.tensors[t].bias_per_level[i].mean_error), bits(b.tensors[t].bias_per_level[i].mean_error));
+      }
+      EXPECT_EQ(bits(a.gemms.at(0).sqnr_db), bits(b.gemms.at(0).sqnr_db)) << s.label() << " " << pass_name(p);
+      EXPECT_EQ(bits(a.gemms.at(0).eta), bits(b.gemms.at(0).eta));
+      EXPECT_EQ(bits(a.gemms.at(0).eta_measured), bits(b.gemms.at(0).eta_measured));
+    }
+  for (const std::string& name : Recipe::preset_names())
+    for (Pass p : kPasses) {
+      const Recipe r = Recipe::preset(name);
+      const GemmResult a = analyze_recipe_pass(in_place, r, 3, p), b = analyze_recipe_pass(held, r, 3, p);
+      EXPECT_EQ(bits(a.sqnr_db), bits(b.sqnr_db)) << name << " " << pass_name(p);
+      EXPECT_EQ(bits(a.eta), bits(b.eta));
+      EXPECT_EQ(bits(a.eta_measured), bits(b.eta_measured));
+    }
+  // The float64 reference read by strides, and in panels of rows of a transposed operand.
+  for (Pass p : kPasses) {
+    EXPECT_EQ(in_place.refs[size_t(p)], held.refs[size_t(p)]) << pass_name(p);
+    const std::vector<LayerResults> a = analyze_pass_in_panels(in_place, p, settings, {}, 3, /*panel_rows=*/5);
+    const std::vector<LayerResults> b = analyze_pass_in_panels(held, p, settings, {}, 3, /*panel_rows=*/5);
+    for (size_t s = 0; s < settings.size(); ++s)
+      EXPECT_EQ(bits(a[s].gemms.at(0).sqnr_db), bits(b[s].gemms.at(0).sqnr_db)) << pass_name(p);
+  }
+}
+
 // The correctly rounded functions the statistics are defined with (docs/spec.md §6.1), against values rounded
 // by hand from their exact expansions (hex literals: the double nearest the true value).
 // The memory-bounded forms give the same bits as the whole-tensor ones: analyze_pass_in_panels (reference and

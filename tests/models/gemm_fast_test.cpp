@@ -205,6 +205,25 @@ TEST(GemmFastPublic, MultiThreadedShapeMatchesReferenceBits) {
   }
 }
 
+// Operands packed a chunk of about 4 MB at a time: a long A (rows in chunks, the last one partial) and a long B
+// (vector panels in chunks, the last one partial, N not a multiple of the lanes), on every compiled path.
+TEST(GemmFastPublic, ChunkedPackingMatchesReferenceBits) {
+  const int64_t K = 4096;  // chunks of 1020 rows of A (AVX-512: 6-row tiles), of 42 vector panels of B
+  const QTensor long_a = make_operand(1100, K, kE2M1, ScaleKind::fp32, 16, 6);
+  const QTensor short_b = make_operand(21, K, kE1M2, ScaleKind::fp32, 16, 7);
+  const QTensor short_a = make_operand(7, K, kE2M1, ScaleKind::ue8m0, 16, 8);
+  const QTensor long_b = make_operand(700, K, kE2M1, ScaleKind::ue8m0, 16, 9);
+  int64_t checked = 0;
+  for (GemmPath p : {GemmPath::avx2, GemmPath::avx512_vnni}) {
+    if (!detail::gemm_path_compiled(p)) continue;
+    checked += expect_bit_equal(reference::gemm_contract(long_a, short_b), detail::gemm_on(p, long_a, short_b),
+                                short_b.rows, std::string("long A ") + detail::gemm_path_name(p));
+    checked += expect_bit_equal(reference::gemm_contract(short_a, long_b), detail::gemm_on(p, short_a, long_b),
+                                long_b.rows, std::string("long B ") + detail::gemm_path_name(p));
+  }
+  EXPECT_GT(checked, 0);
+}
+
 // gemm_into must write every element of the caller's buffer (pre-filled with a NaN sentinel here).
 TEST(GemmFastPublic, IntoBufferWritesEveryOutput) {
   const QTensor a = make_operand(25, 96, kE2M1, ScaleKind::ue8m0, 32, 4);

@@ -64,6 +64,51 @@ TEST(RoundRtneBranchFree, MatchesWalkAroundEveryMidpointAndLevel) {
   EXPECT_GT(checked, 0);
 }
 
+// quantize()'s block rounding (AVX-512: 16 elements per register) against round_rtne, around every midpoint and
+// level of every grid: each block of 16 starts with gmax, so its FP32 scale is gmax / gmax = 1 and the values
+// reach the rounding unchanged; the rest are the values within 300 ulps of each level and midpoint, both signs,
+// and a few extremes (the clamp above gmax cannot be reached through an FP32 scale of 1).
+TEST(QuantizeFast, BlockRoundingMatchesRoundRtneAroundEveryMidpointAndLevel) {
+  int64_t checked = 0;
+  for (const ElemFormat& f : kAllFormats) {
+    std::vector<float> values = {0.0f, -0.0f, 1e-45f, -1e-45f, f.gmax(), -f.gmax()};
+    const float k = std::ldexp(1.0f, -f.int_shift());
+    for (int i = 0; i <= f.max_index; ++i) {
+      std::vector<float> centres = {float(f.int_level(i)) * k};
+      if (i < f.max_index) centres.push_back(0.5f * float(f.int_level(i) + f.int_level(i + 1)) * k);
+      for (float c : centres)
+        for (float s : {1.0f, -1.0f})
+          for (int d = -300; d <= 300; ++d) {
+            const float v = f32_from_bits(uint32_t(int64_t(f32_bits(c * s)) + d));
+            if (std::fabs(v) <= f.gmax()) values.push_back(v);
+          }
+    }
+    std::vector<float> x;
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (x.size() % 16 == 0) x.push_back(f.gmax());
+      x.push_back(values[i]);
+    }
+    while (x.size() % 32 != 0) x.push_back(x.size() % 16 == 0 ? f.gmax() : 0.0f);
+    for (int block : {16, 32}) {
+      QuantConfig cfg;
+      cfg.format = f;
+      cfg.block = block;
+      const int64_t cols = 256, rows = int64_t(x.size()) / cols + 1;
+      std::vector<float> t(size_t(rows * cols), 0.0f);
+      std::copy(x.begin(), x.end(), t.begin());
+      for (int64_t i = int64_t(x.size()); i < rows * cols; i += 16) t[size_t(i)] = f.gmax();
+      const QTensor q = quantize(t.data(), rows, cols, cfg);
+      for (size_t i = 0; i < t.size(); ++i) {
+        ASSERT_EQ(q.scales[i / size_t(block)], 1.0f) << f.name << " block " << block;
+        ASSERT_EQ(q.codes[i], round_rtne(f, t[i])) << f.name << " block " << block << " v = " << t[i] << " bits "
+                                                   << std::hex << f32_bits(t[i]);
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
 std::vector<float> test_tensor(int64_t rows, int64_t cols, uint32_t seed) {
   std::mt19937 g(seed);
   std::normal_distribution<float> nd(0.0f, 1.0f);

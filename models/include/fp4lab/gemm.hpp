@@ -87,5 +87,10 @@ std::vector<float> gemm_rows(const QTensor& a, int64_t row0, int64_t rows, const
 // Plain reference product of unquantised operands, C = A . B^T in float64: each output the sum of its exact
 // products in ascending k from +0.0, so the same bits on every CPU, build and thread count (docs/spec.md §6).
 std::vector<double> gemm_f64(const float* a, const float* b, int64_t M, int64_t N, int64_t K);
+// The same product of operands given by strides, A(m, k) = a[m * a_row + k * a_col] and B(n, k) = b[n * b_row +
+// k * b_col], so that an operand can be read in place from its untransposed source (row stride 1, column stride
+// the source's row length): the same bits.
+std::vector<double> gemm_f64(const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t b_row,
+                             int64_t b_col, int64_t M, int64_t N, int64_t K);
 
 }  // namespace fp4lab

@@ -50,17 +50,24 @@ struct LayerView {
   int64_t tokens, in, out;
 };
 
-// A layer with the transposed copies its backward passes need, made once and shared by every setting.
+// A layer with the transposed copies its backward passes need, made once and shared by every setting. A tensor
+// of more than kHeldTranspose elements is not copied: its backward operand reads it in place, transposed a panel
+// of rows at a time where it is quantised (the same values, so the same bits).
 // Without `with_refs` the float64 references are left empty, for the caller to fill with compute_ref (say one
 // task per pass beside the quantised work).
 struct LayerOperands {
-  explicit LayerOperands(const LayerView& l, bool with_refs = true);
+  static constexpr int64_t kHeldTranspose = int64_t(1) << 22;  // elements (16 MB of floats)
+  // held_transpose: the largest tensor whose transpose is held (tests read every one in place with 0).
+  explicit LayerOperands(const LayerView& l, bool with_refs = true, int64_t held_transpose = kHeldTranspose);
   void compute_ref(Pass p);  // refs[p]: the float64 product of the pass's unquantised operands
   LayerView l;
-  std::vector<float> wt, dyt, xt;  // W^T [in, out], dY^T [out, tokens], X^T [in, tokens]
+  std::vector<float> wt, dyt, xt;  // W^T [in, out], dY^T [out, tokens], X^T [in, tokens]; empty when not held
   struct Operand {
     const float* p;
     int64_t rows, cols;
+    bool transposed = false;  // element (r, c) is p[c * rows + r]: p is the untransposed [cols, rows] tensor
+    int64_t row_stride() const { return transposed ? 1 : cols; }
+    int64_t col_stride() const { return transposed ? rows : 1; }
   };
   // A and B of a pass, both K-major (C = A . B^T).
   std::pair<Operand, Operand> pass(Pass p) const;
