@@ -43,9 +43,12 @@ void BiasSum::add(const QTensor& q, const float* seen, int64_t row0, int64_t row
   for (int64_t r = row0; r < row0 + rows; ++r)
     for (int64_t b = 0; b < kb; ++b) {
       const double scale = double(q.scales[r * kb + b]) * q.global_dec;
-      if (scale == 0.0) continue;  // an all-zero block carries no information about the grid
-      const double inv = 1.0 / scale;
       const int64_t base = r * q.cols + b * q.block, sbase = (r - row0) * q.cols + b * q.block;
+      if (scale == 0.0) {  // an all-zero block carries no information about the grid
+        for (int j = 0; j < q.block; ++j) ++zero_cnt_[code_index(q.codes[base + j])];
+        continue;
+      }
+      const double inv = 1.0 / scale;
       for (int j = 0; j < q.block; ++j) {
         const int i = code_index(q.codes[base + j]);  // indices past max_index never come out of quantize()
         sum[i] += level[i] - std::fabs(double(seen[sbase + j])) * inv;
@@ -61,6 +64,29 @@ std::vector<EmpiricalLevel> BiasSum::levels() const {
   out.reserve(size_t(n_));
   for (int i = 0; i < n_; ++i) out.push_back({i, level_[i], cnt_[i], cnt_[i] ? sum_[i] / double(cnt_[i]) : 0.0});
   return out;
+}
+
+namespace {
+// exp(-sum p log p) / L over the counts of the L levels, n codes in all.
+double beff_of_counts(const int64_t* cnt, int L, int64_t codes) {
+  const double n = double(codes);
+  double h = 0;
+  for (int i = 0; i < L; ++i)
+    if (cnt[i]) {
+      const double p = double(cnt[i]) / n;
+      h -= p * cr::log(p);
+    }
+  return cr::exp(h) / L;
+}
+}  // namespace
+
+double BiasSum::beff() const {
+  int64_t cnt[16], n = 0;
+  for (int i = 0; i < 16; ++i) {
+    cnt[i] = cnt_[i] + zero_cnt_[i];
+    n += cnt[i];
+  }
+  return beff_of_counts(cnt, n_, n);
 }
 
 std::vector<EmpiricalLevel> empirical_bias(const QTensor& q, const float* seen) {
@@ -241,14 +267,7 @@ double beff(const QTensor& q) {
   for (size_t i = n4; i < q.codes.size(); ++i) ++cnt[0][code_index(q.codes[i])];
   for (int h = 1; h < 4; ++h)
     for (int i = 0; i < 16; ++i) cnt[0][i] += cnt[h][i];
-  const double n = double(q.codes.size());
-  double h = 0;
-  for (int i = 0; i < L; ++i)
-    if (cnt[0][i]) {
-      const double p = double(cnt[0][i]) / n;
-      h -= p * cr::log(p);
-    }
-  return cr::exp(h) / L;
+  return beff_of_counts(cnt[0], L, int64_t(q.codes.size()));
 }
 
 double shrinkage_alpha(const float* ref, const float* q, int64_t n) { return moments(ref, q, n).alpha(); }

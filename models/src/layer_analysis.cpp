@@ -61,6 +61,7 @@ struct Quantised {
   QTensor q;
   Moments m;                         // of the dequantised values against what the quantiser saw
   std::vector<EmpiricalLevel> bias;  // with_bias only
+  double beff = -1;                  // with_bias only (taken with the bias)
 };
 // The statistics compare the codes with what the quantiser saw: the operand, or the operand rotated. Rotating
 // first and quantising the rotated values without RHT is exactly quantize() with RHT (the rotation is its first
@@ -126,7 +127,10 @@ Quantised quantise_transposed(const LayerOperands::Operand& o, const QuantConfig
       if (bias) bias->add(r.q, seen, r0, n);
     }
     r.m = m.sum();
-    if (bias) r.bias = bias->levels();
+    if (bias) {
+      r.bias = bias->levels();
+      r.beff = bias->beff();
+    }
     return r;
   } catch (const std::invalid_argument&) {
     return whole();
@@ -168,7 +172,10 @@ Quantised quantise(const LayerOperands::Operand& o, const QuantConfig& c, bool w
     }
   }
   r.m = m.sum();
-  if (bias) r.bias = bias->levels();
+  if (bias) {
+    r.bias = bias->levels();
+    r.beff = bias->beff();
+  }
   return r;
 }
 
@@ -188,7 +195,7 @@ TensorResult tensor_result(const char* role, const Quantised& q, int rht) {
   r.format = q.q.format.name;
   r.rht = rht;
   r.sqnr_db = q.m.sqnr_db();
-  r.beff = beff(q.q);
+  r.beff = q.beff >= 0 ? q.beff : beff(q.q);
   r.alpha = q.m.alpha();
   r.bias_per_level = q.bias;
   return r;

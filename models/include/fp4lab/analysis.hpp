@@ -63,11 +63,14 @@ class BiasSum {
   explicit BiasSum(const ElemFormat& f);
   void add(const QTensor& q, const float* seen, int64_t row0, int64_t rows);
   std::vector<EmpiricalLevel> levels() const;
+  // beff(q) of the rows added (all of q's rows), from the counts taken here: the codes are read once.
+  double beff() const;
 
  private:
   int n_;
   double sum_[16] = {}, level_[16] = {};
   int64_t cnt_[16] = {};
+  int64_t zero_cnt_[16] = {};  // codes of all-zero blocks, which beff counts and the bias does not
 };
 
 // 10 log10(sum ref^2 / sum (q - ref)^2); +inf when the error is zero.
