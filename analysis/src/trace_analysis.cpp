@@ -335,7 +335,7 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
       const size_t t = order[slot - 4], job = t / 3, pi = t % 3;
       const Pass p = kPasses[pi];
       try {
-        std::vector<float> c;
+        F32Buffer c;
         if (job < settings.size()) w.by_task[t] = analyze_setting_pass(*w.lo, settings[job], p, c);
         else
           w.by_task[t].gemms.push_back(

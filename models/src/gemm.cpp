@@ -13,7 +13,8 @@ namespace fp4lab {
 namespace {
 // Finite operands can still accumulate past FLT_MAX; an Inf (or the NaN of Inf - Inf) is no result, so
 // the product is refused here, where every layer (CLI, analyze, sim --check) gets it from.
-void check_finite_output(const std::vector<float>& c, int64_t N, int64_t row0) {
+template <class Vec>
+void check_finite_output(const Vec& c, int64_t N, int64_t row0) {
   // A branch-free scan of the exponent bits first (it vectorises); the element is located only on a fault.
   uint32_t all_ones = 0;
   for (size_t i = 0; i < c.size(); ++i) {
@@ -35,6 +36,13 @@ std::vector<float> gemm(const QTensor& a, const QTensor& b) {
   std::vector<float> c = detail::gemm_on(detail::gemm_best_path(), a, b);
   check_finite_output(c, b.rows, 0);
   return c;
+}
+
+void gemm(const QTensor& a, const QTensor& b, F32Buffer& c) {
+  check_gemm_operands(a, b);
+  c.resize(size_t(a.rows * b.rows));
+  detail::gemm_into(detail::gemm_best_path(), a, b, c.data());
+  check_finite_output(c, b.rows, 0);
 }
 
 std::vector<float> gemm_rows(const QTensor& a, int64_t row0, int64_t rows, const QTensor& b) {
@@ -90,9 +98,10 @@ std::vector<double> gemm_f64(const float* a, const float* b, int64_t M, int64_t 
   return gemm_f64(a, K, 1, b, K, 1, M, N, K);
 }
 
-std::vector<double> gemm_f64(const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t b_row,
-                             int64_t b_col, int64_t M, int64_t N, int64_t K) {
-  std::vector<double> c(size_t(M * N));
+namespace {
+// C (M x N), every element written.
+void f64_product(const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t b_row, int64_t b_col,
+                 int64_t M, int64_t N, int64_t K, double* c) {
   const int64_t panels = (N + kPanel - 1) / kPanel;
   // Rows [m, m + n) of A as doubles into dst (n x K), read along whichever of A's dimensions is contiguous.
   auto a_rows = [&](int64_t m, int64_t n, double* dst) {
@@ -132,10 +141,23 @@ std::vector<double> gemm_f64(const float* a, int64_t a_row, int64_t a_col, const
       return rows.data();
     };
     int64_t m = 0;
-    for (; m + kRows <= M; m += kRows) f64_tile<kRows>(rows_of(m, kRows), K, bp.data(), c.data() + m * N, N, n0);
-    for (; m < M; ++m) f64_tile<1>(rows_of(m, 1), K, bp.data(), c.data() + m * N, N, n0);
+    for (; m + kRows <= M; m += kRows) f64_tile<kRows>(rows_of(m, kRows), K, bp.data(), c + m * N, N, n0);
+    for (; m < M; ++m) f64_tile<1>(rows_of(m, 1), K, bp.data(), c + m * N, N, n0);
   }
+}
+}  // namespace
+
+std::vector<double> gemm_f64(const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t b_row,
+                             int64_t b_col, int64_t M, int64_t N, int64_t K) {
+  std::vector<double> c(size_t(M * N));
+  f64_product(a, a_row, a_col, b, b_row, b_col, M, N, K, c.data());
   return c;
+}
+
+void gemm_f64(const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t b_row, int64_t b_col, int64_t M,
+              int64_t N, int64_t K, F64Buffer& c) {
+  c.resize(size_t(M * N));
+  f64_product(a, a_row, a_col, b, b_row, b_col, M, N, K, c.data());
 }
 
 }  // namespace fp4lab

@@ -27,8 +27,8 @@ LayerOperands::LayerOperands(const LayerView& v, bool with_refs, int64_t held_tr
 
 void LayerOperands::compute_ref(Pass p) {
   const auto [a, b] = pass(p);
-  refs[size_t(p)] = gemm_f64(a.p, a.row_stride(), a.col_stride(), b.p, b.row_stride(), b.col_stride(), a.rows,
-                             b.rows, a.cols);
+  gemm_f64(a.p, a.row_stride(), a.col_stride(), b.p, b.row_stride(), b.col_stride(), a.rows, b.rows, a.cols,
+           refs[size_t(p)]);
 }
 
 std::pair<LayerOperands::Operand, LayerOperands::Operand> LayerOperands::pass(Pass p) const {
@@ -180,8 +180,8 @@ Quantised quantise(const LayerOperands::Operand& o, const QuantConfig& c, bool w
 }
 
 // The GEMM of a pass; its comparison with the reference is compare_gemm's.
-GemmResult gemm_result(Pass p, const Quantised& a, const Quantised& b, std::vector<float>& c) {
-  c = gemm(a.q, b.q);
+GemmResult gemm_result(Pass p, const Quantised& a, const Quantised& b, F32Buffer& c) {
+  gemm(a.q, b.q, c);
   GemmResult g;
   g.pass = pass_name(p);
   g.format = a.q.format.name;
@@ -202,14 +202,14 @@ TensorResult tensor_result(const char* role, const Quantised& q, int rht) {
 }
 }  // namespace
 
-void compare_gemm(GemmResult& g, const std::vector<float>& c, const std::vector<double>& ref) {
+void compare_gemm(GemmResult& g, const F32Buffer& c, const F64Buffer& ref) {
   const Moments m = moments(ref.data(), c.data(), int64_t(c.size()));  // SQNR and eta_measured in one pass
   g.sqnr_db = m.sqnr_db();
   g.eta_measured = m.alpha();
 }
 
 LayerResults analyze_setting_pass(const LayerOperands& l, const AnalysisSetting& s, Pass p) {
-  std::vector<float> c;
+  F32Buffer c;
   LayerResults out = analyze_setting_pass(l, s, p, c);
   compare_gemm(out.gemms.back(), c, l.refs[size_t(p)]);
   return out;
@@ -269,10 +269,11 @@ std::vector<LayerResults> analyze_pass_in_panels(const LayerOperands& l, Pass p,
   // every job; the moments add up in row-major order across panels, as over the whole product.
   const int64_t M = a.rows, N = b.rows, K = a.cols;
   const int64_t panel = panel_rows > 0 ? panel_rows : std::max<int64_t>(1, (int64_t(4) << 20) / (12 * N));
+  F64Buffer ref;  // one panel's, its memory reused by the next
   for (int64_t r0 = 0; r0 < M; r0 += panel) {
     const int64_t n = std::min(panel, M - r0);
-    const std::vector<double> ref =
-        gemm_f64(a.p + r0 * a.row_stride(), a.row_stride(), a.col_stride(), b.p, b.row_stride(), b.col_stride(), n, N, K);
+    gemm_f64(a.p + r0 * a.row_stride(), a.row_stride(), a.col_stride(), b.p, b.row_stride(), b.col_stride(), n, N, K,
+             ref);
     for (Job& j : jobs) {
       const std::vector<float> c = gemm_rows(j.qa.q, r0, n, j.qb.q);
       j.cmp.add(ref.data(), c.data(), n * N);
@@ -286,12 +287,12 @@ std::vector<LayerResults> analyze_pass_in_panels(const LayerOperands& l, Pass p,
   return out;
 }
 
-LayerResults analyze_setting_pass(const LayerOperands& l, const AnalysisSetting& s, Pass p, std::vector<float>& cout) {
+LayerResults analyze_setting_pass(const LayerOperands& l, const AnalysisSetting& s, Pass p, F32Buffer& cout) {
   const QuantConfig c = s.config();
   const auto [a, b] = l.pass(p);
   // fwd_y's A and B and bwd_dx's A are tensor results too, which report the empirical bias.
   const Quantised qa = quantise(a, c, p != Pass::bwd_dw), qb = quantise(b, c, p == Pass::fwd_y);
-  cout = gemm(qa.q, qb.q);
+  gemm(qa.q, qb.q, cout);
   return setting_pass_results(p, s, qa, qb);
 }
 
@@ -307,14 +308,14 @@ LayerResults analyze_setting(const LayerOperands& l, const AnalysisSetting& s) {
 }
 
 GemmResult analyze_recipe_pass(const LayerOperands& l, const Recipe& r, uint32_t stream, Pass p) {
-  std::vector<float> c;
+  F32Buffer c;
   GemmResult g = analyze_recipe_pass(l, r, stream, p, c);
   compare_gemm(g, c, l.refs[size_t(p)]);
   return g;
 }
 
 GemmResult analyze_recipe_pass(const LayerOperands& l, const Recipe& r, uint32_t stream, Pass p,
-                               std::vector<float>& c) {
+                               F32Buffer& c) {
   const auto [a, b] = l.pass(p);
   const QuantConfig ca = r.operand(p, Operand::a, stream), cb = r.operand(p, Operand::b, stream);
   GemmResult g = gemm_result(p, quantise(a, ca, false), quantise(b, cb, false), c);

@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fp4lab/format.hpp"
@@ -80,6 +82,29 @@ void check_gemm_operands(const Q& a, const Q& b) {
 // Fast CPU implementation (vectorised, both cores); bit-identical to reference::gemm_contract.
 std::vector<float> gemm(const QTensor& a, const QTensor& b);
 
+// An allocator whose vectors leave new elements uninitialised, for products every element of which is written
+// before it is read: zeroing them first would be a pass over memory of its own.
+template <class T>
+struct UninitAlloc : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = UninitAlloc<U>;
+  };
+  UninitAlloc() = default;
+  template <class U>
+  UninitAlloc(const UninitAlloc<U>&) noexcept {}
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    if constexpr (sizeof...(Args) == 0) ::new (static_cast<void*>(p)) U;
+    else ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+using F32Buffer = std::vector<float, UninitAlloc<float>>;
+using F64Buffer = std::vector<double, UninitAlloc<double>>;
+
+// gemm(a, b) into c (resized to its rows x columns), the same bits.
+void gemm(const QTensor& a, const QTensor& b, F32Buffer& c);
+
 // Rows [row0, row0 + rows) of gemm(a, b), the same bits (every output is its own sum), for callers that take a
 // large product a panel of rows at a time. An overflow names its row in the whole product.
 std::vector<float> gemm_rows(const QTensor& a, int64_t row0, int64_t rows, const QTensor& b);
@@ -92,5 +117,8 @@ std::vector<double> gemm_f64(const float* a, const float* b, int64_t M, int64_t 
 // the source's row length): the same bits.
 std::vector<double> gemm_f64(const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t b_row,
                              int64_t b_col, int64_t M, int64_t N, int64_t K);
+// The same product into c (resized to M x N), the same bits.
+void gemm_f64(const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t b_row, int64_t b_col, int64_t M,
+              int64_t N, int64_t K, F64Buffer& c);
 
 }  // namespace fp4lab

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "fp4lab/analysis.hpp"
+#include "fp4lab/gemm.hpp"
 #include "fp4lab/recipe.hpp"
 
 namespace fp4lab {
@@ -41,7 +42,7 @@ struct GemmResult {
   double eta_measured = 0;  // <C_q, C_ref> / |C_ref|^2 on the GEMM output itself
 };
 
-using PassRefs = std::vector<std::vector<double>>;
+using PassRefs = std::vector<F64Buffer>;
 
 struct LayerView {
   const float* x;   // [tokens, in]
@@ -93,8 +94,8 @@ LayerResults analyze_setting_pass(const LayerOperands& l, const AnalysisSetting&
 // Every analysis of a pass but the GEMM output's comparison with the float64 reference: its quantised output C
 // goes to `c`, and compare_gemm(result, c, ref) fills the GEMM's sqnr_db and eta_measured once the reference
 // is there. Split so that the reference can be computed while the quantised work runs.
-LayerResults analyze_setting_pass(const LayerOperands& l, const AnalysisSetting& s, Pass p, std::vector<float>& c);
-void compare_gemm(GemmResult& g, const std::vector<float>& c, const std::vector<double>& ref);
+LayerResults analyze_setting_pass(const LayerOperands& l, const AnalysisSetting& s, Pass p, F32Buffer& c);
+void compare_gemm(GemmResult& g, const F32Buffer& c, const F64Buffer& ref);
 
 // Every setting's and recipe's results of pass p (one LayerResults per setting, then per recipe, each as
 // analyze_setting_pass or analyze_recipe_pass and compare_gemm give it), for a pass whose float64 reference is
@@ -111,6 +112,6 @@ std::vector<LayerResults> analyze_pass_in_panels(const LayerOperands& l, Pass p,
 std::vector<GemmResult> analyze_recipe(const LayerOperands& l, const Recipe& r, uint32_t stream);
 GemmResult analyze_recipe_pass(const LayerOperands& l, const Recipe& r, uint32_t stream, Pass p);
 GemmResult analyze_recipe_pass(const LayerOperands& l, const Recipe& r, uint32_t stream, Pass p,
-                               std::vector<float>& c);  // compare_gemm finishes it
+                               F32Buffer& c);  // compare_gemm finishes it
 
 }  // namespace fp4lab
