@@ -97,7 +97,8 @@ Quantised quantise_transposed(const LayerOperands::Operand& o, const QuantConfig
     std::optional<BiasSum> bias;
     if (with_bias) bias.emplace(c.format);
     const int64_t panel = std::max<int64_t>(16, (int64_t(1) << 16) / o.cols / 16 * 16);
-    std::vector<float> rows, rotated;
+    std::vector<float> rows;
+    F32Buffer rotated;
     QuantConfig plain = c;
     plain.rht = 0;
     plain.rht_bf16 = false;
@@ -106,7 +107,7 @@ Quantised quantise_transposed(const LayerOperands::Operand& o, const QuantConfig
       transposed_rows(o, r0, n, rows);
       const float* seen = rows.data();
       if (c.rht != 0) {
-        rotated = rotate(rows.data(), n, o.cols, c);
+        rotate(rows.data(), n, o.cols, c, rotated);
         seen = rotated.data();
       }
       const QTensor p = quantize(seen, n, o.cols, plain);
@@ -145,10 +146,10 @@ Quantised quantise(const LayerOperands::Operand& o, const QuantConfig& c, bool w
   std::optional<BiasSum> bias;
   if (with_bias) bias.emplace(c.format);
   if (c.rht == 0 || o.rows * o.cols <= kWholeCopy) {
-    std::vector<float> rotated;
+    F32Buffer rotated;
     const float* seen = o.p;
     if (c.rht != 0) {
-      rotated = rotate(o.p, o.rows, o.cols, c);
+      rotate(o.p, o.rows, o.cols, c, rotated);
       seen = rotated.data();
     }
     QuantConfig plain = c;
@@ -163,10 +164,10 @@ Quantised quantise(const LayerOperands::Operand& o, const QuantConfig& c, bool w
     r.q = quantize(o.p, o.rows, o.cols, c);
     // About 256 kB of floats per panel, in whole 16-row groups (the rows of a 16x16 tile stay together).
     const int64_t panel = std::max<int64_t>(16, (int64_t(1) << 16) / o.cols / 16 * 16);
-    std::vector<float> rotated;
+    F32Buffer rotated;  // one panel's, its memory reused by the next
     for (int64_t r0 = 0; r0 < o.rows; r0 += panel) {
       const int64_t n = std::min(panel, o.rows - r0);
-      rotated = rotate(o.p + r0 * o.cols, n, o.cols, c);
+      rotate(o.p + r0 * o.cols, n, o.cols, c, rotated);
       m.add(rotated.data(), r.q, r0, n);
       if (bias) bias->add(r.q, rotated.data(), r0, n);
     }

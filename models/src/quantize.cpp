@@ -252,6 +252,19 @@ void round_block(const Fmt& fmt, const float* __restrict y, int n, const BlockSc
 
 }  // namespace
 
+namespace {
+// Rows of src rotated into dst (the same rows, or another buffer of them); a row that overflows is refused.
+void rotate_rows(const float* src, float* dst, int64_t rows, int64_t cols, const QuantConfig& cfg) {
+  RotationFault fault;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    rotate_row(src + r * cols, dst + r * cols, cols, cfg);
+    if (const int64_t c = first_nonfinite(dst + r * cols, cols); c >= 0) fault.note(r, c);
+  }
+  fault.raise(cfg);
+}
+}  // namespace
+
 std::vector<float> rotate(const float* x, int64_t rows, int64_t cols, const QuantConfig& cfg) {
   // The shape is checked here too: rotating a row whose length is not a multiple of the RHT size would
   // run past its end (analyze rotates before it quantises).
@@ -259,14 +272,19 @@ std::vector<float> rotate(const float* x, int64_t rows, int64_t cols, const Quan
   std::vector<float> y(x, x + rows * cols);
   if (cfg.rht == 0) return y;
   check_finite(x, rows * cols, "input tensor");
-  RotationFault fault;
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    rotate_row(y.data() + r * cols, y.data() + r * cols, cols, cfg);
-    if (const int64_t c = first_nonfinite(y.data() + r * cols, cols); c >= 0) fault.note(r, c);
-  }
-  fault.raise(cfg);
+  rotate_rows(y.data(), y.data(), rows, cols, cfg);
   return y;
+}
+
+void rotate(const float* x, int64_t rows, int64_t cols, const QuantConfig& cfg, F32Buffer& y) {
+  validate(cfg, rows, cols);
+  y.resize(size_t(rows * cols));
+  if (cfg.rht == 0) {
+    std::copy(x, x + rows * cols, y.data());
+    return;
+  }
+  check_finite(x, rows * cols, "input tensor");
+  rotate_rows(x, y.data(), rows, cols, cfg);
 }
 
 QTensor QTensor::rows_panel(int64_t row0, int64_t n) const {

@@ -3,12 +3,11 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <stdexcept>
 #include <string>
-#include <utility>
 #include <vector>
 
+#include "fp4lab/buffer.hpp"
 #include "fp4lab/format.hpp"
 #include "fp4lab/quantize.hpp"
 #include "fp4lab/rht.hpp"
@@ -81,26 +80,6 @@ void check_gemm_operands(const Q& a, const Q& b) {
 
 // Fast CPU implementation (vectorised, both cores); bit-identical to reference::gemm_contract.
 std::vector<float> gemm(const QTensor& a, const QTensor& b);
-
-// An allocator whose vectors leave new elements uninitialised, for products every element of which is written
-// before it is read: zeroing them first would be a pass over memory of its own.
-template <class T>
-struct UninitAlloc : std::allocator<T> {
-  template <class U>
-  struct rebind {
-    using other = UninitAlloc<U>;
-  };
-  UninitAlloc() = default;
-  template <class U>
-  UninitAlloc(const UninitAlloc<U>&) noexcept {}
-  template <class U, class... Args>
-  void construct(U* p, Args&&... args) {
-    if constexpr (sizeof...(Args) == 0) ::new (static_cast<void*>(p)) U;
-    else ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
-  }
-};
-using F32Buffer = std::vector<float, UninitAlloc<float>>;
-using F64Buffer = std::vector<double, UninitAlloc<double>>;
 
 // gemm(a, b) into c (resized to its rows x columns), the same bits.
 void gemm(const QTensor& a, const QTensor& b, F32Buffer& c);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "fp4lab/buffer.hpp"
 #include "fp4lab/format.hpp"
 #include "fp4lab/scale.hpp"
 
@@ -129,6 +130,8 @@ void check_finite(const float* x, int64_t n, const char* what);
 
 // The values the block scales see: x rotated by RHT (and rounded to BF16 when asked), or x itself.
 std::vector<float> rotate(const float* x, int64_t rows, int64_t cols, const QuantConfig& cfg);
+// The same into y (resized to rows x cols), written once rather than copied and then rotated in place.
+void rotate(const float* x, int64_t rows, int64_t cols, const QuantConfig& cfg, F32Buffer& y);
 
 QTensor quantize(const float* x, int64_t rows, int64_t cols, const QuantConfig& cfg);
 
