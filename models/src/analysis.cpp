@@ -31,34 +31,6 @@ BiasSum::BiasSum(const ElemFormat& f) : n_(f.num_levels()) {
   for (int i = 0; i < n_; ++i) level_[i] = f.level(i);
 }
 
-void BiasSum::add(const QTensor& q, const float* seen, int64_t row0, int64_t rows) {
-  // Copies on the stack: the per-element scatter then stays out of memory, and the code bytes (which may alias
-  // anything) do not force the sums to be reloaded.
-  double sum[16], level[16];
-  int64_t cnt[16];
-  std::copy(sum_, sum_ + 16, sum);
-  std::copy(level_, level_ + 16, level);
-  std::copy(cnt_, cnt_ + 16, cnt);
-  const int64_t kb = q.kblocks();
-  for (int64_t r = row0; r < row0 + rows; ++r)
-    for (int64_t b = 0; b < kb; ++b) {
-      const double scale = double(q.scales[r * kb + b]) * q.global_dec;
-      const int64_t base = r * q.cols + b * q.block, sbase = (r - row0) * q.cols + b * q.block;
-      if (scale == 0.0) {  // an all-zero block carries no information about the grid
-        for (int j = 0; j < q.block; ++j) ++zero_cnt_[code_index(q.codes[base + j])];
-        continue;
-      }
-      const double inv = 1.0 / scale;
-      for (int j = 0; j < q.block; ++j) {
-        const int i = code_index(q.codes[base + j]);  // indices past max_index never come out of quantize()
-        sum[i] += level[i] - std::fabs(double(seen[sbase + j])) * inv;
-        ++cnt[i];
-      }
-    }
-  std::copy(sum, sum + 16, sum_);
-  std::copy(cnt, cnt + 16, cnt_);
-}
-
 std::vector<EmpiricalLevel> BiasSum::levels() const {
   std::vector<EmpiricalLevel> out;
   out.reserve(size_t(n_));
@@ -173,47 +145,56 @@ Moments moments_impl(const R* ref, const float* q, int64_t n) {
 }
 
 // Element i's lane is i % 8 as in moments_impl (rows are multiples of the block, so of 8), and every value is
-// QTensor::dequant's: (grid value * block scale) * global_dec. `ref` holds rows [row0, row0 + rows).
+// QTensor::dequant's: (grid value * block scale) * global_dec. One block: its codes, its scale s, and `ref` its
+// values seen.
+inline void moments_block(VLanes& acc, const float* grid, const uint8_t* codes, float s, float g, const float* ref,
+                          int block) {
+#if defined(__AVX512F__)
+  if (block % 16 == 0) {  // 16 grid values at once from a register table, in the same element order
+    const __m512 table = _mm512_loadu_ps(grid);
+    for (int j = 0; j < block; j += 16) {
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + j));
+      const __m512i idx = _mm512_and_si512(_mm512_cvtepu8_epi32(c), _mm512_set1_epi32(15));
+      const __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_permutexvar_ps(idx, table), _mm512_set1_ps(s)),
+                                     _mm512_set1_ps(g));
+      V8d lo, hi;
+      const __m512d vlo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+      const __m512d vhi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+      std::memcpy(&lo, &vlo, sizeof lo);
+      std::memcpy(&hi, &vhi, sizeof hi);
+      V8d r;
+      load8(ref + j, r);
+      acc.add(r, lo);
+      load8(ref + j + 8, r);
+      acc.add(r, hi);
+    }
+    return;
+  }
+#endif
+  for (int j = 0; j < block; j += kLanes) {
+    V8f v;
+    for (int l = 0; l < kLanes; ++l) v[l] = grid[codes[j + l] & 15];
+    v = v * s * g;
+    V8d r;
+    load8(ref + j, r);
+    acc.add(r, __builtin_convertvector(v, V8d));
+  }
+}
+
+inline void grid_table(const QTensor& q, float* grid) {
+  for (int c = 0; c < 16; ++c) grid[c] = decode(q.format, uint8_t(c));
+}
+
+// `ref` holds rows [row0, row0 + rows) of q.
 void moments_into(Lanes& out, const float* ref, const QTensor& q, int64_t row0, int64_t rows) {
   VLanes acc(out);  // a local copy: the code bytes may alias anything, a caller's lanes would be reloaded per byte
   float grid[16];
-  for (int c = 0; c < 16; ++c) grid[c] = decode(q.format, uint8_t(c));
+  grid_table(q, grid);
   const int64_t kb = q.kblocks();
-  const float g = q.global_dec;
   for (int64_t r = row0; r < row0 + rows; ++r)
     for (int64_t b = 0; b < kb; ++b) {
-      const float s = q.scales[r * kb + b];
       const int64_t base = r * q.cols + b * q.block, rbase = (r - row0) * q.cols + b * q.block;
-#if defined(__AVX512F__)
-      if (q.block % 16 == 0) {  // 16 grid values at once from a register table, in the same element order
-        const __m512 table = _mm512_loadu_ps(grid);
-        for (int64_t j = 0; j < q.block; j += 16) {
-          const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&q.codes[base + j]));
-          const __m512i idx = _mm512_and_si512(_mm512_cvtepu8_epi32(c), _mm512_set1_epi32(15));
-          const __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_permutexvar_ps(idx, table), _mm512_set1_ps(s)),
-                                         _mm512_set1_ps(g));
-          V8d lo, hi;
-          const __m512d vlo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
-          const __m512d vhi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-          std::memcpy(&lo, &vlo, sizeof lo);
-          std::memcpy(&hi, &vhi, sizeof hi);
-          V8d r;
-          load8(ref + rbase + j, r);
-          acc.add(r, lo);
-          load8(ref + rbase + j + 8, r);
-          acc.add(r, hi);
-        }
-        continue;
-      }
-#endif
-      for (int64_t j = 0; j < q.block; j += kLanes) {
-        V8f v;
-        for (int l = 0; l < kLanes; ++l) v[l] = grid[q.codes[base + j + l] & 15];
-        v = v * s * g;
-        V8d r;
-        load8(ref + rbase + j, r);
-        acc.add(r, __builtin_convertvector(v, V8d));
-      }
+      moments_block(acc, grid, q.codes.data() + base, q.scales[r * kb + b], q.global_dec, ref + rbase, q.block);
     }
   acc.store(out);
 }
@@ -254,6 +235,50 @@ void MomentsSum::add(const double* ref, const float* q, int64_t n) {
   store(acc, r2_, e2_, d_);
 }
 Moments MomentsSum::sum() const { return load(r2_, e2_, d_).sum(); }
+
+// One pass over the rows for the per-level bias and, when `m` is given, the moments (each sum in its own order,
+// as the two passes would take them).
+void BiasSum::add(const QTensor& q, const float* seen, int64_t row0, int64_t rows, MomentsSum* m) {
+  // Copies on the stack: the per-element scatter then stays out of memory, and the code bytes (which may alias
+  // anything) do not force the sums to be reloaded.
+  double sum[16], level[16];
+  int64_t cnt[16];
+  std::copy(sum_, sum_ + 16, sum);
+  std::copy(level_, level_ + 16, level);
+  std::copy(cnt_, cnt_ + 16, cnt);
+  Lanes lanes = m ? load(m->r2_, m->e2_, m->d_) : Lanes();
+  VLanes acc(lanes);
+  float grid[16];
+  grid_table(q, grid);
+  const int64_t kb = q.kblocks();
+  for (int64_t r = row0; r < row0 + rows; ++r)
+    for (int64_t b = 0; b < kb; ++b) {
+      const float s = q.scales[r * kb + b];
+      const int64_t base = r * q.cols + b * q.block, sbase = (r - row0) * q.cols + b * q.block;
+      if (m) moments_block(acc, grid, q.codes.data() + base, s, q.global_dec, seen + sbase, q.block);
+      const double scale = double(s) * q.global_dec;
+      if (scale == 0.0) {  // an all-zero block carries no information about the grid
+        for (int j = 0; j < q.block; ++j) ++zero_cnt_[code_index(q.codes[base + j])];
+        continue;
+      }
+      const double inv = 1.0 / scale;
+      for (int j = 0; j < q.block; ++j) {
+        const int i = code_index(q.codes[base + j]);  // indices past max_index never come out of quantize()
+        sum[i] += level[i] - std::fabs(double(seen[sbase + j])) * inv;
+        ++cnt[i];
+      }
+    }
+  std::copy(sum, sum + 16, sum_);
+  std::copy(cnt, cnt + 16, cnt_);
+  if (m) {
+    acc.store(lanes);
+    store(lanes, m->r2_, m->e2_, m->d_);
+  }
+}
+void BiasSum::add(const QTensor& q, const float* seen, int64_t row0, int64_t rows) { add(q, seen, row0, rows, nullptr); }
+void BiasSum::add(const QTensor& q, const float* seen, int64_t row0, int64_t rows, MomentsSum& m) {
+  add(q, seen, row0, rows, &m);
+}
 
 double sqnr_db(const float* ref, const float* q, int64_t n) { return moments(ref, q, n).sqnr_db(); }
 double sqnr_db(const double* ref, const float* q, int64_t n) { return moments(ref, q, n).sqnr_db(); }

@@ -124,8 +124,8 @@ Quantised quantise_transposed(const LayerOperands::Operand& o, const QuantConfig
         std::copy(p.scales.begin(), p.scales.end(), r.q.scales.begin() + r0 * p.kblocks());
         std::copy(p.scale_codes.begin(), p.scale_codes.end(), r.q.scale_codes.begin() + r0 * p.kblocks());
       }
-      m.add(seen, r.q, r0, n);
-      if (bias) bias->add(r.q, seen, r0, n);
+      if (bias) bias->add(r.q, seen, r0, n, m);
+      else m.add(seen, r.q, r0, n);
     }
     r.m = m.sum();
     if (bias) {
@@ -158,8 +158,8 @@ Quantised quantise(const LayerOperands::Operand& o, const QuantConfig& c, bool w
     r.q = quantize(seen, o.rows, o.cols, plain);
     r.q.rht = c.rht;  // the operand was rotated, if not by quantize() itself
     r.q.rht_signs = c.rht != 0 ? c.rht_signs : std::vector<float>();
-    m.add(seen, r.q, 0, o.rows);
-    if (bias) bias->add(r.q, seen, 0, o.rows);
+    if (bias) bias->add(r.q, seen, 0, o.rows, m);
+    else m.add(seen, r.q, 0, o.rows);
   } else {
     r.q = quantize(o.p, o.rows, o.cols, c);
     // About 256 kB of floats per panel, in whole 16-row groups (the rows of a 16x16 tile stay together).
@@ -168,8 +168,8 @@ Quantised quantise(const LayerOperands::Operand& o, const QuantConfig& c, bool w
     for (int64_t r0 = 0; r0 < o.rows; r0 += panel) {
       const int64_t n = std::min(panel, o.rows - r0);
       rotate(o.p + r0 * o.cols, n, o.cols, c, rotated);
-      m.add(rotated.data(), r.q, r0, n);
-      if (bias) bias->add(r.q, rotated.data(), r0, n);
+      if (bias) bias->add(r.q, rotated.data(), r0, n, m);
+      else m.add(rotated.data(), r.q, r0, n);
     }
   }
   r.m = m.sum();

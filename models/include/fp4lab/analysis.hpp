@@ -54,6 +54,7 @@ class MomentsSum {
   Moments sum() const;
 
  private:
+  friend class BiasSum;  // BiasSum::add can take these sums in its own pass over the rows
   double r2_[8] = {}, e2_[8] = {}, d_[8] = {};
 };
 
@@ -62,11 +63,15 @@ class BiasSum {
  public:
   explicit BiasSum(const ElemFormat& f);
   void add(const QTensor& q, const float* seen, int64_t row0, int64_t rows);
+  // The same, and m.add(seen, q, row0, rows) in the same pass (the same sums in the same order, so the same bits):
+  // the moments' vector work runs beside the chains of additions per level.
+  void add(const QTensor& q, const float* seen, int64_t row0, int64_t rows, MomentsSum& m);
   std::vector<EmpiricalLevel> levels() const;
   // beff(q) of the rows added (all of q's rows), from the counts taken here: the codes are read once.
   double beff() const;
 
  private:
+  void add(const QTensor& q, const float* seen, int64_t row0, int64_t rows, MomentsSum* m);
   int n_;
   double sum_[16] = {}, level_[16] = {};
   int64_t cnt_[16] = {};
