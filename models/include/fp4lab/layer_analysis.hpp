@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "fp4lab/analysis.hpp"
-#include "fp4lab/gemm.hpp"
+#include "fp4lab/buffer.hpp"
 #include "fp4lab/recipe.hpp"
 
 namespace fp4lab {
