@@ -66,6 +66,13 @@ def make_deb(tmp_path, package, version, doc_folder):
     return deb
 
 
+def extract(out, *args):
+    """`fp4lab-train corpus ARGS OUT`, which must succeed and write make_tree's English files, split."""
+    r = py("corpus", *args, str(out))
+    assert r.returncode == 0, r.stderr
+    check_corpus(out)
+
+
 def expected_split():
     eng = sorted(r for r in FILES if r.endswith(".rst.txt") and not r.startswith("translations/"))
     val = [r for r in eng if zlib.crc32(r.encode()) % 20 == 0]
@@ -84,14 +91,10 @@ def check_corpus(out):
 
 def test_corpus_from_installed_tree_and_from_deb(tmp_path):
     make_tree(tmp_path / "root")
-    r = py("corpus", "--root", str(tmp_path / "root"), str(tmp_path / "a"))
-    assert r.returncode == 0, r.stderr
-    check_corpus(tmp_path / "a")
+    extract(tmp_path / "a", "--root", str(tmp_path / "root"))
     # The same tree as a Debian package.
     deb = make_deb(tmp_path, "linux-doc-9.9", "9.9-1", "linux-doc-9.9")
-    r = py("corpus", "--deb", str(deb), str(tmp_path / "b"))
-    assert r.returncode == 0, r.stderr
-    check_corpus(tmp_path / "b")
+    extract(tmp_path / "b", "--deb", str(deb))
     assert json.load(open(tmp_path / "b" / "corpus.json"))["version"] == "9.9-1"
     # Faults name the file.
     bad = tmp_path / "bad.deb"
@@ -108,18 +111,14 @@ def test_second_corpus_python_doc(tmp_path):
     make_tree(tmp_path / "root", pkg="python3.99")
     make_tree(tmp_path / "root", pkg="python3.100")  # the newest version is taken: 3.100 after 3.99
     make_tree(tmp_path / "root", pkg="linux-doc-9.9")
-    r = py("corpus", "--root", str(tmp_path / "root"), "--corpus", "python-doc", str(tmp_path / "a"))
-    assert r.returncode == 0, r.stderr
-    check_corpus(tmp_path / "a")
+    extract(tmp_path / "a", "--root", str(tmp_path / "root"), "--corpus", "python-doc")
     meta = json.load(open(tmp_path / "a" / "corpus.json"))
     assert meta["corpus"] == "python-doc" and meta["package"] == "python3.100-doc"
     assert st.corpus_name(str(tmp_path / "a")) == "python-doc"
     r = py("corpus", "--root", str(tmp_path / "root"), str(tmp_path / "l"))  # the default: linux-doc
     assert r.returncode == 0 and json.load(open(tmp_path / "l" / "corpus.json"))["corpus"] == "linux-doc"
     deb = make_deb(tmp_path, "python3.99-doc", "3.99.1-1", "python3.99")
-    r = py("corpus", "--deb", str(deb), str(tmp_path / "b"))
-    assert r.returncode == 0, r.stderr
-    check_corpus(tmp_path / "b")
+    extract(tmp_path / "b", "--deb", str(deb))
     assert json.load(open(tmp_path / "b" / "corpus.json"))["corpus"] == "python-doc"
     # A package of no corpus, and a corpus not installed, are refused naming the file or folder.
     other = tmp_path / "perl-doc_5.36_all.deb"

@@ -39,9 +39,9 @@ def study_label(model, length, corpus, named):
     return f"{model}, {length} steps" + (f", {corpus}" if named else "")
 
 
-def _named(ms):
-    """Whether the corpus must be named: the runs (as metrics) hold more than one."""
-    return len({m["corpus"] for m in ms}) > 1
+def _named(xs):
+    """Whether the corpus must be named: the runs (or their metrics) hold more than one."""
+    return len({corpus_of(x) for x in xs}) > 1
 
 
 def groups(runs):
@@ -272,7 +272,7 @@ def plot(runs, path_prefix):
     # One line style per seed, so the seeds of one recipe can be told apart (five: solid, dotted, dashed, dash-dot,
     # dash-dot-dot).
     seed_style = ["-", ":", "--", "-.", (0, (6, 2, 1, 2, 1, 2))]
-    named = len({corpus_of(r) for r in runs}) > 1
+    named = _named(runs)
     for model, length, corpus in groups(runs):
         rs = [r for r in runs if r["model"] == model and r["config"]["steps"] == length and corpus_of(r) == corpus]
         bf = {r["seed"]: r for r in rs if r["recipe"] == "bf16"}
