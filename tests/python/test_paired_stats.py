@@ -281,13 +281,36 @@ def test_committed_6000_step_runs():
     # Seed 4 ends e2m1-ref 8.46 points above BF16, where seeds 0-3 ended below: no longer detected either way.
     e = res[("e2m1-ref", "bf16", "val")]
     assert e.stats.kind == "undetected" and (e.stats.above, e.stats.below) == (1, 4)
-    # nvfp4: seeds 0-2, below BF16 on each, by more than the interval's half-width.
+    # nvfp4: seeds 0-2 had ended below BF16 by more than the interval's half-width; seeds 3 and 4 (made, like their
+    # BF16 runs, with deterministic algorithms) end -2.39 and +7.68, and over five seeds nothing is detected.
     nb = res[("nvfp4", "bf16", "val")]
-    assert nb.seeds == (0, 1, 2) and nb.stats.mean < 0 and nb.stats.mean + nb.stats.half < 0
+    assert nb.seeds == (0, 1, 2, 3, 4) and [round(d, 2) for d in nb.diffs] == [-4.10, -6.45, -7.93, -2.39, 7.68]
+    assert nb.stats.kind == "undetected" and (nb.stats.above, nb.stats.below) == (1, 4)
+    # ufp4 - nvfp4: above zero on all five seeds. By hand from the printed differences +0.42, +4.32, +7.48, +3.88,
+    # +2.16: mean 18.26 / 5 = 3.652, squared deviations summing to 27.82, SD 2.637, SE 1.179, half-width 3.27; the
+    # interval lies above zero, so ufp4 is detected worse.
     nv = res[("ufp4", "nvfp4", "val")]
-    assert nv.seeds == (0, 1, 2) and nv.stats.kind == "undetected" and (nv.stats.above, nv.stats.below) == (3, 0)
-    mx = res[("ufp4", "mxfp4", "val")]  # one mxfp4 run (seed 0): a difference, no interval
-    assert mx.seeds == (0,) and mx.stats.kind == "one" and mx.stats.half is None
+    assert nv.seeds == (0, 1, 2, 3, 4) and [round(d, 2) for d in nv.diffs] == [0.42, 4.32, 7.48, 3.88, 2.16]
+    assert abs(nv.stats.mean - 3.652) < 0.005 and abs(nv.stats.half - 3.274) < 0.02
+    assert nv.stats.kind == "worse" and (nv.stats.above, nv.stats.below) == (5, 0)
+    assert res[("ufp4", "nvfp4", "train")].stats.kind == "undetected"  # +4.27, interval -0.03 to +8.57
+    mx = res[("mxfp4", "bf16", "val")]  # three mxfp4 runs, each far above BF16
+    assert mx.seeds == (0, 1, 2) and [round(d, 2) for d in mx.diffs] == [28.90, 23.20, 22.49]
+    assert mx.stats.kind == "worse" and mx.stats.low > 16
+
+
+def test_committed_second_corpus_runs():
+    # The python-doc study is its own: its FP4 runs against its own BF16 runs, apart from linux-doc's.
+    ms = st.metrics(committed_runs())
+    (mode, results), = st.paired(ms, "small", 2000, corpus="python-doc")
+    assert mode == "exact"
+    res = {(p.a, p.b, p.measure): p for p in results}
+    v = res[("ufp4", "e2m1-ref", "val")]
+    # From the runs' validation losses (rounded: ufp4 1.0197, 1.0257, 1.0322; e2m1-ref 1.0366, 1.0140, 1.0154;
+    # BF16 1.0236, 1.0112, 1.0090): 100 * (1.0197 - 1.0366) / 1.0236 = -1.65, -1.66 unrounded.
+    assert v.seeds == (0, 1, 2) and [round(d, 2) for d in v.diffs] == [-1.66, 1.15, 1.66]
+    assert v.stats.kind == "undetected" and (v.stats.above, v.stats.below) == (2, 1)
+    assert st.paired(ms, "small", 2000) == []  # no linux-doc runs of that length
 
 
 def test_committed_one_seed_study_gets_no_interval():
@@ -370,8 +393,10 @@ def test_proxy_against_the_committed_paired_effects():
     # recomputed here from the analysis JSON's GEMM rows.
     pairs = st.report.proxy_pairs(committed_runs())
     assert [(s, p.a, p.b, p.stats.n) for s, _, p in pairs] == [
-        ("small, 1500 steps", "ufp4", "e2m1-ref", 3), ("small, 3000 steps", "ufp4", "e2m1-ref", 2),
-        ("small, 6000 steps", "ufp4", "e2m1-ref", 5), ("small, 6000 steps", "ufp4", "nvfp4", 3)]
+        ("small, 1500 steps, linux-doc", "ufp4", "e2m1-ref", 3),
+        ("small, 3000 steps, linux-doc", "ufp4", "e2m1-ref", 2),
+        ("small, 6000 steps, linux-doc", "ufp4", "e2m1-ref", 5), ("small, 6000 steps, linux-doc", "ufp4", "nvfp4", 5),
+        ("small, 6000 steps, linux-doc", "ufp4", "mxfp4", 3), ("small, 2000 steps, python-doc", "ufp4", "e2m1-ref", 3)]
     path = os.path.join(ROOT, "docs", "results", "analysis-doc-lm.json")
     stats = st.report.proxy_stats(path)
     rows = json.load(open(path))["gemms"]
@@ -380,17 +405,18 @@ def test_proxy_against_the_committed_paired_effects():
         xs = [r[field] for r in rows if r.get("recipe") == rec and (pass_ is None or r["pass"] == pass_)]
         return sum(xs) / len(xs)
 
-    for rec in ("ufp4", "e2m1-ref", "nvfp4"):
+    for rec in ("ufp4", "e2m1-ref", "nvfp4", "mxfp4"):
         assert stats[rec] == {"sqnr": mean(rec, "sqnr_db"), "sqnr_dw": mean(rec, "sqnr_db", "bwd_dw"),
                               "eta": mean(rec, "eta")}
     table = st.report.proxy_paired_table([("doc-lm", stats)], pairs)
-    rows6000 = table.splitlines()[-2:]
-    heads = ("5 | +1.32 (-0.47 to +3.12)", "3 | +4.07 (-4.72 to +12.86)")
-    for row, b, head in zip(rows6000, ("e2m1-ref", "nvfp4"), heads):
+    rows6000 = table.splitlines()[-4:-1]
+    heads = ("5 | +1.32 (-0.47 to +3.12)", "5 | +3.65 (+0.38 to +6.93)", "3 | -26.95 (-39.42 to -14.48)")
+    ends = ("not decided (the interval holds 0)", "disagrees", "agrees")
+    for row, b, head, end in zip(rows6000, ("e2m1-ref", "nvfp4", "mxfp4"), heads, ends):
         d = stats["ufp4"]["sqnr"] - stats[b]["sqnr"]
-        assert row.startswith(f"| small, 6000 steps (exact) | `ufp4` − `{b}` | {head} | ")
+        assert row.startswith(f"| small, 6000 steps, linux-doc (exact) | `ufp4` − `{b}` | {head} | ")
         assert f"{d:+.2f} / " in row and d > 0
-        assert row.endswith("| not decided (the interval holds 0); SQNR favours ufp4 on every trace |")
+        assert row.endswith(f"| {end}; SQNR favours ufp4 on every trace |")
 
 
 def test_a_second_corpus_is_a_study_of_its_own(tmp_path):
