@@ -49,6 +49,9 @@ struct LayerView {
   const float* w;   // [out, in]
   const float* dy;  // [tokens, out]
   int64_t tokens, in, out;
+  // A tensor whose FP32 pointer is null is read as BF16 bit patterns from here (exact in FP32, so the same
+  // values): a large BF16 tensor is read where it lies, a panel at a time, rather than copied to FP32 whole.
+  const uint16_t *x16 = nullptr, *w16 = nullptr, *dy16 = nullptr;
 };
 
 // A layer with the transposed copies its backward passes need, made once and shared by every setting. A tensor
@@ -67,8 +70,11 @@ struct LayerOperands {
     const float* p;
     int64_t rows, cols;
     bool transposed = false;  // element (r, c) is p[c * rows + r]: p is the untransposed [cols, rows] tensor
+    const uint16_t* bf16 = nullptr;  // the elements as BF16 bit patterns, where p is null
     int64_t row_stride() const { return transposed ? 1 : cols; }
     int64_t col_stride() const { return transposed ? rows : 1; }
+    // Rows [r0, r0 + n) as FP32 into dst (n x cols).
+    void rows_into(int64_t r0, int64_t n, float* dst) const;
   };
   // A and B of a pass, both K-major (C = A . B^T).
   std::pair<Operand, Operand> pass(Pass p) const;
