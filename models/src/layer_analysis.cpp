@@ -101,11 +101,12 @@ struct Quantised {
 // An operand quantised a panel of rows at a time (quantize_rows: the bits of quantize() over the whole, stochastic
 // rounding keyed by element index in the whole, ue4m3 under the whole's amax, found first), each panel's statistics
 // taken as it comes, in row order as over the whole. Panels are whole 16-row groups (16x16 tiles stay whole) of
-// about 256 kB of floats, read as FP32 from wherever the operand lies (transposed, BF16). next() hands out the
+// about `panel` elements, read as FP32 from wherever the operand lies (transposed, BF16). next() hands out the
 // codes of a chunk of several panels, so that a caller can multiply a large operand a chunk at a time.
 class PanelQuantiser {
  public:
-  PanelQuantiser(const LayerOperands::Operand& o, const QuantConfig& c, bool with_bias) : o_(o), c_(c) {
+  PanelQuantiser(const LayerOperands::Operand& o, const QuantConfig& c, bool with_bias, int64_t panel)
+      : o_(o), c_(c), panel_(std::max<int64_t>(16, panel / o.cols / 16 * 16)) {
     validate(c, o.rows, o.cols);  // shape faults name the whole operand
     plain_ = c;
     plain_.rht = 0;
@@ -117,7 +118,7 @@ class PanelQuantiser {
         amax_ = std::max(amax_, tensor_amax(seen(r0, n), n, o.cols, plain_, r0));
       }
   }
-  int64_t panel_rows() const { return std::max<int64_t>(16, (int64_t(1) << 16) / o_.cols / 16 * 16); }
+  int64_t panel_rows() const { return panel_; }
   int64_t next_row() const { return row_; }
   // The next n rows' codes and scales (a QTensor of n rows; n a multiple of panel_rows() but at the end).
   QTensor next(int64_t n) {
@@ -174,6 +175,7 @@ class PanelQuantiser {
   }
   const LayerOperands::Operand& o_;
   const QuantConfig& c_;
+  int64_t panel_;  // rows
   QuantConfig plain_;  // what quantize_rows is given: the values are rotated already
   float amax_ = 0;
   int64_t row_ = 0;
@@ -186,10 +188,11 @@ class PanelQuantiser {
 // first and quantising the rotated values without RHT is exactly quantize() with RHT (the rotation is its first
 // step). A small operand in memory is rotated once, whole, and the copy kept for the statistics (3% faster on the
 // bundled trace than rotating twice); a large one, or one read transposed or from BF16, a panel at a time.
-Quantised quantise(const LayerOperands::Operand& o, const QuantConfig& c, bool with_bias) {
+Quantised quantise(const LayerOperands::Operand& o, const QuantConfig& c, bool with_bias,
+                   const LayerOperands::Panels& sizes) {
   constexpr int64_t kWholeCopy = int64_t(1) << 20;  // elements (4 MB of floats)
   if (o.transposed || o.bf16 || (c.rht != 0 && o.rows * o.cols > kWholeCopy)) {
-    PanelQuantiser pq(o, c, with_bias);
+    PanelQuantiser pq(o, c, with_bias, sizes.panel);
     QTensor q = pq.next(o.rows);
     return pq.finish(std::move(q));
   }
@@ -219,19 +222,19 @@ Quantised quantise(const LayerOperands::Operand& o, const QuantConfig& c, bool w
   return r;
 }
 
-// The GEMM of a pass, C = A . B^T into c, with the operands' statistics. An operand of more than kChunked elements
-// (the larger, when both are) is quantised and multiplied a chunk of rows (about 4 MB of codes) at a time, its codes
-// never whole in memory: rows of A give rows of C, rows of B columns; every output is its own sum, so the same bits.
-// The faults are the whole path's, in its order: A's quantisation, B's, then the product's overflow (checked whole).
-constexpr int64_t kChunked = int64_t(1) << 22;  // elements (16 MB of floats)
-void quantise_and_multiply(const LayerOperands::Operand& a, const QuantConfig& ca, bool bias_a,
-                           const LayerOperands::Operand& b, const QuantConfig& cb, bool bias_b, Quantised& qa,
-                           Quantised& qb, F32Buffer& c) {
+// The GEMM of a pass, C = A . B^T into c, with the operands' statistics. An operand of more than chunk_above
+// elements (the larger, when both are) is quantised and multiplied a chunk of rows at a time, its codes never whole
+// in memory: rows of A give rows of C, rows of B columns; every output is its own sum, so the same bits. The faults
+// are the whole path's, in its order: A's quantisation, B's, then the product's overflow (checked whole).
+void quantise_and_multiply(const LayerOperands& l, const LayerOperands::Operand& a, const QuantConfig& ca,
+                           bool bias_a, const LayerOperands::Operand& b, const QuantConfig& cb, bool bias_b,
+                           Quantised& qa, Quantised& qb, F32Buffer& c) {
+  const LayerOperands::Panels& sz = l.panels;
   const int64_t ea = a.rows * a.cols, eb = b.rows * b.cols;
-  const bool chunk_a = ea > kChunked && ea >= eb, chunk_b = !chunk_a && eb > kChunked;
+  const bool chunk_a = ea > sz.chunk_above && ea >= eb, chunk_b = !chunk_a && eb > sz.chunk_above;
   if (!chunk_a && !chunk_b) {
-    qa = quantise(a, ca, bias_a);
-    qb = quantise(b, cb, bias_b);
+    qa = quantise(a, ca, bias_a, sz);
+    qb = quantise(b, cb, bias_b, sz);
     gemm(qa.q, qb.q, c);
     return;
   }
@@ -240,12 +243,12 @@ void quantise_and_multiply(const LayerOperands::Operand& a, const QuantConfig& c
   if (chunk_a) {
     std::exception_ptr b_fault;  // raised once A is quantised, as the whole path would
     try {
-      qb = quantise(b, cb, bias_b);
+      qb = quantise(b, cb, bias_b, sz);
     } catch (...) {
       b_fault = std::current_exception();
     }
-    PanelQuantiser pq(a, ca, bias_a);
-    const int64_t chunk = std::max<int64_t>(1, (int64_t(1) << 22) / a.cols / pq.panel_rows()) * pq.panel_rows();
+    PanelQuantiser pq(a, ca, bias_a, sz.panel);
+    const int64_t chunk = std::max<int64_t>(1, sz.chunk / a.cols / pq.panel_rows()) * pq.panel_rows();
     while (pq.next_row() < M) {
       const int64_t r0 = pq.next_row();
       const QTensor part = pq.next(std::min(chunk, M - r0));
@@ -254,9 +257,9 @@ void quantise_and_multiply(const LayerOperands::Operand& a, const QuantConfig& c
     if (b_fault) std::rethrow_exception(b_fault);
     qa = pq.finish(QTensor());
   } else {
-    qa = quantise(a, ca, bias_a);
-    PanelQuantiser pq(b, cb, bias_b);
-    const int64_t chunk = std::max<int64_t>(1, (int64_t(1) << 22) / b.cols / pq.panel_rows()) * pq.panel_rows();
+    qa = quantise(a, ca, bias_a, sz);
+    PanelQuantiser pq(b, cb, bias_b, sz.panel);
+    const int64_t chunk = std::max<int64_t>(1, sz.chunk / b.cols / pq.panel_rows()) * pq.panel_rows();
     while (pq.next_row() < N) {
       const int64_t r0 = pq.next_row();
       gemm_columns(qa.q, pq.next(std::min(chunk, N - r0)), c.data(), N, r0);
@@ -335,12 +338,12 @@ std::vector<LayerResults> analyze_pass_in_panels(const LayerOperands& l, Pass p,
   std::vector<LayerResults> out;
   for (const AnalysisSetting& s : settings) {
     const QuantConfig c = s.config();
-    jobs.push_back({quantise(a, c, p != Pass::bwd_dw), quantise(b, c, p == Pass::fwd_y), {}});
+    jobs.push_back({quantise(a, c, p != Pass::bwd_dw, l.panels), quantise(b, c, p == Pass::fwd_y, l.panels), {}});
     out.push_back(setting_pass_results(p, s, jobs.back().qa, jobs.back().qb));
   }
   for (const Recipe& r : recipes) {
     const QuantConfig ca = r.operand(p, Operand::a, stream), cb = r.operand(p, Operand::b, stream);
-    jobs.push_back({quantise(a, ca, false), quantise(b, cb, false), {}});
+    jobs.push_back({quantise(a, ca, false, l.panels), quantise(b, cb, false, l.panels), {}});
     GemmResult g;
     g.pass = pass_name(p);
     g.eta = jobs.back().qa.m.alpha() * jobs.back().qb.m.alpha();
@@ -377,7 +380,7 @@ LayerResults analyze_setting_pass(const LayerOperands& l, const AnalysisSetting&
   const auto [a, b] = l.pass(p);
   // fwd_y's A and B and bwd_dx's A are tensor results too, which report the empirical bias.
   Quantised qa, qb;
-  quantise_and_multiply(a, c, p != Pass::bwd_dw, b, c, p == Pass::fwd_y, qa, qb, cout);
+  quantise_and_multiply(l, a, c, p != Pass::bwd_dw, b, c, p == Pass::fwd_y, qa, qb, cout);
   return setting_pass_results(p, s, qa, qb);
 }
 
@@ -404,7 +407,7 @@ GemmResult analyze_recipe_pass(const LayerOperands& l, const Recipe& r, uint32_t
   const auto [a, b] = l.pass(p);
   const QuantConfig ca = r.operand(p, Operand::a, stream), cb = r.operand(p, Operand::b, stream);
   Quantised qa, qb;
-  quantise_and_multiply(a, ca, false, b, cb, false, qa, qb, c);
+  quantise_and_multiply(l, a, ca, false, b, cb, false, qa, qb, c);
   GemmResult g = gemm_result(p, qa, qb);
   g.format = r.format.name;
   g.recipe = r.name;

@@ -63,6 +63,14 @@ struct LayerOperands {
   static constexpr int64_t kHeldTranspose = int64_t(1) << 22;  // elements (16 MB of floats)
   // held_transpose: the largest tensor whose transpose is held (tests read every one in place with 0).
   explicit LayerOperands(const LayerView& l, bool with_refs = true, int64_t held_transpose = kHeldTranspose);
+  // How operands are read a panel at a time (elements): an operand of more than chunk_above elements is quantised
+  // and multiplied a chunk at a time (the larger of a pass's two); panels and chunks are whole 16-row groups of
+  // about this many elements. Tests make them small, so that small layers take every path.
+  struct Panels {
+    int64_t chunk_above = int64_t(1) << 22;  // 16 MB of floats
+    int64_t chunk = int64_t(1) << 22;        // about 4 MB of codes
+    int64_t panel = int64_t(1) << 16;        // 256 kB of floats
+  } panels;
   void compute_ref(Pass p);  // refs[p]: the float64 product of the pass's unquantised operands
   LayerView l;
   std::vector<float> wt, dyt, xt;  // W^T [in, out], dY^T [out, tokens], X^T [in, tokens]; empty when not held
