@@ -499,6 +499,8 @@ TEST(QuantizeRows, PanelsGiveTheWholeTensorsBits) {
   const std::string want = fault([&] { quantize(x.data(), rows, cols, cfgs[4]); });
   EXPECT_NE(want.find("row 100,"), std::string::npos) << want;
   EXPECT_EQ(fault([&] { tensor_amax(x.data() + 96 * cols, 16, cols, cfgs[4], 96); }), want);
+  F32Buffer rotated;
+  EXPECT_EQ(fault([&] { rotate(x.data() + 96 * cols, 16, cols, cfgs[4], rotated, 96); }), want);
   QuantConfig sr = cfgs[4];
   sr.scale = ScaleKind::fp32;  // the row-by-row path
   EXPECT_EQ(fault([&] { quantize_rows(x.data() + 96 * cols, 96, 16, cols, sr, 0.0f); }),
