@@ -68,7 +68,7 @@ struct LayerOperands {
   // about this many elements. Tests make them small, so that small layers take every path.
   struct Panels {
     int64_t chunk_above = int64_t(1) << 22;  // 16 MB of floats
-    int64_t chunk = int64_t(1) << 22;        // about 4 MB of codes
+    int64_t chunk = int64_t(1) << 20;        // about 1 MB of codes
     int64_t panel = int64_t(1) << 16;        // 256 kB of floats
   } panels;
   void compute_ref(Pass p);  // refs[p]: the float64 product of the pass's unquantised operands
