@@ -301,9 +301,14 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
         try {
           const size_t started = ++done;
           if (progress) progress(started, my.size(), rec.gemm);
-          w.layer = open_[refs_[ri].trace]->load(rec);
+          // A large BF16 tensor is read where it lies, a panel at a time, rather than copied to FP32 whole (twice
+          // its size): the tensors whose transposes are not held either.
+          io::Trace::Layer& ly = w.layer;
+          ly = open_[refs_[ri].trace]->load(rec, uint64_t(LayerOperands::kHeldTranspose));
+          auto f32 = [](const std::vector<float>& v, const uint16_t* v16) { return v16 ? nullptr : v.data(); };
           w.lo = std::make_unique<LayerOperands>(
-              LayerView{w.layer.x.data(), w.layer.w.data(), w.layer.dy.data(), rec.tokens, rec.in, rec.out},
+              LayerView{f32(ly.x, ly.x16), f32(ly.w, ly.w16), f32(ly.dy, ly.dy16), rec.tokens, rec.in, rec.out,
+                        ly.x16, ly.w16, ly.dy16},
               /*with_refs=*/false);
         } catch (...) {
           w.faults[0] = std::current_exception();
@@ -349,6 +354,8 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
     }
     if (--w.left == 0) {  // the record's last slot: its operands are no longer needed
       w.lo.reset();
+      // Pages of tensors read in place came back as they were read: drop them (the page cache keeps them).
+      if (w.layer.x16 || w.layer.w16 || w.layer.dy16) open_[refs_[ri].trace]->file(rec.file).release_pages();
       w.layer = io::Trace::Layer{};
       w.freed.store(true, std::memory_order_release);
       // Not past the first fault: a later record's task slots were skipped, so it has no results to finish.

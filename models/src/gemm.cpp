@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <span>
 #include <stdexcept>
 #include <string>
 
@@ -43,6 +44,21 @@ void gemm(const QTensor& a, const QTensor& b, F32Buffer& c) {
   c.resize(size_t(a.rows * b.rows));
   detail::gemm_into(detail::gemm_best_path(), a, b, c.data());
   check_finite_output(c, b.rows, 0);
+}
+
+void gemm_columns(const QTensor& a, const QTensor& b, float* c, int64_t n, int64_t col0) {
+  check_gemm_operands(a, b);
+  if (n == b.rows) {
+    detail::gemm_into(detail::gemm_best_path(), a, b, c);
+    return;
+  }
+  const std::vector<float> part = detail::gemm_on(detail::gemm_best_path(), a, b);
+  for (int64_t m = 0; m < a.rows; ++m)
+    std::copy(part.begin() + m * b.rows, part.begin() + (m + 1) * b.rows, c + m * n + col0);
+}
+
+void check_gemm_output(const float* c, int64_t M, int64_t N) {
+  check_finite_output(std::span<const float>(c, size_t(M * N)), N, 0);
 }
 
 std::vector<float> gemm_rows(const QTensor& a, int64_t row0, int64_t rows, const QTensor& b) {
@@ -99,17 +115,23 @@ std::vector<double> gemm_f64(const float* a, const float* b, int64_t M, int64_t 
 }
 
 namespace {
+// An element as a double: FP32 values, or BF16 bit patterns (the same values, exact in FP32).
+inline double f64_of(float v) { return double(v); }
+inline double f64_of(uint16_t b) { return double(bf16_to_f32(b)); }
+
 // C (M x N), every element written.
-void f64_product(const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t b_row, int64_t b_col,
+template <class TA, class TB>
+void f64_product(const TA* a, int64_t a_row, int64_t a_col, const TB* b, int64_t b_row, int64_t b_col,
                  int64_t M, int64_t N, int64_t K, double* c) {
   const int64_t panels = (N + kPanel - 1) / kPanel;
   // Rows [m, m + n) of A as doubles into dst (n x K), read along whichever of A's dimensions is contiguous.
   auto a_rows = [&](int64_t m, int64_t n, double* dst) {
     if (a_col == 1) {
-      for (int64_t r = 0; r < n; ++r) std::copy(a + (m + r) * a_row, a + (m + r) * a_row + K, dst + r * K);
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t k = 0; k < K; ++k) dst[r * K + k] = f64_of(a[(m + r) * a_row + k]);
     } else {
       for (int64_t k = 0; k < K; ++k)
-        for (int64_t r = 0; r < n; ++r) dst[r * K + k] = double(a[(m + r) * a_row + k * a_col]);
+        for (int64_t r = 0; r < n; ++r) dst[r * K + k] = f64_of(a[(m + r) * a_row + k * a_col]);
     }
   };
   // A as doubles (the same values), so that the tiles broadcast each one straight from memory instead of
@@ -128,11 +150,12 @@ void f64_product(const float* a, int64_t a_row, int64_t a_col, const float* b, i
     std::vector<Vec> bp(size_t(K * kVecs));
     if (b_col == 1) {
       for (int64_t k = 0; k < K; ++k)
-        for (int j = 0; j < kPanel; ++j) bp[k * kVecs + j / kLanes][j % kLanes] = n0 + j < N ? double(b[(n0 + j) * b_row + k]) : 0.0;
+        for (int j = 0; j < kPanel; ++j)
+          bp[k * kVecs + j / kLanes][j % kLanes] = n0 + j < N ? f64_of(b[(n0 + j) * b_row + k]) : 0.0;
     } else {
       for (int64_t k = 0; k < K; ++k)
         for (int j = 0; j < kPanel; ++j)
-          bp[k * kVecs + j / kLanes][j % kLanes] = n0 + j < N ? double(b[(n0 + j) * b_row + k * b_col]) : 0.0;
+          bp[k * kVecs + j / kLanes][j % kLanes] = n0 + j < N ? f64_of(b[(n0 + j) * b_row + k * b_col]) : 0.0;
     }
     std::vector<double> rows(whole.empty() ? size_t(kRows * K) : 0);
     auto rows_of = [&](int64_t m, int64_t n) -> const double* {
@@ -158,6 +181,16 @@ void gemm_f64(const float* a, int64_t a_row, int64_t a_col, const float* b, int6
               int64_t N, int64_t K, F64Buffer& c) {
   c.resize(size_t(M * N));
   f64_product(a, a_row, a_col, b, b_row, b_col, M, N, K, c.data());
+}
+
+void gemm_f64(const F64Operand& a, const F64Operand& b, int64_t M, int64_t N, int64_t K, F64Buffer& c) {
+  c.resize(size_t(M * N));
+  auto with_b = [&](const auto* pa) {
+    if (b.bf16) f64_product(pa, a.row, a.col, b.bf16, b.row, b.col, M, N, K, c.data());
+    else f64_product(pa, a.row, a.col, b.f32, b.row, b.col, M, N, K, c.data());
+  };
+  if (a.bf16) with_b(a.bf16);
+  else with_b(a.f32);
 }
 
 }  // namespace fp4lab

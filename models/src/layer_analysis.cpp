@@ -3,6 +3,7 @@
 #include "fp4lab/gemm.hpp"
 
 #include <algorithm>
+#include <exception>
 #include <optional>
 #include <stdexcept>
 
@@ -14,7 +15,17 @@ std::string AnalysisSetting::label() const {
 
 namespace {
 std::vector<float> held(const float* x, int64_t rows, int64_t cols, int64_t limit) {
-  return rows * cols <= limit ? transpose(x, rows, cols) : std::vector<float>();
+  return x && rows * cols <= limit ? transpose(x, rows, cols) : std::vector<float>();
+}
+
+// An operand's rows [r0, ..) as an operand of the float64 reference.
+F64Operand f64_operand(const LayerOperands::Operand& o, int64_t r0) {
+  F64Operand f;
+  if (o.bf16) f.bf16 = o.bf16 + r0 * o.row_stride();
+  else f.f32 = o.p + r0 * o.row_stride();
+  f.row = o.row_stride();
+  f.col = o.col_stride();
+  return f;
 }
 }  // namespace
 
@@ -27,20 +38,38 @@ LayerOperands::LayerOperands(const LayerView& v, bool with_refs, int64_t held_tr
 
 void LayerOperands::compute_ref(Pass p) {
   const auto [a, b] = pass(p);
-  gemm_f64(a.p, a.row_stride(), a.col_stride(), b.p, b.row_stride(), b.col_stride(), a.rows, b.rows, a.cols,
-           refs[size_t(p)]);
+  gemm_f64(f64_operand(a, 0), f64_operand(b, 0), a.rows, b.rows, a.cols, refs[size_t(p)]);
+}
+
+void LayerOperands::Operand::rows_into(int64_t r0, int64_t n, float* dst) const {
+  if (!transposed) {
+    if (!bf16) std::copy(p + r0 * cols, p + (r0 + n) * cols, dst);
+    else
+      for (int64_t i = 0; i < n * cols; ++i) dst[i] = bf16_to_f32(bf16[r0 * cols + i]);
+    return;
+  }
+  // Row r of the operand is column r of its source: each source row gives one element of each of the n rows.
+  for (int64_t c = 0; c < cols; ++c) {
+    if (!bf16) {
+      const float* src = p + c * rows + r0;
+      for (int64_t i = 0; i < n; ++i) dst[i * cols + c] = src[i];
+    } else {
+      const uint16_t* src = bf16 + c * rows + r0;
+      for (int64_t i = 0; i < n; ++i) dst[i * cols + c] = bf16_to_f32(src[i]);
+    }
+  }
 }
 
 std::pair<LayerOperands::Operand, LayerOperands::Operand> LayerOperands::pass(Pass p) const {
   const PassGeometry g = pass_geometry(p, l.tokens, l.in, l.out);
   // A transpose not held: the source, read transposed.
-  auto t = [&](const std::vector<float>& held, const float* src, int64_t rows) {
-    return held.empty() ? Operand{src, rows, g.K, true} : Operand{held.data(), rows, g.K};
+  auto t = [&](const std::vector<float>& held, const float* src, const uint16_t* src16, int64_t rows) {
+    return held.empty() ? Operand{src, rows, g.K, true, src16} : Operand{held.data(), rows, g.K};
   };
   switch (p) {
-    case Pass::fwd_y: return {{l.x, g.M, g.K}, {l.w, g.N, g.K}};
-    case Pass::bwd_dx: return {{l.dy, g.M, g.K}, t(wt, l.w, g.N)};
-    default: return {t(dyt, l.dy, g.M), t(xt, l.x, g.N)};
+    case Pass::fwd_y: return {{l.x, g.M, g.K, false, l.x16}, {l.w, g.N, g.K, false, l.w16}};
+    case Pass::bwd_dx: return {{l.dy, g.M, g.K, false, l.dy16}, t(wt, l.w, l.w16, g.N)};
+    default: return {t(dyt, l.dy, l.dy16, g.M), t(xt, l.x, l.x16, g.N)};
   }
 }
 
@@ -69,109 +98,122 @@ struct Quantised {
 // trace than rotating twice). A large one is quantised with its rotation inside quantize() and the rotated values
 // made again a panel of rows at a time for the statistics (the same rotation, so the same bits): a whole rotated
 // copy would cost four bytes per element per running task.
-// Rows [r0, r0 + n) of an operand read transposed from its source, into buf (n x cols).
-void transposed_rows(const LayerOperands::Operand& o, int64_t r0, int64_t n, std::vector<float>& buf) {
-  buf.resize(size_t(n * o.cols));
-  for (int64_t c = 0; c < o.cols; ++c) {
-    const float* src = o.p + c * o.rows + r0;
-    for (int64_t i = 0; i < n; ++i) buf[size_t(i * o.cols + c)] = src[i];
+// An operand quantised a panel of rows at a time (quantize_rows: the bits of quantize() over the whole, stochastic
+// rounding keyed by element index in the whole, ue4m3 under the whole's amax, found first), each panel's statistics
+// taken as it comes, in row order as over the whole. Panels are whole 16-row groups (16x16 tiles stay whole) of
+// about `panel` elements, read as FP32 from wherever the operand lies (transposed, BF16). next() hands out the
+// codes of a chunk of several panels, so that a caller can multiply a large operand a chunk at a time.
+class PanelQuantiser {
+ public:
+  PanelQuantiser(const LayerOperands::Operand& o, const QuantConfig& c, bool with_bias, int64_t panel)
+      : o_(o), c_(c), panel_(std::max<int64_t>(16, panel / o.cols / 16 * 16)) {
+    validate(c, o.rows, o.cols);  // shape faults name the whole operand
+    plain_ = c;
+    plain_.rht = 0;
+    plain_.rht_bf16 = false;
+    if (with_bias) bias_.emplace(c.format);
+    if (c.scale == ScaleKind::ue4m3)
+      for (int64_t r0 = 0; r0 < o.rows; r0 += panel_rows()) {
+        const int64_t n = std::min(panel_rows(), o.rows - r0);
+        amax_ = std::max(amax_, tensor_amax(seen(r0, n), n, o.cols, plain_, r0));
+      }
   }
-}
-
-Quantised quantise(const LayerOperands::Operand& o, const QuantConfig& c, bool with_bias);
-
-// An operand read transposed from its source, quantised a panel of rows at a time: without stochastic rounding
-// (keyed by element index) or a tensor-wide scale (ue4m3) every row is quantised alone, and panels of whole 16-row
-// groups keep the 16x16 tiles whole, so the panels' codes and scales are the whole operand's. Each panel's
-// statistics are taken as it is quantised, in row order, as over the whole. Other settings, and a panel that
-// faults (so that the message names the element within the whole operand), quantise a transposed copy.
-Quantised quantise_transposed(const LayerOperands::Operand& o, const QuantConfig& c, bool with_bias) {
-  auto whole = [&] {
-    const std::vector<float> t = transpose(o.p, o.cols, o.rows);
-    return quantise({t.data(), o.rows, o.cols}, c, with_bias);
-  };
-  if (c.rounding != Rounding::rtne || c.scale == ScaleKind::ue4m3) return whole();
-  try {
-    Quantised r;
-    MomentsSum m;
-    std::optional<BiasSum> bias;
-    if (with_bias) bias.emplace(c.format);
-    const int64_t panel = std::max<int64_t>(16, (int64_t(1) << 16) / o.cols / 16 * 16);
-    std::vector<float> rows;
-    F32Buffer rotated;
-    QuantConfig plain = c;
-    plain.rht = 0;
-    plain.rht_bf16 = false;
-    for (int64_t r0 = 0; r0 < o.rows; r0 += panel) {
-      const int64_t n = std::min(panel, o.rows - r0);
-      transposed_rows(o, r0, n, rows);
-      const float* seen = rows.data();
-      if (c.rht != 0) {
-        rotate(rows.data(), n, o.cols, c, rotated);
-        seen = rotated.data();
-      }
-      const QTensor p = quantize(seen, n, o.cols, plain);
-      if (r0 == 0) {
-        r.q = p;
-        r.q.rows = o.rows;
-        r.q.codes.resize(size_t(o.rows * o.cols));
-        r.q.scales.resize(size_t(o.rows * p.kblocks()));
-        if (!p.scale_codes.empty()) r.q.scale_codes.resize(r.q.scales.size());
-        r.q.rht = c.rht;  // the operand was rotated, if not by quantize() itself
-        r.q.rht_signs = c.rht != 0 ? c.rht_signs : std::vector<float>();
+  int64_t panel_rows() const { return panel_; }
+  int64_t next_row() const { return row_; }
+  // The next n rows' codes and scales (a QTensor of n rows; n a multiple of panel_rows() but at the end).
+  QTensor next(int64_t n) {
+    QTensor q;
+    for (int64_t r0 = row_; r0 < row_ + n; r0 += panel_rows()) {
+      const int64_t k = std::min(panel_rows(), row_ + n - r0), at = r0 - row_;
+      const float* y = seen(r0, k);
+      const QTensor p = quantize_rows(y, r0, k, o_.cols, plain_, amax_);
+      if (at == 0) {
+        q = p;
+        q.rows = n;
+        q.codes.resize(size_t(n * o_.cols));
+        q.scales.resize(size_t(n * p.kblocks()));
+        if (!p.scale_codes.empty()) q.scale_codes.resize(q.scales.size());
+        q.rht = c_.rht;  // the operand was rotated, if not by the quantiser itself
+        q.rht_signs = c_.rht != 0 ? c_.rht_signs : std::vector<float>();
       } else {
-        std::copy(p.codes.begin(), p.codes.end(), r.q.codes.begin() + r0 * o.cols);
-        std::copy(p.scales.begin(), p.scales.end(), r.q.scales.begin() + r0 * p.kblocks());
-        std::copy(p.scale_codes.begin(), p.scale_codes.end(), r.q.scale_codes.begin() + r0 * p.kblocks());
+        std::copy(p.codes.begin(), p.codes.end(), q.codes.begin() + at * o_.cols);
+        std::copy(p.scales.begin(), p.scales.end(), q.scales.begin() + at * p.kblocks());
+        std::copy(p.scale_codes.begin(), p.scale_codes.end(), q.scale_codes.begin() + at * p.kblocks());
       }
-      if (bias) bias->add(r.q, seen, r0, n, m);
-      else m.add(seen, r.q, r0, n);
+      if (bias_) bias_->add(q, y, at, k, m_);
+      else m_.add(y, q, at, k);
     }
-    r.m = m.sum();
-    if (bias) {
-      r.bias = bias->levels();
-      r.beff = bias->beff();
+    row_ += n;
+    return q;
+  }
+  // The statistics of every row handed out (all of them), with q as the codes (none, where the caller multiplied
+  // them a chunk at a time: then only q's format is set).
+  Quantised finish(QTensor q) {
+    Quantised r;
+    r.q = std::move(q);
+    r.q.format = c_.format;
+    r.m = m_.sum();
+    if (bias_) {
+      r.bias = bias_->levels();
+      r.beff = bias_->beff();
     }
     return r;
-  } catch (const std::invalid_argument&) {
-    return whole();
   }
-}
 
-Quantised quantise(const LayerOperands::Operand& o, const QuantConfig& c, bool with_bias) {
+ private:
+  // Rows [r0, r0 + n) as the quantiser sees them: read as FP32, then rotated when RHT is on.
+  const float* seen(int64_t r0, int64_t n) {
+    const float* y = o_.p + r0 * o_.cols;
+    if (o_.transposed || o_.bf16) {
+      rows_.resize(size_t(n * o_.cols));
+      o_.rows_into(r0, n, rows_.data());
+      y = rows_.data();
+    }
+    if (c_.rht == 0) return y;
+    rotate(y, n, o_.cols, c_, rotated_, r0);
+    return rotated_.data();
+  }
+  const LayerOperands::Operand& o_;
+  const QuantConfig& c_;
+  int64_t panel_;  // rows
+  QuantConfig plain_;  // what quantize_rows is given: the values are rotated already
+  float amax_ = 0;
+  int64_t row_ = 0;
+  MomentsSum m_;
+  std::optional<BiasSum> bias_;
+  F32Buffer rows_, rotated_;  // one panel's, their memory reused by the next
+};
+
+// The statistics compare the codes with what the quantiser saw: the operand, or the operand rotated. Rotating
+// first and quantising the rotated values without RHT is exactly quantize() with RHT (the rotation is its first
+// step). A small operand in memory is rotated once, whole, and the copy kept for the statistics (3% faster on the
+// bundled trace than rotating twice); a large one, or one read transposed or from BF16, a panel at a time.
+Quantised quantise(const LayerOperands::Operand& o, const QuantConfig& c, bool with_bias,
+                   const LayerOperands::Panels& sizes) {
   constexpr int64_t kWholeCopy = int64_t(1) << 20;  // elements (4 MB of floats)
-  if (o.transposed) return quantise_transposed(o, c, with_bias);
+  if (o.transposed || o.bf16 || (c.rht != 0 && o.rows * o.cols > kWholeCopy)) {
+    PanelQuantiser pq(o, c, with_bias, sizes.panel);
+    QTensor q = pq.next(o.rows);
+    return pq.finish(std::move(q));
+  }
   Quantised r;
   MomentsSum m;
   std::optional<BiasSum> bias;
   if (with_bias) bias.emplace(c.format);
-  if (c.rht == 0 || o.rows * o.cols <= kWholeCopy) {
-    F32Buffer rotated;
-    const float* seen = o.p;
-    if (c.rht != 0) {
-      rotate(o.p, o.rows, o.cols, c, rotated);
-      seen = rotated.data();
-    }
-    QuantConfig plain = c;
-    plain.rht = 0;
-    plain.rht_bf16 = false;
-    r.q = quantize(seen, o.rows, o.cols, plain);
-    r.q.rht = c.rht;  // the operand was rotated, if not by quantize() itself
-    r.q.rht_signs = c.rht != 0 ? c.rht_signs : std::vector<float>();
-    if (bias) bias->add(r.q, seen, 0, o.rows, m);
-    else m.add(seen, r.q, 0, o.rows);
-  } else {
-    r.q = quantize(o.p, o.rows, o.cols, c);
-    // About 256 kB of floats per panel, in whole 16-row groups (the rows of a 16x16 tile stay together).
-    const int64_t panel = std::max<int64_t>(16, (int64_t(1) << 16) / o.cols / 16 * 16);
-    F32Buffer rotated;  // one panel's, its memory reused by the next
-    for (int64_t r0 = 0; r0 < o.rows; r0 += panel) {
-      const int64_t n = std::min(panel, o.rows - r0);
-      rotate(o.p + r0 * o.cols, n, o.cols, c, rotated);
-      if (bias) bias->add(r.q, rotated.data(), r0, n, m);
-      else m.add(rotated.data(), r.q, r0, n);
-    }
+  F32Buffer rotated;
+  const float* seen = o.p;
+  if (c.rht != 0) {
+    rotate(o.p, o.rows, o.cols, c, rotated);
+    seen = rotated.data();
   }
+  QuantConfig plain = c;
+  plain.rht = 0;
+  plain.rht_bf16 = false;
+  r.q = quantize(seen, o.rows, o.cols, plain);
+  r.q.rht = c.rht;  // the operand was rotated, if not by quantize() itself
+  r.q.rht_signs = c.rht != 0 ? c.rht_signs : std::vector<float>();
+  if (bias) bias->add(r.q, seen, 0, o.rows, m);
+  else m.add(seen, r.q, 0, o.rows);
   r.m = m.sum();
   if (bias) {
     r.bias = bias->levels();
@@ -180,9 +222,55 @@ Quantised quantise(const LayerOperands::Operand& o, const QuantConfig& c, bool w
   return r;
 }
 
-// The GEMM of a pass; its comparison with the reference is compare_gemm's.
-GemmResult gemm_result(Pass p, const Quantised& a, const Quantised& b, F32Buffer& c) {
-  gemm(a.q, b.q, c);
+// The GEMM of a pass, C = A . B^T into c, with the operands' statistics. An operand of more than chunk_above
+// elements (the larger, when both are) is quantised and multiplied a chunk of rows at a time, its codes never whole
+// in memory: rows of A give rows of C, rows of B columns; every output is its own sum, so the same bits. The faults
+// are the whole path's, in its order: A's quantisation, B's, then the product's overflow (checked whole).
+void quantise_and_multiply(const LayerOperands& l, const LayerOperands::Operand& a, const QuantConfig& ca,
+                           bool bias_a, const LayerOperands::Operand& b, const QuantConfig& cb, bool bias_b,
+                           Quantised& qa, Quantised& qb, F32Buffer& c) {
+  const LayerOperands::Panels& sz = l.panels;
+  const int64_t ea = a.rows * a.cols, eb = b.rows * b.cols;
+  const bool chunk_a = ea > sz.chunk_above && ea >= eb, chunk_b = !chunk_a && eb > sz.chunk_above;
+  if (!chunk_a && !chunk_b) {
+    qa = quantise(a, ca, bias_a, sz);
+    qb = quantise(b, cb, bias_b, sz);
+    gemm(qa.q, qb.q, c);
+    return;
+  }
+  const int64_t M = a.rows, N = b.rows;
+  c.resize(size_t(M * N));
+  if (chunk_a) {
+    std::exception_ptr b_fault;  // raised once A is quantised, as the whole path would
+    try {
+      qb = quantise(b, cb, bias_b, sz);
+    } catch (...) {
+      b_fault = std::current_exception();
+    }
+    PanelQuantiser pq(a, ca, bias_a, sz.panel);
+    const int64_t chunk = std::max<int64_t>(1, sz.chunk / a.cols / pq.panel_rows()) * pq.panel_rows();
+    while (pq.next_row() < M) {
+      const int64_t r0 = pq.next_row();
+      const QTensor part = pq.next(std::min(chunk, M - r0));
+      if (!b_fault) gemm_columns(part, qb.q, c.data() + r0 * N, N, 0);
+    }
+    if (b_fault) std::rethrow_exception(b_fault);
+    qa = pq.finish(QTensor());
+  } else {
+    qa = quantise(a, ca, bias_a, sz);
+    PanelQuantiser pq(b, cb, bias_b, sz.panel);
+    const int64_t chunk = std::max<int64_t>(1, sz.chunk / b.cols / pq.panel_rows()) * pq.panel_rows();
+    while (pq.next_row() < N) {
+      const int64_t r0 = pq.next_row();
+      gemm_columns(qa.q, pq.next(std::min(chunk, N - r0)), c.data(), N, r0);
+    }
+    qb = pq.finish(QTensor());
+  }
+  check_gemm_output(c.data(), M, N);
+}
+
+// The GEMM's entry of a pass; its comparison with the reference is compare_gemm's.
+GemmResult gemm_result(Pass p, const Quantised& a, const Quantised& b) {
   GemmResult g;
   g.pass = pass_name(p);
   g.format = a.q.format.name;
@@ -250,12 +338,12 @@ std::vector<LayerResults> analyze_pass_in_panels(const LayerOperands& l, Pass p,
   std::vector<LayerResults> out;
   for (const AnalysisSetting& s : settings) {
     const QuantConfig c = s.config();
-    jobs.push_back({quantise(a, c, p != Pass::bwd_dw), quantise(b, c, p == Pass::fwd_y), {}});
+    jobs.push_back({quantise(a, c, p != Pass::bwd_dw, l.panels), quantise(b, c, p == Pass::fwd_y, l.panels), {}});
     out.push_back(setting_pass_results(p, s, jobs.back().qa, jobs.back().qb));
   }
   for (const Recipe& r : recipes) {
     const QuantConfig ca = r.operand(p, Operand::a, stream), cb = r.operand(p, Operand::b, stream);
-    jobs.push_back({quantise(a, ca, false), quantise(b, cb, false), {}});
+    jobs.push_back({quantise(a, ca, false, l.panels), quantise(b, cb, false, l.panels), {}});
     GemmResult g;
     g.pass = pass_name(p);
     g.eta = jobs.back().qa.m.alpha() * jobs.back().qb.m.alpha();
@@ -273,8 +361,7 @@ std::vector<LayerResults> analyze_pass_in_panels(const LayerOperands& l, Pass p,
   F64Buffer ref;  // one panel's, its memory reused by the next
   for (int64_t r0 = 0; r0 < M; r0 += panel) {
     const int64_t n = std::min(panel, M - r0);
-    gemm_f64(a.p + r0 * a.row_stride(), a.row_stride(), a.col_stride(), b.p, b.row_stride(), b.col_stride(), n, N, K,
-             ref);
+    gemm_f64(f64_operand(a, r0), f64_operand(b, 0), n, N, K, ref);
     for (Job& j : jobs) {
       const std::vector<float> c = gemm_rows(j.qa.q, r0, n, j.qb.q);
       j.cmp.add(ref.data(), c.data(), n * N);
@@ -292,8 +379,8 @@ LayerResults analyze_setting_pass(const LayerOperands& l, const AnalysisSetting&
   const QuantConfig c = s.config();
   const auto [a, b] = l.pass(p);
   // fwd_y's A and B and bwd_dx's A are tensor results too, which report the empirical bias.
-  const Quantised qa = quantise(a, c, p != Pass::bwd_dw), qb = quantise(b, c, p == Pass::fwd_y);
-  gemm(qa.q, qb.q, cout);
+  Quantised qa, qb;
+  quantise_and_multiply(l, a, c, p != Pass::bwd_dw, b, c, p == Pass::fwd_y, qa, qb, cout);
   return setting_pass_results(p, s, qa, qb);
 }
 
@@ -319,7 +406,9 @@ GemmResult analyze_recipe_pass(const LayerOperands& l, const Recipe& r, uint32_t
                                F32Buffer& c) {
   const auto [a, b] = l.pass(p);
   const QuantConfig ca = r.operand(p, Operand::a, stream), cb = r.operand(p, Operand::b, stream);
-  GemmResult g = gemm_result(p, quantise(a, ca, false), quantise(b, cb, false), c);
+  Quantised qa, qb;
+  quantise_and_multiply(l, a, ca, false, b, cb, false, qa, qb, c);
+  GemmResult g = gemm_result(p, qa, qb);
   g.format = r.format.name;
   g.recipe = r.name;
   g.rht = ca.rht;

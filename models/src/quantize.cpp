@@ -48,7 +48,7 @@ void validate(const QuantConfig& cfg, int64_t rows, int64_t cols) {
   if (cfg.scale == ScaleKind::ue4m3 && cfg.block != 16) fail("ue4m3 scales (NVFP4) use block 16");
 }
 
-void check_finite(const float* x, int64_t n, const char* what) {
+void check_finite(const float* x, int64_t n, const char* what, int64_t base) {
   // A branch-free scan of the exponent bits first (it vectorises); the element is located only on a fault.
   uint32_t all_ones = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -59,7 +59,7 @@ void check_finite(const float* x, int64_t n, const char* what) {
   if (!all_ones) return;
   for (int64_t i = 0; i < n; ++i)
     if (!std::isfinite(x[i]))
-      throw std::invalid_argument(std::string(what) + ": element " + std::to_string(i) + " is " +
+      throw std::invalid_argument(std::string(what) + ": element " + std::to_string(base + i) + " is " +
                                   (std::isnan(x[i]) ? "NaN" : "Inf") + " (4-bit grids have no such codes)");
 }
 
@@ -253,13 +253,14 @@ void round_block(const Fmt& fmt, const float* __restrict y, int n, const BlockSc
 }  // namespace
 
 namespace {
-// Rows of src rotated into dst (the same rows, or another buffer of them); a row that overflows is refused.
-void rotate_rows(const float* src, float* dst, int64_t rows, int64_t cols, const QuantConfig& cfg) {
+// Rows of src rotated into dst (the same rows, or another buffer of them); a row that overflows is refused, named
+// as row row0 + r of the whole tensor.
+void rotate_rows(const float* src, float* dst, int64_t rows, int64_t cols, const QuantConfig& cfg, int64_t row0 = 0) {
   RotationFault fault;
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     rotate_row(src + r * cols, dst + r * cols, cols, cfg);
-    if (const int64_t c = first_nonfinite(dst + r * cols, cols); c >= 0) fault.note(r, c);
+    if (const int64_t c = first_nonfinite(dst + r * cols, cols); c >= 0) fault.note(row0 + r, c);
   }
   fault.raise(cfg);
 }
@@ -276,15 +277,15 @@ std::vector<float> rotate(const float* x, int64_t rows, int64_t cols, const Quan
   return y;
 }
 
-void rotate(const float* x, int64_t rows, int64_t cols, const QuantConfig& cfg, F32Buffer& y) {
+void rotate(const float* x, int64_t rows, int64_t cols, const QuantConfig& cfg, F32Buffer& y, int64_t row0) {
   validate(cfg, rows, cols);
   y.resize(size_t(rows * cols));
   if (cfg.rht == 0) {
     std::copy(x, x + rows * cols, y.data());
     return;
   }
-  check_finite(x, rows * cols, "input tensor");
-  rotate_rows(x, y.data(), rows, cols, cfg);
+  check_finite(x, rows * cols, "input tensor", row0 * cols);
+  rotate_rows(x, y.data(), rows, cols, cfg, row0);
 }
 
 QTensor QTensor::rows_panel(int64_t row0, int64_t n) const {
@@ -324,9 +325,12 @@ std::vector<float> QTensor::dequantize() const {
   return out;
 }
 
-QTensor quantize(const float* x_in, int64_t rows, int64_t cols, const QuantConfig& cfg) {
+namespace {
+// quantize_rows; `amax` null: the tensor is x, whole (row0 = 0), its amax taken here.
+QTensor quantize_impl(const float* x_in, int64_t row0, int64_t rows, int64_t cols, const QuantConfig& cfg,
+                      const float* tensor_amax) {
   validate(cfg, rows, cols);
-  check_finite(x_in, rows * cols, "input tensor");
+  check_finite(x_in, rows * cols, "input tensor", row0 * cols);
   const ElemFormat& f = cfg.format;
 
   QTensor q;
@@ -359,7 +363,7 @@ QTensor quantize(const float* x_in, int64_t rows, int64_t cols, const QuantConfi
             rotate_row(y, buf.data(), cols, cfg);
             y = buf.data();
             if (const int64_t c = first_nonfinite(y, cols); c >= 0) {
-              fault.note(r, c);
+              fault.note(row0 + r, c);
               continue;
             }
           }
@@ -373,7 +377,7 @@ QTensor quantize(const float* x_in, int64_t rows, int64_t cols, const QuantConfi
             q.scales[r * kb + b] = bs.dec;
             if (!q.scale_codes.empty()) q.scale_codes[r * kb + b] = bs.code;
             const int64_t i0 = r * cols + b * cfg.block;
-            round_block(fmt, yb, cfg.block, bs, cfg, i0, q.codes.data() + i0);
+            round_block(fmt, yb, cfg.block, bs, cfg, row0 * cols + i0, q.codes.data() + i0);
           }
         }
       }
@@ -386,7 +390,8 @@ QTensor quantize(const float* x_in, int64_t rows, int64_t cols, const QuantConfi
   std::vector<float> rotated;
   const float* x = x_in;
   if (cfg.rht != 0) {
-    rotated = rotate(x_in, rows, cols, cfg);
+    rotated.assign(x_in, x_in + rows * cols);
+    rotate_rows(rotated.data(), rotated.data(), rows, cols, cfg, row0);
     x = rotated.data();
   }
 
@@ -405,7 +410,9 @@ QTensor quantize(const float* x_in, int64_t rows, int64_t cols, const QuantConfi
   float s_enc = 1.0f;
   if (cfg.scale == ScaleKind::ue4m3) {
     float t = 0.0f;
-    for (float m : amax) t = std::max(t, m);
+    if (tensor_amax) t = *tensor_amax;
+    else
+      for (float m : amax) t = std::max(t, m);
     s_enc = nvfp4_global_encode(f, t);
     q.global_dec = 1.0f / s_enc;
   }
@@ -419,10 +426,41 @@ QTensor quantize(const float* x_in, int64_t rows, int64_t cols, const QuantConfi
         q.scales[r * kb + b] = bs.dec;
         if (!q.scale_codes.empty()) q.scale_codes[r * kb + b] = bs.code;
         const int64_t i0 = r * cols + b * cfg.block;
-        round_block(fmt, x + i0, cfg.block, bs, cfg, i0, q.codes.data() + i0);
+        round_block(fmt, x + i0, cfg.block, bs, cfg, row0 * cols + i0, q.codes.data() + i0);
       }
   });
   return q;
+}
+}  // namespace
+
+QTensor quantize(const float* x, int64_t rows, int64_t cols, const QuantConfig& cfg) {
+  return quantize_impl(x, 0, rows, cols, cfg, nullptr);
+}
+
+QTensor quantize_rows(const float* x, int64_t row0, int64_t rows, int64_t cols, const QuantConfig& cfg, float amax) {
+  return quantize_impl(x, row0, rows, cols, cfg, &amax);
+}
+
+float tensor_amax(const float* x, int64_t rows, int64_t cols, const QuantConfig& cfg, int64_t row0) {
+  validate(cfg, rows, cols);
+  check_finite(x, rows * cols, "input tensor", row0 * cols);
+  std::vector<float> buf(size_t(cfg.rht != 0 ? cols : 0));
+  RotationFault fault;
+  float t = 0.0f;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* y = x + r * cols;
+    if (cfg.rht != 0) {
+      rotate_row(y, buf.data(), cols, cfg);
+      y = buf.data();
+      if (const int64_t c = first_nonfinite(y, cols); c >= 0) {
+        fault.note(row0 + r, c);
+        break;
+      }
+    }
+    for (int64_t b = 0; b < cols; b += cfg.block) t = std::max(t, block_amax(y + b, cfg.block));
+  }
+  fault.raise(cfg);
+  return t;
 }
 
 }  // namespace fp4lab

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <random>
 #include <limits>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "fp4lab/analysis.hpp"
@@ -13,6 +15,8 @@
 #include "fp4lab/gemm.hpp"
 #include "fp4lab/layer_analysis.hpp"
 #include "fp4lab/quantize.hpp"
+#include "fp4lab/recipe.hpp"
+#include "fp4lab/rht.hpp"
 #include "test_util.hpp"
 
 namespace fp4lab::test {
@@ -344,6 +348,79 @@ TEST(CorrectlyRounded, KnownValues) {
   EXPECT_EQ(cr::exp(-745.0), 0x1p-1074);
   EXPECT_EQ(cr::exp(-746.0), 0.0);
   EXPECT_EQ(cr::exp(710.0), std::numeric_limits<double>::infinity());
+}
+
+// A layer read from BF16 bit patterns in place, every operand quantised and multiplied a chunk of rows at a time
+// (chunks and panels that do not divide the rows), gives the bits of the FP32 copies held whole: tensor and GEMM
+// results under settings and every recipe preset (RHT 16-64 with BF16 rotation, ue4m3's tensor scale, ue8m0,
+// block 16 and 32, 2-D tiles, stochastic rounding), the float64 references, and the passes analysed in panels.
+TEST(LayerAnalysis, Bf16ChunkedOperandsGiveTheHeldFp32CopiesBits) {
+  const int64_t T = 1088, I = 320, O = 64;
+  std::mt19937 rng(13);
+  std::student_t_distribution<float> heavy(3.0f);
+  std::vector<uint16_t> x16(size_t(T * I)), w16(size_t(O * I)), dy16(size_t(T * O));
+  std::vector<float> x(x16.size()), w(w16.size()), dy(dy16.size());
+  for (auto [b, f] : {std::pair{&x16, &x}, std::pair{&w16, &w}, std::pair{&dy16, &dy}})
+    for (size_t i = 0; i < b->size(); ++i) {
+      (*b)[i] = f32_to_bf16(heavy(rng));
+      (*f)[i] = bf16_to_f32((*b)[i]);
+    }
+  const LayerOperands held(LayerView{x.data(), w.data(), dy.data(), T, I, O});
+  LayerOperands chunked(LayerView{nullptr, nullptr, nullptr, T, I, O, x16.data(), w16.data(), dy16.data()}, false, 0);
+  // Panels of 16 rows; chunks of 3 panels of X^T (320 = 6 x 48 + 32) and of 10 of X (1088 = 6 x 160 + 128).
+  chunked.panels = {0, 3 * 16 * T, 4096};
+  for (Pass p : kPasses) chunked.compute_ref(p);
+  auto bits = [](double v) { return std::bit_cast<uint64_t>(v); };
+  for (Pass p : kPasses) EXPECT_EQ(chunked.refs[size_t(p)], held.refs[size_t(p)]) << pass_name(p);
+  std::vector<AnalysisSetting> settings(5);
+  settings[0].format = kE2M1;
+  settings[1].rht = 16;
+  settings[1].rht_signs = rht_signs_te(16);
+  settings[2].format = kE2M1;
+  settings[2].rht = 64;
+  settings[2].rht_signs = rht_signs_from_seed(64, 1);
+  settings[2].block = 32;
+  settings[3].scale = ScaleKind::ue8m0;
+  settings[3].rht = 32;
+  settings[3].rht_signs = rht_signs_from_seed(32, 2);
+  settings[4].scale = ScaleKind::ue4m3;
+  settings[4].format = kE2M1;
+  settings[4].rht = 16;
+  settings[4].rht_signs = rht_signs_te(16);
+  auto same_gemm = [&](const GemmResult& a, const GemmResult& b, const std::string& what) {
+    EXPECT_EQ(a.format, b.format) << what;
+    EXPECT_EQ(bits(a.sqnr_db), bits(b.sqnr_db)) << what;
+    EXPECT_EQ(bits(a.eta), bits(b.eta)) << what;
+    EXPECT_EQ(bits(a.eta_measured), bits(b.eta_measured)) << what;
+  };
+  for (const AnalysisSetting& s : settings)
+    for (Pass p : kPasses) {
+      const std::string what = s.label() + " " + pass_name(p);
+      const LayerResults a = analyze_setting_pass(chunked, s, p), b = analyze_setting_pass(held, s, p);
+      ASSERT_EQ(a.tensors.size(), b.tensors.size());
+      for (size_t t = 0; t < a.tensors.size(); ++t) {
+        EXPECT_EQ(a.tensors[t].format, b.tensors[t].format);
+        EXPECT_EQ(bits(a.tensors[t].sqnr_db), bits(b.tensors[t].sqnr_db)) << what << " " << a.tensors[t].role;
+        EXPECT_EQ(bits(a.tensors[t].beff), bits(b.tensors[t].beff)) << what;
+        EXPECT_EQ(bits(a.tensors[t].alpha), bits(b.tensors[t].alpha)) << what;
+        ASSERT_EQ(a.tensors[t].bias_per_level.size(), b.tensors[t].bias_per_level.size());
+        for (size_t i = 0; i < a.tensors[t].bias_per_level.size(); ++i) {
+          EXPECT_EQ(a.tensors[t].bias_per_level[i].count, b.tensors[t].bias_per_level[i].count) << what;
+          EXPECT_EQ(bits(a.tensors[t].bias_per_level[i].mean_error), bits(b.tensors[t].bias_per_level[i].mean_error));
+        }
+      }
+      same_gemm(a.gemms.at(0), b.gemms.at(0), what);
+    }
+  std::vector<Recipe> recipes;
+  for (const std::string& name : Recipe::preset_names()) recipes.push_back(Recipe::preset(name));
+  for (const Recipe& r : recipes)
+    for (Pass p : kPasses)
+      same_gemm(analyze_recipe_pass(chunked, r, 3, p), analyze_recipe_pass(held, r, 3, p), r.name + pass_name(p));
+  for (Pass p : kPasses) {
+    const std::vector<LayerResults> a = analyze_pass_in_panels(chunked, p, settings, recipes, 3, /*panel_rows=*/100);
+    const std::vector<LayerResults> b = analyze_pass_in_panels(held, p, settings, recipes, 3, /*panel_rows=*/100);
+    for (size_t j = 0; j < a.size(); ++j) same_gemm(a[j].gemms.at(0), b[j].gemms.at(0), pass_name(p));
+  }
 }
 
 }  // namespace

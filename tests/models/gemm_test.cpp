@@ -7,6 +7,7 @@
 #include <array>
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <cstdint>
 #include <stdexcept>
@@ -419,6 +420,42 @@ TEST(GemmF64, EqualsAscendingKSumBitForBit) {
 TEST(GemmF64, OrderIsAscendingK) {
   const std::vector<float> a = {0x1p30f, 1.0f, -0x1p30f, 1.0f}, b = {0x1p30f, 1.0f, 0x1p30f, 0.5f};
   EXPECT_EQ(gemm_f64(a.data(), b.data(), 1, 1, 4)[0], 0.5);  // ((2^60 + 1) - 2^60) + 0.5 = 0 + 0.5
+}
+
+// A product made a panel at a time (gemm_columns: panels of A's rows into rows of C, panels of B's rows into its
+// columns, panels that do not divide the rows) gives gemm's bits; check_gemm_output raises gemm's overflow message.
+TEST(GemmColumns, PanelsGiveTheWholeProductsBits) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  const int64_t M = 37, N = 53, K = 96;
+  std::vector<float> a(size_t(M * K)), b(size_t(N * K));
+  for (float& v : a) v = nd(rng);
+  for (float& v : b) v = nd(rng);
+  for (const ElemFormat& f : {kE2M1, kE1M2}) {
+    QuantConfig c;
+    c.format = f;
+    c.block = 32;
+    const QTensor qa = quantize(a.data(), M, K, c), qb = quantize(b.data(), N, K, c);
+    const std::vector<float> want = gemm(qa, qb);
+    std::vector<float> by_rows(size_t(M * N)), by_cols(size_t(M * N));
+    for (int64_t r0 = 0; r0 < M; r0 += 10)
+      gemm_columns(qa.rows_panel(r0, std::min<int64_t>(10, M - r0)), qb, by_rows.data() + r0 * N, N, 0);
+    for (int64_t n0 = 0; n0 < N; n0 += 16)
+      gemm_columns(qa, qb.rows_panel(n0, std::min<int64_t>(16, N - n0)), by_cols.data(), N, n0);
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(std::bit_cast<uint32_t>(by_rows[i]), std::bit_cast<uint32_t>(want[i])) << i;
+      EXPECT_EQ(std::bit_cast<uint32_t>(by_cols[i]), std::bit_cast<uint32_t>(want[i])) << i;
+    }
+    EXPECT_NO_THROW(check_gemm_output(want.data(), M, N));
+  }
+  std::vector<float> c(6, 1.0f);
+  c[4] = std::numeric_limits<float>::infinity();
+  try {
+    check_gemm_output(c.data(), 2, 3);
+    ADD_FAILURE() << "no fault";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "GEMM output overflows FP32 at C[1, 1]");
+  }
 }
 
 }  // namespace

@@ -8,12 +8,14 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "fp4lab/recipe.hpp"
 #include "fp4lab/quantize.hpp"
+#include "fp4lab/rht.hpp"
 #include "test_util.hpp"
 
 namespace fp4lab::test {
@@ -432,6 +434,77 @@ TEST(QuantConfigLabel, CarriesTheConfiguration) {
   c.rounding = Rounding::sr;
   EXPECT_EQ(c.label(), "e2m1_b16x16_ue4m3scale_rht0_sr");
   EXPECT_EQ(config(kE2M1, ScaleKind::ue8m0_ceil, 32).label(), "e2m1_b32_ue8m0-ceilscale_rht0_rtne");
+}
+
+// A tensor quantised a panel of rows at a time (quantize_rows, under the whole's amax from tensor_amax over the
+// panels) gives the whole's codes, scales and global scale bit for bit: stochastic rounding keyed by element index
+// in the whole, ue4m3's tensor scale, 16x16 tiles, RHT with BF16 rounding, block 32; panels that do not divide the
+// rows. A rotation that overflows is named at its row of the whole.
+TEST(QuantizeRows, PanelsGiveTheWholeTensorsBits) {
+  const int64_t rows = 208, cols = 128;
+  std::mt19937 rng(11);
+  std::student_t_distribution<float> heavy(3.0f);
+  std::vector<float> x(size_t(rows * cols));
+  for (float& v : x) v = heavy(rng);
+  std::vector<QuantConfig> cfgs(6);
+  cfgs[0].format = kE2M1;
+  cfgs[1].rounding = Rounding::sr;
+  cfgs[1].seed = 9;
+  cfgs[1].stream = 4;
+  cfgs[2].scale = ScaleKind::ue4m3;
+  cfgs[2].format = kE2M1;
+  cfgs[3].scale = ScaleKind::ue4m3;
+  cfgs[3].tile2d = true;
+  cfgs[3].rounding = Rounding::sr;
+  cfgs[4].rht = 16;
+  cfgs[4].rht_signs = rht_signs_te(16);
+  cfgs[4].rht_bf16 = true;
+  cfgs[4].scale = ScaleKind::ue4m3;
+  cfgs[5].block = 32;
+  cfgs[5].scale = ScaleKind::ue8m0;
+  cfgs[5].rht = 32;
+  cfgs[5].rht_signs = rht_signs_from_seed(32, 2);
+  cfgs[5].rounding = Rounding::sr;
+  for (const QuantConfig& c : cfgs)
+    for (int64_t panel : {16, 48, 80}) {  // 208 = 4 x 48 + 16 = 2 x 80 + 48
+      const QTensor whole = quantize(x.data(), rows, cols, c);
+      float amax = 0;
+      for (int64_t r0 = 0; r0 < rows; r0 += panel)
+        amax = std::max(amax, tensor_amax(x.data() + r0 * cols, std::min(panel, rows - r0), cols, c, r0));
+      std::vector<uint8_t> codes, scale_codes;
+      std::vector<uint32_t> scales;
+      for (int64_t r0 = 0; r0 < rows; r0 += panel) {
+        const QTensor p = quantize_rows(x.data() + r0 * cols, r0, std::min(panel, rows - r0), cols, c, amax);
+        EXPECT_EQ(std::bit_cast<uint32_t>(p.global_dec), std::bit_cast<uint32_t>(whole.global_dec));
+        codes.insert(codes.end(), p.codes.begin(), p.codes.end());
+        scale_codes.insert(scale_codes.end(), p.scale_codes.begin(), p.scale_codes.end());
+        for (float s : p.scales) scales.push_back(std::bit_cast<uint32_t>(s));
+      }
+      std::vector<uint32_t> want_scales;
+      for (float s : whole.scales) want_scales.push_back(std::bit_cast<uint32_t>(s));
+      EXPECT_EQ(codes, whole.codes) << c.label() << " panel " << panel;
+      EXPECT_EQ(scales, want_scales) << c.label() << " panel " << panel;
+      EXPECT_EQ(scale_codes, whole.scale_codes) << c.label() << " panel " << panel;
+    }
+  // Row 100's first RHT block overflows: named as row 100 of the whole, whichever panel holds it.
+  x[size_t(100 * cols)] = x[size_t(100 * cols + 1)] = 3.0e38f;
+  auto fault = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no fault");
+  };
+  const std::string want = fault([&] { quantize(x.data(), rows, cols, cfgs[4]); });
+  EXPECT_NE(want.find("row 100,"), std::string::npos) << want;
+  EXPECT_EQ(fault([&] { tensor_amax(x.data() + 96 * cols, 16, cols, cfgs[4], 96); }), want);
+  F32Buffer rotated;
+  EXPECT_EQ(fault([&] { rotate(x.data() + 96 * cols, 16, cols, cfgs[4], rotated, 96); }), want);
+  QuantConfig sr = cfgs[4];
+  sr.scale = ScaleKind::fp32;  // the row-by-row path
+  EXPECT_EQ(fault([&] { quantize_rows(x.data() + 96 * cols, 96, 16, cols, sr, 0.0f); }),
+            fault([&] { quantize(x.data(), rows, cols, sr); }));
 }
 
 }  // namespace

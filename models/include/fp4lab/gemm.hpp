@@ -88,6 +88,12 @@ void gemm(const QTensor& a, const QTensor& b, F32Buffer& c);
 // large product a panel of rows at a time. An overflow names its row in the whole product.
 std::vector<float> gemm_rows(const QTensor& a, int64_t row0, int64_t rows, const QTensor& b);
 
+// A product made a panel at a time: gemm(a, b) written into columns [col0, col0 + b.rows) of c, a.rows rows of n
+// floats (rows of a and of b are each a panel of a larger operand; every output is its own sum, so the same bits).
+// Not checked for overflow: check_gemm_output checks the whole product once every panel is in, with gemm's message.
+void gemm_columns(const QTensor& a, const QTensor& b, float* c, int64_t n, int64_t col0);
+void check_gemm_output(const float* c, int64_t M, int64_t N);
+
 // Plain reference product of unquantised operands, C = A . B^T in float64: each output the sum of its exact
 // products in ascending k from +0.0, so the same bits on every CPU, build and thread count (docs/spec.md §6).
 std::vector<double> gemm_f64(const float* a, const float* b, int64_t M, int64_t N, int64_t K);
@@ -99,5 +105,13 @@ std::vector<double> gemm_f64(const float* a, int64_t a_row, int64_t a_col, const
 // The same product into c (resized to M x N), the same bits.
 void gemm_f64(const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t b_row, int64_t b_col, int64_t M,
               int64_t N, int64_t K, F64Buffer& c);
+// An operand of it given by strides, as FP32 values or as BF16 bit patterns (exact in FP32, so the same product):
+// a BF16 tensor can be read where it lies instead of from an FP32 copy twice its size.
+struct F64Operand {
+  const float* f32 = nullptr;
+  const uint16_t* bf16 = nullptr;  // used when set
+  int64_t row = 0, col = 1;        // element (r, c) at r * row + c * col
+};
+void gemm_f64(const F64Operand& a, const F64Operand& b, int64_t M, int64_t N, int64_t K, F64Buffer& c);
 
 }  // namespace fp4lab

@@ -49,6 +49,9 @@ struct LayerView {
   const float* w;   // [out, in]
   const float* dy;  // [tokens, out]
   int64_t tokens, in, out;
+  // A tensor whose FP32 pointer is null is read as BF16 bit patterns from here (exact in FP32, so the same
+  // values): a large BF16 tensor is read where it lies, a panel at a time, rather than copied to FP32 whole.
+  const uint16_t *x16 = nullptr, *w16 = nullptr, *dy16 = nullptr;
 };
 
 // A layer with the transposed copies its backward passes need, made once and shared by every setting. A tensor
@@ -60,6 +63,14 @@ struct LayerOperands {
   static constexpr int64_t kHeldTranspose = int64_t(1) << 22;  // elements (16 MB of floats)
   // held_transpose: the largest tensor whose transpose is held (tests read every one in place with 0).
   explicit LayerOperands(const LayerView& l, bool with_refs = true, int64_t held_transpose = kHeldTranspose);
+  // How operands are read a panel at a time (elements): an operand of more than chunk_above elements is quantised
+  // and multiplied a chunk at a time (the larger of a pass's two); panels and chunks are whole 16-row groups of
+  // about this many elements. Tests make them small, so that small layers take every path.
+  struct Panels {
+    int64_t chunk_above = int64_t(1) << 22;  // 16 MB of floats
+    int64_t chunk = int64_t(1) << 20;        // about 1 MB of codes
+    int64_t panel = int64_t(1) << 16;        // 256 kB of floats
+  } panels;
   void compute_ref(Pass p);  // refs[p]: the float64 product of the pass's unquantised operands
   LayerView l;
   std::vector<float> wt, dyt, xt;  // W^T [in, out], dY^T [out, tokens], X^T [in, tokens]; empty when not held
@@ -67,8 +78,11 @@ struct LayerOperands {
     const float* p;
     int64_t rows, cols;
     bool transposed = false;  // element (r, c) is p[c * rows + r]: p is the untransposed [cols, rows] tensor
+    const uint16_t* bf16 = nullptr;  // the elements as BF16 bit patterns, where p is null
     int64_t row_stride() const { return transposed ? 1 : cols; }
     int64_t col_stride() const { return transposed ? rows : 1; }
+    // Rows [r0, r0 + n) as FP32 into dst (n x cols).
+    void rows_into(int64_t r0, int64_t n, float* dst) const;
   };
   // A and B of a pass, both K-major (C = A . B^T).
   std::pair<Operand, Operand> pass(Pass p) const;

@@ -126,13 +126,24 @@ struct QTensor {
 
 // Throws std::invalid_argument with a one-line reason on a bad shape, configuration or a non-finite input.
 void validate(const QuantConfig& cfg, int64_t rows, int64_t cols);
-void check_finite(const float* x, int64_t n, const char* what);
+// `base`: the index of x[0] in the tensor a fault names (x may hold some of its rows).
+void check_finite(const float* x, int64_t n, const char* what, int64_t base = 0);
 
 // The values the block scales see: x rotated by RHT (and rounded to BF16 when asked), or x itself.
 std::vector<float> rotate(const float* x, int64_t rows, int64_t cols, const QuantConfig& cfg);
-// The same into y (resized to rows x cols), written once rather than copied and then rotated in place.
-void rotate(const float* x, int64_t rows, int64_t cols, const QuantConfig& cfg, F32Buffer& y);
+// The same into y (resized to rows x cols), written once rather than copied and then rotated in place. x may be rows
+// [row0, ..) of a larger tensor, which faults then name.
+void rotate(const float* x, int64_t rows, int64_t cols, const QuantConfig& cfg, F32Buffer& y, int64_t row0 = 0);
 
 QTensor quantize(const float* x, int64_t rows, int64_t cols, const QuantConfig& cfg);
+
+// Rows [row0, row0 + rows) of a larger tensor quantised as quantize() quantises them within it, so that a large
+// tensor can be quantised a panel of rows at a time: x holds those rows only, stochastic rounding draws by element
+// index in the whole tensor, ue4m3's block scales take the whole tensor's `amax` (tensor_amax of it, or the largest
+// over its panels), faults name rows and elements of the whole. With 16x16 tiles row0 and rows are multiples of 16.
+QTensor quantize_rows(const float* x, int64_t row0, int64_t rows, int64_t cols, const QuantConfig& cfg, float amax);
+// The tensor amax ue4m3's scales take: the largest |value| the block scales see (rotated, and rounded to BF16,
+// when asked). The largest over a tensor's panels (rows [row0, ..)) is the whole's (a maximum has no order).
+float tensor_amax(const float* x, int64_t rows, int64_t cols, const QuantConfig& cfg, int64_t row0 = 0);
 
 }  // namespace fp4lab

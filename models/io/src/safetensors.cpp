@@ -396,6 +396,22 @@ std::vector<float> SafetensorsFile::read_f32(const std::string& name, bool check
   return out;
 }
 
+const uint16_t* SafetensorsFile::bf16_in_place(const std::string& name) const {
+  const TensorInfo& ti = info(name);
+  const uint8_t* p = map_ + data_offset_ + ti.begin;
+  if (ti.dtype != DType::BF16 || uintptr_t(p) % 2 != 0) return nullptr;
+  const auto* b = reinterpret_cast<const uint16_t*>(p);
+  const size_t n = size_t(ti.numel());
+  uint32_t all_ones = 0;  // a branch-free scan of the exponent bits (it vectorises); located only on a fault
+  for (size_t i = 0; i < n; ++i) all_ones |= uint32_t((b[i] & 0x7F80u) == 0x7F80u);
+  if (all_ones)
+    for (size_t i = 0; i < n; ++i)
+      if (const float v = bf16_to_f32(b[i]); !std::isfinite(v))
+        fail(path_, "tensor " + q(name) + " element " + std::to_string(i) + " is " +
+                        (std::isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf"));
+  return b;
+}
+
 // ---- writer --------------------------------------------------------------------------------------
 
 namespace {
@@ -598,17 +614,26 @@ const SafetensorsFile& Trace::file(const std::string& file) const {
   return *it->second;
 }
 
-Trace::Layer Trace::load(const TraceRecord& r) const {
+Trace::Layer Trace::load(const TraceRecord& r, uint64_t in_place) const {
   const SafetensorsFile& f = file(r.file);
   Layer l;
-  l.x = f.read_f32(r.gemm + ".fwd_x");
-  l.w = f.read_f32(r.gemm + ".fwd_w");
-  l.dy = f.read_f32(r.gemm + ".bwd_dy");
+  auto read = [&](const char* role, std::vector<float>& v, const uint16_t*& v16) {
+    const std::string name = r.gemm + role;
+    if (uint64_t(f.info(name).numel()) > in_place) v16 = f.bf16_in_place(name);
+    if (!v16) v = f.read_f32(name);
+  };
+  read(".fwd_x", l.x, l.x16);
+  read(".fwd_w", l.w, l.w16);
+  read(".bwd_dy", l.dy, l.dy16);
   // read_f32 drops each tensor's pages, but the kernel maps a faulting page's neighbours with it (fault-around), so
   // pages of the tensors read before could come back: drop the whole file once all three are copied.
   f.release_pages();
   const auto n = [](int64_t a, int64_t b) { return uint64_t(a) * uint64_t(b); };  // unsigned: no UB on bogus records
-  if (l.x.size() != n(r.tokens, r.in) || l.w.size() != n(r.out, r.in) || l.dy.size() != n(r.tokens, r.out))
+  const auto size = [&](const std::vector<float>& v, const uint16_t* v16, const char* role) {
+    return v16 ? uint64_t(f.info(r.gemm + role).numel()) : uint64_t(v.size());
+  };
+  if (size(l.x, l.x16, ".fwd_x") != n(r.tokens, r.in) || size(l.w, l.w16, ".fwd_w") != n(r.out, r.in) ||
+      size(l.dy, l.dy16, ".bwd_dy") != n(r.tokens, r.out))
     fail(r.file, "gemm " + q(r.gemm) + ": record shape does not match the file");
   return l;
 }

@@ -56,6 +56,9 @@ class SafetensorsFile {
   // The tensor converted to FP32 (F32, BF16, F16 accepted). With check_finite, NaN/Inf is an Error
   // naming file, tensor and flat element index.
   std::vector<float> read_f32(const std::string& name, bool check_finite = true) const;
+  // A BF16 tensor's bit patterns where they lie (valid while the file object lives), NaN/Inf an Error as read_f32
+  // gives it; null for another dtype or data not 2-byte aligned (read_f32 it then).
+  const uint16_t* bf16_in_place(const std::string& name) const;
   // Drops the file's pages from this process (the page cache keeps them; a later read maps them again), so that
   // a trace of many files holds none of them between reads. Advisory: nothing changes if the system declines.
   void release_pages() const;
@@ -120,9 +123,12 @@ class Trace {
 
   struct Layer {
     std::vector<float> x, w, dy;  // row-major FP32 copies of fwd_x, fwd_w, bwd_dy
+    // A BF16 tensor of more than `in_place` elements is read where it lies instead (bf16_in_place), its FP32 copy
+    // left empty: the copy would be twice its size.
+    const uint16_t *x16 = nullptr, *w16 = nullptr, *dy16 = nullptr;
   };
   // Reads one record's tensors (NaN/Inf rejected with file, tensor and index). Memory stays near one layer.
-  Layer load(const TraceRecord& r) const;
+  Layer load(const TraceRecord& r, uint64_t in_place = UINT64_MAX) const;
 
  private:
   std::vector<TraceRecord> records_;
