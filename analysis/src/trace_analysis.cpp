@@ -440,10 +440,12 @@ AnalysisResult TraceAnalysis::merge(std::vector<RecordResult> results) const {
   return r;
 }
 
-AnalysisResult analyze_traces(const AnalysisOptions& o, const AnalysisProgress& progress) {
+AnalysisResult analyze_traces(const AnalysisOptions& o, const AnalysisProgress& progress,
+                              const std::function<void(const TraceAnalysis&)>& before_work) {
   AnalysisPlan plan = plan_analysis(o);
   const TraceAnalysis ta(o.traces, std::move(plan));
   ta.validate();
+  if (before_work) before_work(ta);
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<size_t> all(ta.records());
   for (size_t i = 0; i < all.size(); ++i) all[i] = i;

@@ -245,11 +245,16 @@ def _list_text(v: Any) -> str:
 
 def analyze(trace: Any, *, formats: Any = None, rht: Any = None, rht_signs: Any = None, rht_seed: Any = None,
             recipe: Any = None, block: Optional[int] = None, scale: Optional[str] = None,
-            seed: Optional[int] = None) -> dict:
+            seed: Optional[int] = None, json: Any = None) -> Optional[dict]:
     """The analyses of docs/spec.md §6 on a trace folder or file (or a list of them, as ``--trace DIR DIR``): the
     same dict ``fp4lab analyze --json`` writes, from the same C++ library, with ``config.command`` the command line
     that writes it. ``formats``, ``rht`` and ``recipe`` take lists or comma-separated strings; ``rht`` entries None
-    or 0 mean no rotation. A bad option or trace raises ValueError with the command line's one-line message."""
+    or 0 mean no rotation. A bad option or trace raises ValueError with the command line's one-line message.
+
+    With ``json=PATH`` the document is written to that file instead, byte for byte as ``fp4lab analyze --json
+    PATH`` writes it (through a temporary name, renamed when complete; refused before any work if PATH is an input
+    or cannot be written), and None is returned: a trace of many records then costs the command line's memory, not
+    that of a dict of the whole report."""
     paths = [trace] if isinstance(trace, (str, os.PathLike)) else list(trace)
     traces = []
     for p in paths:
@@ -266,4 +271,9 @@ def analyze(trace: Any, *, formats: Any = None, rht: Any = None, rht_signs: Any 
     for opt, v in (("rht-seed", rht_seed), ("block", block), ("scale", scale), ("seed", seed)):
         if v is not None:
             opts[opt] = str(v)
-    return _core.analyze(traces, opts)
+    if json is None:
+        return _core.analyze(traces, opts)
+    out = os.fspath(json)
+    if not isinstance(out, str):
+        raise TypeError(f"analyze(): json must be a str or os.PathLike of str, not {type(out).__name__}")
+    return _core.analyze(traces, opts, out)

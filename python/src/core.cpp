@@ -10,6 +10,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/variant.h>  // Knobs: text, or a typed value
@@ -20,10 +21,13 @@
 #include <cstring>
 #include <iterator>
 #include <memory>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "fp4lab/gemm.hpp"
+#include "fp4lab/io/files.hpp"
 #include "fp4lab/io/safetensors.hpp"
 #include "fp4lab/knobs.hpp"
 #include "fp4lab/quantize.hpp"
@@ -31,6 +35,7 @@
 #include "fp4lab/rht.hpp"
 #include "fp4lab/trace_analysis.hpp"
 #include "fp4lab/version.hpp"
+#include "outputs.hpp"  // cli/: the rules every output path is held to
 #include "text.hpp"  // cli/: the command line's escaping and quoting, so messages and records match it
 #if FP4LAB_PY_CUDA
 #include "fp4lab/cuda/kernels.hpp"
@@ -196,9 +201,15 @@ nb::object to_python(const nlohmann::ordered_json& j) {
   }
 }
 
+// The members every fp4lab JSON output ends with: the build that wrote it (the command line's JsonOut too).
+nlohmann::ordered_json stamps() { return {{"fp4lab_version", kVersion}, {"git_commit", kGitCommit}}; }
+
 // The analysis of a trace with the options as `fp4lab analyze` spells them (option name without dashes -> text).
-// Faults are the command line's one-line messages, as ValueError (MemoryError when memory runs out).
-nb::object analyze(const std::vector<std::string>& traces, const std::map<std::string, std::string>& options) {
+// Faults are the command line's one-line messages, as ValueError (MemoryError when memory runs out). With
+// json_path, the document goes to that file as `fp4lab analyze --json FILE` writes it (in pieces, through a
+// temporary name: memory that of the command line, not of a dict of the whole report), and None is returned.
+nb::object analyze(const std::vector<std::string>& traces, const std::map<std::string, std::string>& options,
+                   const std::optional<std::string>& json_path) {
   // The options in the order of the command line recorded in config.command: the one that writes this same JSON.
   static const char* const kOrder[] = {"formats", "rht", "recipe", "rht-signs", "rht-seed", "block", "scale", "seed"};
   for (const auto& [k, v] : options)
@@ -207,7 +218,7 @@ nb::object analyze(const std::vector<std::string>& traces, const std::map<std::s
   if (traces.empty()) throw nb::value_error("analyze: no trace given");
   std::string command = "fp4lab analyze --trace";
   for (const auto& t : traces) command += " " + cli::shell_quote(t);
-  command += " --json -";
+  command += " --json " + cli::shell_quote(json_path ? *json_path : "-");
   AnalysisOptions o;
   o.traces = traces;
   nlohmann::ordered_json j;
@@ -228,15 +239,27 @@ nb::object analyze(const std::vector<std::string>& traces, const std::map<std::s
       else o.seed = v;
     }
     nb::gil_scoped_release release;  // the analysis runs on OpenMP threads; other Python threads may go on
-    j = analysis_json(analyze_traces(o), command);
+    if (json_path) {
+      const auto check = [&](const TraceAnalysis& ta) {  // before any record is analysed, as the command line does
+        if (const auto f = cli::output_fault({*json_path}, ta.inputs())) throw std::invalid_argument(f->message);
+      };
+      const AnalysisResult r = analyze_traces(o, {}, check);
+      io::AtomicFile f(*json_path);  // io::Error names the file; nothing is left under it on failure
+      write_analysis_json(r, command, stamps(),
+                          [&](const std::string& piece) { f.write(piece.data(), piece.size()); });
+      f.write("\n", 1);
+      f.commit();
+    } else {
+      j = analysis_json(analyze_traces(o), command);
+    }
   } catch (const std::bad_alloc&) {
     throw;  // MemoryError
   } catch (const std::exception& e) {
     throw nb::value_error(cli::printable(e.what()).c_str());
   }
-  // Every fp4lab JSON output ends with the build that wrote it.
-  j["fp4lab_version"] = kVersion;
-  j["git_commit"] = kGitCommit;
+  if (json_path) return nb::none();  // (made here, with the GIL held again)
+  const nlohmann::ordered_json tail = stamps();  // every fp4lab JSON output ends with the build that wrote it
+  for (const auto& [k, v] : tail.items()) j[k] = v;
   return to_python(j);
 }
 
@@ -524,8 +547,9 @@ NB_MODULE(_core, m) {
         "global_scale"_a, "rht"_a = 0, "rht_signs"_a = std::vector<float>());
   m.def("check_gemm_operands", [](const QTensor& a, const QTensor& b) { check_gemm_operands(a, b); }, "a"_a, "b"_a,
         "Raises ValueError, with the reason, when the contract does not define A . B^T (docs/spec.md §5).");
-  m.def("analyze", &analyze, "traces"_a, "options"_a,
-        "The docs/spec.md §6 analyses of trace folders or files: the dict `fp4lab analyze --json` writes.");
+  m.def("analyze", &analyze, "traces"_a, "options"_a, "json_path"_a = nb::none(),
+        "The docs/spec.md §6 analyses of trace folders or files: the dict `fp4lab analyze --json` writes, or with "
+        "json_path that document written to the file (None returned).");
   m.def("safetensors_dtypes", [] {
     std::map<std::string, size_t> d;
     for (io::DType t : all_dtypes()) d[io::dtype_name(t)] = io::dtype_size(t);

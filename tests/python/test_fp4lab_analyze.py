@@ -5,6 +5,7 @@ bundled traces under every recipe; and the same one-line faults.
 FP4LAB_BIN names the built command line (ctest sets it); the package comes from PYTHONPATH."""
 import json
 import os
+import re
 import struct
 import subprocess
 
@@ -132,3 +133,58 @@ def test_argument_types():
         fp4lab.analyze(b"/bytes/path")
     with pytest.raises(ValueError, match="no trace"):
         fp4lab.analyze([])
+
+
+def without_seconds(text):
+    """The report's text with its wall time (config.seconds, the one figure two runs differ in) blanked."""
+    out = re.sub(r'("seconds": )[-+0-9.eE]+', r"\1S", text)
+    assert out.count('"seconds": S') == 1
+    return out
+
+
+def test_json_path_writes_the_cli_bytes(tmp_path):
+    # json= writes the document `fp4lab analyze --json FILE` writes, byte for byte (config.command names FILE),
+    # and returns None; the folder holds nothing else afterwards (no temporary left).
+    out = tmp_path / "report.json"
+    opts = ["--rht", "16,none", "--recipe", "all", "--seed", "5"]  # in the order config.command records them
+    assert fp4lab.analyze([TINY], recipe="all", rht=[16, None], seed=5, json=out) is None
+    got = out.read_text()
+    out.unlink()
+    r = cli("analyze", "--trace", TINY, "--json", str(out), *opts)
+    assert r.returncode == 0, r.stderr
+    want = out.read_text()
+    assert without_seconds(got) == without_seconds(want)
+    doc = json.loads(got)
+    assert doc["config"]["command"].endswith(f"--json {out} --rht 16,none --recipe all --seed 5")
+    d = fp4lab.analyze([TINY], recipe="all", rht=[16, None], seed=5)  # the dict names "--json -" in its command
+    doc["config"]["command"] = d["config"]["command"]
+    same_bits(masked(doc), masked(d))
+    assert sorted(os.listdir(tmp_path)) == ["report.json"]
+
+
+def test_json_path_refused_before_any_work(tmp_path):
+    # An output that is an input, or that cannot be written, is refused with the command line's line before the
+    # analysis, and the input is left as it was; a fault of the analysis leaves no file and no temporary.
+    layer = tmp_path / "l.safetensors"
+    layer.write_bytes(open(LAYER, "rb").read())
+    before = layer.read_bytes()
+    cases = [(layer, ["output is also an input"]), (tmp_path / "no" / "r.json", ["no such folder"]),
+             (tmp_path, ["not a regular file"])]
+    for out, needles in cases:
+        want = cli_fault("--trace", str(layer), "--json", str(out))
+        with pytest.raises(ValueError) as e:
+            fp4lab.analyze([str(layer)], json=out)
+        assert str(e.value) == want
+        for n in needles:
+            assert n in want, (n, want)
+    assert layer.read_bytes() == before
+    raw = bytearray(before)
+    raw[-2:] = b"\xc0\x7f"  # a NaN: the analysis fails after the output check passed
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "l.safetensors").write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="NaN"):
+        fp4lab.analyze([str(bad)], json=tmp_path / "r.json")
+    assert sorted(os.listdir(tmp_path)) == ["bad", "l.safetensors"]
+    with pytest.raises(TypeError):
+        fp4lab.analyze([TINY], json=b"/bytes/path")

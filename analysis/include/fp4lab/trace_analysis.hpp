@@ -153,7 +153,10 @@ class TraceAnalysis {
 };
 
 // Plans, opens, validates, analyses every record and merges, in one process; rethrows the first fault.
-AnalysisResult analyze_traces(const AnalysisOptions& o, const AnalysisProgress& progress = {});
+// `before_work`, when given, sees the opened and validated traces before any record is analysed (a caller's
+// checks of its outputs against the inputs, which throw to stop).
+AnalysisResult analyze_traces(const AnalysisOptions& o, const AnalysisProgress& progress = {},
+                              const std::function<void(const TraceAnalysis&)>& before_work = {});
 
 // The analysis JSON v1 (docs/spec.md §6), without the build stamps every fp4lab JSON ends with. `command` is the
 // command line recorded in config.command.
