@@ -12,7 +12,8 @@ elements per second for both, the ratio, and how closely the two agree.
 analysis, side by side, on three synthetic BF16 traces written to a temporary folder: one small record alone (the
 binary's own overhead), one large record [16384, 2048, 64] of 69.5 MB (the largest record of
 scripts/bench_mpi.py's trace), and --small-records records of [32, 32, 16] (4.1 kB each), one file each. It prints
-each run's wall time and fp4lab's JSON size.
+each run's wall time and fp4lab's JSON size. With --python it also measures fp4lab.analyze in a process of its own,
+returning the report as a dict and writing it with json=PATH.
 
 Runs of the two alternate (fp4lab, numpy, fp4lab, ...), so that load from other work on the machine falls on
 both alike; the medians are compared. --larger F also times a trace F times the bundled one's tokens, made
@@ -138,8 +139,12 @@ def peak_rss(argv):
     return int(p.stdout.split()[-1]) * 1024, time.perf_counter() - t0
 
 
-def memory(fp4lab, small_records):
-    """Peak RSS of fp4lab analyze and of the numpy analysis on the synthetic traces, side by side."""
+PY_ANALYZE = "import sys, fp4lab; r = fp4lab.analyze(sys.argv[1], json=sys.argv[2] if len(sys.argv) > 2 else None)"
+
+
+def memory(fp4lab, small_records, python=False):
+    """Peak RSS of fp4lab analyze and of the numpy analysis on the synthetic traces, side by side (and of
+    fp4lab.analyze, returning a dict or writing json=, with python)."""
     mib = lambda b: f"{b / 2**20:.0f} MiB"  # noqa: E731
     size_text = lambda b: f"{b / 1e6:.1f} MB" if b >= 1e6 else f"{b / 1e3:.1f} kB"  # noqa: E731
     # Peak RSS over the record's size, where the record is large enough for the ratio to mean something.
@@ -162,6 +167,12 @@ def memory(fp4lab, small_records):
             print(f"{name:<30}{size_text(record):>15} | {mib(rss_c):>10}{ratio(rss_c, record):>9}{tc:>8.1f}"
                   f"{size_text(size):>10}{size_text(size / n):>10} | {mib(rss_n):>10}{ratio(rss_n, record):>9}{tn:>8.1f}",
                   flush=True)
+            if python:
+                rss_d, td = peak_rss([sys.executable, "-c", PY_ANALYZE, folder])
+                rss_j, tj = peak_rss([sys.executable, "-c", PY_ANALYZE, folder, out])
+                print(f"{'  fp4lab.analyze: dict':<30}{'':>15} | {mib(rss_d):>10}{ratio(rss_d, record):>9}{td:>8.1f}"
+                      f"{'':>20} |\n{'  fp4lab.analyze: json=':<30}{'':>15} | {mib(rss_j):>10}"
+                      f"{ratio(rss_j, record):>9}{tj:>8.1f}{size_text(os.path.getsize(out)):>10}", flush=True)
             shutil.rmtree(folder)
 
 
@@ -187,7 +198,7 @@ def main():
             ratios.append(bench(a.fp4lab, d, a.repeat, a.python))
     print(f"load average after: {os.getloadavg()[0]:.2f}; speed-ups: " + ", ".join(f"{r:.1f}x" for r in ratios))
     if a.memory:
-        memory(a.fp4lab, a.small_records)
+        memory(a.fp4lab, a.small_records, a.python)
 
 
 if __name__ == "__main__":
