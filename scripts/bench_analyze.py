@@ -47,7 +47,7 @@ def larger_trace(src, folder, factor):
         trace.write_file(os.path.join(folder, os.path.basename(fn)), tensors, meta)
 
 
-def bench(fp4lab, trace, repeat, python=False):
+def bench(fp4lab, trace, repeat, python=False, label=None):
     def run_fp4lab():
         with tempfile.NamedTemporaryFile(suffix=".json") as f:
             t0 = time.perf_counter()
@@ -87,7 +87,7 @@ def bench(fp4lab, trace, repeat, python=False):
     dg = max(abs(r["sqnr_db"] - ng[key_g(r)]["sqnr_db"]) for r in jc["gemms"] if key_g(r) in ng)
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    shown = os.path.relpath(trace, root) if os.path.abspath(trace).startswith(root + os.sep) else trace
+    shown = label or (os.path.relpath(trace, root) if os.path.abspath(trace).startswith(root + os.sep) else trace)
     print(f"trace {shown}: {elements} elements, {len(jc['tensors'])} tensor and {len(jc['gemms'])} GEMM records")
     print(f"{'implementation':<22}{'wall (s, median of %d)' % repeat:>26}{'elements/s':>16}   all runs (s)")
     print(f"{'fp4lab analyze':<22}{tc:>26.3f}{elements / tc:>16.3e}   " + " ".join(f"{r[0]:.3f}" for r in runs_c))
@@ -195,7 +195,7 @@ def main():
         with tempfile.TemporaryDirectory() as d:
             larger_trace(a.trace, d, a.larger)
             print()
-            ratios.append(bench(a.fp4lab, d, a.repeat, a.python))
+            ratios.append(bench(a.fp4lab, d, a.repeat, a.python, f"--trace with {a.larger}x its tokens (temporary)"))
     print(f"load average after: {os.getloadavg()[0]:.2f}; speed-ups: " + ", ".join(f"{r:.1f}x" for r in ratios))
     if a.memory:
         memory(a.fp4lab, a.small_records, a.python)
