@@ -142,10 +142,23 @@ def test_plot_script(tmp_path):
     model = make_model()
     with ft.monitor(model, every=1, out=tmp_path / "m.jsonl"):
         run(model, 3)
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_monitor.py"), str(tmp_path / "m.jsonl"),
-                        "-o", str(tmp_path / "m.png")], capture_output=True, text=True)
+    plot = [sys.executable, "-m", "fp4lab.torch.monitor_plot"]  # the console script fp4lab-monitor-plot
+    r = subprocess.run(plot + [str(tmp_path / "m.jsonl"), "-o", str(tmp_path / "m.png")], capture_output=True,
+                       text=True)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "m.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Not the monitor's JSONL: one line naming the file and line, exit 1, nothing written (no temporary either).
+    lines = (tmp_path / "m.jsonl").read_text().splitlines()
+    for bad, needle in (([lines[0], "{not json"], ":2: "), ([lines[0], '{"step": 1}'], ":2: "),
+                        (['{"step": "x", "layer": "l", "pass": "fwd_y", "operand": "a"}'], ":1: ")):
+        (tmp_path / "bad.jsonl").write_text("\n".join(bad) + "\n")
+        r = subprocess.run(plot + [str(tmp_path / "bad.jsonl"), "-o", str(tmp_path / "bad.png")],
+                           capture_output=True, text=True)
+        assert r.returncode == 1 and r.stderr.count("\n") == 1 and needle in r.stderr, r.stderr
+        assert r.stderr.startswith("fp4lab-monitor-plot: error: ") and "bad.jsonl" in r.stderr
+    r = subprocess.run(plot + [str(tmp_path / "absent.jsonl")], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 1 and "absent.jsonl" in r.stderr and r.stderr.count("\n") == 1
+    assert not (tmp_path / "bad.png").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
 def test_tensorboard_where_importable(tmp_path):

@@ -93,8 +93,9 @@ def test_installed_package_holds_the_simulator_validation(fp4lab):
 
 
 def test_installed_console_scripts_capture_check_and_train_recipes(fp4lab):
-    # fp4lab-capture and fp4lab-train are the installed package's (pyproject.toml [project.scripts]), run away from
-    # the source tree: the check of the bundled trace, and the study's recipe list.
+    # fp4lab-capture, fp4lab-train and fp4lab-monitor-plot are the installed package's (pyproject.toml
+    # [project.scripts]), run away from the source tree: the check of the bundled trace, the study's recipe list,
+    # and the plot's one-line refusal of a file that is not there.
     pkg = os.path.dirname(fp4lab)
     for m in ("trace", "capture", "oracle", "study/__init__", "study/train", "study/report", "study/tiny_lm"):
         assert os.path.isfile(os.path.join(pkg, m + ".py")), m
@@ -107,3 +108,8 @@ def test_installed_console_scripts_capture_check_and_train_recipes(fp4lab):
     assert r.returncode == 0 and "8 gemms valid" in r.stdout, r.stderr
     r = subprocess.run([train, "recipes"], capture_output=True, text=True, cwd="/", env=env)
     assert r.returncode == 0 and "ufp4-rht-none" in r.stdout and "e2m1-ref" in r.stdout, r.stderr
+    plot = shutil.which("fp4lab-monitor-plot", path=path)  # the monitor's plot, tested fully beside the monitor
+    assert plot, "the fp4lab-monitor-plot console script is not on PATH"
+    r = subprocess.run([plot, "/nonexistent.jsonl"], capture_output=True, text=True, cwd="/", env=env)
+    assert r.returncode == 1 and r.stderr.startswith("fp4lab-monitor-plot: error: ")
+    assert "/nonexistent.jsonl" in r.stderr and r.stderr.count("\n") == 1
