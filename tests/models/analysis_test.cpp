@@ -411,8 +411,9 @@ TEST(LayerAnalysis, Bf16ChunkedOperandsGiveTheHeldFp32CopiesBits) {
       }
       same_gemm(a.gemms.at(0), b.gemms.at(0), what);
     }
+  // Every named recipe, ablations too: ufp4-sr-grads puts SR on X^T, the chunked operand of bwd_dw.
   std::vector<Recipe> recipes;
-  for (const std::string& name : Recipe::preset_names()) recipes.push_back(Recipe::preset(name));
+  for (const std::string& name : Recipe::names()) recipes.push_back(Recipe::preset(name));
   for (const Recipe& r : recipes)
     for (Pass p : kPasses)
       same_gemm(analyze_recipe_pass(chunked, r, 3, p), analyze_recipe_pass(held, r, 3, p), r.name + pass_name(p));
