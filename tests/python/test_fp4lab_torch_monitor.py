@@ -142,16 +142,19 @@ def test_plot_script(tmp_path):
     model = make_model()
     with ft.monitor(model, every=1, out=tmp_path / "m.jsonl"):
         run(model, 3)
-    plot = [sys.executable, "-m", "fp4lab.torch.monitor_plot"]  # the console script fp4lab-monitor-plot
+    plot = [sys.executable, "-m", "fp4lab.monitor_plot"]  # the console script fp4lab-monitor-plot
     r = subprocess.run(plot + [str(tmp_path / "m.jsonl"), "-o", str(tmp_path / "m.png")], capture_output=True,
                        text=True)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "m.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # Not the monitor's JSONL: one line naming the file and line, exit 1, nothing written (no temporary either).
     lines = (tmp_path / "m.jsonl").read_text().splitlines()
-    for bad, needle in (([lines[0], "{not json"], ":2: "), ([lines[0], '{"step": 1}'], ":2: "),
-                        (['{"step": "x", "layer": "l", "pass": "fwd_y", "operand": "a"}'], ":1: ")):
-        (tmp_path / "bad.jsonl").write_text("\n".join(bad) + "\n")
+    good = json.loads(lines[0])
+    bad_lines = ["{not json", '{"step": 1}', json.dumps(dict(good, step="x")), json.dumps(dict(good, step=1e400)),
+                 json.dumps(dict(good, layer=7)), json.dumps(dict(good, sqnr_db=[1])), "[" * 100000]
+    cases = [([lines[0], b], ":2: ") for b in bad_lines] + [([lines[0], "\udcff"], ":2: ")]
+    for bad, needle in cases:
+        (tmp_path / "bad.jsonl").write_bytes("\n".join(bad).encode("utf-8", "surrogateescape") + b"\n")
         r = subprocess.run(plot + [str(tmp_path / "bad.jsonl"), "-o", str(tmp_path / "bad.png")],
                            capture_output=True, text=True)
         assert r.returncode == 1 and r.stderr.count("\n") == 1 and needle in r.stderr, r.stderr

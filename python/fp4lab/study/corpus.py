@@ -6,9 +6,10 @@ import json
 import os
 import re
 import tarfile
-import tempfile
 import zlib
 from typing import NamedTuple
+
+from .._files import write_atomic  # noqa: F401  (re-exported: the study's writers use it from here)
 
 
 class Corpus(NamedTuple):
@@ -111,17 +112,6 @@ def _collect(args):
     return corpus, pkg, version, files
 
 
-def write_atomic(path: str, data: bytes) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def cmd_corpus(args):

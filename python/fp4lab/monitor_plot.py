@@ -16,40 +16,46 @@ import sys
 from collections import defaultdict
 from typing import Optional
 
-from fp4lab.study.corpus import write_atomic
+from ._files import write_atomic
 
 STATS = (("sqnr_db", "operand SQNR (dB)"), ("gemm_sqnr_db", "GEMM output SQNR (dB)"),
          ("frac_zero", "fraction flushed to zero"), ("frac_sat", "fraction at the grid's largest magnitude"))
-KEYS = ("step", "layer", "pass", "operand")
 
 
 def read(path: str, layer: Optional[str] = None) -> dict:
     """stat -> (layer, pass, operand) -> [(step, value)], from the monitor's JSONL; ValueError names the line."""
     pattern = re.compile(layer) if layer else None
     series = defaultdict(lambda: defaultdict(list))
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
             try:
-                r = json.loads(line)
-                if pattern and not pattern.search(r["layer"]):
+                r = json.loads(raw.decode("utf-8"))
+                key = tuple(r[k] for k in ("layer", "pass", "operand"))
+                step = r["step"]
+                if not all(isinstance(k, str) for k in key) or type(step) is not int:
+                    raise TypeError("layer, pass and operand must be text and step an integer")
+                if pattern and not pattern.search(key[0]):
                     continue
-                key = (r["layer"], r["pass"], r["operand"])
-                step = int(r["step"])
                 for k, _ in STATS:
-                    if k == "gemm_sqnr_db" and r["operand"] != "a":
+                    if k == "gemm_sqnr_db" and key[2] != "a":
                         continue  # one value per GEMM, repeated on both operands' lines
-                    series[k][key].append((step, float(r[k])))  # SQNR "inf" (no error) is float("inf")
-            except (ValueError, TypeError, KeyError) as e:
+                    v = r[k]
+                    if isinstance(v, bool) or not (isinstance(v, (int, float)) or v == "inf"):
+                        raise TypeError(f"{k} is not a number")
+                    series[k][key].append((step, float(v)))  # SQNR "inf" (no error) is float("inf")
+            except (ValueError, TypeError, KeyError, OverflowError, RecursionError, AttributeError) as e:
                 raise ValueError(f"{path}:{n}: not a record of fp4lab.torch.monitor ({type(e).__name__}: {e})")
     return series
 
 
 def plot(path: str, out: str, layer: Optional[str] = None) -> None:
-    import matplotlib
+    series = read(path, layer)
+    try:
+        import matplotlib
+    except ImportError:
+        raise ValueError("matplotlib is needed for the plot (pip install matplotlib)") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    series = read(path, layer)
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharex=True)
     for ax, (k, title) in zip(axes.flat, STATS):
         for (lay, p, o), pts in sorted(series[k].items()):
