@@ -26,7 +26,8 @@ std::optional<OutputFault> path_fault(const std::string& out) {
   if (out.empty()) return OutputFault{true, "an output file name is empty"};
   const auto data = [&](const std::string& why) { return OutputFault{false, printable(out) + ": " + why}; };
   const fs::path p(out);
-  if (!p.has_filename() || p.filename() == "." || p.filename() == "..") return data("output names a folder, not a file");
+  if (!p.has_filename() || p.filename() == "." || p.filename() == "..")
+    return data("output names a folder, not a file");
   struct stat st;
   if (::stat(out.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
     return data("output exists and is not a regular file (outputs are written to a temporary file and renamed "

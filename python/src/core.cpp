@@ -216,6 +216,11 @@ nb::object analyze(const std::vector<std::string>& traces, const std::map<std::s
     if (std::find_if(std::begin(kOrder), std::end(kOrder), [&](const char* n) { return k == n; }) == std::end(kOrder))
       throw nb::value_error(("analyze: unknown option '" + cli::printable(k) + "'").c_str());
   if (traces.empty()) throw nb::value_error("analyze: no trace given");
+  if (json_path) {  // the path first, as the command line checks --json before the options and traces
+    if (json_path->empty() || *json_path == "-")
+      throw nb::value_error("analyze: json needs a file name (the command line's '-', stdout, is not one)");
+    if (const auto f = cli::output_fault({*json_path}, {})) throw nb::value_error(f->message.c_str());
+  }
   std::string command = "fp4lab analyze --trace";
   for (const auto& t : traces) command += " " + cli::shell_quote(t);
   command += " --json " + cli::shell_quote(json_path ? *json_path : "-");

@@ -135,10 +135,11 @@ def test_argument_types():
         fp4lab.analyze([])
 
 
-def without_seconds(text):
-    """The report's text with its wall time (config.seconds, the one figure two runs differ in) blanked."""
+def without_stamps(text):
+    """The report's text with the stamps of one run blanked: its wall time and the commit its build was made at."""
     out = re.sub(r'("seconds": )[-+0-9.eE]+', r"\1S", text)
-    assert out.count('"seconds": S') == 1
+    out = re.sub(r'("git_commit": )"[^"]*"', r"\1G", out)
+    assert out.count('"seconds": S') == 1 and out.count('"git_commit": G') == 1
     return out
 
 
@@ -153,7 +154,7 @@ def test_json_path_writes_the_cli_bytes(tmp_path):
     r = cli("analyze", "--trace", TINY, "--json", str(out), *opts)
     assert r.returncode == 0, r.stderr
     want = out.read_text()
-    assert without_seconds(got) == without_seconds(want)
+    assert without_stamps(got) == without_stamps(want)
     doc = json.loads(got)
     assert doc["config"]["command"].endswith(f"--json {out} --rht 16,none --recipe all --seed 5")
     d = fp4lab.analyze([TINY], recipe="all", rht=[16, None], seed=5)  # the dict names "--json -" in its command
@@ -164,7 +165,7 @@ def test_json_path_writes_the_cli_bytes(tmp_path):
 
 def test_json_path_refused_before_any_work(tmp_path):
     # An output that is an input, or that cannot be written, is refused with the command line's line before the
-    # analysis, and the input is left as it was; a fault of the analysis leaves no file and no temporary.
+    # analysis, and the input is left as it was; a fault of the analysis leaves no file.
     layer = tmp_path / "l.safetensors"
     layer.write_bytes(open(LAYER, "rb").read())
     before = layer.read_bytes()
@@ -188,3 +189,11 @@ def test_json_path_refused_before_any_work(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["bad", "l.safetensors"]
     with pytest.raises(TypeError):
         fp4lab.analyze([TINY], json=b"/bytes/path")
+    for name in ("", "-"):  # no file name ("-" is the command line's stdout)
+        with pytest.raises(ValueError, match="json needs a file name"):
+            fp4lab.analyze([TINY], json=name)
+    # A path the file system refuses is named before a bad trace, as the command line names it first.
+    want = cli_fault("--trace", "/nonexistent/trace", "--json", str(tmp_path / "no" / "r.json"))
+    with pytest.raises(ValueError) as e:
+        fp4lab.analyze(["/nonexistent/trace"], json=tmp_path / "no" / "r.json")
+    assert str(e.value) == want and "no such folder" in want
