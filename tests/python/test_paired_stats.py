@@ -307,7 +307,8 @@ def test_committed_second_corpus_runs():
     res = {(p.a, p.b, p.measure): p for p in results}
     v = res[("ufp4", "e2m1-ref", "val")]
     # From the runs' validation losses (rounded: ufp4 1.0197, 1.0257, 1.0322; e2m1-ref 1.0366, 1.0140, 1.0154;
-    # BF16 1.0236, 1.0112, 1.0090): 100 * (1.0197 - 1.0366) / 1.0236 = -1.65, -1.66 unrounded.
+    # BF16 1.0236, 1.0112, 1.0090): 100 * (1.0197 - 1.0366) / 1.0236 = -1.65 from the rounded losses, -1.66 from
+    # the unrounded ones; 100 * (1.0257 - 1.0140) / 1.0112 = 1.16 (1.15); 100 * (1.0322 - 1.0154) / 1.0090 = 1.66.
     assert v.seeds == (0, 1, 2) and [round(d, 2) for d in v.diffs] == [-1.66, 1.15, 1.66]
     assert v.stats.kind == "undetected" and (v.stats.above, v.stats.below) == (2, 1)
     assert st.paired(ms, "small", 2000) == []  # no linux-doc runs of that length
