@@ -130,6 +130,13 @@ struct RotationFault {
       col = c;
     }
   }
+  // dst = rotate_row(src); false (the fault noted as row `r` of the whole tensor) when the rotation overflowed.
+  bool rotate(const float* src, float* dst, int64_t cols, const QuantConfig& cfg, int64_t r) {
+    rotate_row(src, dst, cols, cfg);
+    const int64_t c = first_nonfinite(dst, cols);
+    if (c >= 0) note(r, c);
+    return c < 0;
+  }
   void raise(const QuantConfig& cfg) const {
     if (row >= 0)
       throw std::invalid_argument("RHT overflows FP32 at row " + std::to_string(row) + ", block " +
@@ -259,8 +266,7 @@ void rotate_rows(const float* src, float* dst, int64_t rows, int64_t cols, const
   RotationFault fault;
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
-    rotate_row(src + r * cols, dst + r * cols, cols, cfg);
-    if (const int64_t c = first_nonfinite(dst + r * cols, cols); c >= 0) fault.note(row0 + r, c);
+    fault.rotate(src + r * cols, dst + r * cols, cols, cfg, row0 + r);
   }
   fault.raise(cfg);
 }
@@ -360,12 +366,8 @@ QTensor quantize_impl(const float* x_in, int64_t row0, int64_t rows, int64_t col
         for (int64_t r = 0; r < rows; ++r) {
           const float* y = x_in + r * cols;
           if (cfg.rht != 0) {
-            rotate_row(y, buf.data(), cols, cfg);
+            if (!fault.rotate(y, buf.data(), cols, cfg, row0 + r)) continue;
             y = buf.data();
-            if (const int64_t c = first_nonfinite(y, cols); c >= 0) {
-              fault.note(row0 + r, c);
-              continue;
-            }
           }
           // Fetch the next row into L2 while this one is scaled and rounded; otherwise the rotation's
           // streaming read of it would wait on memory instead of overlapping with the rounding.
@@ -450,12 +452,8 @@ float tensor_amax(const float* x, int64_t rows, int64_t cols, const QuantConfig&
   for (int64_t r = 0; r < rows; ++r) {
     const float* y = x + r * cols;
     if (cfg.rht != 0) {
-      rotate_row(y, buf.data(), cols, cfg);
+      if (!fault.rotate(y, buf.data(), cols, cfg, row0 + r)) break;
       y = buf.data();
-      if (const int64_t c = first_nonfinite(y, cols); c >= 0) {
-        fault.note(row0 + r, c);
-        break;
-      }
     }
     for (int64_t b = 0; b < cols; b += cfg.block) t = std::max(t, block_amax(y + b, cfg.block));
   }
