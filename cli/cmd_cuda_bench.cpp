@@ -129,27 +129,34 @@ int cmd_cuda_bench(const Invocation& inv) {
   const double fp32_lanes_per_s = 128.0 * dev.sms * clock_khz * 1e3;
   std::map<std::tuple<int64_t, int64_t, int64_t>, double> cublas_us;  // per shape, measured once
   Json jg = Json::array();
-  for (const char* rname : {"ufp4", "mxfp4"}) {
+  for (const char* rname : {"ufp4", "nvfp4", "mxfp4"}) {
     const fp4lab::QuantConfig gc = plain_config(gpu::preset(rname));
+    GemmCase probe(gc, 128, 128, 4 * gc.block, s);  // whether this recipe's scales take the fused epilogue
+    fc::gemm_fast_prepare(probe.qa, probe.qb, probe.gws, s);
+    const bool fused = fc::gemm_fast_fused(probe.gws);
     // Bound from the contract's per-block epilogue: 4 FP32 instructions (exact int->float subtraction, two
-    // multiplies, one add) per output per block, on 128 FP32 lanes per SM.
-    const double bound_tops = fp32_lanes_per_s / 4.0 * 2.0 * gc.block / 1e12;
+    // multiplies, one add) per output per block, on 128 FP32 lanes per SM; 3 where the fused form applies.
+    const int epi_ops = fused ? 3 : 4;
+    const double bound_tops = fp32_lanes_per_s / epi_ops * 2.0 * gc.block / 1e12;
     std::cout << "\nblock-scaled GEMM " << gc.label() << " (fast kernel: int8 mma.sync + FP32 contract epilogue;"
               << " 'total' includes the int8 unpack pass) vs cuBLAS BF16 (BF16 in, FP32 out)\n";
-    std::cout << "  epilogue bound at this clock: " << fixed(bound_tops, 0) << " TOPS (4 FP32 instructions per output per "
-              << gc.block << "-element block)\n";
+    std::cout << "  epilogue bound at this clock: " << fixed(bound_tops, 0) << " TOPS (" << epi_ops
+              << " FP32 instructions per output per " << gc.block << "-element block"
+              << (fused ? ": the fused form, every scale passing fma_exact_scale" : "") << ")\n";
     std::cout << "  tile variants: ";
     for (int v = 0; v < fc::gemm_fast_variants(); ++v)
       std::cout << (v ? ", " : "") << v << " = " << fc::gemm_fast_variant_name(v)
                 << (v == fc::gemm_fast_default_variant(gc.block, big, big) ? " (default at the big shape)" : "");
     std::cout << "\n" << pad("M x N x K", 20) << pad("variant", 8) << pad("unpack us", 11) << pad("mma us", 11)
-              << pad("TOPS(total)", 13) << pad("cuBLAS us", 11) << pad("TFLOPS", 9) << pad("ratio", 8) << "\n";
+              << pad("TOPS(total)", 13) << pad("cuBLAS us", 11) << pad("TFLOPS", 9) << pad("ratio", 8)
+              << (fused ? pad("unfused mma us", 16) + pad("fused/unfused", 15) : std::string()) << "\n";
     for (auto [M, N, K] : glist) {
       if (K % gc.block) continue;
       GemmCase g(gc, M, N, K, s);
       auto& [dc, qa, qb, gws, flops, batch] = g;
       // Plain launch loops, no graphs, for both sides: cuBLAS under stream capture needs its own workspace setup.
       const double t_prep = T.median_us([&](int) { fc::gemm_fast_prepare(qa, qb, gws, s); }, reps, batch, false);
+      const bool fused_here = fc::gemm_fast_fused(gws);  // these operands' scales (the header's are a probe's)
       double t_cub = 0, tflops = 0;
       if (cublas && cublas_us.count({M, N, K})) {
         t_cub = cublas_us[{M, N, K}];
@@ -170,6 +177,13 @@ int cmd_cuda_bench(const Invocation& inv) {
       for (int variant = 0; variant < fc::gemm_fast_variants(); ++variant) {
         const double t_mma =
             T.median_us([&](int) { fc::gemm_fast_run(qa, qb, dc.data(), gws, s, variant); }, reps, batch, false);
+        double t_unfused = 0;  // the same launch with the separate multiply and add: the fused form's gain
+        if (fused_here) {
+          gws.fused_epilogue = false;
+          t_unfused =
+              T.median_us([&](int) { fc::gemm_fast_run(qa, qb, dc.data(), gws, s, variant); }, reps, batch, false);
+          gws.fused_epilogue = true;
+        }
         const double tops = flops / (t_prep + t_mma) / 1e6;
         if (tops > best_tops) {
           best_tops = tops;
@@ -179,12 +193,14 @@ int cmd_cuda_bench(const Invocation& inv) {
                   << pad(std::to_string(variant), 8) << pad(fixed(t_prep, 2), 11) << pad(fixed(t_mma, 2), 11)
                   << pad(fixed(tops, 1), 13) << pad(cublas ? fixed(t_cub, 2) : "-", 11)
                   << pad(cublas ? fixed(tflops, 1) : "-", 9) << pad(cublas ? fixed(t_cub / (t_prep + t_mma), 3) : "-", 8)
+                  << (fused_here ? pad(fixed(t_unfused, 2), 16) + pad(fixed(t_mma / t_unfused, 3), 15) : std::string())
                   << "\n";
         jg.push_back({{"recipe", rname}, {"label", gc.label()}, {"M", M}, {"N", N}, {"K", K}, {"variant", variant},
                       {"variant_name", fc::gemm_fast_variant_name(variant)}, {"unpack_us", t_prep}, {"mma_us", t_mma},
                       {"tops", tops}, {"cublas_bf16_us", t_cub}, {"cublas_tflops", tflops},
                       {"ratio_vs_cublas", cublas ? t_cub / (t_prep + t_mma) : 0.0},
-                      {"epilogue_bound_tops", bound_tops}});
+                      {"epilogue_bound_tops", bound_tops}, {"fused_epilogue", fused_here},
+                      {"unfused_mma_us", t_unfused}});
       }
       std::cout << pad("best: variant " + std::to_string(best), 28) << ", " << fixed(best_tops, 1) << " TOPS = "
                 << fixed(100 * best_tops / bound_tops, 0) << "% of the epilogue bound"

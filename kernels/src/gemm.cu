@@ -6,6 +6,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "common.cuh"
 #include "fp4lab/cuda/kernels.hpp"
@@ -83,12 +84,15 @@ __global__ void unpack_kernel(ElemFormat f, const uint8_t* codes, int64_t rows, 
 }
 
 // scales [rows, KB] -> [KBp, Rp] (k-major, zero padding): a CTA tile's scales for one block are contiguous.
+// Clears *fused_ok when a scale does not pass fma_exact_scale (no synchronisation: the GEMM reads the flag).
 __global__ void transpose_scales_kernel(const float* s, int64_t rows, int64_t KB, float* out, int64_t Rp,
-                                        int64_t KBp) {
+                                        int64_t KBp, int* fused_ok) {
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= KBp * Rp) return;
   const int64_t k = t / Rp, r = t - k * Rp;
-  out[t] = (r < rows && k < KB) ? s[r * KB + k] : 0.0f;
+  const float v = (r < rows && k < KB) ? s[r * KB + k] : 0.0f;
+  out[t] = v;
+  if (!fma_exact_scale(v)) *fused_ok = 0;  // every writer stores the same 0
 }
 
 struct FastArgs {
@@ -98,6 +102,7 @@ struct FastArgs {
   int64_t M, N;
   ElemFormat fa, fb;
   const float *gda, *gdb;
+  const int* fused_ok;  // nonzero: steps 3-5 as contract_scale_add_fma (proven the same bits); null = never
   float* c;
 };
 
@@ -152,8 +157,11 @@ struct Tile {
 __device__ __forceinline__ int swz(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
 // Per block of the stage and output of the thread: one exact subtraction (step 2) and the golden
-// contract_scale_add (steps 3-5: two multiplies, one add), blocks in ascending order. Every copy and ldmatrix
-// address is computed once per thread (a fixed offset from the stage base plus the stage's K offset).
+// contract_scale_add (steps 3-5: two multiplies, one add), blocks in ascending order; where every scale of the
+// GEMM passes fma_exact_scale (the device flag), contract_scale_add_fma instead: one multiply and one fma, the
+// same bits (models/include/fp4lab/gemm.hpp has the proof). The flag is uniform, so the loop is chosen once.
+// Every copy and ldmatrix address is computed once per thread (a fixed offset from the stage base plus the
+// stage's K offset).
 template <int B, class T>
 __global__ void __launch_bounds__(T::THREADS, T::MINB) gemm_mma_kernel(const FastArgs p) {
   constexpr int BM = T::BM, BN = T::BN, MT = T::MT, NT = T::NT, STAGES = T::STAGES, THREADS = T::THREADS;
@@ -247,72 +255,80 @@ __global__ void __launch_bounds__(T::THREADS, T::MINB) gemm_mma_kernel(const Fas
     cp_async_commit();
   }
 
-  for (int64_t kt = 0; kt < ktiles; ++kt) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();
-    {
-      const int64_t next = kt + STAGES - 1;
-      if (next < ktiles) load_stage(int(next % STAGES), next);
-      cp_async_commit();
-    }
-    const int s = int(kt % STAGES);
-    const uint32_t As = smem0 + uint32_t(s * STAGE_BYTES), Bs = As + A_BYTES;
-    const float* SAs = reinterpret_cast<const float*>(smem + s * STAGE_BYTES + A_BYTES + B_BYTES);
-    const float* SBs = SAs + SA_FLOATS;
+  auto main_loop = [&](auto fused_tag) {
+    constexpr bool FUSED = decltype(fused_tag)::value;
+    for (int64_t kt = 0; kt < ktiles; ++kt) {
+      cp_async_wait<STAGES - 2>();
+      __syncthreads();
+      {
+        const int64_t next = kt + STAGES - 1;
+        if (next < ktiles) load_stage(int(next % STAGES), next);
+        cp_async_commit();
+      }
+      const int s = int(kt % STAGES);
+      const uint32_t As = smem0 + uint32_t(s * STAGE_BYTES), Bs = As + A_BYTES;
+      const float* SAs = reinterpret_cast<const float*>(smem + s * STAGE_BYTES + A_BYTES + B_BYTES);
+      const float* SBs = SAs + SA_FLOATS;
 
-#pragma unroll
-    for (int kk = 0; kk < KPS; ++kk) {
-      int32_t d[MT][NT][4];
-      if constexpr (B == 16) {
-        uint32_t af[MT][2], bf[NT];
-#pragma unroll
-        for (int pr = 0; pr < MT / 2; ++pr)
-          ldmatrix_x4(ld_addr(As, a_row + pr * 32, kk), af[pr * 2][0], af[pr * 2][1], af[pr * 2 + 1][0],
-                      af[pr * 2 + 1][1]);
-#pragma unroll
-        for (int q = 0; q < NT / 4; ++q)
-          ldmatrix_x4(ld_addr(Bs, b_row + q * 32, kk), bf[q * 4], bf[q * 4 + 1], bf[q * 4 + 2], bf[q * 4 + 3]);
-#pragma unroll
+  #pragma unroll
+      for (int kk = 0; kk < KPS; ++kk) {
+        int32_t d[MT][NT][4];
+        if constexpr (B == 16) {
+          uint32_t af[MT][2], bf[NT];
+  #pragma unroll
+          for (int pr = 0; pr < MT / 2; ++pr)
+            ldmatrix_x4(ld_addr(As, a_row + pr * 32, kk), af[pr * 2][0], af[pr * 2][1], af[pr * 2 + 1][0],
+                        af[pr * 2 + 1][1]);
+  #pragma unroll
+          for (int q = 0; q < NT / 4; ++q)
+            ldmatrix_x4(ld_addr(Bs, b_row + q * 32, kk), bf[q * 4], bf[q * 4 + 1], bf[q * 4 + 2], bf[q * 4 + 3]);
+  #pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+  #pragma unroll
+            for (int nt = 0; nt < NT; ++nt) mma_k16(d[mt][nt], af[mt], bf[nt]);
+        } else {
+          uint32_t af[MT][4], bf[NT][2];
+  #pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+            ldmatrix_x4(ld_addr(As, a_row + mt * 16, 2 * kk + (mi >> 1)), af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
+  #pragma unroll
+          for (int pr = 0; pr < NT / 2; ++pr)
+            ldmatrix_x4(ld_addr(Bs, b_row + pr * 16, 2 * kk + (mi & 1)), bf[pr * 2][0], bf[pr * 2][1],
+                        bf[pr * 2 + 1][0], bf[pr * 2 + 1][1]);
+  #pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+  #pragma unroll
+            for (int nt = 0; nt < NT; ++nt) mma_k32(d[mt][nt], af[mt], bf[nt]);
+        }
+        float sa[MT][2], sb[NT][2];
+  #pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          sa[mt][0] = SAs[kk * BM + wrow + mt * 16 + g];
+          sa[mt][1] = SAs[kk * BM + wrow + mt * 16 + g + 8];
+        }
+  #pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const float2 v = *reinterpret_cast<const float2*>(SBs + kk * BN + wcol + nt * 8 + t4 * 2);
+          sb[nt][0] = v.x;
+          sb[nt][1] = v.y;
+        }
+  #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) mma_k16(d[mt][nt], af[mt], bf[nt]);
-      } else {
-        uint32_t af[MT][4], bf[NT][2];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-          ldmatrix_x4(ld_addr(As, a_row + mt * 16, 2 * kk + (mi >> 1)), af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
-#pragma unroll
-        for (int pr = 0; pr < NT / 2; ++pr)
-          ldmatrix_x4(ld_addr(Bs, b_row + pr * 16, 2 * kk + (mi & 1)), bf[pr * 2][0], bf[pr * 2][1],
-                      bf[pr * 2 + 1][0], bf[pr * 2 + 1][1]);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) mma_k32(d[mt][nt], af[mt], bf[nt]);
+  #pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+  #pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float x = __fsub_rn(__int_as_float(d[mt][nt][e]), kMagic);  // = FP32(p), exact
+              acc[mt][nt][e] = FUSED ? contract_scale_add_fma(acc[mt][nt][e], x, sa[mt][e >> 1], sb[nt][e & 1])
+                                     : contract_scale_add(acc[mt][nt][e], x, sa[mt][e >> 1], sb[nt][e & 1]);
+            }
       }
-      float sa[MT][2], sb[NT][2];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        sa[mt][0] = SAs[kk * BM + wrow + mt * 16 + g];
-        sa[mt][1] = SAs[kk * BM + wrow + mt * 16 + g + 8];
-      }
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const float2 v = *reinterpret_cast<const float2*>(SBs + kk * BN + wcol + nt * 8 + t4 * 2);
-        sb[nt][0] = v.x;
-        sb[nt][1] = v.y;
-      }
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float x = __fsub_rn(__int_as_float(d[mt][nt][e]), kMagic);  // = FP32(p), exact
-            acc[mt][nt][e] = contract_scale_add(acc[mt][nt][e], x, sa[mt][e >> 1], sb[nt][e & 1]);
-          }
     }
-  }
+  };
+  if (p.fused_ok && __ldg(p.fused_ok) != 0)
+    main_loop(std::true_type{});
+  else
+    main_loop(std::false_type{});
   cp_async_wait<0>();
 
   const float ga = tensor_factor(p.fa, *p.gda), gb = tensor_factor(p.fb, *p.gdb);
@@ -416,13 +432,20 @@ void gemm_fast_prepare(const DQTensor& a, const DQTensor& b, GemmWorkspace& ws, 
                                                                    Mp, Kp);
   unpack_kernel<<<detail::blocks_for(Np * Kp / 16, T), T, 0, s>>>(b.format, b.codes.data(), b.rows, K, ws.b8.data(),
                                                                    Np, Kp);
+  // The fused epilogue's bound on |p| (kFmaExactMaxDot) holds for every grid fp4lab has; checked, not assumed.
+  const bool dot_ok = int64_t(a.block) * a.format.int_max() * b.format.int_max() < kFmaExactMaxDot;
+  ws.fused_ok.resize(1);
+  check(cudaMemsetAsync(ws.fused_ok.data(), dot_ok ? 1 : 0, sizeof(int), s), "cudaMemsetAsync");
   transpose_scales_kernel<<<detail::blocks_for(KBp * Mp, T), T, 0, s>>>(a.scales.data(), a.rows, KB, ws.sa.data(),
-                                                                         Mp, KBp);
+                                                                         Mp, KBp, ws.fused_ok.data());
   transpose_scales_kernel<<<detail::blocks_for(KBp * Np, T), T, 0, s>>>(b.scales.data(), b.rows, KB, ws.sb.data(),
-                                                                         Np, KBp);
+                                                                         Np, KBp, ws.fused_ok.data());
   check_launch("gemm_fast_prepare");
 }
 
+bool gemm_fast_fused(const GemmWorkspace& ws) {
+  return ws.fused_epilogue && ws.fused_ok.size() == 1 && ws.fused_ok.to_host()[0] != 0;
+}
 int gemm_fast_variants() { return kVariants; }
 const char* gemm_fast_variant_name(int v) { return v >= 0 && v < kVariants ? kVariantNames[v] : "?"; }
 int gemm_fast_default_variant(int block, int64_t M, int64_t N) {
@@ -448,6 +471,7 @@ void gemm_fast_run(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspa
   p.fb = b.format;
   p.gda = a.global_dec.data();
   p.gdb = b.global_dec.data();
+  p.fused_ok = ws.fused_epilogue ? ws.fused_ok.data() : nullptr;
   p.c = d_c;
   const int v = variant >= 0 ? variant : default_variant(a.block, p.Mp, p.Np);
   if (a.block == 16)

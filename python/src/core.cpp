@@ -764,6 +764,13 @@ NB_MODULE(_core, m) {
     else
       fc::gemm_reference(a, b, device_ptr<float>(out), as_stream(stream));
   }, "device"_a, "stream"_a, "a"_a, "b"_a, "out"_a, "kernel"_a = "fast");
+  // The fast GEMM's fused epilogue (on by default; the same bits either way, docs/datapath.md §3): off times the
+  // separate multiply and add beside it. Returns the previous setting.
+  m.def("cuda_gemm_fused_epilogue", [](bool on) {
+    const bool was = workspaces().gemm.fused_epilogue;
+    workspaces().gemm.fused_epilogue = on;
+    return was;
+  }, "on"_a);
 #else
   m.def("cuda_available", [] { return nb::make_tuple(false, std::string("this fp4lab was built without CUDA (no nvcc found)")); });
 #endif

@@ -663,16 +663,30 @@ TEST_P(Gemm, ReferenceAndFastKernelsMatchContractBitForBit) {
   fc::upload(qb, db);
   fc::Buffer<float> dc(size_t(c.M * c.N));
   fc::GemmWorkspace ws;
+  // The fused epilogue runs exactly where the host's fma_exact_scale passes every scale of both operands; the
+  // UE4M3 cases must take it (every E4M3 value passes), so both epilogues are compared below.
+  bool all_pass = true;
+  for (const float v : qa.scales) all_pass = all_pass && fp4lab::fma_exact_scale(v);
+  for (const float v : qb.scales) all_pass = all_pass && fp4lab::fma_exact_scale(v);
+  if (c.scale == ScaleKind::ue4m3) EXPECT_TRUE(all_pass);
+  if (c.scale == ScaleKind::fp32) EXPECT_FALSE(all_pass);
   size_t compared = 0;
-  // kernel 0: the reference kernel; kernel v + 1: fast-kernel tile variant v.
-  for (int kernel = 0; kernel <= fc::gemm_fast_variants(); ++kernel) {
+  // kernel 0: the reference kernel; kernel v + 1: fast-kernel tile variant v, with the fused epilogue where it
+  // applies; kernel n + 1 + v: variant v with the separate multiply and add always.
+  const int variants = fc::gemm_fast_variants();
+  for (int kernel = 0; kernel <= 2 * variants; ++kernel) {
     dc.fill_bytes(0xFF);  // poison: 0xFFFFFFFF is a NaN the contract never produces here
-    if (kernel == 0)
+    const int variant = (kernel - 1) % variants;
+    ws.fused_epilogue = kernel <= variants;
+    if (kernel == 0) {
       fc::gemm_reference(da, db, dc.data());
-    else
-      fc::gemm_fast(da, db, dc.data(), ws, nullptr, kernel - 1);
+    } else {
+      fc::gemm_fast(da, db, dc.data(), ws, nullptr, variant);
+      EXPECT_EQ(fc::gemm_fast_fused(ws), all_pass && ws.fused_epilogue) << "variant " << variant;
+    }
     const std::vector<float> out = dc.to_host();
-    const std::string name = kernel ? std::string("fast kernel ") + fc::gemm_fast_variant_name(kernel - 1)
+    const std::string name = kernel ? std::string("fast kernel ") + fc::gemm_fast_variant_name(variant) +
+                                          (ws.fused_epilogue ? "" : " (separate multiply and add)")
                                     : std::string("reference kernel");
     int bad = 0;
     for (size_t i = 0; i < out.size(); ++i, ++compared)
@@ -685,6 +699,42 @@ TEST_P(Gemm, ReferenceAndFastKernelsMatchContractBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(FormatsScalesShapes, Gemm, ::testing::ValuesIn(gemm_cases()),
                          [](const ::testing::TestParamInfo<GCase>& i) { return i.param.name(); });
+
+// A UE4M3 operand whose scale is no E4M3 value (1 + 2^-23, as a hand-made QTensor may hold) must not take the
+// fused epilogue, where it would give other bits: models' GemmHandWorked.SeparateMultiplyAndAddNoFma on the
+// device (int4, K 32: acc = -3 + 3 (1 + 2^-23) is 2^-21 under the contract, 3 * 2^-23 fused). The same operands
+// with scale 1 pass and take it.
+TEST(GemmFusedEpilogue, RefusedForAScaleOutsideTheProof) {
+  SKIP_WITHOUT_GPU();
+  for (const float s1 : {1.0f + 0x1p-23f, 1.0f}) {
+    QTensor a, b;
+    for (QTensor* q : {&a, &b}) {
+      q->format = fp4lab::kInt4;
+      q->scale_kind = ScaleKind::ue4m3;
+      q->block = 16;
+      q->rows = 1;
+      q->cols = 32;
+      q->codes.assign(32, 0);  // one code per element
+      q->scales = {1.0f, 1.0f};
+      q->scale_codes = {0x38, 0x38};
+      q->global_dec = 1.0f;
+    }
+    a.codes[0] = 0b1'011;   // -3
+    a.codes[16] = 0b0'011;  // 3
+    b.codes[0] = b.codes[16] = 0b0'001;
+    a.scales[1] = s1;
+    const std::vector<float> gold = fp4lab::reference::gemm_contract(a, b);
+    fc::DQTensor da, db;
+    fc::upload(a, da);
+    fc::upload(b, db);
+    fc::Buffer<float> dc(1);
+    fc::GemmWorkspace ws;
+    fc::gemm_fast(da, db, dc.data(), ws);
+    EXPECT_EQ(fc::gemm_fast_fused(ws), s1 == 1.0f);
+    EXPECT_EQ(bits(dc.to_host()[0]), bits(gold[0])) << "scale " << show(s1);
+    if (s1 != 1.0f) EXPECT_EQ(bits(gold[0]), 0x35000000u);
+  }
+}
 
 TEST(GemmErrors, RejectsOperandsThatDoNotMultiply) {
   SKIP_WITHOUT_GPU();

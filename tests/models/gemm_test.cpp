@@ -284,6 +284,65 @@ TEST(GemmHandWorked, SeparateMultiplyAndAddNoFma) {
   EXPECT_EQ(f32_bits(reference::gemm_contract(a, b)[0]), 0x35000000u);
 }
 
+// The fused form of steps 3-5 (contract_scale_add_fma, which the GPU kernel runs where every scale passes
+// fma_exact_scale) against the contract, bit for bit. Accumulators: signed zeros, infinities, and values near
+// x * s with random low bits, so that step 5's rounding (the one both forms share) is exercised.
+void expect_fused_form_exact(const std::vector<float>& scales, const char* what) {
+  std::mt19937 rng(7);
+  std::vector<float> xs;
+  for (int p = -40; p <= 40; ++p) xs.push_back(float(p));
+  for (int p : {4608, -4608, 4607, 2304, -2303, 777, 1023, -1025}) xs.push_back(float(p));
+  for (int i = 0; i < 16; ++i) xs.push_back(float(int(rng() % 9217) - 4608));
+  int64_t checked = 0, mismatched = 0;
+  for (const float sa : scales)
+    for (const float sb : scales) {
+      ASSERT_TRUE(fma_exact_scale(sa) && fma_exact_scale(sb)) << what << ": " << sa << " " << sb;
+      const float s = sa * sb;
+      for (const float x : xs) {
+        const float t = x * s;
+        const uint32_t r = rng();
+        const float accs[] = {0.0f, -0.0f, INFINITY, -INFINITY, -t, t,
+                              t * std::ldexp(1.0f + float(r & 0xFFFFFF) * 0x1p-24f, int(r >> 28) - 8),
+                              -t * std::ldexp(1.0f + float((r >> 4) & 0xFFFFF) * 0x1p-20f, int((r >> 24) % 40) - 20),
+                              std::ldexp(float(int(r % 2001) - 1000), int(r >> 27) - 16) + s};
+        for (const float acc : accs) {
+          ++checked;
+          if (f32_bits(contract_scale_add_fma(acc, x, sa, sb)) != f32_bits(contract_scale_add(acc, x, sa, sb)) &&
+              ++mismatched <= 5)
+            ADD_FAILURE() << what << ": acc " << acc << " x " << x << " sa " << sa << " sb " << sb;
+        }
+      }
+    }
+  EXPECT_EQ(mismatched, 0) << what << " of " << checked;
+}
+
+TEST(FmaForm, EqualsTheContractForEveryE4m3ScalePair) {
+  std::vector<float> scales;
+  for (int c = 0; c < 0x7F; ++c) scales.push_back(e4m3_decode(uint8_t(c)));  // 0x7F is NaN
+  expect_fused_form_exact(scales, "ue4m3");
+}
+
+TEST(FmaForm, EqualsTheContractForE8m0ScalesWithin2To50) {
+  std::vector<float> scales;
+  for (int e = -50; e <= 50; ++e) scales.push_back(std::ldexp(1.0f, e));
+  expect_fused_form_exact(scales, "ue8m0");
+}
+
+// The predicate's edges: exponents past +-50, a fourth stored mantissa bit, non-finite values, and an FP32
+// scale where the fused form indeed gives other bits (the hand-worked case above: the contract's 2^-21 against
+// the fma's 3 * 2^-23), so the kernel must keep the separate form there.
+TEST(FmaForm, ScalesOutsideTheProofAreRefused) {
+  EXPECT_TRUE(fma_exact_scale(0.0f) && fma_exact_scale(-0.0f) && fma_exact_scale(448.0f) &&
+              fma_exact_scale(0x1p-9f) && fma_exact_scale(0x1.ep50f) && fma_exact_scale(0x1p-50f));
+  EXPECT_FALSE(fma_exact_scale(0x1p51f) || fma_exact_scale(0x1p-51f) || fma_exact_scale(1.0625f) ||
+               fma_exact_scale(1.0f + 0x1p-23f) || fma_exact_scale(INFINITY) || fma_exact_scale(NAN) ||
+               fma_exact_scale(0x1p-130f));
+  EXPECT_EQ(f32_bits(contract_scale_add(-3.0f, 3.0f, 1.0f + 0x1p-23f, 1.0f)), 0x35000000u);
+  EXPECT_EQ(f32_bits(contract_scale_add_fma(-3.0f, 3.0f, 1.0f + 0x1p-23f, 1.0f)), 0x34c00000u);
+  // Every grid's largest block dot product stays inside the proof's bound.
+  for (const ElemFormat& f : kAllFormats) EXPECT_LT(32 * f.int_max() * f.int_max(), kFmaExactMaxDot) << f.name;
+}
+
 // Step 6: out = acc * (ga * gb), the factor rounded first. int4 (2^-int_shift = 1), global_dec 1 + 2^-23
 // on both sides, acc = 3 (one block, 3 * 1, scales 1): ga * gb = 1 + 2^-22 + 2^-46 -> 1 + 2^-22;
 // 3 (1 + 2^-22) = 3 + 3 ulp exactly -> 0x40400003. The other order, (3 ga) gb, gives (3 + 2 ulp) gb

@@ -279,6 +279,12 @@ def test_cuda_quantize_and_reference_kernel_match_golden():
                 want = bits(ft.gemm(ha, hb))
                 assert np.array_equal(bits(ft.gemm(da, db)), want), (recipe, p, path)
                 assert np.array_equal(bits(ft.gemm(da, db, kernel="reference")), want), (recipe, p, path)
+                # The fast GEMM with its fused epilogue off (the separate multiply and add) gives the same bits.
+                was = fp4lab._core.cuda_gemm_fused_epilogue(False)
+                try:
+                    assert np.array_equal(bits(ft.gemm(da, db)), want), (recipe, p, path, "unfused epilogue")
+                finally:
+                    assert fp4lab._core.cuda_gemm_fused_epilogue(was) is False
                 assert torch.equal(ft.dequantize(da).cpu(), ft.dequantize(ha))
                 assert torch.equal(ft._dequantize(da, torch.bfloat16).cpu(), ft.dequantize(ha).to(torch.bfloat16))
             # A BF16 tensor quantises on the GPU to the bits of its FP32 copy on the host.

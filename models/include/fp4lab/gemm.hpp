@@ -2,7 +2,9 @@
 // Both operands are quantised along K (their rows), so A is "K-major" and so is B.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -25,16 +27,19 @@ inline constexpr int kMacWidth = 16;
 //   2. x  = FP32(p)            exact: |p| <= 32 * 144 < 2^24
 //   3. s  = sa * sb            FP32 multiply, round to nearest even
 //   4. x  = x * s              FP32 multiply, RNE
-//   5. acc = acc + x           FP32 add, RNE (separate multiply and add: no FMA anywhere)
+//   5. acc = acc + x           FP32 add, RNE (separate multiply and add: an FMA would skip step 4's rounding;
+//                              contract_scale_add_fma below fuses them only where that rounding is exact)
 // and after the last block:
 //   6. out = acc * (ga * gb)   ga = global_dec * 2^-int_shift of A's grid (exact power of two for fp32 and
 //                              ue8m0 scales), likewise gb; ga * gb rounded once, then one RNE multiply.
 #if defined(__CUDA_ARCH__)
 #define FP4LAB_FMUL(a, b) __fmul_rn((a), (b))
 #define FP4LAB_FADD(a, b) __fadd_rn((a), (b))
+#define FP4LAB_FFMA(a, b, c) __fmaf_rn((a), (b), (c))
 #else
 #define FP4LAB_FMUL(a, b) ((a) * (b))  // the build sets -ffp-contract=off so nothing fuses
 #define FP4LAB_FADD(a, b) ((a) + (b))
+#define FP4LAB_FFMA(a, b, c) std::fma((a), (b), (c))  // correctly rounded, one rounding
 #endif
 
 // Steps 3-5 for a caller that has done step 2 itself (x = FP32(p), exact). The GPU's fast path gets x
@@ -45,6 +50,26 @@ FP4LAB_HD inline float contract_scale_add(float acc, float x, float sa, float sb
 }
 FP4LAB_HD inline float contract_step(float acc, int32_t p, float sa, float sb) {
   return contract_scale_add(acc, float(p), sa, sb);
+}
+
+// Steps 3-5 as one fused multiply-add, fma(x, sa * sb, acc), where that gives the contract's bits: whenever
+// both block scales pass fma_exact_scale and |x| < 2^16. Proof: a passing scale is 0 or a normal float with at
+// most 4 significant bits and exponent in [-50, 50], so s = sa * sb is exact (<= 8 bits, in [2^-100, 2^102)) and
+// so is x * s (<= 16 + 8 bits, in [2^-100, 2^118): no rounding, no underflow, no overflow). Step 4 then rounds
+// nothing, and the fma's one rounding is step 5's. Zeros, signed zeros and a non-finite acc agree as well
+// (x * s is then exactly 0 or -0, and acc + (+-0) is the same add in both forms). Every E4M3 value passes
+// (UE4M3 scales, NVFP4), and every E8M0 power of two within 2^+-50 (UE8M0, MXFP4); FP32 scales mostly do not.
+// |x| = |p| <= B * int_max^2 <= 32 * 144. The GPU kernel checks every scale of a GEMM on the device and runs
+// this form only when all pass (tests/models: FmaForm.* holds the identity over every E4M3 pair).
+FP4LAB_HD inline bool fma_exact_scale(float s) {
+  uint32_t u;
+  std::memcpy(&u, &s, sizeof u);
+  const uint32_t e = (u >> 23) & 0xFFu;                    // biased exponent
+  return (u & 0x7FFFFFFFu) == 0 || (e >= 127u - 50u && e <= 127u + 50u && (u & 0xFFFFFu) == 0);  // 3 stored bits
+}
+inline constexpr int kFmaExactMaxDot = 1 << 16;  // |p| below this, with passing scales: the fused form is exact
+FP4LAB_HD inline float contract_scale_add_fma(float acc, float x, float sa, float sb) {
+  return FP4LAB_FFMA(x, FP4LAB_FMUL(sa, sb), acc);
 }
 FP4LAB_HD inline float tensor_factor(const ElemFormat& f, float global_dec) {
   return FP4LAB_FMUL(global_dec, std::ldexp(1.0f, -f.int_shift()));

@@ -220,18 +220,24 @@ struct GemmWorkspace {
   Buffer<float> sa, sb;     // [KBp, Mp], [KBp, Np] block scales, k-major, zero-padded
   Buffer<uint8_t> na, nb;   // native path: element bytes in the tcgen05 layout
   Buffer<uint8_t> nsa, nsb; // native path: scale bytes
+  Buffer<int> fused_ok;     // set on the device by gemm_fast_prepare: every scale passes fma_exact_scale
+  bool fused_epilogue = true;  // false: the contract's separate multiply and add always (same bits; for timing)
 };
 // Fast kernel on the int8 tensor cores (mma.sync m16n8k16 for block 16, m16n8k32 for block 32): each mma
 // gives one block's exact int32 dot product; the block scaling and the FP32 accumulation in ascending block
-// order run on the CUDA cores with the golden contract_scale_add. Includes the int8 unpack pass.
+// order run on the CUDA cores with the golden contract_scale_add, or with contract_scale_add_fma (the same bits)
+// where every block scale of both operands passes fma_exact_scale: UE4M3 scales always, UE8M0 within 2^+-50. The
+// check runs on the device in the prepare pass (no synchronisation). Includes the int8 unpack pass.
 // `variant` picks one of the tile shapes (all bit-identical); -1 is the default: the fastest measured on the H200
 // for that block size and problem size (gemm_fast_default_variant).
 void gemm_fast(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspace& ws, cudaStream_t stream = nullptr,
                int variant = -1);
-// The two halves of gemm_fast, for timing.
+// The two halves of gemm_fast, for timing. gemm_fast_fused (a synchronising read, for tools) tells whether the
+// last prepare found every scale fit for the fused epilogue.
 void gemm_fast_prepare(const DQTensor& a, const DQTensor& b, GemmWorkspace& ws, cudaStream_t stream = nullptr);
 void gemm_fast_run(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspace& ws,
                    cudaStream_t stream = nullptr, int variant = -1);
+bool gemm_fast_fused(const GemmWorkspace& ws);
 int gemm_fast_variants();
 const char* gemm_fast_variant_name(int variant);
 int gemm_fast_default_variant(int block, int64_t M, int64_t N);
