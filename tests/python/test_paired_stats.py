@@ -294,9 +294,12 @@ def test_committed_6000_step_runs():
     assert abs(nv.stats.mean - 3.652) < 0.005 and abs(nv.stats.half - 3.274) < 0.02
     assert nv.stats.kind == "worse" and (nv.stats.above, nv.stats.below) == (5, 0)
     assert res[("ufp4", "nvfp4", "train")].stats.kind == "undetected"  # +4.27, interval -0.03 to +8.57
-    mx = res[("mxfp4", "bf16", "val")]  # three mxfp4 runs, each far above BF16
-    assert mx.seeds == (0, 1, 2) and [round(d, 2) for d in mx.diffs] == [28.90, 23.20, 22.49]
-    assert mx.stats.kind == "worse" and mx.stats.low > 16
+    mx = res[("mxfp4", "bf16", "val")]  # five mxfp4 runs, each far above BF16
+    assert mx.seeds == (0, 1, 2, 3, 4) and [round(d, 2) for d in mx.diffs] == [28.90, 23.20, 22.49, 35.30, 33.65]
+    # By hand: mean 143.54 / 5 = 28.708; squared deviations 0.04, 30.34, 38.66, 43.45, 24.42, summing to 136.92,
+    # SD 5.851, SE 2.616, half-width 2.776 * 2.616 = 7.26; interval +21.45 to +35.97.
+    assert abs(mx.stats.mean - 28.708) < 0.005 and abs(mx.stats.half - 7.26) < 0.02
+    assert mx.stats.kind == "worse" and mx.stats.low > 21
 
 
 def test_committed_second_corpus_runs():
@@ -309,9 +312,43 @@ def test_committed_second_corpus_runs():
     # From the runs' validation losses (rounded: ufp4 1.0197, 1.0257, 1.0322; e2m1-ref 1.0366, 1.0140, 1.0154;
     # BF16 1.0236, 1.0112, 1.0090): 100 * (1.0197 - 1.0366) / 1.0236 = -1.65 from the rounded losses, -1.66 from
     # the unrounded ones; 100 * (1.0257 - 1.0140) / 1.0112 = 1.16 (1.15); 100 * (1.0322 - 1.0154) / 1.0090 = 1.66.
-    assert v.seeds == (0, 1, 2) and [round(d, 2) for d in v.diffs] == [-1.66, 1.15, 1.66]
-    assert v.stats.kind == "undetected" and (v.stats.above, v.stats.below) == (2, 1)
+    # Seeds 3 and 4 (ufp4 1.0431, 1.0374; e2m1-ref 1.0016, 1.0099; BF16 1.0254, 1.0185): 100 * 0.0415 / 1.0254 =
+    # 4.05 and 100 * 0.0275 / 1.0185 = 2.70.
+    assert v.seeds == (0, 1, 2, 3, 4) and [round(d, 2) for d in v.diffs] == [-1.66, 1.15, 1.66, 4.05, 2.70]
+    assert v.stats.kind == "undetected" and (v.stats.above, v.stats.below) == (4, 1)
+    # ufp4 against BF16 on this corpus: +1.38 on average, above zero on four of five seeds, an interval of
+    # +0.09 to +2.68 (by hand: mean 6.92 / 5 = 1.384, SD 1.040, SE 0.465, half-width 1.29): detected worse.
+    ub = res[("ufp4", "bf16", "val")]
+    assert [round(d, 2) for d in ub.diffs] == [-0.39, 1.43, 2.30, 1.72, 1.86]
+    assert abs(ub.stats.mean - 1.384) < 0.005 and abs(ub.stats.half - 1.29) < 0.02 and ub.stats.kind == "worse"
+    assert res[("e2m1-ref", "bf16", "val")].stats.kind == "undetected"
+    # nvfp4 and mxfp4: three seeds each; mxfp4 far above BF16 here too.
+    assert res[("nvfp4", "bf16", "val")].seeds == (0, 1, 2) and res[("nvfp4", "bf16", "val")].stats.kind == "undetected"
+    assert [round(d, 2) for d in res[("mxfp4", "bf16", "val")].diffs] == [18.70, 18.84, 21.57]
     assert st.paired(ms, "small", 2000) == []  # no linux-doc runs of that length
+
+
+def test_committed_runs_pooled_over_the_two_corpora():
+    # Each corpus's longest small-model study that has ufp4 and e2m1-ref: linux-doc 6000 steps, python-doc 2000;
+    # their per-seed differences as the studies give them, then one interval over all ten.
+    ms = st.metrics(committed_runs())
+    parts, res = st.report.pooled(ms)
+    assert parts == [("linux-doc", 6000, (0, 1, 2, 3, 4)), ("python-doc", 2000, (0, 1, 2, 3, 4))]
+    per = {c: {p.measure: p for _, r in st.paired(ms, "small", n, c) for p in r if (p.a, p.b) == ("ufp4", "e2m1-ref")}
+           for c, n, _ in parts}
+    for measure in ("val", "train"):
+        diffs, stats = res[measure]
+        assert diffs == per["linux-doc"][measure].diffs + per["python-doc"][measure].diffs
+        assert stats == paired.paired_stats(diffs)
+    # By hand from the printed differences +0.12, +0.76, +0.58, +3.78, +1.38, -1.66, +1.15, +1.66, +4.05, +2.70:
+    # mean 14.52 / 10 = 1.452, SD 1.718, SE 0.543, t(0.975, 9) = 2.262, half-width 1.23: +0.22 to +2.68, above 0.
+    v = res["val"][1]
+    assert abs(v.mean - 1.452) < 0.005 and abs(v.half - 1.229) < 0.01 and v.kind == "worse"
+    assert (v.above, v.below) == (9, 1) and res["train"][1].kind == "worse"
+    assert "**small, pooled over corpora (linux-doc 6000 steps" in st.status(committed_runs())
+    # One corpus: nothing to pool, no line.
+    one = [r for r in committed_runs() if st.report.corpus_of(r) == "linux-doc"]
+    assert st.report.pooled(st.metrics(one)) is None and "pooled" not in st.status(one)
 
 
 def test_committed_one_seed_study_gets_no_interval():
@@ -397,7 +434,8 @@ def test_proxy_against_the_committed_paired_effects():
         ("small, 1500 steps, linux-doc", "ufp4", "e2m1-ref", 3),
         ("small, 3000 steps, linux-doc", "ufp4", "e2m1-ref", 2),
         ("small, 6000 steps, linux-doc", "ufp4", "e2m1-ref", 5), ("small, 6000 steps, linux-doc", "ufp4", "nvfp4", 5),
-        ("small, 6000 steps, linux-doc", "ufp4", "mxfp4", 3), ("small, 2000 steps, python-doc", "ufp4", "e2m1-ref", 3)]
+        ("small, 6000 steps, linux-doc", "ufp4", "mxfp4", 5), ("small, 2000 steps, python-doc", "ufp4", "e2m1-ref", 5),
+        ("small, 2000 steps, python-doc", "ufp4", "nvfp4", 3), ("small, 2000 steps, python-doc", "ufp4", "mxfp4", 3)]
     path = os.path.join(ROOT, "docs", "results", "analysis-doc-lm.json")
     stats = st.report.proxy_stats(path)
     rows = json.load(open(path))["gemms"]
@@ -410,8 +448,8 @@ def test_proxy_against_the_committed_paired_effects():
         assert stats[rec] == {"sqnr": mean(rec, "sqnr_db"), "sqnr_dw": mean(rec, "sqnr_db", "bwd_dw"),
                               "eta": mean(rec, "eta")}
     table = st.report.proxy_paired_table([("doc-lm", stats)], pairs)
-    rows6000 = table.splitlines()[-4:-1]
-    heads = ("5 | +1.32 (-0.47 to +3.12)", "5 | +3.65 (+0.38 to +6.93)", "3 | -26.95 (-39.42 to -14.48)")
+    rows6000 = [r for r in table.splitlines() if r.startswith("| small, 6000 steps, linux-doc (exact) |")]
+    heads = ("5 | +1.32 (-0.47 to +3.12)", "5 | +3.65 (+0.38 to +6.93)", "5 | -27.70 (-34.04 to -21.35)")
     ends = ("not decided (the interval holds 0)", "disagrees", "agrees")
     for row, b, head, end in zip(rows6000, ("e2m1-ref", "nvfp4", "mxfp4"), heads, ends):
         d = stats["ufp4"]["sqnr"] - stats[b]["sqnr"]

@@ -203,7 +203,17 @@ def paired_json(runs) -> dict:
                             "bf16_spread_pct": None if band is None else {k: band[k] for k in ("val", "train")},
                             "bf16_seeds": None if band is None else band["seeds"],
                             "pairs": [p.as_dict() for p in results]})
-    return {"definition": pm.DEFINITION, "measures": dict(MEASURES), "studies": studies}
+    out = {"definition": pm.DEFINITION, "measures": dict(MEASURES), "studies": studies}
+    got = pooled(ms)
+    if got is not None:
+        parts, res = got
+        out["pooled"] = {"model": "small", "a": "ufp4", "b": "e2m1-ref",
+                         "studies": [{"corpus": c, "length": n, "seeds": list(sd)} for c, n, sd in parts],
+                         "measures": {k: {"diffs": list(d), "n": t.n, "mean": t.mean, "sd": t.sd, "se": t.se,
+                                          "half_width": t.half, "low": t.low, "high": t.high,
+                                          "signs": {"above": t.above, "below": t.below, "zero": t.zero},
+                                          "kind": t.kind} for k, (d, t) in res.items()}}
+    return out
 
 
 _CLAIM = {"worse": "ufp4 trained worse than e2m1-ref", "better": "ufp4 trained better than e2m1-ref (ufp4 < "
@@ -249,10 +259,54 @@ def verdict(ms, model, length, corpus=DEFAULT_CORPUS) -> str:
     return "\n- ".join(out)
 
 
+def pooled(ms, model="small", a="ufp4", b="e2m1-ref"):
+    """A − B pooled over corpora: for each corpus, the longest study of `model` in which A and B share a seed, its
+    per-seed paired differences (each against the BF16 run of its own study and seed) taken as they are; then
+    fp4lab.paired's statistics over all of them, as if one study. None where fewer than two corpora take part.
+    Returns ([(corpus, length, seeds)], {measure: PairResult-like dict of diffs and stats})."""
+    parts, diffs = [], {k: [] for k, _ in MEASURES}
+    for corpus in sorted({m["corpus"] for m in ms}, key=lambda c: (c != DEFAULT_CORPUS, c)):
+        lengths = sorted({m["length"] for m in ms if m["model"] == model and m["corpus"] == corpus}, reverse=True)
+        for length in lengths:
+            found = []
+            for _, res in paired(ms, model, length, corpus):  # the first GEMM mode with the pair
+                found = found or [p for p in res if (p.a, p.b) == (a, b) and p.stats.n]
+            if found:
+                parts.append((corpus, length, found[0].seeds))
+                for p in found:
+                    diffs[p.measure] += list(p.diffs)
+                break
+    if len(parts) < 2:
+        return None
+    return parts, {k: (tuple(v), pm.paired_stats(v)) for k, v in diffs.items()}
+
+
+def pooled_verdict(ms, model="small", a="ufp4", b="e2m1-ref") -> str:
+    """The status line of the pooled comparison (pooled()), or '' where there is none."""
+    got = pooled(ms, model, a, b)
+    if got is None:
+        return ""
+    parts, res = got
+    n = res[MEASURES[0][0]][1].n
+    where = "; ".join(f"{c} {length} steps, seeds {', '.join(str(x) for x in seeds)}" for c, length, seeds in parts)
+    kinds = {res[k][1].kind for k, _ in MEASURES}
+    claim = _CLAIM[kinds.pop()] if len(kinds) == 1 else "the measures disagree"
+    out = []
+    for key, what in MEASURES:
+        d, s = res[key]
+        out.append(f"{what}: {a} − {b} = {s.mean:+.2f} ± {s.half:.2f} points (95% interval {s.low:+.2f} to "
+                   f"{s.high:+.2f}, t with {s.n - 1} df; {s.above} above zero, {s.below} below)")
+    return (f"**{model}, pooled over corpora ({where}): {a} vs {b} over {n} paired seeds: {claim}** — " +
+            "; ".join(out) + ". Each corpus's own interval is the one above; pooling treats the corpora's "
+            "differences as draws of one effect.")
+
+
 def status(runs) -> str:
-    """The status block of docs/training.md: one verdict per study."""
+    """The status block of docs/training.md: one verdict per study, then ufp4 vs e2m1-ref pooled over corpora."""
     ms = metrics(runs)
-    return "\n".join(f"- {verdict(ms, *g)}" for g in groups(runs))
+    lines = [f"- {verdict(ms, *g)}" for g in groups(runs)]
+    pool = pooled_verdict(ms)
+    return "\n".join(lines + ([f"- {pool}"] if pool else []))
 
 
 def replace_block(text: str, marker: str, body: str) -> str:
