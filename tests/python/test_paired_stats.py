@@ -322,8 +322,11 @@ def test_committed_second_corpus_runs():
     assert [round(d, 2) for d in ub.diffs] == [-0.39, 1.43, 2.30, 1.72, 1.86]
     assert abs(ub.stats.mean - 1.384) < 0.005 and abs(ub.stats.half - 1.29) < 0.02 and ub.stats.kind == "worse"
     assert res[("e2m1-ref", "bf16", "val")].stats.kind == "undetected"
-    # nvfp4 and mxfp4: three seeds each; mxfp4 far above BF16 here too.
-    assert res[("nvfp4", "bf16", "val")].seeds == (0, 1, 2) and res[("nvfp4", "bf16", "val")].stats.kind == "undetected"
+    # nvfp4 (five seeds) is not apart from BF16; mxfp4 (three) is far above it here too.
+    nb = res[("nvfp4", "bf16", "val")]
+    assert nb.seeds == (0, 1, 2, 3, 4) and [round(d, 2) for d in nb.diffs] == [0.79, -0.71, 0.76, -2.47, -1.28]
+    assert nb.stats.kind == "undetected"
+    assert [round(d, 2) for d in res[("ufp4", "nvfp4", "val")].diffs] == [-1.18, 2.14, 1.54, 4.20, 3.14]
     assert [round(d, 2) for d in res[("mxfp4", "bf16", "val")].diffs] == [18.70, 18.84, 21.57]
     assert st.paired(ms, "small", 2000) == []  # no linux-doc runs of that length
 
@@ -435,7 +438,7 @@ def test_proxy_against_the_committed_paired_effects():
         ("small, 3000 steps, linux-doc", "ufp4", "e2m1-ref", 2),
         ("small, 6000 steps, linux-doc", "ufp4", "e2m1-ref", 5), ("small, 6000 steps, linux-doc", "ufp4", "nvfp4", 5),
         ("small, 6000 steps, linux-doc", "ufp4", "mxfp4", 5), ("small, 2000 steps, python-doc", "ufp4", "e2m1-ref", 5),
-        ("small, 2000 steps, python-doc", "ufp4", "nvfp4", 3), ("small, 2000 steps, python-doc", "ufp4", "mxfp4", 3)]
+        ("small, 2000 steps, python-doc", "ufp4", "nvfp4", 5), ("small, 2000 steps, python-doc", "ufp4", "mxfp4", 3)]
     path = os.path.join(ROOT, "docs", "results", "analysis-doc-lm.json")
     stats = st.report.proxy_stats(path)
     rows = json.load(open(path))["gemms"]
