@@ -133,7 +133,7 @@ int cmd_cuda_bench(const Invocation& inv) {
     const fp4lab::QuantConfig gc = plain_config(gpu::preset(rname));
     GemmCase probe(gc, 128, 128, 4 * gc.block, s);  // whether this recipe's scales take the fused epilogue
     fc::gemm_fast_prepare(probe.qa, probe.qb, probe.gws, s);
-    const bool fused = fc::gemm_fast_fused(probe.gws);
+    const bool fused = fc::gemm_fast_fused(probe.gws, s);
     // Bound from the contract's per-block epilogue: 4 FP32 instructions (exact int->float subtraction, two
     // multiplies, one add) per output per block, on 128 FP32 lanes per SM; 3 where the fused form applies.
     const int epi_ops = fused ? 3 : 4;
@@ -156,7 +156,7 @@ int cmd_cuda_bench(const Invocation& inv) {
       auto& [dc, qa, qb, gws, flops, batch] = g;
       // Plain launch loops, no graphs, for both sides: cuBLAS under stream capture needs its own workspace setup.
       const double t_prep = T.median_us([&](int) { fc::gemm_fast_prepare(qa, qb, gws, s); }, reps, batch, false);
-      const bool fused_here = fc::gemm_fast_fused(gws);  // these operands' scales (the header's are a probe's)
+      const bool fused_here = fc::gemm_fast_fused(gws, s);  // these operands' scales (the header's are a probe's)
       double t_cub = 0, tflops = 0;
       if (cublas && cublas_us.count({M, N, K})) {
         t_cub = cublas_us[{M, N, K}];
@@ -193,14 +193,16 @@ int cmd_cuda_bench(const Invocation& inv) {
                   << pad(std::to_string(variant), 8) << pad(fixed(t_prep, 2), 11) << pad(fixed(t_mma, 2), 11)
                   << pad(fixed(tops, 1), 13) << pad(cublas ? fixed(t_cub, 2) : "-", 11)
                   << pad(cublas ? fixed(tflops, 1) : "-", 9) << pad(cublas ? fixed(t_cub / (t_prep + t_mma), 3) : "-", 8)
-                  << (fused_here ? pad(fixed(t_unfused, 2), 16) + pad(fixed(t_mma / t_unfused, 3), 15) : std::string())
+                  << (!fused ? std::string()
+                      : fused_here ? pad(fixed(t_unfused, 2), 16) + pad(fixed(t_mma / t_unfused, 3), 15)
+                                   : pad("-", 16) + pad("-", 15))
                   << "\n";
         jg.push_back({{"recipe", rname}, {"label", gc.label()}, {"M", M}, {"N", N}, {"K", K}, {"variant", variant},
                       {"variant_name", fc::gemm_fast_variant_name(variant)}, {"unpack_us", t_prep}, {"mma_us", t_mma},
                       {"tops", tops}, {"cublas_bf16_us", t_cub}, {"cublas_tflops", tflops},
                       {"ratio_vs_cublas", cublas ? t_cub / (t_prep + t_mma) : 0.0},
                       {"epilogue_bound_tops", bound_tops}, {"fused_epilogue", fused_here},
-                      {"unfused_mma_us", t_unfused}});
+                      {"unfused_mma_us", fused_here ? Json(t_unfused) : Json()}});  // null: not measured
       }
       std::cout << pad("best: variant " + std::to_string(best), 28) << ", " << fixed(best_tops, 1) << " TOPS = "
                 << fixed(100 * best_tops / bound_tops, 0) << "% of the epilogue bound"

@@ -319,7 +319,7 @@ def main():
                     row.update(monitor_overhead(args, row, base, args.monitor), baseline_step_ms=base["step_ms"])
                     rows.append(row)
                 for row in rows[first:]:
-                    print(f"{r:18s} {row['mode']:20s} {row['median_ms']:9.2f} ms/step (mean {row['mean_ms']:.2f}, "
+                    print(f"{r:18s} {row['mode']:24s} {row['median_ms']:9.2f} ms/step (mean {row['mean_ms']:.2f}, "
                           f"min {row['min_ms']:.2f}, max {row['max_ms']:.2f})  loss {row['loss_first']:.3f} -> "
                           f"{row['loss_last']:.3f}", flush=True)
     finally:
@@ -327,7 +327,7 @@ def main():
     base = rows[0]["median_ms"]
     for row in rows:
         row["vs_bf16"] = row["median_ms"] / base
-    print(f"\n{'recipe':18s} {'mode':20s} {'ms/step':>9s} {'tokens/s':>10s} {'x BF16':>7s}  loss first -> last")
+    print(f"\n{'recipe':18s} {'mode':24s} {'ms/step':>9s} {'tokens/s':>10s} {'x BF16':>7s}  loss first -> last")
     for row in rows:
         extra = (f"  monitor cost {100 * row['monitor_cost']:.1f}% of a step at every={args.monitor}; total "
                  f"{100 * row['monitor_overhead']:+.1f}% over {row['steps_timed']} steps paired with "
@@ -335,7 +335,7 @@ def main():
                  f"{row['monitor_sampled_extra_ms']:+.0f} ms each with its read-back; other steps differ by "
                  f"{row['monitor_unsampled_diff_ms']['mean']:+.2f} ± {row['monitor_unsampled_diff_ms']['sd']:.2f} ms)"
                  if "monitor_overhead" in row else "")
-        print(f"{row['recipe']:18s} {row['mode']:20s} {row['median_ms']:9.2f} {row['tokens_per_s']:10,.0f} "
+        print(f"{row['recipe']:18s} {row['mode']:24s} {row['median_ms']:9.2f} {row['tokens_per_s']:10,.0f} "
               f"{row['vs_bf16']:7.2f}  "
               f"{row['loss_first']:.3f} -> {row['loss_last']:.3f}{extra}")
     info = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -432,8 +432,9 @@ void gemm_fast_prepare(const DQTensor& a, const DQTensor& b, GemmWorkspace& ws, 
                                                                    Mp, Kp);
   unpack_kernel<<<detail::blocks_for(Np * Kp / 16, T), T, 0, s>>>(b.format, b.codes.data(), b.rows, K, ws.b8.data(),
                                                                    Np, Kp);
-  // The fused epilogue's bound on |p| (kFmaExactMaxDot) holds for every grid fp4lab has; checked, not assumed.
-  const bool dot_ok = int64_t(a.block) * a.format.int_max() * b.format.int_max() < kFmaExactMaxDot;
+  // The fused epilogue's bound on |p| (kFmaExactMaxDot) holds for every grid fp4lab has; checked, not assumed,
+  // with the largest integer any code of the grid decodes to (unpack_kernel decodes all eight magnitudes).
+  const bool dot_ok = int64_t(a.block) * a.format.int_level(7) * b.format.int_level(7) < kFmaExactMaxDot;
   ws.fused_ok.resize(1);
   check(cudaMemsetAsync(ws.fused_ok.data(), dot_ok ? 1 : 0, sizeof(int), s), "cudaMemsetAsync");
   transpose_scales_kernel<<<detail::blocks_for(KBp * Mp, T), T, 0, s>>>(a.scales.data(), a.rows, KB, ws.sa.data(),
@@ -443,8 +444,10 @@ void gemm_fast_prepare(const DQTensor& a, const DQTensor& b, GemmWorkspace& ws, 
   check_launch("gemm_fast_prepare");
 }
 
-bool gemm_fast_fused(const GemmWorkspace& ws) {
-  return ws.fused_epilogue && ws.fused_ok.size() == 1 && ws.fused_ok.to_host()[0] != 0;
+bool gemm_fast_fused(const GemmWorkspace& ws, cudaStream_t s) {
+  if (!ws.fused_epilogue || ws.fused_ok.size() != 1) return false;
+  check(cudaStreamSynchronize(s), "cudaStreamSynchronize");  // the prepare pass wrote the flag on this stream
+  return ws.fused_ok.to_host()[0] != 0;
 }
 int gemm_fast_variants() { return kVariants; }
 const char* gemm_fast_variant_name(int v) { return v >= 0 && v < kVariants ? kVariantNames[v] : "?"; }

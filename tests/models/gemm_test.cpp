@@ -291,7 +291,8 @@ void expect_fused_form_exact(const std::vector<float>& scales, const char* what)
   std::mt19937 rng(7);
   std::vector<float> xs;
   for (int p = -40; p <= 40; ++p) xs.push_back(float(p));
-  for (int p : {4608, -4608, 4607, 2304, -2303, 777, 1023, -1025}) xs.push_back(float(p));
+  // Up to the proof's bound (kFmaExactMaxDot = 2^16), past the 32 * 144 that any grid reaches.
+  for (int p : {4608, -4608, 4607, 2304, -2303, 777, 1023, -1025, 32767, -32767, 65535, -65535}) xs.push_back(float(p));
   for (int i = 0; i < 16; ++i) xs.push_back(float(int(rng() % 9217) - 4608));
   int64_t checked = 0, mismatched = 0;
   for (const float sa : scales)
@@ -340,7 +341,7 @@ TEST(FmaForm, ScalesOutsideTheProofAreRefused) {
   EXPECT_EQ(f32_bits(contract_scale_add(-3.0f, 3.0f, 1.0f + 0x1p-23f, 1.0f)), 0x35000000u);
   EXPECT_EQ(f32_bits(contract_scale_add_fma(-3.0f, 3.0f, 1.0f + 0x1p-23f, 1.0f)), 0x34c00000u);
   // Every grid's largest block dot product stays inside the proof's bound.
-  for (const ElemFormat& f : kAllFormats) EXPECT_LT(32 * f.int_max() * f.int_max(), kFmaExactMaxDot) << f.name;
+  for (const ElemFormat& f : kAllFormats) EXPECT_LT(32 * f.int_level(7) * f.int_level(7), kFmaExactMaxDot) << f.name;
 }
 
 // Step 6: out = acc * (ga * gb), the factor rounded first. int4 (2^-int_shift = 1), global_dec 1 + 2^-23

@@ -232,12 +232,13 @@ struct GemmWorkspace {
 // for that block size and problem size (gemm_fast_default_variant).
 void gemm_fast(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspace& ws, cudaStream_t stream = nullptr,
                int variant = -1);
-// The two halves of gemm_fast, for timing. gemm_fast_fused (a synchronising read, for tools) tells whether the
-// last prepare found every scale fit for the fused epilogue.
+// The two halves of gemm_fast, for timing. gemm_fast_fused (synchronises `stream`, where the prepare ran; for
+// tools and tests) tells whether the last prepare found every scale fit for the fused epilogue. A captured CUDA
+// graph keeps the fused_epilogue setting of its capture.
 void gemm_fast_prepare(const DQTensor& a, const DQTensor& b, GemmWorkspace& ws, cudaStream_t stream = nullptr);
 void gemm_fast_run(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspace& ws,
                    cudaStream_t stream = nullptr, int variant = -1);
-bool gemm_fast_fused(const GemmWorkspace& ws);
+bool gemm_fast_fused(const GemmWorkspace& ws, cudaStream_t stream = nullptr);
 int gemm_fast_variants();
 const char* gemm_fast_variant_name(int variant);
 int gemm_fast_default_variant(int block, int64_t M, int64_t N);
