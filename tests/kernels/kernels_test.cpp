@@ -732,7 +732,9 @@ TEST(GemmFusedEpilogue, RefusedForAScaleOutsideTheProof) {
     fc::gemm_fast(da, db, dc.data(), ws);
     EXPECT_EQ(fc::gemm_fast_fused(ws), s1 == 1.0f);
     EXPECT_EQ(bits(dc.to_host()[0]), bits(gold[0])) << "scale " << show(s1);
-    if (s1 != 1.0f) EXPECT_EQ(bits(gold[0]), 0x35000000u);
+    if (s1 != 1.0f) {
+      EXPECT_EQ(bits(gold[0]), 0x35000000u);
+    }
   }
 }
 
