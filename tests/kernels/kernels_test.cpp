@@ -668,8 +668,12 @@ TEST_P(Gemm, ReferenceAndFastKernelsMatchContractBitForBit) {
   bool all_pass = true;
   for (const float v : qa.scales) all_pass = all_pass && fp4lab::fma_exact_scale(v);
   for (const float v : qb.scales) all_pass = all_pass && fp4lab::fma_exact_scale(v);
-  if (c.scale == ScaleKind::ue4m3) EXPECT_TRUE(all_pass);
-  if (c.scale == ScaleKind::fp32) EXPECT_FALSE(all_pass);
+  if (c.scale == ScaleKind::ue4m3) {
+    EXPECT_TRUE(all_pass);
+  }
+  if (c.scale == ScaleKind::fp32) {
+    EXPECT_FALSE(all_pass);
+  }
   size_t compared = 0;
   // kernel 0: the reference kernel; kernel v + 1: fast-kernel tile variant v, with the fused epilogue where it
   // applies; kernel n + 1 + v: variant v with the separate multiply and add always.
