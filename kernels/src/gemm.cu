@@ -270,53 +270,53 @@ __global__ void __launch_bounds__(T::THREADS, T::MINB) gemm_mma_kernel(const Fas
       const float* SAs = reinterpret_cast<const float*>(smem + s * STAGE_BYTES + A_BYTES + B_BYTES);
       const float* SBs = SAs + SA_FLOATS;
 
-  #pragma unroll
+#pragma unroll
       for (int kk = 0; kk < KPS; ++kk) {
         int32_t d[MT][NT][4];
         if constexpr (B == 16) {
           uint32_t af[MT][2], bf[NT];
-  #pragma unroll
+#pragma unroll
           for (int pr = 0; pr < MT / 2; ++pr)
             ldmatrix_x4(ld_addr(As, a_row + pr * 32, kk), af[pr * 2][0], af[pr * 2][1], af[pr * 2 + 1][0],
                         af[pr * 2 + 1][1]);
-  #pragma unroll
+#pragma unroll
           for (int q = 0; q < NT / 4; ++q)
             ldmatrix_x4(ld_addr(Bs, b_row + q * 32, kk), bf[q * 4], bf[q * 4 + 1], bf[q * 4 + 2], bf[q * 4 + 3]);
-  #pragma unroll
+#pragma unroll
           for (int mt = 0; mt < MT; ++mt)
-  #pragma unroll
+#pragma unroll
             for (int nt = 0; nt < NT; ++nt) mma_k16(d[mt][nt], af[mt], bf[nt]);
         } else {
           uint32_t af[MT][4], bf[NT][2];
-  #pragma unroll
+#pragma unroll
           for (int mt = 0; mt < MT; ++mt)
             ldmatrix_x4(ld_addr(As, a_row + mt * 16, 2 * kk + (mi >> 1)), af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
-  #pragma unroll
+#pragma unroll
           for (int pr = 0; pr < NT / 2; ++pr)
             ldmatrix_x4(ld_addr(Bs, b_row + pr * 16, 2 * kk + (mi & 1)), bf[pr * 2][0], bf[pr * 2][1],
                         bf[pr * 2 + 1][0], bf[pr * 2 + 1][1]);
-  #pragma unroll
+#pragma unroll
           for (int mt = 0; mt < MT; ++mt)
-  #pragma unroll
+#pragma unroll
             for (int nt = 0; nt < NT; ++nt) mma_k32(d[mt][nt], af[mt], bf[nt]);
         }
         float sa[MT][2], sb[NT][2];
-  #pragma unroll
+#pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           sa[mt][0] = SAs[kk * BM + wrow + mt * 16 + g];
           sa[mt][1] = SAs[kk * BM + wrow + mt * 16 + g + 8];
         }
-  #pragma unroll
+#pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           const float2 v = *reinterpret_cast<const float2*>(SBs + kk * BN + wcol + nt * 8 + t4 * 2);
           sb[nt][0] = v.x;
           sb[nt][1] = v.y;
         }
-  #pragma unroll
+#pragma unroll
         for (int mt = 0; mt < MT; ++mt)
-  #pragma unroll
+#pragma unroll
           for (int nt = 0; nt < NT; ++nt)
-  #pragma unroll
+#pragma unroll
             for (int e = 0; e < 4; ++e) {
               const float x = __fsub_rn(__int_as_float(d[mt][nt][e]), kMagic);  // = FP32(p), exact
               acc[mt][nt][e] = FUSED ? contract_scale_add_fma(acc[mt][nt][e], x, sa[mt][e >> 1], sb[nt][e & 1])

@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -13,6 +12,7 @@
 #include "fp4lab/format.hpp"
 #include "fp4lab/quantize.hpp"
 #include "fp4lab/rht.hpp"
+#include "fp4lab/scale.hpp"
 
 namespace fp4lab {
 
@@ -62,8 +62,7 @@ FP4LAB_HD inline float contract_step(float acc, int32_t p, float sa, float sb) {
 // |x| = |p| <= B * int_max^2 <= 32 * 144. The GPU kernel checks every scale of a GEMM on the device and runs
 // this form only when all pass (tests/models: FmaForm.* holds the identity over every E4M3 pair).
 FP4LAB_HD inline bool fma_exact_scale(float s) {
-  uint32_t u;
-  std::memcpy(&u, &s, sizeof u);
+  const uint32_t u = f32_bits(s);
   const uint32_t e = (u >> 23) & 0xFFu;                    // biased exponent
   return (u & 0x7FFFFFFFu) == 0 || (e >= 127u - 50u && e <= 127u + 50u && (u & 0xFFFFFu) == 0);  // 3 stored bits
 }
