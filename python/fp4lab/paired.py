@@ -106,6 +106,12 @@ class PairedStats:
             return "better"
         return "undetected"
 
+    def as_dict(self) -> dict:
+        """The figures as training-paired.json holds them."""
+        return {"n": self.n, "mean": self.mean, "sd": self.sd, "se": self.se, "t": self.t, "half_width": self.half,
+                "low": self.low, "high": self.high,
+                "signs": {"above": self.above, "below": self.below, "zero": self.zero}, "kind": self.kind}
+
 
 def paired_stats(diffs: Sequence[float]) -> PairedStats:
     """Mean, SD, SE, 95% t-interval and sign count of paired differences, summed in the order given."""
@@ -183,11 +189,8 @@ class PairResult:
         return f" ({text}: not paired)" if text else ""
 
     def as_dict(self) -> dict:
-        s = self.stats
         return {"a": self.a, "b": self.b, "measure": self.measure, "seeds": list(self.seeds),
-                "diffs": list(self.diffs), "n": s.n, "mean": s.mean, "sd": s.sd, "se": s.se, "t": s.t,
-                "half_width": s.half, "low": s.low, "high": s.high,
-                "signs": {"above": s.above, "below": s.below, "zero": s.zero}, "kind": s.kind,
+                "diffs": list(self.diffs), **self.stats.as_dict(),
                 "verdict": self.verdict(notes=False),
                 "unpaired": {"only_a": list(self.only_a), "only_b": list(self.only_b),
                              "no_reference": list(self.no_reference)}}

@@ -209,10 +209,7 @@ def paired_json(runs) -> dict:
         parts, res = got
         out["pooled"] = {"model": "small", "a": "ufp4", "b": "e2m1-ref",
                          "studies": [{"corpus": c, "length": n, "seeds": list(sd)} for c, n, sd in parts],
-                         "measures": {k: {"diffs": list(d), "n": t.n, "mean": t.mean, "sd": t.sd, "se": t.se,
-                                          "half_width": t.half, "low": t.low, "high": t.high,
-                                          "signs": {"above": t.above, "below": t.below, "zero": t.zero},
-                                          "kind": t.kind} for k, (d, t) in res.items()}}
+                         "measures": {k: {"diffs": list(d), **t.as_dict()} for k, (d, t) in res.items()}}
     return out
 
 
