@@ -10,7 +10,9 @@ import sys
 import zlib
 
 import pytest
+import torch
 
+from fp4lab import _core
 from fp4lab import study as st
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -265,6 +267,48 @@ def test_a_run_stopped_at_its_time_limit_resumes_bit_for_bit(data, tmp_path):
     r = py(*[str(other) if a == str(data) else a for a in args[:-4]], "--out", str(tmp_path / "o.json"),
            "--checkpoint", str(ck))
     assert r.returncode != 0 and str(ck) in r.stderr and "another run" in r.stderr
+
+
+def test_graph_mode_is_refused_where_it_cannot_run(data, tmp_path):
+    # A CUDA graph needs a CUDA device, and trace capture hooks each step in Python: each a one-line error, exit 1,
+    # before any training (no output written).
+    for extra, want in ((["--device", "cpu"], "--graph: CUDA graphs need a CUDA device, not cpu"),
+                        (["--device", "cuda", "--capture-steps", "3"], "--graph: trace capture (--capture-steps)")):
+        r = py("train", "--data", str(data), "--size", "test", "--recipe", "ufp4", "--steps", "12", "--graph",
+               "--out", str(tmp_path / "g.json"), *extra)
+        assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == r.stderr.strip(), r.stderr
+        assert want in r.stderr and not (tmp_path / "g.json").exists()
+
+
+CUDA_RUN = torch.cuda.is_available() and _core.cuda_built
+
+
+@pytest.mark.skipif(not CUDA_RUN, reason="needs a CUDA GPU and a CUDA build of fp4lab")
+@pytest.mark.parametrize("recipe", ["bf16", "ufp4", "nvfp4"])
+def test_cuda_graph_runs_are_the_eager_runs_bit_for_bit(data, tmp_path, recipe):
+    # --graph replays each step's forward and backward from a captured graph (captured again after each evaluation);
+    # with --deterministic the losses are the eager run's bits, also when the run stops at a time limit at whatever
+    # steps a 0.3 s limit falls on and resumes (the layers' SR step must be where the eager run leaves it).
+    def run(out, *extra):
+        return py("train", "--data", str(data), "--size", "test", "--recipe", recipe, "--steps", "40",
+                  "--eval-every", "15", "--eval-windows", "8", "--log-every", "10", "--device", "cuda",
+                  "--deterministic", "--out", str(out), *extra)
+    r = run(tmp_path / "eager.json")
+    assert r.returncode == 0, r.stderr
+    r = run(tmp_path / "graph.json", "--graph")
+    assert r.returncode == 0, r.stderr
+    eager, graph = (json.load(open(tmp_path / f)) for f in ("eager.json", "graph.json"))
+    assert graph["cuda_graph"] is True and eager["cuda_graph"] is False
+    assert graph["val_steps"] == [15, 30, 40]
+    assert graph["train_loss"] == eager["train_loss"] and graph["val_loss"] == eager["val_loss"]
+    ck, parts = tmp_path / "ck.pt", tmp_path / "parts.json"
+    for pauses in range(60):
+        r = run(parts, "--graph", "--checkpoint", str(ck), "--time-limit", "0.3")
+        if r.returncode != st.EXIT_CONTINUE:
+            break
+    assert r.returncode == 0, r.stderr
+    p = json.load(open(parts))
+    assert pauses > 0 and p["train_loss"] == eager["train_loss"] and p["val_loss"] == eager["val_loss"]
 
 
 def block(text, marker):

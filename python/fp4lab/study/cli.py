@@ -41,6 +41,9 @@ def main(argv=None):
     t.add_argument("--deterministic", action="store_true", help="PyTorch's deterministic algorithms: on a GPU, "
                    "two runs of one command then agree bit for bit (on the CPU they always do); an operation without "
                    "one stops the run")
+    t.add_argument("--graph", action="store_true", help="on a GPU, replay each step's forward and backward from "
+                   "a CUDA graph captured once (again after each evaluation) instead of launching its kernels from "
+                   "Python: the same bits as without, less host time a step")
     t.add_argument("--concurrent", type=int, default=1, help="runs sharing the GPU (recorded, for tokens/s)")
     t.add_argument("--checkpoint", help="resume from this file if it exists; where --time-limit saves the state")
     t.add_argument("--time-limit", type=float, help="stop after this many seconds at a step boundary, save the state "

@@ -62,6 +62,10 @@ def cmd_train(args):
     if len(train_data) < 100 * (seq + 1) or len(val_data) < batch * seq + 1:
         raise SystemExit(f"{args.data}: too little text for sequence {seq}")
     device = torch.device(args.device)
+    if args.graph and device.type != "cuda":
+        raise SystemExit(f"--graph: CUDA graphs need a CUDA device, not {device}")
+    if args.graph and args.capture_steps:
+        raise SystemExit("--graph: trace capture (--capture-steps) hooks each step in Python; give one of the two")
     if args.deterministic:
         use_deterministic_algorithms()
 
@@ -143,6 +147,21 @@ def cmd_train(args):
         if args.recipe != "bf16":
             ft.set_step(model, start)
         print(f"[{args.name}] resumed at step {start} from {args.checkpoint}", flush=True)
+    def forward_backward(x, cache=True):
+        with torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=cache):
+            logits = model(x[:, :-1])
+        loss = F.cross_entropy(logits.float().reshape(-1, 256), x[:, 1:].reshape(-1))
+        loss.backward()
+        return loss
+
+    # --graph: the forward and backward of a step, captured in a CUDA graph after an eager step and replayed; the
+    # gradient clipping and AdamW stay eager, so the learning rate is the float the eager step uses (a captured
+    # optimizer would read it from an FP32 tensor and round it). The gradients are the graph's outputs: captured
+    # with none present, as each eager step starts, so a replay writes them as the eager backward does (no
+    # accumulation into zeros, which would turn a -0 into +0). Captured again after each evaluation, whose eager
+    # forward may reallocate the layers' device buffers the graph holds (docs/python.md, CUDA graphs).
+    graph = static_x = static_loss = None
+    side = torch.cuda.Stream(device) if args.graph else None  # eager steps, the capture and replays share it
     t_start = time.time()
     step = start - 1
     for step in range(start, args.steps):
@@ -152,12 +171,28 @@ def cmd_train(args):
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
         x = train_batch()
-        with cap.at(step) if cap else contextlib.nullcontext():
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                logits = model(x[:, :-1])
-            loss = F.cross_entropy(logits.float().reshape(-1, 256), x[:, 1:].reshape(-1))
+        if args.graph and step > start and graph is None:
+            static_x = x.clone()
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=side):
+                static_loss = forward_backward(static_x, cache=False)
+            # The capture ran no kernel: this step's are the replay's below, with the step's SR key.
+        if graph is not None:
+            ft.set_step(model, step)
+            static_x.copy_(x)
+            graph.replay()
+            loss = static_loss
+        elif side is not None:  # the eager step before a capture, on the capture's stream (PyTorch's warm-up)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                opt.zero_grad(set_to_none=True)
+                loss = forward_backward(x)
+            torch.cuda.current_stream().wait_stream(side)
+        else:
+            with cap.at(step) if cap else contextlib.nullcontext():
+                opt.zero_grad(set_to_none=True)
+                loss = forward_backward(x)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses[step] = loss.detach()
@@ -179,11 +214,15 @@ def cmd_train(args):
             if diverged:
                 print(f"[{args.name}] stopped: {diverged}", flush=True)
                 break
+        stop = args.time_limit and not last and time.time() - t_start > args.time_limit
+        if graph is not None and ((step + 1) % args.eval_every == 0 or last or stop):
+            ft.set_step(model, step + 1)  # where an eager step leaves the layers (the evaluation and state read it)
         if (step + 1) % args.eval_every == 0 or last:
             val_steps.append(step + 1)
             val_loss.append(evaluate(n_val if last else args.eval_windows))
             print(f"[{args.name}] step {step + 1} validation loss {val_loss[-1]:.4f}", flush=True)
-        if args.time_limit and not last and time.time() - t_start > args.time_limit:
+            graph = None  # captured again at the next step
+        if stop:
             buf = io.BytesIO()
             torch.save({"key": key, "model": model.state_dict(), "opt": opt.state_dict(),
                         "rng": rng.bit_generator.state, "losses": losses[: step + 1].cpu(), "step": step + 1,
@@ -205,7 +244,7 @@ def cmd_train(args):
                    "FP32 master weights, BF16 autocast", "val_tokens_final": int((n_val - n_val % batch) * seq),
                    "val_tokens_intermediate": int(min(args.eval_windows, n_val) // batch * batch * seq)},
         "diverged": diverged, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-        "deterministic": args.deterministic, "concurrent_runs": concurrent,
+        "deterministic": args.deterministic, "cuda_graph": args.graph, "concurrent_runs": concurrent,
         "wall_s": wall_before + time.time() - t_start,
         "fp4lab_version": fp4lab.__version__, "command": " ".join(sys.argv),
     }
