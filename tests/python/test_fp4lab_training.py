@@ -253,6 +253,19 @@ def test_a_run_stopped_at_its_time_limit_resumes_bit_for_bit(data, tmp_path):
     for k in ("train_loss", "val_steps", "val_loss", "steps"):
         assert parts[k] == whole[k], k
     assert parts["concurrent_runs"] == 3 and whole["concurrent_runs"] == 1
+    # --stop-at N: the same, stopping after step N (exit 75), which needs --checkpoint and a step inside the run.
+    out.unlink()
+    r = py(*args[:-2], "--stop-at", "5", env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == st.EXIT_CONTINUE and "stopped after step 5" in r.stdout and not out.exists()
+    r = py(*args[:-2], env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0 and "resumed at step 5" in r.stdout and not ck.exists()
+    for k in ("train_loss", "val_steps", "val_loss", "steps"):
+        assert json.load(open(out))[k] == whole[k], k
+    for bad in (["--stop-at", "12"], ["--stop-at", "0"]):
+        r = py(*args[:-2], *bad)
+        assert r.returncode == 2 and "--stop-at needs --checkpoint and a step between 1 and --steps" in r.stderr
+    r = py(*[a for a in args[:-4]], "--stop-at", "3")
+    assert r.returncode == 2 and "--stop-at needs --checkpoint" in r.stderr
     # A checkpoint of another run is refused, naming the file.
     out.unlink()
     r = py(*args)
@@ -286,29 +299,25 @@ CUDA_RUN = torch.cuda.is_available() and _core.cuda_built
 @pytest.mark.skipif(not CUDA_RUN, reason="needs a CUDA GPU and a CUDA build of fp4lab")
 @pytest.mark.parametrize("recipe", ["bf16", "ufp4", "nvfp4"])
 def test_cuda_graph_runs_are_the_eager_runs_bit_for_bit(data, tmp_path, recipe):
-    # --graph replays each step's forward and backward from a captured graph (captured again after each evaluation);
-    # with --deterministic the losses are the eager run's bits, also when the run stops at a time limit at whatever
-    # steps a 0.3 s limit falls on and resumes (the layers' SR step must be where the eager run leaves it).
+    # --graph replays each step's forward and backward from a captured graph, captured again after each evaluation;
+    # with --deterministic the losses are the eager run's bits. Also for a run stopped while a graph replays (steps
+    # 13-17, after the evaluation at 12) and resumed: the layers' SR step must be where the eager run leaves it.
     def run(out, *extra):
-        return py("train", "--data", str(data), "--size", "test", "--recipe", recipe, "--steps", "40",
-                  "--eval-every", "15", "--eval-windows", "8", "--log-every", "10", "--device", "cuda",
-                  "--deterministic", "--out", str(out), *extra)
-    r = run(tmp_path / "eager.json")
-    assert r.returncode == 0, r.stderr
-    r = run(tmp_path / "graph.json", "--graph")
-    assert r.returncode == 0, r.stderr
-    eager, graph = (json.load(open(tmp_path / f)) for f in ("eager.json", "graph.json"))
-    assert graph["cuda_graph"] is True and eager["cuda_graph"] is False
-    assert graph["val_steps"] == [15, 30, 40]
-    assert graph["train_loss"] == eager["train_loss"] and graph["val_loss"] == eager["val_loss"]
+        r = py("train", "--data", str(data), "--size", "test", "--recipe", recipe, "--steps", "30",
+               "--eval-every", "12", "--eval-windows", "8", "--log-every", "10", "--device", "cuda",
+               "--deterministic", "--out", str(out), *extra)
+        return r.returncode, r.stderr
+    assert run(tmp_path / "eager.json") == (0, "")
+    assert run(tmp_path / "graph.json", "--graph") == (0, "")
     ck, parts = tmp_path / "ck.pt", tmp_path / "parts.json"
-    for pauses in range(60):
-        r = run(parts, "--graph", "--checkpoint", str(ck), "--time-limit", "0.3")
-        if r.returncode != st.EXIT_CONTINUE:
-            break
-    assert r.returncode == 0, r.stderr
-    p = json.load(open(parts))
-    assert pauses > 0 and p["train_loss"] == eager["train_loss"] and p["val_loss"] == eager["val_loss"]
+    assert run(parts, "--graph", "--checkpoint", str(ck), "--stop-at", "17") == (st.EXIT_CONTINUE, "")
+    assert ck.exists() and not parts.exists()
+    assert run(parts, "--graph", "--checkpoint", str(ck)) == (0, "")
+    eager, graph, resumed = (json.load(open(tmp_path / f)) for f in ("eager.json", "graph.json", "parts.json"))
+    assert graph["cuda_graph"] is True and eager["cuda_graph"] is False
+    assert graph["val_steps"] == [12, 24, 30] == resumed["val_steps"]
+    for k in ("train_loss", "val_loss"):
+        assert graph[k] == eager[k] and resumed[k] == eager[k], k
 
 
 def block(text, marker):

@@ -48,6 +48,8 @@ def main(argv=None):
     t.add_argument("--checkpoint", help="resume from this file if it exists; where --time-limit saves the state")
     t.add_argument("--time-limit", type=float, help="stop after this many seconds at a step boundary, save the state "
                    f"to --checkpoint and exit {EXIT_CONTINUE}")
+    t.add_argument("--stop-at", type=int, metavar="N", help="stop after step N as --time-limit does (state in "
+                   f"--checkpoint, exit {EXIT_CONTINUE}): a run in parts of a set number of steps")
     t.add_argument("--capture-steps", help="write trace v1 folders at these steps (updates applied before the pass)")
     t.add_argument("--capture-dir", default="traces")
     t.add_argument("--capture-pattern", help="modules to capture (default qkv, proj, fc1, fc2 of the first and the "
@@ -85,6 +87,8 @@ def main(argv=None):
             ap.error("--steps, --eval-every, --log-every and --eval-windows must be positive")
         if args.time_limit is not None and (not args.checkpoint or not args.time_limit > 0):
             ap.error("--time-limit needs --checkpoint and a positive number of seconds")
+        if args.stop_at is not None and (not args.checkpoint or not 0 < args.stop_at < args.steps):
+            ap.error("--stop-at needs --checkpoint and a step between 1 and --steps")
         args.name = args.name or run_name(args.size, args.recipe, args.mode, args.seed, args.steps,
                                           corpus_name(args.data))
         cmd_train(args)

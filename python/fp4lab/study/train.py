@@ -214,7 +214,7 @@ def cmd_train(args):
             if diverged:
                 print(f"[{args.name}] stopped: {diverged}", flush=True)
                 break
-        stop = args.time_limit and not last and time.time() - t_start > args.time_limit
+        stop = not last and ((args.time_limit and time.time() - t_start > args.time_limit) or step + 1 == args.stop_at)
         if graph is not None and ((step + 1) % args.eval_every == 0 or last or stop):
             ft.set_step(model, step + 1)  # where an eager step leaves the layers (the evaluation and state read it)
         if (step + 1) % args.eval_every == 0 or last:
@@ -229,7 +229,8 @@ def cmd_train(args):
                         "val_steps": val_steps, "val_loss": val_loss, "train_time": train_time,
                         "wall_s": wall_before + time.time() - t_start, "concurrent": concurrent}, buf)
             write_atomic(args.checkpoint, buf.getvalue())
-            print(f"[{args.name}] time limit: stopped after step {step + 1}, state in {args.checkpoint}", flush=True)
+            why = "--stop-at" if step + 1 == args.stop_at else "time limit"
+            print(f"[{args.name}] {why}: stopped after step {step + 1}, state in {args.checkpoint}", flush=True)
             sys.exit(EXIT_CONTINUE)
     done = step + 1
     run = {
