@@ -147,6 +147,7 @@ def cmd_train(args):
         if args.recipe != "bf16":
             ft.set_step(model, start)
         print(f"[{args.name}] resumed at step {start} from {args.checkpoint}", flush=True)
+
     def forward_backward(x, cache=True):
         with torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=cache):
             logits = model(x[:, :-1])
