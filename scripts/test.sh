@@ -15,7 +15,10 @@ export OMP_WAIT_POLICY=passive
 PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --no-build-isolation -C build-dir=build-pip \
   -C cmake.define.FP4LAB_CUDA=OFF .
 
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFP4LAB_SANITIZE=ON -DFP4LAB_NATIVE=ON \
+# -O1 -g (the optimisation level the sanitizers' documentation recommends) instead of RelWithDebInfo's -O2: about
+# a third less compile time. A unity build (CMAKE_UNITY_BUILD) parses the shared headers once per batch of files.
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -DNDEBUG" \
+      -DCMAKE_UNITY_BUILD=ON -DFP4LAB_SANITIZE=ON -DFP4LAB_NATIVE=ON \
       -DFP4LAB_SIM=OFF -DFP4LAB_RTL=OFF -DFP4LAB_CUDA=OFF -DFP4LAB_BENCH=OFF -DFP4LAB_PYTHON=OFF >/dev/null
 cmake --build build-asan -j"$JOBS"
 ctest --test-dir build-asan -L unit --output-on-failure -j"$JOBS"
