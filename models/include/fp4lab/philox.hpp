@@ -14,20 +14,34 @@ struct Philox4x32 {
   static constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
   static constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
 
+  // kWide: on the device, the product as one widening multiply (IMAD.WIDE.U32). Spelled as a 64-bit product, the
+  // device code also adds the operands' zero high halves to `hi`: one integer add per product, 20 per random word.
+  // The bits are the same either way; a kernel may keep the 64-bit spelling for its register allocation.
+  template <bool kWide = true>
   FP4LAB_HD static inline void mulhilo(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
+#ifdef __CUDA_ARCH__
+    if constexpr (kWide) {
+      uint64_t w;
+      asm("mul.wide.u32 %0, %1, %2;" : "=l"(w) : "r"(a), "r"(b));
+      hi = uint32_t(w >> 32);
+      lo = uint32_t(w);
+      return;
+    }
+#endif
     const uint64_t p = uint64_t(a) * uint64_t(b);
     hi = uint32_t(p >> 32);
     lo = uint32_t(p);
   }
 
   // Ten rounds on counter c with key k; returns the four output words.
+  template <bool kWide = true>
   FP4LAB_HD static inline void generate(const uint32_t c_in[4], const uint32_t k_in[2], uint32_t out[4]) {
     uint32_t c0 = c_in[0], c1 = c_in[1], c2 = c_in[2], c3 = c_in[3];
     uint32_t k0 = k_in[0], k1 = k_in[1];
     for (int round = 0; round < 10; ++round) {
       uint32_t hi0, lo0, hi1, lo1;
-      mulhilo(kM0, c0, hi0, lo0);
-      mulhilo(kM1, c2, hi1, lo1);
+      mulhilo<kWide>(kM0, c0, hi0, lo0);
+      mulhilo<kWide>(kM1, c2, hi1, lo1);
       const uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
       c0 = n0; c1 = n1; c2 = n2; c3 = n3;
       k0 += kW0;
@@ -51,11 +65,12 @@ FP4LAB_HD inline uint32_t random_bits(uint64_t seed, uint32_t stream, uint64_t i
 // of G, with e < G: base + e then only fills base's zero low bits. The counter words other than the first, (base
 // high, stream, 0), are the same for the whole group, so where a group's elements are unrolled the compiler computes
 // the first round's product of them, and the second round's product of its result, once for the group.
+template <bool kWide = true>
 FP4LAB_HD inline uint32_t random_bits_in_group(uint64_t seed, uint32_t stream, uint64_t base, uint32_t e) {
   const uint32_t k[2] = {uint32_t(seed), uint32_t(seed >> 32)};
   const uint32_t c[4] = {uint32_t(base) | e, uint32_t(base >> 32), stream, 0u};
   uint32_t o[4];
-  Philox4x32::generate(c, k, o);
+  Philox4x32::generate<kWide>(c, k, o);
   return o[0];
 }
 
