@@ -340,9 +340,10 @@ def test_docs_training_is_generated_from_the_committed_json(tmp_path):
         bench_train_step().table(b) for b in bench)
     copy = tmp_path / "training.md"
     shutil.copy(os.path.join(ROOT, "docs", "training.md"), copy)
-    r = py("proxy", "tiny-lm step 5000=docs/results/analysis.json",
+    r = py("proxy", "tiny-lm step 5000=docs/results/analysis.json+docs/results/analysis-ablations.json",
            "doc-lm step 200=docs/results/analysis-doc-lm-step200.json",
-           "doc-lm step 1999=docs/results/analysis-doc-lm.json", "--doc", str(copy), "--figure",
+           "doc-lm step 1999=docs/results/analysis-doc-lm.json+docs/results/analysis-doc-lm-ablations.json",
+           "--doc", str(copy), "--figure",
            str(tmp_path / "p.png"), cwd=ROOT)
     assert r.returncode == 0, r.stderr
     for marker in ("proxy tables: fp4lab-train proxy", "proxy paired: fp4lab-train proxy"):
@@ -362,6 +363,15 @@ def test_bundled_doc_lm_trace_and_its_analysis(tmp_path):
     want = json.load(open(os.path.join(ROOT, "docs", "results", "analysis-doc-lm.json")))
     for key in ("tensors", "gemms", "inversion", "decay"):
         assert got[key] == want[key], key
+    # The ablations' analyses that the proxy joins to the bundled traces' (docs/training.md) are what analyze gives.
+    for tr, name in (("doc-lm/step_001999", "analysis-doc-lm-ablations.json"),
+                     ("tiny-lm/step_005000", "analysis-ablations.json")):
+        want = json.load(open(os.path.join(ROOT, "docs", "results", name)))
+        assert want["config"]["recipes"] == [a for a in st.ABLATIONS if a not in st.PRESETS]
+        r = subprocess.run([BIN, "analyze", "--trace", os.path.join(ROOT, "workloads", tr), "--recipe",
+                            ",".join(want["config"]["recipes"]), "--json", str(out)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert json.load(open(out))["gemms"] == want["gemms"], name
 
 
 def test_bench_train_step_times_the_training_models_and_recipes(tmp_path):

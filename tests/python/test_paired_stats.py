@@ -454,7 +454,11 @@ def test_proxy_against_the_committed_paired_effects():
         ("small, 1500 steps, linux-doc", "ufp4", "e2m1-ref", 3),
         ("small, 3000 steps, linux-doc", "ufp4", "e2m1-ref", 2),
         ("small, 6000 steps, linux-doc", "ufp4", "e2m1-ref", 5), ("small, 6000 steps, linux-doc", "ufp4", "nvfp4", 5),
-        ("small, 6000 steps, linux-doc", "ufp4", "mxfp4", 5), ("small, 2000 steps, python-doc", "ufp4", "e2m1-ref", 5),
+        ("small, 6000 steps, linux-doc", "ufp4", "mxfp4", 5),
+        ("small, 6000 steps, linux-doc", "ufp4-rht-none", "ufp4", 3),
+        ("small, 6000 steps, linux-doc", "ufp4-sr-none", "ufp4", 3),
+        ("small, 6000 steps, linux-doc", "e2m1-rht-all", "e2m1-ref", 3),
+        ("small, 2000 steps, python-doc", "ufp4", "e2m1-ref", 5),
         ("small, 2000 steps, python-doc", "ufp4", "nvfp4", 5), ("small, 2000 steps, python-doc", "ufp4", "mxfp4", 5)]
     path = os.path.join(ROOT, "docs", "results", "analysis-doc-lm.json")
     stats = st.report.proxy_stats(path)
@@ -476,6 +480,35 @@ def test_proxy_against_the_committed_paired_effects():
         assert row.startswith(f"| small, 6000 steps, linux-doc (exact) | `ufp4` − `{b}` | {head} | ")
         assert f"{d:+.2f} / " in row and d > 0
         assert row.endswith(f"| {end}; SQNR favours ufp4 on every trace |")
+
+
+def test_proxy_joins_a_traces_ablation_analysis_and_leaves_out_what_no_trace_has():
+    # One trace's presets and ablations in two analysis files joined by '+'; a trace analysed under the presets
+    # only has no figures for the ablation pairs: a dash in the table, and a pair that no trace has is left out.
+    res = os.path.join(ROOT, "docs", "results")
+    presets, ablations = (os.path.join(res, f) for f in ("analysis-doc-lm.json", "analysis-doc-lm-ablations.json"))
+    both = st.report.proxy_stats(presets + "+" + ablations)
+    alone = st.report.proxy_stats(presets)
+    assert set(alone) == set(st.report.PRESETS)
+    assert set(both) == set(st.report.PRESETS) | set(st.ABLATIONS)
+    assert all(both[r] == alone[r] for r in st.report.PRESETS)
+    rows = json.load(open(ablations))["gemms"]
+    for rec in ("ufp4-sr-none", "e2m1-rht-all"):
+        dw = [r["sqnr_db"] for r in rows if r.get("recipe") == rec and r["pass"] == "bwd_dw"]
+        assert dw and both[rec]["sqnr_dw"] == sum(dw) / len(dw)
+    with pytest.raises(SystemExit, match="no GEMM rows for recipe"):
+        st.report.proxy_stats(ablations)  # the presets are required
+    runs = committed_runs()
+    pairs = st.report.proxy_pairs(runs, [("presets only", alone)])
+    assert pairs and all(p.a in st.report.PRESETS and p.b in st.report.PRESETS for _, _, p in pairs)
+    every = st.report.proxy_pairs(runs, [("presets only", alone), ("with ablations", both)])
+    abl = [p for _, _, p in every if p.a == "e2m1-rht-all"]
+    assert len(abl) == 1 and abl[0].b == "e2m1-ref"
+    table = st.report.proxy_paired_table([("presets only", alone), ("with ablations", both)], every)
+    row = next(r for r in table.splitlines() if "`e2m1-rht-all` − `e2m1-ref`" in r)
+    d = both["e2m1-rht-all"]["sqnr"] - both["e2m1-ref"]["sqnr"]
+    assert f"| – | {d:+.2f} / " in row
+    assert row.endswith("SQNR favours " + ("e2m1-rht-all" if d > 0 else "e2m1-ref") + " on every trace |")
 
 
 def test_a_second_corpus_is_a_study_of_its_own(tmp_path):

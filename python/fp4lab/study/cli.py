@@ -66,8 +66,9 @@ def main(argv=None):
     r.add_argument("--doc", default="docs/training.md")
     r.add_argument("--figures", default="docs/fig_training")
     x = sub.add_parser("proxy", help="mean GEMM-output SQNR per recipe on traces against the loss ranking")
-    x.add_argument("analysis", nargs="+", metavar="LABEL=ANALYSIS.json", help="fp4lab analyze --recipe "
-                   + ",".join(PRESETS) + " --json output")
+    x.add_argument("analysis", nargs="+", metavar="LABEL=ANALYSIS.json[+ANALYSIS.json]", help="fp4lab analyze "
+                   "--recipe " + ",".join(PRESETS) + " --json output of one trace, with the analyses of the same "
+                   "trace under the ablations joined by '+' where their paired effects are to be held against it")
     x.add_argument("--training", default="docs/results/training.json")
     x.add_argument("--seed", type=int, default=0, help="the seed whose runs give the outcome (every preset has it)")
     x.add_argument("--doc", default="docs/training.md")

@@ -430,16 +430,27 @@ PROXIES = (("sqnr", "mean GEMM-output SQNR (dB)", "sqnr_db", None),
            ("eta", "mean GEMM-output eta", "eta", None))
 
 
+# The recipes the paired proxy compares: the presets, then the paper's ablations (each against the recipe it changes).
+PROXY_RECIPES = PRESETS + [a for a in ABLATIONS if a not in PRESETS]
+
+
 def proxy_stats(analysis_path):
-    """{recipe: {proxy: value}} of `fp4lab analyze --recipe` output, for the PROXIES."""
-    with open(analysis_path) as f:
-        j = json.load(f)
+    """{recipe: {proxy: value}} of `fp4lab analyze --recipe` output, for the PROXIES. analysis_path is one JSON or
+    several joined by '+' (one trace's analyses, e.g. of the presets and of the ablations); every preset must be
+    there, each ablation may be; a recipe's rows come from the first file that has it."""
+    files = []
+    for path in analysis_path.split("+"):
+        with open(path) as f:
+            files.append((path, json.load(f)["gemms"]))
     out = {}
-    for rec in PRESETS:
-        rows = [r for r in j["gemms"] if r.get("recipe") == rec]
+    for rec in PROXY_RECIPES:
+        rows = next(([r for r in g if r.get("recipe") == rec] for _, g in files
+                     if any(r.get("recipe") == rec for r in g)), [])
         if not rows:
-            raise SystemExit(f"{analysis_path}: no GEMM rows for recipe {rec} (run analyze with --recipe "
-                             f"{','.join(PRESETS)})")
+            if rec in PRESETS:
+                raise SystemExit(f"{analysis_path}: no GEMM rows for recipe {rec} (run analyze with --recipe "
+                                 f"{','.join(PRESETS)})")
+            continue
         out[rec] = {}
         for key, _, field, pass_ in PROXIES:
             xs = [r[field] for r in rows if pass_ is None or r["pass"] == pass_]
@@ -447,15 +458,17 @@ def proxy_stats(analysis_path):
     return out
 
 
-def proxy_pairs(runs):
-    """The paired effects the proxy is held against: every comparison of two presets in final validation loss with
-    at least two seeds (an interval), as (study label, GEMM mode, PairResult)."""
+def proxy_pairs(runs, traces=None):
+    """The paired effects the proxy is held against: every comparison of two presets, or of an ablation and the
+    recipe it changes, in final validation loss with at least two seeds (an interval), as (study label, GEMM mode,
+    PairResult); with traces ([(label, proxy_stats)]), only those that some trace has both recipes of."""
     ms = metrics(runs)
     out = []
     for g in groups(runs):
         for mode, results in paired(ms, *g):
             for p in results:
-                if p.measure == "val" and p.a in PRESETS and p.b in PRESETS and p.stats.n >= 2:
+                if (p.measure == "val" and p.a in PROXY_RECIPES and p.b in PROXY_RECIPES and p.stats.n >= 2
+                        and (traces is None or any(p.a in st and p.b in st for _, st in traces))):
                     out.append((study_label(*g, _named(ms)), mode, p))
     return out
 
@@ -473,6 +486,9 @@ def proxy_paired_table(traces, pairs) -> str:
         cells = []
         agree = set()
         for _, st in traces:
+            if p.a not in st or p.b not in st:  # an ablation this trace was not analysed under
+                cells.append("–")
+                continue
             d = {k: st[p.a][k] - st[p.b][k] for k, _, _, _ in PROXIES}
             cells.append(f"{d['sqnr']:+.2f} / {d['sqnr_dw']:+.2f} / {d['eta']:+.4f}")
             agree.add(d["sqnr"] > 0)
@@ -499,8 +515,8 @@ def plot_proxy_pairs(traces, pairs, path):
     spans = [abs(v) for *_, p in pairs if p.stats.n >= 3 for v in (p.stats.low, p.stats.high)]
     lim = 1.3 * max(spans or [abs(v) for *_, p in pairs for v in (p.stats.low, p.stats.high)])
     for x, (study, mode, p) in enumerate(pairs):
-        d = [st[p.a]["sqnr"] - st[p.b]["sqnr"] for _, st in traces]
-        if all(v > 0 for v in d) or all(v < 0 for v in d):  # the side a higher SQNR predicts for A − B
+        d = [st[p.a]["sqnr"] - st[p.b]["sqnr"] for _, st in traces if p.a in st and p.b in st]
+        if d and (all(v > 0 for v in d) or all(v < 0 for v in d)):  # the side a higher SQNR predicts for A − B
             lo, hi = (-lim, 0) if d[0] > 0 else (0, lim)
             ax.fill_between([x - 0.4, x + 0.4], lo, hi, color="C2", alpha=0.15, lw=0,
                             label="predicted by the SQNR difference" if x == 0 else None)
@@ -539,7 +555,7 @@ def cmd_proxy(args):
         st = proxy_stats(path)
         stats.append((label, st))
         traces.append((label, {r: v["sqnr"] for r, v in st.items()}))
-    pairs = proxy_pairs(runs)
+    pairs = proxy_pairs(runs, stats)
     # The studies with every preset at this seed: a ranking of fewer recipes says little.
     outcome = {}
     for g in groups(runs):
