@@ -441,11 +441,10 @@ def proxy_stats(analysis_path):
     files = []
     for path in analysis_path.split("+"):
         with open(path) as f:
-            files.append((path, json.load(f)["gemms"]))
+            files.append(json.load(f)["gemms"])
     out = {}
     for rec in PROXY_RECIPES:
-        rows = next(([r for r in g if r.get("recipe") == rec] for _, g in files
-                     if any(r.get("recipe") == rec for r in g)), [])
+        rows = next((rs for rs in ([r for r in g if r.get("recipe") == rec] for g in files) if rs), [])
         if not rows:
             if rec in PRESETS:
                 raise SystemExit(f"{analysis_path}: no GEMM rows for recipe {rec} (run analyze with --recipe "
