@@ -351,6 +351,42 @@ def test_docs_training_is_generated_from_the_committed_json(tmp_path):
     assert (tmp_path / "p_paired.png").stat().st_size > 0
 
 
+def test_report_and_proxy_refuse_bad_inputs_in_one_line_before_writing(tmp_path):
+    """A missing, non-JSON or foreign input file: one line naming it and its fault, exit 1, nothing written."""
+    ana = os.path.join(ROOT, "docs", "results", "analysis.json")
+    training = os.path.join(ROOT, "docs", "results", "training.json")
+    (tmp_path / "bad.json").write_bytes(b"{\"gemms\": [")
+    (tmp_path / "latin1.json").write_bytes(b"{\"name\": \"\xe9\"}")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    doc = tmp_path / "doc.md"
+    doc.write_text("untouched\n")
+    missing = str(tmp_path / "missing.json")
+    cases = [
+        (("proxy", f"t={missing}"), missing, "No such file or directory"),
+        (("proxy", f"t={ana}+{tmp_path / 'bad.json'}"), str(tmp_path / "bad.json"), "not JSON"),
+        (("proxy", f"t={tmp_path / 'list.json'}"), str(tmp_path / "list.json"), "no 'gemms' member"),
+        (("proxy", f"t={ana}", "--training", ana), ana, "no 'runs' member"),
+        (("proxy", f"t={ana}", "--doc", missing), missing, "No such file or directory"),
+        (("report", missing), missing, "No such file or directory"),
+        (("report", str(tmp_path / "latin1.json")), str(tmp_path / "latin1.json"), "not JSON"),
+        (("report", str(tmp_path / "list.json")), str(tmp_path / "list.json"), "no run name"),
+        (("report", "--merge", "--json", missing, "--doc", missing), missing, "No such file or directory"),
+    ]
+    for args, path, fault in cases:
+        cmd = args[0]
+        extra = [] if "--training" in args or cmd == "report" else ["--training", training]
+        extra += [] if "--doc" in args else ["--doc", str(doc)]
+        out = ["--figure", str(tmp_path / "f.png")] if cmd == "proxy" else [
+            "--json", str(tmp_path / "t.json"), "--figures", str(tmp_path / "fig")]
+        out = [] if "--json" in args else out
+        r = py(*args, *extra, *out, cwd=tmp_path)
+        assert r.returncode == 1, (args, r.stderr)
+        assert r.stderr.startswith(f"fp4lab-train {cmd}: error: {path}: ") and fault in r.stderr, r.stderr
+        assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+        assert sorted(os.listdir(tmp_path)) == ["bad.json", "doc.md", "latin1.json", "list.json"], args
+        assert doc.read_text() == "untouched\n"
+
+
 def test_bundled_doc_lm_trace_and_its_analysis(tmp_path):
     trace = os.path.join(ROOT, "workloads", "doc-lm", "step_001999")
     size = sum(os.path.getsize(os.path.join(trace, f)) for f in os.listdir(trace))

@@ -378,21 +378,45 @@ def plot(runs, path_prefix):
     return written
 
 
+def read_json(path, cmd, key=None):
+    """path's JSON (its member `key` when given), or one line `fp4lab-train CMD: error: PATH: FAULT` and exit 1."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            j = json.load(f)
+    except OSError as e:
+        raise SystemExit(f"fp4lab-train {cmd}: error: {path}: {e.strerror or e}") from None
+    except ValueError as e:  # not UTF-8, or not JSON
+        raise SystemExit(f"fp4lab-train {cmd}: error: {path}: not JSON ({str(e).splitlines()[0][:80]})") from None
+    if key is not None and not (isinstance(j, dict) and key in j):
+        raise SystemExit(f"fp4lab-train {cmd}: error: {path}: no '{key}' member (not the JSON this reads)")
+    return j if key is None else j[key]
+
+
+def read_doc(path, cmd):
+    """The text of the document whose generated blocks are replaced, or one line and exit 1."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"fp4lab-train {cmd}: error: {path}: {getattr(e, 'strerror', None) or e}") from None
+
+
 def cmd_report(args):
     runs, seen = [], set()
     for p in args.runs:
-        with open(p) as f:
-            r = json.load(f)
+        r = read_json(p, "report")
+        if not isinstance(r, dict) or not isinstance(r.get("name"), str):
+            raise SystemExit(f"fp4lab-train report: error: {p}: no run name (not a run JSON)")
         if r["name"] in seen:
             raise SystemExit(f"{p}: run name {r['name']!r} given twice")
         seen.add(r["name"])
         runs.append(r)
     if args.merge and os.path.exists(args.json):
-        with open(args.json) as f:
-            for r in json.load(f)["runs"]:
+        for r in read_json(args.json, "report", "runs"):
                 if r["name"] not in seen:
                     runs.append(r)
                     seen.add(r["name"])
+    text = read_doc(args.doc, "report") if args.doc else None  # before anything is written
     if not runs:  # never replace a results file with an empty one
         raise SystemExit(f"report: no runs to write to {args.json} (give run JSONs, or --merge to redo the report "
                          "of the runs already there)")
@@ -404,8 +428,6 @@ def cmd_report(args):
     if args.paired_json:
         write_atomic(args.paired_json, (json.dumps(paired_json(runs), indent=1) + "\n").encode())
     if args.doc:
-        with open(args.doc) as f:
-            text = f.read()
         text = replace_block(text, "training tables: fp4lab-train report", tables(runs))
         text = replace_block(text, "training status: fp4lab-train report", status(runs))
         write_atomic(args.doc, text.encode())
@@ -440,15 +462,14 @@ def proxy_stats(analysis_path):
     there, each ablation may be; a recipe's rows come from the first file that has it."""
     files = []
     for path in analysis_path.split("+"):
-        with open(path) as f:
-            files.append(json.load(f)["gemms"])
+        files.append(read_json(path, "proxy", "gemms"))
     out = {}
     for rec in PROXY_RECIPES:
         rows = next((rs for rs in ([r for r in g if r.get("recipe") == rec] for g in files) if rs), [])
         if not rows:
             if rec in PRESETS:
-                raise SystemExit(f"{analysis_path}: no GEMM rows for recipe {rec} (run analyze with --recipe "
-                                 f"{','.join(PRESETS)})")
+                raise SystemExit(f"fp4lab-train proxy: error: {analysis_path}: no GEMM rows for recipe {rec} (run "
+                                 f"analyze with --recipe {','.join(PRESETS)})")
             continue
         out[rec] = {}
         for key, _, field, pass_ in PROXIES:
@@ -545,8 +566,8 @@ def plot_proxy_pairs(traces, pairs, path):
 def cmd_proxy(args):
     """Does a recipe's mean GEMM-output SQNR on a trace predict its loss ranking? One row per trace and per
     study (model, length and corpus)."""
-    with open(args.training) as f:
-        runs = json.load(f)["runs"]
+    runs = read_json(args.training, "proxy", "runs")
+    doc = read_doc(args.doc, "proxy") if args.doc else None
     ms = metrics(runs)
     traces, stats = [], []
     for spec in args.analysis:
@@ -582,8 +603,6 @@ def cmd_proxy(args):
                      f" | {rank} | " + " | ".join(f"{x:+.2f}" for x in rhos) + " |")
     text = "\n".join(lines)
     if args.doc:
-        with open(args.doc) as f:
-            doc = f.read()
         doc = replace_block(doc, "proxy tables: fp4lab-train proxy", text)
         doc = replace_block(doc, "proxy paired: fp4lab-train proxy", proxy_paired_table(stats, pairs))
         write_atomic(args.doc, doc.encode())
