@@ -368,7 +368,7 @@ def test_report_and_proxy_refuse_bad_inputs_in_one_line_before_writing(tmp_path)
         (("proxy", f"t={ana}", "--training", ana), ana, "no 'runs' member"),
         (("proxy", f"t={ana}", "--doc", missing), missing, "No such file or directory"),
         (("report", missing), missing, "No such file or directory"),
-        (("report", str(tmp_path / "latin1.json")), str(tmp_path / "latin1.json"), "not JSON"),
+        (("report", str(tmp_path / "latin1.json")), str(tmp_path / "latin1.json"), "not UTF-8 text"),
         (("report", str(tmp_path / "list.json")), str(tmp_path / "list.json"), "no run name"),
         (("report", "--merge", "--json", missing, "--doc", missing), missing, "No such file or directory"),
     ]

@@ -78,34 +78,39 @@ def main(argv=None):
     n.add_argument("specs", nargs="+", metavar="SIZE:RECIPE:MODE:SEED:STEPS[:EXTRA ARGS]")
     n.add_argument("--data", help="the runs' training data (a corpus other than the first adds its name)")
     args = ap.parse_args(argv)
-    if args.cmd == "corpus":
-        cmd_corpus(args)
-    elif args.cmd == "train":
-        if args.device is None:
-            import torch
-            args.device = "cuda" if torch.cuda.is_available() else "cpu"
-        if args.steps < 1 or args.eval_every < 1 or args.log_every < 1 or args.eval_windows < 1:
-            ap.error("--steps, --eval-every, --log-every and --eval-windows must be positive")
-        if args.time_limit is not None and (not args.checkpoint or not args.time_limit > 0):
-            ap.error("--time-limit needs --checkpoint and a positive number of seconds")
-        if args.stop_at is not None and (not args.checkpoint or not 0 < args.stop_at < args.steps):
-            ap.error("--stop-at needs --checkpoint and a step between 1 and --steps")
-        args.name = args.name or run_name(args.size, args.recipe, args.mode, args.seed, args.steps,
-                                          corpus_name(args.data))
-        cmd_train(args)
-    elif args.cmd == "report":
-        cmd_report(args)
-    elif args.cmd == "proxy":
-        cmd_proxy(args)
-    elif args.cmd == "name":
-        for spec in args.specs:
-            f = spec.split(":", 5)
-            if len(f) < 5:
-                ap.error(f"{spec}: not SIZE:RECIPE:MODE:SEED:STEPS[:EXTRA ARGS]")
-            print(run_name(*f[:5], corpus=corpus_name(args.data) if args.data else DEFAULT_CORPUS))
-    else:
-        for n, what in RECIPES.items():
-            print(f"{n:20s} {what}")
+    try:
+        if args.cmd == "corpus":
+            cmd_corpus(args)
+        elif args.cmd == "train":
+            if args.device is None:
+                import torch
+                args.device = "cuda" if torch.cuda.is_available() else "cpu"
+            if args.steps < 1 or args.eval_every < 1 or args.log_every < 1 or args.eval_windows < 1:
+                ap.error("--steps, --eval-every, --log-every and --eval-windows must be positive")
+            if args.time_limit is not None and (not args.checkpoint or not args.time_limit > 0):
+                ap.error("--time-limit needs --checkpoint and a positive number of seconds")
+            if args.stop_at is not None and (not args.checkpoint or not 0 < args.stop_at < args.steps):
+                ap.error("--stop-at needs --checkpoint and a step between 1 and --steps")
+            args.name = args.name or run_name(args.size, args.recipe, args.mode, args.seed, args.steps,
+                                              corpus_name(args.data))
+            cmd_train(args)
+        elif args.cmd == "report":
+            cmd_report(args)
+        elif args.cmd == "proxy":
+            cmd_proxy(args)
+        elif args.cmd == "name":
+            for spec in args.specs:
+                f = spec.split(":", 5)
+                if len(f) < 5:
+                    ap.error(f"{spec}: not SIZE:RECIPE:MODE:SEED:STEPS[:EXTRA ARGS]")
+                print(run_name(*f[:5], corpus=corpus_name(args.data) if args.data else DEFAULT_CORPUS))
+        else:
+            for n, what in RECIPES.items():
+                print(f"{n:20s} {what}")
+    except SystemExit as e:  # a subcommand's "FILE: FAULT" as one line in the form of every fp4lab front-end
+        if isinstance(e.code, str):
+            raise SystemExit(f"fp4lab-train {args.cmd}: error: {e.code}") from None
+        raise
 
 
 if __name__ == "__main__":

@@ -378,47 +378,46 @@ def plot(runs, path_prefix):
     return written
 
 
-def read_json(path, cmd, key=None):
-    """path's JSON (its member `key` when given), or one line `fp4lab-train CMD: error: PATH: FAULT` and exit 1."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            j = json.load(f)
-    except OSError as e:
-        raise SystemExit(f"fp4lab-train {cmd}: error: {path}: {e.strerror or e}") from None
-    except ValueError as e:  # not UTF-8, or not JSON
-        raise SystemExit(f"fp4lab-train {cmd}: error: {path}: not JSON ({str(e).splitlines()[0][:80]})") from None
-    if key is not None and not (isinstance(j, dict) and key in j):
-        raise SystemExit(f"fp4lab-train {cmd}: error: {path}: no '{key}' member (not the JSON this reads)")
-    return j if key is None else j[key]
-
-
-def read_doc(path, cmd):
-    """The text of the document whose generated blocks are replaced, or one line and exit 1."""
+def read_text(path):
+    """The UTF-8 text of an input, or SystemExit naming it and its fault (fp4lab-train prints it as one line)."""
     try:
         with open(path, encoding="utf-8") as f:
             return f.read()
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"fp4lab-train {cmd}: error: {path}: {getattr(e, 'strerror', None) or e}") from None
+    except OSError as e:
+        raise SystemExit(f"{path}: {e.strerror or e}") from None
+    except ValueError:
+        raise SystemExit(f"{path}: not UTF-8 text") from None
+
+
+def read_json(path, key=None):
+    """An input's JSON (its member `key` when given), or SystemExit naming it and its fault."""
+    try:
+        j = json.loads(read_text(path))
+    except ValueError as e:
+        raise SystemExit(f"{path}: not JSON ({str(e).splitlines()[0][:80]})") from None
+    if key is not None and not (isinstance(j, dict) and key in j):
+        raise SystemExit(f"{path}: no '{key}' member (not the JSON this reads)")
+    return j if key is None else j[key]
 
 
 def cmd_report(args):
     runs, seen = [], set()
     for p in args.runs:
-        r = read_json(p, "report")
+        r = read_json(p)
         if not isinstance(r, dict) or not isinstance(r.get("name"), str):
-            raise SystemExit(f"fp4lab-train report: error: {p}: no run name (not a run JSON)")
+            raise SystemExit(f"{p}: no run name (not a run JSON)")
         if r["name"] in seen:
             raise SystemExit(f"{p}: run name {r['name']!r} given twice")
         seen.add(r["name"])
         runs.append(r)
     if args.merge and os.path.exists(args.json):
-        for r in read_json(args.json, "report", "runs"):
+        for r in read_json(args.json, "runs"):
                 if r["name"] not in seen:
                     runs.append(r)
                     seen.add(r["name"])
-    text = read_doc(args.doc, "report") if args.doc else None  # before anything is written
+    text = read_text(args.doc) if args.doc else None  # before anything is written
     if not runs:  # never replace a results file with an empty one
-        raise SystemExit(f"report: no runs to write to {args.json} (give run JSONs, or --merge to redo the report "
+        raise SystemExit(f"no runs to write to {args.json} (give run JSONs, or --merge to redo the report "
                          "of the runs already there)")
     order = {n: i for i, n in enumerate(SIZES)}
     runs.sort(key=lambda r: (order[r["model"]], r["name"]))
@@ -462,14 +461,14 @@ def proxy_stats(analysis_path):
     there, each ablation may be; a recipe's rows come from the first file that has it."""
     files = []
     for path in analysis_path.split("+"):
-        files.append(read_json(path, "proxy", "gemms"))
+        files.append(read_json(path, "gemms"))
     out = {}
     for rec in PROXY_RECIPES:
         rows = next((rs for rs in ([r for r in g if r.get("recipe") == rec] for g in files) if rs), [])
         if not rows:
             if rec in PRESETS:
-                raise SystemExit(f"fp4lab-train proxy: error: {analysis_path}: no GEMM rows for recipe {rec} (run "
-                                 f"analyze with --recipe {','.join(PRESETS)})")
+                raise SystemExit(f"{analysis_path}: no GEMM rows for recipe {rec} (run analyze with --recipe "
+                                 f"{','.join(PRESETS)})")
             continue
         out[rec] = {}
         for key, _, field, pass_ in PROXIES:
@@ -566,8 +565,8 @@ def plot_proxy_pairs(traces, pairs, path):
 def cmd_proxy(args):
     """Does a recipe's mean GEMM-output SQNR on a trace predict its loss ranking? One row per trace and per
     study (model, length and corpus)."""
-    runs = read_json(args.training, "proxy", "runs")
-    doc = read_doc(args.doc, "proxy") if args.doc else None
+    runs = read_json(args.training, "runs")
+    doc = read_text(args.doc) if args.doc else None
     ms = metrics(runs)
     traces, stats = [], []
     for spec in args.analysis:
