@@ -84,7 +84,9 @@ __global__ void unpack_kernel(ElemFormat f, const uint8_t* codes, int64_t rows, 
 }
 
 // scales [rows, KB] -> [KBp, Rp] (k-major, zero padding): a CTA tile's scales for one block are contiguous.
-// Clears *fused_ok when a scale does not pass fma_exact_scale (no synchronisation: the GEMM reads the flag).
+// Clears *fused_ok when a scale does not pass fma_exact_scale (no synchronisation: the GEMM reads the flag); null:
+// nothing checked (FP32 scales, whose flag the host clears: every failing scale storing to one address serialises
+// a warp's store per 32 scales at one L2 line).
 __global__ void transpose_scales_kernel(const float* s, int64_t rows, int64_t KB, float* out, int64_t Rp,
                                         int64_t KBp, int* fused_ok) {
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -92,7 +94,7 @@ __global__ void transpose_scales_kernel(const float* s, int64_t rows, int64_t KB
   const int64_t k = t / Rp, r = t - k * Rp;
   const float v = (r < rows && k < KB) ? s[r * KB + k] : 0.0f;
   out[t] = v;
-  if (!fma_exact_scale(v)) *fused_ok = 0;  // every writer stores the same 0
+  if (fused_ok && !fma_exact_scale(v)) *fused_ok = 0;  // every writer stores the same 0
 }
 
 struct FastArgs {
@@ -435,12 +437,16 @@ void gemm_fast_prepare(const DQTensor& a, const DQTensor& b, GemmWorkspace& ws, 
   // The fused epilogue's bound on |p| (kFmaExactMaxDot) holds for every grid fp4lab has; checked, not assumed,
   // with the largest integer any code of the grid decodes to (unpack_kernel decodes all eight magnitudes).
   const bool dot_ok = int64_t(a.block) * a.format.int_level(7) * b.format.int_level(7) < kFmaExactMaxDot;
+  // FP32 scales take the separate form without a check: as a rule some scale fails it, and where none does the
+  // two forms give the same bits.
+  const bool check_scales = dot_ok && a.scale_kind != ScaleKind::fp32 && b.scale_kind != ScaleKind::fp32;
   ws.fused_ok.resize(1);
-  check(cudaMemsetAsync(ws.fused_ok.data(), dot_ok ? 1 : 0, sizeof(int), s), "cudaMemsetAsync");
+  check(cudaMemsetAsync(ws.fused_ok.data(), check_scales ? 1 : 0, sizeof(int), s), "cudaMemsetAsync");
+  int* const flag = check_scales ? ws.fused_ok.data() : nullptr;
   transpose_scales_kernel<<<detail::blocks_for(KBp * Mp, T), T, 0, s>>>(a.scales.data(), a.rows, KB, ws.sa.data(),
-                                                                         Mp, KBp, ws.fused_ok.data());
+                                                                         Mp, KBp, flag);
   transpose_scales_kernel<<<detail::blocks_for(KBp * Np, T), T, 0, s>>>(b.scales.data(), b.rows, KB, ws.sb.data(),
-                                                                         Np, KBp, ws.fused_ok.data());
+                                                                         Np, KBp, flag);
   check_launch("gemm_fast_prepare");
 }
 
