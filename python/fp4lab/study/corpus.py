@@ -9,6 +9,7 @@ import tarfile
 import zlib
 from typing import NamedTuple
 
+from .._files import read_json
 from .._files import write_atomic  # noqa: F401  (re-exported: the study's writers use it from here)
 
 
@@ -138,13 +139,9 @@ def corpus_name(data: str) -> str:
     before corpora had names, by its package), or else the folder's own name (text not made by that command)."""
     path = os.path.join(data, "corpus.json")
     own = os.path.basename(os.path.normpath(os.path.abspath(data)))
-    try:
-        with open(path) as f:
-            meta = json.load(f)
-    except FileNotFoundError:
+    if not os.path.exists(path):
         return own
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"{path}: {e}") from None
+    meta = read_json(path)
     if not isinstance(meta, dict):
         raise SystemExit(f"{path}: not a JSON object")
     name = meta.get("corpus")

@@ -5,6 +5,7 @@ import os
 
 from .. import ABLATIONS as _ABLATIONS
 from .. import paired as pm
+from .._files import read_json, read_text
 from .corpus import DEFAULT_CORPUS, write_atomic
 from .model import SIZES
 
@@ -378,28 +379,6 @@ def plot(runs, path_prefix):
     return written
 
 
-def read_text(path):
-    """The UTF-8 text of an input, or SystemExit naming it and its fault (fp4lab-train prints it as one line)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except OSError as e:
-        raise SystemExit(f"{path}: {e.strerror or e}") from None
-    except ValueError:
-        raise SystemExit(f"{path}: not UTF-8 text") from None
-
-
-def read_json(path, key=None):
-    """An input's JSON (its member `key` when given), or SystemExit naming it and its fault."""
-    try:
-        j = json.loads(read_text(path))
-    except ValueError as e:
-        raise SystemExit(f"{path}: not JSON ({str(e).splitlines()[0][:80]})") from None
-    if key is not None and not (isinstance(j, dict) and key in j):
-        raise SystemExit(f"{path}: no '{key}' member (not the JSON this reads)")
-    return j if key is None else j[key]
-
-
 def cmd_report(args):
     runs, seen = [], set()
     for p in args.runs:
@@ -412,9 +391,9 @@ def cmd_report(args):
         runs.append(r)
     if args.merge and os.path.exists(args.json):
         for r in read_json(args.json, "runs"):
-                if r["name"] not in seen:
-                    runs.append(r)
-                    seen.add(r["name"])
+            if r["name"] not in seen:
+                runs.append(r)
+                seen.add(r["name"])
     text = read_text(args.doc) if args.doc else None  # before anything is written
     if not runs:  # never replace a results file with an empty one
         raise SystemExit(f"no runs to write to {args.json} (give run JSONs, or --merge to redo the report "
@@ -459,12 +438,13 @@ def proxy_stats(analysis_path):
     """{recipe: {proxy: value}} of `fp4lab analyze --recipe` output, for the PROXIES. analysis_path is one JSON or
     several joined by '+' (one trace's analyses, e.g. of the presets and of the ablations); every preset must be
     there, each ablation may be; a recipe's rows come from the first file that has it."""
-    files = []
-    for path in analysis_path.split("+"):
-        files.append(read_json(path, "gemms"))
+    files = [read_json(path, "gemms") for path in analysis_path.split("+")]
     out = {}
     for rec in PROXY_RECIPES:
-        rows = next((rs for rs in ([r for r in g if r.get("recipe") == rec] for g in files) if rs), [])
+        for gemms in files:  # the first file with rows of this recipe
+            rows = [r for r in gemms if r.get("recipe") == rec]
+            if rows:
+                break
         if not rows:
             if rec in PRESETS:
                 raise SystemExit(f"{analysis_path}: no GEMM rows for recipe {rec} (run analyze with --recipe "
