@@ -457,6 +457,7 @@ def test_proxy_against_the_committed_paired_effects():
         ("small, 6000 steps, linux-doc", "ufp4", "mxfp4", 5),
         ("small, 6000 steps, linux-doc", "ufp4-rht-none", "ufp4", 3),
         ("small, 6000 steps, linux-doc", "ufp4-rht-wgrad", "ufp4", 3),
+        ("small, 6000 steps, linux-doc", "ufp4-rht-fwd-wgrad", "ufp4", 3),
         ("small, 6000 steps, linux-doc", "ufp4-sr-none", "ufp4", 3),
         ("small, 6000 steps, linux-doc", "ufp4-sr-grads", "ufp4", 3),
         ("small, 6000 steps, linux-doc", "e2m1-rht-all", "e2m1-ref", 3),
