@@ -648,6 +648,18 @@ QuantConfig gemm_operand_config(const ElemFormat& f, const GCase& c) {
   return q;
 }
 
+// The fast kernel's BF16 or FP32 C, with its output check setting bit 4 of `flag`.
+fc::GemmOut checked_out(bool to_bf16, float* c32, uint16_t* c16, int* flag) {
+  fc::GemmOut o;
+  if (to_bf16)
+    o.c16 = c16;
+  else
+    o.c32 = c32;
+  o.nonfinite = flag;
+  o.bit = 4;
+  return o;
+}
+
 class Gemm : public ::testing::TestWithParam<GCase> {};
 
 TEST_P(Gemm, ReferenceAndFastKernelsMatchContractBitForBit) {
@@ -706,14 +718,7 @@ TEST_P(Gemm, ReferenceAndFastKernelsMatchContractBitForBit) {
       dc.fill_bytes(0xFF);
       fc::Buffer<int> flag(1);
       flag.upload(std::vector<int>{64});
-      fc::GemmOut o;
-      if (to_bf16)
-        o.c16 = d16.data();
-      else
-        o.c32 = dc.data();
-      o.nonfinite = flag.data();
-      o.bit = 4;
-      fc::gemm_fast(da, db, o, ws, nullptr, variant);
+      fc::gemm_fast(da, db, checked_out(to_bf16, dc.data(), d16.data(), flag.data()), ws, nullptr, variant);
       EXPECT_EQ(flag.to_host()[0], 64) << name << (to_bf16 ? ", BF16 C" : ", FP32 C with the check");
       const std::vector<uint16_t> h16 = d16.to_host();
       const std::vector<float> h32 = dc.to_host();
@@ -803,15 +808,8 @@ TEST(GemmOutput, TheEpilogueCheckFlagsAnOverflowAndKeepsOtherBits) {
       fc::Buffer<uint16_t> d16(6);
       fc::Buffer<int> flag(1);
       flag.upload(std::vector<int>{1});
-      fc::GemmOut o;
-      if (to_bf16)
-        o.c16 = d16.data();
-      else
-        o.c32 = d32.data();
-      o.nonfinite = flag.data();
-      o.bit = 4;
       fc::GemmWorkspace ws;
-      fc::gemm_fast(da, db, o, ws);
+      fc::gemm_fast(da, db, checked_out(to_bf16, d32.data(), d16.data(), flag.data()), ws);
       const bool overflow = s0 > 1.0f;
       EXPECT_EQ(flag.to_host()[0], overflow ? 5 : 1) << "scale " << show(s0) << (to_bf16 ? ", BF16 C" : ", FP32 C");
       const std::vector<float> h32 = d32.to_host();
