@@ -105,7 +105,10 @@ struct FastArgs {
   ElemFormat fa, fb;
   const float *gda, *gdb;
   const int* fused_ok;  // nonzero: steps 3-5 as contract_scale_add_fma (proven the same bits); null = never
-  float* c;
+  float* c;             // FP32 C, or null and
+  uint16_t* c16;        // BF16 C (round to nearest even of the FP32 value)
+  int* nonfinite;       // null, or the flag whose `bit` a NaN or Inf FP32 value of C sets
+  int bit;
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
@@ -334,6 +337,7 @@ __global__ void __launch_bounds__(T::THREADS, T::MINB) gemm_mma_kernel(const Fas
   cp_async_wait<0>();
 
   const float ga = tensor_factor(p.fa, *p.gda), gb = tensor_factor(p.fb, *p.gdb);
+  bool bad = false;  // a stored value of this thread is NaN or Inf
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -345,14 +349,30 @@ __global__ void __launch_bounds__(T::THREADS, T::MINB) gemm_mma_kernel(const Fas
         if (m >= p.M) continue;
         const float c0 = contract_finish(acc[mt][nt][2 * h], ga, gb);
         const float c1 = contract_finish(acc[mt][nt][2 * h + 1], ga, gb);
+        bad |= (n < p.N && !isfinite(c0)) || (n + 1 < p.N && !isfinite(c1));
+        const bool pair = n + 1 < p.N && (p.N % 2) == 0;  // both in range, and the pair aligned
+        if (p.c16) {
+          // The golden f32_to_bf16 (round to nearest even), as torch's FP32 -> BF16 conversion on finite values.
+          const uint16_t b0 = f32_to_bf16(c0), b1 = f32_to_bf16(c1);
+          uint16_t* out = p.c16 + m * p.N + n;
+          if (pair) {
+            *reinterpret_cast<uint32_t*>(out) = uint32_t(b0) | (uint32_t(b1) << 16);
+          } else {
+            if (n < p.N) out[0] = b0;
+            if (n + 1 < p.N) out[1] = b1;
+          }
+          continue;
+        }
         float* out = p.c + m * p.N + n;
-        if (n + 1 < p.N && (p.N % 2) == 0) {
+        if (pair) {
           *reinterpret_cast<float2*>(out) = make_float2(c0, c1);
         } else {
           if (n < p.N) out[0] = c0;
           if (n + 1 < p.N) out[1] = c1;
         }
       }
+  // The output check of the whole tile in one flag write (p.nonfinite is uniform, so every thread reaches it).
+  if (p.nonfinite && __syncthreads_or(bad) && threadIdx.x == 0) atomicOr(p.nonfinite, p.bit);
 }
 
 // The tile shapes built; all are bit-identical (the tests run each). Operands are padded to multiples of 128 rows.
@@ -463,7 +483,17 @@ int gemm_fast_default_variant(int block, int64_t M, int64_t N) {
 
 void gemm_fast_run(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspace& ws, cudaStream_t s,
                    int variant) {
+  GemmOut out;
+  out.c32 = d_c;
+  gemm_fast_run(a, b, out, ws, s, variant);
+}
+
+void gemm_fast_run(const DQTensor& a, const DQTensor& b, const GemmOut& out, GemmWorkspace& ws, cudaStream_t s,
+                   int variant) {
   check_operands(a, b);
+  if ((out.c32 == nullptr) == (out.c16 == nullptr))
+    throw std::invalid_argument("gemm_fast_run: give exactly one output, FP32 or BF16");
+  if (out.nonfinite && out.bit == 0) throw std::invalid_argument("gemm_fast_run: a flag needs a nonzero bit");
   FastArgs p{};
   p.Kp = round_up(a.cols, kKPad);
   p.Mp = round_up(a.rows, kPad);
@@ -481,7 +511,10 @@ void gemm_fast_run(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspa
   p.gda = a.global_dec.data();
   p.gdb = b.global_dec.data();
   p.fused_ok = ws.fused_epilogue ? ws.fused_ok.data() : nullptr;
-  p.c = d_c;
+  p.c = out.c32;
+  p.c16 = out.c16;
+  p.nonfinite = out.nonfinite;
+  p.bit = out.bit;
   const int v = variant >= 0 ? variant : default_variant(a.block, p.Mp, p.Np);
   if (a.block == 16)
     launch_variant<16>(v, p, s);
@@ -495,6 +528,11 @@ void gemm_fast_run(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspa
 void gemm_fast(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspace& ws, cudaStream_t s, int variant) {
   gemm_fast_prepare(a, b, ws, s);
   gemm_fast_run(a, b, d_c, ws, s, variant);
+}
+void gemm_fast(const DQTensor& a, const DQTensor& b, const GemmOut& out, GemmWorkspace& ws, cudaStream_t s,
+               int variant) {
+  gemm_fast_prepare(a, b, ws, s);
+  gemm_fast_run(a, b, out, ws, s, variant);
 }
 
 }  // namespace fp4lab::cuda

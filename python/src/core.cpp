@@ -752,18 +752,30 @@ NB_MODULE(_core, m) {
     else
       throw std::invalid_argument("dequantize writes float32 or bfloat16");
   }, "q"_a, "out"_a, "stream"_a);
-  // out: the address of an FP32 [a.rows, b.rows] C-contiguous tensor on `device`.
+  // out: the address of an FP32 [a.rows, b.rows] C-contiguous tensor on `device` (BF16 with bf16=True: the fast
+  // kernel rounds its FP32 values in its epilogue). flag (with a nonzero bit): the fast kernel's own output check,
+  // as cuda_flag_nonfinite on the FP32 values would do.
   m.def("cuda_gemm", [](int device, uintptr_t stream, const fc::DQTensor& a, const fc::DQTensor& b, uintptr_t out,
-                        const std::string& kernel) {
+                        const std::string& kernel, bool bf16, uintptr_t flag, int bit) {
     check_gemm_operands(a, b);
     if (kernel != "fast" && kernel != "reference")
       throw std::invalid_argument("kernel must be fast or reference, not '" + kernel + "'");
+    if (kernel == "reference" && (bf16 || flag))
+      throw std::invalid_argument("the reference kernel writes FP32 and checks nothing");
     OnDevice on(device);
-    if (kernel == "fast")
-      fc::gemm_fast(a, b, device_ptr<float>(out), workspaces().gemm, as_stream(stream));
-    else
+    if (kernel == "fast") {
+      fc::GemmOut o;
+      if (bf16)
+        o.c16 = device_ptr<uint16_t>(out);
+      else
+        o.c32 = device_ptr<float>(out);
+      o.nonfinite = flag ? device_ptr<int>(flag) : nullptr;
+      o.bit = bit;
+      fc::gemm_fast(a, b, o, workspaces().gemm, as_stream(stream));
+    } else {
       fc::gemm_reference(a, b, device_ptr<float>(out), as_stream(stream));
-  }, "device"_a, "stream"_a, "a"_a, "b"_a, "out"_a, "kernel"_a = "fast");
+    }
+  }, "device"_a, "stream"_a, "a"_a, "b"_a, "out"_a, "kernel"_a = "fast", "bf16"_a = false, "flag"_a = 0, "bit"_a = 0);
   // The fast GEMM's fused epilogue (on by default; the same bits either way, docs/datapath.md §3): off times the
   // separate multiply and add beside it. Returns the previous setting.
   m.def("cuda_gemm_fused_epilogue", [](bool on) {

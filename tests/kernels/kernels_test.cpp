@@ -648,6 +648,18 @@ QuantConfig gemm_operand_config(const ElemFormat& f, const GCase& c) {
   return q;
 }
 
+// The fast kernel's BF16 or FP32 C, with its output check setting bit 4 of `flag`.
+fc::GemmOut checked_out(bool to_bf16, float* c32, uint16_t* c16, int* flag) {
+  fc::GemmOut o;
+  if (to_bf16)
+    o.c16 = c16;
+  else
+    o.c32 = c32;
+  o.nonfinite = flag;
+  o.bit = 4;
+  return o;
+}
+
 class Gemm : public ::testing::TestWithParam<GCase> {};
 
 TEST_P(Gemm, ReferenceAndFastKernelsMatchContractBitForBit) {
@@ -697,6 +709,28 @@ TEST_P(Gemm, ReferenceAndFastKernelsMatchContractBitForBit) {
       if (bits(out[i]) != bits(gold[i]) && bad++ < 5)
         ADD_FAILURE() << name << " C[" << i / c.N << ", " << i % c.N << "]: contract " << show(gold[i]) << ", gpu "
                       << show(out[i]);
+    if (kernel == 0) continue;
+    // The same kernel writing BF16 in its epilogue (the golden f32_to_bf16 of each contract value), and with the
+    // output check on: every value is finite here, so the flag keeps only the bit it held.
+    for (const bool to_bf16 : {true, false}) {
+      fc::Buffer<uint16_t> d16(size_t(c.M * c.N));
+      d16.fill_bytes(0xFF);
+      dc.fill_bytes(0xFF);
+      fc::Buffer<int> flag(1);
+      flag.upload(std::vector<int>{64});
+      fc::gemm_fast(da, db, checked_out(to_bf16, dc.data(), d16.data(), flag.data()), ws, nullptr, variant);
+      EXPECT_EQ(flag.to_host()[0], 64) << name << (to_bf16 ? ", BF16 C" : ", FP32 C with the check");
+      const std::vector<uint16_t> h16 = d16.to_host();
+      const std::vector<float> h32 = dc.to_host();
+      int bad16 = 0;
+      for (size_t i = 0; i < gold.size(); ++i, ++compared) {
+        const bool ok = to_bf16 ? h16[i] == fp4lab::f32_to_bf16(gold[i]) : bits(h32[i]) == bits(gold[i]);
+        if (!ok && bad16++ < 5)
+          ADD_FAILURE() << name << (to_bf16 ? ", BF16 C[" : ", FP32 C with the check [") << i / c.N << ", "
+                        << i % c.N << "]: contract " << show(gold[i]) << ", gpu "
+                        << (to_bf16 ? show(fp4lab::bf16_to_f32(h16[i])) : show(h32[i]));
+      }
+    }
   }
   EXPECT_GT(compared, size_t(0)) << "checked nothing";
 }
@@ -738,6 +772,57 @@ TEST(GemmFusedEpilogue, RefusedForAScaleOutsideTheProof) {
     EXPECT_EQ(bits(dc.to_host()[0]), bits(gold[0])) << "scale " << show(s1);
     if (s1 != 1.0f) {
       EXPECT_EQ(bits(gold[0]), 0x35000000u);
+    }
+  }
+}
+
+// The fast kernel's own output check: a C value past FP32 (3e38 * 4 * 1 * 1) sets the flag's bit, BF16 or FP32 C
+// alike, and keeps its other bits; the same operands with a finite product leave the flag as it was. Row 1 and the
+// padded rows and columns (M 2, N 3 in a 128 x 128 tile) are finite and must not hide or fake the fault.
+TEST(GemmOutput, TheEpilogueCheckFlagsAnOverflowAndKeepsOtherBits) {
+  SKIP_WITHOUT_GPU();
+  for (const float s0 : {3e38f, 1.0f}) {
+    QTensor a, b;
+    for (QTensor* q : {&a, &b}) {
+      q->format = fp4lab::kInt4;
+      q->scale_kind = ScaleKind::fp32;
+      q->block = 16;
+      q->cols = 32;
+      q->global_dec = 1.0f;
+    }
+    a.rows = 2;
+    b.rows = 3;
+    a.codes.assign(2 * 32, 0);
+    b.codes.assign(3 * 32, 0);
+    a.codes[0] = 0b0'100;  // 4 in row 0, block 0
+    a.codes[32] = 0b0'001;  // 1 in row 1
+    for (int n = 0; n < 3; ++n) b.codes[size_t(n) * 32] = 0b0'001;
+    a.scales = {s0, 1.0f, 1.0f, 1.0f};
+    b.scales.assign(6, 1.0f);
+    const std::vector<float> gold = fp4lab::reference::gemm_contract(a, b);
+    fc::DQTensor da, db;
+    fc::upload(a, da);
+    fc::upload(b, db);
+    for (const bool to_bf16 : {true, false}) {
+      fc::Buffer<float> d32(6);
+      fc::Buffer<uint16_t> d16(6);
+      fc::Buffer<int> flag(1);
+      flag.upload(std::vector<int>{1});
+      fc::GemmWorkspace ws;
+      fc::gemm_fast(da, db, checked_out(to_bf16, d32.data(), d16.data(), flag.data()), ws);
+      const bool overflow = s0 > 1.0f;
+      EXPECT_EQ(flag.to_host()[0], overflow ? 5 : 1) << "scale " << show(s0) << (to_bf16 ? ", BF16 C" : ", FP32 C");
+      const std::vector<float> h32 = d32.to_host();
+      const std::vector<uint16_t> h16 = d16.to_host();
+      for (size_t i = 0; i < 6; ++i) {
+        if (to_bf16)
+          EXPECT_EQ(h16[i], fp4lab::f32_to_bf16(gold[i])) << "C[" << i / 3 << ", " << i % 3 << "]";
+        else
+          EXPECT_EQ(bits(h32[i]), bits(gold[i])) << "C[" << i / 3 << ", " << i % 3 << "]";
+      }
+      if (overflow) {
+        EXPECT_TRUE(std::isinf(gold[0]));
+      }
     }
   }
 }

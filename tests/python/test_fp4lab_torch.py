@@ -248,19 +248,23 @@ def test_small_model_learns(recipe):
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
 @pytest.mark.parametrize("recipe", QUANT_RECIPES)
 def test_cuda_linear_bit_identical_to_cpu(recipe):
-    for dev_mode in ("exact",):
-        cpu = make_layer(recipe, mode=dev_mode)
-        gpu = make_layer(recipe, mode=dev_mode).cuda()
+    # FP32 and BF16 layers: a BF16 layer's exact GEMMs write BF16 C in the kernel's epilogue (and check it there),
+    # which must be the CPU's FP32 contract values rounded to BF16.
+    for dt in (torch.float32, torch.bfloat16):
+        cpu = make_layer(recipe, mode="exact").to(dt)
+        gpu = make_layer(recipe, mode="exact").cuda().to(dt)
         g = torch.Generator().manual_seed(1)
-        x = torch.randn(2, 32, 64, generator=g)
-        dy = torch.randn(2, 32, 96, generator=g)
+        x = torch.randn(2, 32, 64, generator=g).to(dt)
+        dy = torch.randn(2, 32, 96, generator=g).to(dt)
         xc, xg = x.clone().requires_grad_(True), x.cuda().requires_grad_(True)
         yc, yg = cpu(xc), gpu(xg)
         yc.backward(dy)
         yg.backward(dy.cuda())
-        assert np.array_equal(bits(yc), bits(yg)), recipe
-        assert np.array_equal(bits(xc.grad), bits(xg.grad)), recipe
-        assert np.array_equal(bits(cpu.weight.grad), bits(gpu.weight.grad)), recipe
+        assert yg.dtype == dt and xg.grad.dtype == dt and gpu.weight.grad.dtype == dt
+        b = lambda t: t.detach().cpu().view(torch.int16 if dt == torch.bfloat16 else torch.int32)  # noqa: E731
+        assert torch.equal(b(yc), b(yg)), (recipe, dt)
+        assert torch.equal(b(xc.grad), b(xg.grad)), (recipe, dt)
+        assert torch.equal(b(cpu.weight.grad), b(gpu.weight.grad)), (recipe, dt)
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
@@ -278,6 +282,14 @@ def test_cuda_quantize_and_reference_kernel_match_golden():
                 assert np.array_equal(bits(da.to_host().scales), bits(ha.scales))
                 want = bits(ft.gemm(ha, hb))
                 assert np.array_equal(bits(ft.gemm(da, db)), want), (recipe, p, path)
+                # The output check and the BF16 rounding in the kernel's epilogue: the same bits as the FP32 C
+                # checked and converted after it.
+                assert np.array_equal(bits(ft.gemm(da, db, check_finite="deferred")), want), (recipe, p, path)
+                c16 = ft.gemm(da, db, check_finite="deferred", out_dtype=torch.bfloat16)
+                assert c16.dtype == torch.bfloat16
+                assert torch.equal(c16.cpu().view(torch.int16),
+                                   ft.gemm(ha, hb).to(torch.bfloat16).view(torch.int16)), (recipe, p, path)
+                ft.check_finite()
                 assert np.array_equal(bits(ft.gemm(da, db, kernel="reference")), want), (recipe, p, path)
                 # The fast GEMM with its fused epilogue off (the separate multiply and add) gives the same bits.
                 was = fp4lab._core.cuda_gemm_fused_epilogue(False)
@@ -351,6 +363,21 @@ def test_cuda_deferred_finite_check_raises_at_the_next_step():
     with pytest.raises(ValueError, match="NaN or Inf since the last check"):
         layer(torch.randn(32, 64).cuda())
     layer(torch.randn(32, 64).cuda())  # the flag was cleared
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
+def test_cuda_deferred_output_check_in_the_gemm_epilogue():
+    # Finite operands whose product passes FP32: the fast kernel's epilogue sets the output bit, for an FP32 and a
+    # BF16 C alike, and check_finite() reports it once.
+    cfg = fp4lab.config("nvfp4", pass_="fwd_y", operand="a")  # no RHT, whose sums would overflow first
+    a = torch.full((32, 64), 3e38).cuda()
+    qa = ft.quantize(a, cfg)
+    for dt in (torch.float32, torch.bfloat16):
+        c = ft.gemm(qa, qa, check_finite="deferred", out_dtype=dt)  # no synchronisation, no error yet
+        assert c.dtype == dt
+        with pytest.raises(ValueError, match="overflowed since the last check"):
+            ft.check_finite()
+        ft.check_finite()  # the flag was cleared
 
 
 def test_capture_rules_refuse_what_a_replay_cannot_repeat():

@@ -25,7 +25,7 @@ class _LinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, step, recipe: Recipe, layer: int, label: str, cache: Optional[dict], owner):
         x2 = x.reshape(-1, x.shape[-1])
-        y = qmatmul(x2, weight, step, recipe, layer, "fwd_y", label, cache, owner)
+        y = qmatmul(x2, weight, step, recipe, layer, "fwd_y", label, cache, owner, x.dtype)
         y = y.to(x.dtype)
         if bias is not None:
             y = y + bias.to(x.dtype)
@@ -48,11 +48,11 @@ class _LinearFn(torch.autograd.Function):
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             # dgrad: dX = dY · W, reduced over out: A = dY [tokens, out], B = Wᵀ [in, out].
-            dx = qmatmul(dy2, weight.t(), step, recipe, layer, "bwd_dx", label, cache, owner)
+            dx = qmatmul(dy2, weight.t(), step, recipe, layer, "bwd_dx", label, cache, owner, x.dtype)
             dx = dx.to(x.dtype).reshape(x.shape)
         if ctx.needs_input_grad[1]:
             # wgrad: dW = dYᵀ · X, reduced over tokens: A = dYᵀ [out, tokens], B = Xᵀ [in, tokens].
-            dw = qmatmul(dy2.t(), x2.t(), step, recipe, layer, "bwd_dw", label, cache, owner)
+            dw = qmatmul(dy2.t(), x2.t(), step, recipe, layer, "bwd_dw", label, cache, owner, weight.dtype)
             dw = dw.to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = column_sum(dy2)

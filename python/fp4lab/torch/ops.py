@@ -231,28 +231,41 @@ def _dequantize(q, dtype: torch.dtype) -> torch.Tensor:
 
 
 @_fp._one_line_errors
-def gemm(qa, qb, *, kernel: str = "fast", check_finite: str = "sync") -> torch.Tensor:
+def gemm(qa, qb, *, kernel: str = "fast", check_finite: str = "sync", out_dtype: torch.dtype = torch.float32
+         ) -> torch.Tensor:
     """C = A · Bᵀ, FP32 [M, N], under the datapath contract: the golden model for host operands, the CUDA
     kernels for device operands (``kernel`` "fast": int8 tensor cores; "reference": one thread per output). An output
-    past FP32 raises ValueError (on CUDA with ``check_finite="deferred"``, at the next ``check_finite()``)."""
+    past FP32 raises ValueError (on CUDA with ``check_finite="deferred"``, at the next ``check_finite()``).
+    Another ``out_dtype`` gives C converted to it, as ``.to(out_dtype)`` of the FP32 C. The fast kernel with the
+    deferred check checks the FP32 values in its epilogue, and writes ``torch.bfloat16`` (round to nearest even) there
+    too."""
     if isinstance(qa, QTensorCUDA) and isinstance(qb, QTensorCUDA):
-        c = torch.empty((qa.rows, qb.rows), dtype=torch.float32, device=qa.device or qa.packed_codes.device)
+        dev = qa.device or qa.packed_codes.device
+        if kernel == "fast" and check_finite == "deferred":  # the output check in the kernel's epilogue
+            bf16 = out_dtype == torch.bfloat16
+            c = torch.empty((qa.rows, qb.rows), dtype=torch.bfloat16 if bf16 else torch.float32, device=dev)
+            i, stream = _launch(c)
+            _core.cuda_gemm(i, stream, qa._h, qb._h, c.data_ptr(), kernel, bf16, _flag_ptr(i), _OUTPUT)
+            return c.to(out_dtype)
+        c = torch.empty((qa.rows, qb.rows), dtype=torch.float32, device=dev)
         _core.cuda_gemm(*_launch(c), qa._h, qb._h, c.data_ptr(), kernel)
-        return _check_output(c, check_finite)
+        return _check_output(c, check_finite).to(out_dtype)
     if isinstance(qa, _core.QTensor) and isinstance(qb, _core.QTensor):
-        return torch.from_numpy(_core.gemm(qa, qb))
+        return torch.from_numpy(_core.gemm(qa, qb)).to(out_dtype)
     raise TypeError("gemm(): both operands must come from fp4lab.torch.quantize on the same kind of device")
 
 
 # ---- the training layer -------------------------------------------------------------------------------------
 
 @_fp._one_line_errors
-def product(qa, qb, mode: str = "exact", check_finite: str = "sync") -> torch.Tensor:
-    """A · Bᵀ of two quantised operands in a GEMM mode: "exact" is ``gemm`` (the datapath contract, FP32);
-    "fast" multiplies the dequantised operands with torch's matmul: cuBLAS on BF16 values with FP32 accumulation
-    and a BF16 product on CUDA, FP32 on the CPU. Either mode raises ValueError on an output that overflows."""
+def product(qa, qb, mode: str = "exact", check_finite: str = "sync",
+            out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A · Bᵀ of two quantised operands in a GEMM mode: "exact" is ``gemm`` (the datapath contract, FP32, or its
+    values rounded to ``out_dtype`` BF16); "fast" multiplies the dequantised operands with torch's matmul: cuBLAS on
+    BF16 values with FP32 accumulation and a BF16 product on CUDA, FP32 on the CPU (``out_dtype`` does not apply).
+    Either mode raises ValueError on an output that overflows."""
     if mode == "exact":
-        return gemm(qa, qb, check_finite=check_finite)
+        return gemm(qa, qb, check_finite=check_finite, out_dtype=out_dtype)
     if mode != "fast":
         raise ValueError(f"mode must be 'exact' or 'fast', not {mode!r}")
     # The same pairs as the contract GEMM: operands quantised under different rotations have no product.
@@ -567,10 +580,13 @@ def _qmatmul_observed(a, b, step, recipe: Recipe, layer: int, pass_: str, label:
 
 
 def qmatmul(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: Recipe, layer: int, pass_: str,
-            label: str, cache: Optional[dict] = None, owner: Any = None) -> torch.Tensor:
+            label: str, cache: Optional[dict] = None, owner: Any = None,
+            out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """A [M, K] · B [N, K]ᵀ, both operands quantised along K under the recipe's settings for ``pass_`` with the SR
     key (seed, ``step``, ``layer``), in the recipe's mode, through the fp4lab operators. ``cache`` (eager mode) lets
-    CUDA operands go through the kernels' device buffers instead."""
+    CUDA operands go through the kernels' device buffers instead; there an ``exact`` product the caller keeps in
+    BF16 (``out_dtype``) comes out of the GEMM's epilogue as BF16, without an FP32 pass and a conversion. Other
+    paths may return FP32 whatever ``out_dtype`` says: the caller converts."""
     shard = getattr(owner, "_sr_shard", None)  # fp4lab.torch.sr_shard: a micro-batch of a global batch
     if owner is not None and (shard is not None or (observers and _observed(owner, step))):
         return _qmatmul_observed(a, b, step, recipe, layer, pass_, label, cache, owner, shard)
@@ -594,6 +610,6 @@ def qmatmul(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: Recipe
             raise ValueError(f"{label}: {e}") from None
         if fake:
             return _fast_matmul(qa, qb, recipe.check_finite)
-        return product(qa, qb, recipe.mode, recipe.check_finite)
+        return product(qa, qb, recipe.mode, recipe.check_finite, out_dtype)
     op = torch.ops.fp4lab.qgemm if recipe.mode == "exact" else torch.ops.fp4lab.fast_qmatmul
     return op(a, b, step, recipe.key, layer, pass_, label)

@@ -232,11 +232,25 @@ struct GemmWorkspace {
 // for that block size and problem size (gemm_fast_default_variant).
 void gemm_fast(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspace& ws, cudaStream_t stream = nullptr,
                int variant = -1);
+// Where the fast kernel writes C, in its epilogue (no second pass over C): the FP32 contract values (c32), or those
+// values rounded to nearest-even BF16 (c16: what a BF16 layer keeps of them; bit patterns, [M, N]); exactly one of
+// the two. With `nonfinite`, an FP32 value that is NaN or Inf sets `bit` there (atomicOr; other bits are kept), as
+// flag_nonfinite over the FP32 C would.
+struct GemmOut {
+  float* c32 = nullptr;
+  uint16_t* c16 = nullptr;
+  int* nonfinite = nullptr;
+  int bit = 0;
+};
+void gemm_fast(const DQTensor& a, const DQTensor& b, const GemmOut& out, GemmWorkspace& ws,
+               cudaStream_t stream = nullptr, int variant = -1);
 // The two halves of gemm_fast, for timing. gemm_fast_fused (synchronises `stream`, where the prepare ran; for
 // tools and tests) tells whether the last prepare found every scale fit for the fused epilogue. A captured CUDA
 // graph keeps the fused_epilogue setting of its capture.
 void gemm_fast_prepare(const DQTensor& a, const DQTensor& b, GemmWorkspace& ws, cudaStream_t stream = nullptr);
 void gemm_fast_run(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspace& ws,
+                   cudaStream_t stream = nullptr, int variant = -1);
+void gemm_fast_run(const DQTensor& a, const DQTensor& b, const GemmOut& out, GemmWorkspace& ws,
                    cudaStream_t stream = nullptr, int variant = -1);
 bool gemm_fast_fused(const GemmWorkspace& ws, cudaStream_t stream = nullptr);
 int gemm_fast_variants();
