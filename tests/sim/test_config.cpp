@@ -18,9 +18,24 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Every file write_temp makes is removed when the test program exits, also where a test returns early or a
+// failed assertion skips its own removal.
+struct TempFiles {
+  std::vector<fs::path> paths;
+  ~TempFiles() {
+    std::error_code ec;
+    for (const fs::path& p : paths) fs::remove(p, ec);
+  }
+};
+TempFiles& temp_files() {
+  static TempFiles files;
+  return files;
+}
+
 std::string write_temp(const std::string& name, const std::string& text) {
   const fs::path p = fs::temp_directory_path() / ("fp4lab_sim_" + std::to_string(::getpid()) + "_" + name);
   std::ofstream(p) << text;
+  temp_files().paths.push_back(p);
   return p.string();
 }
 
