@@ -738,6 +738,22 @@ TEST_P(Gemm, ReferenceAndFastKernelsMatchContractBitForBit) {
 INSTANTIATE_TEST_SUITE_P(FormatsScalesShapes, Gemm, ::testing::ValuesIn(gemm_cases()),
                          [](const ::testing::TestParamInfo<GCase>& i) { return i.param.name(); });
 
+// A hand-made int4 operand of `rows` x 32, block 16, every code 0 and every scale 1: the two tests below set the
+// codes and scales they are about.
+QTensor int4_operand(int64_t rows, ScaleKind kind) {
+  QTensor q;
+  q.format = fp4lab::kInt4;
+  q.scale_kind = kind;
+  q.block = 16;
+  q.rows = rows;
+  q.cols = 32;
+  q.codes.assign(size_t(rows) * 32, 0);  // one code per element
+  q.scales.assign(size_t(rows) * 2, 1.0f);
+  if (kind == ScaleKind::ue4m3) q.scale_codes.assign(size_t(rows) * 2, 0x38);  // E4M3 1.0
+  q.global_dec = 1.0f;
+  return q;
+}
+
 // A UE4M3 operand whose scale is no E4M3 value (1 + 2^-23, as a hand-made QTensor may hold) must not take the
 // fused epilogue, where it would give other bits: models' GemmHandWorked.SeparateMultiplyAndAddNoFma on the
 // device (int4, K 32: acc = -3 + 3 (1 + 2^-23) is 2^-21 under the contract, 3 * 2^-23 fused). The same operands
@@ -745,18 +761,7 @@ INSTANTIATE_TEST_SUITE_P(FormatsScalesShapes, Gemm, ::testing::ValuesIn(gemm_cas
 TEST(GemmFusedEpilogue, RefusedForAScaleOutsideTheProof) {
   SKIP_WITHOUT_GPU();
   for (const float s1 : {1.0f + 0x1p-23f, 1.0f}) {
-    QTensor a, b;
-    for (QTensor* q : {&a, &b}) {
-      q->format = fp4lab::kInt4;
-      q->scale_kind = ScaleKind::ue4m3;
-      q->block = 16;
-      q->rows = 1;
-      q->cols = 32;
-      q->codes.assign(32, 0);  // one code per element
-      q->scales = {1.0f, 1.0f};
-      q->scale_codes = {0x38, 0x38};
-      q->global_dec = 1.0f;
-    }
+    QTensor a = int4_operand(1, ScaleKind::ue4m3), b = int4_operand(1, ScaleKind::ue4m3);
     a.codes[0] = 0b1'011;   // -3
     a.codes[16] = 0b0'011;  // 3
     b.codes[0] = b.codes[16] = 0b0'001;
@@ -782,23 +787,11 @@ TEST(GemmFusedEpilogue, RefusedForAScaleOutsideTheProof) {
 TEST(GemmOutput, TheEpilogueCheckFlagsAnOverflowAndKeepsOtherBits) {
   SKIP_WITHOUT_GPU();
   for (const float s0 : {3e38f, 1.0f}) {
-    QTensor a, b;
-    for (QTensor* q : {&a, &b}) {
-      q->format = fp4lab::kInt4;
-      q->scale_kind = ScaleKind::fp32;
-      q->block = 16;
-      q->cols = 32;
-      q->global_dec = 1.0f;
-    }
-    a.rows = 2;
-    b.rows = 3;
-    a.codes.assign(2 * 32, 0);
-    b.codes.assign(3 * 32, 0);
+    QTensor a = int4_operand(2, ScaleKind::fp32), b = int4_operand(3, ScaleKind::fp32);
     a.codes[0] = 0b0'100;  // 4 in row 0, block 0
     a.codes[32] = 0b0'001;  // 1 in row 1
     for (int n = 0; n < 3; ++n) b.codes[size_t(n) * 32] = 0b0'001;
-    a.scales = {s0, 1.0f, 1.0f, 1.0f};
-    b.scales.assign(6, 1.0f);
+    a.scales[0] = s0;
     const std::vector<float> gold = fp4lab::reference::gemm_contract(a, b);
     fc::DQTensor da, db;
     fc::upload(a, da);
