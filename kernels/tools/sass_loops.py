@@ -8,7 +8,9 @@ For each function whose name matches --function, every loop (a backward branch a
 target to it) that holds a --marker instruction is printed with its instruction count, its code size (16 bytes per
 SASS instruction on SM90) and its instructions by class, so an epilogue's FP32 share and the overhead around it can
 be read off without a GPU. Static counts: a loop runs its whole body each iteration, but predicated-off
-instructions still count.
+instructions still count. A loop is the address range from a back edge's target to the back edge, so a nested
+loop is printed on its own and again inside its outer loop, and code the compiler placed after the back edge
+and jumps into is not counted (the GEMM and quantiser loops have no such code).
 """
 import argparse
 import collections
@@ -101,10 +103,15 @@ def main(argv=None):
     except (OSError, UnicodeDecodeError) as e:
         print(f"sass_loops.py: error: {args.listing}: {e}", file=sys.stderr)
         return 1
+    try:
+        name_re = re.compile(args.function)
+    except re.error as e:
+        print(f"sass_loops.py: error: --function '{args.function}': {e}", file=sys.stderr)
+        return 1
     funcs, labels = parse(text.splitlines())
     found = 0
     for name, ins in funcs.items():
-        if not re.search(args.function, name):
+        if not name_re.search(name):
             continue
         for start, end, body in loops(ins, labels[name], args.marker):
             found += 1

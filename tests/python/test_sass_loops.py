@@ -6,7 +6,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.path.join(ROOT, "kernels", "tools", "sass_loops.py")
 
-# One kernel with a prologue, a forward branch, a loop of eight instructions (two FP32 of them guarded) and the
+# One kernel with a prologue, a forward branch, a loop of eight instructions (one FP32 of them guarded) and the
 # back edge; a second kernel whose only loop holds no IMMA. As nvdisasm -c writes it ...
 NVDISASM = """
 .text._Z4gemmv:
@@ -78,3 +78,33 @@ def test_no_matching_loop_and_a_bad_file_are_one_line_errors(tmp_path):
         r = run(str(path))
         assert r.returncode == 1 and r.stdout == ""
         assert r.stderr.startswith(f"sass_loops.py: error: {path}: ") and r.stderr.count("\n") == 1
+
+
+# A loop nested in another, the inner back edge a branch on a predicate operand and the outer one a divergent
+# branch on a uniform register, then a second loop of the same function after them.
+NESTED = """
+        Function : _Z6nestedv
+        /*0000*/                   IMMA.16816.S8.S8 R8, R4.ROW, R6.COL, R10 ;
+        /*0010*/                   FFMA R1, R2, R3, R1 ;
+        /*0020*/                   BRA.U !UP0, 0x10 ;
+        /*0030*/                   LDS R5, [R6] ;
+        /*0040*/                   BRA.DIV UR4, 0x0 ;
+        /*0050*/                   IMMA.16816.S8.S8 R8, R4.ROW, R6.COL, R10 ;
+        /*0060*/              @!P1 BRA 0x50 ;
+        /*0070*/                   EXIT ;
+"""
+
+
+def test_nested_loops_and_branch_operand_forms():
+    r = run(stdin=NESTED)  # the outer loop (with the inner one's body) and the second loop hold IMMA
+    assert r.returncode == 0
+    assert r.stdout == ("_Z6nestedv\n  loop 0x0000-0x0040: 5 instructions, 80 bytes; branch 2 (40.0%), MMA 1 (20.0%), "
+                        "FP32 1 (20.0%), shared load 1 (20.0%)\n"
+                        "_Z6nestedv\n  loop 0x0050-0x0060: 2 instructions, 32 bytes; MMA 1 (50.0%), branch 1 (50.0%)\n")
+    r = run("--marker", "FFMA", stdin=NESTED)  # the inner loop first (its back edge comes first), then the outer
+    assert r.returncode == 0
+    assert [line.split(":")[0] for line in r.stdout.splitlines()[1::2]] == ["  loop 0x0010-0x0020",
+                                                                          "  loop 0x0000-0x0040"]
+    r = run("--function", "(", stdin=NESTED)
+    assert r.returncode == 1 and r.stdout == "" and r.stderr.startswith("sass_loops.py: error: --function '(': ")
+    assert r.stderr.count("\n") == 1
