@@ -749,7 +749,7 @@ QTensor int4_operand(int64_t rows, ScaleKind kind) {
   q.cols = 32;
   q.codes.assign(size_t(rows) * 32, 0);  // one code per element
   q.scales.assign(size_t(rows) * 2, 1.0f);
-  if (kind == ScaleKind::ue4m3) q.scale_codes.assign(size_t(rows) * 2, 0x38);  // E4M3 1.0
+  if (kind == ScaleKind::ue4m3) q.scale_codes.assign(size_t(rows) * 2, fp4lab::ue4m3_encode(1.0f));
   q.global_dec = 1.0f;
   return q;
 }
