@@ -60,9 +60,8 @@ fi
 # Static SASS opcode counts of the row-wise BF16 ufp4 kernel (E1M2, block 16, no RHT), for the instruction budget.
 if has sass; then
   sass() {
-    cuobjdump -sass "$CARRY/bin/fp4lab" | awk '/Function :/ { f = ($3 ~ /quantize_kernelItLi1ELi16ELi0E/) }
-      f && /^ +\/\*[0-9a-f]+\*\// { op = $2; if (op ~ /^@/) op = $3; sub(/\..*/, "", op); sub(/;$/, "", op); c[op]++; n++ }
-      END { for (o in c) print c[o], o; print n, "TOTAL" }' | sort -rn
+    cuobjdump -sass "$CARRY/bin/fp4lab" |
+      python3 "$(dirname "$0")/sass_loops.py" --function quantize_kernelItLi1ELi16ELi0E --opcodes
   }
   TAIL=40 step sass sass
 fi

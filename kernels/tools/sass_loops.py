@@ -2,12 +2,14 @@
 """Opcode mix of the loops of compiled kernels, from a SASS listing.
 
     nvdisasm -c gemm.cubin | python3 kernels/tools/sass_loops.py --function gemm_mma_kernel --marker IMMA
-    cuobjdump -sass build/bin/fp4lab | python3 kernels/tools/sass_loops.py --function quantize_kernel
+    cuobjdump -sass build/bin/fp4lab | python3 kernels/tools/sass_loops.py --function quantize_kernel --opcodes
 
 For each function whose name matches --function, every loop (a backward branch and the instructions from its
 target to it) that holds a --marker instruction is printed with its instruction count, its code size (16 bytes per
 SASS instruction on SM90) and its instructions by class, so an epilogue's FP32 share and the overhead around it can
-be read off without a GPU. Static counts: a loop runs its whole body each iteration, but predicated-off
+be read off without a GPU. With --opcodes, every instruction of the matching functions is counted by opcode
+instead ("COUNT OPCODE" lines, most frequent first, then "N TOTAL"): a kernel without a loop, like the
+quantiser's one group per thread, is read that way. Static counts: a loop runs its whole body each iteration, but predicated-off
 instructions still count. A loop is the address range from a back edge's target to the back edge, so a nested
 loop is printed on its own and again inside its outer loop, and code the compiler placed after the back edge
 and jumps into is not counted (the GEMM and quantiser loops have no such code).
@@ -97,6 +99,7 @@ def main(argv=None):
     ap.add_argument("listing", nargs="?", help="nvdisasm -c or cuobjdump -sass output (default: standard input)")
     ap.add_argument("--function", default="", help="regular expression a function's (mangled) name must match")
     ap.add_argument("--marker", default="IMMA", help="report only loops holding this opcode (default IMMA)")
+    ap.add_argument("--opcodes", action="store_true", help="count every instruction by opcode, not loops")
     args = ap.parse_args(argv)
     try:
         text = open(args.listing, encoding="utf-8").read() if args.listing else sys.stdin.read()
@@ -109,6 +112,15 @@ def main(argv=None):
         print(f"sass_loops.py: error: --function '{args.function}': {e}", file=sys.stderr)
         return 1
     funcs, labels = parse(text.splitlines())
+    if args.opcodes:
+        ops = collections.Counter(opcode(x) for name, ins in funcs.items() if name_re.search(name) for _, x in ins)
+        if not ops:
+            print(f"sass_loops.py: error: no instruction in a function matching '{args.function}'", file=sys.stderr)
+            return 1
+        for op, k in sorted(ops.items(), key=lambda kv: (-kv[1], kv[0])):
+            print(k, op)
+        print(sum(ops.values()), "TOTAL")
+        return 0
     found = 0
     for name, ins in funcs.items():
         if not name_re.search(name):

@@ -108,3 +108,14 @@ def test_nested_loops_and_branch_operand_forms():
     r = run("--function", "(", stdin=NESTED)
     assert r.returncode == 1 and r.stdout == "" and r.stderr.startswith("sass_loops.py: error: --function '(': ")
     assert r.stderr.count("\n") == 1
+
+
+def test_opcode_counts_of_whole_functions():
+    # Every instruction of _Z4gemmv by opcode, modifiers and guard predicates dropped; ties in name order.
+    want = "2 BRA\n2 FMUL\n1 EXIT\n1 FADD\n1 IADD3\n1 IMMA\n1 ISETP\n1 LDSM\n1 S2R\n11 TOTAL\n"
+    for text in (NVDISASM, CUOBJDUMP):
+        r = run("--function", "gemm", "--opcodes", stdin=text)
+        assert (r.returncode, r.stdout, r.stderr) == (0, want, "")
+    r = run("--function", "nothing", "--opcodes", stdin=CUOBJDUMP)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr == "sass_loops.py: error: no instruction in a function matching 'nothing'\n"
