@@ -461,7 +461,7 @@ def test_proxy_against_the_committed_paired_effects():
         ("small, 6000 steps, linux-doc", "ufp4-sr-none", "ufp4", 3),
         ("small, 6000 steps, linux-doc", "ufp4-sr-grads", "ufp4", 3),
         ("small, 6000 steps, linux-doc", "e2m1-rht-all", "e2m1-ref", 3),
-        ("large, 4000 steps, linux-doc", "ufp4", "e2m1-ref", 3),
+        ("large, 4000 steps, linux-doc", "ufp4", "e2m1-ref", 3), ("large, 4000 steps, linux-doc", "ufp4", "nvfp4", 3),
         ("small, 2000 steps, python-doc", "ufp4", "e2m1-ref", 5),
         ("small, 2000 steps, python-doc", "ufp4", "nvfp4", 5), ("small, 2000 steps, python-doc", "ufp4", "mxfp4", 5)]
     path = os.path.join(ROOT, "docs", "results", "analysis-doc-lm.json")
