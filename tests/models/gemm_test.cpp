@@ -308,9 +308,14 @@ void expect_fused_form_exact(const std::vector<float>& scales, const char* what)
                               std::ldexp(float(int(r % 2001) - 1000), int(r >> 27) - 16) + s};
         for (const float acc : accs) {
           ++checked;
-          if (f32_bits(contract_scale_add_fma(acc, x, sa, sb)) != f32_bits(contract_scale_add(acc, x, sa, sb)) &&
-              ++mismatched <= 5)
+          const uint32_t want = f32_bits(contract_scale_add(acc, x, sa, sb));
+          if (f32_bits(contract_scale_add_fma(acc, x, sa, sb)) != want && ++mismatched <= 5)
             ADD_FAILURE() << what << ": acc " << acc << " x " << x << " sa " << sa << " sb " << sb;
+          // The two-fma form on the accumulator's kMagic + p (the GPU's), for every acc the contract can hold.
+          const float f = kMagic + x;  // exact: |x| < 2^22
+          if (f32_bits(acc) != 0x80000000u &&
+              f32_bits(contract_scale_add_magic(acc, f, sa, magic_scale(sa), sb)) != want && ++mismatched <= 5)
+            ADD_FAILURE() << what << " (magic form): acc " << acc << " x " << x << " sa " << sa << " sb " << sb;
         }
       }
     }
@@ -342,6 +347,24 @@ TEST(FmaForm, ScalesOutsideTheProofAreRefused) {
   EXPECT_EQ(f32_bits(contract_scale_add_fma(-3.0f, 3.0f, 1.0f + 0x1p-23f, 1.0f)), 0x34c00000u);
   // Every grid's largest block dot product stays inside the proof's bound.
   for (const ElemFormat& f : kAllFormats) EXPECT_LT(32 * f.int_level(7) * f.int_level(7), kFmaExactMaxDot) << f.name;
+}
+
+// The accumulator trick behind contract_scale_add_magic: an int32 accumulator started at kMagicBits holds the FP32
+// bits of kMagic + p for every |p| < kMagicMaxDot (the mma adds p as an integer), and its edges. The magic form
+// differs from the contract only at acc = -0, which the contract's accumulator never holds (a sum from +0 by
+// round-to-nearest adds is -0 only when both addends are): p < 0 with a zero scale adds -0 there, +0 here.
+TEST(FmaForm, MagicAccumulatorHoldsKMagicPlusP) {
+  int64_t bad = 0;
+  for (int32_t p = -kMagicMaxDot; p < kMagicMaxDot; ++p)
+    bad += f32_bits(kMagic + float(p)) != uint32_t(kMagicBits + p) || (kMagic + float(p)) - kMagic != float(p);
+  EXPECT_EQ(bad, 0);
+  // One past either end the exponent field moves and the bits no longer read as kMagic + p.
+  EXPECT_NE(f32_bits(kMagic + float(kMagicMaxDot + 1)), uint32_t(kMagicBits + kMagicMaxDot + 1));
+  EXPECT_NE(f32_bits(kMagic - float(kMagicMaxDot + 1)), uint32_t(kMagicBits - kMagicMaxDot - 1));
+  EXPECT_EQ(f32_bits(contract_scale_add(-0.0f, -3.0f, 0.0f, 1.0f)), 0x80000000u);
+  EXPECT_EQ(f32_bits(contract_scale_add_magic(-0.0f, kMagic - 3.0f, 0.0f, magic_scale(0.0f), 1.0f)), 0u);
+  // Every grid's largest block dot product stays inside the trick's bound too.
+  for (const ElemFormat& f : kAllFormats) EXPECT_LT(32 * f.int_level(7) * f.int_level(7), kMagicMaxDot) << f.name;
 }
 
 // Step 6: out = acc * (ga * gb), the factor rounded first. int4 (2^-int_shift = 1), global_dec 1 + 2^-23

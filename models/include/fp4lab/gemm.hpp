@@ -70,6 +70,27 @@ inline constexpr int kFmaExactMaxDot = 1 << 16;  // |p| below this, with passing
 FP4LAB_HD inline float contract_scale_add_fma(float acc, float x, float sa, float sb) {
   return FP4LAB_FFMA(x, FP4LAB_FMUL(sa, sb), acc);
 }
+
+// Step 2 without a conversion: an integer accumulator started at kMagicBits (1.5 * 2^23 as FP32 bits) ends at the
+// bits of kMagic + p exactly, while the mantissa field stays in range: |p| < 2^22 (every grid's |p| <= 32 * 144).
+// Then FP32(p) = (kMagic + p) - kMagic, one exact subtraction.
+inline constexpr int32_t kMagicBits = 0x4B400000;
+inline constexpr float kMagic = 12582912.0f;
+inline constexpr int kMagicMaxDot = 1 << 22;
+
+// The fused form taking f = kMagic + p as it comes from such an accumulator, with no subtraction: two fmas,
+//   fma(fma(f, sa, msa), sb, acc),   msa = magic_scale(sa) = -kMagic * sa (once per scale, not per output).
+// Where contract_scale_add_fma is exact (both scales pass fma_exact_scale, |p| < kFmaExactMaxDot) this gives its
+// bits, for every acc but -0. Proof: sa is 0 or has at most 4 significant bits and exponent in [-50, 50], so msa
+// (2 + 4 bits, exponent <= 75) is exact, and f * sa + msa = p * sa (16 + 4 bits, >= 2^-50 unless 0) is
+// representable: the inner fma rounds nothing. (p * sa) * sb = p * (sa * sb) exactly (the proof above), so the
+// outer fma is contract_scale_add_fma's one rounding. A zero product may differ only in its sign (+0 here where
+// p < 0 and sa = 0 give -0 there), and acc + (+-0) = acc for every acc but -0. The contract's accumulator is never
+// -0: it starts at +0, and a round-to-nearest sum is -0 only when both addends are (tests/models: FmaForm.*).
+FP4LAB_HD inline float magic_scale(float sa) { return FP4LAB_FMUL(-kMagic, sa); }
+FP4LAB_HD inline float contract_scale_add_magic(float acc, float f, float sa, float msa, float sb) {
+  return FP4LAB_FFMA(FP4LAB_FFMA(f, sa, msa), sb, acc);
+}
 FP4LAB_HD inline float tensor_factor(const ElemFormat& f, float global_dec) {
   return FP4LAB_FMUL(global_dec, std::ldexp(1.0f, -f.int_shift()));
 }
