@@ -135,8 +135,9 @@ int cmd_cuda_bench(const Invocation& inv) {
     fc::gemm_fast_prepare(probe.qa, probe.qb, probe.gws, s);
     const bool fused = fc::gemm_fast_fused(probe.gws, s);
     // Bound from the contract's per-block epilogue: 4 FP32 instructions (exact int->float subtraction, two
-    // multiplies, one add) per output per block, on 128 FP32 lanes per SM; 3 where the fused form applies.
-    const int epi_ops = fused ? 3 : 4;
+    // multiplies, one add) per output per block, on 128 FP32 lanes per SM; 2 fmas where the fused form applies
+    // (contract_scale_add_magic; its one multiply per row scale is not counted).
+    const int epi_ops = fused ? 2 : 4;
     const double bound_tops = fp32_lanes_per_s / epi_ops * 2.0 * gc.block / 1e12;
     std::cout << "\nblock-scaled GEMM " << gc.label() << " (fast kernel: int8 mma.sync + FP32 contract epilogue;"
               << " 'total' includes the int8 unpack pass) vs cuBLAS BF16 (BF16 in, FP32 out)\n";

@@ -128,11 +128,8 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_
                : "r"(addr));
 }
 
-// 0x4B400000 is 1.5 * 2^23. The mma adds the block's integer dot product p (|p| <= 32 * 144 < 2^22) to this bit
-// pattern; read back as FP32 it is exactly 12582912 + p, and one exact subtraction gives FP32(p), the
-// contract's step 2, without an int-to-float conversion instruction (a quarter-rate pipe on SM90).
-constexpr int32_t kMagicBits = 0x4B400000;
-constexpr float kMagic = 12582912.0f;
+// Every mma starts its accumulator at kMagicBits (models/include/fp4lab/gemm.hpp): read back as FP32 the result is
+// exactly kMagic + p, so step 2 needs no int-to-float conversion instruction (a quarter-rate pipe on SM90).
 
 __device__ __forceinline__ void mma_k16(int32_t (&d)[4], const uint32_t (&a)[2], uint32_t b) {
   asm volatile(
@@ -163,8 +160,9 @@ __device__ __forceinline__ int swz(int r, int c) { return r * 128 + ((c ^ (r & 7
 
 // Per block of the stage and output of the thread: one exact subtraction (step 2) and the golden
 // contract_scale_add (steps 3-5: two multiplies, one add), blocks in ascending order; where every scale of the
-// GEMM passes fma_exact_scale (the device flag), contract_scale_add_fma instead: one multiply and one fma, the
-// same bits (models/include/fp4lab/gemm.hpp has the proof). The flag is uniform, so the loop is chosen once.
+// GEMM passes fma_exact_scale (the device flag), contract_scale_add_magic instead: two fmas on the mma's kMagic + p,
+// no subtraction, plus one multiply per row scale; the same bits (models/include/fp4lab/gemm.hpp has the proof;
+// the accumulators start at +0 and so are never -0). The flag is uniform, so the loop is chosen once.
 // Every copy and ldmatrix address is computed once per thread (a fixed offset from the stage base plus the
 // stage's K offset).
 template <int B, class T>
@@ -318,15 +316,23 @@ __global__ void __launch_bounds__(T::THREADS, T::MINB) gemm_mma_kernel(const Fas
           sb[nt][1] = v.y;
         }
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+        for (int mt = 0; mt < MT; ++mt) {
+          float msa[2] = {0.0f, 0.0f};
+          if constexpr (FUSED) {
+            msa[0] = magic_scale(sa[mt][0]);
+            msa[1] = magic_scale(sa[mt][1]);
+          }
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              const float x = __fsub_rn(__int_as_float(d[mt][nt][e]), kMagic);  // = FP32(p), exact
-              acc[mt][nt][e] = FUSED ? contract_scale_add_fma(acc[mt][nt][e], x, sa[mt][e >> 1], sb[nt][e & 1])
-                                     : contract_scale_add(acc[mt][nt][e], x, sa[mt][e >> 1], sb[nt][e & 1]);
+              const float f = __int_as_float(d[mt][nt][e]);  // kMagic + p, exactly
+              acc[mt][nt][e] = FUSED ? contract_scale_add_magic(acc[mt][nt][e], f, sa[mt][e >> 1], msa[e >> 1],
+                                                                sb[nt][e & 1])
+                                     : contract_scale_add(acc[mt][nt][e], __fsub_rn(f, kMagic),  // FP32(p), exact
+                                                          sa[mt][e >> 1], sb[nt][e & 1]);
             }
+        }
       }
     }
   };
