@@ -41,6 +41,8 @@ fp4lab::cuda::Buffer<uint16_t> device_random_bf16(int64_t n, uint64_t seed) {
     fp4lab::cuda::check(cudaMemcpy(b.data() + done, b.data(), size_t(c) * 2, cudaMemcpyDeviceToDevice), "cudaMemcpy D2D");
     done += c;
   }
+  // The copies run on the legacy stream, which qbench's non-blocking stream does not wait for.
+  fp4lab::cuda::check(cudaDeviceSynchronize(), "device_random_bf16");
   return b;
 }
 
@@ -101,6 +103,7 @@ int cmd_cuda_qbench(const Invocation& inv) {
       xs.emplace_back(static_cast<size_t>(n));
       fc::check(cudaMemcpy(xs.back().data(), xs[0].data(), in_bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy D2D");
     }
+    fc::check(cudaDeviceSynchronize(), "cudaMemcpy D2D");  // legacy-stream copies, before stream s reads them
     fc::Buffer<uint16_t> xt(static_cast<size_t>(n));  // the copy of the replaced transposed route
     fc::Buffer<uint8_t> dst(in_bytes);
     fc::DQTensor q;

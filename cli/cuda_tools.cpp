@@ -79,6 +79,8 @@ fc::Buffer<float> device_random(int64_t n, uint64_t seed) {
     fc::check(cudaMemcpy(b.data() + done, b.data(), size_t(c) * 4, cudaMemcpyDeviceToDevice), "cudaMemcpy D2D");
     done += c;
   }
+  // The copies run on the legacy stream, which the benches' non-blocking streams do not wait for.
+  fc::check(cudaDeviceSynchronize(), "device_random");
   return b;
 }
 
@@ -94,6 +96,7 @@ QuantTimes time_quantize(Timer& T, const fc::DeviceInfo& dev, double copy_gbs, i
     xs.emplace_back(static_cast<size_t>(n));
     fc::check(cudaMemcpy(xs.back().data(), xs[0].data(), in_bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy D2D");
   }
+  fc::check(cudaDeviceSynchronize(), "cudaMemcpy D2D");  // legacy-stream copies, before stream s reads them
   fc::Buffer<float> rotated(static_cast<size_t>(n));
   fc::DQTensor q;
   fc::QuantWorkspace ws;

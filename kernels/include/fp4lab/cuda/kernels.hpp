@@ -77,6 +77,9 @@ class Buffer {
   void upload(const T* h, size_t n) {
     resize(n);
     if (n) check(cudaMemcpy(p_, h, n * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+    // From pageable memory cudaMemcpy may return before its DMA has landed, and a non-blocking stream does not
+    // wait for the legacy stream that carries it: wait here, so that any stream may read the buffer next.
+    if (n) check(cudaStreamSynchronize(cudaStreamLegacy), "cudaMemcpy H2D");
   }
   void upload(const std::vector<T>& v) { upload(v.data(), v.size()); }
   std::vector<T> to_host() const {
