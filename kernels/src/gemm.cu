@@ -1,7 +1,8 @@
 // Block-scaled GEMM under the datapath contract (docs/datapath.md section 3), C[M, N] = A[M, K] . B[N, K]^T:
 // a simple reference kernel and a fast one on the int8 tensor cores. Both call the golden contract functions
 // (contract_step / contract_scale_add / contract_finish / tensor_factor), which use __fmul_rn / __fadd_rn in
-// device code, so nothing is contracted into an FMA or reordered.
+// device code, so nothing is contracted into an FMA or reordered; the fma of the fused epilogue is the golden
+// contract_scale_add_magic, taken only where it is proven to give the same bits.
 #include <cuda_runtime.h>
 
 #include <stdexcept>
@@ -104,7 +105,7 @@ struct FastArgs {
   int64_t M, N;
   ElemFormat fa, fb;
   const float *gda, *gdb;
-  const int* fused_ok;  // nonzero: steps 3-5 as contract_scale_add_fma (proven the same bits); null = never
+  const int* fused_ok;  // nonzero: steps 2-5 as contract_scale_add_magic (proven the same bits); null = never
   float* c;             // FP32 C, or null and
   uint16_t* c16;        // BF16 C (round to nearest even of the FP32 value)
   int* nonfinite;       // null, or the flag whose `bit` a NaN or Inf FP32 value of C sets

@@ -334,6 +334,18 @@ TEST(FmaForm, EqualsTheContractForE8m0ScalesWithin2To50) {
   expect_fused_form_exact(scales, "ue8m0");
 }
 
+// fma_exact_scale ignores the sign and takes any 4-bit mantissa within 2^+-50: the forms hold there too, at the
+// exponent ends where msa and p * sa are largest and smallest, with negative and signed-zero scales.
+TEST(FmaForm, EqualsTheContractAtThePredicatesEdges) {
+  std::vector<float> scales = {-0.0f, 0.0f};
+  for (int e : {-50, -49, -1, 0, 49, 50})
+    for (float m : {1.0f, 1.125f, 1.5f, 1.875f}) {
+      scales.push_back(std::ldexp(m, e));
+      scales.push_back(-std::ldexp(m, e));
+    }
+  expect_fused_form_exact(scales, "edges");
+}
+
 // The predicate's edges: exponents past +-50, a fourth stored mantissa bit, non-finite values, and an FP32
 // scale where the fused form indeed gives other bits (the hand-worked case above: the contract's 2^-21 against
 // the fma's 3 * 2^-23), so the kernel must keep the separate form there.
@@ -350,15 +362,15 @@ TEST(FmaForm, ScalesOutsideTheProofAreRefused) {
 }
 
 // The accumulator trick behind contract_scale_add_magic: an int32 accumulator started at kMagicBits holds the FP32
-// bits of kMagic + p for every |p| < kMagicMaxDot (the mma adds p as an integer), and its edges. The magic form
+// bits of kMagic + p for every |p| <= kMagicMaxDot (the mma adds p as an integer), and its edges. The magic form
 // differs from the contract only at acc = -0, which the contract's accumulator never holds (a sum from +0 by
 // round-to-nearest adds is -0 only when both addends are): p < 0 with a zero scale adds -0 there, +0 here.
 TEST(FmaForm, MagicAccumulatorHoldsKMagicPlusP) {
   int64_t bad = 0;
-  for (int32_t p = -kMagicMaxDot; p < kMagicMaxDot; ++p)
+  for (int32_t p = -kMagicMaxDot; p <= kMagicMaxDot; ++p)  // +2^22 still reads right: 0x4B800000 is 2^24
     bad += f32_bits(kMagic + float(p)) != uint32_t(kMagicBits + p) || (kMagic + float(p)) - kMagic != float(p);
   EXPECT_EQ(bad, 0);
-  // One past either end the exponent field moves and the bits no longer read as kMagic + p.
+  // Past either end the exponent field moves and the bits no longer read as kMagic + p.
   EXPECT_NE(f32_bits(kMagic + float(kMagicMaxDot + 1)), uint32_t(kMagicBits + kMagicMaxDot + 1));
   EXPECT_NE(f32_bits(kMagic - float(kMagicMaxDot + 1)), uint32_t(kMagicBits - kMagicMaxDot - 1));
   EXPECT_EQ(f32_bits(contract_scale_add(-0.0f, -3.0f, 0.0f, 1.0f)), 0x80000000u);
