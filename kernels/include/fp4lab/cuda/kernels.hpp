@@ -228,7 +228,7 @@ struct GemmWorkspace {
 };
 // Fast kernel on the int8 tensor cores (mma.sync m16n8k16 for block 16, m16n8k32 for block 32): each mma
 // gives one block's exact int32 dot product; the block scaling and the FP32 accumulation in ascending block
-// order run on the CUDA cores with the golden contract_scale_add, or with contract_scale_add_fma (the same bits)
+// order run on the CUDA cores with the golden contract_scale_add, or with contract_scale_add_magic (the same bits)
 // where every block scale of both operands passes fma_exact_scale: UE4M3 scales always, UE8M0 within 2^+-50. The
 // check runs on the device in the prepare pass (no synchronisation). Includes the int8 unpack pass.
 // `variant` picks one of the tile shapes (all bit-identical); -1 is the default: the fastest measured on the H200
