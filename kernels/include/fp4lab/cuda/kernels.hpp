@@ -90,6 +90,7 @@ class Buffer {
   // Every byte set to `byte` (tests poison outputs with 0xFF before a run).
   void fill_bytes(int byte) {
     if (n_) check(cudaMemset(p_, byte, n_ * sizeof(T)), "cudaMemset");
+    if (n_) check(cudaStreamSynchronize(cudaStreamLegacy), "cudaMemset");  // as upload: before any stream reads
   }
 
  private:
