@@ -3,6 +3,7 @@
 // (contract_step / contract_scale_add / contract_finish / tensor_factor), which use __fmul_rn / __fadd_rn in
 // device code, so nothing is contracted into an FMA or reordered; the fma of the fused epilogue is the golden
 // contract_scale_add_magic, taken only where it is proven to give the same bits.
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <stdexcept>
@@ -58,12 +59,8 @@ int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 // codes [rows, K] packed -> signed integer views [Rp, Kp] (zero padding), 16 outputs per thread. The integer
 // view of each code (golden decode_int) sits in byte tables, four codes looked up per byte permute: magnitude
 // index -> value and -> negated value, then the sign bit picks one of the two.
-__global__ void unpack_kernel(ElemFormat f, const uint8_t* codes, int64_t rows, int64_t K, int8_t* out, int64_t Rp,
-                              int64_t Kp) {
-  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t chunks = Kp / 16;
-  if (t >= Rp * chunks) return;
-  const int64_t r = t / chunks, c = t - r * chunks;
+__device__ __forceinline__ uint4 unpack16(ElemFormat f, const uint8_t* codes, int64_t rows, int64_t K, int64_t r,
+                                          int64_t c) {
   uint32_t w[4] = {0, 0, 0, 0};
   if (r < rows && c * 16 < K) {
     uint32_t pos[2] = {0, 0}, neg[2] = {0, 0};
@@ -81,7 +78,36 @@ __global__ void unpack_kernel(ElemFormat f, const uint8_t* codes, int64_t rows, 
       w[q] = __byte_perm(pv, nv, 0x3210 | ((sel >> 1) & 0x4444));  // sign bit set: byte i of nv
     }
   }
-  *reinterpret_cast<uint4*>(out + r * Kp + c * 16) = make_uint4(w[0], w[1], w[2], w[3]);
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+__global__ void unpack_kernel(ElemFormat f, const uint8_t* codes, int64_t rows, int64_t K, int8_t* out, int64_t Rp,
+                              int64_t Kp) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t chunks = Kp / 16;
+  if (t >= Rp * chunks) return;
+  const int64_t r = t / chunks, c = t - r * chunks;
+  *reinterpret_cast<uint4*>(out + r * Kp + c * 16) = unpack16(f, codes, rows, K, r, c);
+}
+
+// The same views as F16 bit patterns (|v| <= 12: exact), for the wgmma variant.
+__global__ void unpack_f16_kernel(ElemFormat f, const uint8_t* codes, int64_t rows, int64_t K, uint16_t* out,
+                                  int64_t Rp, int64_t Kp) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t chunks = Kp / 16;
+  if (t >= Rp * chunks) return;
+  const int64_t r = t / chunks, c = t - r * chunks;
+  const uint4 v = unpack16(f, codes, rows, K, r, c);
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  uint32_t h[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int lo = int8_t((w[i / 2] >> (16 * (i % 2))) & 0xFF), hi = int8_t((w[i / 2] >> (16 * (i % 2) + 8)) & 0xFF);
+    h[i] = uint32_t(__half_as_ushort(__int2half_rn(lo))) | (uint32_t(__half_as_ushort(__int2half_rn(hi))) << 16);
+  }
+  uint4* o = reinterpret_cast<uint4*>(out + r * Kp + c * 16);
+  o[0] = make_uint4(h[0], h[1], h[2], h[3]);
+  o[1] = make_uint4(h[4], h[5], h[6], h[7]);
 }
 
 // scales [rows, KB] -> [KBp, Rp] (k-major, zero padding): a CTA tile's scales for one block are contiguous.
@@ -99,7 +125,7 @@ __global__ void transpose_scales_kernel(const float* s, int64_t rows, int64_t KB
 }
 
 struct FastArgs {
-  const int8_t *a, *b;
+  const int8_t *a, *b;   // the views' bytes: int8 (mma.sync) or F16 (wgmma), [Mp, Kp] and [Np, Kp] elements
   const float *sa, *sb;  // [KBp, Mp], [KBp, Np]
   int64_t Mp, Np, Kp;
   int64_t M, N;
@@ -111,6 +137,32 @@ struct FastArgs {
   int* nonfinite;       // null, or the flag whose `bit` a NaN or Inf FP32 value of C sets
   int bit;
 };
+
+// Step 6 done: C[m][n], C[m][n + 1] stored as FP32 or BF16, out-of-range ones skipped; `bad` collects NaN/Inf.
+__device__ __forceinline__ void store_c_pair(const FastArgs& p, int64_t m, int64_t n, float c0, float c1, bool& bad) {
+  if (m >= p.M) return;
+  bad |= (n < p.N && !isfinite(c0)) || (n + 1 < p.N && !isfinite(c1));
+  const bool pair = n + 1 < p.N && (p.N % 2) == 0;  // both in range, and the pair aligned
+  if (p.c16) {
+    // The golden f32_to_bf16 (round to nearest even), as torch's FP32 -> BF16 conversion on finite values.
+    const uint16_t b0 = f32_to_bf16(c0), b1 = f32_to_bf16(c1);
+    uint16_t* out = p.c16 + m * p.N + n;
+    if (pair) {
+      *reinterpret_cast<uint32_t*>(out) = uint32_t(b0) | (uint32_t(b1) << 16);
+    } else {
+      if (n < p.N) out[0] = b0;
+      if (n + 1 < p.N) out[1] = b1;
+    }
+    return;
+  }
+  float* out = p.c + m * p.N + n;
+  if (pair) {
+    *reinterpret_cast<float2*>(out) = make_float2(c0, c1);
+  } else {
+    if (n < p.N) out[0] = c0;
+    if (n + 1 < p.N) out[1] = c1;
+  }
+}
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
 
@@ -350,36 +402,202 @@ __global__ void __launch_bounds__(T::THREADS, T::MINB) gemm_mma_kernel(const Fas
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t m = m0 + wrow + mt * 16 + g + h * 8;
-        const int64_t n = n0 + wcol + nt * 8 + t4 * 2;
-        if (m >= p.M) continue;
-        const float c0 = contract_finish(acc[mt][nt][2 * h], ga, gb);
-        const float c1 = contract_finish(acc[mt][nt][2 * h + 1], ga, gb);
-        bad |= (n < p.N && !isfinite(c0)) || (n + 1 < p.N && !isfinite(c1));
-        const bool pair = n + 1 < p.N && (p.N % 2) == 0;  // both in range, and the pair aligned
-        if (p.c16) {
-          // The golden f32_to_bf16 (round to nearest even), as torch's FP32 -> BF16 conversion on finite values.
-          const uint16_t b0 = f32_to_bf16(c0), b1 = f32_to_bf16(c1);
-          uint16_t* out = p.c16 + m * p.N + n;
-          if (pair) {
-            *reinterpret_cast<uint32_t*>(out) = uint32_t(b0) | (uint32_t(b1) << 16);
-          } else {
-            if (n < p.N) out[0] = b0;
-            if (n + 1 < p.N) out[1] = b1;
-          }
-          continue;
-        }
-        float* out = p.c + m * p.N + n;
-        if (pair) {
-          *reinterpret_cast<float2*>(out) = make_float2(c0, c1);
-        } else {
-          if (n < p.N) out[0] = c0;
-          if (n + 1 < p.N) out[1] = c1;
-        }
-      }
+      for (int h = 0; h < 2; ++h)
+        store_c_pair(p, m0 + wrow + mt * 16 + g + h * 8, n0 + wcol + nt * 8 + t4 * 2,
+                     contract_finish(acc[mt][nt][2 * h], ga, gb), contract_finish(acc[mt][nt][2 * h + 1], ga, gb), bad);
   // The output check of the whole tile in one flag write (p.nonfinite is uniform, so every thread reaches it).
   if (p.nonfinite && __syncthreads_or(bad) && threadIdx.x == 0) atomicOr(p.nonfinite, p.bit);
+}
+
+// ---- SM90 path: wgmma.m64n128k16 on F16 views ---------------------------------------------------------------
+// The same contract on warpgroup MMAs: a block of 16 is one K-16 wgmma (block 32: two, the second accumulating),
+// whose FP32 result is the block's dot product p exactly: the F16 inputs are integers |v| <= 12, so every product
+// and partial sum is an integer of magnitude at most 32 * 144 < 2^13, exact wherever the tensor core keeps 14
+// significant bits of a sum (FP32 keeps 24); measured too, by the kernel tests and tools/mma_probe.cu. Steps
+// 3-5 are then the golden contract_scale_add (3 instructions) or, where every scale passes fma_exact_scale,
+// contract_scale_add_fma (2), on the CUDA cores, blocks in ascending order. 128 x 128 tile, two warpgroups of 64
+// rows; stages of 64 K elements through cp.async into the 128-byte-swizzled K-major layout wgmma's descriptors
+// read (the swz above: 16-byte chunk XOR row % 8, on 1024-byte-aligned 8-row atoms). Per block, the wgmma of the
+// next block runs while the epilogue of this one does (two accumulator sets).
+constexpr int kWgStages = 4, kWgThreads = 256, kWgBM = 128, kWgBN = 128, kWgRowBytes = 128;
+template <int B>
+__host__ __device__ constexpr int wg_stage_bytes() {
+  return kWgBM * kWgRowBytes + kWgBN * kWgRowBytes + 4 * (kWgRowBytes / 2 / B) * (kWgBM + kWgBN);
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row atoms 1024 bytes apart (the leading-dimension
+// offset is unused for this layout).
+__device__ __forceinline__ uint64_t wg_desc(uint32_t addr) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+#define FP4LAB_WG_R8(i) \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+// d (the warpgroup's 64 rows x 128 columns, 64 a thread) = A . B^T over 16 of K, or += when acc.
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t da, uint64_t db, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,"
+      "%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,"
+      "%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : FP4LAB_WG_R8(0), FP4LAB_WG_R8(8), FP4LAB_WG_R8(16), FP4LAB_WG_R8(24), FP4LAB_WG_R8(32), FP4LAB_WG_R8(40),
+        FP4LAB_WG_R8(48), FP4LAB_WG_R8(56)
+      : "l"(da), "l"(db), "r"(acc));
+}
+#undef FP4LAB_WG_R8
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void wg_pin(float (&d)[64]) {  // no access to d moves across a fence or wait
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+#endif
+
+template <int B>
+__global__ void __launch_bounds__(kWgThreads, 1) gemm_wgmma_kernel(const FastArgs p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int BM = kWgBM, BN = kWgBN, BKB = kWgRowBytes, STAGES = kWgStages, THREADS = kWgThreads;
+  constexpr int CH = BKB / 16, KPS = BKB / 2 / B, SUB = B / 16;  // chunks a row, blocks a stage, wgmmas a block
+  constexpr int A_BYTES = BM * BKB, B_BYTES = BN * BKB, SA_FLOATS = KPS * BM;
+  constexpr int STAGE_BYTES = wg_stage_bytes<B>();
+  constexpr int RS = THREADS / CH, QA = KPS * BM / 4, QB = KPS * BN / 4;
+  constexpr int NS = (QA + QB + THREADS - 1) / THREADS;
+  static_assert(STAGE_BYTES % 1024 == 0 && KPS % 2 == 0, "1024-byte stages; blocks in pairs (two accumulators)");
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  // The 128-byte swizzle's atoms must start on 1024 bytes; the launch asks for 1024 bytes more than the stages.
+  uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+  const uint32_t smem0 = smem_u32(smem);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, w = warp & 3;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int64_t m0 = int64_t(blockIdx.y) * BM, n0 = int64_t(blockIdx.x) * BN;
+  const int64_t row_bytes = 2 * p.Kp, ktiles = row_bytes / BKB;
+
+  const int cr = tid / CH, cc = tid % CH;
+  const int8_t* a_src = p.a + (m0 + cr) * row_bytes + cc * 16;
+  const int8_t* b_src = p.b + (n0 + cr) * row_bytes + cc * 16;
+  const uint32_t ab_dst = uint32_t(swz(cr, cc));
+  const float* s_src[NS];
+  uint32_t s_dst[NS];
+#pragma unroll
+  for (int i = 0; i < NS; ++i) {
+    const int id = tid + i * THREADS;
+    s_src[i] = nullptr;
+    s_dst[i] = 0;
+    if (id >= QA + QB) continue;
+    if (id < QA) {
+      const int kk = id / (BM / 4), q = id % (BM / 4);
+      s_src[i] = p.sa + int64_t(kk) * p.Mp + m0 + q * 4;
+      s_dst[i] = uint32_t(A_BYTES + B_BYTES + 4 * (kk * BM + q * 4));
+    } else {
+      const int kk = (id - QA) / (BN / 4), q = (id - QA) % (BN / 4);
+      s_src[i] = p.sb + int64_t(kk) * p.Np + n0 + q * 4;
+      s_dst[i] = uint32_t(A_BYTES + B_BYTES + 4 * (SA_FLOATS + kk * BN + q * 4));
+    }
+  }
+  const int64_t sa_step = int64_t(KPS) * p.Mp, sb_step = int64_t(KPS) * p.Np;
+  auto load_stage = [&](int s, int64_t kt) {
+    const uint32_t base = smem0 + uint32_t(s * STAGE_BYTES);
+    const int64_t k0 = kt * BKB;
+#pragma unroll
+    for (int i = 0; i < BM / RS; ++i)
+      cp_async16(base + ab_dst + i * RS * BKB, a_src + int64_t(i) * RS * row_bytes + k0);
+#pragma unroll
+    for (int i = 0; i < BN / RS; ++i)
+      cp_async16(base + A_BYTES + ab_dst + i * RS * BKB, b_src + int64_t(i) * RS * row_bytes + k0);
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+      const int id = tid + i * THREADS;
+      if (id < QA + QB) cp_async16(base + s_dst[i], s_src[i] + kt * (id < QA ? sa_step : sb_step));
+    }
+  };
+
+  float acc[64], d0[64], d1[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = d0[i] = d1[i] = 0.0f;
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < ktiles) load_stage(s, s);
+    cp_async_commit();
+  }
+  // Accumulator element i = 4 j + e: row w * 16 + g + 8 (e >> 1) of the warpgroup's 64, column 8 j + 2 t4 + (e & 1).
+  const int arow = wg * 64 + w * 16 + g;
+  auto main_loop = [&](auto fused_tag) {
+    constexpr bool FUSED = decltype(fused_tag)::value;
+    for (int64_t kt = 0; kt < ktiles; ++kt) {
+      cp_async_wait<STAGES - 2>();
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async data, read by the async proxy
+      __syncthreads();
+      {
+        const int64_t next = kt + STAGES - 1;
+        if (next < ktiles) load_stage(int(next % STAGES), next);
+        cp_async_commit();
+      }
+      const int s = int(kt % STAGES);
+      const uint32_t As = smem0 + uint32_t(s * STAGE_BYTES) + uint32_t(wg * 64 * BKB), Bs = smem0 + uint32_t(s * STAGE_BYTES + A_BYTES);
+      const float* SAs = reinterpret_cast<const float*>(smem + s * STAGE_BYTES + A_BYTES + B_BYTES);
+      const float* SBs = SAs + SA_FLOATS;
+      auto issue = [&](float(&d)[64], int kk) {
+        wg_fence();
+#pragma unroll
+        for (int u = 0; u < SUB; ++u)
+          wgmma_m64n128k16(d, wg_desc(As + uint32_t((kk * SUB + u) * 32)), wg_desc(Bs + uint32_t((kk * SUB + u) * 32)), u);
+        wg_commit();
+      };
+      auto epilogue = [&](float(&d)[64], int kk) {
+        const float sa0 = SAs[kk * BM + arow], sa1 = SAs[kk * BM + arow + 8];
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const float2 sb = *reinterpret_cast<const float2*>(SBs + kk * BN + j * 8 + t4 * 2);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float sa = (e >> 1) ? sa1 : sa0, sbe = (e & 1) ? sb.y : sb.x;
+            acc[4 * j + e] = FUSED ? contract_scale_add_fma(acc[4 * j + e], d[4 * j + e], sa, sbe)
+                                   : contract_scale_add(acc[4 * j + e], d[4 * j + e], sa, sbe);
+          }
+        }
+      };
+#pragma unroll
+      for (int kk = 0; kk < KPS; kk += 2) {
+        issue(d0, kk);
+        if (kk > 0) {
+          wg_wait<1>();  // block kk - 1 (into d1) is done; block kk runs on
+          wg_pin(d1);
+          epilogue(d1, kk - 1);
+        }
+        issue(d1, kk + 1);
+        wg_wait<1>();
+        wg_pin(d0);
+        epilogue(d0, kk);
+      }
+      wg_wait<0>();  // the stage's last block; nothing reads this stage's shared memory after this
+      wg_pin(d1);
+      epilogue(d1, KPS - 1);
+    }
+  };
+  if (p.fused_ok && __ldg(p.fused_ok) != 0)
+    main_loop(std::true_type{});
+  else
+    main_loop(std::false_type{});
+  cp_async_wait<0>();
+
+  const float ga = tensor_factor(p.fa, *p.gda), gb = tensor_factor(p.fb, *p.gdb);
+  bool bad = false;
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      store_c_pair(p, m0 + arow + 8 * h, n0 + j * 8 + t4 * 2, contract_finish(acc[4 * j + 2 * h], ga, gb),
+                   contract_finish(acc[4 * j + 2 * h + 1], ga, gb), bad);
+  if (p.nonfinite && __syncthreads_or(bad) && threadIdx.x == 0) atomicOr(p.nonfinite, p.bit);
+#else
+  __trap();  // built for another architecture: gemm_fast_variants() offers this variant only on SM90
+#endif
 }
 
 // The tile shapes built; all are bit-identical (the tests run each). Operands are padded to multiples of 128 rows.
@@ -387,8 +605,18 @@ using T128x128w64x32 = Tile<2, 4, 4, 4, 3, 1>;  // 8 warps, 64 outputs per threa
 using T64x128w32x32 = Tile<2, 4, 2, 4, 3, 2>;   // 8 warps, 2 CTAs per SM
 using T128x128w32x32 = Tile<4, 4, 2, 4, 3, 1>;  // 16 warps, 32 outputs per thread
 constexpr const char* kVariantNames[] = {"128x128 w64x32 8 warps", "64x128 w32x32 8 warps x2",
-                                         "128x128 w32x32 16 warps"};
-constexpr int kVariants = 3;
+                                         "128x128 w32x32 16 warps", "128x128 wgmma f16 2 warpgroups"};
+constexpr int kMmaVariants = 3, kWgmmaVariant = 3;
+// The wgmma kernel is built for sm_90a only: offered where the current device is SM90.
+bool wgmma_device() {
+  static const bool ok = [] {
+    int dev = 0, major = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major == 9;
+  }();
+  return ok;
+}
+int variants() { return kMmaVariants + (wgmma_device() ? 1 : 0); }
 // Default tile shapes, from the H200 measurements in docs/results/cuda-bench-h200.txt (where these three are
 // variants 4-6, beside a first kernel with 64-byte K stages that never won and was removed): "64x128" was
 // fastest at every shape for block 32 and at every trace shape for block 16; "128x128 w64x32" at 8192^3 for
@@ -413,8 +641,24 @@ void launch_mma(const FastArgs& p, cudaStream_t s) {
 }
 
 template <int B>
+void launch_wgmma(const FastArgs& p, cudaStream_t s) {
+  constexpr int smem = kWgStages * wg_stage_bytes<B>() + 1024;  // + the alignment of the first stage to 1024
+  static bool configured = false;
+  if (!configured) {
+    check(cudaFuncSetAttribute(gemm_wgmma_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+          "cudaFuncSetAttribute");
+    configured = true;
+  }
+  const dim3 grid(unsigned(p.Np / kWgBN), unsigned(p.Mp / kWgBM));
+  gemm_wgmma_kernel<B><<<grid, kWgThreads, smem, s>>>(p);
+}
+
+template <int B>
 void launch_variant(int v, const FastArgs& p, cudaStream_t s) {
   switch (v) {
+    case kWgmmaVariant:
+      if (!wgmma_device()) break;
+      return launch_wgmma<B>(p, s);
     case 0: return launch_mma<B, T128x128w64x32>(p, s);
     case 1: return launch_mma<B, T64x128w32x32>(p, s);
     case 2: return launch_mma<B, T128x128w32x32>(p, s);
@@ -448,19 +692,34 @@ void gemm_reference(const DQTensor& a, const DQTensor& b, float* d_c, cudaStream
   check_launch("gemm_reference_kernel");
 }
 
-void gemm_fast_prepare(const DQTensor& a, const DQTensor& b, GemmWorkspace& ws, cudaStream_t s) {
+void gemm_fast_prepare(const DQTensor& a, const DQTensor& b, GemmWorkspace& ws, cudaStream_t s, int variant) {
   check_operands(a, b);
   const int64_t K = a.cols, Kp = round_up(K, kKPad), KB = K / a.block, KBp = Kp / a.block;
   const int64_t Mp = round_up(a.rows, kPad), Np = round_up(b.rows, kPad);
-  ws.a8.resize(size_t(Mp * Kp));
-  ws.b8.resize(size_t(Np * Kp));
+  const int v = variant >= 0 ? variant : default_variant(a.block, Mp, Np);
+  if (v < 0 || v >= variants()) throw std::invalid_argument("no fast GEMM variant " + std::to_string(v));
   ws.sa.resize(size_t(KBp * Mp));
   ws.sb.resize(size_t(KBp * Np));
   const int T = 256;
-  unpack_kernel<<<detail::blocks_for(Mp * Kp / 16, T), T, 0, s>>>(a.format, a.codes.data(), a.rows, K, ws.a8.data(),
-                                                                   Mp, Kp);
-  unpack_kernel<<<detail::blocks_for(Np * Kp / 16, T), T, 0, s>>>(b.format, b.codes.data(), b.rows, K, ws.b8.data(),
-                                                                   Np, Kp);
+  if (v == kWgmmaVariant) {  // F16 views; the int8 ones are marked empty, so a run of another variant is refused
+    ws.a8.resize(0);
+    ws.b8.resize(0);
+    ws.a16.resize(size_t(Mp * Kp));
+    ws.b16.resize(size_t(Np * Kp));
+    unpack_f16_kernel<<<detail::blocks_for(Mp * Kp / 16, T), T, 0, s>>>(a.format, a.codes.data(), a.rows, K,
+                                                                         ws.a16.data(), Mp, Kp);
+    unpack_f16_kernel<<<detail::blocks_for(Np * Kp / 16, T), T, 0, s>>>(b.format, b.codes.data(), b.rows, K,
+                                                                         ws.b16.data(), Np, Kp);
+  } else {
+    ws.a16.resize(0);
+    ws.b16.resize(0);
+    ws.a8.resize(size_t(Mp * Kp));
+    ws.b8.resize(size_t(Np * Kp));
+    unpack_kernel<<<detail::blocks_for(Mp * Kp / 16, T), T, 0, s>>>(a.format, a.codes.data(), a.rows, K,
+                                                                     ws.a8.data(), Mp, Kp);
+    unpack_kernel<<<detail::blocks_for(Np * Kp / 16, T), T, 0, s>>>(b.format, b.codes.data(), b.rows, K,
+                                                                     ws.b8.data(), Np, Kp);
+  }
   // The fused epilogue's bound on |p| (kFmaExactMaxDot) holds for every grid fp4lab has; checked, not assumed,
   // with the largest integer any code of the grid decodes to (unpack_kernel decodes all eight magnitudes).
   const bool dot_ok = int64_t(a.block) * a.format.int_level(7) * b.format.int_level(7) < kFmaExactMaxDot;
@@ -482,8 +741,8 @@ bool gemm_fast_fused(const GemmWorkspace& ws, cudaStream_t s) {
   check(cudaStreamSynchronize(s), "cudaStreamSynchronize");  // the prepare pass wrote the flag on this stream
   return ws.fused_ok.to_host()[0] != 0;
 }
-int gemm_fast_variants() { return kVariants; }
-const char* gemm_fast_variant_name(int v) { return v >= 0 && v < kVariants ? kVariantNames[v] : "?"; }
+int gemm_fast_variants() { return variants(); }
+const char* gemm_fast_variant_name(int v) { return v >= 0 && v < variants() ? kVariantNames[v] : "?"; }
 int gemm_fast_default_variant(int block, int64_t M, int64_t N) {
   return default_variant(block, round_up(M, kPad), round_up(N, kPad));
 }
@@ -505,10 +764,13 @@ void gemm_fast_run(const DQTensor& a, const DQTensor& b, const GemmOut& out, Gem
   p.Kp = round_up(a.cols, kKPad);
   p.Mp = round_up(a.rows, kPad);
   p.Np = round_up(b.rows, kPad);
-  if (ws.a8.size() != size_t(p.Mp * p.Kp) || ws.b8.size() != size_t(p.Np * p.Kp))
-    throw std::logic_error("gemm_fast_run: workspace not prepared for these operands");
-  p.a = ws.a8.data();
-  p.b = ws.b8.data();
+  const int v = variant >= 0 ? variant : default_variant(a.block, p.Mp, p.Np);
+  const bool f16 = v == kWgmmaVariant;
+  if ((f16 ? ws.a16.size() : ws.a8.size()) != size_t(p.Mp * p.Kp) ||
+      (f16 ? ws.b16.size() : ws.b8.size()) != size_t(p.Np * p.Kp))
+    throw std::logic_error("gemm_fast_run: workspace not prepared for these operands and this variant");
+  p.a = f16 ? reinterpret_cast<const int8_t*>(ws.a16.data()) : ws.a8.data();
+  p.b = f16 ? reinterpret_cast<const int8_t*>(ws.b16.data()) : ws.b8.data();
   p.sa = ws.sa.data();
   p.sb = ws.sb.data();
   p.M = a.rows;
@@ -522,7 +784,6 @@ void gemm_fast_run(const DQTensor& a, const DQTensor& b, const GemmOut& out, Gem
   p.c16 = out.c16;
   p.nonfinite = out.nonfinite;
   p.bit = out.bit;
-  const int v = variant >= 0 ? variant : default_variant(a.block, p.Mp, p.Np);
   if (a.block == 16)
     launch_variant<16>(v, p, s);
   else if (a.block == 32)
@@ -533,12 +794,12 @@ void gemm_fast_run(const DQTensor& a, const DQTensor& b, const GemmOut& out, Gem
 }
 
 void gemm_fast(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspace& ws, cudaStream_t s, int variant) {
-  gemm_fast_prepare(a, b, ws, s);
+  gemm_fast_prepare(a, b, ws, s, variant);
   gemm_fast_run(a, b, d_c, ws, s, variant);
 }
 void gemm_fast(const DQTensor& a, const DQTensor& b, const GemmOut& out, GemmWorkspace& ws, cudaStream_t s,
                int variant) {
-  gemm_fast_prepare(a, b, ws, s);
+  gemm_fast_prepare(a, b, ws, s, variant);
   gemm_fast_run(a, b, out, ws, s, variant);
 }
 

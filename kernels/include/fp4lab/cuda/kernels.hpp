@@ -218,9 +218,10 @@ void upload(const QTensor& q, DQTensor& d);
 // Simple reference kernel: one thread per output, the golden contract_step / contract_finish, decoded codes.
 void gemm_reference(const DQTensor& a, const DQTensor& b, float* d_c, cudaStream_t stream = nullptr);
 
-// Int8 views and transposed scales the fast kernels read; reused across calls.
+// Integer views and transposed scales the fast kernels read; reused across calls.
 struct GemmWorkspace {
-  Buffer<int8_t> a8, b8;    // [Mp, Kp], [Np, Kp] signed integer views, zero-padded
+  Buffer<int8_t> a8, b8;    // [Mp, Kp], [Np, Kp] signed integer views, zero-padded (the mma.sync variants)
+  Buffer<uint16_t> a16, b16;  // the same integers as F16 bit patterns (the wgmma variant: K-16 blocks in F16)
   Buffer<float> sa, sb;     // [KBp, Mp], [KBp, Np] block scales, k-major, zero-padded
   Buffer<uint8_t> na, nb;   // native path: element bytes in the tcgen05 layout
   Buffer<uint8_t> nsa, nsb; // native path: scale bytes
@@ -231,7 +232,9 @@ struct GemmWorkspace {
 // gives one block's exact int32 dot product; the block scaling and the FP32 accumulation in ascending block
 // order run on the CUDA cores with the golden contract_scale_add, or with contract_scale_add_magic (the same bits)
 // where every block scale of both operands passes fma_exact_scale: UE4M3 scales always, UE8M0 within 2^+-50. The
-// check runs on the device in the prepare pass (no synchronisation). Includes the int8 unpack pass.
+// check runs on the device in the prepare pass (no synchronisation). Includes the unpack pass. On SM90 one more
+// variant runs wgmma.m64n128k16 on F16 views of the same integers (exact: every product and partial sum of a
+// block is an integer below 2^13), whose FP32 result needs no conversion, then the same golden epilogue forms.
 // `variant` picks one of the tile shapes (all bit-identical); -1 is the default: the fastest measured on the H200
 // for that block size and problem size (gemm_fast_default_variant).
 void gemm_fast(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspace& ws, cudaStream_t stream = nullptr,
@@ -248,16 +251,18 @@ struct GemmOut {
 };
 void gemm_fast(const DQTensor& a, const DQTensor& b, const GemmOut& out, GemmWorkspace& ws,
                cudaStream_t stream = nullptr, int variant = -1);
-// The two halves of gemm_fast, for timing. gemm_fast_fused (synchronises `stream`, where the prepare ran; for
-// tools and tests) tells whether the last prepare found every scale fit for the fused epilogue. A captured CUDA
-// graph keeps the fused_epilogue setting of its capture.
-void gemm_fast_prepare(const DQTensor& a, const DQTensor& b, GemmWorkspace& ws, cudaStream_t stream = nullptr);
+// The two halves of gemm_fast, for timing. The prepare pass writes the views `variant` reads (int8 or F16; -1:
+// the default variant's), and gemm_fast_run refuses a variant whose views it did not write. gemm_fast_fused
+// (synchronises `stream`, where the prepare ran; for tools and tests) tells whether the last prepare found every
+// scale fit for the fused epilogue. A captured CUDA graph keeps the fused_epilogue setting of its capture.
+void gemm_fast_prepare(const DQTensor& a, const DQTensor& b, GemmWorkspace& ws, cudaStream_t stream = nullptr,
+                       int variant = -1);
 void gemm_fast_run(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspace& ws,
                    cudaStream_t stream = nullptr, int variant = -1);
 void gemm_fast_run(const DQTensor& a, const DQTensor& b, const GemmOut& out, GemmWorkspace& ws,
                    cudaStream_t stream = nullptr, int variant = -1);
 bool gemm_fast_fused(const GemmWorkspace& ws, cudaStream_t stream = nullptr);
-int gemm_fast_variants();
+int gemm_fast_variants();  // the mma.sync tile shapes, and on an SM90 device the wgmma one after them
 const char* gemm_fast_variant_name(int variant);
 int gemm_fast_default_variant(int block, int64_t M, int64_t N);
 
