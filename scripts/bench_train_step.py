@@ -10,7 +10,7 @@ the first and the last step on a learnable synthetic token stream (so a recipe t
 names (the presets and the ablations of docs/training.md).
 
     python3 scripts/bench_train_step.py [--size small] [--recipes bf16,ufp4,nvfp4] [--modes fast,exact]
-        [--compile bf16,ufp4] [--graph bf16,ufp4] [--unfused-epilogue nvfp4] [--monitor 100] [--launch-cost]
+        [--compile bf16,ufp4] [--graph bf16,ufp4] [--unfused-epilogue nvfp4] [--gemm-variant 3] [--monitor 100] [--launch-cost]
         [--json out.json]
     python3 scripts/bench_train_step.py table RESULTS.json...   (markdown tables of measured results)
 """
@@ -267,6 +267,9 @@ def main():
     ap.add_argument("--unfused-epilogue", default="", metavar="RECIPES",
                     help="also time these recipes' exact rows with the GEMM's fused epilogue off (the separate "
                          "multiply and add; the same bits, docs/datapath.md section 3): what the fused form saves")
+    ap.add_argument("--gemm-variant", type=int, default=None, metavar="V",
+                    help="also time every exact row (eager, and captured where --graph asks) with the fast GEMM's "
+                         "tile variant V forced (fp4lab cuda bench lists them; the same bits): one beside the default")
     ap.add_argument("--launch-cost", action="store_true",
                     help="first print the host time per call of the layer's CUDA launch path (no training)")
     ap.add_argument("--deterministic", action="store_true",
@@ -312,6 +315,17 @@ def main():
                         fp4lab._core.cuda_gemm_fused_epilogue(was)
                     row["mode"] += "+unfused-epilogue"
                     rows.append(row)
+                if args.gemm_variant is not None and mode == "exact" and device.type == "cuda":
+                    was = fp4lab._core.cuda_gemm_variant(args.gemm_variant)
+                    try:
+                        forced = [run(args, r, mode, device)]
+                        if r in args.graph.split(","):
+                            forced.append(run_graph(args, r, mode, device))
+                    finally:
+                        fp4lab._core.cuda_gemm_variant(was)
+                    for row in forced:
+                        row["mode"] += f"+variant{args.gemm_variant}"
+                    rows.extend(forced)
                 if args.monitor and r != "bf16":
                     # 2N steps with the monitor and, paired, the same 2N steps without it.
                     base = run(args, r, mode, device, steps=2 * args.monitor)

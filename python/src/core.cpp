@@ -332,6 +332,7 @@ using CudaOut = nb::ndarray<float, nb::ndim<2>, nb::c_contig, nb::device::cuda>;
 struct Workspaces {
   fc::QuantWorkspace quant;
   fc::GemmWorkspace gemm;
+  int gemm_variant = -1;  // the fast GEMM's tile variant (-1: its default); all give the same bits
   fc::OperandStatsWorkspace stats;
 };
 Workspaces& workspaces() {
@@ -771,7 +772,7 @@ NB_MODULE(_core, m) {
         o.c32 = device_ptr<float>(out);
       o.nonfinite = flag ? device_ptr<int>(flag) : nullptr;
       o.bit = bit;
-      fc::gemm_fast(a, b, o, workspaces().gemm, as_stream(stream));
+      fc::gemm_fast(a, b, o, workspaces().gemm, as_stream(stream), workspaces().gemm_variant);
     } else {
       fc::gemm_reference(a, b, device_ptr<float>(out), as_stream(stream));
     }
@@ -783,6 +784,15 @@ NB_MODULE(_core, m) {
     workspaces().gemm.fused_epilogue = on;
     return was;
   }, "on"_a);
+  // The fast GEMM's tile variant for every later call (-1: the default per shape; fp4lab cuda bench lists them;
+  // the same bits from each): for timing one beside another. Returns the previous setting.
+  m.def("cuda_gemm_variants", [] { return fc::gemm_fast_variants(); });
+  m.def("cuda_gemm_variant", [](int v) {
+    if (v < -1 || v >= fc::gemm_fast_variants())
+      throw std::invalid_argument("no fast GEMM variant " + std::to_string(v) + " on this device (there are " +
+                                  std::to_string(fc::gemm_fast_variants()) + ")");
+    return std::exchange(workspaces().gemm_variant, v);
+  }, "variant"_a);
 #else
   m.def("cuda_available", [] { return nb::make_tuple(false, std::string("this fp4lab was built without CUDA (no nvcc found)")); });
 #endif

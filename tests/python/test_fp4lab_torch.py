@@ -297,6 +297,18 @@ def test_cuda_quantize_and_reference_kernel_match_golden():
                     assert np.array_equal(bits(ft.gemm(da, db)), want), (recipe, p, path, "unfused epilogue")
                 finally:
                     assert fp4lab._core.cuda_gemm_fused_epilogue(was) is False
+                # Every tile variant of the fast GEMM (on an H200 the wgmma one too), forced as a step's GEMMs
+                # would run it, in BF16 and FP32: the same bits.
+                for v in range(fp4lab._core.cuda_gemm_variants()):
+                    was = fp4lab._core.cuda_gemm_variant(v)
+                    try:
+                        assert np.array_equal(bits(ft.gemm(da, db)), want), (recipe, p, path, "variant", v)
+                        c16v = ft.gemm(da, db, check_finite="deferred", out_dtype=torch.bfloat16)
+                        assert torch.equal(c16v.view(torch.int16), c16.view(torch.int16)), (recipe, p, path, v)
+                    finally:
+                        assert fp4lab._core.cuda_gemm_variant(was) == v
+                with pytest.raises(ValueError, match="no fast GEMM variant"):
+                    fp4lab._core.cuda_gemm_variant(fp4lab._core.cuda_gemm_variants())
                 assert torch.equal(ft.dequantize(da).cpu(), ft.dequantize(ha))
                 assert torch.equal(ft._dequantize(da, torch.bfloat16).cpu(), ft.dequantize(ha).to(torch.bfloat16))
             # A BF16 tensor quantises on the GPU to the bits of its FP32 copy on the host.
