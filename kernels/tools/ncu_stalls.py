@@ -16,7 +16,7 @@ import csv
 import re
 import sys
 
-REASONS = ("stall_selected", "stall_not_selected", "stall_dispatch", "stall_math", "stall_wait", "stall_long_sb",
+REASONS = ("stall_selected", "stall_not_selected", "stall_dispatch", "stall_math", "stall_wait", "stall_short_sb", "stall_long_sb",
            "stall_no_inst", "stall_barrier")
 
 
