@@ -13,6 +13,9 @@
 #include "common.cuh"
 #include "fp4lab/cuda/kernels.hpp"
 #include "fp4lab/gemm.hpp"
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#include "wgmma.cuh"  // device code of the sm_90a pass only
+#endif
 
 namespace fp4lab::cuda {
 namespace {
@@ -425,38 +428,6 @@ __host__ __device__ constexpr int wg_stage_bytes() {
   return kWgBM * kWgRowBytes + kWgBN * kWgRowBytes + 4 * (kWgRowBytes / 2 / B) * (kWgBM + kWgBN);
 }
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row atoms 1024 bytes apart (the leading-dimension
-// offset is unused for this layout).
-__device__ __forceinline__ uint64_t wg_desc(uint32_t addr) {
-  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
-#define FP4LAB_WG_R8(i) \
-  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
-// d (the warpgroup's 64 rows x 128 columns, 64 a thread) = A . B^T over 16 of K, or += when acc.
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t da, uint64_t db, int acc) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,"
-      "%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,"
-      "%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : FP4LAB_WG_R8(0), FP4LAB_WG_R8(8), FP4LAB_WG_R8(16), FP4LAB_WG_R8(24), FP4LAB_WG_R8(32), FP4LAB_WG_R8(40),
-        FP4LAB_WG_R8(48), FP4LAB_WG_R8(56)
-      : "l"(da), "l"(db), "r"(acc));
-}
-#undef FP4LAB_WG_R8
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wg_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void wg_pin(float (&d)[64]) {  // no access to d moves across a fence or wait
-#pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-#endif
 
 template <int B>
 __global__ void __launch_bounds__(kWgThreads, 1) gemm_wgmma_kernel(const FastArgs p) {
@@ -531,7 +502,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_wgmma_kernel(const FastArg
     constexpr bool FUSED = decltype(fused_tag)::value;
     for (int64_t kt = 0; kt < ktiles; ++kt) {
       cp_async_wait<STAGES - 2>();
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async data, read by the async proxy
+      wg::fence_async_shared();  // the cp.async data, read by wgmma
       __syncthreads();
       {
         const int64_t next = kt + STAGES - 1;
@@ -543,11 +514,11 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_wgmma_kernel(const FastArg
       const float* SAs = reinterpret_cast<const float*>(smem + s * STAGE_BYTES + A_BYTES + B_BYTES);
       const float* SBs = SAs + SA_FLOATS;
       auto issue = [&](float(&d)[64], int kk) {
-        wg_fence();
+        wg::fence();
 #pragma unroll
         for (int u = 0; u < SUB; ++u)
-          wgmma_m64n128k16(d, wg_desc(As + uint32_t((kk * SUB + u) * 32)), wg_desc(Bs + uint32_t((kk * SUB + u) * 32)), u);
-        wg_commit();
+          wg::mma_m64n128k16(d, wg::desc(As + uint32_t((kk * SUB + u) * 32)), wg::desc(Bs + uint32_t((kk * SUB + u) * 32)), u);
+        wg::commit();
       };
       auto epilogue = [&](float(&d)[64], int kk) {
         const float sa0 = SAs[kk * BM + arow], sa1 = SAs[kk * BM + arow + 8];
@@ -566,17 +537,17 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_wgmma_kernel(const FastArg
       for (int kk = 0; kk < KPS; kk += 2) {
         issue(d0, kk);
         if (kk > 0) {
-          wg_wait<1>();  // block kk - 1 (into d1) is done; block kk runs on
-          wg_pin(d1);
+          wg::wait<1>();  // block kk - 1 (into d1) is done; block kk runs on
+          wg::pin(d1);
           epilogue(d1, kk - 1);
         }
         issue(d1, kk + 1);
-        wg_wait<1>();
-        wg_pin(d0);
+        wg::wait<1>();
+        wg::pin(d0);
         epilogue(d0, kk);
       }
-      wg_wait<0>();  // the stage's last block; nothing reads this stage's shared memory after this
-      wg_pin(d1);
+      wg::wait<0>();  // the stage's last block; nothing reads this stage's shared memory after this
+      wg::pin(d1);
       epilogue(d1, KPS - 1);
     }
   };

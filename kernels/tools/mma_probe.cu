@@ -23,9 +23,11 @@
 #include <random>
 #include <vector>
 
+#include "../src/wgmma.cuh"
 #include "fp4lab/gemm.hpp"
 
 namespace {
+namespace wg = fp4lab::cuda::wg;
 using fp4lab::kMagic;
 using fp4lab::kMagicBits;
 
@@ -116,38 +118,8 @@ __global__ void mma_sync_rate(int rounds, const float* scales, float* out, long 
 }
 
 // ---- 2. wgmma -----------------------------------------------------------------------------------------------------
-// Shared-memory matrix descriptor, K-major with the 128-byte swizzle: rows of 128 bytes (64 F16 along K), 8-row
-// atoms of 1024 bytes (stride-dimension offset), the leading-dimension offset unused for this layout.
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
-  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
-// Byte offset of K byte kb of row r in that layout (the shipped kernel's swz: 16-byte chunk XOR row % 8).
+// Byte offset of K byte kb of row r in the layout wg::desc reads (16-byte chunk XOR row % 8).
 __host__ __device__ inline int swz128(int r, int kb) { return r * 128 + ((((kb >> 4) ^ (r & 7))) << 4) + (kb & 15); }
-
-#define FP4LAB_R8(i) \
-  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
-// D (64 rows of the warpgroup x 128 columns, 64 FP32 a thread) = A . B^T over one K slice of 16, or += when acc.
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t da, uint64_t db, int acc) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,"
-      "%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,"
-      "%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : FP4LAB_R8(0), FP4LAB_R8(8), FP4LAB_R8(16), FP4LAB_R8(24), FP4LAB_R8(32), FP4LAB_R8(40), FP4LAB_R8(48),
-        FP4LAB_R8(56)
-      : "l"(da), "l"(db), "r"(acc));
-}
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wg_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void pin(float (&d)[64]) {  // no access to d moves across a fence or wait
-#pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
 
 constexpr int kRows = 128, kK = 64;  // A and B tiles: 128 rows x 64 K (four blocks of 16), F16
 constexpr int kTileBytes = kRows * kK * 2;
@@ -161,18 +133,18 @@ __global__ void __launch_bounds__(256, 1) wgmma_exact(const __half* a, const __h
     *reinterpret_cast<__half*>(sm + kTileBytes + swz128(r, 2 * k)) = b[i];
   }
   __syncthreads();
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // generic-proxy stores, async-proxy reads
+  wg::fence_async_shared();
   const int wg = threadIdx.x / 128, w = (threadIdx.x / 32) % 4, g = (threadIdx.x % 32) / 4, t4 = threadIdx.x % 4;
   const uint32_t sa = uint32_t(__cvta_generic_to_shared(sm + wg * 64 * 128));
   const uint32_t sb = uint32_t(__cvta_generic_to_shared(sm + kTileBytes));
   for (int kk = 0; kk < kK / 16; ++kk) {
     float d[64];
     for (int i = 0; i < 64; ++i) d[i] = 0.0f;
-    wg_fence();
-    wgmma_m64n128k16(d, smem_desc(sa + kk * 32), smem_desc(sb + kk * 32), 0);
-    wg_commit();
-    wg_wait<0>();
-    pin(d);
+    wg::fence();
+    wg::mma_m64n128k16(d, wg::desc(sa + kk * 32), wg::desc(sb + kk * 32), 0);
+    wg::commit();
+    wg::wait<0>();
+    wg::pin(d);
     for (int j = 0; j < 16; ++j)  // the accumulator layout: per 8 columns, the m16n8 fragment of mma.sync
       for (int e = 0; e < 4; ++e) {
         const int row = wg * 64 + w * 16 + g + 8 * (e >> 1), col = j * 8 + 2 * t4 + (e & 1);
@@ -188,7 +160,7 @@ __global__ void __launch_bounds__(256, 1) wgmma_rate(int rounds, const float* sc
   for (int i = threadIdx.x; i < 2 * kTileBytes / 4; i += blockDim.x)
     reinterpret_cast<uint32_t*>(sm)[i] = 0x3C003C00u ^ (i & 0x01000100u);  // F16 1.0 and nearby values
   __syncthreads();
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  wg::fence_async_shared();
   const int wg = threadIdx.x / 128;
   const uint32_t a0 = uint32_t(__cvta_generic_to_shared(sm + wg * 64 * 128));
   const uint32_t b0 = uint32_t(__cvta_generic_to_shared(sm + kTileBytes));
@@ -218,22 +190,22 @@ __global__ void __launch_bounds__(256, 1) wgmma_rate(int rounds, const float* sc
   for (int r = 0; r < rounds; ++r) {
 #pragma unroll
     for (int kk = 0; kk < kK / 16; kk += 2) {
-      wg_fence();
-      wgmma_m64n128k16(d0, smem_desc(a0 + kk * 32), smem_desc(b0 + kk * 32), 0);
-      wg_commit();
-      wg_wait<1>();  // the previous block's wgmma (into d1) is done
-      pin(d1);  // (the first round's first epilogue reads the zeros d1 starts with)
+      wg::fence();
+      wg::mma_m64n128k16(d0, wg::desc(a0 + kk * 32), wg::desc(b0 + kk * 32), 0);
+      wg::commit();
+      wg::wait<1>();  // the previous block's wgmma (into d1) is done
+      wg::pin(d1);  // (the first round's first epilogue reads the zeros d1 starts with)
       epi(d1, r * 4 + kk + 3);
-      wg_fence();
-      wgmma_m64n128k16(d1, smem_desc(a0 + kk * 32 + 32), smem_desc(b0 + kk * 32 + 32), 0);
-      wg_commit();
-      wg_wait<1>();
-      pin(d0);
+      wg::fence();
+      wg::mma_m64n128k16(d1, wg::desc(a0 + kk * 32 + 32), wg::desc(b0 + kk * 32 + 32), 0);
+      wg::commit();
+      wg::wait<1>();
+      wg::pin(d0);
       epi(d0, r * 4 + kk);
     }
   }
-  wg_wait<0>();
-  pin(d1);
+  wg::wait<0>();
+  wg::pin(d1);
   const long long t1 = clock64();
   float s = 0;
   for (int i = 0; i < 64; ++i) s += acc[i] + d1[i];
