@@ -65,13 +65,18 @@ def main():
           f"its dispatch stalls {sum(int(data[i][ix['stall_dispatch']]) for i in loop)}")
     for i in sorted(loop, key=lambda i: -int(data[i][ix["stall_dispatch"]]))[:args.top]:
         src = data[i][ix["Source"]].strip()
-        regs = {int(g) for g in re.findall(r"\bR(\d+)", src)[1:]}
+        regs = {int(g) for g in re.findall(r"\bR(\d+)", src)[1:]}  # its source registers
         back = None
-        for j in range(i - 1, max(i - 80, -1), -1):
-            m = re.match(r"(?:@\S+\s+)?([IH]MMA\S*)\s+R(\d+)", data[j][ix["Source"]].strip())
-            if m and any(int(m.group(2)) <= g < int(m.group(2)) + 4 for g in regs):
+        for j in range(i - 1, max(i - 80, -1), -1):  # the nearest earlier writer of each; stop at a tensor one
+            m = re.match(r"(?:@\S+\s+)?(\S+)\s+R(\d+)", data[j][ix["Source"]].strip())
+            if not m:
+                continue
+            op, dst = m.group(1), int(m.group(2))
+            written = set(range(dst, dst + 4)) if re.match(r"[IH]MMA", op) else {dst}
+            if re.match(r"[IH]MMA", op) and regs & written:
                 back = i - j
                 break
+            regs -= written
         print(f"    +{i - loop[0]:5d} dispatch {data[i][ix['stall_dispatch']]:>6s} not_selected "
               f"{data[i][ix['stall_not_selected']]:>6s} math {data[i][ix['stall_math']]:>6s}  {src[:60]}"
               + (f"  (tensor result {back} instructions back)" if back else ""))
