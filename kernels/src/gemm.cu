@@ -420,8 +420,8 @@ __global__ void __launch_bounds__(T::THREADS, T::MINB) gemm_mma_kernel(const Fas
 // 3-5 are then the golden contract_scale_add (3 instructions) or, where every scale passes fma_exact_scale,
 // contract_scale_add_fma (2), on the CUDA cores, blocks in ascending order. 128 x 128 tile, two warpgroups of 64
 // rows; stages of 64 K elements through cp.async into the 128-byte-swizzled K-major layout wgmma's descriptors
-// read (the swz above: 16-byte chunk XOR row % 8, on 1024-byte-aligned 8-row atoms). Per block, the wgmma of the
-// next block runs while the epilogue of this one does (two accumulator sets).
+// read (the swz above: 16-byte chunk XOR row % 8, on 1024-byte-aligned 8-row atoms). Within a stage, the wgmma of
+// the next block runs while the epilogue of this one does (two accumulator sets).
 constexpr int kWgStages = 4, kWgThreads = 256, kWgBM = 128, kWgBN = 128, kWgRowBytes = 128;
 template <int B>
 __host__ __device__ constexpr int wg_stage_bytes() {
@@ -510,14 +510,16 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_wgmma_kernel(const FastArg
         cp_async_commit();
       }
       const int s = int(kt % STAGES);
-      const uint32_t As = smem0 + uint32_t(s * STAGE_BYTES) + uint32_t(wg * 64 * BKB), Bs = smem0 + uint32_t(s * STAGE_BYTES + A_BYTES);
+      const uint32_t As = smem0 + uint32_t(s * STAGE_BYTES) + uint32_t(wg * 64 * BKB);  // this warpgroup's 64 rows
+      const uint32_t Bs = smem0 + uint32_t(s * STAGE_BYTES + A_BYTES);
       const float* SAs = reinterpret_cast<const float*>(smem + s * STAGE_BYTES + A_BYTES + B_BYTES);
       const float* SBs = SAs + SA_FLOATS;
       auto issue = [&](float(&d)[64], int kk) {
         wg::fence();
 #pragma unroll
         for (int u = 0; u < SUB; ++u)
-          wg::mma_m64n128k16(d, wg::desc(As + uint32_t((kk * SUB + u) * 32)), wg::desc(Bs + uint32_t((kk * SUB + u) * 32)), u);
+          wg::mma_m64n128k16(d, wg::desc(As + uint32_t((kk * SUB + u) * 32)),
+                             wg::desc(Bs + uint32_t((kk * SUB + u) * 32)), u);  // + 32 bytes per K slice of 16
         wg::commit();
       };
       auto epilogue = [&](float(&d)[64], int kk) {
@@ -546,7 +548,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_wgmma_kernel(const FastArg
         wg::pin(d0);
         epilogue(d0, kk);
       }
-      wg::wait<0>();  // the stage's last block; nothing reads this stage's shared memory after this
+      wg::wait<0>();  // the stage's last block: no wgmma reads this stage after this (its scales are read below,
+                      // before the next barrier, after which the stage may be overwritten)
       wg::pin(d1);
       epilogue(d1, KPS - 1);
     }
@@ -578,8 +581,11 @@ using T128x128w32x32 = Tile<4, 4, 2, 4, 3, 1>;  // 16 warps, 32 outputs per thre
 constexpr const char* kVariantNames[] = {"128x128 w64x32 8 warps", "64x128 w32x32 8 warps x2",
                                          "128x128 w32x32 16 warps", "128x128 wgmma f16 2 warpgroups"};
 constexpr int kMmaVariants = 3, kWgmmaVariant = 3;
-// The wgmma kernel is built for sm_90a only: offered where the current device is SM90.
+// The wgmma kernel is sm_90a code: offered where the library holds it and the current device is SM90.
 bool wgmma_device() {
+#if !defined(FP4LAB_HAVE_SM90A)
+  return false;
+#endif
   static const bool ok = [] {
     int dev = 0, major = 0;
     return cudaGetDevice(&dev) == cudaSuccess &&

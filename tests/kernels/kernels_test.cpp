@@ -836,6 +836,30 @@ TEST(GemmErrors, RejectsOperandsThatDoNotMultiply) {
   EXPECT_THROW(fc::gemm_fast(a, b32, dc.data(), ws), std::invalid_argument);  // block 16 vs 32
 }
 
+// A run refuses views its prepare did not write (int8 for the mma.sync tiles, F16 for the wgmma variant), and a
+// variant the device does not offer.
+TEST(GemmErrors, RunRefusesAnotherVariantsViewsAndAnAbsentVariant) {
+  SKIP_WITHOUT_GPU();
+  QuantConfig c;
+  const std::vector<float> x = random_input(7, 32, 64), y = random_input(8, 48, 64);
+  fc::DQTensor a, b;
+  fc::upload(fp4lab::quantize(x.data(), 32, 64, c), a);
+  fc::upload(fp4lab::quantize(y.data(), 48, 64, c), b);
+  fc::Buffer<float> dc(32 * 48);
+  fc::GemmWorkspace ws;
+  const int n = fc::gemm_fast_variants();
+  EXPECT_THROW(fc::gemm_fast(a, b, dc.data(), ws, nullptr, n), std::invalid_argument);
+  fc::gemm_fast_prepare(a, b, ws, nullptr, 0);
+  fc::gemm_fast_run(a, b, dc.data(), ws, nullptr, 0);  // its own views: fine
+  if (n > 3) {  // the wgmma variant (SM90)
+    EXPECT_THROW(fc::gemm_fast_run(a, b, dc.data(), ws, nullptr, 3), std::logic_error);
+    fc::gemm_fast_prepare(a, b, ws, nullptr, 3);
+    EXPECT_THROW(fc::gemm_fast_run(a, b, dc.data(), ws, nullptr, 0), std::logic_error);
+    fc::gemm_fast_run(a, b, dc.data(), ws, nullptr, 3);
+  }
+  fc::check(cudaDeviceSynchronize(), "sync");
+}
+
 // ---- SM100 native path ------------------------------------------------------------------------------------------
 // Host side, runs everywhere: the E2M3 embedding of the uniform grid, decoded independently of the encoder.
 TEST(NativeSm100, E2m3EmbeddingIsExactForEveryIntegerLevel) {

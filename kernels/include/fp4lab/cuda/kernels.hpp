@@ -234,7 +234,8 @@ struct GemmWorkspace {
 // where every block scale of both operands passes fma_exact_scale: UE4M3 scales always, UE8M0 within 2^+-50. The
 // check runs on the device in the prepare pass (no synchronisation). Includes the unpack pass. On SM90 one more
 // variant runs wgmma.m64n128k16 on F16 views of the same integers (exact: every product and partial sum of a
-// block is an integer below 2^13), whose FP32 result needs no conversion, then the same golden epilogue forms.
+// block is an integer below 2^13), whose FP32 result needs no conversion, then contract_scale_add_fma where the
+// scales pass fma_exact_scale, else contract_scale_add.
 // `variant` picks one of the tile shapes (all bit-identical); -1 is the default: the fastest measured on the H200
 // for that block size and problem size (gemm_fast_default_variant).
 void gemm_fast(const DQTensor& a, const DQTensor& b, float* d_c, GemmWorkspace& ws, cudaStream_t stream = nullptr,
