@@ -82,7 +82,7 @@ __device__ __forceinline__ float epilogue(float acc, float f, float sa, float ms
 // scales a thread), so sa * sb is a new product per output and block.
 template <Kind K, int E>
 __global__ void mma_sync_rate(int rounds, const float* scales, float* out, long long* cycles) {
-  __shared__ float ss[64 * 20];
+  __shared__ __align__(16) float ss[64 * 20];  // read as float4
   for (int i = threadIdx.x; i < 64 * 20; i += blockDim.x) ss[i] = scales[i % 64] * float(1 + i % 7);
   __syncthreads();
   uint32_t a0 = threadIdx.x * 0x01010101u, a1 = a0 + 3, b = threadIdx.x ^ 0x02020202u;
@@ -132,8 +132,8 @@ __global__ void __launch_bounds__(256, 1) wgmma_exact(const __half* a, const __h
     *reinterpret_cast<__half*>(sm + swz128(r, 2 * k)) = a[i];
     *reinterpret_cast<__half*>(sm + kTileBytes + swz128(r, 2 * k)) = b[i];
   }
+  wg::fence_async_shared();  // each thread's shared stores, before the barrier that the wgmmas follow
   __syncthreads();
-  wg::fence_async_shared();
   const int wg = threadIdx.x / 128, w = (threadIdx.x / 32) % 4, g = (threadIdx.x % 32) / 4, t4 = threadIdx.x % 4;
   const uint32_t sa = uint32_t(__cvta_generic_to_shared(sm + wg * 64 * 128));
   const uint32_t sb = uint32_t(__cvta_generic_to_shared(sm + kTileBytes));
@@ -159,8 +159,8 @@ __global__ void __launch_bounds__(256, 1) wgmma_rate(int rounds, const float* sc
   extern __shared__ __align__(1024) uint8_t sm[];
   for (int i = threadIdx.x; i < 2 * kTileBytes / 4; i += blockDim.x)
     reinterpret_cast<uint32_t*>(sm)[i] = 0x3C003C00u ^ (i & 0x01000100u);  // F16 1.0 and nearby values
+  wg::fence_async_shared();  // each thread's shared stores, before the barrier that the wgmmas follow
   __syncthreads();
-  wg::fence_async_shared();
   const int wg = threadIdx.x / 128;
   const uint32_t a0 = uint32_t(__cvta_generic_to_shared(sm + wg * 64 * 128));
   const uint32_t b0 = uint32_t(__cvta_generic_to_shared(sm + kTileBytes));
