@@ -291,6 +291,12 @@ def main():
         use_deterministic_algorithms()
     if args.seq % 64 or args.batch * args.seq % 32:
         ap.error("--seq must be a multiple of 64 and batch * seq of 32 (the recipes' block and RHT sizes)")
+    if args.gemm_variant is not None:
+        if device.type != "cuda":
+            ap.error("--gemm-variant times the CUDA GEMM: it needs a CUDA --device")
+        n = fp4lab._core.cuda_gemm_variants()
+        if not 0 <= args.gemm_variant < n:
+            ap.error(f"--gemm-variant {args.gemm_variant}: this device's fast GEMM has variants 0 to {n - 1}")
     if args.launch_cost and device.type == "cuda":
         launch_cost(device)
     rows = []
