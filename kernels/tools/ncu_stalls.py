@@ -20,6 +20,37 @@ REASONS = ("stall_selected", "stall_not_selected", "stall_dispatch", "stall_math
            "stall_no_inst", "stall_barrier")
 
 
+TENSOR = re.compile(r"[IH]MMA")
+
+
+def operation(src):
+    """The instruction without its predicate: 'OPCODE.MODS operands'."""
+    return re.sub(r"^@\S+\s+", "", src)
+
+
+def destinations(src):
+    """Registers an instruction writes: its first operand when that is a register, widened by the opcode's width
+    (.64: 2, .128 or a tensor instruction's quad: 4, LDSM .x2/.x4: 2/4)."""
+    m = re.match(r"(\S+)\s+R(\d+)\b", operation(src))
+    if not m:
+        return set()  # no register destination (stores, predicates, branches)
+    op, r = m.group(1), int(m.group(2))
+    if TENSOR.match(op) or ".128" in op or op.endswith(".4"):
+        n = 4
+    else:
+        n = 2 if ".64" in op or ".WIDE" in op or op.endswith(".2") else 1
+    return set(range(r, r + n))
+
+
+def sources(src):
+    """Registers an instruction reads: every register operand but a register destination."""
+    ops = operation(src).split(None, 1)
+    if len(ops) < 2:
+        return []
+    regs = [int(g) for g in re.findall(r"\bR(\d+)", ops[1])]
+    return regs[1:] if destinations(src) else regs
+
+
 def opcode(src):
     words = src.split()
     if not words:
@@ -65,15 +96,12 @@ def main():
           f"its dispatch stalls {sum(int(data[i][ix['stall_dispatch']]) for i in loop)}")
     for i in sorted(loop, key=lambda i: -int(data[i][ix["stall_dispatch"]]))[:args.top]:
         src = data[i][ix["Source"]].strip()
-        regs = {int(g) for g in re.findall(r"\bR(\d+)", src)[1:]}  # its source registers
+        regs = set(sources(src))
         back = None
         for j in range(i - 1, max(i - 80, -1), -1):  # the nearest earlier writer of each; stop at a tensor one
-            m = re.match(r"(?:@\S+\s+)?(\S+)\s+R(\d+)", data[j][ix["Source"]].strip())
-            if not m:
-                continue
-            op, dst = m.group(1), int(m.group(2))
-            written = set(range(dst, dst + 4)) if re.match(r"[IH]MMA", op) else {dst}
-            if re.match(r"[IH]MMA", op) and regs & written:
+            prev = data[j][ix["Source"]].strip()
+            written = destinations(prev)
+            if TENSOR.match(operation(prev)) and regs & written:
                 back = i - j
                 break
             regs -= written
