@@ -139,8 +139,8 @@ int cmd_cuda_bench(const Invocation& inv) {
     // (contract_scale_add_magic; its one multiply per row scale is not counted).
     const int epi_ops = fused ? 2 : 4;
     const double bound_tops = fp32_lanes_per_s / epi_ops * 2.0 * gc.block / 1e12;
-    std::cout << "\nblock-scaled GEMM " << gc.label() << " (fast kernel: int8 mma.sync + FP32 contract epilogue;"
-              << " 'total' includes the int8 unpack pass) vs cuBLAS BF16 (BF16 in, FP32 out)\n";
+    std::cout << "\nblock-scaled GEMM " << gc.label() << " (fast kernel: mma.sync on int8 views, or wgmma on F16"
+              << " views, + FP32 contract epilogue; 'total' includes the unpack pass) vs cuBLAS BF16 (BF16 in, FP32 out)\n";
     std::cout << "  epilogue bound at this clock: " << fixed(bound_tops, 0) << " TOPS (" << epi_ops
               << " FP32 instructions per output per " << gc.block << "-element block"
               << (fused ? ": the fused form, every scale passing fma_exact_scale" : "") << ")\n";

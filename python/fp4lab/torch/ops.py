@@ -234,11 +234,11 @@ def _dequantize(q, dtype: torch.dtype) -> torch.Tensor:
 def gemm(qa, qb, *, kernel: str = "fast", check_finite: str = "sync", out_dtype: torch.dtype = torch.float32
          ) -> torch.Tensor:
     """C = A · Bᵀ, FP32 [M, N], under the datapath contract: the golden model for host operands, the CUDA
-    kernels for device operands (``kernel`` "fast": int8 tensor cores; "reference": one thread per output). An output
-    past FP32 raises ValueError (on CUDA with ``check_finite="deferred"``, at the next ``check_finite()``).
-    Another ``out_dtype`` gives C converted to it, as ``.to(out_dtype)`` of the FP32 C. The fast kernel with the
-    deferred check checks the FP32 values in its epilogue, and writes ``torch.bfloat16`` (round to nearest even) there
-    too."""
+    kernels for device operands (``kernel`` "fast": tensor cores, int8 ``mma.sync`` by default; "reference": one
+    thread per output). An output past FP32 raises ValueError (on CUDA with ``check_finite="deferred"``, at the
+    next ``check_finite()``). Another ``out_dtype`` gives C converted to it, as ``.to(out_dtype)`` of the FP32 C. The
+    fast kernel with the deferred check checks the FP32 values in its epilogue, and writes ``torch.bfloat16`` (round
+    to nearest even) there too."""
     if isinstance(qa, QTensorCUDA) and isinstance(qb, QTensorCUDA):
         dev = qa.device or qa.packed_codes.device
         if kernel == "fast" and check_finite == "deferred":  # the output check in the kernel's epilogue
