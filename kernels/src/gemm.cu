@@ -583,15 +583,16 @@ constexpr const char* kVariantNames[] = {"128x128 w64x32 8 warps", "64x128 w32x3
 constexpr int kMmaVariants = 3, kWgmmaVariant = 3;
 // The wgmma kernel is sm_90a code: offered where the library holds it and the current device is SM90.
 bool wgmma_device() {
-#if !defined(FP4LAB_HAVE_SM90A)
-  return false;
-#endif
+#if defined(FP4LAB_HAVE_SM90A)
   static const bool ok = [] {
     int dev = 0, major = 0;
     return cudaGetDevice(&dev) == cudaSuccess &&
            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major == 9;
   }();
   return ok;
+#else
+  return false;
+#endif
 }
 int variants() { return kMmaVariants + (wgmma_device() ? 1 : 0); }
 // Default tile shapes, from the H200 measurements in docs/results/cuda-bench-h200.txt (where these three are

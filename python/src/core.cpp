@@ -784,9 +784,10 @@ NB_MODULE(_core, m) {
     workspaces().gemm.fused_epilogue = on;
     return was;
   }, "on"_a);
-  // The fast GEMM's tile variant for every later call (-1: the default per shape; fp4lab cuda bench lists them;
-  // the same bits from each): for timing one beside another. Returns the previous setting.
+  // How many tile variants the fast GEMM has on this device (fp4lab cuda bench lists them).
   m.def("cuda_gemm_variants", [] { return fc::gemm_fast_variants(); });
+  // The fast GEMM's tile variant for every later call (-1: the default per shape; the same bits from each): for
+  // timing one beside another. Returns the previous setting.
   m.def("cuda_gemm_variant", [](int v) {
     if (v < -1 || v >= fc::gemm_fast_variants())
       throw std::invalid_argument("no fast GEMM variant " + std::to_string(v) + " on this device (there are " +
