@@ -84,47 +84,86 @@ __device__ __forceinline__ uint4 unpack16(ElemFormat f, const uint8_t* codes, in
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-__global__ void unpack_kernel(ElemFormat f, const uint8_t* codes, int64_t rows, int64_t K, int8_t* out, int64_t Rp,
-                              int64_t Kp) {
-  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t chunks = Kp / 16;
-  if (t >= Rp * chunks) return;
-  const int64_t r = t / chunks, c = t - r * chunks;
-  *reinterpret_cast<uint4*>(out + r * Kp + c * 16) = unpack16(f, codes, rows, K, r, c);
-}
-
-// The same views as F16 bit patterns (|v| <= 12: exact), for the wgmma variant.
-__global__ void unpack_f16_kernel(ElemFormat f, const uint8_t* codes, int64_t rows, int64_t K, uint16_t* out,
-                                  int64_t Rp, int64_t Kp) {
-  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t chunks = Kp / 16;
-  if (t >= Rp * chunks) return;
-  const int64_t r = t / chunks, c = t - r * chunks;
-  const uint4 v = unpack16(f, codes, rows, K, r, c);
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  uint32_t h[8];
+// A view's 16 integers at [r, 16c .. 16c + 15]: int8 bytes (the mma.sync variants) or F16 bit patterns (the wgmma
+// variant; |v| <= 12, exact).
+template <bool F16>
+__device__ __forceinline__ void store_view16(void* view, int64_t Kp, int64_t r, int64_t c, uint4 v) {
+  if constexpr (!F16) {
+    *reinterpret_cast<uint4*>(static_cast<int8_t*>(view) + r * Kp + c * 16) = v;
+  } else {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    uint32_t h[8];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int lo = int8_t((w[i / 2] >> (16 * (i % 2))) & 0xFF), hi = int8_t((w[i / 2] >> (16 * (i % 2) + 8)) & 0xFF);
-    h[i] = uint32_t(__half_as_ushort(__int2half_rn(lo))) | (uint32_t(__half_as_ushort(__int2half_rn(hi))) << 16);
+    for (int i = 0; i < 8; ++i) {
+      const int lo = int8_t((w[i / 2] >> (16 * (i % 2))) & 0xFF), hi = int8_t((w[i / 2] >> (16 * (i % 2) + 8)) & 0xFF);
+      h[i] = uint32_t(__half_as_ushort(__int2half_rn(lo))) | (uint32_t(__half_as_ushort(__int2half_rn(hi))) << 16);
+    }
+    uint4* o = reinterpret_cast<uint4*>(static_cast<uint16_t*>(view) + r * Kp + c * 16);
+    o[0] = make_uint4(h[0], h[1], h[2], h[3]);
+    o[1] = make_uint4(h[4], h[5], h[6], h[7]);
   }
-  uint4* o = reinterpret_cast<uint4*>(out + r * Kp + c * 16);
-  o[0] = make_uint4(h[0], h[1], h[2], h[3]);
-  o[1] = make_uint4(h[4], h[5], h[6], h[7]);
 }
 
-// scales [rows, KB] -> [KBp, Rp] (k-major, zero padding): a CTA tile's scales for one block are contiguous.
-// Clears *fused_ok when a scale does not pass fma_exact_scale (no synchronisation: the GEMM reads the flag); null:
-// nothing checked (FP32 scales, whose flag the host clears: every failing scale storing to one address serialises
-// a warp's store per 32 scales at one L2 line).
-__global__ void transpose_scales_kernel(const float* s, int64_t rows, int64_t KB, float* out, int64_t Rp,
-                                        int64_t KBp, int* fused_ok) {
-  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= KBp * Rp) return;
-  const int64_t k = t / Rp, r = t - k * Rp;
-  const float v = (r < rows && k < KB) ? s[r * KB + k] : 0.0f;
-  out[t] = v;
-  if (fused_ok && !fma_exact_scale(v)) *fused_ok = 0;  // every writer stores the same 0
+// Everything the fast kernels read of a GEMM's two operands, in one launch: blocks [0, unpack[0]) write A's view,
+// the next unpack[1] B's, then tiles[0] blocks transpose A's scales and tiles[1] B's. Four launches became one,
+// and each part now runs near the memory bound: 32-bit index arithmetic where it fits (a 64-bit division per
+// thread was most of the unpack's instructions), and the scales transposed through shared memory (read along K,
+// written along rows, both coalesced; a thread per scale had read them with a stride of KB).
+struct PrepArgs {
+  ElemFormat f[2];
+  const uint8_t* codes[2];
+  const float* scales[2];  // [rows, KB]
+  int64_t rows[2], Rp[2];
+  void* view[2];     // [Rp, Kp]
+  float* scales_t[2];  // [KBp, Rp] (k-major, zero padding)
+  int64_t K, Kp, KB, KBp;
+  unsigned unpack[2], tiles[2], tiles_r[2];  // blocks per part; scale tiles along rows
+  int* fused_ok;  // cleared when a scale (padding included) does not pass fma_exact_scale; null: nothing checked
+};
+constexpr int kPrepThreads = 256, kScaleTile = 32;
+
+template <bool F16>
+__global__ void __launch_bounds__(kPrepThreads) prepare_kernel(const PrepArgs p) {
+  unsigned bid = blockIdx.x;
+  const int o = bid < p.unpack[0] ? 0 : bid < p.unpack[0] + p.unpack[1] ? 1 : -1;
+  if (o >= 0) {  // unpack: 16 codes a thread
+    const int64_t t = int64_t(bid - (o ? p.unpack[0] : 0u)) * kPrepThreads + threadIdx.x;
+    const int64_t chunks = p.Kp / 16, n = p.Rp[o] * chunks;
+    if (t >= n) return;
+    int64_t r, c;
+    if (n < (int64_t(1) << 32)) {
+      r = uint32_t(t) / uint32_t(chunks);
+      c = uint32_t(t) - uint32_t(r) * uint32_t(chunks);
+    } else {
+      r = t / chunks;
+      c = t - r * chunks;
+    }
+    store_view16<F16>(p.view[o], p.Kp, r, c, unpack16(p.f[o], p.codes[o], p.rows[o], p.K, r, c));
+    return;
+  }
+  bid -= p.unpack[0] + p.unpack[1];
+  const int q = bid < p.tiles[0] ? 0 : 1;  // the scales' transpose: a 32 x 32 tile a block
+  if (q) bid -= p.tiles[0];
+  if (bid >= p.tiles[q]) return;
+  __shared__ float tile[kScaleTile][kScaleTile + 1];
+  const int64_t r0 = int64_t(bid % p.tiles_r[q]) * kScaleTile, k0 = int64_t(bid / p.tiles_r[q]) * kScaleTile;
+  const int tx = threadIdx.x % kScaleTile, ty = threadIdx.x / kScaleTile;
+  constexpr int kRowsPerPass = kPrepThreads / kScaleTile;
+#pragma unroll
+  for (int i = 0; i < kScaleTile; i += kRowsPerPass) {
+    const int64_t r = r0 + ty + i, k = k0 + tx;
+    tile[ty + i][tx] = (r < p.rows[q] && k < p.KB) ? p.scales[q][r * p.KB + k] : 0.0f;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kScaleTile; i += kRowsPerPass) {
+    const int64_t k = k0 + ty + i, r = r0 + tx;
+    if (k < p.KBp && r < p.Rp[q]) {
+      const float v = tile[tx][ty + i];
+      p.scales_t[q][k * p.Rp[q] + r] = v;
+      if (p.fused_ok && !fma_exact_scale(v)) *p.fused_ok = 0;  // every writer stores the same 0
+    }
+  }
 }
 
 struct FastArgs {
@@ -645,6 +684,7 @@ void launch_variant(int v, const FastArgs& p, cudaStream_t s) {
 }
 
 constexpr int kPad = 128;   // rows of A and B are padded to this (a multiple of every variant's BM and BN)
+static_assert(kPad % kScaleTile == 0, "the scales' transpose covers padded rows in whole tiles");
 constexpr int kKPad = 128;  // and K to this (a multiple of every variant's stage)
 
 }  // namespace
@@ -678,39 +718,45 @@ void gemm_fast_prepare(const DQTensor& a, const DQTensor& b, GemmWorkspace& ws, 
   if (v < 0 || v >= variants()) throw std::invalid_argument("no fast GEMM variant " + std::to_string(v));
   ws.sa.resize(size_t(KBp * Mp));
   ws.sb.resize(size_t(KBp * Np));
-  const int T = 256;
-  if (v == kWgmmaVariant) {  // F16 views; the int8 ones are marked empty, so a run of another variant is refused
-    ws.a8.resize(0);
-    ws.b8.resize(0);
-    ws.a16.resize(size_t(Mp * Kp));
-    ws.b16.resize(size_t(Np * Kp));
-    unpack_f16_kernel<<<detail::blocks_for(Mp * Kp / 16, T), T, 0, s>>>(a.format, a.codes.data(), a.rows, K,
-                                                                         ws.a16.data(), Mp, Kp);
-    unpack_f16_kernel<<<detail::blocks_for(Np * Kp / 16, T), T, 0, s>>>(b.format, b.codes.data(), b.rows, K,
-                                                                         ws.b16.data(), Np, Kp);
-  } else {
-    ws.a16.resize(0);
-    ws.b16.resize(0);
-    ws.a8.resize(size_t(Mp * Kp));
-    ws.b8.resize(size_t(Np * Kp));
-    unpack_kernel<<<detail::blocks_for(Mp * Kp / 16, T), T, 0, s>>>(a.format, a.codes.data(), a.rows, K,
-                                                                     ws.a8.data(), Mp, Kp);
-    unpack_kernel<<<detail::blocks_for(Np * Kp / 16, T), T, 0, s>>>(b.format, b.codes.data(), b.rows, K,
-                                                                     ws.b8.data(), Np, Kp);
-  }
+  const bool f16 = v == kWgmmaVariant;  // F16 views; the other kind is marked empty, so another variant is refused
+  ws.a8.resize(f16 ? 0 : size_t(Mp * Kp));
+  ws.b8.resize(f16 ? 0 : size_t(Np * Kp));
+  ws.a16.resize(f16 ? size_t(Mp * Kp) : 0);
+  ws.b16.resize(f16 ? size_t(Np * Kp) : 0);
   // The fused epilogue's bound on |p| (kFmaExactMaxDot) holds for every grid fp4lab has; checked, not assumed,
-  // with the largest integer any code of the grid decodes to (unpack_kernel decodes all eight magnitudes).
+  // with the largest integer any code of the grid decodes to (unpack16 decodes all eight magnitudes).
   const bool dot_ok = int64_t(a.block) * a.format.int_level(7) * b.format.int_level(7) < kFmaExactMaxDot;
   // FP32 scales take the separate form without a check: as a rule some scale fails it, and where none does the
-  // two forms give the same bits.
+  // two forms give the same bits. (Unchecked, every failing scale storing to one address would serialise a warp's
+  // store per 32 scales at one L2 line.)
   const bool check_scales = dot_ok && a.scale_kind != ScaleKind::fp32 && b.scale_kind != ScaleKind::fp32;
   ws.fused_ok.resize(1);
   check(cudaMemsetAsync(ws.fused_ok.data(), check_scales ? 1 : 0, sizeof(int), s), "cudaMemsetAsync");
-  int* const flag = check_scales ? ws.fused_ok.data() : nullptr;
-  transpose_scales_kernel<<<detail::blocks_for(KBp * Mp, T), T, 0, s>>>(a.scales.data(), a.rows, KB, ws.sa.data(),
-                                                                         Mp, KBp, flag);
-  transpose_scales_kernel<<<detail::blocks_for(KBp * Np, T), T, 0, s>>>(b.scales.data(), b.rows, KB, ws.sb.data(),
-                                                                         Np, KBp, flag);
+  PrepArgs p{};
+  const DQTensor* op[2] = {&a, &b};
+  const int64_t Rp[2] = {Mp, Np};
+  p.K = K;
+  p.Kp = Kp;
+  p.KB = KB;
+  p.KBp = KBp;
+  p.fused_ok = check_scales ? ws.fused_ok.data() : nullptr;
+  for (int o = 0; o < 2; ++o) {
+    p.f[o] = op[o]->format;
+    p.codes[o] = op[o]->codes.data();
+    p.scales[o] = op[o]->scales.data();
+    p.rows[o] = op[o]->rows;
+    p.Rp[o] = Rp[o];
+    p.view[o] = f16 ? static_cast<void*>((o ? ws.b16 : ws.a16).data()) : static_cast<void*>((o ? ws.b8 : ws.a8).data());
+    p.scales_t[o] = (o ? ws.sb : ws.sa).data();
+    p.unpack[o] = detail::blocks_for(Rp[o] * Kp / 16, kPrepThreads);
+    p.tiles_r[o] = unsigned(Rp[o] / kScaleTile);  // Rp is a multiple of kPad
+    p.tiles[o] = p.tiles_r[o] * detail::blocks_for(KBp, kScaleTile);
+  }
+  const unsigned blocks = p.unpack[0] + p.unpack[1] + p.tiles[0] + p.tiles[1];
+  if (f16)
+    prepare_kernel<true><<<blocks, kPrepThreads, 0, s>>>(p);
+  else
+    prepare_kernel<false><<<blocks, kPrepThreads, 0, s>>>(p);
   check_launch("gemm_fast_prepare");
 }
 
