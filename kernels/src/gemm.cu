@@ -253,6 +253,65 @@ struct Tile {
 // ldmatrix phase reads into 8 different 16-byte bank groups.
 __device__ __forceinline__ int swz(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
+// The cp.async copies of one pipeline stage, the same in both fast kernels: BM rows of A and BN of B, CH 16-byte
+// chunks a row into the swizzled layout (thread tid moves chunk tid % CH of rows tid / CH + i * RS), then the
+// stage's k-major scales of A and B (copy id = tid + i * THREADS: ids below QA are A's, row kk = id / (BM / 4),
+// the rest B's). Every address is computed once per thread: a fixed offset plus the stage's K offset.
+template <int BM, int BN, int BKB, int THREADS, int KPS>
+struct StageCopies {
+  static constexpr int CH = BKB / 16, RS = THREADS / CH;  // chunks a row; rows between a thread's copies
+  static constexpr int A_BYTES = BM * BKB, B_BYTES = BN * BKB, SA_FLOATS = KPS * BM;
+  static constexpr int QA = KPS * BM / 4, QB = KPS * BN / 4;
+  static constexpr int NS = (QA + QB + THREADS - 1) / THREADS;  // scale copies a thread (the last may be idle)
+  static_assert(THREADS % CH == 0 && BM % RS == 0 && BN % RS == 0 && RS % 8 == 0, "uniform copy pattern");
+
+  const int8_t *a_src, *b_src;
+  uint32_t ab_dst;
+  const float* s_src[NS];
+  uint32_t s_dst[NS];
+  int64_t row_bytes, sa_step, sb_step;
+  int tid;
+
+  __device__ __forceinline__ StageCopies(const FastArgs& p, int tid_, int64_t m0, int64_t n0, int64_t row_bytes_)
+      : row_bytes(row_bytes_), sa_step(int64_t(KPS) * p.Mp), sb_step(int64_t(KPS) * p.Np), tid(tid_) {
+    const int cr = tid / CH, cc = tid % CH;
+    a_src = p.a + (m0 + cr) * row_bytes + cc * 16;
+    b_src = p.b + (n0 + cr) * row_bytes + cc * 16;
+    ab_dst = uint32_t(swz(cr, cc));  // + i * RS * BKB for copy i
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+      const int id = tid + i * THREADS;
+      s_src[i] = nullptr;
+      s_dst[i] = 0;
+      if (id >= QA + QB) continue;
+      if (id < QA) {
+        const int kk = id / (BM / 4), q = id % (BM / 4);
+        s_src[i] = p.sa + int64_t(kk) * p.Mp + m0 + q * 4;
+        s_dst[i] = uint32_t(A_BYTES + B_BYTES + 4 * (kk * BM + q * 4));
+      } else {
+        const int kk = (id - QA) / (BN / 4), q = (id - QA) % (BN / 4);
+        s_src[i] = p.sb + int64_t(kk) * p.Np + n0 + q * 4;
+        s_dst[i] = uint32_t(A_BYTES + B_BYTES + 4 * (SA_FLOATS + kk * BN + q * 4));
+      }
+    }
+  }
+  // Stage kt of K into the stage at shared address `base`.
+  __device__ __forceinline__ void load(uint32_t base, int64_t kt) const {
+    const int64_t k0 = kt * BKB;
+#pragma unroll
+    for (int i = 0; i < BM / RS; ++i)
+      cp_async16(base + ab_dst + i * RS * BKB, a_src + int64_t(i) * RS * row_bytes + k0);
+#pragma unroll
+    for (int i = 0; i < BN / RS; ++i)
+      cp_async16(base + A_BYTES + ab_dst + i * RS * BKB, b_src + int64_t(i) * RS * row_bytes + k0);
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+      const int id = tid + i * THREADS;
+      if (id < QA + QB) cp_async16(base + s_dst[i], s_src[i] + kt * (id < QA ? sa_step : sb_step));
+    }
+  }
+};
+
 // Per block of the stage and output of the thread: one exact subtraction (step 2) and the golden
 // contract_scale_add (steps 3-5: two multiplies, one add), blocks in ascending order; where every scale of the
 // GEMM passes fma_exact_scale (the device flag), contract_scale_add_magic instead: two fmas on the mma's kMagic + p,
@@ -263,15 +322,11 @@ __device__ __forceinline__ int swz(int r, int c) { return r * 128 + ((c ^ (r & 7
 template <int B, class T>
 __global__ void __launch_bounds__(T::THREADS, T::MINB) gemm_mma_kernel(const FastArgs p) {
   constexpr int BM = T::BM, BN = T::BN, MT = T::MT, NT = T::NT, STAGES = T::STAGES, THREADS = T::THREADS;
-  constexpr int BKB = T::BKB, CH = BKB / 16;  // 16-byte chunks per row
-  constexpr int KPS = BKB / B;                // blocks per stage
+  constexpr int BKB = T::BKB;
+  constexpr int KPS = BKB / B;  // blocks per stage
   constexpr int A_BYTES = BM * BKB, B_BYTES = BN * BKB, SA_FLOATS = KPS * BM, SB_FLOATS = KPS * BN;
   constexpr int STAGE_BYTES = A_BYTES + B_BYTES + 4 * (SA_FLOATS + SB_FLOATS);
-  constexpr int RS = THREADS / CH;  // rows between one thread's successive copies
-  constexpr int QA = KPS * BM / 4, QB = KPS * BN / 4;
   static_assert(MT % 2 == 0 && NT % 4 == 0, "ldmatrix.x4 loads two m-tiles or four n-tiles at a time");
-  static_assert(THREADS % CH == 0 && BM % RS == 0 && BN % RS == 0 && RS % 8 == 0, "uniform copy pattern");
-  constexpr int NS = (QA + QB + THREADS - 1) / THREADS;  // scale copies per thread (the last may be idle)
   extern __shared__ __align__(128) uint8_t smem[];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -282,47 +337,8 @@ __global__ void __launch_bounds__(T::THREADS, T::MINB) gemm_mma_kernel(const Fas
   const int wrow = wm * MT * 16, wcol = wn * NT * 8;
   const uint32_t smem0 = smem_u32(smem);
 
-  // Copies: thread tid moves chunk (tid % CH) of rows tid / CH + i * RS.
-  const int cr = tid / CH, cc = tid % CH;
-  const int8_t* a_src = p.a + (m0 + cr) * p.Kp + cc * 16;
-  const int8_t* b_src = p.b + (n0 + cr) * p.Kp + cc * 16;
-  const uint32_t ab_dst = uint32_t(swz(cr, cc));  // + i * RS * BKB for copy i
-  // Scale copies: id = tid + i * THREADS; ids below QA are A's (row kk = id / (BM / 4)), the rest B's.
-  const float* s_src[NS];
-  uint32_t s_dst[NS];
-#pragma unroll
-  for (int i = 0; i < NS; ++i) {
-    const int id = tid + i * THREADS;
-    s_src[i] = nullptr;
-    s_dst[i] = 0;
-    if (id >= QA + QB) continue;
-    if (id < QA) {
-      const int kk = id / (BM / 4), q = id % (BM / 4);
-      s_src[i] = p.sa + int64_t(kk) * p.Mp + m0 + q * 4;
-      s_dst[i] = uint32_t(A_BYTES + B_BYTES + 4 * (kk * BM + q * 4));
-    } else {
-      const int kk = (id - QA) / (BN / 4), q = (id - QA) % (BN / 4);
-      s_src[i] = p.sb + int64_t(kk) * p.Np + n0 + q * 4;
-      s_dst[i] = uint32_t(A_BYTES + B_BYTES + 4 * (SA_FLOATS + kk * BN + q * 4));
-    }
-  }
-  const int64_t sa_step = int64_t(KPS) * p.Mp, sb_step = int64_t(KPS) * p.Np;
-
-  auto load_stage = [&](int s, int64_t kt) {
-    const uint32_t base = smem0 + uint32_t(s * STAGE_BYTES);
-    const int64_t k0 = kt * BKB;
-#pragma unroll
-    for (int i = 0; i < BM / RS; ++i)
-      cp_async16(base + ab_dst + i * RS * BKB, a_src + int64_t(i) * RS * p.Kp + k0);
-#pragma unroll
-    for (int i = 0; i < BN / RS; ++i)
-      cp_async16(base + A_BYTES + ab_dst + i * RS * BKB, b_src + int64_t(i) * RS * p.Kp + k0);
-#pragma unroll
-    for (int i = 0; i < NS; ++i) {
-      const int id = tid + i * THREADS;
-      if (id < QA + QB) cp_async16(base + s_dst[i], s_src[i] + kt * (id < QA ? sa_step : sb_step));
-    }
-  };
+  const StageCopies<BM, BN, BKB, THREADS, KPS> copies(p, tid, m0, n0, p.Kp);
+  auto load_stage = [&](int s, int64_t kt) { copies.load(smem0 + uint32_t(s * STAGE_BYTES), kt); };
 
   // ldmatrix rows of this lane: A (k16: two m-tiles per x4; k32: one m-tile per x4), B likewise.
   const int mi = lane >> 3, r8 = lane & 7;
@@ -472,11 +488,9 @@ template <int B>
 __global__ void __launch_bounds__(kWgThreads, 1) gemm_wgmma_kernel(const FastArgs p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BM = kWgBM, BN = kWgBN, BKB = kWgRowBytes, STAGES = kWgStages, THREADS = kWgThreads;
-  constexpr int CH = BKB / 16, KPS = BKB / 2 / B, SUB = B / 16;  // chunks a row, blocks a stage, wgmmas a block
+  constexpr int KPS = BKB / 2 / B, SUB = B / 16;  // blocks a stage, wgmmas a block
   constexpr int A_BYTES = BM * BKB, B_BYTES = BN * BKB, SA_FLOATS = KPS * BM;
   constexpr int STAGE_BYTES = wg_stage_bytes<B>();
-  constexpr int RS = THREADS / CH, QA = KPS * BM / 4, QB = KPS * BN / 4;
-  constexpr int NS = (QA + QB + THREADS - 1) / THREADS;
   static_assert(STAGE_BYTES % 1024 == 0 && KPS % 2 == 0, "1024-byte stages; blocks in pairs (two accumulators)");
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   // The 128-byte swizzle's atoms must start on 1024 bytes; the launch asks for 1024 bytes more than the stages.
@@ -488,44 +502,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_wgmma_kernel(const FastArg
   const int64_t m0 = int64_t(blockIdx.y) * BM, n0 = int64_t(blockIdx.x) * BN;
   const int64_t row_bytes = 2 * p.Kp, ktiles = row_bytes / BKB;
 
-  const int cr = tid / CH, cc = tid % CH;
-  const int8_t* a_src = p.a + (m0 + cr) * row_bytes + cc * 16;
-  const int8_t* b_src = p.b + (n0 + cr) * row_bytes + cc * 16;
-  const uint32_t ab_dst = uint32_t(swz(cr, cc));
-  const float* s_src[NS];
-  uint32_t s_dst[NS];
-#pragma unroll
-  for (int i = 0; i < NS; ++i) {
-    const int id = tid + i * THREADS;
-    s_src[i] = nullptr;
-    s_dst[i] = 0;
-    if (id >= QA + QB) continue;
-    if (id < QA) {
-      const int kk = id / (BM / 4), q = id % (BM / 4);
-      s_src[i] = p.sa + int64_t(kk) * p.Mp + m0 + q * 4;
-      s_dst[i] = uint32_t(A_BYTES + B_BYTES + 4 * (kk * BM + q * 4));
-    } else {
-      const int kk = (id - QA) / (BN / 4), q = (id - QA) % (BN / 4);
-      s_src[i] = p.sb + int64_t(kk) * p.Np + n0 + q * 4;
-      s_dst[i] = uint32_t(A_BYTES + B_BYTES + 4 * (SA_FLOATS + kk * BN + q * 4));
-    }
-  }
-  const int64_t sa_step = int64_t(KPS) * p.Mp, sb_step = int64_t(KPS) * p.Np;
-  auto load_stage = [&](int s, int64_t kt) {
-    const uint32_t base = smem0 + uint32_t(s * STAGE_BYTES);
-    const int64_t k0 = kt * BKB;
-#pragma unroll
-    for (int i = 0; i < BM / RS; ++i)
-      cp_async16(base + ab_dst + i * RS * BKB, a_src + int64_t(i) * RS * row_bytes + k0);
-#pragma unroll
-    for (int i = 0; i < BN / RS; ++i)
-      cp_async16(base + A_BYTES + ab_dst + i * RS * BKB, b_src + int64_t(i) * RS * row_bytes + k0);
-#pragma unroll
-    for (int i = 0; i < NS; ++i) {
-      const int id = tid + i * THREADS;
-      if (id < QA + QB) cp_async16(base + s_dst[i], s_src[i] + kt * (id < QA ? sa_step : sb_step));
-    }
-  };
+  const StageCopies<BM, BN, BKB, THREADS, KPS> copies(p, tid, m0, n0, row_bytes);
+  auto load_stage = [&](int s, int64_t kt) { copies.load(smem0 + uint32_t(s * STAGE_BYTES), kt); };
 
   float acc[64], d0[64], d1[64];
 #pragma unroll
