@@ -105,10 +105,10 @@ __device__ __forceinline__ void store_view16(void* view, int64_t Kp, int64_t r, 
 }
 
 // Everything the fast kernels read of a GEMM's two operands, in one launch: blocks [0, unpack[0]) write A's view,
-// the next unpack[1] B's, then tiles[0] blocks transpose A's scales and tiles[1] B's. Four launches became one,
-// and each part now runs near the memory bound: 32-bit index arithmetic where it fits (a 64-bit division per
-// thread was most of the unpack's instructions), and the scales transposed through shared memory (read along K,
-// written along rows, both coalesced; a thread per scale had read them with a stride of KB).
+// the next unpack[1] B's, then tiles[0] blocks transpose A's scales and tiles[1] B's. Four launches became one
+// (70% of a device copy's bandwidth at 8192^2, kernels/README.md): 32-bit index arithmetic where it fits (a 64-bit
+// division per thread was most of the unpack's instructions), and the scales transposed through shared memory
+// (read along K, written along rows, both coalesced; a thread per scale had read them with a stride of KB).
 struct PrepArgs {
   ElemFormat f[2];
   const uint8_t* codes[2];
