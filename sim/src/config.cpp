@@ -123,6 +123,9 @@ const std::vector<ConfigKey>& config_keys() {
      "MAC array latency, cycles"},
     {"acc.lanes",              member<&C::acc_lanes>,              kRequired, per_slot(C::kMinLanes, C::kMaxUnits),
      "scale-and-accumulate operations per cycle"},
+    {"acc.fused_lanes",        member<&C::acc_fused_lanes>,        kDefault,  per_slot(C::kMinLanes, C::kMaxUnits),
+     "scale-and-accumulate operations per cycle where both operands' block scales are UE4M3 or UE8M0 (0 = "
+     "acc.lanes)"},
     {"acc.latency",            member<&C::acc_latency>,            kRequired, {0, C::kMaxLatency},
      "scale-and-accumulate latency, cycles"},
     {"acc.issue",              member<&C::acc_issue>,              kDefault,  {},
@@ -215,6 +218,7 @@ Config Config::from(const po::variables_map& vm) {
         k.field);
   }
   if (!(c.quant_sr_lanes > 0)) c.quant_sr_lanes = c.quant_lanes;  // 0 in a file: as fast as RTNE
+  if (!(c.acc_fused_lanes > 0)) c.acc_fused_lanes = c.acc_lanes;   // 0 in a file: no faster than FP32 scales
   c.validate();
   return c;
 }
@@ -284,6 +288,7 @@ Config Config::per_slot() const {
   c.tcus = tcus * ctas;
   c.mac_units = mac_units / ctas;
   c.acc_lanes = acc_lanes / ctas;
+  c.acc_fused_lanes = acc_fused_lanes / ctas;
   c.rht_lanes = rht_lanes / ctas;
   c.quant_lanes = quant_lanes / ctas;
   c.quant_sr_lanes = quant_sr_lanes / ctas;

@@ -296,6 +296,7 @@ class Plan {
         t.share = tile_share;
         t.beats = rows[0] * rows[1] * (tk / kMacWidth);
         t.acc_ops = rows[0] * rows[1] * (tk / op[0].q.block) + (t.last_k ? rows[0] * rows[1] : 0);
+        t.fused = op[0].q.scale != ScaleKind::fp32 && op[1].q.scale != ScaleKind::fp32;
         t.wr_key = key(kOut, mi, ni);
         t.wr_bytes = rows[0] * rows[1] * cfg.output_bytes;
         counters.buf_read += double(t.buf_read);
@@ -475,7 +476,7 @@ void Simulator::check_time_range(const GemmJob& job, bool native, int64_t t0) co
   const double latency = double(c.dram.latency) + double(c.l2.latency) + 8.0 * c.rht_stage_latency + c.quant_latency +
                          c.mac_latency + c.acc_latency + 1;
   const double per_tile = elems * (c.input_bytes + 1) * c.tcus / bw + elems / c.rht_lanes +
-                          elems / std::min(c.quant_lanes, c.quant_sr_lanes) + blocks / rate + blocks / c.acc_lanes +
+                          elems / std::min(c.quant_lanes, c.quant_sr_lanes) + blocks / rate + blocks / std::min(c.acc_lanes, c.acc_fused_lanes) +
                           latency + c.tcus;
   const double operands = (double(job.M) + double(job.N)) * double(job.K);
   const double passes = 4 * operands * (c.input_bytes + 1) / bw + 4 * operands;  // amax, RHT, quantise passes

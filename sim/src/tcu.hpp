@@ -63,6 +63,7 @@ struct Token {
   int64_t q_elems = 0, q_sr_elems = 0; // elements quantised with RTNE (or amax-scanned) / with SR
   int64_t beats = 0;                   // block dot products of kMacWidth elements (unit beats)
   int64_t acc_ops = 0;                 // block scale-and-accumulates (+ the final multiplies on the last k-step)
+  bool fused = false;                  // both operands' block scales are UE4M3 or UE8M0: acc.fused_lanes apply
   int64_t buf_read = 0, buf_write = 0;
   bool credit = false;                 // holds an operand-buffer slot until the MAC array is done with it
   bool first_k = false, last_k = false;
@@ -391,7 +392,8 @@ class MacArray : public sc_module {
   int64_t blocks = 0;
   SC_HAS_PROCESS(MacArray);
   MacArray(sc_module_name n, Clock clk, const Config& c)
-      : sc_module(n), clk_(clk), lat_(c.mac_latency), acc_lanes_(c.acc_lanes), shared_(c.acc_issue == AccIssue::shared) {
+      : sc_module(n), clk_(clk), lat_(c.mac_latency), acc_lanes_(c.acc_lanes), fused_lanes_(c.acc_fused_lanes),
+        shared_(c.acc_issue == AccIssue::shared) {
     SC_THREAD(run);
   }
   void reset() {
@@ -403,7 +405,7 @@ class MacArray : public sc_module {
  private:
   Clock clk_;
   int64_t lat_;
-  double acc_lanes_;
+  double acc_lanes_, fused_lanes_;
   bool shared_;  // acc.issue = shared: the k-step's scale-and-accumulates occupy the MAC array too
   void run() {
     while (true) {
@@ -419,7 +421,8 @@ class MacArray : public sc_module {
         first_start = s;
       else
         stall[int(t.blame)] += s - last_end;
-      const int64_t occ = cycles_for(t.beats, rate * t.share) + (shared_ ? cycles_for(t.acc_ops, acc_lanes_ * t.share) : 0);
+      const double acc_rate = t.fused ? fused_lanes_ : acc_lanes_;
+      const int64_t occ = cycles_for(t.beats, rate * t.share) + (shared_ ? cycles_for(t.acc_ops, acc_rate * t.share) : 0);
       clk_.wait_cycles(s + occ - now);
       compute += occ;
       blocks += t.beats;
@@ -449,7 +452,8 @@ class Accumulator : public sc_module {
   int64_t busy = 0, ops = 0;
   SC_HAS_PROCESS(Accumulator);
   Accumulator(sc_module_name n, Clock clk, const Config& c)
-      : sc_module(n), clk_(clk), lanes_(c.acc_lanes), lat_(c.acc_latency), shared_(c.acc_issue == AccIssue::shared),
+      : sc_module(n), clk_(clk), lanes_(c.acc_lanes), fused_lanes_(c.acc_fused_lanes), lat_(c.acc_latency),
+        shared_(c.acc_issue == AccIssue::shared),
         buf_(size_t(c.acc_tiles)), free_(size_t(c.acc_tiles), true) {
     SC_THREAD(run);
   }
@@ -457,7 +461,7 @@ class Accumulator : public sc_module {
 
  private:
   Clock clk_;
-  double lanes_;
+  double lanes_, fused_lanes_;
   int64_t lat_;
   bool shared_;  // the MAC array has spent the occupancy already
   std::vector<std::vector<float>> buf_;
@@ -477,7 +481,8 @@ class Accumulator : public sc_module {
         current_ = int(std::find(free_.begin(), free_.end(), true) - free_.begin());
         free_[size_t(current_)] = false;
       }
-      const int64_t occ = shared_ ? 0 : cycles_for(t.acc_ops, lanes_ * t.share), now = clk_.now();
+      const int64_t occ = shared_ ? 0 : cycles_for(t.acc_ops, (t.fused ? fused_lanes_ : lanes_) * t.share),
+                    now = clk_.now();
       clk_.wait_cycles(std::max(now, t.ready) + occ - now);
       busy += occ;
       ops += t.acc_ops;

@@ -268,6 +268,7 @@ TEST(Config, RequiredKeysAndDefaults) {
       nlohmann::json want = j;
       want[k.name] = plain.to_json()[k.name];
       if (k.name == "quant.sr_lanes") want[k.name] = j["quant.lanes"];  // 0, the default, means quant.lanes
+      if (k.name == "acc.fused_lanes") want[k.name] = j["acc.lanes"];   // and here acc.lanes
       Config c;
       const std::string e = error_of([&] { c = Config::load(file); });
       ASSERT_EQ(e, "(no error)");

@@ -176,6 +176,30 @@ TEST(Timing, Block32HalvesTheAccumulatorWork) {
   EXPECT_EQ(r.cycles, 649 - 160 + 96);
 }
 
+// acc.fused_lanes: the accumulator's rate where both operands' block scales are UE4M3 or UE8M0 (a GPU kernel's
+// fused epilogue); FP32 scales keep acc.lanes.
+TEST(Timing, FusedLanesApplyToUe8m0AndUe4m3ScalesOnly) {
+  QuantConfig mx = plain(0, 32);
+  mx.format = kE2M1;
+  mx.scale = ScaleKind::ue8m0;
+  {
+    Simulator sim(config("teaching", {"acc.fused_lanes=16"}));
+    // FP32 scales, block 32: as in Block32HalvesTheAccumulatorWork, 768 / 8 = 96 accumulator cycles.
+    EXPECT_EQ(sim.run(job(16, 16, 64, plain(0, 32))).cycles, 649 - 160 + 96);
+    // UE8M0: 768 / 16 = 48 accumulator cycles.
+    EXPECT_EQ(sim.run(job(16, 16, 64, mx)).cycles, 649 - 160 + 48);
+    // One operand with FP32 scales: acc.lanes.
+    GemmJob mixed = job(16, 16, 64, mx);
+    mixed.b = plain(0, 32);
+    mixed.b.format = kE2M1;
+    EXPECT_EQ(sim.run(mixed).cycles, 649 - 160 + 96);
+  }
+  // Unset (0), the fused rate is acc.lanes.
+  Simulator sim(config("teaching"));
+  EXPECT_EQ(sim.run(job(16, 16, 64, mx)).cycles, 649 - 160 + 96);
+  EXPECT_DOUBLE_EQ(sim.config().acc_fused_lanes, 8);
+}
+
 TEST(Timing, StallsSumToCycles) {
   for (const char* mode : {"prep.mode=frontend", "prep.mode=fused", "prep.mode=unfused"}) {
     Simulator sim(config("teaching", {mode, "tcu.count=3"}));

@@ -114,6 +114,8 @@ struct Config {
   double mac_fallback_rate = 0;  // throughput, relative to native, for a grid the units lack (0 = refuse)
   int mac_latency = 0;
   double acc_lanes = 0;      // block scale-and-accumulate operations per cycle
+  double acc_fused_lanes = 0;  // the same where both operands' block scales are UE4M3 or UE8M0 (a GPU kernel's
+                               // fused epilogue: fewer instructions each); 0 in a file = acc.lanes
   int acc_latency = 0;
   AccIssue acc_issue = AccIssue::parallel;
 
