@@ -476,8 +476,8 @@ void Simulator::check_time_range(const GemmJob& job, bool native, int64_t t0) co
   const double latency = double(c.dram.latency) + double(c.l2.latency) + 8.0 * c.rht_stage_latency + c.quant_latency +
                          c.mac_latency + c.acc_latency + 1;
   const double per_tile = elems * (c.input_bytes + 1) * c.tcus / bw + elems / c.rht_lanes +
-                          elems / std::min(c.quant_lanes, c.quant_sr_lanes) + blocks / rate + blocks / std::min(c.acc_lanes, c.acc_fused_lanes) +
-                          latency + c.tcus;
+                          elems / std::min(c.quant_lanes, c.quant_sr_lanes) + blocks / rate +
+                          blocks / std::min(c.acc_lanes, c.acc_fused_lanes) + latency + c.tcus;
   const double operands = (double(job.M) + double(job.N)) * double(job.K);
   const double passes = 4 * operands * (c.input_bytes + 1) / bw + 4 * operands;  // amax, RHT, quantise passes
   const double out = double(job.M) * double(job.N) * c.output_bytes * c.tcus / bw + mt * nt * latency;

@@ -194,6 +194,13 @@ TEST(Timing, FusedLanesApplyToUe8m0AndUe4m3ScalesOnly) {
     mixed.b.format = kE2M1;
     EXPECT_EQ(sim.run(mixed).cycles, 649 - 160 + 96);
   }
+  {
+    // Issued by the MAC array (acc.issue = shared), one k-step: 256 + 48 cycles with UE8M0, 256 + 96 with FP32
+    // scales, then its latency, the accumulator's and the write: the same totals.
+    Simulator sim(config("teaching", {"acc.fused_lanes=16", "acc.issue=shared"}));
+    EXPECT_EQ(sim.run(job(16, 16, 64, mx)).cycles, 204 + 256 + 48 + 2 + 1 + 16 + 10);
+    EXPECT_EQ(sim.run(job(16, 16, 64, plain(0, 32))).cycles, 204 + 256 + 96 + 2 + 1 + 16 + 10);
+  }
   // Unset (0), the fused rate is acc.lanes.
   Simulator sim(config("teaching"));
   EXPECT_EQ(sim.run(job(16, 16, 64, mx)).cycles, 649 - 160 + 96);
