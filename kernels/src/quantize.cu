@@ -438,13 +438,19 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const AmaxArgs a) {
   block_max_to(a.tensor_amax, m);
 }
 
-// The same over X^T, reading X [a.cols, a.rows] by columns (thread layout of quantize_t_kernel).
+// The same over X^T, reading X [a.cols, a.rows] by columns. A thread block covers quantize_t_kernel's 64 columns
+// x kTRows row groups. Without block amaxes a warp takes one row group and 32 column pairs, so each row it loads
+// is 128 contiguous bytes (BF16); with them (16x16 tiles), quantize_t_kernel's lane layout, whose block-amax
+// stores fill whole sectors. The maximum does not depend on the order.
 template <class T, int B, int D>
 __global__ void __launch_bounds__(32 * kTRows) amax_t_kernel(const AmaxArgs a) {
   constexpr int G = B > D ? B : D;
   const int64_t xcols = a.rows, ngroups = a.cols / G;
-  const int64_t j = (int64_t(blockIdx.x) * 32 + threadIdx.y * 4 + (threadIdx.x >> 3)) * 2;
-  const int64_t gr = int64_t(blockIdx.y) * kTRows + (threadIdx.x & 7);
+  const bool by_rows = a.block_amax == nullptr;
+  const int pair = by_rows ? threadIdx.x : threadIdx.y * 4 + (threadIdx.x >> 3);
+  const int rgroup = by_rows ? threadIdx.y : (threadIdx.x & 7);
+  const int64_t j = (int64_t(blockIdx.x) * 32 + pair) * 2;
+  const int64_t gr = int64_t(blockIdx.y) * kTRows + rgroup;
   float m = 0.0f;
   if (j < xcols && gr < ngroups) {
     const bool two = j + 1 < xcols;
