@@ -707,7 +707,7 @@ void gemm_fast_prepare(const DQTensor& a, const DQTensor& b, GemmWorkspace& ws, 
   // FP32 scales take the separate form without a check: as a rule some scale fails it, and where none does the
   // two forms give the same bits. (Unchecked, every failing scale storing to one address would serialise a warp's
   // store per 32 scales at one L2 line.)
-  const bool check_scales = dot_ok && a.scale_kind != ScaleKind::fp32 && b.scale_kind != ScaleKind::fp32;
+  const bool check_scales = dot_ok && fused_form_kinds(a.scale_kind, b.scale_kind);
   ws.fused_ok.resize(1);
   check(cudaMemsetAsync(ws.fused_ok.data(), check_scales ? 1 : 0, sizeof(int), s), "cudaMemsetAsync");
   PrepArgs p{};

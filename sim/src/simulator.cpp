@@ -296,7 +296,7 @@ class Plan {
         t.share = tile_share;
         t.beats = rows[0] * rows[1] * (tk / kMacWidth);
         t.acc_ops = rows[0] * rows[1] * (tk / op[0].q.block) + (t.last_k ? rows[0] * rows[1] : 0);
-        t.fused = op[0].q.scale != ScaleKind::fp32 && op[1].q.scale != ScaleKind::fp32;
+        t.fused = fused_form_kinds(op[0].q.scale, op[1].q.scale);
         t.wr_key = key(kOut, mi, ni);
         t.wr_bytes = rows[0] * rows[1] * cfg.output_bytes;
         counters.buf_read += double(t.buf_read);

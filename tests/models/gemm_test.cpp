@@ -328,6 +328,18 @@ TEST(FmaForm, EqualsTheContractForEveryE4m3ScalePair) {
   expect_fused_form_exact(scales, "ue4m3");
 }
 
+// The kinds the fused form is tried for: both operands' scales UE4M3 or UE8M0 (either rounding); any FP32 operand
+// keeps the separate form.
+TEST(FmaForm, FusedFormKindsExcludeFp32Scales) {
+  for (ScaleKind k : kAllScales) {
+    EXPECT_FALSE(fused_form_kinds(ScaleKind::fp32, k)) << scale_name(k);
+    EXPECT_FALSE(fused_form_kinds(k, ScaleKind::fp32)) << scale_name(k);
+  }
+  for (ScaleKind a : {ScaleKind::ue4m3, ScaleKind::ue8m0, ScaleKind::ue8m0_ceil})
+    for (ScaleKind b : {ScaleKind::ue4m3, ScaleKind::ue8m0, ScaleKind::ue8m0_ceil})
+      EXPECT_TRUE(fused_form_kinds(a, b)) << scale_name(a) << " x " << scale_name(b);
+}
+
 TEST(FmaForm, EqualsTheContractForE8m0ScalesWithin2To50) {
   std::vector<float> scales;
   for (int e = -50; e <= 50; ++e) scales.push_back(std::ldexp(1.0f, e));

@@ -67,6 +67,12 @@ FP4LAB_HD inline bool fma_exact_scale(float s) {
   return (u & 0x7FFFFFFFu) == 0 || (e >= 127u - 50u && e <= 127u + 50u && (u & 0xFFFFFu) == 0);  // 3 stored bits
 }
 inline constexpr int kFmaExactMaxDot = 1 << 16;  // |p| below this, with passing scales: the fused form is exact
+// The scale kinds a GEMM tries the fused form for: UE4M3 and UE8M0 (every value, or every one within 2^+-50, passes
+// fma_exact_scale); FP32 scales mostly fail it and take the separate form unchecked. The CUDA kernel's device
+// check and the simulator's fused-epilogue rate (acc.fused_lanes) both go by this.
+FP4LAB_HD constexpr bool fused_form_kinds(ScaleKind a, ScaleKind b) {
+  return a != ScaleKind::fp32 && b != ScaleKind::fp32;
+}
 FP4LAB_HD inline float contract_scale_add_fma(float acc, float x, float sa, float sb) {
   return FP4LAB_FFMA(x, FP4LAB_FMUL(sa, sb), acc);
 }
