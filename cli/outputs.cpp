@@ -18,7 +18,9 @@ bool same_file(const std::string& a, const std::string& b) {
   const bool eq = fs::equivalent(a, b, ec);  // false (with ec set) when either does not exist
   if (!ec && eq) return true;
   // Not there yet: the same name spelt differently ("./x" and "x") is still one file.
-  const fs::path ca = fs::weakly_canonical(a, ec), cb = fs::weakly_canonical(b, ec2);
+  // Absolute first: weakly_canonical leaves a relative name whose first part does not exist relative ("x" vs "./x").
+  const fs::path ca = fs::weakly_canonical(fs::absolute(a, ec), ec);
+  const fs::path cb = fs::weakly_canonical(fs::absolute(b, ec2), ec2);
   return !ec && !ec2 && ca == cb;
 }
 

@@ -35,6 +35,7 @@
 #include "fp4lab/rht.hpp"
 #include "fp4lab/trace_analysis.hpp"
 #include "fp4lab/version.hpp"
+#include "exit_codes.hpp"  // cli/: the exit codes every front-end uses (Python's console scripts included)
 #include "outputs.hpp"  // cli/: the rules every output path is held to
 #include "text.hpp"  // cli/: the command line's escaping and quoting, so messages and records match it
 #if FP4LAB_PY_CUDA
@@ -431,6 +432,19 @@ NB_MODULE(_core, m) {
         return v;
       }, "seed"_a, "A copy of these settings with another stochastic-rounding seed.");
 
+  // The command line's output rules and exit codes, so that the Python front-ends hold their outputs to the same
+  // rules and end with the same codes (python/fp4lab/_files.py).
+  m.def("output_fault", [](const std::vector<std::string>& outputs, const std::vector<std::string>& inputs)
+            -> std::optional<std::tuple<bool, std::string>> {
+        if (auto f = cli::output_fault(outputs, inputs)) return std::make_tuple(f->usage, f->message);
+        return std::nullopt;
+      }, "outputs"_a, "inputs"_a,
+        "The first fault of the outputs against the command line's rules, as (usage, message), or None.");
+  m.def("exit_codes", [] {
+    std::vector<std::tuple<int, std::string>> rows;
+    for (const auto& e : cli::kExitCodes) rows.emplace_back(e.code, e.meaning);
+    return rows;
+  }, "The command line's exit codes and their meanings (cli/exit_codes.hpp).");
   m.def("knob_names", &knob_names, "with_role"_a = true);
   m.def("operand_config", [](const Knobs& k, const std::string& pass, const std::string& operand) {
     const Pass p = pass.empty() ? selected_pass(k) : parse_pass(pass);
