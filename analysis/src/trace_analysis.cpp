@@ -10,6 +10,7 @@
 
 #include "fp4lab/crmath.hpp"
 #include "fp4lab/knobs.hpp"
+#include "fp4lab/philox.hpp"
 #include "fp4lab/rht.hpp"
 
 namespace fp4lab {
@@ -45,6 +46,27 @@ std::string folder_name(const std::string& trace) {
   return tp.filename().string();
 }
 }  // namespace
+
+uint64_t record_identity_hash(const std::string& gemm, const std::string* step) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64: offset basis, then per byte xor and multiply by the prime
+  auto add = [&h](unsigned char byte) { h = (h ^ byte) * 0x100000001b3ull; };
+  for (char c : gemm) add(static_cast<unsigned char>(c));
+  if (step) {
+    add(0xFF);
+    for (char c : *step) add(static_cast<unsigned char>(c));
+  }
+  return h;
+}
+
+uint64_t record_sr_seed(uint64_t seed, const std::string& gemm, const std::map<std::string, std::string>& metadata) {
+  const auto step = metadata.find("step");
+  const uint64_t h = record_identity_hash(gemm, step == metadata.end() ? nullptr : &step->second);
+  const uint32_t k[2] = {uint32_t(seed), uint32_t(seed >> 32)};
+  const uint32_t c[4] = {uint32_t(h), uint32_t(h >> 32), kRecordStream, 0u};
+  uint32_t out[4];
+  Philox4x32::generate(c, k, out);
+  return uint64_t(out[0]) | (uint64_t(out[1]) << 32);
+}
 
 AnalysisPlan plan_analysis(const AnalysisOptions& o) {
   AnalysisPlan plan;
@@ -213,6 +235,14 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
   };
   const size_t per = 4 + tasks;
   std::vector<RecordWork> work(my.size());
+  // A record's recipes draw SR under a seed from its identity (record_sr_seed), as GEMM 0: never from its place
+  // among the records, so that what else is analysed with it cannot change its figures.
+  auto keyed = [&](const Recipe& r, size_t k) {
+    const Ref& ref = refs_[my[k]];
+    Recipe out = r;
+    out.seed = record_sr_seed(r.seed, ref.rec->gemm, open_[ref.trace]->metadata(ref.rec->file));
+    return out;
+  };
   constexpr double kOverlapBytes = 256e6;
   std::vector<uint64_t> sizes;  // elements of each record's three tensors
   for (size_t ri : my) {
@@ -327,7 +357,9 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
           if (!in_panels(rec, pi)) {
             w.lo->compute_ref(kPasses[pi]);
           } else {  // every job of the pass, here: its tasks find their results made
-            std::vector<LayerResults> r = analyze_pass_in_panels(*w.lo, kPasses[pi], settings, recipes, uint32_t(ri));
+            std::vector<Recipe> rk;
+            for (const Recipe& rc : recipes) rk.push_back(keyed(rc, k));
+            std::vector<LayerResults> r = analyze_pass_in_panels(*w.lo, kPasses[pi], settings, rk, 0);
             for (size_t job = 0; job < r.size(); ++job) w.by_task[job * 3 + pi] = std::move(r[job]);
           }
         } catch (...) {
@@ -344,7 +376,7 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
         if (job < settings.size()) w.by_task[t] = analyze_setting_pass(*w.lo, settings[job], p, c);
         else
           w.by_task[t].gemms.push_back(
-              analyze_recipe_pass(*w.lo, recipes[job - settings.size()], uint32_t(ri), p, c));
+              analyze_recipe_pass(*w.lo, keyed(recipes[job - settings.size()], k), 0, p, c));
         while (!w.ref_ready[pi].load(std::memory_order_acquire)) std::this_thread::yield();
         if (!w.faults[1 + pi]) compare_gemm(w.by_task[t].gemms.back(), c, w.lo->refs[pi]);
       } catch (...) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -49,6 +50,44 @@ TEST(TraceAnalysis, RecordsSplitSerialisedAndMergedEqualOnePass) {
   AnalysisResult one = analyze_traces(o);
   one.seconds = 0;
   EXPECT_EQ(json_text(one), want);
+}
+
+// A record's SR figures are keyed by its identity, not its place among the records (docs/spec.md §4): the second
+// record analysed alone gives the entries it gives after the first, bit for bit (test_record_sr_key.py covers
+// folders, order and paths through the command line).
+TEST(TraceAnalysis, RecordFiguresDoNotDependOnNeighbours) {
+  const AnalysisOptions o = small_options();
+  AnalysisOptions alone = o;
+  alone.traces = {o.traces[1]};
+  const AnalysisResult both = analyze_traces(o), one = analyze_traces(alone);
+  ASSERT_EQ(both.records.size(), 2u);
+  ASSERT_EQ(one.records.size(), 1u);
+  const RecordResult &a = both.records[1], &b = one.records[0];
+  ASSERT_EQ(a.gemms.size(), b.gemms.size());
+  size_t sr = 0;
+  for (size_t i = 0; i < a.gemms.size(); ++i) {
+    const GemmResult &x = a.gemms[i].g, &y = b.gemms[i].g;
+    EXPECT_EQ(x.recipe + "/" + x.pass, y.recipe + "/" + y.pass);
+    // Bit for bit: the same doubles, not close ones.
+    EXPECT_EQ(std::memcmp(&x.sqnr_db, &y.sqnr_db, sizeof(double)), 0) << x.recipe << " " << x.pass;
+    EXPECT_EQ(std::memcmp(&x.eta, &y.eta, sizeof(double)), 0) << x.recipe << " " << x.pass;
+    EXPECT_EQ(std::memcmp(&x.eta_measured, &y.eta_measured, sizeof(double)), 0) << x.recipe << " " << x.pass;
+    sr += !x.recipe.empty() && x.pass != "fwd_y";
+  }
+  EXPECT_EQ(sr, 2u);  // nvfp4's bwd_dx and bwd_dw, which round dY stochastically
+}
+
+// The key's definition (docs/spec.md §4), on values computed from it by hand (FNV-1a's published vectors; the seeds
+// by tests/analysis/test_record_sr_key.py's independent Python FNV-1a and Philox4x32-10).
+TEST(TraceAnalysis, RecordKeyIsFnv1aOfNameAndStepThroughPhilox) {
+  EXPECT_EQ(record_identity_hash("", nullptr), 0xcbf29ce484222325ull);
+  EXPECT_EQ(record_identity_hash("a", nullptr), 0xaf63dc4c8601ec8cull);
+  EXPECT_EQ(record_identity_hash("foobar", nullptr), 0x85944171f73967e8ull);
+  const std::string step = "5000";
+  EXPECT_EQ(record_identity_hash("layers.7.attn.proj", &step), 0xabccfdf2c2a51bb6ull);
+  EXPECT_EQ(record_sr_seed(0, "layers.7.attn.proj", {{"step", "5000"}, {"model", "m"}}), 0x8a09105156942079ull);
+  EXPECT_EQ(record_sr_seed(0, "layers.7.attn.proj", {{"model", "m"}}), 0xb59d536b39f6820eull);
+  EXPECT_EQ(record_sr_seed(7, "g", {}), 0xf82033a0a3879ca7ull);
 }
 
 TEST(TraceAnalysis, ByteFormKeepsInfinitiesAndAbsentDeltas) {

@@ -50,7 +50,8 @@ def small_second_folder(tmp):
 
 def analyze(a, tmp):
     traces = [TRACE] + ([small_second_folder(tmp)] if a.two else [])
-    # A recipe run too: its stochastic rounding depends on each record's global position (the SR stream).
+    # A recipe run too: its stochastic rounding is keyed by each record's identity (docs/spec.md §4), whichever rank
+    # runs it.
     base = ["analyze", "--trace", *traces, "--formats", "e2m1,e1m2", "--rht", "none,16", "--recipe", "nvfp4"]
     plain, dist = os.path.join(tmp, "plain.json"), os.path.join(tmp, "mpi.json")
     run([a.fp4lab, *base, "--json", plain])

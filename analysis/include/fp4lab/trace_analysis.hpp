@@ -111,6 +111,16 @@ struct AnalysisResult {
   double seconds = 0;                   // wall time, set by whoever timed the run
 };
 
+// The stochastic-rounding key of a trace record under the recipes (docs/spec.md §4): its identity, what the record
+// carries -- its gemm name and, where its file's __metadata__ has one, its "step" -- never its place among the
+// records analysed with it or the path it was reached by, so that its figures do not depend on either.
+// record_identity_hash: 64-bit FNV-1a of the gemm name's UTF-8 bytes, then, with a step, of the byte 0xFF (never in
+// UTF-8) and the step's bytes. record_sr_seed: the first two Philox4x32-10 words (low word first) under key `seed`
+// and counter (hash low, hash high, kRecordStream, 0); the record's GEMM id is 0 (streams pass*2 + operand).
+inline constexpr uint32_t kRecordStream = 0x52454344u;  // "RECD"
+uint64_t record_identity_hash(const std::string& gemm, const std::string* step);
+uint64_t record_sr_seed(uint64_t seed, const std::string& gemm, const std::map<std::string, std::string>& metadata);
+
 // Called as each record starts: (records started, records in the batch, gemm name). The command line shows it.
 using AnalysisProgress = std::function<void(size_t, size_t, const std::string&)>;
 
