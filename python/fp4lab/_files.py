@@ -226,3 +226,21 @@ def output_inputs(paths: Sequence) -> list:
         else:
             out.append(p)
     return out
+
+
+def check_output_folder(path) -> None:
+    """Raises the fault of a folder outputs are to be written into (a trace's step folders, say), before any work:
+    DataError unless it is an existing writable folder, or an absent name whose nearest existing parent is a
+    writable folder (the folder is made when the first output is written)."""
+    p = _paths([path])[0]
+    if not p:
+        raise UsageError("an output folder name is empty")
+    if os.path.lexists(p) and not os.path.isdir(p):
+        raise DataError(f"{p}: exists and is not a folder")
+    probe = os.path.abspath(p)
+    while not os.path.lexists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise DataError(f"{p}: {probe} is not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise DataError(f"{p}: folder {probe} is not writable")

@@ -1,7 +1,9 @@
 """Capture fp4lab trace v1 files (docs/spec.md §7) from the nn.Linear layers of any PyTorch model.
 
 A trace is a folder of .safetensors files. For each captured linear layer `<gemm>` (its dotted module name)
-the file `<gemm>.safetensors` holds the operands of the layer's three training GEMMs at one step:
+the file `<gemm>.safetensors` (`/`, `\\`, `%` and control characters of the name written as `%XX`, so that it
+is always one file of the step folder: record_file_name) holds the operands of the layer's three training GEMMs
+at one step:
   <gemm>.fwd_x  [tokens, in]   the input X (leading dims flattened), as the forward GEMM consumed it
   <gemm>.fwd_w  [out, in]      the weight W, as the forward GEMM consumed it
   <gemm>.bwd_dy [tokens, out]  the gradient dY of the layer's output, same token rows as fwd_x
@@ -26,14 +28,17 @@ Three ways to use it:
 from __future__ import annotations
 
 import argparse
+import numbers
 import os
 import re
 import shlex
 import sys
-from typing import Dict, Iterable, List, Optional
+from collections.abc import Iterable, Mapping
+from typing import Callable, Dict, List, Optional
 
-from .trace import (TRACE_VERSION, TraceError, add_check_arguments, check as check_trace,  # noqa: F401
-                    check_main, print_check, write_file)
+from ._files import ArgumentParser, UsageError, check_output_folder, console_main
+from .trace import (SUFFIX, TRACE_VERSION, TraceError, _check_outputs, add_check_arguments,  # noqa: F401
+                    check as check_trace, check_main, print_check, write_file)
 
 # ---------------------------------------------------------------------------------------------------------
 # Capture (needs torch; imported lazily so `check` runs without it)
@@ -47,6 +52,52 @@ def _torch():
     return torch
 
 
+def record_file_name(gemm: str) -> str:
+    """The file name of a gemm's record in its step folder: `<gemm>.safetensors`, with `/`, `\\`, `%` and control
+    characters written as `%XX` (their UTF-8 bytes), so that any module name is one file inside the step folder
+    (never a path out of it, whatever `/` or `..` it holds) and two names never share a file."""
+    return "".join("".join(f"%{b:02X}" for b in c.encode("utf-8")) if c in "/\\%" or ord(c) < 0x20 or c == "\x7f"
+                   else c for c in gemm) + SUFFIX
+
+
+def _step_folder(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _settings_fault(spell: Callable[[str], str], *, max_tokens, token_multiple, dim_multiple, token_stride,
+                    max_out, store_dtype) -> Optional[str]:
+    """The first fault of the capture's sub-sampling settings, naming the argument as `spell` writes it (the
+    constructor's keyword, or fp4lab-capture's option), or None: one check for both, before any work."""
+    for name, v, optional in (("token_multiple", token_multiple, False), ("dim_multiple", dim_multiple, False),
+                              ("token_stride", token_stride, False), ("max_tokens", max_tokens, True),
+                              ("max_out", max_out, True)):
+        if not (optional and v is None) and not (_is_int(v) and 0 < v < 2 ** 63):
+            return f"{spell(name)} {v!r}: not a positive integer"
+    if store_dtype not in ("gemm", "bf16", "f32"):
+        return f"{spell('store_dtype')} must be gemm, bf16 or f32, not {store_dtype!r}"
+    if token_multiple % dim_multiple:
+        return (f"{spell('token_multiple')} {token_multiple} is not a multiple of {spell('dim_multiple')} "
+                f"{dim_multiple}")
+    if max_tokens is not None and max_tokens < token_multiple:
+        return f"{spell('max_tokens')} {max_tokens} is below {spell('token_multiple')} {token_multiple}"
+    if max_out is not None and max_out % dim_multiple:
+        return f"{spell('max_out')} {max_out} is not a positive multiple of {spell('dim_multiple')} {dim_multiple}"
+    return None
+
+
+def _compile(pattern, what: str):
+    if not isinstance(pattern, str):
+        raise TraceError(f"{what} {pattern!r}: a regular expression is text, not {type(pattern).__name__}")
+    try:
+        return re.compile(pattern)
+    except (re.error, RecursionError, OverflowError) as e:
+        raise TraceError(f"{what} {pattern!r}: not a regular expression ({e})") from None
+
+
 class TraceCapture:
     """Hooks the nn.Linear modules of `model` whose dotted names match `pattern` (re.search).
 
@@ -57,32 +108,55 @@ class TraceCapture:
     that a trace of a wide batch samples all of its sequences). With `max_out`, only that many output features
     are kept, evenly spaced (every ceil(out/max_out)-th row of W and column of dY), so that a wide layer fits a
     small trace. Either way the three tensors stay one consistent sub-GEMM of the layer's GEMMs.
+
+    Every argument is checked here, before any step runs (a TraceError, a ValueError naming it). Records are
+    written to `out_dir/step_NNNNNN/<record_file_name(gemm)>` under the command line's output rules, never over one
+    of the files `inputs`.
     """
 
     def __init__(self, model, pattern: str, steps: Iterable[int], out_dir: str, *,
                  max_tokens: Optional[int] = None, token_multiple: int = 128, dim_multiple: int = 16,
                  store_dtype: str = "gemm", metadata: Optional[Dict[str, str]] = None,
-                 name_prefix: str = "", token_stride: int = 1, max_out: Optional[int] = None):
+                 name_prefix: str = "", token_stride: int = 1, max_out: Optional[int] = None, inputs=()):
         torch = _torch()
-        if store_dtype not in ("gemm", "bf16", "f32"):
-            raise TraceError(f"store_dtype must be gemm, bf16 or f32, not {store_dtype!r}")
-        if token_multiple % dim_multiple:
-            raise TraceError(f"token_multiple {token_multiple} is not a multiple of dim_multiple {dim_multiple}")
-        if max_tokens is not None and max_tokens < token_multiple:
-            raise TraceError(f"max_tokens {max_tokens} is below token_multiple {token_multiple}")
-        if token_stride < 1:
-            raise TraceError(f"token_stride must be positive, not {token_stride}")
-        if max_out is not None and (max_out < dim_multiple or max_out % dim_multiple):
-            raise TraceError(f"max_out {max_out} is not a positive multiple of dim_multiple {dim_multiple}")
+        if not isinstance(model, torch.nn.Module):
+            raise TraceError(f"model: a torch.nn.Module, not {type(model).__name__}")
+        fault = _settings_fault(str, max_tokens=max_tokens, token_multiple=token_multiple,
+                                dim_multiple=dim_multiple, token_stride=token_stride, max_out=max_out,
+                                store_dtype=store_dtype)
+        if fault:
+            raise TraceError(fault)
+        if isinstance(steps, (str, bytes)) or not isinstance(steps, Iterable):
+            raise TraceError(f"steps {steps!r}: an iterable of step numbers, not {type(steps).__name__}")
+        steps = list(steps)
+        if not all(_is_int(s) and s >= 0 for s in steps):
+            raise TraceError(f"steps {steps!r}: not all non-negative integers")
+        if not isinstance(name_prefix, str):
+            raise TraceError(f"name_prefix {name_prefix!r}: text, not {type(name_prefix).__name__}")
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise TraceError(f"metadata: a mapping of names to values, not {type(metadata).__name__}")
+        try:
+            check_output_folder(out_dir)
+            for s in steps:
+                check_output_folder(os.path.join(out_dir, _step_folder(s)))
+        except ValueError as e:  # a DataError or UsageError of the path
+            raise TraceError(f"out_dir {e}") from None
+        try:
+            metadata = {str(k): str(v) for k, v in (metadata or {}).items()}
+            for kv in metadata.items():
+                "".join(kv).encode("utf-8")
+        except UnicodeError:
+            raise TraceError("metadata: a key or value is not valid UTF-8") from None
+        self.inputs = list(inputs)
         self.token_stride, self.max_out, self.dim_multiple = token_stride, max_out, dim_multiple
         self.steps = set(int(s) for s in steps)
-        self.out_dir = out_dir
+        self.out_dir = os.fspath(out_dir)
         self.max_tokens = max_tokens
         self.token_multiple = token_multiple
         self.store_dtype = store_dtype
         self.metadata = {"model": type(model).__name__, "command": _command_line()}
-        self.metadata.update({k: str(v) for k, v in (metadata or {}).items()})
-        rx = re.compile(pattern)
+        self.metadata.update(metadata)
+        rx = _compile(pattern, "pattern")
         self.modules = {}
         for name, mod in model.named_modules():
             if isinstance(mod, torch.nn.Linear) and rx.search(name):
@@ -90,7 +164,18 @@ class TraceCapture:
                     if n % dim_multiple:
                         raise TraceError(f"module {name}: {what} = {n} is not a multiple of {dim_multiple} "
                                          f"(trace v1 needs it; narrow --pattern to skip this layer)")
-                self.modules[name_prefix + name] = mod
+                gemm = name_prefix + name
+                if not gemm:
+                    raise TraceError("the model itself is the nn.Linear matched: give it a name_prefix")
+                try:
+                    file = os.fsencode(record_file_name(gemm))
+                    gemm.encode("utf-8")
+                except UnicodeError:
+                    raise TraceError(f"module {gemm!r}: the name is not valid UTF-8") from None
+                if len(file) > 255:  # NAME_MAX of the file systems in use; found now, not after the step
+                    raise TraceError(f"module {gemm[:80]!r}...: its record's file name would be {len(file)} bytes, "
+                                     f"over the 255 a file name may have")
+                self.modules[gemm] = mod
         if not self.modules:
             raise TraceError(f"pattern {pattern!r} matches no nn.Linear module of {type(model).__name__}")
         self._handles = [mod.register_forward_hook(self._make_forward_hook(name))
@@ -119,8 +204,13 @@ class TraceCapture:
         if no_dy:
             raise TraceError(f"step {step}: no backward pass reached {', '.join(no_dy)} (call backward() "
                              f"before the capture is written)")
-        folder = os.path.join(self.out_dir, f"step_{step:06d}")
-        os.makedirs(folder, exist_ok=True)
+        folder = os.path.join(self.out_dir, _step_folder(step))
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as e:
+            raise TraceError(f"{folder}: cannot make the folder ({e.strerror or e})") from None
+        # Every record's path is checked before the first is written: none lands on an input or a folder.
+        _check_outputs([os.path.join(folder, record_file_name(name)) for name in rec], self.inputs)
         paths = []
         for name, r in rec.items():
             tensors = {f"{name}.fwd_x": r["x"], f"{name}.fwd_w": r["w"], f"{name}.bwd_dy": r["dy"]}
@@ -137,8 +227,8 @@ class TraceCapture:
                 "calls_in_step": str(r["calls"]),
                 "gemm_dtype": r["gemm_dtype"],
             })
-            path = os.path.join(folder, f"{name}.safetensors")
-            write_file(path, tensors, meta)
+            path = os.path.join(folder, record_file_name(name))
+            write_file(path, tensors, meta, self.inputs)
             paths.append(path)
         self.written += paths
         return paths
@@ -239,10 +329,40 @@ def _command_line(argv: Optional[List[str]] = None) -> str:
 # `run`: wrap an unmodified training script
 # ---------------------------------------------------------------------------------------------------------
 
-def run_wrapped(args) -> int:
+_OPTION = {"store_dtype": "--dtype", "dim_multiple": "the trace's dimension multiple"}
+
+
+def _check_run(args) -> set:
+    """`run`'s options and paths, every one before the script starts (UsageError for an option, TraceError for a
+    path): the chosen steps."""
     steps = parse_steps(args.steps)
+    try:
+        _compile(args.pattern, "--pattern")
+    except TraceError as e:
+        raise UsageError(str(e)) from None
+    fault = _settings_fault(lambda n: _OPTION.get(n, "--" + n.replace("_", "-")), max_tokens=args.max_tokens,
+                            token_multiple=args.token_multiple, dim_multiple=16, token_stride=args.token_stride,
+                            max_out=args.max_out, store_dtype=args.dtype)
+    if fault:
+        raise UsageError(fault)
+    for kv in args.meta:
+        if "=" not in kv:
+            raise UsageError(f"--meta {kv!r}: not KEY=VALUE")
+    if args.script and args.script[0] == "--":
+        args.script = args.script[1:]
+    if not args.script:
+        raise UsageError("run: name the training script after --")
     if not os.path.isfile(args.script[0]):
         raise TraceError(f"{args.script[0]}: no such training script")
+    try:
+        check_output_folder(args.out)
+    except ValueError as e:
+        raise (UsageError if isinstance(e, UsageError) else TraceError)(f"--out {e}") from None
+    return steps
+
+
+def run_wrapped(args) -> int:
+    steps = _check_run(args)
     torch = _torch()
     import runpy  # noqa: PLC0415
     from torch.nn.modules import module as nn_module  # noqa: PLC0415
@@ -256,7 +376,8 @@ def run_wrapped(args) -> int:
         cap = TraceCapture(root, args.pattern, steps, args.out, max_tokens=args.max_tokens,
                            token_stride=args.token_stride, max_out=args.max_out,
                            token_multiple=args.token_multiple, store_dtype=args.dtype,
-                           metadata={"model": meta.pop("model", type(root).__name__), **meta})
+                           metadata={"model": meta.pop("model", type(root).__name__), **meta},
+                           inputs=[args.script[0]])  # the records never overwrite the script
         cap.arm(state["updates"])
         state["cap"] = cap
         print(f"fp4lab-capture: attached to {type(root).__name__}: {len(cap.modules)} linear layers, "
@@ -312,20 +433,25 @@ def run_wrapped(args) -> int:
 
 
 def parse_steps(text: str) -> set:
+    """The steps of `--steps` (comma-separated non-negative integers), or a UsageError naming it."""
     try:
         steps = {int(s) for s in text.split(",") if s.strip()}
     except ValueError:
-        raise TraceError(f"--steps: expected comma-separated integers, got {text!r}") from None
+        steps = set()
     if not steps or min(steps) < 0:
-        raise TraceError(f"--steps: expected non-negative integers, got {text!r}")
+        raise UsageError(f"--steps {text!r}: not comma-separated non-negative integers")
     return steps
 
 
 # ---------------------------------------------------------------------------------------------------------
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="fp4lab-capture", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    return console_main("fp4lab-capture", lambda: _main(argv))
+
+
+def _main(argv: Optional[List[str]]) -> int:
+    ap = ArgumentParser(prog="fp4lab-capture", description=__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run a training script and capture traces from its nn.Linear layers")
     r.add_argument("--pattern", required=True, help="regex searched in the dotted module names")
@@ -343,19 +469,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     add_check_arguments(sub.add_parser("check", help="validate a trace folder/file and print outlier statistics"))
     args = ap.parse_args(argv)
     if args.cmd == "check":
-        return check_main(args, "fp4lab-capture")
-    try:
-        if args.script and args.script[0] == "--":
-            args.script = args.script[1:]
-        if not args.script:
-            raise TraceError("run: name the training script after --")
-        for kv in args.meta:
-            if "=" not in kv:
-                raise TraceError(f"--meta: expected KEY=VALUE, got {kv!r}")
-        return run_wrapped(args)
-    except TraceError as e:
-        print(f"fp4lab-capture: {e}", file=sys.stderr)
-        return 1
+        return check_main(args)
+    return run_wrapped(args)
 
 
 if __name__ == "__main__":

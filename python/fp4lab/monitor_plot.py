@@ -3,31 +3,44 @@ fractions over the sampled steps, one line per (layer, pass, operand), one panel
 
     fp4lab-monitor-plot numerics.jsonl -o numerics.png [--layer REGEX]
 
-A file that is not the monitor's JSONL is a one-line error naming the file and line (exit 1); the PNG is written
-to a temporary name and renamed when complete.
+A file that is not the monitor's JSONL is a one-line error naming the file and line (exit 1); the PNG is held to
+the command line's output rules before the file is read (never the JSONL itself, a folder or a device: exit 2 or 1)
+and written to a temporary name, renamed when complete.
 """
 from __future__ import annotations
 
-import argparse
 import io
 import json
+import os
 import re
 import sys
 from collections import defaultdict
 from typing import Optional
 
-from ._files import write_atomic
+from ._files import ArgumentParser, DataError, UsageError, check_outputs, console_main, write_atomic
 
 STATS = (("sqnr_db", "operand SQNR (dB)"), ("gemm_sqnr_db", "GEMM output SQNR (dB)"),
          ("frac_zero", "fraction flushed to zero"), ("frac_sat", "fraction at the grid's largest magnitude"))
 
 
+def _layer_pattern(layer: Optional[str], what: str = "layer"):
+    if layer is None:
+        return None
+    if not isinstance(layer, str):
+        raise UsageError(f"{what} {layer!r}: a regular expression is text, not {type(layer).__name__}")
+    try:
+        return re.compile(layer)
+    except (re.error, RecursionError, OverflowError) as e:
+        raise UsageError(f"{what} {layer!r}: not a regular expression ({e})") from None
+
+
 def read(path: str, layer: Optional[str] = None) -> dict:
-    """stat -> (layer, pass, operand) -> [(step, value)], from the monitor's JSONL; ValueError names the line."""
-    pattern = re.compile(layer) if layer else None
+    """stat -> (layer, pass, operand) -> [(step, value)], from the monitor's JSONL; a DataError (a ValueError) names
+    the file and line, a UsageError a bad `layer` regex."""
+    pattern = _layer_pattern(layer) if layer else None
     series = defaultdict(lambda: defaultdict(list))
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
+    with _open(path) as f:
+        for n, raw in _lines(f, path):
             try:
                 r = json.loads(raw.decode("utf-8"))
                 key = tuple(r[k] for k in ("layer", "pass", "operand"))
@@ -44,16 +57,43 @@ def read(path: str, layer: Optional[str] = None) -> dict:
                         raise TypeError(f"{k} is not a number")
                     series[k][key].append((step, float(v)))  # SQNR "inf" (no error) is float("inf")
             except (ValueError, TypeError, KeyError, OverflowError, RecursionError, AttributeError) as e:
-                raise ValueError(f"{path}:{n}: not a record of fp4lab.torch.monitor ({type(e).__name__}: {e})")
+                raise DataError(f"{path}:{n}: not a record of fp4lab.torch.monitor ({type(e).__name__}: {e})") \
+                    from None
+    if not series:  # an empty plot would look like a run that recorded nothing
+        raise DataError(f"{path}: no record of fp4lab.torch.monitor" +
+                        (f" for a layer matching {layer!r}" if pattern else ""))
     return series
 
 
+def _open(path: str):
+    if not isinstance(path, (str, os.PathLike)):  # open() would take an int as a file descriptor
+        raise UsageError(f"{path!r}: a path is a str or os.PathLike, not {type(path).__name__}")
+    try:
+        return open(path, "rb")
+    except OSError as e:
+        raise DataError(f"{path}: {e.strerror or e}") from None
+    except ValueError as e:  # a NUL byte
+        raise DataError(f"{path!r}: {e}") from None
+
+
+def _lines(f, path: str):
+    try:
+        yield from enumerate(f, 1)
+    except OSError as e:  # a folder, or a read error part-way
+        raise DataError(f"{path}: {e.strerror or e}") from None
+
+
 def plot(path: str, out: str, layer: Optional[str] = None) -> None:
+    """The plot of the monitor's JSONL `path` as a PNG `out`; `out` is checked first (the shared output rules: never
+    `path` itself, a folder or a device), then the file is read, then the PNG written through a temporary name."""
+    _layer_pattern(layer)
+    _open(path).close()  # a missing input is named first, as the command line does
+    check_outputs([out], [path])
     series = read(path, layer)
     try:
         import matplotlib
     except ImportError:
-        raise ValueError("matplotlib is needed for the plot (pip install matplotlib)") from None
+        raise DataError("matplotlib is needed for the plot (pip install matplotlib)") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharex=True)
@@ -71,21 +111,20 @@ def plot(path: str, out: str, layer: Optional[str] = None) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
-    write_atomic(out, buf.getvalue())
+    write_atomic(out, buf.getvalue(), inputs=[path])
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="fp4lab-monitor-plot", description=__doc__.splitlines()[0])
-    ap.add_argument("jsonl")
-    ap.add_argument("-o", "--out", default="monitor.png")
-    ap.add_argument("--layer", default=None, help="regex: only layers whose name it matches")
-    a = ap.parse_args(argv)
-    try:
+    def body() -> None:
+        ap = ArgumentParser(prog="fp4lab-monitor-plot", description=__doc__.splitlines()[0])
+        ap.add_argument("jsonl")
+        ap.add_argument("-o", "--out", default="monitor.png")
+        ap.add_argument("--layer", default=None, help="regex: only layers whose name it matches")
+        a = ap.parse_args(argv)
+        _layer_pattern(a.layer, "--layer")
         plot(a.jsonl, a.out, a.layer)
-    except (OSError, ValueError, re.error) as e:
-        print(f"fp4lab-monitor-plot: error: {e}", file=sys.stderr)
-        return 1
-    return 0
+
+    return console_main("fp4lab-monitor-plot", body)
 
 
 if __name__ == "__main__":

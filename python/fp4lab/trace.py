@@ -27,14 +27,26 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from . import _core
+from ._files import (ArgumentParser, DataError, UsageError, check_outputs, console_main, output_inputs,
+                     write_text)
 
 TRACE_VERSION = "1"
 ROLES = ("fwd_x", "fwd_w", "bwd_dy")
 SUFFIX = ".safetensors"
 
 
-class TraceError(ValueError):
-    """A one-line fault naming the file or module concerned."""
+class TraceError(DataError):
+    """A one-line fault naming the file or module concerned (a ValueError; a data error, exit code 1, in the console
+    scripts)."""
+
+
+def _check_outputs(outputs, inputs=()) -> None:
+    """The shared output rule (fp4lab._files.check_outputs) before any work: a path the file system refuses as a
+    TraceError, a conflict between the paths given (an output that is an input) as the UsageError it is."""
+    try:
+        check_outputs(outputs, inputs)
+    except DataError as e:
+        raise TraceError(str(e)) from None
 
 
 def _io(func, *args):
@@ -75,10 +87,12 @@ def _as_numpy(name: str, t, path: str) -> np.ndarray:
     return a
 
 
-def write_file(path: str, tensors: Mapping[str, object], metadata: Mapping[str, object]) -> None:
+def write_file(path: str, tensors: Mapping[str, object], metadata: Mapping[str, object], inputs=()) -> None:
     """Writes BF16 or F32 tensors (numpy arrays, ml_dtypes.bfloat16 for BF16, or torch tensors) in the given order
     and `metadata` (values as text) as one safetensors file; under a temporary name, then renamed, so that a killed
-    writer leaves no truncated record."""
+    writer leaves no truncated record. `path` is held to the command line's output rules first (a file name in an
+    existing writable folder, never a folder or a device, never one of the files `inputs`)."""
+    _check_outputs([path], inputs)
     out = []
     for name, t in tensors.items():
         a = _as_numpy(name, t, path)
@@ -183,17 +197,34 @@ def print_check(rows: List[dict], file=None) -> None:
               f"{dy['kurtosis']:>8.2f} {dy['amax_over_rms']:>11.2f}", file=file)
 
 
-def check_main(args, prog: str) -> int:
-    """The `check` command: the table, an optional JSON, a one-line fault and exit 1 on an invalid trace."""
-    try:
-        rows = check(args.path, args.block)
-    except TraceError as e:
-        print(f"{prog}: {e}", file=sys.stderr)
-        return 1
+def _json_value(v):
+    """`v` with every non-finite float as None: JSON has no NaN or infinity (the command line writes null too)."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _json_value(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_json_value(x) for x in v]
+    return v
+
+
+def check_main(args) -> int:
+    """The `check` command (`fp4lab-capture check`, `python3 -m fp4lab.trace`): the table and an optional JSON
+    (`--json -`: the JSON on stdout instead of the table). Faults are raised for console_main to print as one line:
+    a bad option or an output that would overwrite the trace before any work (exit 2), an invalid trace (exit 1)."""
+    if not 0 < args.block < 2 ** 31:
+        raise UsageError(f"--block {args.block}: not a positive integer below 2^31")
+    if args.json is not None and args.json != "-":
+        # The JSON may not overwrite a record of the trace it describes; checked before the trace is read.
+        check_outputs([args.json], output_inputs([args.path]))
+    rows = check(args.path, args.block)
+    if args.json == "-":
+        print(json.dumps(_json_value(rows), indent=1, allow_nan=False))
+        return 0
     print_check(rows)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    if args.json is not None:
+        write_text(args.json, json.dumps(_json_value(rows), indent=1, allow_nan=False) + "\n",
+                   inputs=output_inputs([args.path]))
     print(f"{args.path}: {len(rows)} gemms valid (trace v1, block {args.block})")
     return 0
 
@@ -201,14 +232,18 @@ def check_main(args, prog: str) -> int:
 def add_check_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("path", help="a trace folder or one record file")
     ap.add_argument("--block", type=int, default=16, help="tokens/in/out must be multiples of this")
-    ap.add_argument("--json", default=None, help="also write the statistics as JSON to this file")
+    ap.add_argument("--json", default=None, metavar="FILE|-",
+                    help="also write the statistics as JSON to FILE (-: to stdout, instead of the table)")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m fp4lab.trace",
-                                 description="validate a trace folder/file and print outlier statistics")
-    add_check_arguments(ap)
-    return check_main(ap.parse_args(argv), "fp4lab.trace")
+    def body() -> int:
+        ap = ArgumentParser(prog="python3 -m fp4lab.trace",
+                            description="validate a trace folder/file and print outlier statistics")
+        add_check_arguments(ap)
+        return check_main(ap.parse_args(argv))
+
+    return console_main("fp4lab.trace", body)
 
 
 if __name__ == "__main__":

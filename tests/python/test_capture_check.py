@@ -118,7 +118,7 @@ def test_check_rejects_bad_files_naming_file_and_fault(tmp_path, fault, message)
     # The check command prints the same fault on one line and exits 1, as `fp4lab analyze` does.
     r = subprocess.run([sys.executable, "-m", "fp4lab.capture", "check", str(p)],
                        capture_output=True, text=True)
-    assert r.returncode == 1 and r.stderr == f"fp4lab-capture: {p}: {message}\n"
+    assert r.returncode == 1 and r.stderr == f"fp4lab-capture: error: {p}: {message}\n"
     r = subprocess.run([BIN, "analyze", "--trace", str(p)], capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr == f"fp4lab analyze: error: {p}: {message}\n"
 
