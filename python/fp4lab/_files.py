@@ -168,6 +168,11 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message):
         raise UsageError(message)
 
+    def _print_message(self, message, file=None):
+        # argparse swallows a failed write of --help; a full device or closed pipe must end as the CLI ends.
+        if message:
+            (file or sys.stderr).write(message)
+
 
 def _end_by_signal(sig: int) -> None:
     """Ends the process by `sig` with its default action (status 128 + its number), as the command line does."""
