@@ -56,7 +56,15 @@ class MultiheadAttention(_Stepped, nn.MultiheadAttention):
 
     @classmethod
     def from_mha(cls, mha: nn.MultiheadAttention, recipe: Any) -> "MultiheadAttention":
-        """One sharing ``mha``'s parameters (the same Parameter objects)."""
+        """One sharing ``mha``'s parameters (the same Parameter objects) and options (embed_dim, num_heads, dropout,
+        bias, kdim, vdim, batch_first, training mode). ``add_bias_kv`` and ``add_zero_attn`` are refused, as by the
+        constructor: dropping them would compute another attention."""
+        if not isinstance(mha, nn.MultiheadAttention):
+            raise TypeError(f"MultiheadAttention.from_mha(): mha must be an nn.MultiheadAttention, not "
+                            f"{type(mha).__name__}")
+        if mha.bias_k is not None or mha.bias_v is not None or mha.add_zero_attn:
+            raise ValueError("MultiheadAttention.from_mha(): add_bias_kv and add_zero_attn are not supported "
+                             "(fp4lab.torch.MultiheadAttention computes without them)")
         new = cls(mha.embed_dim, mha.num_heads, dropout=mha.dropout, bias=mha.in_proj_bias is not None,
                   kdim=mha.kdim, vdim=mha.vdim, batch_first=mha.batch_first, device="meta", recipe=recipe)
         for n in ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias"):
@@ -81,7 +89,8 @@ class MultiheadAttention(_Stepped, nn.MultiheadAttention):
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
-        if self.recipe.passthrough:
+        if self.recipe.passthrough or any(isinstance(t, torch.Tensor) and t.is_meta for t in (query, key, value)):
+            # (On the meta device, shapes only: nothing is quantised and no step is taken, as in fp4lab's Linear.)
             return super().forward(query, key, value, key_padding_mask, need_weights, attn_mask,
                                    average_attn_weights, is_causal)
         is_batched = query.dim() == 3

@@ -3,6 +3,7 @@ it shares with the attention."""
 from __future__ import annotations
 
 import hashlib
+import sys
 from typing import Any, Optional, Tuple
 
 import torch
@@ -10,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fp4lab import _core
+from fp4lab._files import DataError
 
 from .ops import check_finite_once, column_sum, qmatmul, take_step
 from .recipe import Recipe, _as_recipe, _whole
@@ -78,9 +80,66 @@ def _in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
+# torch.utils.checkpoint's machinery, by which a forward finds the checkpointed region it runs in (None where this
+# torch lays it out otherwise: the forward then keys as if it were not checkpointed, and a recomputation reuses the
+# layer's last step).
+try:
+    import inspect as _inspect
+
+    import torch.utils.checkpoint as _tc
+    _REENTRANT = _tc.CheckpointFunction
+    _REENTRANT_FORWARD = _tc.CheckpointFunction.forward.__code__
+    _top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+except (ImportError, AttributeError):  # pragma: no cover - another torch
+    _REENTRANT = _REENTRANT_FORWARD = _top_hooks = None
+
+
+def _free_var(fn, name: str):
+    fn = _inspect.unwrap(fn)
+    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None) or ()
+    if code is None or name not in code.co_freevars:
+        return None
+    return cells[code.co_freevars.index(name)].cell_contents
+
+
+def _checkpoint_region(training: bool) -> Tuple[Any, bool, bool]:
+    """(region, recomputing, trains) of the torch.utils.checkpoint region this forward runs in, or (None, False,
+    False). ``region`` is an object that lives as long as the region can be recomputed (the reentrant checkpoint's
+    autograd node, or the non-reentrant checkpoint's frame); ``recomputing``: this is the recomputation of the
+    region's forward; ``trains``: an original reentrant forward (run without a graph) whose region will be
+    recomputed and backpropagated (looked for in training mode only: elsewhere the step does not advance)."""
+    if _top_hooks is None:
+        return None, False, False
+    hooks = _top_hooks(True)
+    if hooks is not None:  # non-reentrant: its saved-tensor hooks are on top, at the forward and at recomputation
+        pack = _inspect.unwrap(hooks[0])
+        name = getattr(pack, "__qualname__", "")
+        if name.startswith("_checkpoint_hook."):
+            return _free_var(pack, "frame"), False, False
+        if name.startswith("_recomputation_hook."):
+            ref = _free_var(pack, "target_frame_ref")
+            return (ref() if ref is not None else None), True, False
+    if torch.is_grad_enabled():
+        node = torch._C._current_autograd_node() if _in_backward() else None
+        if node is not None and type(node) is _REENTRANT._backward_cls:  # a reentrant checkpoint's backward
+            return node, True, False
+        return None, False, False
+    if not training:
+        return None, False, False
+    f = sys._getframe(1)
+    while f is not None:  # a reentrant checkpoint runs its forward without a graph, inside its autograd function
+        if f.f_code is _REENTRANT_FORWARD:
+            ctx = f.f_locals.get("ctx")
+            return ctx, False, ctx is not None and any(ctx.needs_input_grad)
+        f = f.f_back
+    return None, False, False
+
+
 def _shape_fault(lin: nn.Linear, r: Recipe) -> Optional[str]:
     """Why the recipe cannot take this layer's weight and reduction dimensions in and out, or None. (The token count,
     the third reduction dimension, is checked at each forward.)"""
+    if lin.in_features == 0 or lin.out_features == 0:
+        return None  # each GEMM is empty or sums over nothing, +0.0 under any recipe: forward gives F.linear's
     t = 512  # a token count every block, tile and RHT size divides: only the weight's dimensions are on trial
     for p, o, rows, cols in (("fwd_y", "a", t, lin.in_features), ("fwd_y", "b", lin.out_features, lin.in_features),
                              ("bwd_dx", "a", t, lin.out_features), ("bwd_dx", "b", lin.in_features, lin.out_features)):
@@ -149,6 +208,23 @@ def _apply(gemm, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
     return _LinearFn.apply(x, weight, bias, *args)
 
 
+def _step_of_state(key: str, state: Any) -> int:
+    """The SR step a state dict's ``key`` holds (what get_extra_state writes: a 0-d int64 tensor; any 0-d integer
+    tensor or int from 0 to 2**63 - 1 is taken), or a one-line DataError naming the key: a float, a bool or a
+    tensor of another shape is no step, and truncating it would key a resumed run by another step silently."""
+    what = f"{type(state).__name__} {state!r}"[:80]
+    if isinstance(state, torch.Tensor):
+        what = "a meta tensor (no value)" if state.is_meta else f"a {tuple(state.shape)} {state.dtype} tensor"
+        if state.dim() == 0 and not (state.is_floating_point() or state.is_complex() or state.dtype == torch.bool
+                                     or state.is_meta):
+            state = int(state)
+    if isinstance(state, int) and not isinstance(state, bool) and 0 <= state < 2**63:
+        return state
+    if isinstance(state, int) and not isinstance(state, bool):
+        what = f"{state}, out of range"
+    raise DataError(f"{key}: not an SR step (a 0-d integer tensor from 0 to 2**63 - 1), but {what}")
+
+
 class _Stepped(nn.Module):
     """The SR step of a module that runs GEMMs under a recipe: advanced by every forward in training mode that
     records a graph, repeated by an activation-checkpoint recomputation, and saved in the state dict."""
@@ -191,22 +267,41 @@ class _Stepped(nn.Module):
 
     def _take_step(self, records: bool) -> Tuple[torch.Tensor, bool]:
         """The step this forward quantises with (a 0-d int64 tensor), and whether it is a forward outside a backward
-        that records a graph (whose shapes are checked)."""
+        that records a graph (whose shapes are checked).
+
+        Each forward that trains takes the step and advances it, so a layer called twice in a training step keys
+        its two calls by two steps. A checkpointed region's forward logs the steps its calls took on the region
+        (torch.utils.checkpoint's node or frame), and its recomputation takes them again in call order: a
+        recomputed call draws its original's bits however often the layer runs in the region, in whatever order
+        the regions are recomputed."""
         if torch.compiler.is_compiling():
             # In a compiled graph: no activation-checkpoint bookkeeping, and the backward GEMMs' shapes are
             # checked where they run.
             return take_step(self._step, records and self.training), False
-        if _in_backward():
-            # A recomputation repeats the last forward's step. Reentrant checkpointing ran that forward without a
-            # graph, so this is the forward whose graph trains: the step advances now, once.
+        region, recomputing, trains = _checkpoint_region(self.training)
+        if recomputing:
+            log = getattr(region, "_fp4lab_steps", {}).get(self)
+            if log is not None and log[0]:
+                steps, calls = log
+                log[1] += 1  # a second recomputation of the region (a retained graph) starts again at its first call
+                return torch.tensor(steps[calls % len(steps)], dtype=torch.int64), False
+        if recomputing or _in_backward():
+            # A recomputation without the region's log repeats the last forward's step, and a reentrant one whose
+            # original ran without a graph advances the step now, once.
             step = self._last_step
             if records and self.training and not self._last_advanced:
                 self.step, self._last_advanced = step + 1, True
             return torch.tensor(step, dtype=torch.int64), False
+        records = records or trains  # a reentrant checkpoint's forward runs without a graph, its recomputation with one
         step = self._last_step = self.step
         self._last_advanced = records and self.training
         if self._last_advanced:
             self.step += 1
+        if region is not None:
+            logs = getattr(region, "_fp4lab_steps", None)
+            if logs is None:
+                logs = region._fp4lab_steps = {}
+            logs.setdefault(self, [[], 0])[0].append(step)
         return torch.tensor(step, dtype=torch.int64), records
 
     def __getstate__(self):
@@ -225,10 +320,12 @@ class _Stepped(nn.Module):
         return torch.tensor(self.step, dtype=torch.int64)
 
     def set_extra_state(self, state) -> None:
-        self.step = self._last_step = int(state)
+        self.step = self._last_step = _step_of_state("_extra_state", state)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
+        if prefix + "_extra_state" in state_dict:  # a foreign value is refused by its key, before anything loads here
+            _step_of_state(prefix + "_extra_state", state_dict[prefix + "_extra_state"])
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
         # A checkpoint of the torch module, or from before the step was saved, has no step: it loads (strict or
@@ -273,10 +370,17 @@ class Linear(_Stepped, nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.recipe.passthrough:
             return F.linear(x, self.weight, self.bias)
+        if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != self.in_features:
+            return F.linear(x, self.weight, self.bias)  # nn.Linear's own error for an input it cannot take
+        if x.is_meta or self.weight.is_meta:
+            # Shapes only (a model traced or sized on the meta device): nothing is quantised and no step is taken.
+            # The output has the activations' dtype, as on a device.
+            return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
         step, check = self._take_step(torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
-        if x.dim() > 0 and x.shape[:-1].numel() == 0 and x.shape[-1] == self.in_features:
-            # No tokens: the output has no rows, and the weight and bias gradients are sums over no tokens, zero
-            # under any recipe (the contract's accumulator starts at +0.0). F.linear gives both, as nn.Linear does.
+        if x.numel() == 0 or self.weight.numel() == 0:
+            # No tokens, or in or out 0: each GEMM has an empty output or sums over nothing, +0.0 under any recipe
+            # (the contract's accumulator starts at +0.0); the bias gradient is dY's column sums, unquantised.
+            # F.linear gives all of them, as nn.Linear does.
             return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
         if check:
             _check_shapes(self._label(), self.recipe, self.layer_id, int(step), x.numel() // x.shape[-1],

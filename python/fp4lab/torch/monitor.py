@@ -12,16 +12,19 @@ GPU record may differ from the host's in the last bits of its statistics)."""
 from __future__ import annotations
 
 import atexit
-import json
 import decimal
+import fcntl
+import json
 import math
+import os
 from typing import Any, Dict, Optional
 
 import numpy as np
 import torch
 from torch import nn
 
-from fp4lab import _core
+from fp4lab import _core, _files
+from fp4lab._files import DataError
 
 from . import ops as _ops
 from .attention import MultiheadAttention
@@ -30,6 +33,7 @@ from .linear import Linear, _in_backward
 __all__ = ["monitor", "Monitor", "operand_stats"]
 
 _max_code_cache: Dict[str, np.ndarray] = {}
+_held: set = set()  # (device, inode) of the files this process's open monitors write
 
 
 def _saturating_codes(fmt: str) -> np.ndarray:
@@ -136,11 +140,13 @@ class Monitor:
     at the first GEMM of a later step, at ``flush()`` or at ``close()``."""
 
     def __init__(self, model: nn.Module, every: int, out: str, tensorboard: Optional[str] = None):
-        if not isinstance(every, int) or every < 1:
+        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
             raise ValueError(f"monitor(): every must be a positive int, not {every!r}")
         self.every = every
-        self.out = str(out)
+        _files.check_outputs([out])  # the command line's output rule: a file (not a folder or a device) one can write
+        self.out = os.fspath(out)
         self.records = 0
+        self._file = None
         # The GEMMs this monitor watches: the model's fp4lab Linears and attention in-projections, by name.
         self._names: Dict[int, str] = {}
         for name, m in model.named_modules():
@@ -149,7 +155,9 @@ class Monitor:
             if isinstance(m, MultiheadAttention):
                 for p in m._projections:
                     self._names[id(p)] = p._label()
-        self._file = open(self.out, "w", encoding="utf-8")
+        self._pending: list = []  # (step, layer, pass, shapes, labels, FP64 sums on the GPU) not yet read back
+        self._file = self._open(self.out)
+        self._size = 0  # the bytes of the records written whole: what a failed write cuts the file back to
         self._tb = None
         try:
             # The event file writer itself, not SummaryWriter: a GEMM's scalars go out as one event (SummaryWriter
@@ -159,9 +167,78 @@ class Monitor:
             self._tb, self._summary = FileWriter(str(tensorboard or self.out + ".tb")), Summary
         except ImportError:  # tensorboard is optional: the JSONL is the record
             pass
-        self._pending: list = []  # (step, layer, pass, shapes, labels, FP64 sums on the GPU) not yet read back
+        except BaseException:
+            self._stop()  # the JSONL closed and let go
+            raise
         _ops.observers.append(self)
         atexit.register(self.close)  # a program that never closes it still gets its last sampled step's records
+
+    @staticmethod
+    def _open(path: str):
+        """The file, held by this monitor alone (a lock, taken before it is emptied), unbuffered: each GEMM's records
+        go out in one write, and a failed write is seen at once."""
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError as e:
+            raise DataError(f"{path}: cannot open for writing ({e.strerror or e})") from None
+        try:
+            st = os.fstat(fd)
+            held = (st.st_dev, st.st_ino) in _held
+            if not held:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another process's monitor
+                except BlockingIOError:
+                    held = True
+                except OSError:
+                    pass  # a file system without locks: this process's monitors are still told apart
+            if held:
+                raise DataError(f"{path}: another monitor is writing this file (close it first, or choose another "
+                                "file)")
+            os.ftruncate(fd, 0)
+            _held.add((st.st_dev, st.st_ino))
+            f = os.fdopen(fd, "wb", buffering=0)
+        except BaseException as e:
+            os.close(fd)
+            if isinstance(e, OSError):
+                raise DataError(f"{path}: cannot open for writing ({e.strerror or e})") from None
+            raise
+        f.key = (st.st_dev, st.st_ino)
+        return f
+
+    def _emit(self, lines: list) -> None:
+        """Appends whole records, one per line; a failed write cuts the file back to the records before it, stops the
+        monitor and raises a DataError naming the file (once: close() after it does not raise)."""
+        data = "".join(lines).encode("utf-8")
+        view, done = memoryview(data), 0
+        try:
+            while done < len(data):
+                done += self._file.write(view[done:])
+        except OSError as e:
+            try:
+                os.ftruncate(self._file.fileno(), self._size)
+            except OSError:
+                pass
+            self._stop()
+            raise DataError(f"{self.out}: write failed ({e.strerror or e}); the monitor stopped with the "
+                            f"{self.records} records written before it") from None
+        self._size += len(data)
+        self.records += len(lines)
+
+    def _stop(self) -> None:
+        """Stops watching and closes the files (the JSONL's lock goes with it)."""
+        atexit.unregister(self.close)
+        self._pending = []
+        if self in _ops.observers:
+            _ops.observers.remove(self)
+        if self._file is not None and not self._file.closed:
+            _held.discard(self._file.key)
+            try:
+                self._file.close()
+            except OSError:
+                pass
+        if self._tb is not None:
+            tb, self._tb = self._tb, None
+            tb.close()
 
     def wants(self, layer, step: int) -> bool:
         """Whether the GEMMs of ``layer`` at ``step`` are recorded (the others run unobserved). The first GEMM of a
@@ -190,12 +267,15 @@ class Monitor:
         ref = a.detach().to("cpu", torch.float64) @ b.detach().to("cpu", torch.float64).t()
         gemm_sqnr = _sqnr_db(ref.numpy(), y.detach().to("cpu", torch.float64).numpy())
         stats = {op: operand_stats(x, q, cfg(pass_, op)) for op, x, q in (("a", a, qa), ("b", b, qb))}
-        self._write(step, name, pass_, {"a": (a.shape, cfg(pass_, "a").label), "b": (b.shape, cfg(pass_, "b").label)},
-                    stats, gemm_sqnr)
-        self._file.flush()
+        lines, values = self._records(step, name, pass_, {"a": (a.shape, cfg(pass_, "a").label),
+                                                          "b": (b.shape, cfg(pass_, "b").label)}, stats, gemm_sqnr)
+        self._emit(lines)
+        self._scalars(step, values)
 
-    def _write(self, step: int, name: str, pass_: str, ops: Dict[str, tuple], stats: Dict[str, Dict[str, float]],
-               gemm_sqnr: float) -> None:
+    def _records(self, step: int, name: str, pass_: str, ops: Dict[str, tuple], stats: Dict[str, Dict[str, float]],
+                 gemm_sqnr: float) -> tuple:
+        """The JSONL lines of one GEMM, and its TensorBoard scalars."""
+        lines: list = []
         values: list = []  # TensorBoard scalars of this GEMM, written as one event
         for op, (shape, label) in ops.items():
             rec = {"step": int(step), "layer": name, "pass": pass_, "operand": op, "shape": list(shape),
@@ -203,11 +283,13 @@ class Monitor:
             st = stats[op]
             st["gemm_sqnr_db"] = gemm_sqnr
             rec.update({k: _json_float(v) for k, v in st.items()})
-            self._file.write(json.dumps(rec) + "\n")
-            self.records += 1
+            lines.append(json.dumps(rec) + "\n")
             values += [self._summary.Value(tag=f"{name}/{pass_}/{op}/{k}", simple_value=v)
                        for k, v in st.items() if math.isfinite(v)] if self._tb is not None else []
-        if values:
+        return lines, values
+
+    def _scalars(self, step: int, values: list) -> None:
+        if values and self._tb is not None:
             self._tb.add_summary(self._summary(value=values), int(step))
 
     def flush(self) -> None:
@@ -223,10 +305,16 @@ class Monitor:
         for idx in by_device.values():
             for i, v in zip(idx, torch.stack([pending[i][-1] for i in idx]).tolist()):
                 values[i] = v
+        lines, events = [], []
         for (step, name, pass_, sa, sb, la, lb, _), v in zip(pending, values):
             stats = {"a": _operand_stats_of(v[2:7], math.prod(sa)), "b": _operand_stats_of(v[7:12], math.prod(sb))}
-            self._write(step, name, pass_, {"a": (sa, la), "b": (sb, lb)}, stats, _log10_db(v[0], v[1]))
-        self._file.flush()
+            more, scalars = self._records(step, name, pass_, {"a": (sa, la), "b": (sb, lb)}, stats,
+                                          _log10_db(v[0], v[1]))
+            lines += more
+            events.append((step, scalars))
+        self._emit(lines)
+        for step, scalars in events:
+            self._scalars(step, scalars)
 
     def close(self) -> None:
         atexit.unregister(self.close)
@@ -234,13 +322,7 @@ class Monitor:
             if not self._file.closed:
                 self.flush()
         finally:  # a failed read-back (a CUDA fault) must not leave the monitor watching or the file open
-            if self in _ops.observers:
-                _ops.observers.remove(self)
-            if not self._file.closed:
-                self._file.close()
-            if self._tb is not None:
-                self._tb.close()
-                self._tb = None
+            self._stop()
 
     def __enter__(self) -> "Monitor":
         return self
@@ -258,5 +340,8 @@ def monitor(model: nn.Module, every: int = 100, out: str = "fp4lab_monitor.jsonl
     ``gemm_sqnr_db`` (the pass's output against the FP64 product of the unquantised operands; the same for a and
     b). Forwards in eval mode and activation-checkpoint recomputations are not recorded. Also to TensorBoard
     (``tensorboard`` or ``out + ".tb"``) when it is importable. Layers under the bf16 recipe quantise nothing and
-    record nothing. Returns a ``Monitor``: call ``close()`` or use it as a context manager."""
+    record nothing. ``out`` is held to the command line's output rules (a DataError naming it, before anything is
+    recorded) and written by one monitor at a time; a failed write (a full disk) raises one DataError naming it and
+    stops the monitor, the file holding the ``records`` written whole before it. Returns a ``Monitor``: call
+    ``close()`` or use it as a context manager."""
     return Monitor(model, every, out, tensorboard)

@@ -19,11 +19,27 @@ __all__ = ["quantize", "fake_quantize", "gemm", "product", "dequantize", "QTenso
 
 # ---- operations on tensors ------------------------------------------------------------------------------------
 
+_cuda_fault: Optional[str] = None  # why QTensorCUDA cannot be made here ("" where it can), found once a process
+
+
+def _need_cuda() -> None:
+    """A one-line RuntimeError where a GPU operand cannot be made: a build of fp4lab without CUDA, or no CUDA device
+    that torch sees (whose views of the operand's buffers it needs)."""
+    global _cuda_fault
+    if _cuda_fault is None:
+        _cuda_fault = ("" if _core.cuda_built and torch.cuda.is_available() else
+                       "this fp4lab was built without CUDA" if not _core.cuda_built else "torch sees no CUDA device")
+    if _cuda_fault:
+        raise RuntimeError(f"fp4lab.torch.QTensorCUDA needs a CUDA build of fp4lab and a CUDA device: {_cuda_fault}")
+
+
 class QTensorCUDA:
     """A quantised operand on the GPU: the kernels' device layout (two codes per byte, element 2i in the low
     nibble), with torch views of its buffers (``packed_codes``, ``scales``, ``global_scale``)."""
 
     def __init__(self, handle=None):
+        if handle is None:
+            _need_cuda()
         self._h = handle if handle is not None else _core.CudaQTensor()
         self.device = None  # the torch.device its buffers are on, set by whatever fills them
 
@@ -32,6 +48,8 @@ class QTensorCUDA:
         return (self._h.rows, self._h.cols)
 
     def __getattr__(self, name):
+        if name == "_h":  # not made (no CUDA): no recursion through this method
+            raise AttributeError(name)
         return getattr(self._h, name)
 
     def to_host(self) -> "_core.QTensor":
@@ -530,8 +548,10 @@ def _quantize_operand(x: torch.Tensor, cfg, pass_: str, operand: str, recipe: Re
     try:
         if fake:
             return fake_quantize(x, cfg, check_finite=recipe.check_finite, device_seed=seed)
-        return quantize(x, cfg, out=cache.setdefault(f"{pass_}.{operand}", QTensorCUDA()),
-                        check_finite=recipe.check_finite, device_seed=seed)
+        out = cache.get(f"{pass_}.{operand}")
+        if out is None:
+            out = cache[f"{pass_}.{operand}"] = QTensorCUDA()
+        return quantize(x, cfg, out=out, check_finite=recipe.check_finite, device_seed=seed)
     except ValueError as e:
         raise ValueError(f"{pass_} operand {operand} {list(x.shape)}: {e}") from None
 

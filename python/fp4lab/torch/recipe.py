@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import operator
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -40,6 +40,24 @@ def _same_rotation(pass_: str, a: "_core.QuantConfig", b: "_core.QuantConfig") -
         raise ValueError(f"Recipe(): {pass_}: {e}") from None
 
 
+def _check_per(arg: str, value: Any, key_ok, key_what: str) -> None:
+    """``per_pass`` / ``per_operand`` as a dict from ``key_what`` to a dict of knobs (named by str), or a one-line
+    TypeError or ValueError naming the argument, the faulty entry and what it takes."""
+    if value is None:
+        return
+    if not isinstance(value, Mapping):
+        raise TypeError(f"Recipe(): {arg} must be a dict from {key_what} to a dict of knobs, not "
+                        f"{type(value).__name__}")
+    for k, v in value.items():
+        if not key_ok(k):
+            raise ValueError(f"Recipe(): {arg} key {k!r}"[:120] + f" is not {key_what}")
+        if not isinstance(v, Mapping):
+            raise TypeError(f"Recipe(): {arg}[{k!r}] must be a dict of knobs ({{name: value}}), not {type(v).__name__}")
+        bad = next((n for n in v if not isinstance(n, str)), None)
+        if bad is not None:
+            raise TypeError(f"Recipe(): {arg}[{k!r}] knob names are str, not {bad!r}"[:160])
+
+
 # bf16 is the passthrough recipe (plain F.linear); the others are the presets of docs/spec.md §2. Recipe also takes
 # the names of the ablations (fp4lab.ABLATIONS: a preset with RHT or rounding changed on some passes).
 RECIPES = ("bf16",) + tuple(_core.recipe_names())
@@ -75,12 +93,11 @@ class Recipe:
             raise ValueError(f"unknown recipe '{name}' (known: {', '.join(known)})")
         if name == "bf16" and (knobs or per_pass or per_operand):
             raise ValueError("the bf16 recipe is plain BF16 and takes no knobs")
-        for p in (per_pass or {}):
-            if p not in _PASSES:
-                raise ValueError(f"unknown pass '{p}' (known: {', '.join(_PASSES)})")
-        for p, o in (per_operand or {}):
-            if p not in _PASSES or o not in ("a", "b"):
-                raise ValueError(f"per_operand keys are (pass, 'a'|'b'), not {(p, o)!r}")
+        _check_per("per_pass", per_pass, lambda k: isinstance(k, str) and k in _PASSES,
+                   "a pass name (fwd_y, bwd_dx or bwd_dw)")
+        _check_per("per_operand", per_operand,
+                   lambda k: isinstance(k, tuple) and len(k) == 2 and k[0] in _PASSES and k[1] in ("a", "b"),
+                   "a (pass, 'a' or 'b') tuple (pass: fwd_y, bwd_dx or bwd_dw)")
         seed = _whole("Recipe()", "seed", seed, 2**64)  # the Philox key of training_seed (docs/spec.md §12)
         # The arguments, as given: repr, equality, hashing and pickling all use them.
         args: Dict[str, Any] = {"mode": mode, "seed": seed}
