@@ -1,7 +1,10 @@
-"""`fp4lab-train`: the command line of the training study."""
+"""`fp4lab-train`: the command line of the training study. It ends as the `fp4lab` command line does
+(fp4lab._files.console_main): a fault is one line `fp4lab-train CMD: error: ...` with exit code 1 (data) or 2
+(usage), a run stopped with its state in --checkpoint exits EXIT_CONTINUE."""
 import argparse
 import sys
 
+from .._files import ArgumentParser, UsageError, console_main
 from . import __doc__ as DOC
 from .corpus import CORPORA, DEFAULT_CORPUS, cmd_corpus, corpus_name
 from .model import RECIPES, SIZES
@@ -9,9 +12,17 @@ from .report import PRESETS, cmd_proxy, cmd_report
 from .train import EXIT_CONTINUE, cmd_train, run_name
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(prog="fp4lab-train", description=DOC,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+COMMANDS = ("corpus", "train", "report", "proxy", "recipes", "name")
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    cmd = argv[0] if argv and argv[0] in COMMANDS else None
+    return console_main("fp4lab-train" + (f" {cmd}" if cmd else ""), lambda: _run(argv))
+
+
+def _run(argv) -> int:
+    ap = ArgumentParser(prog="fp4lab-train", description=DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("corpus", help="extract the token files from a documentation package ("
                        + ", ".join(CORPORA) + ")")
@@ -78,39 +89,24 @@ def main(argv=None):
     n.add_argument("specs", nargs="+", metavar="SIZE:RECIPE:MODE:SEED:STEPS[:EXTRA ARGS]")
     n.add_argument("--data", help="the runs' training data (a corpus other than the first adds its name)")
     args = ap.parse_args(argv)
-    try:
-        if args.cmd == "corpus":
-            cmd_corpus(args)
-        elif args.cmd == "train":
-            if args.device is None:
-                import torch
-                args.device = "cuda" if torch.cuda.is_available() else "cpu"
-            if args.steps < 1 or args.eval_every < 1 or args.log_every < 1 or args.eval_windows < 1:
-                ap.error("--steps, --eval-every, --log-every and --eval-windows must be positive")
-            if args.time_limit is not None and (not args.checkpoint or not args.time_limit > 0):
-                ap.error("--time-limit needs --checkpoint and a positive number of seconds")
-            if args.stop_at is not None and (not args.checkpoint or not 0 < args.stop_at < args.steps):
-                ap.error("--stop-at needs --checkpoint and a step between 1 and --steps")
-            args.name = args.name or run_name(args.size, args.recipe, args.mode, args.seed, args.steps,
-                                              corpus_name(args.data))
-            cmd_train(args)
-        elif args.cmd == "report":
-            cmd_report(args)
-        elif args.cmd == "proxy":
-            cmd_proxy(args)
-        elif args.cmd == "name":
-            for spec in args.specs:
-                f = spec.split(":", 5)
-                if len(f) < 5:
-                    ap.error(f"{spec}: not SIZE:RECIPE:MODE:SEED:STEPS[:EXTRA ARGS]")
-                print(run_name(*f[:5], corpus=corpus_name(args.data) if args.data else DEFAULT_CORPUS))
-        else:
-            for n, what in RECIPES.items():
-                print(f"{n:20s} {what}")
-    except SystemExit as e:  # a subcommand's "FILE: FAULT" as one line in the form of every fp4lab front-end
-        if isinstance(e.code, str):
-            raise SystemExit(f"fp4lab-train {args.cmd}: error: {e.code}") from None
-        raise
+    if args.cmd == "corpus":
+        cmd_corpus(args)
+    elif args.cmd == "train":
+        return EXIT_CONTINUE if cmd_train(args) is None else 0
+    elif args.cmd == "report":
+        cmd_report(args)
+    elif args.cmd == "proxy":
+        cmd_proxy(args)
+    elif args.cmd == "name":
+        for spec in args.specs:
+            f = spec.split(":", 5)
+            if len(f) < 5:
+                raise UsageError(f"{spec}: not SIZE:RECIPE:MODE:SEED:STEPS[:EXTRA ARGS]")
+            print(run_name(*f[:5], corpus=corpus_name(args.data) if args.data else DEFAULT_CORPUS))
+    else:
+        for n, what in RECIPES.items():
+            print(f"{n:20s} {what}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -3,13 +3,14 @@ Debian packages (the Linux kernel's, the default, and Python's), which keep each
 import hashlib
 import io
 import json
+import lzma
 import os
 import re
 import tarfile
 import zlib
 from typing import NamedTuple
 
-from .._files import read_json
+from .._files import DataError, UsageError, check_output_folder, check_outputs, read_bytes, read_json
 from .._files import write_atomic  # noqa: F401  (re-exported: the study's writers use it from here)
 
 
@@ -43,28 +44,39 @@ def _version_key(name: str):
     return [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", name)]
 
 
-def _deb_data_tar(path: str) -> tarfile.TarFile:
-    """The data.tar.* member of a Debian package (an ar archive), opened with tarfile."""
-    with open(path, "rb") as f:
-        blob = f.read()
+def _deb_data_tar(path: str):
+    """(name, tarfile) of the data.tar.* member of a Debian package (an ar archive)."""
+    blob = read_bytes(path)
     if blob[:8] != b"!<arch>\n":
-        raise SystemExit(f"{path}: not a Debian package (no ar header)")
+        raise DataError(f"{path}: not a Debian package (no ar header)")
     p = 8
     while p + 60 <= len(blob):
         name = blob[p:p + 16].decode("ascii", "replace").strip().rstrip("/")
-        try:
-            size = int(blob[p + 48:p + 58].decode("ascii").strip())
-        except ValueError:
-            raise SystemExit(f"{path}: malformed ar member header at byte {p}") from None
+        field = blob[p + 48:p + 58].strip()
+        if not field.isdigit():  # ar sizes are decimal digits; a sign or a space inside is no header
+            raise DataError(f"{path}: malformed ar member header at byte {p}")
+        size = int(field)
         body = blob[p + 60:p + 60 + size]
         if len(body) != size:
-            raise SystemExit(f"{path}: truncated (member {name!r} needs {size} bytes)")
+            raise DataError(f"{path}: truncated (member {name!r} needs {size} bytes)")
         if name.startswith("data.tar"):
             if name.endswith(".zst"):
-                raise SystemExit(f"{path}: zstd-compressed data member; extract it with dpkg-deb -x and pass --root")
-            return tarfile.open(fileobj=io.BytesIO(body), mode="r:*")
+                raise DataError(f"{path}: zstd-compressed data member; extract it with dpkg-deb -x and pass --root")
+            mode = {"data.tar": "r:", "data.tar.gz": "r:gz", "data.tar.xz": "r:xz", "data.tar.bz2": "r:bz2"}
+            try:
+                return name, tarfile.open(fileobj=io.BytesIO(body), mode=mode.get(name, "r:*"))
+            except _ARCHIVE_FAULTS as e:
+                raise _corrupt(path, name, e) from None
         p += 60 + size + (size & 1)
-    raise SystemExit(f"{path}: no data.tar member")
+    raise DataError(f"{path}: no data.tar member")
+
+
+# What a damaged tar or compressed stream raises while it is read (tarfile reads and inflates lazily).
+_ARCHIVE_FAULTS = (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, OSError, ValueError)
+
+
+def _corrupt(path: str, member: str, e: Exception) -> DataError:
+    return DataError(f"{path}: corrupt {member} member ({type(e).__name__}: {str(e)[:80]})")
 
 
 def _is_english_source(rel: str) -> bool:
@@ -72,24 +84,29 @@ def _is_english_source(rel: str) -> bool:
 
 
 def _collect(args):
-    """(corpus, package, version, {relative path: bytes}) from a .deb or an installed tree."""
-    files = {}
+    """(corpus, package, version, {relative path: bytes}, [the files read]) from a .deb or an installed tree."""
+    files, read = {}, []
     if args.deb:
+        read.append(args.deb)
         base = os.path.basename(args.deb)
         pkg, version = (base.split("_") + ["", ""])[:2]
         corpus = corpus_of_package(pkg)
-        with _deb_data_tar(args.deb) as tar:  # a file that is no package at all is named as such first
+        member, tar = _deb_data_tar(args.deb)
+        with tar:  # a file that is no package at all is named as such first
             if corpus is None:
-                raise SystemExit(f"{args.deb}: package {pkg!r} is none of the corpora's ("
-                                 + ", ".join(f"{n}: {c.shown}" for n, c in CORPORA.items()) + ")")
+                raise DataError(f"{args.deb}: package {pkg!r} is none of the corpora's ("
+                                + ", ".join(f"{n}: {c.shown}" for n, c in CORPORA.items()) + ")")
             if args.corpus and args.corpus != corpus:
-                raise SystemExit(f"{args.deb}: a {corpus} package, not {args.corpus} (--corpus)")
-            for m in tar.getmembers():
-                name = m.name[2:] if m.name.startswith("./") else m.name
-                s = _SOURCES.fullmatch(name)
-                if m.isfile() and s and re.fullmatch(CORPORA[corpus].folder, s.group(1)) \
-                        and _is_english_source(s.group(2)):
-                    files[s.group(2)] = tar.extractfile(m).read()
+                raise UsageError(f"{args.deb}: a {corpus} package, not {args.corpus} (--corpus)")
+            try:
+                for m in tar.getmembers():
+                    name = m.name[2:] if m.name.startswith("./") else m.name
+                    s = _SOURCES.fullmatch(name)
+                    if m.isfile() and s and re.fullmatch(CORPORA[corpus].folder, s.group(1)) \
+                            and _is_english_source(s.group(2)):
+                        files[s.group(2)] = tar.extractfile(m).read()
+            except _ARCHIVE_FAULTS as e:
+                raise _corrupt(args.deb, member, e) from None
     else:
         corpus = args.corpus or DEFAULT_CORPUS
         c = CORPORA[corpus]
@@ -98,25 +115,36 @@ def _collect(args):
                           and os.path.isdir(os.path.join(docs, d, "html/_sources"))),
                          key=_version_key) if os.path.isdir(docs) else []
         if not folders:
-            raise SystemExit(f"{docs}: no {corpus} package installed ({c.what}, {c.shown}: apt-get install it, "
-                             "or pass --deb with its .deb from apt-get download)")
+            raise DataError(f"{docs}: no {corpus} package installed ({c.what}, {c.shown}: apt-get install it, "
+                            "or pass --deb with its .deb from apt-get download)")
         pkg, version = folders[-1] + c.suffix, "installed"  # the newest version installed
         src = os.path.join(docs, folders[-1], "html/_sources")
         for dp, _, fns in os.walk(src):
             for fn in fns:
                 rel = os.path.relpath(os.path.join(dp, fn), src)
                 if _is_english_source(rel):
-                    with open(os.path.join(dp, fn), "rb") as f:
-                        files[rel] = f.read()
+                    read.append(os.path.join(dp, fn))
+                    files[rel] = read_bytes(read[-1])
     if not files:
-        raise SystemExit(f"{args.deb or args.root}: no English .rst.txt sources found")
-    return corpus, pkg, version, files
+        raise DataError(f"{args.deb or args.root}: no English .rst.txt sources found")
+    return corpus, pkg, version, files, read
 
 
+OUTPUTS = ("train.bin", "val.bin", "corpus.json")  # what `corpus` writes into its folder
+
+
+def check_folder_outputs(folder: str, names, inputs=()) -> None:
+    """The output rules for files `names` to be written into `folder` (made when missing), before any work: the
+    folder writable or makeable, and, where it exists, each file an output that overwrites no input."""
+    check_output_folder(folder)
+    if os.path.isdir(folder):
+        check_outputs([os.path.join(folder, n) for n in names], inputs)
 
 
 def cmd_corpus(args):
-    corpus, pkg, version, files = _collect(args)
+    check_folder_outputs(args.out, OUTPUTS, [args.deb] if args.deb else [])  # before anything is read
+    corpus, pkg, version, files, read = _collect(args)
+    check_folder_outputs(args.out, OUTPUTS, read)  # never a source it read (a --root tree holding the folder)
     train, val = [], []
     for rel in sorted(files):
         (val if zlib.crc32(rel.encode()) % 20 == 0 else train).append(files[rel])
@@ -127,9 +155,9 @@ def cmd_corpus(args):
             "sha256": {k[:-4]: hashlib.sha256(v).hexdigest() for k, v in blobs.items()},
             "split": "validation = files whose relative path has CRC-32 = 0 mod 20; files joined by a blank line",
             "tokens": "bytes (vocabulary 256)"}
-    for k, v in blobs.items():
-        write_atomic(os.path.join(args.out, k), v)
-    write_atomic(os.path.join(args.out, "corpus.json"), (json.dumps(meta, indent=1) + "\n").encode())
+    blobs["corpus.json"] = (json.dumps(meta, indent=1) + "\n").encode()
+    for k in OUTPUTS:
+        write_atomic(os.path.join(args.out, k), blobs[k], read, make_dirs=True)
     print(f"{corpus}: {pkg} {version}: {len(train)} train files ({meta['bytes']['train']:,} bytes), {len(val)} "
           f"validation files ({meta['bytes']['val']:,} bytes) -> {args.out}")
 
@@ -143,9 +171,9 @@ def corpus_name(data: str) -> str:
         return own
     meta = read_json(path)
     if not isinstance(meta, dict):
-        raise SystemExit(f"{path}: not a JSON object")
+        raise DataError(f"{path}: not a JSON object")
     name = meta.get("corpus")
     if name is not None and (not isinstance(name, str) or not name):
-        raise SystemExit(f"{path}: 'corpus' is not a name: {name!r}")
+        raise DataError(f"{path}: 'corpus' is not a name: {str(name)[:80]!r}")
     package = meta.get("package")
     return name or (corpus_of_package(package) if isinstance(package, str) else None) or own

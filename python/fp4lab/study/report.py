@@ -1,11 +1,12 @@
 """The study's report: metrics, paired comparisons (fp4lab.paired), tables, verdicts, figures, and the SQNR proxy."""
+import io
 import json
 import math
 import os
 
 from .. import ABLATIONS as _ABLATIONS
 from .. import paired as pm
-from .._files import read_json, read_text
+from .._files import DataError, UsageError, check_outputs, read_json, read_text
 from .corpus import DEFAULT_CORPUS, write_atomic
 from .model import SIZES
 
@@ -307,15 +308,35 @@ def status(runs) -> str:
     return "\n".join(lines + ([f"- {pool}"] if pool else []))
 
 
-def replace_block(text: str, marker: str, body: str) -> str:
+def replace_block(text: str, marker: str, body: str, path: str = "") -> str:
+    """`text` with the block between the markers of `marker` replaced by `body`; a DataError naming `path` where the
+    markers are not there."""
     start, end = f"<!-- {marker} -->", f"<!-- end of {marker} -->"
     i, j = text.find(start), text.find(end)
     if i < 0 or j < i:
-        raise SystemExit(f"markers '{start}' / '{end}' not found")
+        raise DataError(f"{path + ': ' if path else ''}markers '{start}' / '{end}' not found")
     return text[: i + len(start)] + "\n" + body.rstrip() + "\n" + text[j:]
 
 
-def plot(runs, path_prefix):
+def _figure_path(path_prefix, model, length, corpus, named) -> str:
+    return f"{path_prefix}_{model}_{length}" + (f"_{corpus}" if named and corpus != DEFAULT_CORPUS else "") + ".png"
+
+
+def figure_paths(runs, path_prefix) -> list:
+    """The files plot(runs, path_prefix) writes, one a study."""
+    return [_figure_path(path_prefix, *g, _named(runs)) for g in groups(runs)]
+
+
+def _save_figure(fig, path: str, inputs=()) -> None:
+    """A matplotlib figure as a PNG under the output rules (temporary name, then renamed), closed."""
+    import matplotlib.pyplot as plt
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    write_atomic(path, buf.getvalue(), inputs)
+
+
+def plot(runs, path_prefix, inputs=()):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -371,45 +392,101 @@ def plot(runs, path_prefix):
             a.grid(alpha=0.3)
             a.legend(fontsize=7, ncol=2)
         fig.tight_layout()
-        out = f"{path_prefix}_{model}_{length}" + (f"_{corpus}" if named and corpus != DEFAULT_CORPUS else "") + ".png"
-        fig.savefig(out + ".tmp.png", dpi=100)
-        os.replace(out + ".tmp.png", out)
-        plt.close(fig)
+        out = _figure_path(path_prefix, model, length, corpus, named)
+        _save_figure(fig, out, inputs)
         written.append(out)
     return written
 
 
+_NUMBER = (int, float)
+
+
+def _numbers(v, kind=_NUMBER) -> bool:
+    return isinstance(v, list) and all(isinstance(x, kind) and not isinstance(x, bool) for x in v)
+
+
+def check_run(r, where: str) -> None:
+    """A DataError naming `where` unless `r` is a run as `fp4lab-train train` writes it, as far as the report reads
+    it: the fields the tables, comparisons and figures use, of their types."""
+    if not isinstance(r, dict) or not isinstance(r.get("name"), str) or not r["name"]:
+        raise DataError(f"{where}: no run name (not a run JSON)")
+
+    def bad(what):
+        return DataError(f"{where}: run {r['name'][:80]!r}: {what} (not a run JSON of fp4lab-train train)")
+
+    if r.get("model") not in SIZES:
+        raise bad(f"model {str(r.get('model'))[:80]!r} is none of {', '.join(SIZES)}")
+    for k in ("recipe", "gemm_mode"):
+        if not isinstance(r.get(k), str):
+            raise bad(f"no {k!r} name")
+    for k, kind in (("seed", int), ("params", _NUMBER), ("block_params", _NUMBER), ("tokens_per_s", _NUMBER)):
+        if not _numbers([r.get(k)], kind):
+            raise bad(f"no {k!r} number")
+    if not (_numbers(r.get("steps"), int) and _numbers(r.get("train_loss")) and r["train_loss"]
+            and len(r["steps"]) == len(r["train_loss"])):
+        raise bad("'steps' and 'train_loss' are not lists of numbers of one length")
+    if not (_numbers(r.get("val_steps"), int) and _numbers(r.get("val_loss"))
+            and len(r["val_steps"]) == len(r["val_loss"])):
+        raise bad("'val_steps' and 'val_loss' are not lists of numbers of one length")
+    c = r.get("config")
+    if not isinstance(c, dict) or not all(_numbers([c.get(k)], int) and c[k] > 0
+                                          for k in ("d", "layers", "seq", "batch", "steps")):
+        raise bad("'config' lacks the positive whole d, layers, seq, batch and steps")
+    for k, kind in (("corpus", str), ("diverged", str), ("concurrent_runs", int)):
+        if r.get(k) is not None and not (isinstance(r[k], kind) and not isinstance(r[k], bool)):
+            raise bad(f"{k!r} is not a {kind.__name__}")
+    if r.get("corpus") == "":
+        raise bad("an empty 'corpus'")
+
+
+def _runs_of(path: str) -> list:
+    """The runs of a results file (training.json), each checked."""
+    runs = read_json(path, "runs")
+    if not isinstance(runs, list):
+        raise DataError(f"{path}: 'runs' is not a list (not the results file fp4lab-train report writes)")
+    for i, r in enumerate(runs):
+        check_run(r, f"{path}: run {i}")
+    return runs
+
+
 def cmd_report(args):
+    """Reads every input and checks every output before it writes any: the results JSON, the paired comparisons,
+    the document (its blocks replaced in place) and the figures."""
+    if not args.json:
+        raise UsageError("--json '': the results file needs a name")
     runs, seen = [], set()
     for p in args.runs:
         r = read_json(p)
-        if not isinstance(r, dict) or not isinstance(r.get("name"), str):
-            raise SystemExit(f"{p}: no run name (not a run JSON)")
+        check_run(r, p)
         if r["name"] in seen:
-            raise SystemExit(f"{p}: run name {r['name']!r} given twice")
+            raise DataError(f"{p}: run name {r['name']!r} given twice")
         seen.add(r["name"])
         runs.append(r)
     if args.merge and os.path.exists(args.json):
-        for r in read_json(args.json, "runs"):
+        for r in _runs_of(args.json):
             if r["name"] not in seen:
                 runs.append(r)
                 seen.add(r["name"])
     text = read_text(args.doc) if args.doc else None  # before anything is written
     if not runs:  # never replace a results file with an empty one
-        raise SystemExit(f"no runs to write to {args.json} (give run JSONs, or --merge to redo the report "
-                         "of the runs already there)")
+        raise DataError(f"no runs to write to {args.json} (give run JSONs, or --merge to redo the report "
+                        "of the runs already there)")
     order = {n: i for i, n in enumerate(SIZES)}
     runs.sort(key=lambda r: (order[r["model"]], r["name"]))
-    write_atomic(args.json, (json.dumps({"runs": runs}, separators=(",", ":")) + "\n").encode())
     if args.paired_json is None:
         args.paired_json = os.path.splitext(args.json)[0] + "-paired.json"
-    if args.paired_json:
-        write_atomic(args.paired_json, (json.dumps(paired_json(runs), indent=1) + "\n").encode())
+    figs = figure_paths(runs, args.figures) if args.figures else []
+    # The results file and the document are rewritten in place (--merge reads the one); no output is a run file.
+    check_outputs([p for p in (args.json, args.paired_json, args.doc) if p] + figs, args.runs)
     if args.doc:
-        text = replace_block(text, "training tables: fp4lab-train report", tables(runs))
-        text = replace_block(text, "training status: fp4lab-train report", status(runs))
-        write_atomic(args.doc, text.encode())
-    figs = plot(runs, args.figures) if args.figures else []
+        text = replace_block(text, "training tables: fp4lab-train report", tables(runs), args.doc)
+        text = replace_block(text, "training status: fp4lab-train report", status(runs), args.doc)
+    write_atomic(args.json, (json.dumps({"runs": runs}, separators=(",", ":")) + "\n").encode(), args.runs)
+    if args.paired_json:
+        write_atomic(args.paired_json, (json.dumps(paired_json(runs), indent=1) + "\n").encode(), args.runs)
+    if args.doc:
+        write_atomic(args.doc, text.encode(), args.runs)
+    figs = plot(runs, args.figures, args.runs) if args.figures else []
     print(f"{len(runs)} runs -> {args.json}" + (f", {args.paired_json}" if args.paired_json else "") +
           (f", {args.doc}" if args.doc else "") +
           "".join(f", {p}" for p in figs))
@@ -438,21 +515,29 @@ def proxy_stats(analysis_path):
     """{recipe: {proxy: value}} of `fp4lab analyze --recipe` output, for the PROXIES. analysis_path is one JSON or
     several joined by '+' (one trace's analyses, e.g. of the presets and of the ablations); every preset must be
     there, each ablation may be; a recipe's rows come from the first file that has it."""
-    files = [read_json(path, "gemms") for path in analysis_path.split("+")]
+    files = []
+    for path in analysis_path.split("+"):
+        gemms = read_json(path, "gemms")
+        if not isinstance(gemms, list) or not all(isinstance(r, dict) for r in gemms):
+            raise DataError(f"{path}: 'gemms' is not a list of GEMM rows (not fp4lab analyze --json output)")
+        files.append((path, gemms))
     out = {}
     for rec in PROXY_RECIPES:
-        for gemms in files:  # the first file with rows of this recipe
+        for path, gemms in files:  # the first file with rows of this recipe
             rows = [r for r in gemms if r.get("recipe") == rec]
             if rows:
                 break
         if not rows:
             if rec in PRESETS:
-                raise SystemExit(f"{analysis_path}: no GEMM rows for recipe {rec} (run analyze with --recipe "
-                                 f"{','.join(PRESETS)})")
+                raise DataError(f"{analysis_path}: no GEMM rows for recipe {rec} (run analyze with --recipe "
+                                f"{','.join(PRESETS)})")
             continue
         out[rec] = {}
         for key, _, field, pass_ in PROXIES:
-            xs = [r[field] for r in rows if pass_ is None or r["pass"] == pass_]
+            xs = [r.get(field) for r in rows if pass_ is None or r.get("pass") == pass_]
+            if not (_numbers(xs) and xs):
+                raise DataError(f"{path}: recipe {rec}: no {field} of every {pass_ or 'GEMM'} row "
+                                "(not fp4lab analyze --json output)")
             out[rec][key] = sum(xs) / len(xs)
     return out
 
@@ -503,7 +588,7 @@ def proxy_paired_table(traces, pairs) -> str:
     return "\n".join(lines)
 
 
-def plot_proxy_pairs(traces, pairs, path):
+def plot_proxy_pairs(traces, pairs, path, inputs=()):
     """Each paired effect (mean and 95% interval over seeds) beside the side the traces' SQNR difference predicts
     (shaded): an effect whose interval lies inside the shading confirms the proxy, one beyond zero refutes it."""
     import matplotlib
@@ -512,7 +597,7 @@ def plot_proxy_pairs(traces, pairs, path):
     fig, ax = plt.subplots(figsize=(max(6.0, 2.2 * len(pairs)), 4.6))
     # The y range of the intervals of three seeds or more; wider ones (two seeds) run off the plot.
     spans = [abs(v) for *_, p in pairs if p.stats.n >= 3 for v in (p.stats.low, p.stats.high)]
-    lim = 1.3 * max(spans or [abs(v) for *_, p in pairs for v in (p.stats.low, p.stats.high)])
+    lim = 1.3 * max(spans or [abs(v) for *_, p in pairs for v in (p.stats.low, p.stats.high)] or [1.0])
     for x, (study, mode, p) in enumerate(pairs):
         d = [st[p.a]["sqnr"] - st[p.b]["sqnr"] for _, st in traces if p.a in st and p.b in st]
         if d and (all(v > 0 for v in d) or all(v < 0 for v in d)):  # the side a higher SQNR predicts for A − B
@@ -537,20 +622,33 @@ def plot_proxy_pairs(traces, pairs, path):
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    fig.savefig(path + ".tmp.png", dpi=100)
-    os.replace(path + ".tmp.png", path)
-    plt.close(fig)
+    _save_figure(fig, path, inputs)
+
+
+def _paired_figure(path: str) -> str:
+    """The paired proxy figure beside the proxy figure `path`: its name with _paired before the extension."""
+    root, ext = os.path.splitext(path)
+    return f"{root}_paired{ext}"
 
 
 def cmd_proxy(args):
     """Does a recipe's mean GEMM-output SQNR on a trace predict its loss ranking? One row per trace and per
     study (model, length and corpus)."""
-    runs = read_json(args.training, "runs")
+    specs = []
+    for spec in args.analysis:
+        label, _, path = spec.partition("=")
+        if not label or not path or "" in path.split("+"):
+            raise UsageError(f"{spec}: not LABEL=ANALYSIS.json[+ANALYSIS.json]")
+        specs.append((label, path))
+    figures = [args.figure, _paired_figure(args.figure)] if args.figure else []
+    # The document is rewritten in place; no output is an analysis or the results file.
+    check_outputs(([args.doc] if args.doc else []) + figures,
+                  [args.training] + [p for _, path in specs for p in path.split("+")])
+    runs = _runs_of(args.training)
     doc = read_text(args.doc) if args.doc else None
     ms = metrics(runs)
     traces, stats = [], []
-    for spec in args.analysis:
-        label, _, path = spec.partition("=")
+    for label, path in specs:
         st = proxy_stats(path)
         stats.append((label, st))
         traces.append((label, {r: v["sqnr"] for r, v in st.items()}))
@@ -563,6 +661,9 @@ def cmd_proxy(args):
         if len(o) == len(PRESETS):
             outcome[g] = o
     studies = list(outcome)
+    if not studies:
+        raise DataError(f"{args.training}: no study has runs of every one of {', '.join(PRESETS)} with seed "
+                        f"{args.seed} (--seed), nothing to rank")
     lines = ["| trace | " + " | ".join(f"`{r}` SQNR dB" for r in PRESETS) + " | SQNR ranking (best first) |",
              "|---|" + "---:|" * len(PRESETS) + "---|"]
     for label, sq in traces:
@@ -582,9 +683,9 @@ def cmd_proxy(args):
                      f" | {rank} | " + " | ".join(f"{x:+.2f}" for x in rhos) + " |")
     text = "\n".join(lines)
     if args.doc:
-        doc = replace_block(doc, "proxy tables: fp4lab-train proxy", text)
-        doc = replace_block(doc, "proxy paired: fp4lab-train proxy", proxy_paired_table(stats, pairs))
-        write_atomic(args.doc, doc.encode())
+        doc = replace_block(doc, "proxy tables: fp4lab-train proxy", text, args.doc)
+        doc = replace_block(doc, "proxy paired: fp4lab-train proxy", proxy_paired_table(stats, pairs), args.doc)
+        write_atomic(args.doc, doc.encode(), [args.training])
     else:
         print(text + "\n\n" + proxy_paired_table(stats, pairs))
     if args.figure:
@@ -608,11 +709,8 @@ def cmd_proxy(args):
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(args.figure + ".tmp.png", dpi=100)
-        os.replace(args.figure + ".tmp.png", args.figure)
-        plt.close(fig)
-    if args.figure:
-        plot_proxy_pairs(traces=stats, pairs=pairs, path=args.figure.replace(".png", "_paired.png"))
+        _save_figure(fig, args.figure, [args.training])
+        plot_proxy_pairs(traces=stats, pairs=pairs, path=figures[1], inputs=[args.training])
     print(f"proxy: {len(traces)} traces x {len(studies)} studies, {len(pairs)} paired effects" +
           (f" -> {args.doc}" if args.doc else "") +
           (f", {args.figure}" if args.figure else ""))

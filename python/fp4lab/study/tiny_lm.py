@@ -31,6 +31,10 @@ import tempfile
 import time
 import zlib
 
+from .._files import (ArgumentParser, DataError, UsageError, check_output_folder, check_outputs, console_main,
+                      read_bytes, write_text)
+from .corpus import check_folder_outputs
+
 NOVELS = ["sensesensibility", "prideprejudice", "mansfieldpark", "emma", "northangerabbey", "persuasion"]
 
 
@@ -119,6 +123,8 @@ def extract_austen(pkg_root: str) -> dict:
 
 
 def cmd_corpus(args) -> int:
+    names = [n + ".txt" for n in NOVELS]
+    check_folder_outputs(args.out, names, [args.package])
     try:
         with tempfile.TemporaryDirectory() as tmp:
             src = args.package
@@ -126,20 +132,15 @@ def cmd_corpus(args) -> int:
                 subprocess.run(["dpkg-deb", "-x", src, tmp], check=True, stderr=subprocess.DEVNULL)
                 src = tmp
             texts = extract_austen(src)
-    except subprocess.CalledProcessError:
-        print(f"tiny_lm: {args.package}: dpkg-deb cannot unpack it", file=sys.stderr)
-        return 1
-    except (OSError, ValueError, KeyError, IndexError, struct.error, zlib.error) as e:
-        print(f"tiny_lm: {args.package}: not the janeaustenr data ({type(e).__name__}: {e})", file=sys.stderr)
-        return 1
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        raise DataError(f"{args.package}: dpkg-deb cannot unpack it") from None
+    except (OSError, ValueError, KeyError, IndexError, TypeError, struct.error, zlib.error, EOFError) as e:
+        raise DataError(f"{args.package}: not the janeaustenr data ({type(e).__name__}: {str(e)[:80]})") from None
     missing = [n for n in NOVELS if n not in texts]
     if missing:
-        print(f"tiny_lm: {args.package}: novels missing: {missing}", file=sys.stderr)
-        return 1
-    os.makedirs(args.out, exist_ok=True)
-    for n in NOVELS:
-        with open(os.path.join(args.out, n + ".txt"), "w", encoding="utf-8") as f:
-            f.write(texts[n])
+        raise DataError(f"{args.package}: novels missing: {missing}")
+    for n, name in zip(NOVELS, names):
+        write_text(os.path.join(args.out, name), texts[n], [args.package], make_dirs=True)
         print(f"{n}: {len(texts[n].encode('utf-8'))} bytes")
     return 0
 
@@ -237,15 +238,46 @@ def build_model(cfg):
 # ---------------------------------------------------------------------------------------------------------
 
 def load_bytes(folder: str, names):
-    data = b""
-    for n in names:
-        p = os.path.join(folder, n + ".txt")
-        try:
-            with open(p, "rb") as f:
-                data += f.read()
-        except OSError as e:
-            raise SystemExit(f"tiny_lm: {p}: cannot read ({e.strerror}); run the corpus step first")
-    return data
+    return b"".join(read_bytes(os.path.join(folder, n + ".txt")) for n in names)
+
+
+def _check_train(args):
+    """Every option of `train` and its outputs (the trace folder, the summary), before anything is read or built:
+    a UsageError naming the first bad option, a DataError for an output that cannot be written."""
+    def whole(opt, low, high=2**63 - 1):
+        v = getattr(args, opt.lstrip("-").replace("-", "_"))
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+            raise UsageError(f"{opt} {v}: not a whole number from {low} to {high}")
+
+    for opt, low in (("--steps", 0), ("--batch", 1), ("--seq", 1), ("--d", 1), ("--heads", 1), ("--layers", 1),
+                     ("--hidden", 1), ("--warmup", 0), ("--log-every", 1), ("--eval-every", 0),
+                     ("--eval-batches", 1), ("--max-tokens", 1)):
+        whole(opt, low)
+    whole("--seed", 0, 2**64 - 2)  # the batches' generator takes seed + 1
+    if args.d % args.heads or (args.d // args.heads) % 2:
+        raise UsageError(f"--d {args.d}: not an even number of features for each of --heads {args.heads} (rotary "
+                         "positions turn pairs)")
+    for opt, v, what in (("--lr", args.lr, "a positive finite rate"), ("--wd", args.wd, "a finite decay of 0 or more"),
+                         ("--dropout", args.dropout, "a probability from 0 up to 1")):
+        if not (math.isfinite(v) and v >= 0 and (v > 0 or opt != "--lr") and (v < 1 or opt != "--dropout")):
+            raise UsageError(f"{opt} {v}: not {what}")
+    val = args.val.split(",")
+    if not set(val) <= set(NOVELS) or set(val) == set(NOVELS):
+        raise UsageError(f"--val {args.val}: not some, but not all, of {', '.join(NOVELS)}")
+    steps = _capture_steps(args.capture_steps) if args.capture_steps else {args.steps}
+    if args.out:
+        check_output_folder(args.out)
+    if args.summary:
+        check_outputs([args.summary], [os.path.join(args.data, n + ".txt") for n in NOVELS])
+    return steps
+
+
+def _capture_steps(text: str) -> set:
+    from ..capture import parse_steps
+    try:
+        return parse_steps(text)
+    except ValueError:
+        raise UsageError(f"--capture-steps {text!r}: not comma-separated non-negative integers") from None
 
 
 def unigram_entropy(train: bytes, val: bytes):
@@ -266,14 +298,17 @@ def unigram_entropy(train: bytes, val: bytes):
 def cmd_train(args) -> int:
     import torch
 
-    from ..capture import TraceCapture, parse_steps
+    from ..capture import TraceCapture
     from ..trace import check as check_trace, print_check
 
+    steps = _check_train(args)
     torch.manual_seed(args.seed)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     val_names = args.val.split(",")
     train_names = [n for n in NOVELS if n not in val_names]
     train_b, val_b = load_bytes(args.data, train_names), load_bytes(args.data, val_names)
+    if min(len(train_b), len(val_b)) < args.seq + 2:
+        raise DataError(f"{args.data}: too little text for --seq {args.seq}")
     h_train, h_val = unigram_entropy(train_b, val_b)
     print(f"corpus: train {train_names} {len(train_b)} bytes, val {val_names} {len(val_b)} bytes; "
           f"unigram entropy {h_train:.3f} nats/byte (train), val cross-entropy under it {h_val:.3f}")
@@ -294,12 +329,14 @@ def cmd_train(args) -> int:
             f"wd={args.wd} batch={args.batch}x{args.seq} warmup={args.warmup} cosine to {args.steps} steps, "
             f"dropout={args.dropout}, seed={args.seed}")
     print(desc)
-    steps = parse_steps(args.capture_steps) if args.capture_steps else {args.steps}
     cap = None
     if args.out:
-        cap = TraceCapture(model, args.pattern, steps, args.out, max_tokens=args.max_tokens,
-                           metadata={"model": desc, "torch": torch.__version__,
-                                     "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu"})
+        try:
+            cap = TraceCapture(model, args.pattern, steps, args.out, max_tokens=args.max_tokens,
+                               metadata={"model": desc, "torch": torch.__version__,
+                                         "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu"})
+        except ValueError as e:  # its checks of the pattern, the token count and the layers, all made here
+            raise UsageError(f"trace capture: {e}") from None
         print(f"capturing {sorted(cap.modules)} at steps {sorted(steps)}, first {args.max_tokens} tokens")
 
     gen = torch.Generator(device=dev).manual_seed(args.seed + 1)
@@ -361,10 +398,9 @@ def cmd_train(args) -> int:
           f"({va / math.log(2):.3f} bits); unigram baseline {h_val:.3f} nats; "
           f"{time.time() - t0:.0f} s on {dev}")
     if args.summary:
-        with open(args.summary, "w") as f:
-            json.dump({"config": cfg, "params": nparam, "train_loss": tr, "val_loss": va,
-                       "unigram_entropy_train": h_train, "unigram_xent_val": h_val, "steps": args.steps,
-                       "seconds": time.time() - t0}, f, indent=1)
+        write_text(args.summary, json.dumps({"config": cfg, "params": nparam, "train_loss": tr, "val_loss": va,
+                                             "unigram_entropy_train": h_train, "unigram_xent_val": h_val,
+                                             "steps": args.steps, "seconds": time.time() - t0}, indent=1))
     if cap:
         for s in sorted(steps):
             folder = os.path.join(args.out, f"step_{s:06d}")
@@ -374,8 +410,12 @@ def cmd_train(args) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m fp4lab.study.tiny_lm", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    return console_main("python3 -m fp4lab.study.tiny_lm", lambda: _run(argv))
+
+
+def _run(argv) -> int:
+    ap = ArgumentParser(prog="python3 -m fp4lab.study.tiny_lm", description=__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("corpus", help="extract the novels from the Debian package into text files")
     c.add_argument("package", help="r-cran-janeaustenr .deb, or the folder it was unpacked into")
