@@ -206,6 +206,33 @@ def test_a_retained_graph_recomputes_with_the_same_bits(reentrant):
                                                  _train_twice("one-region", reentrant, retain=True)[0]))
 
 
+@pytest.mark.parametrize("outer", [False, True])
+@pytest.mark.parametrize("inner", [False, True])
+def test_nested_checkpoints_draw_the_same_bits(outer, inner):
+    """Regions within regions, under a recipe that rounds every operand stochastically (the forward's keys show in
+    the loss): each recomputation, the outer one's and the inner one's within it, keys each call as its original."""
+    recipe = ft.Recipe("ufp4", rounding="sr", seed=5)
+
+    def run(nested):
+        torch.manual_seed(0)
+        lin = ft.Linear(64, 64, recipe=recipe)
+        c = lambda f, t, r: tc.checkpoint(f, t, use_reentrant=r)  # noqa: E731
+        twice = lambda t: lin(torch.relu(lin(t)))  # noqa: E731
+        out = []
+        for step in range(2):
+            x = torch.randn(64, 64, generator=torch.Generator().manual_seed(step), requires_grad=True)
+            y = c(lambda t: lin(torch.relu(c(twice, t, inner))), x, outer) if nested else lin(torch.relu(twice(x)))
+            loss = y.pow(2).mean()
+            lin.zero_grad()
+            loss.backward()
+            # An inner reentrant checkpoint runs a backward of its own, which adds its weight gradients apart (in
+            # another order than one backward adds them, with nn.Linear too): compared where torch adds as one.
+            out += [loss.detach(), x.grad] + ([] if inner else [lin.weight.grad.clone()])
+        return out, lin.step
+    (plain, plain_step), (ckpt, ckpt_step) = run(False), run(True)
+    assert plain_step == ckpt_step == 6 and all(torch.equal(a, b) for a, b in zip(plain, ckpt))
+
+
 @pytest.mark.parametrize("reentrant", [False, True])
 def test_an_attention_layer_used_twice_draws_the_same_bits_checkpointed(reentrant):
     def run(checkpoint):

@@ -80,59 +80,81 @@ def _in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
-# torch.utils.checkpoint's machinery, by which a forward finds the checkpointed region it runs in (None where this
-# torch lays it out otherwise: the forward then keys as if it were not checkpointed, and a recomputation reuses the
-# layer's last step).
+# torch.utils.checkpoint's machinery, by which a forward finds the checkpointed regions it runs in: the Python frames
+# of its functions (the reentrant checkpoint's forward and backward, the non-reentrant checkpoint() call and its
+# unpack hook, which recomputes) and the saved-tensor hooks on top (the non-reentrant checkpoint without a frame of
+# its own: the composable API). Where this torch lays them out otherwise, a forward keys as if it were not
+# checkpointed and a recomputation reuses the layer's last step.
 try:
     import inspect as _inspect
 
     import torch.utils.checkpoint as _tc
-    _REENTRANT = _tc.CheckpointFunction
-    _REENTRANT_FORWARD = _tc.CheckpointFunction.forward.__code__
+    _REGION_CODES = {
+        _tc.CheckpointFunction.forward.__code__: ("ctx", False),
+        _tc.CheckpointFunction.backward.__code__: ("ctx", True),
+        _inspect.unwrap(_tc.checkpoint).__code__: ("gen", False),
+        next(c for c in _tc._checkpoint_hook.__init__.__code__.co_consts
+             if getattr(c, "co_name", "") == "unpack_hook"): ("frame", True),
+    }
     _top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
-except (ImportError, AttributeError):  # pragma: no cover - another torch
-    _REENTRANT = _REENTRANT_FORWARD = _top_hooks = None
+except (ImportError, AttributeError, StopIteration):  # pragma: no cover - another torch
+    _REGION_CODES, _top_hooks = {}, None
 
 
 def _free_var(fn, name: str):
-    fn = _inspect.unwrap(fn)
     code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None) or ()
     if code is None or name not in code.co_freevars:
         return None
     return cells[code.co_freevars.index(name)].cell_contents
 
 
-def _checkpoint_region(training: bool) -> Tuple[Any, bool, bool]:
-    """(region, recomputing, trains) of the torch.utils.checkpoint region this forward runs in, or (None, False,
-    False). ``region`` is an object that lives as long as the region can be recomputed (the reentrant checkpoint's
-    autograd node, or the non-reentrant checkpoint's frame); ``recomputing``: this is the recomputation of the
-    region's forward; ``trains``: an original reentrant forward (run without a graph) whose region will be
-    recomputed and backpropagated (looked for in training mode only: elsewhere the step does not advance)."""
+def _checkpoint_regions(training: bool) -> list:
+    """The torch.utils.checkpoint regions this forward runs in, innermost first: (region, recomputing, trains) each.
+    ``region`` lives as long as the region can be recomputed (the reentrant checkpoint's autograd node, the
+    non-reentrant checkpoint's frame); ``recomputing``: this forward runs in the region's recomputation;
+    ``trains``: a reentrant checkpoint's forward (run without a graph) whose region will be recomputed with one.
+    Empty, at the cost of three calls, for a forward in no region."""
     if _top_hooks is None:
-        return None, False, False
+        return []
     hooks = _top_hooks(True)
-    if hooks is not None:  # non-reentrant: its saved-tensor hooks are on top, at the forward and at recomputation
-        pack = _inspect.unwrap(hooks[0])
-        name = getattr(pack, "__qualname__", "")
-        if name.startswith("_checkpoint_hook."):
-            return _free_var(pack, "frame"), False, False
-        if name.startswith("_recomputation_hook."):
-            ref = _free_var(pack, "target_frame_ref")
-            return (ref() if ref is not None else None), True, False
-    if torch.is_grad_enabled():
-        node = torch._C._current_autograd_node() if _in_backward() else None
-        if node is not None and type(node) is _REENTRANT._backward_cls:  # a reentrant checkpoint's backward
-            return node, True, False
-        return None, False, False
-    if not training:
-        return None, False, False
+    if hooks is None and torch._C._current_graph_task_id() == -1 and (torch.is_grad_enabled() or not training):
+        return []  # no saved-tensor hooks (a non-reentrant region's), no backward, no reentrant forward to look for
+    regions: list = []
     f = sys._getframe(1)
-    while f is not None:  # a reentrant checkpoint runs its forward without a graph, inside its autograd function
-        if f.f_code is _REENTRANT_FORWARD:
-            ctx = f.f_locals.get("ctx")
-            return ctx, False, ctx is not None and any(ctx.needs_input_grad)
+    while f is not None:
+        what = _REGION_CODES.get(f.f_code)
+        if what is not None:
+            name, recomputing = what
+            region = f.f_locals.get(name)
+            if name == "gen":  # checkpoint(use_reentrant=False) runs the function while its generator waits
+                frame = getattr(region, "gi_frame", None)
+                region = frame.f_locals.get("new_frame") if frame is not None else None
+            if region is not None:
+                trains = name == "ctx" and not recomputing and any(region.needs_input_grad)
+                regions.append((region, recomputing, trains))
         f = f.f_back
-    return None, False, False
+    if hooks is not None:  # a non-reentrant region with no frame on the stack (the composable checkpoint API)
+        pack = _inspect.unwrap(hooks[0])
+        qualname = getattr(pack, "__qualname__", "")
+        if qualname.startswith("_checkpoint_hook."):
+            region, recomputing = _free_var(pack, "frame"), False
+        elif qualname.startswith("_recomputation_hook."):
+            ref = _free_var(pack, "target_frame_ref")
+            region, recomputing = (ref() if ref is not None else None), True
+        else:
+            region = None
+        if region is not None and all(r is not region for r, _, _ in regions):
+            regions.insert(0, (region, recomputing, False))
+    return regions
+
+
+def _log_of(region, layer) -> list:
+    """The steps ``layer``'s calls took in ``region``'s forward, with the recomputation reading them (its graph task
+    and how many it has read): kept on the region, so they go when it goes."""
+    logs = getattr(region, "_fp4lab_steps", None)
+    if logs is None:
+        logs = region._fp4lab_steps = {}
+    return logs.setdefault(layer, [[], None, 0])
 
 
 def _shape_fault(lin: nn.Linear, r: Recipe) -> Optional[str]:
@@ -270,38 +292,44 @@ class _Stepped(nn.Module):
         that records a graph (whose shapes are checked).
 
         Each forward that trains takes the step and advances it, so a layer called twice in a training step keys
-        its two calls by two steps. A checkpointed region's forward logs the steps its calls took on the region
-        (torch.utils.checkpoint's node or frame), and its recomputation takes them again in call order: a
-        recomputed call draws its original's bits however often the layer runs in the region, in whatever order
-        the regions are recomputed."""
+        its two calls by two steps. Each call in a checkpointed region logs its step on the region (and on every
+        region around it), and the region's recomputation takes them again in call order: a recomputed call draws
+        its original's bits however often the layer runs in the region, in whatever order regions are recomputed,
+        nested or not."""
         if torch.compiler.is_compiling():
             # In a compiled graph: no activation-checkpoint bookkeeping, and the backward GEMMs' shapes are
             # checked where they run.
             return take_step(self._step, records and self.training), False
-        region, recomputing, trains = _checkpoint_region(self.training)
-        if recomputing:
-            log = getattr(region, "_fp4lab_steps", {}).get(self)
-            if log is not None and log[0]:
-                steps, calls = log
-                log[1] += 1  # a second recomputation of the region (a retained graph) starts again at its first call
-                return torch.tensor(steps[calls % len(steps)], dtype=torch.int64), False
-        if recomputing or _in_backward():
-            # A recomputation without the region's log repeats the last forward's step, and a reentrant one whose
-            # original ran without a graph advances the step now, once.
+        regions = _checkpoint_regions(self.training)
+        replay = next((i for i, r in enumerate(regions) if r[1]), None)  # the innermost region being recomputed
+        in_backward = _in_backward()
+        if replay is not None:
+            log = _log_of(regions[replay][0], self)
+            if log[0]:
+                task = torch._C._current_graph_task_id()
+                if log[1] != task:  # a recomputation in another backward (a retained graph) starts at the first call
+                    log[1], log[2] = task, 0
+                step = log[0][log[2] % len(log[0])]
+                log[2] += 1
+            else:
+                step = self._last_step  # a region whose forward logged nothing of this layer
+        elif in_backward:
+            # A forward in a backward outside any region found: it repeats the last forward's step, and a reentrant
+            # recomputation whose original ran without a graph advances the step now, once.
             step = self._last_step
             if records and self.training and not self._last_advanced:
                 self.step, self._last_advanced = step + 1, True
+        if replay is not None or in_backward:
+            for region, _, _ in regions[:replay]:  # regions the recomputation enters anew log what it takes
+                _log_of(region, self)[0].append(step)
             return torch.tensor(step, dtype=torch.int64), False
-        records = records or trains  # a reentrant checkpoint's forward runs without a graph, its recomputation with one
+        records = records or any(r[2] for r in regions)  # a reentrant forward runs without a graph, its recomputation
         step = self._last_step = self.step
         self._last_advanced = records and self.training
         if self._last_advanced:
             self.step += 1
-        if region is not None:
-            logs = getattr(region, "_fp4lab_steps", None)
-            if logs is None:
-                logs = region._fp4lab_steps = {}
-            logs.setdefault(self, [[], 0])[0].append(step)
+        for region, _, _ in regions:
+            _log_of(region, self)[0].append(step)
         return torch.tensor(step, dtype=torch.int64), records
 
     def __getstate__(self):
