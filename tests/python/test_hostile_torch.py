@@ -7,6 +7,7 @@ import json
 import resource
 import signal
 
+import numpy as np
 import pytest
 import torch
 import torch.utils.checkpoint as tc
@@ -74,7 +75,9 @@ def test_from_mha_carries_every_option(name, monkeypatch):
 # ---- fp4lab.torch.Linear: nn.Linear's answers --------------------------------------------------------------
 
 def test_linear_refuses_what_nn_linear_refuses_in_its_words():
-    for x in (torch.tensor(1.0), torch.randn(4, 0), torch.randn(4, 0, requires_grad=True), torch.randn(32, 63)):
+    for x in (torch.tensor(1.0), torch.randn(4, 0), torch.randn(4, 0, requires_grad=True), torch.randn(32, 63),
+              torch.ones(32, 64, dtype=torch.int64), torch.ones(32, 64, dtype=torch.bool),
+              torch.ones(32, 64, dtype=torch.complex64)):
         lin = ft.Linear(64, 32, recipe="ufp4")
         with pytest.raises(Exception) as want:
             nn.Linear(64, 32)(x)
@@ -82,6 +85,11 @@ def test_linear_refuses_what_nn_linear_refuses_in_its_words():
             lin(x)
         assert type(got.value) is type(want.value) and str(got.value) == str(want.value), (x.shape, got.value)
         assert lin.step == 0  # nothing was drawn
+    # A float dtype the quantisers do not read (nn.Linear would refuse it against FP32 weights too): one line.
+    lin = ft.Linear(64, 32, recipe="ufp4")
+    with pytest.raises(TypeError) as e:
+        lin(torch.ones(32, 64, dtype=torch.float64))
+    assert one_line(e).startswith("Linear(64, 32): a torch.float64 input") and lin.step == 0
 
 
 @pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")
@@ -127,7 +135,8 @@ class TwoLayers(nn.Module):
 
 
 @pytest.mark.parametrize("value", [2.7, True, torch.tensor(2.7), torch.tensor(True), torch.tensor([3, 4]),
-                                   torch.tensor(-1), -1, 2**63, "3", None, torch.tensor(3.0, dtype=torch.float64)])
+                                   torch.tensor(-1), -1, 2**63, "3", None, torch.tensor(3.0, dtype=torch.float64),
+                                   np.True_, np.float64(3.0), torch.empty((), dtype=torch.int64, device="meta")])
 def test_a_foreign_extra_state_is_refused_by_its_key(value):
     m = ft.convert(TwoLayers(), "ufp4")
     ft.set_step(m, 9)
@@ -141,7 +150,7 @@ def test_a_foreign_extra_state_is_refused_by_its_key(value):
 
 def test_the_steps_a_state_dict_may_hold():
     m = ft.convert(TwoLayers(), "ufp4")
-    for value in (torch.tensor(5), torch.tensor(6, dtype=torch.int32), 7, 2**63 - 1):
+    for value in (torch.tensor(5), torch.tensor(6, dtype=torch.int32), 7, np.int64(8), 2**63 - 1):
         sd = m.state_dict()
         sd["fc1._extra_state"] = value
         m.load_state_dict(sd)

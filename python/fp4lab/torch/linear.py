@@ -3,9 +3,11 @@ it shares with the attention."""
 from __future__ import annotations
 
 import hashlib
+import operator
 import sys
 from typing import Any, Optional, Tuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -235,15 +237,21 @@ def _step_of_state(key: str, state: Any) -> int:
     tensor or int from 0 to 2**63 - 1 is taken), or a one-line DataError naming the key: a float, a bool or a
     tensor of another shape is no step, and truncating it would key a resumed run by another step silently."""
     what = f"{type(state).__name__} {state!r}"[:80]
+    step = None
     if isinstance(state, torch.Tensor):
         what = "a meta tensor (no value)" if state.is_meta else f"a {tuple(state.shape)} {state.dtype} tensor"
         if state.dim() == 0 and not (state.is_floating_point() or state.is_complex() or state.dtype == torch.bool
                                      or state.is_meta):
-            state = int(state)
-    if isinstance(state, int) and not isinstance(state, bool) and 0 <= state < 2**63:
-        return state
-    if isinstance(state, int) and not isinstance(state, bool):
-        what = f"{state}, out of range"
+            step = int(state)
+    elif not isinstance(state, (bool, np.bool_)):
+        try:
+            step = operator.index(state)  # an int, or a numpy integer
+        except TypeError:
+            pass
+    if step is not None and 0 <= step < 2**63:
+        return step
+    if step is not None:
+        what = f"{step}, out of range"
     raise DataError(f"{key}: not an SR step (a 0-d integer tensor from 0 to 2**63 - 1), but {what}")
 
 
@@ -363,6 +371,9 @@ class _Stepped(nn.Module):
             missing_keys.remove(key)
 
 
+_ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what the quantisers read
+
+
 class Linear(_Stepped, nn.Linear):
     """``nn.Linear`` whose three training GEMMs run under an fp4lab recipe. Same parameters as ``nn.Linear``;
     the state dict adds ``_extra_state``, the SR step (a 0-d int64 tensor). ``recipe="bf16"`` is plain
@@ -404,6 +415,11 @@ class Linear(_Stepped, nn.Linear):
             # Shapes only (a model traced or sized on the meta device): nothing is quantised and no step is taken.
             # The output has the activations' dtype, as on a device.
             return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        if not x.is_floating_point():
+            return F.linear(x, self.weight, self.bias)  # an integer, bool or complex input: nn.Linear's error
+        if x.dtype not in _ACTIVATION_DTYPES and not torch.is_autocast_enabled(x.device.type):
+            raise TypeError(f"{self._label()}: a {x.dtype} input: the quantised GEMMs take float32, bfloat16 or "
+                            "float16 activations")
         step, check = self._take_step(torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
         if x.numel() == 0 or self.weight.numel() == 0:
             # No tokens, or in or out 0: each GEMM has an empty output or sums over nothing, +0.0 under any recipe
