@@ -66,6 +66,7 @@ def check_outputs(outputs: Iterable, inputs: Iterable = ()) -> None:
     fault = _core.output_fault(_paths(outputs), _paths(inputs))
     if fault is not None:
         usage, message = fault
+        message = message.replace("; use --json - for stdout", "")  # the CLI's hint names an option Python lacks
         raise (UsageError if usage else DataError)(message)
 
 
