@@ -23,10 +23,14 @@ BF16). docs/training.md reports the results; docs/spec.md §12 defines the metri
             fp4lab-train report runs/*.json
   recipes Lists the recipes the study knows (the presets and the ablations) with what each changes.
   proxy   Mean GEMM-output SQNR per recipe on traces (`fp4lab analyze --recipe`) against the loss ranking.
+  proxy-study  Which trace metrics (GEMM SQNR per pass, shrinkage η, output and weight-update bias) predict the
+          paired loss effects: rank correlations with bootstrap intervals, the table of docs/training.md and
+          docs/results/proxy-study.json.
 
 Modules: model (decoder, sizes, recipes), corpus, train (one run), report (tables, paired comparisons, verdicts,
-figures, proxy), cli (`fp4lab-train`), tiny_lm (the decoder that made the bundled trace workloads/tiny-lm).
-Run the commands from the repository root: report and proxy read and write docs/ there by default.
+figures, proxy), proxy_study (trace metrics against the paired effects), cli (`fp4lab-train`), tiny_lm (the
+decoder that made the bundled trace workloads/tiny-lm).
+Run the commands from the repository root: report, proxy and proxy-study read and write docs/ there by default.
 """
 from .corpus import CORPORA, DEFAULT_CORPUS, cmd_corpus, corpus_name, write_atomic  # noqa: F401
 from .model import RECIPES, SIZES, build_model, make_recipe  # noqa: F401

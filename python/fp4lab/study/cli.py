@@ -8,11 +8,12 @@ from .._files import ArgumentParser, UsageError, console_main
 from . import __doc__ as DOC
 from .corpus import CORPORA, DEFAULT_CORPUS, cmd_corpus, corpus_name
 from .model import RECIPES, SIZES
+from .proxy_study import RESAMPLES, SEED, cmd_proxy_study
 from .report import PRESETS, cmd_proxy, cmd_report
 from .train import EXIT_CONTINUE, cmd_train, run_name
 
 
-COMMANDS = ("corpus", "train", "report", "proxy", "recipes", "name")
+COMMANDS = ("corpus", "train", "report", "proxy", "proxy-study", "recipes", "name")
 
 
 def main(argv=None) -> int:
@@ -84,6 +85,16 @@ def _run(argv) -> int:
     x.add_argument("--seed", type=int, default=0, help="the seed whose runs give the outcome (every preset has it)")
     x.add_argument("--doc", default="docs/training.md")
     x.add_argument("--figure", default="docs/fig_training_proxy.png")
+    y = sub.add_parser("proxy-study", help="which trace metrics predict the paired loss effects: rank correlations "
+                       "with bootstrap intervals, per metric and trace")
+    y.add_argument("analysis", nargs="+", metavar="LABEL=ANALYSIS.json[+ANALYSIS.json]", help="as for proxy: one "
+                   "trace's fp4lab analyze --recipe output, its ablations' joined by '+'")
+    y.add_argument("--training", default="docs/results/training.json")
+    y.add_argument("--resamples", type=int, default=RESAMPLES, help=f"bootstrap resamples (default {RESAMPLES})")
+    y.add_argument("--bootstrap-seed", type=int, default=SEED, help=f"seed of the draws (default {SEED})")
+    y.add_argument("--json", default="docs/results/proxy-study.json", help="every figure of the study ('': none)")
+    y.add_argument("--doc", default="docs/training.md", help="the document whose proxy-study block is replaced "
+                   "('': print the table)")
     sub.add_parser("recipes", help="list the recipes")
     n = sub.add_parser("name", help="the run name of each scripts/train_study.sh run spec")
     n.add_argument("specs", nargs="+", metavar="SIZE:RECIPE:MODE:SEED:STEPS[:EXTRA ARGS]")
@@ -97,6 +108,8 @@ def _run(argv) -> int:
         cmd_report(args)
     elif args.cmd == "proxy":
         cmd_proxy(args)
+    elif args.cmd == "proxy-study":
+        cmd_proxy_study(args)
     elif args.cmd == "name":
         for spec in args.specs:
             f = spec.split(":", 5)

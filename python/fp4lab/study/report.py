@@ -511,10 +511,11 @@ PROXIES = (("sqnr", "mean GEMM-output SQNR (dB)", "sqnr_db", None),
 PROXY_RECIPES = PRESETS + [a for a in ABLATIONS if a not in PRESETS]
 
 
-def proxy_stats(analysis_path):
-    """{recipe: {proxy: value}} of `fp4lab analyze --recipe` output, for the PROXIES. analysis_path is one JSON or
-    several joined by '+' (one trace's analyses, e.g. of the presets and of the ablations); every preset must be
-    there, each ablation may be; a recipe's rows come from the first file that has it."""
+def recipe_rows(analysis_path, recipes=None):
+    """{recipe: (file, its GEMM rows)} of `fp4lab analyze --recipe` output, for `recipes` (default PROXY_RECIPES).
+    analysis_path is one JSON or several joined by '+' (one trace's analyses, e.g. of the presets and of the
+    ablations); every preset must be there, each ablation may be; a recipe's rows come from the first file that
+    has it."""
     files = []
     for path in analysis_path.split("+"):
         gemms = read_json(path, "gemms")
@@ -522,7 +523,7 @@ def proxy_stats(analysis_path):
             raise DataError(f"{path}: 'gemms' is not a list of GEMM rows (not fp4lab analyze --json output)")
         files.append((path, gemms))
     out = {}
-    for rec in PROXY_RECIPES:
+    for rec in PROXY_RECIPES if recipes is None else recipes:
         for path, gemms in files:  # the first file with rows of this recipe
             rows = [r for r in gemms if r.get("recipe") == rec]
             if rows:
@@ -532,6 +533,14 @@ def proxy_stats(analysis_path):
                 raise DataError(f"{analysis_path}: no GEMM rows for recipe {rec} (run analyze with --recipe "
                                 f"{','.join(PRESETS)})")
             continue
+        out[rec] = (path, rows)
+    return out
+
+
+def proxy_stats(analysis_path):
+    """{recipe: {proxy: value}} of `fp4lab analyze --recipe` output (recipe_rows), for the PROXIES."""
+    out = {}
+    for rec, (path, rows) in recipe_rows(analysis_path).items():
         out[rec] = {}
         for key, _, field, pass_ in PROXIES:
             xs = [r.get(field) for r in rows if pass_ is None or r.get("pass") == pass_]
