@@ -1,17 +1,23 @@
 // fp4lab sim: the cycle-approximate tensor-core unit model (sim/). Replays the three training GEMMs of every
-// record of a trace (--trace DIR), or of every layer of a shape list (--shapes FILE, timing only), or one kernel
-// alone as a GPU benchmark times it (--kernel NAME --shape DIMS, timing only; docs/validation.md), on the TCU
-// a configuration file describes (--config sim/configs/*.cfg; every key of it can also be given as --key VALUE).
+// record of a trace (--trace DIR; --full-size times each at the layer's size in the captured step), or of every
+// layer of a shape list (--shapes FILE, timing only) or of a model's training step derived from its Hugging Face
+// config.json (--model FILE --tokens N, timing only), or one kernel alone as a GPU benchmark times it (--kernel
+// NAME --shape DIMS, timing only; docs/validation.md), on the TCU a configuration file describes
+// (--config sim/configs/*.cfg; every key of it can also be given as --key VALUE).
 // With --check the simulated MAC array and accumulator compute every output through the datapath (the golden
 // model's arithmetic, or the Verilated RTL with --rtl) and each is compared bit for bit with fp4lab::gemm.
 #include <algorithm>
 #include <iostream>
+#include <memory>
 #include <sstream>
+#include <tuple>
 
 #include "commands.hpp"
 #include "files.hpp"
+#include "fp4lab/io/files.hpp"
 #include "fp4lab/io/safetensors.hpp"
 #include "fp4lab/sim/config.hpp"
+#include "fp4lab/sim/model_shapes.hpp"
 #include "fp4lab/sim/run.hpp"
 #include "fp4lab/sim/simulator.hpp"
 #include "options.hpp"
@@ -22,6 +28,13 @@ namespace fp4lab::cli {
 bool sim_sweep_requested(const Invocation& inv);
 int cmd_sim_sweep(const Invocation& inv);
 int run_sim(const Invocation& inv, nlohmann::json* capture);
+
+namespace {
+std::vector<std::string> shapes_outputs(const po::variables_map& vm) {
+  if (!vm.count("shapes-out")) return {};
+  return {vm["shapes-out"].as<std::string>()};
+}
+}  // namespace
 
 int cmd_sim(const Invocation& inv) {
   return sim_sweep_requested(inv) ? cmd_sim_sweep(inv) : run_sim(inv, nullptr);
@@ -34,6 +47,17 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
       ("trace", po::value<std::string>()->value_name("DIR"), "trace v1 folder (or one .safetensors file) to replay")
       ("shapes", po::value<std::string>()->value_name("FILE"),
        "GEMM shape list (workloads/shapes/*.csv): timing only")
+      ("model", po::value<std::string>()->value_name("FILE"),
+       "a Hugging Face config.json: the GEMMs of one training step of that model (docs/spec.md §13), timing only; "
+       "with --tokens")
+      ("tokens", po::value<std::string>()->value_name("N"), "tokens of the --model training step (batch x sequence)")
+      ("full-size", po::bool_switch(),
+       "time each --trace record at the layer's size in the captured step (its tokens_in_pass, out_features_kept "
+       "and calls_in_step metadata); --check still checks the captured tensors")
+      ("shapes-out", po::value<std::string>()->value_name("FILE"),
+       "also write the shape list the run times (--model or --trace) to FILE")
+      ("print-shapes", po::bool_switch(),
+       "print the shape list the run would time (--model or --trace) and stop: no simulation, no --config needed")
       ("kernel", po::value<std::string>()->value_name("NAME"),
        "one kernel alone, as a GPU benchmark times it: quantize (operand A's passes), unpack, mma or gemm "
        "(unpack + mma); timing only, with --shape")
@@ -50,23 +74,44 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
   desc.add(sim::Config::options());
   add_common_options(desc);
   po::variables_map vm;
-  if (!parse_args(inv, desc, "--trace DIR|--shapes FILE|--kernel NAME --shape DIMS --config CFG [--recipe R] [--check] [--rtl] [--json OUT]", vm))
+  if (!parse_args(inv, desc, "--trace DIR [--full-size]|--shapes FILE|--model CONFIG.json --tokens N|--kernel NAME "
+                  "--shape DIMS --config CFG [--recipe R] [--check] [--rtl] [--json OUT] [--shapes-out FILE|--print-shapes]", vm))
     return kExitOk;
   const JsonOut json(vm);
-  if (!vm.count("config")) usage_error("--config CFG is required (e.g. sim/configs/teaching.cfg)");
-  if (vm.count("trace") + vm.count("shapes") + vm.count("kernel") != 1)
-    usage_error("give exactly one of --trace DIR, --shapes FILE and --kernel NAME");
+  const bool print_shapes = vm["print-shapes"].as<bool>(), full_size = vm["full-size"].as<bool>();
+  if (!vm.count("config") && !print_shapes) usage_error("--config CFG is required (e.g. sim/configs/teaching.cfg)");
+  if (vm.count("trace") + vm.count("shapes") + vm.count("kernel") + vm.count("model") != 1)
+    usage_error("give exactly one of --trace DIR, --shapes FILE, --model FILE and --kernel NAME");
   if (vm.count("kernel") != vm.count("shape")) usage_error("--kernel NAME and --shape DIMS go together");
+  if (vm.count("model") != vm.count("tokens")) usage_error("--model FILE and --tokens N go together");
+  if (full_size && !vm.count("trace")) usage_error("--full-size sizes a trace's records: use it with --trace");
+  if ((vm.count("shapes-out") || print_shapes) && !vm.count("model") && !vm.count("trace"))
+    usage_error("--shapes-out and --print-shapes list the shapes of --model or --trace");
+  if (vm.count("shapes-out") && print_shapes) usage_error("give one of --shapes-out FILE and --print-shapes");
+  if (print_shapes && vm.count("json")) usage_error("--print-shapes runs nothing: it writes no --json report");
+  if (capture && (vm.count("shapes-out") || print_shapes))
+    usage_error("--shapes-out and --print-shapes are for one run, not a sweep's");
   const bool check = vm["check"].as<bool>(), rtl = vm["rtl"].as<bool>();
   if (check && !vm.count("trace")) usage_error("--check needs tensors: use --trace");
   if (rtl && !check) usage_error("--rtl drives the RTL datapath, which only runs with --check");
+  int64_t tokens = 0;
+  if (vm.count("tokens")) {
+    const std::string text = vm["tokens"].as<std::string>();
+    try {
+      tokens = int64_t(fp4lab::parse_uint(text, "tokens", uint64_t(sim::kMaxShapeDim)));
+    } catch (const KnobError&) {
+      tokens = 0;
+    }
+    if (tokens == 0)
+      usage_error("--tokens: '" + shown(text) + "' is not an integer from 1 to " + std::to_string(sim::kMaxShapeDim));
+  }
 
   sim::Config cfg;
-  try {
-    cfg = sim::Config::from(vm);
-  } catch (const std::invalid_argument& e) {
-    usage_error(vm["config"].as<std::string>() + ": " + e.what());
-  }
+  if (vm.count("config")) try {
+      cfg = sim::Config::from(vm);
+    } catch (const std::invalid_argument& e) {
+      usage_error(vm["config"].as<std::string>() + ": " + e.what());
+    }
   sim::RunOptions opt;
   opt.recipe = vm.count("recipe") ? vm["recipe"].as<std::string>() : "custom";
   // GEMM g of the workload draws SR stream (N + g)*8 + pass*2 + operand, N = --stream (0): the records of a trace
@@ -87,6 +132,76 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
   const Progress progress("sim");
   // A sweep's runs are reported by the sweep, one line each (cli/sim_sweep.cpp).
   if (!capture) opt.progress = [&progress](size_t i, size_t n, const std::string& what) { progress.step(i, n, what); };
+
+  // --model and --trace: the layers the run times, as a shape list (--shapes-out, --print-shapes). A model's and a
+  // full-size record's dimensions are rounded up to the multiples the recipe's passes need (k_multiples).
+  std::vector<sim::LayerShape> layers;
+  std::vector<std::string> comments;
+  std::unique_ptr<io::Trace> trace;
+  std::vector<std::string> inputs;
+  const auto pad = [&](const std::vector<sim::LayerShape>& exact, const std::string& file) {
+    const sim::ShapeMultiples m = sim::k_multiples(opt.quant, opt.passes);
+    std::vector<sim::LayerShape> padded;
+    try {
+      padded = sim::pad_shapes(exact, m);
+    } catch (const std::invalid_argument& e) {
+      data_error(file, e.what());
+    }
+    std::string changed;
+    for (size_t i = 0; i < exact.size(); ++i)
+      for (auto [name, a, b] : {std::tuple{"tokens", exact[i].tokens, padded[i].tokens},
+                                std::tuple{"in", exact[i].in, padded[i].in}, std::tuple{"out", exact[i].out, padded[i].out}})
+        if (a != b)
+          changed += (changed.empty() ? "" : ", ") + exact[i].gemm + " " + name + " " + std::to_string(a) + " -> " +
+                     std::to_string(b);
+    if (!changed.empty())
+      comments.push_back("Rounded up to whole blocks (tokens a multiple of " + std::to_string(m.tokens) + ", in of " +
+                         std::to_string(m.in) + ", out of " + std::to_string(m.out) + "; zero padding): " + changed);
+    return padded;
+  };
+  if (vm.count("model")) {
+    const std::string path = vm["model"].as<std::string>();
+    inputs = {path};
+    sim::ModelShapes model;
+    try {
+      model = sim::read_model_shapes(path, tokens);
+    } catch (const std::invalid_argument& e) {
+      throw Error(kExitData, e.what());  // already "FILE: field: fault"
+    }
+    comments.push_back("One training step of " + path + " (docs/spec.md §13): " + model.summary);
+    layers = pad(model.layers, path);
+  } else if (vm.count("trace")) {
+    const std::string path = vm["trace"].as<std::string>();
+    trace = std::make_unique<io::Trace>(path, opt.quant(Pass::fwd_y, Operand::a, 0).block);
+    inputs = {path};
+    for (const io::TraceRecord& r : trace->records()) inputs.push_back(r.file);
+    try {
+      layers = sim::trace_shapes(*trace, full_size);
+    } catch (const std::invalid_argument& e) {
+      throw Error(kExitData, e.what());  // already "FILE: metadata 'KEY' ..."
+    }
+    comments.push_back(std::string(full_size ? "The full-size layers of the records of " : "The records of ") + path +
+                       (full_size ? " (tokens_in_pass, out_features_kept, calls_in_step; docs/spec.md §13)" : ""));
+    if (full_size) {
+      layers = pad(layers, path);
+      opt.record_shapes = layers;
+    }
+  }
+  std::string shapes_text;
+  if (vm.count("shapes-out") || print_shapes) {
+    comments.push_back("Written by: " + inv.command_line);
+    for (std::string& c : comments) c = printable(c);
+    try {
+      shapes_text = sim::shapes_csv(layers, comments);
+    } catch (const std::invalid_argument& e) {
+      data_error(vm.count("model") ? vm["model"].as<std::string>() : vm["trace"].as<std::string>(), e.what());
+    }
+  }
+  if (print_shapes) {
+    std::cout << shapes_text << std::flush;
+    if (!std::cout) data_error("stdout", "write failed");
+    return kExitOk;
+  }
 
   std::shared_ptr<sim::Datapath> dp;
   try {
@@ -127,14 +242,20 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
     } catch (const std::invalid_argument& e) {
       data_error(path, e.what());
     }
+  } else if (vm.count("model")) {
+    const std::string path = vm["model"].as<std::string>();
+    check_outputs(vm, shapes_outputs(vm), inputs);  // before the run: no output may name the config
+    try {
+      report = sim::run_shapes(simulator, layers, path, opt);
+    } catch (const std::invalid_argument& e) {
+      data_error(path, e.what());
+    }
   } else {
     const std::string path = vm["trace"].as<std::string>();
-    const io::Trace trace(path, opt.quant(Pass::fwd_y, Operand::a, 0).block);
-    std::vector<std::string> inputs = {path};
-    for (const io::TraceRecord& r : trace.records()) inputs.push_back(r.file);
-    check_outputs(vm, {}, inputs);  // before the run: --json must not name an input or a trace file
+    // Before the run: --json and --shapes-out must not name an input or a trace file.
+    check_outputs(vm, shapes_outputs(vm), inputs);
     try {
-      report = sim::run_trace(simulator, trace, path, opt);
+      report = sim::run_trace(simulator, *trace, path, opt);
     } catch (const std::invalid_argument& e) {
       data_error(path, e.what());
     }
@@ -151,12 +272,23 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
   // The run's own options beside the TCU keys, so that `fp4lab sim --config REPORT.json` repeats the run.
   for (const auto& od : desc.options()) {
     const std::string& key = od->long_name();
-    static const char* const kNotRun[] = {"help", "version", "config", "json", "sweep"};
+    static const char* const kNotRun[] = {"help", "version", "config", "json", "sweep", "shapes-out", "print-shapes"};
     if (std::find(std::begin(kNotRun), std::end(kNotRun), key) != std::end(kNotRun)) continue;
+    if (key == "full-size" && !full_size) continue;  // reports of other runs stay as they were
     if (vm.count(key) && !j["config"].contains(key)) j["config"][key] = option_value_json(vm[key]);
   }
-  if (capture) *capture = j;
-  else json.write(j);
+  if (capture) {
+    *capture = j;
+  } else if (vm.count("shapes-out")) {
+    // Both outputs or neither: the shape list is committed once the report is written.
+    io::AtomicFile f(vm["shapes-out"].as<std::string>());
+    f.write(shapes_text.data(), shapes_text.size());
+    f.close();
+    json.write(j);
+    f.commit();
+  } else {
+    json.write(j);
+  }
   if (check) {
     if (report.total_checked() == 0) data_error("", "--check compared no outputs (empty trace or no pass selected)");
     if (report.total_mismatches() > 0) {

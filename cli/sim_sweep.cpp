@@ -49,7 +49,7 @@ uint64_t run_weight(const Run& r) {
   namespace fs = std::filesystem;
   uint64_t bytes = 1;
   std::error_code ec;
-  for (const char* k : {"trace", "shapes"})
+  for (const char* k : {"trace", "shapes", "model"})
     if (auto it = r.opts.find(k); it != r.opts.end()) {
       const fs::path p(it->second);
       if (fs::is_directory(p, ec)) {
@@ -104,10 +104,10 @@ int cmd_sim_sweep(const Invocation& inv) {
 
   nlohmann::ordered_json meta;
   const std::vector<Run> runs = read_sweep(file, meta);
-  // Before the runs, not after them; a run's own input files (trace, shapes, config) count as inputs too.
+  // Before the runs, not after them; a run's own input files (trace, shapes, model, config) count as inputs too.
   std::vector<std::string> inputs = {file};
   for (const Run& r : runs)
-    for (const char* k : {"trace", "shapes", "config"})
+    for (const char* k : {"trace", "shapes", "model", "config"})
       if (auto it = r.opts.find(k); it != r.opts.end()) inputs.push_back(it->second);
   std::sort(inputs.begin(), inputs.end());
   inputs.erase(std::unique(inputs.begin(), inputs.end()), inputs.end());

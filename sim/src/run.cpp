@@ -100,14 +100,21 @@ Report run_trace(Simulator& sim, const io::Trace& trace, const std::string& sour
   RunTimes tm;
   const double dp0 = sim.datapath_seconds();
   Report rep = make_report(sim, source, opt);
-  uint32_t gemm_id = 0;  // the record's position: its SR GEMM id, as in fp4lab analyze
-  const size_t total = trace.records().size() * opt.passes.size();
+  const std::vector<io::TraceRecord>& records = trace.records();
+  const bool resized = !opt.record_shapes.empty();
+  if (resized && opt.record_shapes.size() != records.size())
+    throw std::invalid_argument("record_shapes: " + std::to_string(opt.record_shapes.size()) + " shapes for " +
+                                std::to_string(records.size()) + " records");
+  const size_t total = records.size() * opt.passes.size();
   size_t done = 0;
-  for (const io::TraceRecord& rec : trace.records()) {
+  for (size_t i = 0; i < records.size(); ++i) {
+    const io::TraceRecord& rec = records[i];
+    const uint32_t gemm_id = uint32_t(i);  // the record's position: its SR GEMM id, as in fp4lab analyze
     const LayerShape shape{rec.gemm, rec.tokens, rec.in, rec.out, 1};
-    const std::vector<GemmJob> jobs = training_gemms(shape, opt.quant, gemm_id++);
+    const std::vector<GemmJob> jobs = training_gemms(shape, opt.quant, gemm_id);
+    const std::vector<GemmJob> timed = resized ? training_gemms(opt.record_shapes[i], opt.quant, gemm_id) : jobs;
     if (!opt.check) {
-      for (const GemmJob& j : jobs)
+      for (const GemmJob& j : timed)
         if (wanted(opt, j.pass)) {
           report_progress(opt, ++done, total, j);
           rep.jobs.push_back(sim.run(j));
@@ -117,7 +124,8 @@ Report run_trace(Simulator& sim, const io::Trace& trace, const std::string& sour
     auto t = Clock::now();
     const io::Trace::Layer layer = trace.load(rec);
     tm.load += since(t);
-    for (const GemmJob& j : jobs) {
+    for (size_t k = 0; k < jobs.size(); ++k) {
+      const GemmJob& j = jobs[k];
       if (!wanted(opt, j.pass)) continue;
       report_progress(opt, ++done, total, j);
       t = Clock::now();
@@ -131,6 +139,10 @@ Report run_trace(Simulator& sim, const io::Trace& trace, const std::string& sour
       t = Clock::now();
       const std::vector<float> want = gemm(qa, qb);
       tm.reference += since(t);
+      if (resized) {
+        // The captured GEMM was computed and checked; the report times the layer at its full size.
+        r = sim.run(timed[k]);
+      }
       r.checked = true;
       r.outputs_checked = int64_t(want.size());
       r.mismatches = count_mismatches(c, want, j.N, &r.first_mismatch);

@@ -18,6 +18,9 @@ struct RunOptions {
   OperandConfigFn quant;           // each operand's quantiser settings, by pass
   std::vector<Pass> passes{std::begin(kPasses), std::end(kPasses)};
   bool check = false;              // traces only
+  // Traces: the shape each record is timed at, one per record in order (the full-size shapes of trace_shapes);
+  // empty: each record's own. --check still computes and compares the captured tensors' GEMMs.
+  std::vector<LayerShape> record_shapes;
   // Called before each GEMM job is simulated: (1-based index, jobs in the run, GemmJob::name()).
   std::function<void(size_t, size_t, const std::string&)> progress;
 };

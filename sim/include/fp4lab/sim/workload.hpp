@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "fp4lab/io/safetensors.hpp"
 #include "fp4lab/quantize.hpp"
 #include "fp4lab/recipe.hpp"
 
@@ -45,11 +46,35 @@ struct LayerShape {
 using OperandConfigFn = std::function<QuantConfig(Pass, Operand, uint32_t gemm)>;
 std::vector<GemmJob> training_gemms(const LayerShape& layer, const OperandConfigFn& quant, uint32_t gemm);
 
+// The largest dimension of a layer: products of two (M*N outputs, M*K operands) stay far inside int64.
+inline constexpr long long kMaxShapeDim = 1LL << 31;
+
 // A shape list (workloads/shapes/*.csv): '#' comments, a header `gemm,tokens,in,out[,count]`, then one linear
 // layer per line. Throws std::invalid_argument "FILE:LINE: fault" on a bad line.
 std::vector<LayerShape> read_shapes(const std::string& path);
 
 // Bytes of a quantised operand slice of rows x cols (cols along K): 4-bit codes plus its block scales.
+// The text of a shape list read_shapes reads back to `layers`: each of `comments` as a '#' line, the header, one
+// line per layer. Throws std::invalid_argument for a gemm name no shape list can hold (empty, a ',' or a control
+// byte in it, '#' first, blanks around it).
+std::string shapes_csv(const std::vector<LayerShape>& layers, const std::vector<std::string>& comments);
+
+// What a dimension must be a multiple of for the passes a run simulates: each pass reduces over one of tokens, in
+// and out (pass_geometry's K), and its operands need K to be a multiple of their block size and RHT size.
+struct ShapeMultiples {
+  int64_t tokens = 1, in = 1, out = 1;
+};
+ShapeMultiples k_multiples(const OperandConfigFn& quant, const std::vector<Pass>& passes);
+// Every dimension rounded up to its multiple: the zero padding a kernel gives a partial block (zeros add nothing
+// to a dot product but take their MAC lanes). Throws std::invalid_argument if one would pass kMaxShapeDim.
+std::vector<LayerShape> pad_shapes(const std::vector<LayerShape>& layers, const ShapeMultiples& m);
+
+// The layers a trace's records stand for. Without `full_size`, each record's own shape (count 1). With it, the
+// shape of the layer in the step it was captured from, from its file's metadata as fp4lab.capture writes it
+// (docs/spec.md §13): tokens = `tokens_in_pass`; out = N of `out_features_kept` ("all N" or "K of N, ...") where
+// given; count = `calls_in_step` where given. Throws std::invalid_argument "FILE: key: fault" for a missing
+// tokens_in_pass or a value that is not what fp4lab.capture writes or does not fit the record.
+std::vector<LayerShape> trace_shapes(const io::Trace& trace, bool full_size);
 double quantised_bytes_per_element(const QuantConfig& q);
 int64_t quantised_bytes(const QuantConfig& q, int64_t rows, int64_t cols);
 
