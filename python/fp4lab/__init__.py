@@ -14,6 +14,8 @@ kernels, and a drop-in ``Linear`` that trains under a recipe.
 from __future__ import annotations
 
 import functools
+import json as json_module
+import operator
 import os
 from typing import Any, Iterable, Mapping, NamedTuple, Optional
 
@@ -23,8 +25,8 @@ from . import _core
 from ._core import QTensor, QuantConfig
 
 __version__: str = _core.__version__
-__all__ = ["ABLATIONS", "Ablation", "QTensor", "QuantConfig", "analyze", "config", "formats", "gemm", "quantize",
-           "recipes", "__version__"]
+__all__ = ["ABLATIONS", "Ablation", "QTensor", "QuantConfig", "analyze", "config", "formats", "gemm", "model_shapes",
+           "quantize", "recipes", "__version__"]
 
 # Knob names as Python keywords ("rht_signs") -> the CLI option they stand for ("rht-signs").
 _KNOBS = {n.replace("-", "_"): n for n in _core.knob_names(True) if n not in ("recipe", "pass", "role")}
@@ -277,3 +279,55 @@ def analyze(trace: Any, *, formats: Any = None, rht: Any = None, rht_signs: Any 
     if not isinstance(out, str):
         raise TypeError(f"analyze(): json must be a str or os.PathLike of str, not {type(out).__name__}")
     return _core.analyze(traces, opts, out)
+
+
+def _json_value(o: Any) -> Any:
+    """json.dumps' fallback for a config dict: an integer type (numpy's) as its int, anything else as its text, which
+    the reader then refuses by the field's name if the field is one it reads."""
+    try:
+        return operator.index(o)
+    except TypeError:
+        return str(o)
+
+
+def model_shapes(config: Any, tokens: int, *, multiple: int = 1) -> list:
+    """The linear-layer GEMMs of one training step of a Hugging Face model, derived from its config by the rule of
+    docs/spec.md §13 (the C++ that ``fp4lab sim --model CONFIG --tokens N`` replays): one dict per row of a shape
+    list (workloads/shapes/README.md), ``{"gemm", "tokens", "in", "out", "count"}``, in model order.
+
+    ``config`` is the path of a config.json, its dict, or a ``transformers`` config object (its ``to_dict()``);
+    ``tokens`` is the step's batch × sequence. Rows keep the model's own dimensions; ``multiple`` rounds each up to
+    a multiple of it (the command line rounds each to the block and RHT sizes of the passes that reduce over it).
+    An unsupported model_type or a missing or invalid field raises ValueError naming the file (or ``config``) and
+    the field."""
+    for name, v in (("tokens", tokens), ("multiple", multiple)):
+        if isinstance(v, (bool, np.bool_)):
+            raise TypeError(f"model_shapes(): {name} must be an integer, not bool")
+        try:
+            n = operator.index(v)
+        except TypeError:
+            raise TypeError(f"model_shapes(): {name} must be an integer, not {type(v).__name__}") from None
+        if not 1 <= n <= _MAX_SHAPE_DIM:
+            raise ValueError(f"model_shapes(): {name} = {n} is outside 1..{_MAX_SHAPE_DIM}")
+    if isinstance(config, (str, os.PathLike)):
+        path = os.fspath(config)
+        if not isinstance(path, str):
+            raise TypeError(f"model_shapes(): a config path must be a str or os.PathLike of str, not "
+                            f"{type(path).__name__}")
+        source, is_file = path, True
+    else:
+        if not isinstance(config, Mapping) and callable(getattr(config, "to_dict", None)):
+            config = config.to_dict()
+        if not isinstance(config, Mapping):
+            raise TypeError(f"model_shapes(): config must be a path, a dict or a transformers config, not "
+                            f"{type(config).__name__}")
+        try:
+            source = json_module.dumps(dict(config), allow_nan=False, default=_json_value)
+        except (ValueError, TypeError, RecursionError) as e:
+            raise ValueError(f"config: not JSON ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+        is_file = False
+    _, _, rows = _core.model_shapes(source, is_file, operator.index(tokens), operator.index(multiple))
+    return [{"gemm": g, "tokens": t, "in": i, "out": o, "count": c} for g, t, i, o, c in rows]
+
+
+_MAX_SHAPE_DIM: int = _core.max_shape_dim  # the largest dimension of a layer (sim::kMaxShapeDim)

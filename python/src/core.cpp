@@ -33,6 +33,7 @@
 #include "fp4lab/quantize.hpp"
 #include "fp4lab/recipe.hpp"
 #include "fp4lab/rht.hpp"
+#include "fp4lab/sim/model_shapes.hpp"
 #include "fp4lab/trace_analysis.hpp"
 #include "fp4lab/version.hpp"
 #include "exit_codes.hpp"  // cli/: the exit codes every front-end uses (Python's console scripts included)
@@ -570,6 +571,30 @@ NB_MODULE(_core, m) {
   m.def("analyze", &analyze, "traces"_a, "options"_a, "json_path"_a = nb::none(),
         "The docs/spec.md §6 analyses of trace folders or files: the dict `fp4lab analyze --json` writes, or with "
         "json_path that document written to the file (None returned).");
+  // A model's training-step GEMMs from its Hugging Face config.json: the rule `fp4lab sim --model` replays.
+  m.attr("max_shape_dim") = int64_t(sim::kMaxShapeDim);
+  m.def("model_shapes", [](const std::string& source, bool is_file, int64_t tokens, int64_t multiple) {
+    sim::ModelShapes s;
+    if (is_file) {
+      s = sim::read_model_shapes(source, tokens);
+    } else {
+      try {
+        s = sim::model_shapes(sim::parse_model_config(source, "config"), tokens);
+      } catch (const std::invalid_argument& e) {
+        const std::string m = e.what();  // "config: ..." from the parser already
+        throw std::invalid_argument(m.rfind("config: ", 0) == 0 ? m : "config: " + m);
+      }
+    }
+    if (multiple < 1 || multiple > sim::kMaxShapeDim)
+      throw std::invalid_argument("multiple = " + std::to_string(multiple) + " is outside 1.." +
+                                  std::to_string(sim::kMaxShapeDim));
+    const std::vector<sim::LayerShape> rows = sim::pad_shapes(s.layers, {multiple, multiple, multiple});
+    std::vector<std::tuple<std::string, int64_t, int64_t, int64_t, int64_t>> out;
+    for (const sim::LayerShape& l : rows) out.emplace_back(l.gemm, l.tokens, l.in, l.out, int64_t(l.count));
+    return std::make_tuple(s.model_type, s.summary, out);
+  }, "source"_a, "is_file"_a, "tokens"_a, "multiple"_a = 1,
+     "(model_type, summary, [(gemm, tokens, in, out, count)]) of one training step of the model a config.json "
+     "describes (its path, or its text with is_file false); every dimension rounded up to a multiple of `multiple`.");
   m.def("safetensors_dtypes", [] {
     std::map<std::string, size_t> d;
     for (io::DType t : all_dtypes()) d[io::dtype_name(t)] = io::dtype_size(t);
