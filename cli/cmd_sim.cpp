@@ -89,6 +89,7 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
     usage_error("--shapes-out and --print-shapes list the shapes of --model or --trace");
   if (vm.count("shapes-out") && print_shapes) usage_error("give one of --shapes-out FILE and --print-shapes");
   if (print_shapes && vm.count("json")) usage_error("--print-shapes runs nothing: it writes no --json report");
+  if (print_shapes && vm["check"].as<bool>()) usage_error("--print-shapes runs nothing: it checks nothing (--check)");
   if (capture && (vm.count("shapes-out") || print_shapes))
     usage_error("--shapes-out and --print-shapes are for one run, not a sweep's");
   const bool check = vm["check"].as<bool>(), rtl = vm["rtl"].as<bool>();

@@ -1,5 +1,7 @@
 #include "fp4lab/sim/model_shapes.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <set>
 #include <stdexcept>
@@ -14,6 +16,7 @@ namespace {
 
 using json = nlohmann::json;
 constexpr int64_t kMax = kMaxShapeDim;
+constexpr size_t kMaxConfigBytes = 16u << 20;
 
 [[noreturn]] void fail(const std::string& field, const std::string& fault) {
   throw std::invalid_argument(field + ": " + fault);
@@ -267,7 +270,13 @@ json parse_model_config(const std::string& text, const std::string& name) {
 ModelShapes read_model_shapes(const std::string& path, int64_t tokens) {
   std::string text;
   try {
-    text = io::read_regular_file(path, "model config");  // a FIFO or device is refused, not waited on
+    size_t size = 0;
+    ::close(io::open_regular(path, size, "model config"));  // a FIFO or device is refused, not waited on
+    // A config.json is kilobytes; a file far past that is refused before it is read into memory.
+    if (size > kMaxConfigBytes)
+      throw std::invalid_argument(path + ": " + std::to_string(size) + " bytes, over the " +
+                                  std::to_string(kMaxConfigBytes) + " a model config may have");
+    text = io::read_regular_file(path, "model config");
   } catch (const io::Error& e) {
     throw std::invalid_argument(e.what());
   }

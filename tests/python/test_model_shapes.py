@@ -362,6 +362,10 @@ def test_model_faults_are_one_line(tmp_path):
     dup = tmp_path / "dup.json"
     dup.write_text('{"model_type": "gpt2", "model_type": "llama"}')
     one_line_error(run("--model", str(dup), "--tokens", "8", "--print-shapes"), 1, "key 'model_type' is given twice")
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:
+        f.truncate(17 << 20)  # refused by its size, not read
+    one_line_error(run("--model", str(big), "--tokens", "8", "--print-shapes"), 1, "over the 16777216 a model config")
     one_line_error(run("--model", gpt2, "--print-shapes"), 2, "--model FILE and --tokens N go together")
     one_line_error(run("--model", gpt2, "--tokens", "0", "--print-shapes"), 2, "--tokens: '0' is not an integer")
     one_line_error(run("--model", gpt2, "--tokens", "8", "--config", H100, "--shapes-out", gpt2), 2,
