@@ -300,6 +300,7 @@ def model_shapes(config: Any, tokens: int, *, multiple: int = 1) -> list:
     a multiple of it (the command line rounds each to the block and RHT sizes of the passes that reduce over it).
     An unsupported model_type or a missing or invalid field raises ValueError naming the file (or ``config``) and
     the field."""
+    limit = _core.max_shape_dim  # the largest dimension of a layer (sim::kMaxShapeDim)
     for name, v in (("tokens", tokens), ("multiple", multiple)):
         if isinstance(v, (bool, np.bool_)):
             raise TypeError(f"model_shapes(): {name} must be an integer, not bool")
@@ -307,8 +308,8 @@ def model_shapes(config: Any, tokens: int, *, multiple: int = 1) -> list:
             n = operator.index(v)
         except TypeError:
             raise TypeError(f"model_shapes(): {name} must be an integer, not {type(v).__name__}") from None
-        if not 1 <= n <= _MAX_SHAPE_DIM:
-            raise ValueError(f"model_shapes(): {name} = {n} is outside 1..{_MAX_SHAPE_DIM}")
+        if not 1 <= n <= limit:
+            raise ValueError(f"model_shapes(): {name} = {n} is outside 1..{limit}")
     if isinstance(config, (str, os.PathLike)):
         path = os.fspath(config)
         if not isinstance(path, str):
@@ -328,6 +329,3 @@ def model_shapes(config: Any, tokens: int, *, multiple: int = 1) -> list:
         is_file = False
     _, _, rows = _core.model_shapes(source, is_file, operator.index(tokens), operator.index(multiple))
     return [{"gemm": g, "tokens": t, "in": i, "out": o, "count": c} for g, t, i, o, c in rows]
-
-
-_MAX_SHAPE_DIM: int = _core.max_shape_dim  # the largest dimension of a layer (sim::kMaxShapeDim)
