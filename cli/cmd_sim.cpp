@@ -12,6 +12,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "bundled_configs.hpp"
 #include "commands.hpp"
 #include "files.hpp"
 #include "fp4lab/io/files.hpp"
@@ -66,7 +67,9 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
                                    "with fp4lab::gemm (traces only); any mismatch is an error")
       ("rtl", po::bool_switch(), "use the Verilated RTL datapath for the MAC array and accumulator (with --check)")
       ("sweep", po::value<std::string>()->value_name("FILE"),
-       "run every configuration of a TOML sweep file instead (fp4lab sim --sweep FILE --help; docs/mpi.md)");
+       "run every configuration of a TOML sweep file instead (fp4lab sim --sweep FILE --help; docs/mpi.md)")
+      ("list-configs", po::bool_switch(),
+       "list the bundled TCU configurations (sim/configs/*.cfg: --config NAME) with a line on each, and stop");
   po::options_description knobs("recipe and knobs (each operand of each pass takes its recipe config; --pass picks "
                                 "one of the three GEMMs)");
   add_recipe_options(knobs, /*with_role=*/false);
@@ -77,6 +80,18 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
   if (!parse_args(inv, desc, "--trace DIR [--full-size]|--shapes FILE|--model CONFIG.json --tokens N|--kernel NAME "
                   "--shape DIMS --config CFG [--recipe R] [--check] [--rtl] [--json OUT] [--shapes-out FILE|--print-shapes]", vm))
     return kExitOk;
+  if (vm["list-configs"].as<bool>()) {
+    if (vm.size() != std::size_t(std::count_if(vm.begin(), vm.end(), [](const auto& kv) { return kv.second.defaulted(); })) + 1)
+      usage_error("--list-configs lists the bundled configurations and runs nothing: give it alone");
+    size_t width = 0;
+    for (const BundledConfig& c : bundled_configs()) width = std::max(width, std::string(c.name).size());
+    for (const BundledConfig& c : bundled_configs())
+      std::cout << c.name << std::string(width + 2 - std::string(c.name).size(), ' ') << bundled_config_description(c)
+                << "\n";
+    std::cout << std::flush;
+    if (!std::cout) data_error("stdout", "write failed");
+    return kExitOk;
+  }
   const JsonOut json(vm);
   const bool print_shapes = vm["print-shapes"].as<bool>(), full_size = vm["full-size"].as<bool>();
   if (!vm.count("config") && !print_shapes) usage_error("--config CFG is required (e.g. sim/configs/teaching.cfg)");
@@ -137,6 +152,7 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
   // --model and --trace: the layers the run times, as a shape list (--shapes-out, --print-shapes). A model's and a
   // full-size record's dimensions are rounded up to the multiples the recipe's passes need (k_multiples).
   std::vector<sim::LayerShape> layers;
+  int64_t report_tokens = 0;  // --model: the step's tokens, for the figures per token
   std::vector<std::string> comments;
   std::unique_ptr<io::Trace> trace;
   std::vector<std::string> inputs;
@@ -169,6 +185,7 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
     } catch (const std::invalid_argument& e) {
       throw Error(kExitData, e.what());  // already "FILE: field: fault"
     }
+    report_tokens = tokens;
     comments.push_back("One training step of " + path + " (docs/spec.md §13): " + model.summary);
     layers = pad(model.layers, path);
   } else if (vm.count("trace")) {
@@ -262,6 +279,7 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
     }
   }
 
+  report.tokens = report_tokens;
   if (json.table() && !capture) {
     // GEMM names come from the trace's tensor names: no control byte of theirs reaches the terminal raw.
     std::ostringstream table;
@@ -276,6 +294,10 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
     static const char* const kNotRun[] = {"help", "version", "config", "json", "sweep", "shapes-out", "print-shapes"};
     if (std::find(std::begin(kNotRun), std::end(kNotRun), key) != std::end(kNotRun)) continue;
     if (key == "full-size" && !full_size) continue;  // reports of other runs stay as they were
+    if (key == "list-configs") continue;
+    // The TCU keys are the report's configuration already (Config::to_json leaves out unset area keys).
+    if (std::any_of(sim::config_keys().begin(), sim::config_keys().end(), [&](const auto& k) { return k.name == key; }))
+      continue;
     if (vm.count(key) && !j["config"].contains(key)) j["config"][key] = option_value_json(vm[key]);
   }
   if (capture) {

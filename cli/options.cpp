@@ -10,9 +10,11 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <sstream>
 
+#include "bundled_configs.hpp"
 #include "files.hpp"
 #include "fp4lab/io/files.hpp"
 #include "fp4lab/io/option_file.hpp"
@@ -124,10 +126,17 @@ bool parse_args(const Invocation& inv, const po::options_description& desc, cons
     if (vm.count("config")) {
       const std::string path = vm["config"].as<std::string>();
       std::string text;
-      try {
-        text = io::read_regular_file(path, "config file");  // a FIFO or device is refused, not waited on
-      } catch (const io::Error& e) {
-        usage_error(e.what());
+      // A bundled configuration by name (fp4lab sim --list-configs) where no file of that name exists.
+      std::error_code ec;
+      const BundledConfig* bundled = std::filesystem::exists(path, ec) ? nullptr : find_bundled_config(path);
+      if (bundled) {
+        text = bundled->text;
+      } else {
+        try {
+          text = io::read_regular_file(path, "config file");  // a FIFO or device is refused, not waited on
+        } catch (const io::Error& e) {
+          usage_error(e.what());
+        }
       }
       refuse_placeholders(text, printable(path));
       po::parsed_options parsed(&desc);

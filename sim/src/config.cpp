@@ -67,6 +67,7 @@ const std::vector<ConfigKey>& config_keys() {
   using C = Config;
   using M = MemLevel;
   using E = Energy;
+  using A = Area;
   constexpr bool kRequired = true, kDefault = false;
   // clang-format off
   static const std::vector<ConfigKey> keys = {
@@ -172,6 +173,22 @@ const std::vector<ConfigKey>& config_keys() {
      "pJ per shared-cache byte"},
     {"energy.buffer_byte_pj",  member<&C::energy, &E::buffer_byte>, kRequired, {0, C::kMaxEnergyPj},
      "pJ per operand-buffer byte"},
+    {"energy.leak_mw_per_mm2", member<&C::energy, &E::leak_mw_per_mm2>, kDefault, {0, C::kMaxLeakMwPerMm2},
+     "static (leakage) power per mm^2 of the built units (area.*), mW; paid for the whole run time", true},
+    {"area.mac_e2m1_nand2",    member<&C::area, &A::mac_e2m1>,     kDefault,  {0, C::kMaxNand2},
+     "area of one E2M1-only block unit, NAND2 equivalents", true},
+    {"area.mac_e1m2_nand2",    member<&C::area, &A::mac_e1m2>,     kDefault,  {0, C::kMaxNand2},
+     "area of one E1M2-only block unit, NAND2 equivalents", true},
+    {"area.mac_dual_nand2",    member<&C::area, &A::mac_dual>,     kDefault,  {0, C::kMaxNand2},
+     "area of one dual-format block unit, NAND2 equivalents", true},
+    {"area.rht_lane_nand2",    member<&C::area, &A::rht_lane>,     kDefault,  {0, C::kMaxNand2},
+     "area of one RHT lane (an element per cycle), NAND2 equivalents", true},
+    {"area.quant_lane_nand2",  member<&C::area, &A::quant_lane>,   kDefault,  {0, C::kMaxNand2},
+     "area of one quantiser lane (an element per cycle), NAND2 equivalents", true},
+    {"area.acc_lane_nand2",    member<&C::area, &A::acc_lane>,     kDefault,  {0, C::kMaxNand2},
+     "area of one scale-and-accumulate lane not inside the block units, NAND2 equivalents", true},
+    {"area.um2_per_nand2",     member<&C::area, &A::um2_per_nand2>, kDefault, {0, C::kMaxUm2PerNand2},
+     "um^2 of one NAND2 equivalent at the node (area in mm^2 and static power need it)", true},
   };
   // clang-format on
   return keys;
@@ -263,6 +280,8 @@ void Config::validate() const {
   in_range(double(tcus) * ctas, 1, kMaxTcus, "tcu.count x tcu.ctas");
   need(mac_units % ctas == 0, "mac.units = " + std::to_string(mac_units) + " is not a multiple of tcu.ctas = " +
                                   std::to_string(ctas) + " (each tile slot takes an equal share of the units)");
+  need(!(energy.leak_mw_per_mm2 > 0) || area.um2_per_nand2 > 0,
+       "energy.leak_mw_per_mm2 needs area.um2_per_nand2 (the area it leaks over, in mm^2)");
   if (l2.bytes > 0)
     in_range(l2.bandwidth, kMinBandwidth, kMaxBandwidth, "l2.bandwidth (an L2, l2.bytes > 0, needs it)");
   // The streaming slots alone must fit in each tile slot's share of the buffer: every slot holds one A and one
@@ -276,6 +295,16 @@ void Config::validate() const {
        "buffer.bytes = " + std::to_string(buffer_bytes) + " cannot hold, per tile slot (tcu.ctas = " +
            std::to_string(ctas) + "), buffer.slots = " + std::to_string(buffer_slots) +
            " k-step tiles of (tile.m + tile.n) x tile.k elements (" + std::to_string(slot) + " bytes each)");
+}
+
+double Config::mac_array_nand2() const {
+  const double unit = mac_kind == MacKind::e2m1 ? area.mac_e2m1 : mac_kind == MacKind::e1m2 ? area.mac_e1m2 : area.mac_dual;
+  return double(tcus) * mac_units * unit;
+}
+
+double Config::unit_nand2() const {
+  return mac_array_nand2() +
+         double(tcus) * (rht_lanes * area.rht_lane + quant_lanes * area.quant_lane + acc_lanes * area.acc_lane);
 }
 
 int64_t Config::launch_cycles() const {
@@ -334,7 +363,7 @@ nlohmann::json Config::to_json() const {
           using T = Value<decltype(m)>;
           if constexpr (std::is_enum_v<T>)
             j[k.name] = names_of(T{})[size_t(read(m, *this))];
-          else
+          else if (!k.omit_zero || read(m, *this) != T{})
             j[k.name] = read(m, *this);
         },
         k.field);

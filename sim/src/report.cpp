@@ -67,6 +67,15 @@ nlohmann::json job_json(const JobReport& j) {
   return o;
 }
 
+nlohmann::json area_json(const Config& c) {
+  if (!c.priced()) return nullptr;
+  return {{"mac_array_nand2", c.mac_array_nand2()},
+          {"unit_nand2", c.unit_nand2()},
+          {"mac_array_mm2", c.mm2(c.mac_array_nand2())},
+          {"unit_mm2", c.mm2(c.unit_nand2())},
+          {"static_mw", c.static_mw()}};
+}
+
 nlohmann::json Report::to_json() const {
   nlohmann::json js = nlohmann::json::array();
   std::map<std::string, double> stalls, bytes, energy;
@@ -87,9 +96,17 @@ nlohmann::json Report::to_json() const {
                           {"energy_pj", energy},
                           {"energy_total_pj", total_energy_pj()}};
   if (checked) total["check"] = {{"outputs", total_checked()}, {"mismatches", total_mismatches()}};
-  return {{"fp4lab.sim.version", 1}, {"config", config},   {"peak_macs_per_cycle", peak_macs_per_cycle},
-          {"datapath", datapath},    {"recipe", recipe},   {"source", source},
-          {"gemms", js},             {"total", total}};
+  if (tokens > 0) {  // a model's step: the figures per token
+    const double t = total_time_us();
+    total["tokens"] = tokens;
+    total["tokens_per_s"] = t > 0 ? double(tokens) / (t * 1e-6) : 0.0;
+    total["energy_per_token_pj"] = total_energy_pj() / double(tokens);
+  }
+  nlohmann::json out = {{"fp4lab.sim.version", 1}, {"config", config},   {"peak_macs_per_cycle", peak_macs_per_cycle},
+                        {"datapath", datapath},    {"recipe", recipe},   {"source", source},
+                        {"gemms", js},             {"total", total}};
+  if (!area.is_null()) out["area"] = area;
+  return out;
 }
 
 namespace {
@@ -159,6 +176,13 @@ void Report::print(std::ostream& os) const {
   os << "\n  energy:";
   for (const auto& [k, v] : t["energy_pj"].items()) os << "  " << k << " " << si(v.get<double>() * 1e-12, "J");
   os << "\n";
+  if (!area.is_null())
+    os << "  area:   MAC array " << si(area["mac_array_mm2"].get<double>(), "mm2") << ", whole unit "
+       << si(area["unit_mm2"].get<double>(), "mm2") << " (" << si(area["unit_nand2"].get<double>(), "NAND2") << "), static "
+       << si(area["static_mw"].get<double>() * 1e-3, "W") << "\n";
+  if (tokens > 0)
+    os << "  per token: " << si(t["energy_per_token_pj"].get<double>() * 1e-12, "J") << ", "
+       << si(t["tokens_per_s"].get<double>(), "tokens/s") << "\n";
   if (!jobs.empty()) {
     // Busy shares, weighted by each GEMM's cycles.
     std::map<std::string, double> busy;

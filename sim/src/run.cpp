@@ -25,6 +25,7 @@ Report make_report(const Simulator& sim, const std::string& source, const RunOpt
   Report r;
   r.config = sim.config().to_json();
   r.peak_macs_per_cycle = sim.config().peak_macs_per_cycle();
+  r.area = area_json(sim.config());
   r.datapath = sim.datapath().name();
   r.recipe = opt.recipe;
   r.source = source;

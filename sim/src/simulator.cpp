@@ -629,6 +629,8 @@ JobReport Simulator::run_impl(const GemmJob& job, const QTensor* qa, const QTens
                  {"dram", (m.mem->dram_read + m.mem->dram_write) * e.dram_byte},
                  {"l2", (m.mem->l2_read + m.mem->l2_write) * e.l2_byte},
                  {"buffer", (plan.counters.buf_read + plan.counters.buf_write) * e.buffer_byte}};
+  // Leakage of every built unit for the job's whole time (mW x us = nJ), whether the unit works or idles.
+  if (cfg_.energy.leak_mw_per_mm2 > 0) r.energy_pj["static"] = cfg_.static_mw() * r.time_us * 1e3;
   for (const auto& [k, v] : r.energy_pj) r.energy_total_pj += v;
   return r;
 }

@@ -60,7 +60,19 @@ struct Energy {
   double quant_elem = 0;     // per element quantised (amax compare, scale, round)
   double sr_elem = 0;        // extra per stochastically rounded element (its share of a Philox4x32-10)
   double dram_byte = 0, l2_byte = 0, buffer_byte = 0;  // per byte moved at each level
+  double leak_mw_per_mm2 = 0;  // static (leakage) power per mm^2 of built units, paid for the whole run time
   bool operator==(const Energy&) const = default;
+};
+
+// Silicon area of the built units in NAND2 equivalents (rtl/area.json: docs/sim.md), and the node's factor to
+// mm^2. All 0 (the default) = not priced: the report then has no area and no static energy.
+struct Area {
+  double mac_e2m1 = 0, mac_e1m2 = 0, mac_dual = 0;  // per block unit (mac.units), by mac.kind
+  double rht_lane = 0;    // per RHT lane (rht.lanes, elements per cycle)
+  double quant_lane = 0;  // per quantiser lane (quant.lanes)
+  double acc_lane = 0;    // per scale-and-accumulate lane (acc.lanes) not already inside the block units
+  double um2_per_nand2 = 0;  // um^2 of one NAND2 equivalent at the node
+  bool operator==(const Area&) const = default;
 };
 
 struct Config;
@@ -86,6 +98,9 @@ struct ConfigKey {
   bool required;     // no default: every configuration file gives it
   Range range;
   std::string help;  // --help text (an enum key's list of values is put in front of it)
+  // Written to a report's configuration only when not 0: keys added after reports were published (area and
+  // leakage), so that a configuration without them reports exactly as before.
+  bool omit_zero = false;
 };
 
 struct Config {
@@ -135,6 +150,7 @@ struct Config {
   int output_bytes = 4;      // bytes per output element (FP32)
 
   Energy energy;
+  Area area;
 
   // Bounds validate() enforces (config_keys() gives each key its range; docs/sim.md lists them). They keep every
   // product of configuration values inside the model's int64 counts, a run's time inside SystemC's 64-bit
@@ -150,6 +166,9 @@ struct Config {
   static constexpr double kMinRate = 1e-3;               // mac.fallback_rate, when not 0
   static constexpr double kMaxLatency = 1e9;             // cycles
   static constexpr double kMaxEnergyPj = 1e9;            // every energy.* key, >= 0
+  static constexpr double kMaxNand2 = 1e12;              // area.* per unit or lane, NAND2 equivalents
+  static constexpr double kMaxUm2PerNand2 = 1e3;
+  static constexpr double kMaxLeakMwPerMm2 = 1e6;
 
   static constexpr double kMaxLaunchUs = 1e6;
   static constexpr double kMinLanes = 1e-3;             // rht/quant/acc lanes: rates, per tile slot too
@@ -161,6 +180,14 @@ struct Config {
   // unchanged: it says how many slots share a TCU).
   Config per_slot() const;
   int64_t peak_macs_per_cycle() const { return int64_t(tcus) * mac_units * kMacWidth; }
+  // Area in NAND2 equivalents: the block units of every TCU (the MAC array), and those plus the RHT, quantiser and
+  // scale-and-accumulate lanes (the whole unit). mm^2 through area.um2_per_nand2; static power through
+  // energy.leak_mw_per_mm2 on the whole unit.
+  double mac_array_nand2() const;
+  double unit_nand2() const;
+  double mm2(double nand2) const { return nand2 * area.um2_per_nand2 * 1e-6; }
+  double static_mw() const { return energy.leak_mw_per_mm2 * mm2(unit_nand2()); }
+  bool priced() const { return area != Area{}; }
 
   // Every key of config_keys(), for a config file and the command line. Keys without a default are required.
   static po::options_description options();

@@ -57,6 +57,8 @@ struct JobReport {
 
 struct Report {
   nlohmann::json config;           // Config::to_json(): the configuration file of the run
+  nlohmann::json area;             // area_json(): null where the configuration prices no area
+  int64_t tokens = 0;              // tokens the run's step trains (--model); 0 = not known
   int64_t peak_macs_per_cycle = 0;
   std::string datapath;            // golden | rtl
   std::string recipe, source;  // recipe name; the trace folder or shape list
@@ -74,5 +76,8 @@ struct Report {
 };
 
 nlohmann::json job_json(const JobReport& j);
+// The built units' area (NAND2 equivalents and mm^2: the MAC array and the whole unit) and static power, or null
+// where the configuration gives no area.* key.
+nlohmann::json area_json(const Config& c);
 
 }  // namespace fp4lab::sim
