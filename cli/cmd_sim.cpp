@@ -7,6 +7,7 @@
 // With --check the simulated MAC array and accumulator compute every output through the datapath (the golden
 // model's arithmetic, or the Verilated RTL with --rtl) and each is compared bit for bit with fp4lab::gemm.
 #include <algorithm>
+#include <cmath>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -31,6 +32,18 @@ int cmd_sim_sweep(const Invocation& inv);
 int run_sim(const Invocation& inv, nlohmann::json* capture);
 
 namespace {
+// The place ("totals.cycles", "jobs[3].energy_pj.dram") of the first number in j that is not finite, or "".
+std::string first_nonfinite(const nlohmann::json& j, const std::string& at = "") {
+  if (j.is_number_float() && !std::isfinite(j.get<double>())) return at.empty() ? "figure" : at;
+  if (j.is_object())
+    for (const auto& [k, v] : j.items())
+      if (std::string b = first_nonfinite(v, at.empty() ? k : at + "." + k); !b.empty()) return b;
+  if (j.is_array())
+    for (size_t i = 0; i < j.size(); ++i)
+      if (std::string b = first_nonfinite(j[i], at + "[" + std::to_string(i) + "]"); !b.empty()) return b;
+  return "";
+}
+
 std::vector<std::string> shapes_outputs(const po::variables_map& vm) {
   if (!vm.count("shapes-out")) return {};
   return {vm["shapes-out"].as<std::string>()};
@@ -280,13 +293,17 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
   }
 
   report.tokens = report_tokens;
+  nlohmann::json j = report.to_json();
+  // Every figure of a report is finite: one that is not (a workload too large to total in a double) ends the run as a
+  // data error naming its input, never as a table or JSON of inf or nan with exit 0 (docs/spec.md §11.1).
+  if (const std::string bad = first_nonfinite(j); !bad.empty())
+    data_error(report.source, "the report's " + bad + " is not a finite number (the workload is too large to total)");
   if (json.table() && !capture) {
     // GEMM names come from the trace's tensor names: no control byte of theirs reaches the terminal raw.
     std::ostringstream table;
     report.print(table);
     std::cout << printable(table.str(), /*keep_newlines=*/true);
   }
-  nlohmann::json j = report.to_json();
   j["command"] = inv.command_line;
   // The run's own options beside the TCU keys, so that `fp4lab sim --config REPORT.json` repeats the run.
   for (const auto& od : desc.options()) {

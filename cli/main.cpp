@@ -2,6 +2,7 @@
 // lives in cli/cmd_<name>.cpp and is listed in kCommands. Every fault ends as one line on stderr,
 // "fp4lab <cmd>: error: <file>: <fault>", with an exit code of exit_codes.hpp; nothing escapes main.
 #include <malloc.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <cstring>
@@ -17,9 +18,31 @@
 #include "fp4lab/io/safetensors.hpp"
 #include "mpi_dist.hpp"
 #include "options.hpp"
+#include "threads.hpp"
 
 namespace fp4lab::cli {
 namespace {
+
+// An OMP_NUM_THREADS that breaks the rule of threads.hpp, as given (at most 255 bytes of it), taken out of the
+// environment before libgomp's initialiser reads it: libgomp would print its own warning for a malformed value, and
+// main reports the one line instead.
+char g_refused_threads[256];
+bool g_threads_refused = false;
+
+extern "C" void take_refused_threads(int, char**, char** envp) {
+  const size_t n = std::strlen(kThreadsVar);
+  for (char** e = envp; e && *e; ++e)
+    if (std::strncmp(*e, kThreadsVar, n) == 0 && (*e)[n] == '=') {
+      if (threads_value_ok(*e + n + 1)) return;
+      g_threads_refused = true;
+      std::strncpy(g_refused_threads, *e + n + 1, sizeof g_refused_threads - 1);
+      for (char** d = e; *d; ++d) d[0] = d[1];  // the array the process's environ points to
+      return;
+    }
+}
+// .preinit_array: run before every shared library's initialiser (libgomp's reads OMP_NUM_THREADS).
+__attribute__((section(".preinit_array"), used)) void (*const g_take_refused_threads)(int, char**, char**) =
+    take_refused_threads;
 
 const Command kCommands[] = {
 #ifdef FP4LAB_CLI_HAS_ANALYZE
@@ -98,8 +121,10 @@ int main(int argc, char** argv) {
   // the page faults of re-zeroing them were 12% of `analyze` (17% of its wall time on the bundled trace).
   mallopt(M_MMAP_THRESHOLD, 16 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  // A run ended by SIGINT, SIGTERM, SIGHUP or SIGPIPE leaves no temporary output behind (docs/spec.md §11.1).
+  // A run ended by SIGINT, SIGTERM, SIGHUP or SIGPIPE leaves no temporary output behind (docs/spec.md §11.1); a write
+  // past a file-size limit (ulimit -f) fails with EFBIG, reported as a failed write, instead of ending it by SIGXFSZ.
   fp4lab::io::remove_temporaries_on_signals();
+  one_level_of_threads();
   Invocation inv;
   for (int i = 0; i < argc; ++i) {
     if (i) inv.command_line += ' ';
@@ -164,7 +189,12 @@ int main(int argc, char** argv) {
   } finalize;
   int rc = kExitOk;
   try {
-    dist::agree(cmd, [&] { rc = entry->run(inv); });
+    dist::agree(cmd, [&] {
+      // Before any work (and any thread): a thread count OpenMP cannot honour (threads.hpp).
+      if (g_threads_refused) usage_error(threads_fault(g_refused_threads));
+      if (const auto fault = threads_env_fault()) usage_error(*fault);
+      rc = entry->run(inv);
+    });
     return flushed(cmd, rc);
   } catch (const dist::Quiet& q) {
     return q.code;

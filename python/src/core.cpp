@@ -17,13 +17,19 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <iterator>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fp4lab/gemm.hpp"
@@ -39,6 +45,7 @@
 #include "exit_codes.hpp"  // cli/: the exit codes every front-end uses (Python's console scripts included)
 #include "outputs.hpp"  // cli/: the rules every output path is held to
 #include "text.hpp"  // cli/: the command line's escaping and quoting, so messages and records match it
+#include "threads.hpp"  // cli/: the OpenMP thread counts a run may ask for
 #if FP4LAB_PY_CUDA
 #include "fp4lab/cuda/kernels.hpp"
 #endif
@@ -64,6 +71,31 @@ nb::ndarray<nb::numpy, T> owned(std::vector<T>&& v, std::initializer_list<size_t
 template <class T>
 nb::ndarray<nb::numpy, const T> view(const std::vector<T>& v, size_t rows, size_t cols, nb::handle self) {
   return nb::ndarray<nb::numpy, const T>(v.data(), {rows, cols}, self);
+}
+
+// A fault as the package's DataError or UsageError (python/fp4lab/_files.py: ValueErrors that carry the command
+// line's exit codes), or as a plain ValueError where that module cannot be imported.
+[[noreturn]] void raise_fault(bool usage, const std::string& msg) {
+  nb::object cls;
+  try {
+    cls = nb::module_::import_("fp4lab._files").attr(usage ? "UsageError" : "DataError");
+  } catch (const nb::python_error&) {
+    cls = nb::borrow(PyExc_ValueError);
+  }
+  const nb::object e = cls(nb::str(cli::printable(msg).c_str()));
+  PyErr_SetObject(cls.ptr(), e.ptr());
+  throw nb::python_error();
+}
+
+// OMP_NUM_THREADS as this module found it when imported, which is when libgomp read it too (cli/threads.hpp): a
+// count OpenMP cannot honour is refused (UsageError) by every call that would start threads, before it starts any.
+std::optional<std::string>& threads_fault() {
+  static std::optional<std::string> fault;
+  return fault;
+}
+void require_threads() {
+  if (const auto& f = threads_fault())
+    raise_fault(true, *f + "; fp4lab's calls that run threads refuse it (set it before Python starts)");
 }
 
 nb::dict config_dict(const QuantConfig& c) {
@@ -104,12 +136,14 @@ nb::dict format_dict(const ElemFormat& f) {
 }
 
 QTensor quantize_f32(CpuIn x, const QuantConfig& cfg) {
+  require_threads();
   const int64_t rows = int64_t(x.shape(0)), cols = int64_t(x.shape(1));
   nb::gil_scoped_release release;  // the quantiser runs on OpenMP threads; other Python threads may go on
   return quantize(x.data(), rows, cols, cfg);
 }
 
 QTensor quantize_bf16(CpuBf16In x, const QuantConfig& cfg) {
+  require_threads();
   const int64_t rows = int64_t(x.shape(0)), cols = int64_t(x.shape(1));
   nb::gil_scoped_release release;
   // BF16 -> FP32 is exact (a shift), as the trace reader does it.
@@ -206,22 +240,61 @@ nb::object to_python(const nlohmann::ordered_json& j) {
 // The members every fp4lab JSON output ends with: the build that wrote it (the command line's JsonOut too).
 nlohmann::ordered_json stamps() { return {{"fp4lab_version", kVersion}, {"git_commit", kGitCommit}}; }
 
+// Ctrl-C during a long call: `work` runs on a thread of its own while the calling thread waits with the GIL released
+// and, every 50 ms, runs Python's signal handlers (only the main thread can). When one raises (KeyboardInterrupt),
+// `stop` is set, the work ends at its next check (the analysis checks at each record), and the handler's exception is
+// raised here once it has: within about a record's time, not after the whole analysis, and with nothing half written.
+struct Interrupted {};  // thrown by a check once `stop` is set; not a std::exception, so no handler turns it into one
+void run_interruptible(const std::function<void()>& work, std::atomic<bool>& stop) {
+  std::exception_ptr fault;
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread t([&] {
+    try {
+      work();
+    } catch (...) {
+      fault = std::current_exception();
+    }
+    const std::lock_guard<std::mutex> g(m);
+    done = true;
+    cv.notify_one();
+  });
+  bool raised = false;
+  for (;;) {
+    {
+      nb::gil_scoped_release release;
+      std::unique_lock<std::mutex> lk(m);
+      if (cv.wait_for(lk, std::chrono::milliseconds(50), [&] { return done; })) break;
+    }
+    if (!raised && PyErr_CheckSignals() != 0) {
+      raised = true;  // the exception stays set until the work has stopped
+      stop = true;
+    }
+  }
+  t.join();
+  if (raised) throw nb::python_error();
+  if (fault) std::rethrow_exception(fault);
+}
+
 // The analysis of a trace with the options as `fp4lab analyze` spells them (option name without dashes -> text).
-// Faults are the command line's one-line messages, as ValueError (MemoryError when memory runs out). With
-// json_path, the document goes to that file as `fp4lab analyze --json FILE` writes it (in pieces, through a
-// temporary name: memory that of the command line, not of a dict of the whole report), and None is returned.
+// Faults are the command line's one-line messages, as the package's UsageError or DataError (ValueErrors; MemoryError
+// when memory runs out). With json_path, the document goes to that file as `fp4lab analyze --json FILE` writes it (in
+// pieces, through a temporary name: memory that of the command line, not of a dict of the whole report), and None is
+// returned. Ctrl-C stops it at the next record (run_interruptible), leaving no output and no temporary.
 nb::object analyze(const std::vector<std::string>& traces, const std::map<std::string, std::string>& options,
                    const std::optional<std::string>& json_path) {
+  require_threads();
   // The options in the order of the command line recorded in config.command: the one that writes this same JSON.
   static const char* const kOrder[] = {"formats", "rht", "recipe", "rht-signs", "rht-seed", "block", "scale", "seed"};
   for (const auto& [k, v] : options)
     if (std::find_if(std::begin(kOrder), std::end(kOrder), [&](const char* n) { return k == n; }) == std::end(kOrder))
-      throw nb::value_error(("analyze: unknown option '" + cli::printable(k) + "'").c_str());
-  if (traces.empty()) throw nb::value_error("analyze: no trace given");
+      raise_fault(true, "analyze: unknown option '" + k + "'");
+  if (traces.empty()) raise_fault(true, "analyze: no trace given");
   if (json_path) {  // the path first, as the command line checks --json before the options and traces
     if (json_path->empty() || *json_path == "-")
-      throw nb::value_error("analyze: json needs a file name (the command line's '-', stdout, is not one)");
-    if (const auto f = cli::output_fault({*json_path}, {})) throw nb::value_error(f->message.c_str());
+      raise_fault(true, "analyze: json needs a file name (the command line's '-', stdout, is not one)");
+    if (const auto f = cli::output_fault({*json_path}, {})) raise_fault(f->usage, f->message);
   }
   std::string command = "fp4lab analyze --trace";
   for (const auto& t : traces) command += " " + cli::shell_quote(t);
@@ -229,6 +302,10 @@ nb::object analyze(const std::vector<std::string>& traces, const std::map<std::s
   AnalysisOptions o;
   o.traces = traces;
   nlohmann::ordered_json j;
+  std::atomic<bool> stop{false};
+  const AnalysisProgress progress = [&stop](size_t, size_t, const std::string&) {
+    if (stop) throw Interrupted{};
+  };
   try {
     for (const char* name : kOrder) {
       const auto it = options.find(name);
@@ -245,24 +322,36 @@ nb::object analyze(const std::vector<std::string>& traces, const std::map<std::s
       else if (n == "scale") o.scale = v;
       else o.seed = v;
     }
-    nb::gil_scoped_release release;  // the analysis runs on OpenMP threads; other Python threads may go on
-    if (json_path) {
-      const auto check = [&](const TraceAnalysis& ta) {  // before any record is analysed, as the command line does
-        if (const auto f = cli::output_fault({*json_path}, ta.inputs())) throw std::invalid_argument(f->message);
-      };
-      const AnalysisResult r = analyze_traces(o, {}, check);
-      io::AtomicFile f(*json_path);  // io::Error names the file; nothing is left under it on failure
-      write_analysis_json(r, command, stamps(),
-                          [&](const std::string& piece) { f.write(piece.data(), piece.size()); });
-      f.write("\n", 1);
-      f.commit();
-    } else {
-      j = analysis_json(analyze_traces(o), command);
-    }
+    // The analysis runs on OpenMP threads, the GIL released: other Python threads may go on.
+    run_interruptible([&] {
+      if (json_path) {
+        const auto check = [&](const TraceAnalysis& ta) {  // before any record is analysed, as the command line does
+          if (const auto f = cli::output_fault({*json_path}, ta.inputs())) throw AnalysisError(f->usage, f->message);
+        };
+        const AnalysisResult r = analyze_traces(o, progress, check);
+        io::AtomicFile f(*json_path);  // io::Error names the file; nothing is left under it on failure or Ctrl-C
+        write_analysis_json(r, command, stamps(), [&](const std::string& piece) {
+          if (stop) throw Interrupted{};
+          f.write(piece.data(), piece.size());
+        });
+        f.write("\n", 1);
+        f.commit();
+      } else {
+        j = analysis_json(analyze_traces(o, progress), command);
+      }
+    }, stop);
+  } catch (const nb::python_error&) {
+    throw;  // KeyboardInterrupt, or whatever else a signal handler raised
   } catch (const std::bad_alloc&) {
     throw;  // MemoryError
+  } catch (const AnalysisError& e) {
+    raise_fault(e.usage, e.what());
+  } catch (const io::Error& e) {
+    raise_fault(false, e.what());
+  } catch (const std::invalid_argument& e) {  // an option value (KnobError)
+    raise_fault(true, e.what());
   } catch (const std::exception& e) {
-    throw nb::value_error(cli::printable(e.what()).c_str());
+    raise_fault(false, e.what());
   }
   if (json_path) return nb::none();  // (made here, with the GIL held again)
   const nlohmann::ordered_json tail = stamps();  // every fp4lab JSON output ends with the build that wrote it
@@ -276,15 +365,15 @@ nb::object analyze(const std::vector<std::string>& traces, const std::map<std::s
 using Bytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using RawTensor = std::tuple<std::string, std::string, std::vector<int64_t>, Bytes>;
 
-// A file's metadata and its tensors in header order, each tensor's bytes copied out of the mapping (so the
-// arrays outlive the file and can be written to).
+// A file's metadata and its tensors in header order, each tensor's bytes in an array of its own (so the arrays
+// outlive the file and can be written to).
 nb::tuple read_safetensors(const std::string& path) {
   const io::SafetensorsFile f(path);
   nb::list tensors;
   for (const io::TensorInfo& t : f.tensors()) {
-    const uint8_t* p = f.data(t.name);
-    const size_t n = size_t(t.end - t.begin);
-    tensors.append(nb::make_tuple(t.name, io::dtype_name(t.dtype), t.shape, owned(std::vector<uint8_t>(p, p + n), {n})));
+    std::vector<uint8_t> b = f.read_bytes(t.name);
+    const size_t n = b.size();
+    tensors.append(nb::make_tuple(t.name, io::dtype_name(t.dtype), t.shape, owned(std::move(b), {n})));
   }
   return nb::make_tuple(f.metadata(), tensors);
 }
@@ -385,6 +474,10 @@ NB_MODULE(_core, m) {
   m.attr("__version__") = kVersion;
   m.attr("git_commit") = kGitCommit;
   m.attr("cuda_built") = bool(FP4LAB_PY_CUDA);
+  threads_fault() = cli::threads_env_fault();
+  cli::one_level_of_threads();
+  m.def("threads_fault", [] { return threads_fault(); },
+        "The fault of OMP_NUM_THREADS as the module found it (docs/spec.md §11.1), or None.");
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
@@ -552,12 +645,14 @@ NB_MODULE(_core, m) {
         return nb::cast(view(q.scale_codes, size_t(q.rows), size_t(q.kblocks()), self));
       })
       .def("dequantize", [](const QTensor& q) {
+        require_threads();
         return owned(q.dequantize(), {size_t(q.rows), size_t(q.cols)});
       });
 
   m.def("quantize_f32", &quantize_f32, "x"_a.noconvert(), "config"_a);
   m.def("quantize_bf16", &quantize_bf16, "x"_a.noconvert(), "config"_a);
   m.def("rotate", [](CpuIn x, const QuantConfig& cfg) {
+    require_threads();
     const int64_t rows = int64_t(x.shape(0)), cols = int64_t(x.shape(1));
     validate(cfg, rows, cols);
     return owned(rotate(x.data(), rows, cols, cfg), {size_t(rows), size_t(cols)});
@@ -628,6 +723,7 @@ NB_MODULE(_core, m) {
                               owned(std::move(l.dy), {tk, out}));
       }, "index"_a, "Record `index` as FP32 arrays (X, W, dY); NaN or Inf is an error naming tensor and element.");
   m.def("gemm", [](const QTensor& a, const QTensor& b) {
+    require_threads();
     std::vector<float> c;
     {
       nb::gil_scoped_release release;

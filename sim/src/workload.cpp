@@ -112,16 +112,13 @@ std::vector<LayerShape> read_shapes(const std::string& path) {
       *dst[i] = v;
     }
     if (f.size() == 5) {
-      size_t used = 0;
-      double c = 0;
-      try {
-        c = std::stod(f[4], &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != f[4].size() || !(c > 0) || !std::isfinite(c))
-        throw std::invalid_argument(where + "count = '" + f[4] + "' is not a positive number");
-      s.count = c;
+      // A whole number of occurrences, bounded so that every total it weights stays finite (1e300 made them inf).
+      int64_t c = 0;
+      const auto r = std::from_chars(f[4].data(), f[4].data() + f[4].size(), c);
+      if (f[4].empty() || r.ec != std::errc() || r.ptr != f[4].data() + f[4].size() || c < 1 || c > kMaxShapeCount)
+        throw std::invalid_argument(where + "count = '" + f[4] + "' is not a whole number from 1 to " +
+                                    std::to_string(kMaxShapeCount));
+      s.count = double(c);
     }
     out.push_back(s);
   }

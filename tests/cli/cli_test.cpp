@@ -134,9 +134,10 @@ class Cli : public ::testing::Test {
   }
 
   // stdout goes to `out` (a file of the test folder unless given). A hang becomes exit 124 (timeout), so a
-  // regression fails the test instead of stalling the suite.
-  Result run(const std::vector<std::string>& args, const std::string& out = "") const {
-    std::string cmd = "timeout 120 " + quote(FP4LAB_BIN);
+  // regression fails the test instead of stalling the suite. `shell` goes first: variables (VAR=value) or commands
+  // (ulimit -f 8;) for the run.
+  Result run(const std::vector<std::string>& args, const std::string& out = "", const std::string& shell = "") const {
+    std::string cmd = shell + " timeout 120 " + quote(FP4LAB_BIN);
     for (const auto& a : args) cmd.append(" ").append(quote(a));  // not " " + ...: GCC 12 -Wrestrict false positive
     cmd += " >" + quote(out.empty() ? path("stdout.txt") : out) + " 2>" + quote(path("stderr.txt"));
     const int st = std::system(cmd.c_str());
@@ -159,8 +160,7 @@ std::vector<uint8_t> tensor_bytes(const io::SafetensorsFile& f, const std::strin
   const io::TensorInfo& i = f.info(name);
   EXPECT_EQ(int(i.dtype), int(dt)) << name;
   EXPECT_EQ(i.shape, shape) << name;
-  const uint8_t* p = f.data(name);
-  return std::vector<uint8_t>(p, p + (i.end - i.begin));
+  return f.read_bytes(name);
 }
 
 // ---- formats and bias: literal tables from docs/spec.md §1 and §6 ------------------------------------
@@ -1493,6 +1493,105 @@ TEST_F(Cli, CudaArgumentErrorsComeBeforeTheDevice) {
                                : "fp4lab cuda " + args[1] + ": error: ";
   }, false);
 }
+
+// ---- hostile environments: files changing under a run, thread counts, file-size limits ----------------------------
+
+// No temporary (.NAME.tmp-XXXXXX) left in the test folder.
+void expect_no_temporaries(const std::string& dir) {
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+}
+
+// The length of a safetensors file's header, 8 bytes of length included: where its tensors' data begins.
+uint64_t header_end(const std::string& file) {
+  uint64_t n = 0;
+  std::ifstream(file, std::ios::binary).read(reinterpret_cast<char*>(&n), 8);
+  return 8 + n;
+}
+
+// A trace file truncated after analyze read its header and before it read the tensors (the LD_PRELOAD hook truncates
+// it there, in every run): one data error naming the file, and no output. A mapped file ended the process by SIGBUS.
+TEST_F(Cli, SigbusTraceTruncatedDuringAnalyzeIsOneDataError) {
+  write_trace(path("t.safetensors"), 64, 64, 64);
+  const std::string file = std::filesystem::canonical(path("t.safetensors")).string();
+  const uint64_t cut = header_end(file);
+  // The hook's library loads before a sanitizer build's runtime, which would otherwise refuse to start.
+  const std::string hook = "ASAN_OPTIONS=verify_asan_link_order=0 LD_PRELOAD=" + quote(FP4LAB_TRUNCATE_HOOK) +
+                           " FP4LAB_TEST_TRUNCATE=" + quote(file + ":" + std::to_string(cut));
+  const Result r = run({"analyze", "--trace", path("t.safetensors"), "--json", path("o.json")}, "", hook);
+  expect_one_line_error(r, "analyze", 1,
+                        {path("t.safetensors") + ": truncated to " + std::to_string(cut) + " bytes while in use",
+                         "tensor 'g.fwd_x'"});
+  EXPECT_EQ(std::filesystem::file_size(file), cut);  // the hook did cut it, during the run
+  EXPECT_FALSE(std::filesystem::exists(path("o.json")));
+  expect_no_temporaries(dir_);
+#ifdef FP4LAB_TEST_SIM
+  write_trace(path("t.safetensors"), 64, 64, 64);
+  const Result s = run({"sim", "--trace", path("t.safetensors"), "--config", FP4LAB_SOURCE_DIR "/sim/configs/teaching.cfg",
+                        "--check"}, "", hook);
+  expect_one_line_error(s, "sim", 1, {path("t.safetensors"), "truncated to " + std::to_string(cut) + " bytes"});
+#endif
+}
+
+// OMP_NUM_THREADS=100000 ended analyze in SIGSEGV, 40000 in libgomp's own message, and malformed values were ignored
+// after a libgomp warning: every value outside the rule (1 to 1024, or a list of such) is one usage error naming the
+// variable and its value, before any thread starts.
+TEST_F(Cli, ThreadCountsOpenMpCannotHonourAreOneUsageError) {
+  write_trace(path("t.safetensors"), 32, 32, 32);
+  for (const std::string v : {"100000", "40000", "1025", "abc", "0", "-3", "4,100000", "", "8,", "2 2", "+4", "1e3"}) {
+    SCOPED_TRACE("OMP_NUM_THREADS='" + v + "'");
+    const Result r = run({"analyze", "--trace", path("t.safetensors")}, "", "OMP_NUM_THREADS=" + quote(v));
+    expect_one_line_error(r, "analyze", 2, {"OMP_NUM_THREADS=", "not a thread count from 1 to 1024"});
+    EXPECT_NE(r.err.find(v.empty() ? "''" : v), std::string::npos) << r.err;
+  }
+  // Within the rule the figures are those of one thread.
+  const Result one = run({"analyze", "--trace", path("t.safetensors"), "--json", "-"}, "", "OMP_NUM_THREADS=1");
+  ASSERT_EQ(one.code, 0) << one.err;
+  for (const std::string v : {"3", " 2 ", "2,2", "1024"}) {
+    SCOPED_TRACE("OMP_NUM_THREADS='" + v + "'");
+    const Result r = run({"analyze", "--trace", path("t.safetensors"), "--json", "-"}, "", "OMP_NUM_THREADS=" + quote(v));
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.err, "");
+    EXPECT_EQ(json::parse(r.out)["gemms"], json::parse(one.out)["gemms"]);
+  }
+}
+
+// Under a file-size limit (ulimit -f) the CLI died by SIGXFSZ with its temporary left: now the write fails with
+// EFBIG, one data error naming the output, and nothing is left behind.
+TEST_F(Cli, FileSizeLimitIsOneDataErrorWithoutTemporary) {
+  write_trace(path("t.safetensors"), 64, 64, 64);
+  const std::string limit = "ulimit -f 16;";  // 8 or 16 KiB, as the shell counts blocks: less than either output
+  expect_one_line_error(run({"analyze", "--trace", path("t.safetensors"), "--json", path("o.json")}, "", limit),
+                        "analyze", 1, {path("o.json"), "write failed", "File too large"});
+  expect_one_line_error(run({"quantize", "--in", path("t.safetensors"), "--tensor", "g.fwd_x", "--out", path("o")}, "",
+                            limit),
+                        "quantize", 1, {path("o"), "write failed", "File too large"});
+  EXPECT_FALSE(std::filesystem::exists(path("o.json")));
+  EXPECT_FALSE(std::filesystem::exists(path("o")));
+  expect_no_temporaries(dir_);
+}
+
+#ifdef FP4LAB_TEST_SIM
+// A shape list's count of 1e300 gave totals of inf and -nan% with exit 0: a count is a whole number from 1 to 2^31,
+// and whatever passes gives finite figures.
+TEST_F(Cli, ShapeListCountIsAWholeNumberWithinItsBound) {
+  const std::string cfg = FP4LAB_SOURCE_DIR "/sim/configs/teaching.cfg";
+  for (const std::string c : {"1e300", "inf", "nan", "0.5", "0", "-1", "2147483649", "1e3", "0x10", "", "1 2"}) {
+    SCOPED_TRACE("count '" + c + "'");
+    std::ofstream(path("s.csv"), std::ios::trunc) << "gemm,tokens,in,out,count\nx,64,64,64," << c << "\n";
+    const Result r = run({"sim", "--shapes", path("s.csv"), "--config", cfg, "--json", path("o.json")});
+    expect_one_line_error(r, "sim", 1, {path("s.csv") + ":2: count = ", "not a whole number from 1 to 2147483648"});
+    EXPECT_FALSE(std::filesystem::exists(path("o.json")));
+  }
+  std::ofstream(path("s.csv"), std::ios::trunc) << "gemm,tokens,in,out,count\nx,512,512,512,2147483648\n";
+  const Result r = run({"sim", "--shapes", path("s.csv"), "--config", cfg, "--json", path("o.json")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string text = slurp(path("o.json"));
+  EXPECT_EQ(text.find("null"), std::string::npos);  // the writer spells a non-finite number null
+  EXPECT_EQ(r.out.find("inf"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("nan"), std::string::npos) << r.out;
+}
+#endif
 
 }  // namespace
 }  // namespace fp4lab

@@ -36,7 +36,7 @@ TEST_F(Interop, ReadsFileWrittenByPythonSafetensors) {
   EXPECT_EQ(f.read_f32("bf16"), (std::vector<float>{1.0f, 1.0f, 1.015625f, -2.5f}));
   EXPECT_EQ(f.info("i64").dtype, DType::I64);
   int64_t i64[2];
-  std::memcpy(i64, f.data("i64"), 16);
+  std::memcpy(i64, f.read_bytes("i64").data(), 16);
   EXPECT_EQ(i64[0], -1);
   EXPECT_EQ(i64[1], int64_t(1) << 40);
 }

@@ -45,7 +45,7 @@ TEST_F(Safetensors, WriterPadsEveryHeaderLengthToEightBytes) {
     EXPECT_EQ(b.size(), 8 + n + 1);
     EXPECT_EQ(b.back(), uint8_t(len));
     SafetensorsFile f(p);
-    EXPECT_EQ(f.data(std::string(size_t(len), 'n'))[0], uint8_t(len));
+    EXPECT_EQ(f.read_bytes(std::string(size_t(len), 'n'))[0], uint8_t(len));
   }
 }
 
@@ -83,7 +83,7 @@ TEST_F(Safetensors, RoundTripEveryDtypeKeepsBytesShapeAndOrder) {
     EXPECT_EQ(uint64_t(t.numel()) * dtype_size(t.dtype), t.end - t.begin);
     EXPECT_TRUE(f.has(t.name));
     EXPECT_EQ(&f.info(t.name), &t);
-    EXPECT_EQ(std::vector<uint8_t>(f.data(t.name), f.data(t.name) + (t.end - t.begin)), out[i].bytes) << t.name;
+    EXPECT_EQ(f.read_bytes(t.name), out[i].bytes) << t.name;
   }
   EXPECT_EQ(f.tensors()[std::size(all)].numel(), 0);
   EXPECT_EQ(f.tensors()[std::size(all) + 1].numel(), 1);
@@ -123,7 +123,8 @@ TEST_F(Safetensors, MakeBf16RoundsToNearestEven) {
   const std::string p = path("bf.safetensors");
   write_safetensors(p, {make_bf16("b", {int64_t(v.size())}, v)});
   SafetensorsFile f(p);
-  const uint8_t* d = f.data("b");
+  const std::vector<uint8_t> bytes = f.read_bytes("b");
+  const uint8_t* d = bytes.data();
   for (size_t i = 0; i < std::size(cases); ++i) {
     uint16_t got;
     std::memcpy(&got, d + 2 * i, 2);
@@ -380,7 +381,7 @@ TEST_F(Safetensors, HundredThousandTensorsParseInLinearTime) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_EQ(f.tensors().size(), size_t(n));
     EXPECT_EQ(f.tensors()[size_t(n) / 8].name, "t" + std::to_string(n / 8));  // header order kept
-    EXPECT_EQ(f.data("t" + std::to_string(n - 1))[0], uint8_t((n - 1) % 256));
+    EXPECT_EQ(f.read_bytes("t" + std::to_string(n - 1))[0], uint8_t((n - 1) % 256));
     return s;
   };
   const double small = std::min(seconds(10000, path("s1.safetensors")), seconds(10000, path("s2.safetensors")));

@@ -194,5 +194,48 @@ TEST_F(TraceTest, EmptyGemmName) {
   expect_error([&] { Trace t(p); }, p, "tensor '.fwd_x' has an empty gemm name");
 }
 
+// A file truncated, replaced or removed after its header was read (a trace being rewritten while it is analysed): the
+// read that finds it is one Error naming the file and the tensor, never a SIGBUS (a mapped file ends the process so).
+TEST_F(TraceTest, SigbusFileTruncatedWhileOpenIsAnError) {
+  const std::string p = write_trace_file("t.safetensors", {{"a.fc", 64, 64, 64}, {"b.fc", 64, 64, 64, true}});
+  Trace t(p);
+  ASSERT_EQ(t.records().size(), 2u);
+  const SafetensorsFile& f = t.file(p);
+  const uint64_t head = 8 + [&] {  // the header's length: the file keeps its header and loses every tensor's data
+    const std::vector<uint8_t> b = read_bytes(p);
+    uint64_t n;
+    std::memcpy(&n, b.data(), 8);
+    return n;
+  }();
+  // Cut inside a tensor: the read finds the end partway; what is still there reads as before.
+  std::filesystem::resize_file(p, head + 64 * 64 * 4 + 100);
+  expect_error([&] { f.read_f32("a.fc.fwd_w"); }, p, "needs bytes [" + std::to_string(head + 64 * 64 * 4) + ", ");
+  EXPECT_EQ(f.read_f32("a.fc.fwd_x"), ramp(64 * 64, 1));
+  std::filesystem::resize_file(p, head);
+  expect_error([&] { t.load(t.records()[0]); }, p, "truncated to " + std::to_string(head) + " bytes while in use: tensor 'a.fc.fwd_x'");
+  expect_error([&] { t.load(t.records()[1], /*in_place=*/0); }, p, "tensor 'b.fc.fwd_x'");  // BF16 kept as BF16
+  expect_error([&] { f.read_f32("b.fc.bwd_dy"); }, p, "truncated");
+}
+
+TEST_F(TraceTest, FileReplacedOrRemovedWhileOpenIsAnError) {
+  const std::string p = write_trace_file("t.safetensors", {{"a.fc", 16, 16, 16}});
+  Trace t(p);
+  // Written to another name and renamed over it, as a capture writes: another file, whose header was never checked.
+  write_trace_file("new.safetensors", {{"a.fc", 16, 16, 16}});
+  std::filesystem::rename(path("new.safetensors"), p);
+  expect_error([&] { t.load(t.records()[0]); }, p, "replaced by another file while in use");
+  std::filesystem::remove(p);
+  expect_error([&] { t.load(t.records()[0]); }, p, "cannot open again to read tensor 'a.fc.fwd_x': No such file");
+}
+
+TEST_F(TraceTest, RelativePathReadsAfterChdir) {
+  write_trace_file("t.safetensors", {{"a.fc", 16, 16, 16}});
+  const std::filesystem::path was = std::filesystem::current_path();
+  std::filesystem::current_path(dir_);
+  Trace t("t.safetensors");
+  std::filesystem::current_path(was);  // the file is read where it was opened, not relative to the new folder
+  EXPECT_EQ(t.load(t.records()[0]).w, ramp(16 * 16, 2));
+}
+
 }  // namespace
 }  // namespace fp4lab::io::test

@@ -66,6 +66,7 @@ void seed(const std::string& dir) {
   put(kConfig, "{\"clock_ghz\": 1.5, \"mac.units\": [4, 8]}");
   put(kShapes, "gemm,tokens,in,out\nx,9223372036854775807,16,16\n");
   put(kShapes, "gemm,tokens,in,out,count\nx,16,16,16,nan\n");
+  put(kShapes, "gemm,tokens,in,out,count\nx,16,16,16,1e300\ny,16,16,16,2147483648\n");
   put(kOptionText, "recipe = ufp4\nrht = 16\nformat = e1m2\n");
   put(kOptionText, "{\"recipe\": \"ufp4\", \"rht\": 16, \"rht-signs\": [\"+1\", \"-1\"], \"tile2d\": true}");
   put(kOptionText, "{\"config\": {\"recipe\": \"nvfp4\", \"recipe\": \"ufp4\"}, \"total\": {}}");
@@ -143,7 +144,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (!(c.clock_ghz > 0) || !std::isfinite(c.clock_ghz)) __builtin_trap();  // accepted means in range
     } else {
       for (const fp4lab::sim::LayerShape& s : fp4lab::sim::read_shapes(path))
-        if (s.tokens <= 0 || s.in <= 0 || s.out <= 0 || !(s.count > 0) || !std::isfinite(s.count)) __builtin_trap();
+        if (s.tokens <= 0 || s.in <= 0 || s.out <= 0 || !(s.count >= 1) || s.count > fp4lab::sim::kMaxShapeCount ||
+            s.count != std::floor(s.count))
+          __builtin_trap();
     }
   } catch (const std::invalid_argument& e) {
     if (std::string(e.what()).rfind(path, 0) != 0) __builtin_trap();  // the message names the file first

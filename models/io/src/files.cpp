@@ -105,6 +105,9 @@ void remove_temporaries_on_signals() {
     if (old.sa_handler == SIG_IGN) continue;  // ignored by whoever started us (nohup, a shell's trap): stay so
     ::sigaction(sig, &sa, nullptr);
   }
+  // Past a file-size limit (ulimit -f) a write fails with EFBIG, which AtomicFile reports (its temporary removed),
+  // instead of the default SIGXFSZ ending the process mid-write with the temporary left behind.
+  ::signal(SIGXFSZ, SIG_IGN);
 }
 
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {

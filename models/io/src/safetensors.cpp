@@ -6,7 +6,6 @@
 #include "fp4lab/io/safetensors.hpp"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -153,61 +152,123 @@ int64_t TensorInfo::numel() const {
   return n;
 }
 
-// ---- reader --------------------------------------------------------------------------------------
+// ---- reader ----------------------------------------------------------------------------------------
+
+// One read's access to the tensor bytes: the file opened again and checked to be the file whose header was read, or
+// the bytes in memory. pread needs no shared offset, so reads of one file may run on several threads at once.
+struct SafetensorsFile::Source {
+  const SafetensorsFile& f;
+  int fd = -1;
+
+  explicit Source(const SafetensorsFile& file, const std::string& tensor) : f(file) {
+    if (f.in_memory_) return;
+    const int d = ::open(f.reopen_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (d < 0)
+      fail(f.path_, "cannot open again to read tensor " + q(tensor) + ": " + std::strerror(errno) +
+                        " (removed or moved while in use?)");
+    struct stat st;
+    if (::fstat(d, &st) != 0 || uint64_t(st.st_dev) != f.dev_ || uint64_t(st.st_ino) != f.ino_) {
+      ::close(d);
+      fail(f.path_, "replaced by another file while in use (tensor " + q(tensor) +
+                        " would be read from a file whose header was not validated)");
+    }
+    fd = d;
+  }
+  ~Source() {
+    if (fd >= 0) ::close(fd);
+  }
+  Source(const Source&) = delete;
+  Source& operator=(const Source&) = delete;
+
+  // Bytes [from, from + n) of tensor t into dst: all of them, or an Error naming the file and the tensor.
+  void read(const TensorInfo& t, uint64_t from, size_t n, void* dst) const {
+    const uint64_t at = f.data_offset_ + t.begin + from;
+    if (f.in_memory_) {
+      if (n) std::memcpy(dst, f.owned_.data() + at, n);
+      return;
+    }
+    auto* p = static_cast<uint8_t*>(dst);
+    for (size_t done = 0; done < n;) {
+      const ssize_t r = ::pread(fd, p + done, n - done, off_t(at + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) fail(f.path_, "cannot read tensor " + q(t.name) + ": " + std::strerror(errno));
+      if (r == 0) {
+        struct stat st;
+        const std::string now = ::fstat(fd, &st) == 0 ? std::to_string(st.st_size) + " bytes" : "fewer bytes";
+        fail(f.path_, "truncated to " + now + " while in use: tensor " + q(t.name) + " needs bytes " +
+                          range_str(f.data_offset_ + t.begin, f.data_offset_ + t.end));
+      }
+      done += size_t(r);
+    }
+  }
+};
+
+namespace {
+// Exactly n bytes at `at` of a file being opened, or an Error: it was truncated between its fstat and this read.
+void read_head(int fd, const std::string& path, uint64_t at, uint8_t* dst, size_t n, uint64_t size) {
+  for (size_t done = 0; done < n;) {
+    const ssize_t r = ::pread(fd, dst + done, n - done, off_t(at + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      const int err = r < 0 ? errno : 0;
+      ::close(fd);
+      fail(path, err ? std::string("cannot read: ") + std::strerror(err)
+                     : "truncated while being opened (" + std::to_string(size) + " bytes, then fewer)");
+    }
+    done += size_t(r);
+  }
+}
+}  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   // Non-blocking open + regular-file check: a FIFO or device named as an input is refused, not waited on.
   size_t size = 0;
   const int fd = open_regular(path, size);
-  map_size_ = size;
-  if (map_size_ > 0) {  // mmap of length 0 is an error; an empty file fails the length check in parse()
-    void* p = ::mmap(nullptr, map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
     const int err = errno;
     ::close(fd);
-    if (p == MAP_FAILED) fail(path_, std::string("cannot mmap: ") + std::strerror(err));
-    map_ = static_cast<const uint8_t*>(p);
-    mapped_ = true;
-  } else {
-    ::close(fd);
+    fail(path_, std::string("cannot stat file: ") + std::strerror(err));
   }
-  try {
-    parse();
-  } catch (...) {
-    if (mapped_) ::munmap(const_cast<uint8_t*>(map_), map_size_);
-    mapped_ = false;
-    throw;
+  dev_ = uint64_t(st.st_dev);
+  ino_ = uint64_t(st.st_ino);
+  std::error_code ec;
+  const std::filesystem::path abs = std::filesystem::absolute(path, ec);
+  reopen_ = ec ? path : abs.string();
+  // The length and the header, bounded as parse() checks them, before anything else is read.
+  std::vector<uint8_t> head(std::min<uint64_t>(size, 8));
+  read_head(fd, path_, 0, head.data(), head.size(), size);
+  if (head.size() == 8) {
+    const uint64_t n = load_u64_le(head.data());
+    if (n <= kMaxHeader && n <= size - 8) {
+      head.resize(size_t(8 + n));
+      read_head(fd, path_, 8, head.data() + 8, size_t(n), size);
+    }
   }
-  release_pages();  // the header is parsed; opening a trace of many files should not keep each one's first pages
-}
-
-void SafetensorsFile::release_pages() const {
-  if (mapped_) ::madvise(const_cast<uint8_t*>(map_), map_size_, MADV_DONTNEED);
+  ::close(fd);
+  parse(head.data(), size);
 }
 
 SafetensorsFile::SafetensorsFile(std::string name, std::vector<uint8_t> bytes)
-    : path_(std::move(name)), owned_(std::move(bytes)) {
-  map_ = owned_.data();
-  map_size_ = owned_.size();
-  parse();
+    : path_(std::move(name)), owned_(std::move(bytes)), in_memory_(true) {
+  parse(owned_.data(), owned_.size());
 }
 
-SafetensorsFile::~SafetensorsFile() {
-  if (mapped_) ::munmap(const_cast<uint8_t*>(map_), map_size_);
-}
+SafetensorsFile::~SafetensorsFile() = default;
 
-void SafetensorsFile::parse() {
+void SafetensorsFile::parse(const uint8_t* head, const uint64_t size) {
   // 1. The 8-byte header length, bounded before anything is allocated.
-  if (map_size_ < 8)
-    fail(path_, "file is " + std::to_string(map_size_) + " bytes, shorter than the 8-byte header length");
-  const uint64_t n = load_u64_le(map_);
+  if (size < 8)
+    fail(path_, "file is " + std::to_string(size) + " bytes, shorter than the 8-byte header length");
+  const uint64_t n = load_u64_le(head);
   if (n > kMaxHeader)
     fail(path_, "header length " + std::to_string(n) + " is absurd (limit " + std::to_string(kMaxHeader) +
                     " bytes)");
-  if (n > map_size_ - 8)
+  if (n > size - 8)
     fail(path_, "header length " + std::to_string(n) + " runs past the end of the file (" +
-                    std::to_string(map_size_) + " bytes)");
+                    std::to_string(size) + " bytes)");
   data_offset_ = 8 + n;
-  const uint64_t data_size = map_size_ - data_offset_;
+  const uint64_t data_size = size - data_offset_;
 
   // 2. JSON syntax, in two linear passes. A SAX pass first rejects duplicate keys (nlohmann would silently
   //    keep one), bounds the nesting depth before any DOM is built, and records the top-level keys in header
@@ -248,7 +309,7 @@ void SafetensorsFile::parse() {
       return false;
     }
   } sax(path_);
-  if (!ojson::sax_parse(map_ + 8, map_ + 8 + n, &sax) || sax.syntax_error) {
+  if (!ojson::sax_parse(head + 8, head + 8 + n, &sax) || sax.syntax_error) {
     if (sax.out_of_range) fail(path_, "header is not valid JSON (a number is out of range)");
     fail(path_, "header is not valid JSON (syntax error near byte " + std::to_string(sax.error_at) + " of " +
                     std::to_string(n) + ")");
@@ -256,7 +317,7 @@ void SafetensorsFile::parse() {
   const std::vector<std::string> header_order = std::move(sax.order);
   ojson h;
   try {
-    h = ojson::parse(map_ + 8, map_ + 8 + n);
+    h = ojson::parse(head + 8, head + 8 + n);
   } catch (const ojson::parse_error& e) {
     fail(path_, "header is not valid JSON (syntax error near byte " + std::to_string(e.byte) + " of " +
                     std::to_string(n) + ")");
@@ -350,58 +411,62 @@ const TensorInfo& SafetensorsFile::info(const std::string& name) const {
   return tensors_[it->second];
 }
 
-const uint8_t* SafetensorsFile::data(const std::string& name) const {
-  return map_ + data_offset_ + info(name).begin;
-}
-
-std::vector<float> SafetensorsFile::read_f32(const std::string& name, bool check_finite) const {
+std::vector<uint8_t> SafetensorsFile::read_bytes(const std::string& name) const {
   const TensorInfo& ti = info(name);
-  const uint8_t* p = map_ + data_offset_ + ti.begin;
-  const size_t n = size_t(ti.numel());
-  std::vector<float> out(n);
-  // memcpy per element: the data section need not be aligned.
-  switch (ti.dtype) {
-    case DType::F32:
-      if (n) std::memcpy(out.data(), p, n * 4);
-      break;
-    case DType::BF16:
-      for (size_t i = 0; i < n; ++i) {
-        uint16_t b;
-        std::memcpy(&b, p + 2 * i, 2);
-        out[i] = bf16_to_f32(b);
-      }
-      break;
-    case DType::F16:
-      for (size_t i = 0; i < n; ++i) {
-        uint16_t b;
-        std::memcpy(&b, p + 2 * i, 2);
-        out[i] = f16_to_f32(b);
-      }
-      break;
-    default:
-      fail(path_, "tensor " + q(name) + " has dtype " + dtype_name(ti.dtype) + "; only F32, BF16 and F16 read as FP32");
-  }
-  // Callers keep the FP32 copy: drop the mapped pages from this process (the page cache keeps them), so that
-  // reading a trace record by record holds about one record in memory, not every record read so far.
-  if (mapped_ && n) {
-    const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
-    const uintptr_t lo = uintptr_t(p) & ~(page - 1), hi = uintptr_t(p) + n * dtype_size(ti.dtype);
-    ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);  // advisory: a failure changes nothing
-  }
-  if (check_finite)
-    for (size_t i = 0; i < n; ++i)
-      if (!std::isfinite(out[i]))
-        fail(path_, "tensor " + q(name) + " element " + std::to_string(i) + " is " +
-                        (std::isnan(out[i]) ? "NaN" : out[i] > 0 ? "+Inf" : "-Inf"));
+  std::vector<uint8_t> out(size_t(ti.end - ti.begin));
+  Source(*this, name).read(ti, 0, out.size(), out.data());
   return out;
 }
 
-const uint16_t* SafetensorsFile::bf16_in_place(const std::string& name) const {
+namespace {
+// The first non-finite value of v as an Error naming file, tensor and element.
+void check_all_finite(const std::string& file, const std::string& name, const float* v, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (!std::isfinite(v[i]))
+      fail(file, "tensor " + q(name) + " element " + std::to_string(i) + " is " +
+                     (std::isnan(v[i]) ? "NaN" : v[i] > 0 ? "+Inf" : "-Inf"));
+}
+}  // namespace
+
+std::vector<float> SafetensorsFile::read_f32(const std::string& name, bool check_finite) const {
+  return read_f32(Source(*this, name), name, check_finite);
+}
+
+std::vector<uint16_t> SafetensorsFile::read_bf16(const std::string& name) const {
+  return read_bf16(Source(*this, name), name);
+}
+
+std::vector<float> SafetensorsFile::read_f32(const Source& src, const std::string& name, bool check_finite) const {
   const TensorInfo& ti = info(name);
-  const uint8_t* p = map_ + data_offset_ + ti.begin;
-  if (ti.dtype != DType::BF16 || uintptr_t(p) % 2 != 0) return nullptr;
-  const auto* b = reinterpret_cast<const uint16_t*>(p);
+  if (ti.dtype != DType::F32 && ti.dtype != DType::BF16 && ti.dtype != DType::F16)
+    fail(path_, "tensor " + q(name) + " has dtype " + dtype_name(ti.dtype) + "; only F32, BF16 and F16 read as FP32");
   const size_t n = size_t(ti.numel());
+  std::vector<float> out(n);
+  if (ti.dtype == DType::F32) {
+    src.read(ti, 0, n * 4, out.data());
+  } else {
+    // 16-bit codes a chunk at a time, converted into the output: memory is the FP32 copy and one chunk.
+    constexpr size_t kChunk = size_t(1) << 15;
+    std::vector<uint16_t> buf(std::min(n, kChunk));
+    for (size_t i0 = 0; i0 < n; i0 += kChunk) {
+      const size_t m = std::min(kChunk, n - i0);
+      src.read(ti, 2 * uint64_t(i0), 2 * m, buf.data());
+      if (ti.dtype == DType::BF16)
+        for (size_t i = 0; i < m; ++i) out[i0 + i] = bf16_to_f32(buf[i]);
+      else
+        for (size_t i = 0; i < m; ++i) out[i0 + i] = f16_to_f32(buf[i]);
+    }
+  }
+  if (check_finite) check_all_finite(path_, name, out.data(), n);
+  return out;
+}
+
+std::vector<uint16_t> SafetensorsFile::read_bf16(const Source& src, const std::string& name) const {
+  const TensorInfo& ti = info(name);
+  if (ti.dtype != DType::BF16) fail(path_, "tensor " + q(name) + " has dtype " + dtype_name(ti.dtype) + ", not BF16");
+  const size_t n = size_t(ti.numel());
+  std::vector<uint16_t> b(n);
+  src.read(ti, 0, 2 * n, b.data());
   uint32_t all_ones = 0;  // a branch-free scan of the exponent bits (it vectorises); located only on a fault
   for (size_t i = 0; i < n; ++i) all_ones |= uint32_t((b[i] & 0x7F80u) == 0x7F80u);
   if (all_ones)
@@ -617,23 +682,26 @@ const SafetensorsFile& Trace::file(const std::string& file) const {
 Trace::Layer Trace::load(const TraceRecord& r, uint64_t in_place) const {
   const SafetensorsFile& f = file(r.file);
   Layer l;
-  auto read = [&](const char* role, std::vector<float>& v, const uint16_t*& v16) {
+  const SafetensorsFile::Source src(f, r.gemm + ".fwd_x");
+  auto read = [&](const char* role, std::vector<float>& v, const uint16_t*& v16, std::vector<uint16_t>& bits) {
     const std::string name = r.gemm + role;
-    if (uint64_t(f.info(name).numel()) > in_place) v16 = f.bf16_in_place(name);
-    if (!v16) v = f.read_f32(name);
+    const TensorInfo& t = f.info(name);
+    if (t.dtype == DType::BF16 && uint64_t(t.numel()) > in_place) {
+      bits = f.read_bf16(src, name);
+      v16 = bits.data();
+    } else {
+      v = f.read_f32(src, name, true);
+    }
   };
-  read(".fwd_x", l.x, l.x16);
-  read(".fwd_w", l.w, l.w16);
-  read(".bwd_dy", l.dy, l.dy16);
-  // read_f32 drops each tensor's pages, but the kernel maps a faulting page's neighbours with it (fault-around), so
-  // pages of the tensors read before could come back: drop the whole file once all three are copied.
-  f.release_pages();
+  read(".fwd_x", l.x, l.x16, l.bits[0]);
+  read(".fwd_w", l.w, l.w16, l.bits[1]);
+  read(".bwd_dy", l.dy, l.dy16, l.bits[2]);
   const auto n = [](int64_t a, int64_t b) { return uint64_t(a) * uint64_t(b); };  // unsigned: no UB on bogus records
-  const auto size = [&](const std::vector<float>& v, const uint16_t* v16, const char* role) {
-    return v16 ? uint64_t(f.info(r.gemm + role).numel()) : uint64_t(v.size());
+  const auto size = [](const std::vector<float>& v, const std::vector<uint16_t>& bits, const uint16_t* v16) {
+    return uint64_t(v16 ? bits.size() : v.size());
   };
-  if (size(l.x, l.x16, ".fwd_x") != n(r.tokens, r.in) || size(l.w, l.w16, ".fwd_w") != n(r.out, r.in) ||
-      size(l.dy, l.dy16, ".bwd_dy") != n(r.tokens, r.out))
+  if (size(l.x, l.bits[0], l.x16) != n(r.tokens, r.in) || size(l.w, l.bits[1], l.w16) != n(r.out, r.in) ||
+      size(l.dy, l.bits[2], l.dy16) != n(r.tokens, r.out))
     fail(r.file, "gemm " + q(r.gemm) + ": record shape does not match the file");
   return l;
 }

@@ -48,6 +48,8 @@ std::vector<GemmJob> training_gemms(const LayerShape& layer, const OperandConfig
 
 // The largest dimension of a layer: products of two (M*N outputs, M*K operands) stay far inside int64.
 inline constexpr long long kMaxShapeDim = 1LL << 31;
+// The largest count of a shape list's layer: a job's figures (at most 4e18 cycles) times it stay finite in a double.
+inline constexpr long long kMaxShapeCount = 1LL << 31;
 
 // A shape list (workloads/shapes/*.csv): '#' comments, a header `gemm,tokens,in,out[,count]`, then one linear
 // layer per line. Throws std::invalid_argument "FILE:LINE: fault" on a bad line.

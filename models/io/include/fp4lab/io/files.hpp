@@ -42,6 +42,7 @@ class AtomicFile {
 // still open, then ends the process by the same signal, so the shell sees the conventional status (128 + signal)
 // and no temporary is left behind. A library (the Python module) leaves signals to its host and does not call it.
 // SIGKILL cannot be caught: a temporary can then remain (its name starts with '.' and ends in .tmp-XXXXXX).
+// SIGXFSZ is ignored, so that a write past a file-size limit (ulimit -f) is a failed write (EFBIG), reported as one.
 void remove_temporaries_on_signals();
 
 // `text` to `path` through an AtomicFile.

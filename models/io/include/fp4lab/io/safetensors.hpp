@@ -31,10 +31,13 @@ struct TensorInfo {
   int64_t numel() const;
 };
 
-// A read-only, memory-mapped safetensors file. The header is fully validated on open: its length,
-// JSON syntax, dtypes, shapes against byte ranges, ranges inside the file and not overlapping.
-// tensors() keeps the header's order. (As with any mapping, truncating the file while it is open is
-// outside what the checks can see.)
+// A safetensors file, read-only. The header is fully validated on open: its length, JSON syntax, dtypes, shapes
+// against byte ranges, ranges inside the file and not overlapping. tensors() keeps the header's order.
+// Tensor data is read on demand, with pread into memory the caller owns; nothing is mapped. Each read opens the file
+// again (a trace of thousands of files holds no descriptor between reads) and requires the file whose header was
+// read (same device and inode) still holding the tensor's bytes: a file truncated, replaced or removed while in use
+// is an Error naming it and the tensor, never a signal (a mapping would end the process by SIGBUS on a truncated
+// file; docs/spec.md §11.1).
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string& path);
@@ -51,30 +54,35 @@ class SafetensorsFile {
   bool has(const std::string& name) const;
   const TensorInfo& info(const std::string& name) const;  // throws Error naming file and tensor
 
-  // Raw bytes of a tensor (points into the mapping; valid while the file object lives).
-  const uint8_t* data(const std::string& name) const;
-  // The tensor converted to FP32 (F32, BF16, F16 accepted). With check_finite, NaN/Inf is an Error
-  // naming file, tensor and flat element index.
+  // A tensor's bytes as stored.
+  std::vector<uint8_t> read_bytes(const std::string& name) const;
+  // The tensor converted to FP32 (F32, BF16, F16 accepted). With check_finite, NaN/Inf is an Error naming
+  // file, tensor and flat element index.
   std::vector<float> read_f32(const std::string& name, bool check_finite = true) const;
-  // A BF16 tensor's bit patterns where they lie (valid while the file object lives), NaN/Inf an Error as read_f32
-  // gives it; null for another dtype or data not 2-byte aligned (read_f32 it then).
-  const uint16_t* bf16_in_place(const std::string& name) const;
-  // Drops the file's pages from this process (the page cache keeps them; a later read maps them again), so that
-  // a trace of many files holds none of them between reads. Advisory: nothing changes if the system declines.
-  void release_pages() const;
+  // A BF16 tensor's bit patterns (half the memory of its FP32 copy), NaN/Inf an Error as read_f32 gives it; another
+  // dtype is an Error.
+  std::vector<uint16_t> read_bf16(const std::string& name) const;
+  // Nothing to drop: the reader keeps no pages of the file (it maps none). Kept for callers that release a file's
+  // pages between records.
+  void release_pages() const {}
 
  private:
+  friend class Trace;  // reads a record's three tensors through one opening of the file
+  struct Source;       // where reads take tensor bytes from: the file opened again, or the bytes in memory
+  std::vector<float> read_f32(const Source& src, const std::string& name, bool check_finite) const;
+  std::vector<uint16_t> read_bf16(const Source& src, const std::string& name) const;
   std::string path_;
+  std::string reopen_;                   // path_ made absolute when opened: reads find the file after a chdir
   std::vector<TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;
   std::map<std::string, size_t> index_;  // name -> position in tensors_
   std::vector<uint8_t> owned_;           // the bytes, for the in-memory constructor
-  const uint8_t* map_ = nullptr;
-  size_t map_size_ = 0;
-  bool mapped_ = false;                  // map_ came from mmap and must be unmapped
+  bool in_memory_ = false;
+  uint64_t dev_ = 0, ino_ = 0;           // the file opened (reads require the same one)
   uint64_t data_offset_ = 0;
 
-  void parse();
+  // `head` holds the file's first min(size, 8 + header length) bytes.
+  void parse(const uint8_t* head, uint64_t size);
 };
 
 // Writing: tensors are added in order and written with a header padded to 8 bytes.
@@ -123,9 +131,15 @@ class Trace {
 
   struct Layer {
     std::vector<float> x, w, dy;  // row-major FP32 copies of fwd_x, fwd_w, bwd_dy
-    // A BF16 tensor of more than `in_place` elements is read where it lies instead (bf16_in_place), its FP32 copy
-    // left empty: the copy would be twice its size.
+    // A BF16 tensor of more than `in_place` elements is kept as its BF16 bits instead (read_bf16), its FP32 copy
+    // left empty: the copy would be twice its size. x16, w16, dy16 point into bits[0..2] (null for an FP32 copy).
     const uint16_t *x16 = nullptr, *w16 = nullptr, *dy16 = nullptr;
+    std::vector<uint16_t> bits[3];
+    Layer() = default;
+    Layer(Layer&&) = default;  // moves keep the pointers valid (a vector's buffer moves with it); copies would not
+    Layer& operator=(Layer&&) = default;
+    Layer(const Layer&) = delete;
+    Layer& operator=(const Layer&) = delete;
   };
   // Reads one record's tensors (NaN/Inf rejected with file, tensor and index). Memory stays near one layer.
   Layer load(const TraceRecord& r, uint64_t in_place = UINT64_MAX) const;
