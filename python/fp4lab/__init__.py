@@ -245,25 +245,42 @@ def _list_text(v: Any) -> str:
     return "none" if v in (None, 0) else str(v)
 
 
+def _path_arg(func: str, name: str, value: Any) -> str:
+    """A path argument as the C++ reader takes it: a str or os.PathLike of str, else a one-line TypeError naming the
+    function, the argument and the types it takes (bytes paths included: the reader's messages and records are
+    UTF-8 text)."""
+    try:
+        p = os.fspath(value)
+    except TypeError:
+        p = value
+    if not isinstance(p, str):
+        raise TypeError(f"{func}(): {name} must be a str or os.PathLike of str, not {type(p).__name__}")
+    return p
+
+
+@_one_line_errors
 def analyze(trace: Any, *, formats: Any = None, rht: Any = None, rht_signs: Any = None, rht_seed: Any = None,
             recipe: Any = None, block: Optional[int] = None, scale: Optional[str] = None,
             seed: Optional[int] = None, json: Any = None) -> Optional[dict]:
     """The analyses of docs/spec.md §6 on a trace folder or file (or a list of them, as ``--trace DIR DIR``): the
     same dict ``fp4lab analyze --json`` writes, from the same C++ library, with ``config.command`` the command line
     that writes it. ``formats``, ``rht`` and ``recipe`` take lists or comma-separated strings; ``rht`` entries None
-    or 0 mean no rotation. A bad option or trace raises ValueError with the command line's one-line message.
+    or 0 mean no rotation. A bad option raises UsageError, a bad trace DataError (both ValueErrors, with the command
+    line's one-line message and exit code); a path of another type than str or os.PathLike of str is a TypeError.
 
     With ``json=PATH`` the document is written to that file instead, byte for byte as ``fp4lab analyze --json
     PATH`` writes it (through a temporary name, renamed when complete; refused before any work if PATH is an input
     or cannot be written), and None is returned: a trace of many records then costs the command line's memory, not
-    that of a dict of the whole report."""
-    paths = [trace] if isinstance(trace, (str, os.PathLike)) else list(trace)
-    traces = []
-    for p in paths:
-        p = os.fspath(p)
-        if not isinstance(p, str):
-            raise TypeError(f"analyze(): a trace path must be a str or os.PathLike of str, not {type(p).__name__}")
-        traces.append(p)
+    that of a dict of the whole report. Ctrl-C (KeyboardInterrupt) stops the analysis at its next record, leaving no
+    file and no temporary."""
+    if isinstance(trace, (str, os.PathLike)):
+        paths = [trace]
+    elif isinstance(trace, (bytes, bytearray)) or not isinstance(trace, Iterable):
+        raise TypeError(f"analyze(): trace must be a str or os.PathLike of str, or a list of them, not "
+                        f"{type(trace).__name__}")
+    else:
+        paths = list(trace)
+    traces = [_path_arg("analyze", "a trace path", p) for p in paths]
     opts = {}
     for opt, v in (("formats", formats), ("rht", rht), ("recipe", recipe)):
         if v is not None:
@@ -275,10 +292,7 @@ def analyze(trace: Any, *, formats: Any = None, rht: Any = None, rht_signs: Any 
             opts[opt] = str(v)
     if json is None:
         return _core.analyze(traces, opts)
-    out = os.fspath(json)
-    if not isinstance(out, str):
-        raise TypeError(f"analyze(): json must be a str or os.PathLike of str, not {type(out).__name__}")
-    return _core.analyze(traces, opts, out)
+    return _core.analyze(traces, opts, _path_arg("analyze", "json", json))
 
 
 def _json_value(o: Any) -> Any:

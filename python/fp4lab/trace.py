@@ -26,7 +26,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from . import _core
+from . import _core, _one_line_errors, _path_arg
 from ._files import (ArgumentParser, DataError, UsageError, check_outputs, console_main, output_inputs,
                      write_text)
 
@@ -47,6 +47,22 @@ def _check_outputs(outputs, inputs=()) -> None:
         check_outputs(outputs, inputs)
     except DataError as e:
         raise TraceError(str(e)) from None
+
+
+def _mapping_arg(func: str, name: str, value) -> None:
+    """A mapping of str names, as the C++ writer takes it, else a one-line TypeError naming the function and the
+    argument (nanobind's own refusal is a multi-line dump of the C++ signature)."""
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{func}(): {name} must be a mapping of str names, not {type(value).__name__}")
+    for k in value:
+        if not isinstance(k, str):
+            raise TypeError(f"{func}(): the names in {name} must be str, not {type(k).__name__}")
+
+
+def _int_arg(func: str, name: str, value) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{func}(): {name} must be an int, not {type(value).__name__}")
+    return int(value)
 
 
 def _io(func, *args):
@@ -87,11 +103,16 @@ def _as_numpy(name: str, t, path: str) -> np.ndarray:
     return a
 
 
+@_one_line_errors
 def write_file(path: str, tensors: Mapping[str, object], metadata: Mapping[str, object], inputs=()) -> None:
     """Writes BF16 or F32 tensors (numpy arrays, ml_dtypes.bfloat16 for BF16, or torch tensors) in the given order
     and `metadata` (values as text) as one safetensors file; under a temporary name, then renamed, so that a killed
     writer leaves no truncated record. `path` is held to the command line's output rules first (a file name in an
-    existing writable folder, never a folder or a device, never one of the files `inputs`)."""
+    existing writable folder, never a folder or a device, never one of the files `inputs`). An argument of the wrong
+    type is a one-line TypeError naming it."""
+    path = _path_arg("write_file", "path", path)
+    _mapping_arg("write_file", "tensors", tensors)
+    _mapping_arg("write_file", "metadata", metadata)
     _check_outputs([path], inputs)
     out = []
     for name, t in tensors.items():
@@ -100,16 +121,16 @@ def write_file(path: str, tensors: Mapping[str, object], metadata: Mapping[str, 
     _io(_core.write_safetensors, os.fspath(path), out, {k: str(v) for k, v in metadata.items()})
 
 
-def _read(path: str):
+def _read(path: str, func: str):
     """(metadata, [(name, dtype name, array as stored)]) in the file's order."""
-    meta, tensors = _io(_core.read_safetensors, os.fspath(path))
+    meta, tensors = _io(_core.read_safetensors, _path_arg(func, "path", path))
     dt = _dtypes()
     return meta, [(name, dtype, raw.view(dt[dtype]).reshape(shape)) for name, dtype, shape, raw in tensors]
 
 
 def read_raw(path: str) -> Tuple[Dict[str, str], Dict[str, np.ndarray]]:
     """(metadata, {name: array as stored}): BF16 as ml_dtypes.bfloat16, F32 and F16 as themselves."""
-    meta, tensors = _read(path)
+    meta, tensors = _read(path, "read_raw")
     return meta, {name: a for name, _, a in tensors}
 
 
@@ -124,7 +145,7 @@ def dtype_name(a: np.ndarray) -> str:
 def read_file(path: str):
     """(metadata, {name: float32 array}, {name: stored dtype name}) of one file; only F32, BF16 and F16 tensors
     are accepted."""
-    meta, tensors = _read(path)
+    meta, tensors = _read(path, "read_file")
     arrays, dtypes = {}, {}
     for name, dt, a in tensors:
         if dt not in ("F32", "BF16", "F16"):
@@ -146,7 +167,7 @@ def files(path: str) -> List[str]:
 def records(path: str):
     """[(gemm, X, W, dY)] of a valid trace as float32 arrays, in the reader's order (files by name, then each gemm's
     first tensor in its file)."""
-    t = _io(_core.Trace, os.fspath(path), 1)
+    t = _io(_core.Trace, _path_arg("records", "path", path), 1)
     return [(r["gemm"], *_io(t.load, i)) for i, r in enumerate(t.records)]
 
 
@@ -174,7 +195,7 @@ def check(path: str, block: int = 16) -> List[dict]:
     """Validates a trace folder (or one file) with the C++ reader (docs/spec.md §7: headers, version, the three
     tensors of every gemm, BF16/F32, shapes, multiples of `block`, finite values); returns one dict per gemm, in the
     reader's order (files by name, then each gemm's first tensor in its file)."""
-    t = _io(_core.Trace, os.fspath(path), block)
+    t = _io(_core.Trace, _path_arg("check", "path", path), _int_arg("check", "block", block))
     out = []
     for i, r in enumerate(t.records):
         meta = t.metadata(r["file"])
