@@ -2,7 +2,16 @@
 // (cli/mpi_dist.hpp), written as one JSON and one CSV identical for any number of ranks.
 //
 // Sweep file: TOML (docs/mpi.md, example sim/experiments/sweep.toml), read by sweep_reader.cpp.
+#include <omp.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <functional>
 
 #include <algorithm>
 #include <chrono>
@@ -15,6 +24,7 @@
 #include "commands.hpp"
 #include "files.hpp"
 #include "fp4lab/io/files.hpp"
+#include "fp4lab/sim/simulator.hpp"
 #include "mpi_dist.hpp"
 #include "options.hpp"
 #include "sweep_reader.hpp"
@@ -70,6 +80,219 @@ std::string csv_field(const std::string& s) {
   return q + "\"";
 }
 
+
+// The CSV's further columns of one report, beyond the fixed totals: energy by unit (energy_UNIT_pj), each stall
+// category's share of the cycles (stall_CAT_share, as the text report prints them), bytes at every memory level
+// (LEVEL_bytes; dram_read and dram_write are fixed columns), and every `area...` figure of the report or its total
+// (objects flattened: area_KEY).
+std::vector<std::pair<std::string, nlohmann::json>> per_run_figures(const nlohmann::json& report) {
+  std::vector<std::pair<std::string, nlohmann::json>> out;
+  if (!report.is_object() || !report.contains("total") || !report["total"].is_object()) return out;
+  const nlohmann::json& total = report["total"];
+  if (auto e = total.find("energy_pj"); e != total.end() && e->is_object())
+    for (const auto& [k, v] : e->items()) out.emplace_back("energy_" + k + "_pj", v);
+  if (auto st = total.find("stall_cycles"); st != total.end() && st->is_object()) {
+    const auto c = total.find("cycles");
+    const double cycles = c != total.end() && c->is_number() ? c->get<double>() : 0.0;
+    for (const auto& [k, v] : st->items())
+      out.emplace_back("stall_" + k + "_share", cycles > 0 && v.is_number() ? nlohmann::json(v.get<double>() / cycles)
+                                                                            : nlohmann::json());
+  }
+  if (auto by = total.find("bytes"); by != total.end() && by->is_object())
+    for (const auto& [k, v] : by->items())
+      if (k != "dram_read" && k != "dram_write") out.emplace_back(k + "_bytes", v);
+  std::function<void(const std::string&, const nlohmann::json&)> flat = [&](const std::string& name, const nlohmann::json& v) {
+    if (v.is_object())
+      for (const auto& [k, x] : v.items()) flat(name + "_" + k, x);
+    else if (!v.is_array())
+      out.emplace_back(name, v);
+  };
+  for (const nlohmann::json* o : {&report, &total})
+    for (const auto& [k, v] : o->items())
+      if (k.rfind("area", 0) == 0) flat(k, v);
+  return out;
+}
+
+// One run of the sweep: its item (name, args, report as CBOR: doubles travel as raw bits). Throws as run_sim does.
+dist::Item run_one(const std::vector<Run>& runs, size_t i) {
+  const Run& r = runs[i];
+  Invocation sub;
+  sub.command = "sim";
+  sub.args = r.args();
+  sub.command_line = "fp4lab sim";
+  for (const auto& a : sub.args) sub.command_line += " " + a;
+  nlohmann::json rep;
+  run_sim(sub, &rep);
+  const nlohmann::json item = {{"name", r.name}, {"args", sub.args}, {"report", rep}};
+  const std::vector<uint8_t> cbor = nlohmann::json::to_cbor(item);
+  return {i, std::string(cbor.begin(), cbor.end())};
+}
+
+// Runs `which` (indices into runs, in order) in this process, stopping at the first fault as one process does.
+void run_serial(const std::vector<Run>& runs, const std::vector<size_t>& which, bool tty,
+                std::chrono::steady_clock::time_point t0, const std::string& who,
+                const std::function<void(dist::Item&&)>& done_item, dist::Fault& fault) {
+  size_t done = 0;
+  for (size_t i : which) {
+    try {
+      done_item(run_one(runs, i));
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      ++done;
+      if (tty) std::cerr << fmt("sim sweep: [%zu/%zu] %s (%s, %.1f s)\n", done, which.size(), printable(runs[i].name).c_str(), who.c_str(), s);
+    } catch (...) {
+      fault.index = i;
+      fault.code = dist::describe(std::current_exception(), "sim", fault.msg);
+      fault.msg = "sweep run '" + runs[i].name + "': " + fault.msg;
+      return;
+    }
+  }
+}
+
+// Worker processes for one process's runs: OMP_NUM_THREADS of them (cli/threads.hpp's rule; unset: one per core),
+// at most one per run, and one under MPI (its ranks already fill the cores). Processes, not threads: SystemC keeps
+// one simulation kernel per process (sim/include/fp4lab/sim/simulator.hpp).
+int local_workers(size_t runs) {
+  if (dist::size() > 1) return 1;
+  return int(std::max<size_t>(1, std::min<size_t>(size_t(std::max(1, omp_get_max_threads())), runs)));
+}
+
+bool write_all(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= size_t(w);
+  }
+  return true;
+}
+
+// This process's runs: in the process itself with one worker, else dealt to forked workers by weight (as ranks
+// are, dist::assign), each sending its items back through a pipe. The results and the fault reported are those
+// of one process: items are merged by index, and a fault is the one at the lowest index (each worker stops at its
+// first, and the single process would have met the lowest first).
+void run_local(const std::vector<Run>& runs, const std::vector<size_t>& mine, bool tty,
+               std::chrono::steady_clock::time_point t0, std::vector<dist::Item>& items, dist::Fault& fault) {
+  const int W = local_workers(mine.size());
+  const std::string rank = "rank " + std::to_string(dist::rank());
+  if (W <= 1) {
+    run_serial(runs, mine, tty, t0, rank, [&](dist::Item&& it) { items.push_back(std::move(it)); }, fault);
+    return;
+  }
+  // Runs that differ only in energy.* or area.* keys time alike: they go to one worker, whose job memo then
+  // prices the later ones without simulating them. Groups are dealt by weight as ranks are (dist::assign).
+  std::map<std::string, size_t> group_of;
+  std::vector<size_t> group(mine.size());
+  std::vector<uint64_t> weights;
+  for (size_t j = 0; j < mine.size(); ++j) {
+    std::string g;
+    for (const auto& [k, v] : runs[mine[j]].opts)
+      if (k.rfind("energy.", 0) != 0 && k.rfind("area.", 0) != 0) g += k + '\0' + v + '\0';
+    const auto [it, fresh] = group_of.emplace(g, group_of.size());
+    if (fresh) weights.push_back(0);
+    group[j] = it->second;
+    weights[it->second] += run_weight(runs[mine[j]]);
+  }
+  const std::vector<int> group_worker = dist::assign(weights, W);
+  std::vector<int> worker(mine.size());
+  for (size_t j = 0; j < mine.size(); ++j) worker[j] = group_worker[group[j]];
+  std::cout.flush();
+  std::cerr.flush();
+  struct Child {
+    pid_t pid;
+    int fd;
+    std::string buf;
+  };
+  std::vector<Child> kids;
+  for (int w = 0; w < W; ++w) {
+    int fds[2];
+    if (::pipe(fds) != 0) throw std::runtime_error(std::string("cannot start sweep workers: ") + std::strerror(errno));
+    const pid_t pid = ::fork();
+    if (pid < 0) throw std::runtime_error(std::string("cannot start sweep workers: ") + std::strerror(errno));
+    if (pid == 0) {
+      ::close(fds[0]);
+      for (const Child& k : kids) ::close(k.fd);
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the sweep
+      std::vector<size_t> which;
+      for (size_t j = 0; j < mine.size(); ++j)
+        if (worker[j] == w) which.push_back(mine[j]);
+      // Records: 'I' [u64 index][u64 length][bytes], or 'F' [u64 index][u64 code][u64 length][message].
+      bool ok = true;
+      dist::Fault f;
+      run_serial(runs, which, tty, t0, "worker " + std::to_string(w + 1), [&](dist::Item&& it) {
+        const uint64_t head[2] = {it.index, it.bytes.size()};
+        ok = ok && write_all(fds[1], "I", 1) && write_all(fds[1], reinterpret_cast<const char*>(head), sizeof head) &&
+             write_all(fds[1], it.bytes.data(), it.bytes.size());
+      }, f);
+      if (f.index != SIZE_MAX) {
+        const uint64_t head[3] = {f.index, uint64_t(int64_t(f.code)), f.msg.size()};
+        ok = ok && write_all(fds[1], "F", 1) && write_all(fds[1], reinterpret_cast<const char*>(head), sizeof head) &&
+             write_all(fds[1], f.msg.data(), f.msg.size());
+      }
+      ok = ok && write_all(fds[1], "E", 1);
+      std::cerr.flush();
+      ::_exit(ok ? 0 : 1);
+    }
+    ::close(fds[1]);
+    kids.push_back({pid, fds[0], {}});
+  }
+  // Read every pipe as it fills (a worker blocks on a full pipe), then parse each worker's records.
+  std::vector<pollfd> open;
+  for (const Child& k : kids) open.push_back({k.fd, POLLIN, 0});
+  for (size_t left = kids.size(); left > 0;) {
+    if (::poll(open.data(), open.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      throw std::runtime_error(std::string("sweep workers: poll: ") + std::strerror(errno));
+    }
+    for (size_t k = 0; k < open.size(); ++k) {
+      if (open[k].fd < 0 || !(open[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      char chunk[1 << 16];
+      const ssize_t n = ::read(open[k].fd, chunk, sizeof chunk);
+      if (n < 0 && errno == EINTR) continue;
+      if (n > 0) {
+        kids[k].buf.append(chunk, size_t(n));
+        continue;
+      }
+      ::close(open[k].fd);
+      open[k].fd = -1;
+      --left;
+    }
+  }
+  std::string died;
+  for (size_t k = 0; k < kids.size(); ++k) {
+    int status = 0;
+    while (::waitpid(kids[k].pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    const std::string& b = kids[k].buf;
+    bool complete = false;
+    for (size_t p = 0; p < b.size() && !complete;) {
+      const char tag = b[p++];
+      if (tag == 'E') {
+        complete = true;
+      } else if (tag == 'I' && p + 16 <= b.size()) {
+        uint64_t head[2];
+        std::memcpy(head, b.data() + p, sizeof head);
+        p += sizeof head;
+        if (p + head[1] > b.size()) break;
+        items.push_back({size_t(head[0]), b.substr(p, size_t(head[1]))});
+        p += size_t(head[1]);
+      } else if (tag == 'F' && p + 24 <= b.size()) {
+        uint64_t head[3];
+        std::memcpy(head, b.data() + p, sizeof head);
+        p += sizeof head;
+        if (p + head[2] > b.size()) break;
+        if (head[0] < fault.index) fault = {size_t(head[0]), int(int64_t(head[1])), b.substr(p, size_t(head[2]))};
+        p += size_t(head[2]);
+      } else {
+        break;
+      }
+    }
+    if (!complete && died.empty())
+      died = WIFSIGNALED(status) ? std::string("ended by signal ") + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")"
+                                 : "ended without its results (exit status " + std::to_string(WEXITSTATUS(status)) + ")";
+  }
+  if (!died.empty()) throw std::runtime_error("a sweep worker process " + died);
+}
 }  // namespace
 
 bool sim_sweep_requested(const Invocation& inv) {
@@ -84,6 +307,8 @@ int cmd_sim_sweep(const Invocation& inv) {
       ("sweep", po::value<std::string>()->required()->value_name("FILE"), "TOML sweep file (docs/mpi.md)")
       ("out", po::value<std::string>()->value_name("PREFIX"),
        "write PREFIX.json and PREFIX.csv (default: the sweep file's name without .toml, in the current folder)")
+      ("no-job-cache", "simulate every GEMM job, even one an earlier run of the sweep has simulated with the same "
+       "timing inputs (the memo gives the same reports, bit for bit; this checks it)")
       ("help,h", "this help");
   po::variables_map vm;
   for (const std::string& a : inv.args) refuse_placeholders(a, "command line");
@@ -123,38 +348,18 @@ int cmd_sim_sweep(const Invocation& inv) {
                      dist::size() > 1 ? "s" : "");
 
   const auto t0 = std::chrono::steady_clock::now();
+  sim::Simulator::cache_jobs(!vm.count("no-job-cache"));
+  std::vector<size_t> mine;
+  for (size_t i = 0; i < runs.size(); ++i)
+    if (owner[i] == dist::rank()) mine.push_back(i);
   std::vector<dist::Item> items;
   dist::Fault fault;
-  size_t mine = 0, done = 0;
-  for (int o : owner) mine += o == dist::rank();
-  for (size_t i = 0; i < runs.size(); ++i) {
-    if (owner[i] != dist::rank()) continue;
-    const Run& r = runs[i];
-    Invocation sub;
-    sub.command = "sim";
-    sub.args = r.args();
-    sub.command_line = "fp4lab sim";
-    for (const auto& a : sub.args) sub.command_line += " " + a;
-    try {
-      nlohmann::json rep;
-      run_sim(sub, &rep);
-      const nlohmann::json item = {{"name", r.name}, {"args", sub.args}, {"report", rep}};
-      const std::vector<uint8_t> cbor = nlohmann::json::to_cbor(item);  // doubles travel as raw bits
-      items.push_back({i, std::string(cbor.begin(), cbor.end())});
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      ++done;
-      if (tty) std::cerr << fmt("sim sweep: [%zu/%zu] %s (rank %d, %.1f s)\n", done, mine, printable(r.name).c_str(), dist::rank(), s);
-    } catch (...) {
-      fault.index = i;
-      fault.code = dist::describe(std::current_exception(), "sim", fault.msg);
-      fault.msg = "sweep run '" + r.name + "': " + fault.msg;
-      break;
-    }
-  }
+  run_local(runs, mine, tty, t0, items, fault);
   const std::vector<std::string> results = dist::gather("sim", std::move(items), fault);
   if (!dist::root()) return kExitOk;
 
-  // One JSON of every run's report, and one CSV row per run: its options, then the totals.
+  // One JSON of every run's report, and one CSV row per run: its options, then the totals, then every further
+  // per-run figure of the report (per_run_figures), columns in the order they first appear.
   nlohmann::json all = nlohmann::json::array();
   std::set<std::string> keys;
   for (const Run& r : runs)
@@ -165,12 +370,22 @@ int cmd_sim_sweep(const Invocation& inv) {
       {"energy_total_pj", {"energy_total_pj"}},
       {"dram_read_bytes", {"bytes", "dram_read"}}, {"dram_write_bytes", {"bytes", "dram_write"}},
       {"checked_outputs", {"check", "outputs"}},   {"mismatches", {"check", "mismatches"}}};
+  std::vector<std::vector<std::pair<std::string, nlohmann::json>>> figures;
+  std::vector<std::string> extra;
+  std::set<std::string> extra_seen;
+  for (size_t i = 0; i < results.size(); ++i) {
+    all.push_back(nlohmann::json::from_cbor(results[i]));
+    figures.push_back(per_run_figures(all.back()["report"]));
+    for (const auto& [c, v] : figures.back())
+      if (extra_seen.insert(c).second) extra.push_back(c);
+  }
   std::string csv = "name";
   for (const auto& k : keys) csv += "," + csv_field(k);
   for (const auto& [c, path] : totals) csv += "," + c;
+  for (const auto& c : extra) csv += "," + csv_field(c);
   csv += "\n";
   for (size_t i = 0; i < results.size(); ++i) {
-    nlohmann::json item = nlohmann::json::from_cbor(results[i]);
+    const nlohmann::json& item = all[i];
     csv += csv_field(runs[i].name);
     for (const auto& k : keys) {
       const auto it = runs[i].opts.find(k);
@@ -182,8 +397,13 @@ int cmd_sim_sweep(const Invocation& inv) {
       for (const auto& p : path) v = v && v->is_object() && v->contains(p) ? &(*v)[p] : nullptr;
       csv += "," + (v ? v->dump() : std::string());  // nlohmann's shortest round-trip form of doubles
     }
+    std::map<std::string, const nlohmann::json*> mine;
+    for (const auto& [c, v] : figures[i]) mine[c] = &v;
+    for (const auto& c : extra) {
+      const auto it = mine.find(c);
+      csv += "," + (it == mine.end() ? std::string() : csv_field(it->second->is_string() ? it->second->get<std::string>() : it->second->dump()));
+    }
     csv += "\n";
-    all.push_back(std::move(item));
   }
   nlohmann::ordered_json out = {{"fp4lab.sweep.version", 1}, {"sweep", file}, {"meta", meta}, {"runs", all}};
   write_text_atomic(prefix + ".json", out.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");

@@ -1,6 +1,7 @@
 #include "sweep_reader.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 
 #include <toml++/toml.h>
@@ -24,9 +25,11 @@ std::string scalar_text(const std::string& file, const std::string& key, const t
   if (auto s = n.value_exact<std::string>()) return *s;
   if (auto i = n.value_exact<int64_t>()) return std::to_string(*i);
   if (auto d = n.value_exact<double>()) {
+    // The shortest text that reads back as the same double (2.8, not 2.7999999999999998): it names runs, and the
+    // run's option parser gets the very same number from it.
     char buf[32];
-    std::snprintf(buf, sizeof buf, "%.17g", *d);  // round-trips exactly through the parser
-    return buf;
+    const auto res = std::to_chars(buf, buf + sizeof buf, *d);
+    return std::string(buf, res.ptr);
   }
   if (auto b = n.value_exact<bool>()) {
     *is_switch = true;

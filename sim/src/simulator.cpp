@@ -4,9 +4,11 @@
 #include <array>
 #include <atomic>
 #include <cmath>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 
 #include "fp4lab/gemm.hpp"
 #include "tcu.hpp"
@@ -405,7 +407,57 @@ struct Model {
 
 namespace {
 std::atomic<bool> g_alive{false};
+
+// Simulator::cache_jobs: reports of timing-only jobs by their timing inputs (timing_key).
+struct JobCache {
+  struct Entry {
+    JobReport r;
+    JobCounters work;
+  };
+  bool on = false;
+  uint64_t hits = 0;
+  std::unordered_map<std::string, Entry> map;
+  static constexpr size_t kMaxEntries = 200000;  // a few kB each; a sweep that outgrows it starts afresh
+  void store(const std::string& k, const JobReport& r, const JobCounters& w) {
+    if (map.size() >= kMaxEntries) map.clear();
+    map.emplace(k, Entry{r, w});
+  }
+};
+JobCache& job_cache() {
+  static JobCache c;
+  return c;
 }
+
+// Everything a timing-only job's cycles, stalls, busy shares and bytes depend on: the configuration less the keys
+// that only price it (energy.*, area.*), its name, and mac.kind (the model sees it only as `native`); the job's
+// kind, shape and operand formats (not its SR seeds or RHT signs: timing never reads values); and the cycle it
+// starts at.
+std::string timing_key(const Config& cfg, const GemmJob& job, bool native, int64_t t0) {
+  nlohmann::json c = cfg.to_json();
+  for (auto it = c.begin(); it != c.end();) {
+    const std::string& k = it.key();
+    if (k.rfind("energy.", 0) == 0 || k.rfind("area.", 0) == 0 || k == "name" || k == "mac.kind")
+      it = c.erase(it);
+    else
+      ++it;
+  }
+  std::ostringstream o;
+  o << c.dump() << '|' << native << '|' << t0 << '|' << int(job.kind) << '|' << job.M << 'x' << job.N << 'x' << job.K;
+  for (const QuantConfig* q : {&job.a, &job.b})
+    o << '|' << q->format.name << ',' << q->block << ',' << q->tile2d << ',' << int(q->scale) << ',' << q->rht << ','
+      << q->rht_bf16 << ',' << int(q->rounding);
+  return o.str();
+}
+}  // namespace
+
+bool Simulator::cache_jobs(bool on) {
+  const bool was = job_cache().on;
+  job_cache().on = on;
+  if (!on) job_cache().map.clear();
+  return was;
+}
+
+uint64_t Simulator::cached_jobs() { return job_cache().hits; }
 
 // The model runs on the per-slot configuration: tcu.count x tcu.ctas TCUs, each with its share of the units.
 Simulator::Simulator(const Config& cfg, std::shared_ptr<Datapath> datapath)
@@ -494,6 +546,28 @@ void Simulator::check_time_range(const GemmJob& job, bool native, int64_t t0) co
   }
 }
 
+// The energy of a simulated job from the work it did (also for a job answered from the cache, priced with this
+// configuration's energy table and area).
+void Simulator::price(JobReport& r, const JobCounters& k) const {
+  r.energy_pj.clear();
+  r.energy_total_pj = 0;
+  const Energy& e = slot_.energy;
+  const double mac_pj = !r.native                         ? e.mac_fallback
+                        : slot_.mac_kind == MacKind::dual ? e.mac_dual
+                        : slot_.mac_kind == MacKind::e2m1 ? e.mac_e2m1
+                                                         : e.mac_e1m2;
+  r.energy_pj = {{"mac", k.blocks * kMacWidth * mac_pj},
+                 {"acc", k.acc_ops * e.acc_op},
+                 {"rht", k.rht_ops * e.rht_add},
+                 {"quant", (k.q_elems + k.sr_elems) * e.quant_elem + k.sr_elems * e.sr_elem},
+                 {"dram", (k.dram_read + k.dram_write) * e.dram_byte},
+                 {"l2", (k.l2_read + k.l2_write) * e.l2_byte},
+                 {"buffer", (k.buf_read + k.buf_write) * e.buffer_byte}};
+  // Leakage of every built unit for the job's whole time (mW x us = nJ), whether the unit works or idles.
+  if (cfg_.energy.leak_mw_per_mm2 > 0) r.energy_pj["static"] = cfg_.static_mw() * r.time_us * 1e3;
+  for (const auto& [key, v] : r.energy_pj) r.energy_total_pj += v;
+}
+
 JobReport Simulator::run_impl(const GemmJob& job, const QTensor* qa, const QTensor* qb, std::vector<float>* c) {
   using namespace detail;
   const std::string where = job.name() + ": ";
@@ -524,6 +598,23 @@ JobReport Simulator::run_impl(const GemmJob& job, const QTensor* qa, const QTens
     throw std::invalid_argument(where + "kernel '" + job_kind_name(job.kind) + "' has nothing to run under this "
                                 "configuration (quantize needs prep.mode fused or unfused; unpack needs "
                                 "unpack.launches > 0)");
+  std::optional<std::string> cache_key;
+  if (job_cache().on && qa == nullptr) {
+    cache_key = timing_key(cfg_, job, native, t0);
+    if (const auto hit = job_cache().map.find(*cache_key); hit != job_cache().map.end()) {
+      // The model's clock moves on as if the job had run: the next job starts at the same cycle either way.
+      sc_core::sc_start(m.clk.span(hit->second.r.cycles));
+      if (m.clk.now() != t0 + hit->second.r.cycles) throw std::logic_error(where + "clock out of step with a cached job");
+      ++job_cache().hits;
+      JobReport r = hit->second.r;
+      r.name = job.name();
+      r.layer = job.layer;
+      r.pass = pass_name(job.pass);
+      r.count = job.count;
+      price(r, hit->second.work);
+      return r;
+    }
+  }
   m.mem->reset(t0);
   m.barrier->releases.clear();
   // A k-step datapath computes as the tiles pass; an output-tile one (cycle-level RTL) after the timed run.
@@ -617,21 +708,10 @@ JobReport Simulator::run_impl(const GemmJob& job, const QTensor* qa, const QTens
   r.bytes = {{"dram_read", m.mem->dram_read},      {"dram_write", m.mem->dram_write},
              {"l2_read", m.mem->l2_read},          {"l2_write", m.mem->l2_write},
              {"buffer_read", plan.counters.buf_read}, {"buffer_write", plan.counters.buf_write}};
-  const Energy& e = slot_.energy;
-  const double mac_pj = !native                         ? e.mac_fallback
-                        : slot_.mac_kind == MacKind::dual ? e.mac_dual
-                        : slot_.mac_kind == MacKind::e2m1 ? e.mac_e2m1
-                                                         : e.mac_e1m2;
-  r.energy_pj = {{"mac", blocks * kMacWidth * mac_pj},
-                 {"acc", acc_ops * e.acc_op},
-                 {"rht", rht_ops * e.rht_add},
-                 {"quant", (q_elems + sr_elems) * e.quant_elem + sr_elems * e.sr_elem},
-                 {"dram", (m.mem->dram_read + m.mem->dram_write) * e.dram_byte},
-                 {"l2", (m.mem->l2_read + m.mem->l2_write) * e.l2_byte},
-                 {"buffer", (plan.counters.buf_read + plan.counters.buf_write) * e.buffer_byte}};
-  // Leakage of every built unit for the job's whole time (mW x us = nJ), whether the unit works or idles.
-  if (cfg_.energy.leak_mw_per_mm2 > 0) r.energy_pj["static"] = cfg_.static_mw() * r.time_us * 1e3;
-  for (const auto& [k, v] : r.energy_pj) r.energy_total_pj += v;
+  const JobCounters work{blocks, acc_ops, rht_ops, q_elems, sr_elems, m.mem->dram_read, m.mem->dram_write,
+                         m.mem->l2_read, m.mem->l2_write, plan.counters.buf_read, plan.counters.buf_write};
+  price(r, work);
+  if (cache_key) job_cache().store(*cache_key, r, work);
   return r;
 }
 

@@ -22,6 +22,12 @@ namespace detail {
 struct Model;
 }
 
+// The work a simulated job did, from which its energy is priced (Simulator::price).
+struct JobCounters {
+  double blocks = 0, acc_ops = 0, rht_ops = 0, q_elems = 0, sr_elems = 0;
+  double dram_read = 0, dram_write = 0, l2_read = 0, l2_write = 0, buf_read = 0, buf_write = 0;
+};
+
 class Simulator {
  public:
   // Throws std::invalid_argument when the configuration is invalid or another Simulator is alive.
@@ -43,12 +49,22 @@ class Simulator {
   // Wall seconds spent inside Datapath calls since construction (the functional share of a --check run).
   double datapath_seconds() const;
 
+  // A process-wide memo of timing-only jobs, for sweeps (off by default): a job whose timing inputs -- the
+  // configuration less its energy, area, name and mac.kind (which enters the timing only through whether the grid
+  // is native), the job's shape, kind and operand formats, and the cycle it starts at -- were simulated before, in
+  // this Simulator or an earlier one, is answered from the memo and priced with this configuration's energy and
+  // area: the same report, bit for bit, without running the model again. Returns the previous setting.
+  static bool cache_jobs(bool on);
+  // Jobs answered from the memo since the process started (for the sweep's benchmark).
+  static uint64_t cached_jobs();
+
  private:
   Config cfg_;   // as given
   Config slot_;  // what the model runs: cfg_.per_slot()
   std::shared_ptr<Datapath> dp_;
   std::unique_ptr<detail::Model> model_;
   JobReport run_impl(const GemmJob& job, const QTensor* a, const QTensor* b, std::vector<float>* c);
+  void price(JobReport& r, const JobCounters& work) const;
   void check_time_range(const GemmJob& job, bool native, int64_t t0) const;
 };
 
