@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What uniform-grid support costs: synthesises the RTL with Yosys (generic cells, ABC gate mapping) and
-# writes (through scripts/area_report.py) docs/area.md (a table and a short reading) and rtl/area.json (the same numbers for the SystemC
-# model's area/energy presets).
+# writes (through scripts/area_report.py) area.md (a table and a short reading) and area.json (the same numbers for
+# the SystemC model's area/energy presets) into an output folder; --in-tree writes the checkout's docs/area.md and
+# rtl/area.json instead.
 #
 # Builds: the block dot-product unit (fp4_dot_unit, N = 16, one pipeline stage) for E2M1 only, E1M2
 # only, INT4 only and both grids (dual: e2m1, e1m2, int4, e2m1_max2 at run time); the block MAC
@@ -23,23 +24,46 @@
 #   cmos2:  abc -g cmos2 (NAND, NOR, NOT)                     -> `stat -tech cmos` transistor estimate
 # Flip-flops are counted apart (they are not in either gate set) and left out of the transistor figure.
 #
-# Usage: scripts/area.sh [-j JOBS] [--check]   (from anywhere; needs yosys 0.23+ and python3)
+# Usage: scripts/area.sh [-j JOBS] [--out DIR | --in-tree] [--no-cache] [--check]
+#   (from anywhere; needs yosys 0.23+ and python3)
+#   --out DIR: write DIR/area.json and DIR/area.md (default ./fp4lab-area, created; never the checkout).
+#   --in-tree: write rtl/area.json and docs/area.md of the checkout (the committed copies).
+#   A result is keyed by the RTL it was made from (rtl/files.f, every file it lists, rtl/include), the build list
+#   and the Yosys version (area_report.py hash; stored as "key" in area.json): when DIR/area.json or the checkout's
+#   rtl/area.json holds the current key, the outputs are written from it in a second instead of synthesising for
+#   minutes. --no-cache synthesises anyway; --key prints the current key and stops.
 #   --check: resynthesise only the fast builds (dot products and block MACs, seconds each) and compare their
 #   own-logic gate and flip-flop counts and FP32 unit instances with rtl/area.json, writing nothing; exit 1
 #   when the RTL has changed since docs/area.md was made (ctest rtl.area_current runs this).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cmdline="scripts/area.sh${*:+ $*}"
-jobs=2 check=0
+jobs=2 check=0 out=fp4lab-area in_tree=0 cache=1 print_key=0
+usage="usage: $0 [-j JOBS] [--out DIR | --in-tree] [--no-cache] [--key] [--check]"
 while [ $# -gt 0 ]; do
   case $1 in
-    -j) jobs=$2; shift 2 ;;
+    -j) [ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }; jobs=$2; shift 2 ;;
     -j*) jobs=${1#-j}; shift ;;
+    --out) [ $# -ge 2 ] && [ -n "$2" ] || { echo "$usage" >&2; exit 2; }; out=$2; shift 2 ;;
+    --in-tree) in_tree=1; shift ;;
+    --no-cache) cache=0; shift ;;
+    --key) print_key=1; shift ;;
     --check) check=1; shift ;;
-    *) echo "usage: $0 [-j JOBS] [--check]" >&2; exit 2 ;;
+    *) echo "$usage" >&2; exit 2 ;;
   esac
 done
+[[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "area.sh: -j $jobs: not a positive integer" >&2; exit 2; }
+if [ $print_key = 1 ] || [ $check = 1 ]; then
+  :  # writes nothing
+elif [ $in_tree = 1 ]; then
+  out_json=$root/rtl/area.json out_md=$root/docs/area.md
+else
+  mkdir -p -- "$out"
+  out=$(cd -- "$out" && pwd)
+  out_json=$out/area.json out_md=$out/area.md
+fi
 command -v yosys >/dev/null || { echo "area.sh: yosys not found (apt-get install yosys)" >&2; exit 1; }
+yosys_version=$(yosys -V)
 cd "$root/rtl"
 files=$(grep -v -E '^\s*(//|$)' files.f | tr '\n' ' ')
 work=$(mktemp -d)
@@ -98,9 +122,23 @@ if [ $check = 1 ]; then
   exit $?
 fi
 
+key=$(python3 "$root/scripts/area_report.py" hash "$root" "$yosys_version" "${prims[@]}" "${builds[@]}")
+if [ $print_key = 1 ]; then echo "$key"; exit 0; fi
+if [ $cache = 1 ]; then
+  for cached in "$out_json" "$root/rtl/area.json"; do
+    rc=0
+    python3 "$root/scripts/area_report.py" render "$cached" "$key" "$out_json" "$out_md" || rc=$?
+    if [ $rc = 0 ]; then
+      echo "area.sh: the RTL is as in $cached (key ${key:0:12}): wrote $out_md and $out_json without Yosys" >&2
+      exit 0
+    fi
+    [ $rc = 3 ] || exit $rc
+  done
+fi
+
 echo "area.sh: synthesising ${#prims[@]} FP32 units, then ${#builds[@]} builds, $jobs Yosys runs at a time" >&2
 printf '%s\n' "${prims[@]}" "${builds[@]}" | xargs -P "$jobs" -I{} bash -c 'synth_one "$@"' _ {}
 
-yosys_version=$(yosys -V)
-python3 "$root/scripts/area_report.py" write "$work" "$root" "$yosys_version" "$cmdline" "${prims[@]}" "${builds[@]}"
-echo "area.sh: wrote docs/area.md and rtl/area.json" >&2
+python3 "$root/scripts/area_report.py" write "$work" "$root" "$yosys_version" "$cmdline" "$key" "$out_json" "$out_md" \
+  "${prims[@]}" "${builds[@]}"
+echo "area.sh: wrote $out_md and $out_json" >&2

@@ -1,14 +1,48 @@
 #!/usr/bin/env python3
 """The report half of scripts/area.sh: reads the Yosys `stat` / `ltp` outputs the script left in WORK and
-either writes rtl/area.json and docs/area.md (`write`) or compares the builds it finds with rtl/area.json
-(`check`, exit 1 on any difference). Run by area.sh, not by hand.
+either writes area.json and area.md (`write`) or compares the builds it finds with rtl/area.json (`check`, exit 1
+on any difference); `hash` prints the key of a result (the RTL, the build list, the Yosys version) and `render`
+writes area.json and area.md again from a result whose key matches (exit 3 when none does), without Yosys. Run by
+area.sh, not by hand.
 
-    area_report.py write WORK ROOT YOSYS_VERSION CMDLINE BUILD...
+    area_report.py write WORK ROOT YOSYS_VERSION CMDLINE KEY JSON MD BUILD...
     area_report.py check WORK ROOT BUILD...         (BUILD = name|top|params|black boxes)
+    area_report.py hash ROOT YOSYS_VERSION BUILD...
+    area_report.py render CACHED_JSON KEY JSON MD
 """
-import json, re, sys
+import hashlib, json, os, re, sys
 
 FP32 = ('fp32_add', 'fp32_mul', 'fp32_div', 'fp32_from_int')
+
+# Area in NAND2 equivalents: Yosys `stat -tech cmos` counts 4 transistors per NAND or NOR and 2 per inverter, so the
+# cmos2 mapping's transistors / 4 is its area in two-input NANDs; the flip-flops, counted apart, at 6 each (a D
+# flip-flop with enable is about 24 transistors: an assumption). The simulator's [area] keys (sim/configs/
+# h200-class-*.cfg, docs/sim.md) are these figures.
+TRANSISTORS_PER_NAND2 = 4
+NAND2_PER_FF = 6
+# um^2 per NAND2 equivalent at a 4-5 nm-class node: four transistors at GH100's average density, 80 billion
+# transistors on 814 mm^2 (NVIDIA H100 Tensor Core GPU Architecture whitepaper, 2022; TSMC 4N). An average over a
+# whole die (SRAM, wiring and utilisation included), not a library cell's bare area.
+UM2_PER_NAND2 = 814e6 / 80e9 * TRANSISTORS_PER_NAND2
+
+
+def nand2(row):
+    return row['transistors'] / TRANSISTORS_PER_NAND2 + NAND2_PER_FF * row['ffs']
+
+
+def key(root, yver, specs):
+    """What a result depends on: every RTL file area.sh reads (rtl/files.f, the files it lists, rtl/include), the
+    build list and the Yosys version. A result under the same key is reused instead of synthesising again."""
+    h = hashlib.sha256()
+    rtl = os.path.join(root, 'rtl')
+    names = ['files.f'] + [l.strip() for l in open(os.path.join(rtl, 'files.f')) if l.strip() and not l.strip().startswith('//')]
+    for d, _, fs in sorted(os.walk(os.path.join(rtl, 'include'))):
+        names += sorted(os.path.relpath(os.path.join(d, f), rtl) for f in fs)
+    for n in names:
+        data = open(os.path.join(rtl, n), 'rb').read()
+        h.update(f'{n}\0{len(data)}\0'.encode() + data)
+    h.update(('\0'.join(['|'.join(x) for x in specs] + [yver])).encode())
+    return h.hexdigest()
 
 
 def stat(path):  # cell counts by type ($_AND_ ..., and black-box instances by module name), transistors
@@ -50,7 +84,7 @@ def check(work, root, specs):
     return 0
 
 
-def write(work, root, yver, cmdline, specs):
+def write(work, root, yver, cmdline, cache_key, json_path, md_path, specs):
     rows = {}
     for name, top, params, boxes in specs:  # FP32 units come first: the builds are priced from them
         o = own_figures(work, name)
@@ -64,8 +98,36 @@ def write(work, root, yver, cmdline, specs):
     flow = ('synth; flatten; opt -full; gates: abc -g AND,NAND,OR,NOR,XOR,XNOR,ANDNOT,ORNOT,MUX; '
             'transistors: abc -g cmos2 then stat -tech cmos (flip-flops excluded); FP32 units synthesised once '
             'and priced per instance')
-    json.dump({'generated_by': cmdline, 'yosys': yver, 'flow': flow, 'builds': rows},
-              open(f'{root}/rtl/area.json', 'w'), indent=1, sort_keys=True)
+    emit({'generated_by': cmdline, 'yosys': yver, 'flow': flow, 'key': cache_key, 'builds': rows}, json_path, md_path)
+
+
+def render(cached, cache_key, json_path, md_path):
+    """area.json and area.md from an earlier result with the same key; 3 when there is none."""
+    try:
+        res = json.load(open(cached))
+    except (OSError, ValueError):
+        return 3
+    if res.get('key') != cache_key:
+        return 3
+    emit(res, json_path, md_path)
+    return 0
+
+
+def write_file(path, text):  # whole or not at all: a temporary beside it, renamed over it
+    tmp = f'{path}.tmp-{os.getpid()}'
+    with open(tmp, 'w') as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def emit(res, json_path, md_path):
+    rows, cmdline, yver = res['builds'], res['generated_by'], res['yosys']
+    for r in rows.values():
+        r['nand2_eq'] = nand2(r)
+    res['nand2'] = {'transistors_per_nand2': TRANSISTORS_PER_NAND2, 'per_flip_flop': NAND2_PER_FF,
+                    'um2_per_nand2': UM2_PER_NAND2}
+    write_file(json_path, json.dumps(res, indent=1, sort_keys=True))
+    json_link = os.path.relpath(os.path.abspath(json_path), os.path.dirname(os.path.abspath(md_path)))
 
     label = {
         'fp32_div': 'FP32 divide (RTNE, subnormals)', 'fp32_mul': 'FP32 multiply', 'fp32_add': 'FP32 add',
@@ -81,7 +143,7 @@ def write(work, root, yver, cmdline, specs):
     short = {'fp32_div': 'div', 'fp32_mul': 'mul', 'fp32_add': 'add', 'fp32_from_int': 'i2f'}
     md = ['# Area: what uniform-grid support costs', '',
           'Generated by `' + cmdline + '` (' + yver + '); do not edit by hand. Machine-readable copy: '
-          '[`rtl/area.json`](../rtl/area.json).', '',
+          f'[`area.json`]({json_link}).', '',
           'Flow per build: `read_verilog -sv` of every file in `rtl/files.f`, `hierarchy -chparam ...`, '
           '`synth` (each module once), `flatten`, `opt -full`, then two technology mappings of the same netlist: '
           '`abc -g AND,NAND,OR,NOR,XOR,XNOR,ANDNOT,ORNOT,MUX` for the cell and gate counts, and '
@@ -96,12 +158,18 @@ def write(work, root, yver, cmdline, specs):
           'Logic depth is the longest path between registers and ports in the generic-gate netlist, in gates '
           '(Yosys `ltp -noff`), a first-order proxy for timing; it is given only for builds with no black box on '
           'the path.', '',
-          '| build | top | parameters | FP32 units | own logic gates | flip-flops | logic gates | NAND/NOR/NOT gates | transistors (logic) | logic depth |',
-          '|---|---|---|---|---:|---:|---:|---:|---:|---:|']
+          f'NAND2 equivalents are the transistors / {TRANSISTORS_PER_NAND2} (`stat -tech cmos` counts '
+          f'{TRANSISTORS_PER_NAND2} per NAND or NOR, 2 per inverter) plus {NAND2_PER_FF} per flip-flop (about 24 '
+          f'transistors; an assumption). At {UM2_PER_NAND2:.4f} µm² each (four transistors at GH100\'s average '
+          'density: 80 billion on 814 mm², NVIDIA\'s H100 whitepaper; TSMC 4N), a column gives mm². The '
+          'simulator\'s `[area]` keys are these figures (docs/sim.md).', '',
+          '| build | top | parameters | FP32 units | own logic gates | flip-flops | logic gates | NAND/NOR/NOT gates | transistors (logic) | NAND2 equivalents | mm² at 4N density | logic depth |',
+          '|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|']
     for name, r in rows.items():
         units = ', '.join(f"{n} {short[k]}" for k, n in r['fp32_units'].items()) or '—'
         md.append(f"| {label.get(name, name)} | `{r['top']}` | `{r['params'] or '—'}` | {units} | {r['own_gates']:,} | "
                   f"{r['ffs']:,} | **{r['gates']:,}** | {r['nand_nor_not']:,} | {r['transistors']:,} | "
+                  f"{r['nand2_eq']:,.1f} | {r['nand2_eq'] * UM2_PER_NAND2 * 1e-6:.5f} | "
                   f"{r['depth'] if r['depth'] is not None else '—'} |")
     md += ['', '## Reading', '']
 
@@ -156,11 +224,16 @@ def write(work, root, yver, cmdline, specs):
     md.append(f"- **RHT-16:** {rows['rht16']['gates']:,} logic gates ({q('rht16') / q('quant_e2m1_ue4m3'):.2f}x "
               "the NVFP4 quantiser) for 64 FP32 adders (4 butterfly stages of 16) and 16 multiplies by 0.25, one "
               "block of 16 per cycle. A front-end that rotates before quantising adds this to each quantiser lane.")
-    open(f'{root}/docs/area.md', 'w').write('\n'.join(md) + '\n')
+    write_file(md_path, '\n'.join(md) + '\n')
 
 
 if __name__ == '__main__':
-    mode, work, root = sys.argv[1:4]
+    mode, a = sys.argv[1], sys.argv[2:]
     if mode == 'check':
-        sys.exit(check(work, root, [b.split('|') for b in sys.argv[4:]]))
-    write(work, root, sys.argv[4], sys.argv[5], [b.split('|') for b in sys.argv[6:]])
+        sys.exit(check(a[0], a[1], [b.split('|') for b in a[2:]]))
+    if mode == 'hash':
+        print(key(a[0], a[1], [b.split('|') for b in a[2:]]))
+    elif mode == 'render':
+        sys.exit(render(*a[:4]))
+    else:
+        write(a[0], a[1], a[2], a[3], a[4], a[5], a[6], [b.split('|') for b in a[7:]])
