@@ -83,8 +83,9 @@ std::string csv_field(const std::string& s) {
 
 // The CSV's further columns of one report, beyond the fixed totals: energy by unit (energy_UNIT_pj), each stall
 // category's share of the cycles (stall_CAT_share, as the text report prints them), bytes at every memory level
-// (LEVEL_bytes; dram_read and dram_write are fixed columns), and every `area...` figure of the report or its total
-// (objects flattened: area_KEY).
+// (LEVEL_bytes; dram_read and dram_write are fixed columns), every other number of the total (a model's tokens,
+// tokens_per_s, energy_per_token_pj), and every `area...` figure of the report or its total (objects flattened:
+// area_KEY).
 std::vector<std::pair<std::string, nlohmann::json>> per_run_figures(const nlohmann::json& report) {
   std::vector<std::pair<std::string, nlohmann::json>> out;
   if (!report.is_object() || !report.contains("total") || !report["total"].is_object()) return out;
@@ -101,6 +102,10 @@ std::vector<std::pair<std::string, nlohmann::json>> per_run_figures(const nlohma
   if (auto by = total.find("bytes"); by != total.end() && by->is_object())
     for (const auto& [k, v] : by->items())
       if (k != "dram_read" && k != "dram_write") out.emplace_back(k + "_bytes", v);
+  for (const auto& [k, v] : total.items())  // e.g. a model's tokens, tokens_per_s, energy_per_token_pj
+    if (v.is_number() && k != "cycles" && k != "time_us" && k != "macs" && k != "mac_util" && k != "energy_total_pj" &&
+        k.rfind("area", 0) != 0)
+      out.emplace_back(k, v);
   std::function<void(const std::string&, const nlohmann::json&)> flat = [&](const std::string& name, const nlohmann::json& v) {
     if (v.is_object())
       for (const auto& [k, x] : v.items()) flat(name + "_" + k, x);
@@ -213,6 +218,7 @@ void run_local(const std::vector<Run>& runs, const std::vector<size_t>& mine, bo
       ::close(fds[0]);
       for (const Child& k : kids) ::close(k.fd);
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the sweep
+      omp_set_num_threads(1);               // the workers are the sweep's OMP_NUM_THREADS threads
       std::vector<size_t> which;
       for (size_t j = 0; j < mine.size(); ++j)
         if (worker[j] == w) which.push_back(mine[j]);

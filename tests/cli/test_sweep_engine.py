@@ -21,6 +21,7 @@ import tempfile
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 CFG = os.path.join(ROOT, "sim", "configs", "h100-class.cfg")
+PRICED = os.path.join(ROOT, "sim", "configs", "h200-class-dual.cfg")  # prices area and static energy
 SHAPES = "gemm,tokens,in,out,count\nqkv,256,512,1536,4\nfc2,256,1024,512,4\n"
 
 
@@ -45,8 +46,8 @@ def sweep(fp4lab, tmp, toml, prefix, *extra, threads="1"):
     return js, cs
 
 
-def header(shapes, body):
-    return f'[defaults]\nconfig = "{CFG}"\nshapes = "{shapes}"\n\n[[grid]]\n{body}'
+def header(shapes, body, cfg=CFG):
+    return f'[defaults]\nconfig = "{cfg}"\nshapes = "{shapes}"\n\n[[grid]]\n{body}'
 
 
 def test_names_without_float_noise(fp4lab, tmp, shapes):
@@ -64,7 +65,8 @@ def test_names_without_float_noise(fp4lab, tmp, shapes):
 
 
 def test_csv_has_every_figure(fp4lab, tmp, shapes):
-    toml = header(shapes, 'name = "{recipe}"\nrecipe = ["ufp4", "nvfp4"]\n')
+    toml = header(shapes, 'name = "{recipe}"\nrecipe = ["ufp4", "nvfp4"]\n') + \
+        f'\n[[grid]]\nname = "priced_{{recipe}}"\nconfig = "{PRICED}"\nrecipe = ["ufp4", "nvfp4"]\n'
     js, cs = sweep(fp4lab, tmp, toml, "columns")
     runs = json.loads(js)["runs"]
     rows = list(csv.DictReader(cs.decode().splitlines()))
@@ -79,6 +81,8 @@ def test_csv_has_every_figure(fp4lab, tmp, shapes):
             want[f"{k}_bytes"] = v
         for k, v in (rep.get("area") or {}).items():
             want[f"area_{k}"] = v
+        if run["name"].startswith("priced") and not any(k.startswith("area_") for k in want):
+            fail(f"{PRICED} gives no area in the report")
         for col in ("energy_mac_pj", "energy_dram_pj", "stall_compute_share", "stall_prep_share", "l2_read_bytes",
                     "buffer_write_bytes", "dram_read_bytes"):
             if col not in want:
@@ -93,8 +97,9 @@ def test_csv_has_every_figure(fp4lab, tmp, shapes):
 def test_workers_and_memo_identical(fp4lab, tmp, shapes):
     # mac.kind e1m2 and dual time ufp4's E1M2 jobs alike, and the DRAM energy never enters the timing: the memo
     # answers most jobs, priced with each run's own energy table.
+    # On a configuration that prices area, mac.kind changes the area and so the static energy of the same timing.
     toml = header(shapes, 'name = "{mac.kind}_{recipe}_dram{energy.dram_byte_pj}"\nrecipe = ["ufp4", "e2m1-ref"]\n'
-                  '"mac.kind" = ["e2m1", "e1m2", "dual"]\n"energy.dram_byte_pj" = [28.0, 14.5]\n')
+                  '"mac.kind" = ["e2m1", "e1m2", "dual"]\n"energy.dram_byte_pj" = [28.0, 14.5]\n', cfg=PRICED)
     ref = sweep(fp4lab, tmp, toml, "same", "--no-job-cache", threads="1")
     for threads in ("1", "2"):
         got = sweep(fp4lab, tmp, toml, "same", threads=threads)
