@@ -144,7 +144,7 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
   sim::RunOptions opt;
   opt.recipe = vm.count("recipe") ? vm["recipe"].as<std::string>() : "custom";
   // GEMM g of the workload draws SR stream (N + g)*8 + pass*2 + operand, N = --stream (0): the records of a trace
-  // are numbered as fp4lab analyze and fp4lab cuda check number them.
+  // are numbered in the order the trace lists them (fp4lab analyze keys a record by its identity instead).
   const uint64_t stream0 = vm.count("stream") ? uint_option(vm, "stream", UINT32_MAX) : 0;
   opt.quant = [&vm, stream0](Pass p, Operand o, uint32_t gemm) {
     Knobs k = recipe_knobs(vm);

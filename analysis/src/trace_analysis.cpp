@@ -331,8 +331,8 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
         try {
           const size_t started = ++done;
           if (progress) progress(started, my.size(), rec.gemm);
-          // A large BF16 tensor is read where it lies, a panel at a time, rather than copied to FP32 whole (twice
-          // its size): the tensors whose transposes are not held either.
+          // A large BF16 tensor stays BF16 in memory and is widened a panel at a time, rather than copied to FP32
+          // whole (twice its size): the tensors whose transposes are not held either.
           io::Trace::Layer& ly = w.layer;
           ly = open_[refs_[ri].trace]->load(rec, uint64_t(LayerOperands::kHeldTranspose));
           auto f32 = [](const std::vector<float>& v, const uint16_t* v16) { return v16 ? nullptr : v.data(); };
@@ -386,8 +386,6 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
     }
     if (--w.left == 0) {  // the record's last slot: its operands are no longer needed
       w.lo.reset();
-      // Pages of tensors read in place came back as they were read: drop them (the page cache keeps them).
-      if (w.layer.x16 || w.layer.w16 || w.layer.dy16) open_[refs_[ri].trace]->file(rec.file).release_pages();
       w.layer = io::Trace::Layer{};
       w.freed.store(true, std::memory_order_release);
       // Not past the first fault: a later record's task slots were skipped, so it has no results to finish.

@@ -62,9 +62,6 @@ class SafetensorsFile {
   // A BF16 tensor's bit patterns (half the memory of its FP32 copy), NaN/Inf an Error as read_f32 gives it; another
   // dtype is an Error.
   std::vector<uint16_t> read_bf16(const std::string& name) const;
-  // Nothing to drop: the reader keeps no pages of the file (it maps none). Kept for callers that release a file's
-  // pages between records.
-  void release_pages() const {}
 
  private:
   friend class Trace;  // reads a record's three tensors through one opening of the file
