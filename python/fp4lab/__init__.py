@@ -21,8 +21,38 @@ from typing import Any, Iterable, Mapping, NamedTuple, Optional
 
 import numpy as np
 
-from . import _core
-from ._core import QTensor, QuantConfig
+
+def _import_core():
+    """The C++ module, imported without libgomp's own warning about an OMP_NUM_THREADS the module refuses: libgomp's
+    initialiser reads the variable when the module loads and warns on stderr, beside the module's one-line UsageError
+    (the command line takes the value out before libgomp reads it, cli/main.cpp). Anything else said while it loads
+    is passed on."""
+    import importlib
+    if "OMP_NUM_THREADS" not in os.environ:
+        return importlib.import_module("._core", __name__)
+    import tempfile
+    try:
+        said, saved = tempfile.TemporaryFile(), os.dup(2)
+    except OSError:
+        return importlib.import_module("._core", __name__)
+    with said:
+        os.dup2(said.fileno(), 2)
+        core = None
+        try:
+            core = importlib.import_module("._core", __name__)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            if core is None or core.threads_fault() is None:
+                said.seek(0)
+                text = said.read()
+                if text:
+                    os.write(2, text)
+    return core
+
+
+_core = _import_core()
+from ._core import QTensor, QuantConfig  # noqa: E402
 
 __version__: str = _core.__version__
 __all__ = ["ABLATIONS", "Ablation", "QTensor", "QuantConfig", "analyze", "config", "formats", "gemm", "model_shapes",

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import Any, Dict, Optional
 
 from torch import nn
+from torch.nn.utils import parametrize
 
 from .attention import MultiheadAttention
 from .linear import Linear, _shape_fault, _Stepped, layer_id_of
@@ -54,6 +55,23 @@ _FAST_PATH_REASON = ("its fused inference path (eval mode, no grad) computes wit
                      "converted layers; turned off for this module")
 
 
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def _dropped_by_swap(mod: nn.Linear) -> Optional[str]:
+    """What a swap for an fp4lab Linear would silently drop from this nn.Linear, or None: a forward of its own (a
+    subclass), a parametrized weight or bias (computed on access, not the parameters the swap shares), or hooks (they
+    belong to the module object the swap replaces)."""
+    if type(mod).forward is not nn.Linear.forward:
+        return f"{type(mod).__name__} has a forward of its own, which an fp4lab Linear would not compute"
+    if parametrize.is_parametrized(mod):
+        return "its weight or bias is parametrized (torch.nn.utils.parametrize), which an fp4lab Linear would drop"
+    hooks = [h[1:] for h in _HOOKS if getattr(mod, h, None)]
+    if hooks:
+        return f"it has hooks ({', '.join(hooks)}) that would stay on the replaced module"
+    return None
+
+
 def _no_fused_path(module, args):
     """A forward pre-hook that does nothing: nn.TransformerEncoderLayer takes its fused inference path only on a
     module without hooks."""
@@ -79,7 +97,8 @@ def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exc
     ``layer_id_of(its qualified name in model)``.
 
     Left as they are, with the reason in the report: modules whose dimensions the recipe cannot quantise, a module
-    reachable under two names, an attention with ``add_bias_kv`` or ``add_zero_attn``. The fused inference path of
+    reachable under two names, an attention with ``add_bias_kv`` or ``add_zero_attn``, and an ``nn.Linear`` the swap
+    would change: a subclass with a forward of its own, a parametrized weight or bias, or one with hooks. The fused inference path of
     ``nn.TransformerEncoderLayer``/``nn.TransformerEncoder``, which would compute past the converted modules, is
     turned off for the modules that hold one.
 
@@ -150,7 +169,8 @@ def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exc
             report.append(ConvertEntry(ns[0], kind, "left", f"one module under {len(ns)} names ({', '.join(ns)}): "
                                                             "convert a separate module per name"))
             continue
-        fault = None if r.passthrough else _shape_fault(mod, r)
+        fault = None if isinstance(mod, Linear) else _dropped_by_swap(mod)
+        fault = fault or (None if r.passthrough else _shape_fault(mod, r))
         if fault:
             report.append(ConvertEntry(ns[0], kind, "left", fault))
             continue
