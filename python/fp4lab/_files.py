@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import signal
+import stat
 import sys
 import tempfile
 from typing import Callable, Iterable, Optional, Sequence
@@ -128,6 +129,10 @@ def read_bytes(path) -> bytes:
     if os.path.isdir(path):
         raise DataError(f"{path}: a folder, not a file")
     try:
+        # A FIFO would block until a writer comes and a device (/dev/zero) would never end: inputs are regular
+        # files, as the command line reads them.
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise DataError(f"{path}: not a regular file")
         with open(path, "rb") as f:
             return f.read()
     except OSError as e:

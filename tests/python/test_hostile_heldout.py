@@ -95,3 +95,42 @@ def test_thread_counts_other_warnings_while_loading_are_passed_on():
                        env={**os.environ, "OMP_NUM_THREADS": "2", "OMP_PROC_BIND": "bogus"})
     assert r.returncode == 0
     assert "OMP_PROC_BIND" in r.stderr  # only the warning about a value fp4lab itself refuses is held back
+
+
+# ---- inputs that never end: a FIFO or a device where a file is read ---------------------------------------------
+
+def test_a_fifo_or_device_as_an_input_is_one_data_error_not_a_hang(tmp_path):
+    os.mkfifo(tmp_path / "train.bin")  # no writer: opening it would block for ever
+    (tmp_path / "val.bin").write_bytes(b"x" * 4096)
+    os.symlink("/dev/zero", tmp_path / "zero.json")  # read to its end, it would fill the memory
+    code = ("import sys\n"
+            "from fp4lab import _files\n"
+            "for p in sys.argv[1:]:\n"
+            "    try:\n"
+            "        _files.read_bytes(p)\n"
+            "    except _files.DataError as e:\n"
+            "        print(e)\n"
+            "sys.exit(__import__('fp4lab.study.cli', fromlist=['main']).main(\n"
+            "    ['train', '--data', %r, '--size', 'test', '--steps', '10', '--device', 'cpu']))\n" % str(tmp_path))
+    try:
+        r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "train.bin"), str(tmp_path / "zero.json")],
+                           capture_output=True, text=True, timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    except subprocess.TimeoutExpired:
+        pytest.fail("reading a FIFO blocked")
+    assert r.stdout.splitlines() == [f"{tmp_path}/train.bin: not a regular file",
+                                     f"{tmp_path}/zero.json: not a regular file"]
+    assert r.returncode == 1 and r.stderr == f"fp4lab-train train: error: {tmp_path}/train.bin: not a regular file\n"
+
+
+# ---- fp4lab-train name: the name of a run is file names -------------------------------------------------------------
+
+@pytest.mark.parametrize("spec, bad", [("small:ufp4:exact:x:2000", "SEED 'x'"), ("small:../../x:exact:0:10", "RECIPE"),
+                                       ("../x:ufp4:exact:0:10", "SIZE"), ("small:ufp4:slow:0:10", "MODE"),
+                                       ("small:ufp4:exact:0:-5", "STEPS")])
+def test_run_names_take_only_what_train_takes(spec, bad, capsys):
+    from fp4lab.study import cli
+    assert cli.main(["name", spec]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"fp4lab-train name: error: {spec}: {bad}") and err.count("\n") == 1
+    assert cli.main(["name", "small:ufp4:exact:0:2000", "test:bf16:fast:1:10:--lr 1e-3"]) == 0
+    assert capsys.readouterr().out == "small-ufp4-exact-s0-2000\ntest-bf16-bf16-s1-10\n"

@@ -115,6 +115,13 @@ def _run(argv) -> int:
             f = spec.split(":", 5)
             if len(f) < 5:
                 raise UsageError(f"{spec}: not SIZE:RECIPE:MODE:SEED:STEPS[:EXTRA ARGS]")
+            # The name becomes file names (scripts/train_study.sh): only values `train` takes, never a path.
+            for what, value, ok in (("SIZE", f[0], f[0] in SIZES), ("RECIPE", f[1], f[1] in RECIPES),
+                                    ("MODE", f[2], f[2] in ("exact", "fast")),
+                                    ("SEED", f[3], f[3].isascii() and f[3].isdigit()),
+                                    ("STEPS", f[4], f[4].isascii() and f[4].isdigit())):
+                if not ok:
+                    raise UsageError(f"{spec}: {what} {value!r} is not one `fp4lab-train train` takes")
             print(run_name(*f[:5], corpus=corpus_name(args.data) if args.data else DEFAULT_CORPUS))
     else:
         for n, what in RECIPES.items():
