@@ -4,6 +4,7 @@
 // Sweep file: TOML (docs/mpi.md, example sim/experiments/sweep.toml), read by sweep_reader.cpp.
 #include <omp.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <functional>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -134,16 +136,16 @@ dist::Item run_one(const std::vector<Run>& runs, size_t i) {
 }
 
 // Runs `which` (indices into runs, in order) in this process, stopping at the first fault as one process does.
+// `done` counts the runs finished by every worker of this process (shared memory), `of` is their number.
 void run_serial(const std::vector<Run>& runs, const std::vector<size_t>& which, bool tty,
-                std::chrono::steady_clock::time_point t0, const std::string& who,
+                std::chrono::steady_clock::time_point t0, const std::string& who, std::atomic<size_t>& done, size_t of,
                 const std::function<void(dist::Item&&)>& done_item, dist::Fault& fault) {
-  size_t done = 0;
   for (size_t i : which) {
     try {
       done_item(run_one(runs, i));
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      ++done;
-      if (tty) std::cerr << fmt("sim sweep: [%zu/%zu] %s (%s, %.1f s)\n", done, which.size(), printable(runs[i].name).c_str(), who.c_str(), s);
+      const size_t k = ++done;
+      if (tty) std::cerr << fmt("sim sweep: [%zu/%zu] %s (%s, %.1f s)\n", k, of, printable(runs[i].name).c_str(), who.c_str(), s);
     } catch (...) {
       fault.index = i;
       fault.code = dist::describe(std::current_exception(), "sim", fault.msg);
@@ -181,9 +183,16 @@ void run_local(const std::vector<Run>& runs, const std::vector<size_t>& mine, bo
   const int W = local_workers(mine.size());
   const std::string rank = "rank " + std::to_string(dist::rank());
   if (W <= 1) {
-    run_serial(runs, mine, tty, t0, rank, [&](dist::Item&& it) { items.push_back(std::move(it)); }, fault);
+    std::atomic<size_t> done{0};
+    run_serial(runs, mine, tty, t0, rank, done, mine.size(), [&](dist::Item&& it) { items.push_back(std::move(it)); },
+               fault);
     return;
   }
+  // The progress count every worker adds to (lock-free, so shared between processes).
+  static_assert(std::atomic<size_t>::is_always_lock_free);
+  void* shared = ::mmap(nullptr, sizeof(std::atomic<size_t>), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (shared == MAP_FAILED) throw std::runtime_error(std::string("cannot start sweep workers: ") + std::strerror(errno));
+  auto* done = new (shared) std::atomic<size_t>(0);
   // Runs that differ only in energy.* or area.* keys time alike: they go to one worker, whose job memo then
   // prices the later ones without simulating them. Groups are dealt by weight as ranks are (dist::assign).
   std::map<std::string, size_t> group_of;
@@ -225,7 +234,7 @@ void run_local(const std::vector<Run>& runs, const std::vector<size_t>& mine, bo
       // Records: 'I' [u64 index][u64 length][bytes], or 'F' [u64 index][u64 code][u64 length][message].
       bool ok = true;
       dist::Fault f;
-      run_serial(runs, which, tty, t0, "worker " + std::to_string(w + 1), [&](dist::Item&& it) {
+      run_serial(runs, which, tty, t0, "worker " + std::to_string(w + 1), *done, mine.size(), [&](dist::Item&& it) {
         const uint64_t head[2] = {it.index, it.bytes.size()};
         ok = ok && write_all(fds[1], "I", 1) && write_all(fds[1], reinterpret_cast<const char*>(head), sizeof head) &&
              write_all(fds[1], it.bytes.data(), it.bytes.size());
@@ -297,6 +306,7 @@ void run_local(const std::vector<Run>& runs, const std::vector<size_t>& mine, bo
       died = WIFSIGNALED(status) ? std::string("ended by signal ") + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")"
                                  : "ended without its results (exit status " + std::to_string(WEXITSTATUS(status)) + ")";
   }
+  ::munmap(shared, sizeof(std::atomic<size_t>));
   if (!died.empty()) throw std::runtime_error("a sweep worker process " + died);
 }
 }  // namespace
