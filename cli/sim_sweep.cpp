@@ -178,21 +178,29 @@ bool write_all(int fd, const char* p, size_t n) {
 // are, dist::assign), each sending its items back through a pipe. The results and the fault reported are those
 // of one process: items are merged by index, and a fault is the one at the lowest index (each worker stops at its
 // first, and the single process would have met the lowest first).
+// `memo_hits` receives the GEMM jobs the workers answered from the job memo.
 void run_local(const std::vector<Run>& runs, const std::vector<size_t>& mine, bool tty,
-               std::chrono::steady_clock::time_point t0, std::vector<dist::Item>& items, dist::Fault& fault) {
+               std::chrono::steady_clock::time_point t0, std::vector<dist::Item>& items, dist::Fault& fault,
+               uint64_t& memo_hits) {
   const int W = local_workers(mine.size());
   const std::string rank = "rank " + std::to_string(dist::rank());
   if (W <= 1) {
     std::atomic<size_t> done{0};
     run_serial(runs, mine, tty, t0, rank, done, mine.size(), [&](dist::Item&& it) { items.push_back(std::move(it)); },
                fault);
+    memo_hits = sim::Simulator::cached_jobs();
     return;
   }
-  // The progress count every worker adds to (lock-free, so shared between processes).
-  static_assert(std::atomic<size_t>::is_always_lock_free);
-  void* shared = ::mmap(nullptr, sizeof(std::atomic<size_t>), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  // The progress count and memo hits every worker adds to (lock-free, so shared between processes).
+  static_assert(std::atomic<size_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free);
+  struct Shared {
+    std::atomic<size_t> done{0};
+    std::atomic<uint64_t> hits{0};
+  };
+  void* shared = ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (shared == MAP_FAILED) throw std::runtime_error(std::string("cannot start sweep workers: ") + std::strerror(errno));
-  auto* done = new (shared) std::atomic<size_t>(0);
+  Shared* counts = new (shared) Shared;
+  std::atomic<size_t>* done = &counts->done;
   // Runs that differ only in energy.* or area.* keys time alike: they go to one worker, whose job memo then
   // prices the later ones without simulating them. Groups are dealt by weight as ranks are (dist::assign).
   std::map<std::string, size_t> group_of;
@@ -246,6 +254,7 @@ void run_local(const std::vector<Run>& runs, const std::vector<size_t>& mine, bo
       }
       ok = ok && write_all(fds[1], "E", 1);
       std::cerr.flush();
+      counts->hits += sim::Simulator::cached_jobs();
       ::_exit(ok ? 0 : 1);
     }
     ::close(fds[1]);
@@ -306,7 +315,8 @@ void run_local(const std::vector<Run>& runs, const std::vector<size_t>& mine, bo
       died = WIFSIGNALED(status) ? std::string("ended by signal ") + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")"
                                  : "ended without its results (exit status " + std::to_string(WEXITSTATUS(status)) + ")";
   }
-  ::munmap(shared, sizeof(std::atomic<size_t>));
+  memo_hits = counts->hits.load();
+  ::munmap(shared, sizeof(Shared));
   if (!died.empty()) throw std::runtime_error("a sweep worker process " + died);
 }
 }  // namespace
@@ -370,7 +380,8 @@ int cmd_sim_sweep(const Invocation& inv) {
     if (owner[i] == dist::rank()) mine.push_back(i);
   std::vector<dist::Item> items;
   dist::Fault fault;
-  run_local(runs, mine, tty, t0, items, fault);
+  uint64_t memo_hits = 0;
+  run_local(runs, mine, tty, t0, items, fault, memo_hits);
   const std::vector<std::string> results = dist::gather("sim", std::move(items), fault);
   if (!dist::root()) return kExitOk;
 
@@ -426,8 +437,10 @@ int cmd_sim_sweep(const Invocation& inv) {
   write_text_atomic(prefix + ".csv", csv);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (tty)
-    std::cerr << fmt("sim sweep: %zu runs in %.1f s on %d rank%s: %s.json, %s.csv\n", runs.size(), s, dist::size(),
-                     dist::size() > 1 ? "s" : "", printable(prefix).c_str(), printable(prefix).c_str());
+    std::cerr << fmt("sim sweep: %zu runs in %.1f s on %d rank%s, %llu GEMM jobs priced from the job memo%s: "
+                     "%s.json, %s.csv\n", runs.size(), s, dist::size(), dist::size() > 1 ? "s" : "",
+                     (unsigned long long)memo_hits, dist::size() > 1 ? " on rank 0" : "", printable(prefix).c_str(),
+                     printable(prefix).c_str());
   return kExitOk;
 }
 
