@@ -23,22 +23,26 @@
 namespace fp4lab::cli {
 namespace {
 
-// An OMP_NUM_THREADS that breaks the rule of threads.hpp, as given (at most 255 bytes of it), taken out of the
-// environment before libgomp's initialiser reads it: libgomp would print its own warning for a malformed value, and
-// main reports the one line instead.
+// The first thread variable that breaks the rule of threads.hpp, as given (at most 255 bytes of it), taken out of
+// the environment (with any other that breaks it) before libgomp's initialiser reads it: libgomp would print its own
+// warning for a malformed value, and main reports the one line instead.
 char g_refused_threads[256];
-bool g_threads_refused = false;
+const ThreadsVar* g_threads_refused = nullptr;
 
 extern "C" void take_refused_threads(int, char**, char** envp) {
-  const size_t n = std::strlen(kThreadsVar);
-  for (char** e = envp; e && *e; ++e)
-    if (std::strncmp(*e, kThreadsVar, n) == 0 && (*e)[n] == '=') {
-      if (threads_value_ok(*e + n + 1)) return;
-      g_threads_refused = true;
-      std::strncpy(g_refused_threads, *e + n + 1, sizeof g_refused_threads - 1);
-      for (char** d = e; *d; ++d) d[0] = d[1];  // the array the process's environ points to
-      return;
-    }
+  for (const ThreadsVar& var : kThreadsVars) {
+    const size_t n = std::strlen(var.name);
+    for (char** e = envp; e && *e; ++e)
+      if (std::strncmp(*e, var.name, n) == 0 && (*e)[n] == '=') {
+        if (threads_value_ok(*e + n + 1, var)) break;
+        if (!g_threads_refused) {
+          g_threads_refused = &var;
+          std::strncpy(g_refused_threads, *e + n + 1, sizeof g_refused_threads - 1);
+        }
+        for (char** d = e; *d; ++d) d[0] = d[1];  // the array the process's environ points to
+        break;
+      }
+  }
 }
 // .preinit_array: run before every shared library's initialiser (libgomp's reads OMP_NUM_THREADS).
 __attribute__((section(".preinit_array"), used)) void (*const g_take_refused_threads)(int, char**, char**) =
@@ -191,7 +195,7 @@ int main(int argc, char** argv) {
   try {
     dist::agree(cmd, [&] {
       // Before any work (and any thread): a thread count OpenMP cannot honour (threads.hpp).
-      if (g_threads_refused) usage_error(threads_fault(g_refused_threads));
+      if (g_threads_refused) usage_error(threads_fault(g_refused_threads, *g_threads_refused));
       if (const auto fault = threads_env_fault()) usage_error(*fault);
       rc = entry->run(inv);
     });

@@ -23,12 +23,12 @@ import numpy as np
 
 
 def _import_core():
-    """The C++ module, imported without libgomp's own warning about an OMP_NUM_THREADS the module refuses: libgomp's
+    """The C++ module, imported without libgomp's own warning about a thread variable the module refuses: libgomp's
     initialiser reads the variable when the module loads and warns on stderr, beside the module's one-line UsageError
     (the command line takes the value out before libgomp reads it, cli/main.cpp). Anything else said while it loads
     is passed on."""
     import importlib
-    if "OMP_NUM_THREADS" not in os.environ:
+    if "OMP_NUM_THREADS" not in os.environ and "OMP_THREAD_LIMIT" not in os.environ:
         return importlib.import_module("._core", __name__)
     import tempfile
     try:

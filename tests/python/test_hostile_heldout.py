@@ -1,7 +1,7 @@
 """New variants of issue 49's classes that the first fixes missed: fp4lab.torch.convert swapping an nn.Linear whose
 computation is more than its parameters (a forward of its own, hooks, a parametrized weight) and so changing the
-model's output silently; and libgomp's own warning printed beside fp4lab's one-line refusal of OMP_NUM_THREADS when
-the Python package loads. The package comes from PYTHONPATH (ctest points it at the build's in-tree package)."""
+model's output silently; libgomp's own warning printed beside fp4lab's one-line refusal of OMP_NUM_THREADS when
+the Python package loads, and OMP_THREAD_LIMIT values libgomp ignores with a warning. The package comes from PYTHONPATH (ctest points it at the build's in-tree package)."""
 import os
 import subprocess
 import sys
@@ -73,8 +73,10 @@ def test_silent_conversion_a_plain_linear_beside_them_is_still_converted():
 
 # ---- thread counts: the refusal is the only line ---------------------------------------------------------------
 
-@pytest.mark.parametrize("value", ["1e3", "0x10", "abc"])
-def test_thread_counts_refused_value_gives_one_line_and_no_libgomp_warning(tmp_path, value):
+@pytest.mark.parametrize("var, value", [("OMP_NUM_THREADS", "1e3"), ("OMP_NUM_THREADS", "0x10"),
+                                        ("OMP_NUM_THREADS", "abc"), ("OMP_THREAD_LIMIT", "0"),
+                                        ("OMP_THREAD_LIMIT", "abc"), ("OMP_THREAD_LIMIT", "-1")])
+def test_thread_counts_refused_value_gives_one_line_and_no_libgomp_warning(tmp_path, var, value):
     f = str(tmp_path / "t.safetensors")
     rng = np.random.default_rng(0)
     ct.write_file(f, {f"g.{r}": rng.standard_normal((32, 16), dtype=np.float32) for r in ("fwd_x", "fwd_w", "bwd_dy")},
@@ -85,9 +87,16 @@ def test_thread_counts_refused_value_gives_one_line_and_no_libgomp_warning(tmp_p
             "except fp4lab._files.UsageError as e:\n"
             "    print(e)\n" % f)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "OMP_NUM_THREADS": value})
+                       env={**os.environ, var: value})
     assert r.returncode == 0 and r.stderr == "", r.stderr  # libgomp: Invalid value for environment variable ...
-    assert r.stdout.startswith(f"OMP_NUM_THREADS={value}: not a thread count") and r.stdout.count("\n") == 1
+    assert r.stdout.startswith(f"{var}={value}: not a thread count") and r.stdout.count("\n") == 1
+    # The command line: the same one line, exit 2, and no libgomp warning.
+    cli = os.environ.get("FP4LAB_BIN")
+    if cli:
+        r = subprocess.run([cli, "formats"], capture_output=True, text=True, timeout=60, env={**os.environ, var: value})
+        assert r.returncode == 2 and r.stdout == "", r
+        assert r.stderr.startswith(f"fp4lab formats: error: {var}={value}: not a thread count"), r.stderr
+        assert r.stderr.count("\n") == 1, r.stderr
 
 
 def test_thread_counts_other_warnings_while_loading_are_passed_on():
