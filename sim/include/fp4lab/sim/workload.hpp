@@ -54,8 +54,6 @@ inline constexpr long long kMaxShapeCount = 1LL << 31;
 // A shape list (workloads/shapes/*.csv): '#' comments, a header `gemm,tokens,in,out[,count]`, then one linear
 // layer per line. Throws std::invalid_argument "FILE:LINE: fault" on a bad line.
 std::vector<LayerShape> read_shapes(const std::string& path);
-
-// Bytes of a quantised operand slice of rows x cols (cols along K): 4-bit codes plus its block scales.
 // The text of a shape list read_shapes reads back to `layers`: each of `comments` as a '#' line, the header, one
 // line per layer. Throws std::invalid_argument for a gemm name no shape list can hold (empty, a ',' or a control
 // byte in it, '#' first, blanks around it).
@@ -77,6 +75,8 @@ std::vector<LayerShape> pad_shapes(const std::vector<LayerShape>& layers, const 
 // given; count = `calls_in_step` where given. Throws std::invalid_argument "FILE: key: fault" for a missing
 // tokens_in_pass or a value that is not what fp4lab.capture writes or does not fit the record.
 std::vector<LayerShape> trace_shapes(const io::Trace& trace, bool full_size);
+
+// Bytes of a quantised operand slice of rows x cols (cols along K): 4-bit codes plus its block scales.
 double quantised_bytes_per_element(const QuantConfig& q);
 int64_t quantised_bytes(const QuantConfig& q, int64_t rows, int64_t cols);
 
