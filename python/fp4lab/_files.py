@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import stat
 import sys
@@ -255,3 +256,14 @@ def check_output_folder(path) -> None:
         raise DataError(f"{p}: {probe} is not a folder")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise DataError(f"{p}: folder {probe} is not writable")
+
+
+def compile_regex(pattern, what: str, error=None):
+    """`pattern` compiled, or `error` (UsageError by default) naming `what` and the fault, on one line."""
+    error = error or UsageError
+    if not isinstance(pattern, str):
+        raise error(f"{what} {pattern!r}: a regular expression is text, not {type(pattern).__name__}")
+    try:
+        return re.compile(pattern)
+    except (re.error, RecursionError, OverflowError) as e:
+        raise error(f"{what} {pattern!r}: not a regular expression ({e})") from None

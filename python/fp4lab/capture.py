@@ -36,7 +36,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Callable, Dict, List, Optional
 
-from ._files import ArgumentParser, UsageError, check_output_folder, console_main
+from ._files import ArgumentParser, UsageError, check_output_folder, compile_regex, console_main
 from .trace import (SUFFIX, TRACE_VERSION, TraceError, _check_outputs, add_check_arguments,  # noqa: F401
                     check as check_trace, check_main, print_check, write_file)
 
@@ -90,12 +90,7 @@ def _settings_fault(spell: Callable[[str], str], *, max_tokens, token_multiple, 
 
 
 def _compile(pattern, what: str):
-    if not isinstance(pattern, str):
-        raise TraceError(f"{what} {pattern!r}: a regular expression is text, not {type(pattern).__name__}")
-    try:
-        return re.compile(pattern)
-    except (re.error, RecursionError, OverflowError) as e:
-        raise TraceError(f"{what} {pattern!r}: not a regular expression ({e})") from None
+    return compile_regex(pattern, what, TraceError)
 
 
 class TraceCapture:

@@ -12,12 +12,11 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 import sys
 from collections import defaultdict
 from typing import Optional
 
-from ._files import ArgumentParser, DataError, UsageError, check_outputs, console_main, write_atomic
+from ._files import ArgumentParser, DataError, UsageError, check_outputs, compile_regex, console_main, write_atomic
 
 STATS = (("sqnr_db", "operand SQNR (dB)"), ("gemm_sqnr_db", "GEMM output SQNR (dB)"),
          ("frac_zero", "fraction flushed to zero"), ("frac_sat", "fraction at the grid's largest magnitude"))
@@ -26,12 +25,7 @@ STATS = (("sqnr_db", "operand SQNR (dB)"), ("gemm_sqnr_db", "GEMM output SQNR (d
 def _layer_pattern(layer: Optional[str], what: str = "layer"):
     if layer is None:
         return None
-    if not isinstance(layer, str):
-        raise UsageError(f"{what} {layer!r}: a regular expression is text, not {type(layer).__name__}")
-    try:
-        return re.compile(layer)
-    except (re.error, RecursionError, OverflowError) as e:
-        raise UsageError(f"{what} {layer!r}: not a regular expression ({e})") from None
+    return compile_regex(layer, what)
 
 
 def read(path: str, layer: Optional[str] = None) -> dict:

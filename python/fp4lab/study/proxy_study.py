@@ -26,9 +26,7 @@ every machine (docs/spec.md §6.1), in the plain Python of the point estimates a
 """
 import json
 import math
-import os
 
-from .. import paired as pm
 from .._files import DataError, UsageError, check_outputs, read_text, write_atomic
 from . import report as rp
 
@@ -387,12 +385,7 @@ def table(result) -> str:
 def cmd_proxy_study(args):
     """Reads the runs and the analyses, checks the outputs, then computes the study and writes the JSON and the
     table of docs/training.md between its markers."""
-    specs = []
-    for spec in args.analysis:
-        label, _, path = spec.partition("=")
-        if not label or not path or "" in path.split("+"):
-            raise UsageError(f"{spec}: not LABEL=ANALYSIS.json[+ANALYSIS.json]")
-        specs.append((label, path))
+    specs = rp.analysis_specs(args.analysis)
     if args.resamples < 1:
         raise UsageError(f"--resamples {args.resamples}: not a positive count")
     inputs = [args.training] + [p for _, path in specs for p in path.split("+")]

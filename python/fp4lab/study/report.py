@@ -640,15 +640,21 @@ def _paired_figure(path: str) -> str:
     return f"{root}_paired{ext}"
 
 
-def cmd_proxy(args):
-    """Does a recipe's mean GEMM-output SQNR on a trace predict its loss ranking? One row per trace and per
-    study (model, length and corpus)."""
-    specs = []
-    for spec in args.analysis:
+def analysis_specs(specs):
+    """The (label, path) of each LABEL=ANALYSIS.json[+ANALYSIS.json] argument, or UsageError naming a bad one."""
+    out = []
+    for spec in specs:
         label, _, path = spec.partition("=")
         if not label or not path or "" in path.split("+"):
             raise UsageError(f"{spec}: not LABEL=ANALYSIS.json[+ANALYSIS.json]")
-        specs.append((label, path))
+        out.append((label, path))
+    return out
+
+
+def cmd_proxy(args):
+    """Does a recipe's mean GEMM-output SQNR on a trace predict its loss ranking? One row per trace and per
+    study (model, length and corpus)."""
+    specs = analysis_specs(args.analysis)
     figures = [args.figure, _paired_figure(args.figure)] if args.figure else []
     # The document is rewritten in place; no output is an analysis or the results file.
     check_outputs(([args.doc] if args.doc else []) + figures,
