@@ -2,7 +2,7 @@
 """Benchmark of `fp4lab sim --sweep` on Llama-2-7B (docs/mpi.md, "Sweep speed"): today's engine beside the new one.
 
   scripts/bench_sweep.py --fp4lab build/bin/fp4lab [--old OLD_FP4LAB] [--repeat 2] [--budget 540]
-                         [--out docs/results/bench-sweep]
+                         [--json docs/results/bench-sweep.json]
 
 OLD is the engine compared against: another fp4lab binary (e.g. one built from an earlier commit), or, by default,
 the same binary as one process simulating every job (OMP_NUM_THREADS=1 --no-job-cache), which is today's engine.
@@ -167,7 +167,7 @@ def main():
     ap.add_argument("--old", help="the fp4lab binary of today's engine (default: --fp4lab as one process, no memo)")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--budget", type=float, default=540.0, help="seconds part C may run")
-    ap.add_argument("--out", help="write OUT.json and OUT.txt")
+    ap.add_argument("--json", help="write the figures to JSON (a .json name) and the table beside it (.txt)")
     args = ap.parse_args()
     args.fp4lab = os.path.abspath(args.fp4lab)
     if args.old:
@@ -198,11 +198,11 @@ def main():
                      f"{c['points_done']} points done, measured {c.get('s_per_point', float('nan')):.3f} s/point")
     text = "\n".join(lines) + "\n"
     print(text, end="")
-    if args.out:
-        with open(args.out + ".json", "w") as f:
+    if args.json:
+        with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
             f.write("\n")
-        with open(args.out + ".txt", "w") as f:
+        with open(os.path.splitext(args.json)[0] + ".txt", "w") as f:
             f.write(text)
 
 
