@@ -1,4 +1,4 @@
-"""New variants of issue 49's classes that the first fixes missed: fp4lab.torch.convert swapping an nn.Linear whose
+"""Further hostile variants of the same classes: fp4lab.torch.convert swapping an nn.Linear whose
 computation is more than its parameters (a forward of its own, hooks, a parametrized weight) and so changing the
 model's output silently; libgomp's own warning printed beside fp4lab's one-line refusal of OMP_NUM_THREADS when
 the Python package loads, and OMP_THREAD_LIMIT values libgomp ignores with a warning. The package comes from PYTHONPATH (ctest points it at the build's in-tree package)."""

@@ -1,4 +1,4 @@
-"""Hostile conditions around the C++ module, one test per class (issue 49): a trace file truncated while
+"""Hostile conditions around the C++ module, one test per class: a trace file truncated while
 fp4lab.analyze reads it, thread counts OpenMP cannot honour, Ctrl-C during a long analysis, and arguments of the wrong
 type to the bindings. Each case runs the package in a process of its own, so a crash is a failed test and not a lost
 test session.
@@ -42,7 +42,7 @@ def write_record(path, gemm, shape, seed=0):
 
 
 def python(code, env=None, timeout=120):
-    """Runs `code` in a fresh interpreter with the package of this session (PYTHONPATH); returns the process."""
+    """Runs `code` in a fresh interpreter with the package under test (PYTHONPATH); returns the process."""
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
 

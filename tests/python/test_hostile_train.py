@@ -1,4 +1,4 @@
-"""fp4lab-train (fp4lab.study) against hostile input (issue 49): a checkpoint is loaded without running any of its
+"""fp4lab-train (fp4lab.study) against hostile input: a checkpoint is loaded without running any of its
 code; every option, input and output is checked before the first training step; each fault is one line
 `fp4lab-train CMD: error: ...` with the documented exit code (docs/spec.md §11.1: 1 data, 2 usage); outputs are
 written under the command line's rules. Most cases end before any training, so they run in-process and fast."""
