@@ -29,10 +29,10 @@ import math
 
 from .._files import DataError, UsageError, check_outputs, read_text, write_atomic
 from . import report as rp
+from ..accuracy import FIELDS, METRICS, PASSES  # one definition of each metric, shared with fp4lab decide
 
 RESAMPLES = 10000
 SEED = 20250
-PASSES = ("fwd_y", "bwd_dx", "bwd_dw")
 LEFT_OUT = "mxfp4"  # the grid far from the others in error: the study is repeated without its effects
 MARKER = "proxy study: fp4lab-train proxy-study"
 # The method in one paragraph, for the JSON that carries its own reading.
@@ -46,46 +46,6 @@ DEFINITION = ("per paired effect A - B (final validation loss, two seeds or more
               "effects)")
 
 
-def _sum(xs):
-    """Summed in list order from +0.0 (not builtins.sum, which compensates on Python 3.12 and later)."""
-    total = 0.0
-    for x in xs:
-        total += x
-    return total
-
-
-def _mean(xs):
-    return _sum(xs) / len(xs)
-
-
-def _values(rows, field, passes):
-    return [r[field] for r in rows if r["pass"] in passes]
-
-
-# The trace metrics, per recipe, of its GEMM rows (8 a pass on the bundled traces): (key, name, better, function).
-# better +1: a higher value is better; −1: a lower one. δ = 1 − η (docs/spec.md §6).
-METRICS = (
-    ("sqnr", "mean GEMM-output SQNR, dB (every GEMM and pass)", +1,
-     lambda rs: _mean(_values(rs, "sqnr_db", PASSES))),
-    ("sqnr_fwd_y", "`fwd_y` SQNR, dB (forward outputs)", +1, lambda rs: _mean(_values(rs, "sqnr_db", ("fwd_y",)))),
-    ("sqnr_bwd_dx", "`bwd_dx` SQNR, dB (activation gradients)", +1,
-     lambda rs: _mean(_values(rs, "sqnr_db", ("bwd_dx",)))),
-    ("sqnr_bwd_dw", "`bwd_dw` SQNR, dB (weight update against its error)", +1,
-     lambda rs: _mean(_values(rs, "sqnr_db", ("bwd_dw",)))),
-    ("sqnr_grad", "gradient-side SQNR, dB (`bwd_dx` and `bwd_dw`)", +1,
-     lambda rs: _mean(_values(rs, "sqnr_db", ("bwd_dx", "bwd_dw")))),
-    ("sqnr_min", "worst GEMM-output SQNR, dB (lowest of every GEMM and pass)", +1,
-     lambda rs: min(_values(rs, "sqnr_db", PASSES))),
-    ("shrink", "mean shrinkage |δ| = |1 − η|, η = α_A·α_B (every GEMM and pass)", -1,
-     lambda rs: _mean([abs(1.0 - v) for v in _values(rs, "eta", PASSES)])),
-    ("shrink_measured", "mean output bias |1 − η_measured| (every GEMM and pass)", -1,
-     lambda rs: _mean([abs(1.0 - v) for v in _values(rs, "eta_measured", PASSES)])),
-    ("chain", "forward-chain shrinkage |Σ δ| over `fwd_y` (≈ |log Π η|)", -1,
-     lambda rs: abs(_sum([1.0 - v for v in _values(rs, "eta", ("fwd_y",))]))),
-    ("dw_bias", "weight-update bias, mean |1 − η_measured| of `bwd_dw`", -1,
-     lambda rs: _mean([abs(1.0 - v) for v in _values(rs, "eta_measured", ("bwd_dw",))])),
-)
-FIELDS = ("sqnr_db", "eta", "eta_measured")
 
 
 def trace_metrics(analysis_path):
