@@ -1,0 +1,52 @@
+"""README.md as a new user reads it: every ```python block runs as pasted (a fresh interpreter in an empty folder,
+nothing defined beforehand, exit 0, nothing on stderr), its two commands are the ones CI runs, and its package
+lists are the ones scripts/install-deps.sh installs. CPU only, a few seconds."""
+import os
+import re
+import subprocess
+import sys
+
+import fp4lab  # the package under test: the blocks run against this copy (PYTHONPATH below)
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+README = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+
+
+def python_blocks():
+    return re.findall(r"^```python\n(.*?)^```", README, flags=re.S | re.M)
+
+
+def test_readme_has_python_examples():
+    assert python_blocks(), "README.md has no ```python block"
+
+
+def test_every_python_block_runs_as_pasted(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(fp4lab.__file__))))
+    for i, code in enumerate(python_blocks()):
+        r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0 and not r.stderr, f"README.md python block {i + 1}:\n{code}\nstderr:\n{r.stderr}"
+
+
+def test_command_two_is_what_ci_runs():
+    ci = open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8").read().strip().splitlines()[-1]
+    assert ci == "scripts/install-deps.sh && scripts/test.sh"
+    assert "\n" + ci + "\n" in README
+
+
+def script_array(text, name):
+    code = "\n".join(line.split("#")[0] for line in text.splitlines())  # comments may hold parentheses
+    return re.search(name + r"=\((.*?)\)", code, flags=re.S).group(1).split()
+
+
+def readme_list(label):
+    m = re.search(r"^- " + label + r": (.*)$", README, flags=re.M)
+    assert m, f"README.md has no line '- {label}: ...'"
+    return re.findall(r"`([^`]+)`", m.group(1))
+
+
+def test_package_lists_match_install_deps():
+    script = open(os.path.join(ROOT, "scripts", "install-deps.sh"), encoding="utf-8").read()
+    assert readme_list("Debian packages") == script_array(script, "APT_PACKAGES")
+    # module:requirement entries install the requirement; the README names what pip installs
+    assert readme_list("Python packages") == [p.split(":")[-1] for p in script_array(script, "PY_PACKAGES")]
