@@ -363,8 +363,9 @@ def test_convert_leaves_a_shared_module_and_bad_shapes():
     tied = nn.ModuleDict({"emb": nn.Embedding(32, 64), "head": nn.Linear(64, 32, bias=False)})
     tied["head"].weight = tied["emb"].weight
     ft.convert(tied, "ufp4")
-    (e,) = tied.fp4lab_report
+    e, emb = tied.fp4lab_report  # the embedding too: it holds a weight matrix, and says why it is not converted
     assert e.name == "head" and e.action == "converted" and e.reason.endswith("; its weight is also emb.weight")
+    assert emb.name == "emb" and emb.action == "no matmul" and emb.reason.endswith("; head.weight is the same parameter")
     assert tied["head"].weight is tied["emb"].weight
 
 

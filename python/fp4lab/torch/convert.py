@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
+import sys
 from types import SimpleNamespace
 from typing import Any, Dict, Optional
 
@@ -12,7 +12,9 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from .attention import MultiheadAttention
-from .linear import Linear, _shape_fault, _Stepped, layer_id_of
+from fp4lab._files import UsageError, compile_regex
+
+from .linear import Conv1D, Linear, _shape_fault, _Stepped, layer_id_of
 from .recipe import Recipe, _as_recipe, _whole
 
 __all__ = ["convert", "ConvertReport", "ConvertEntry", "set_step"]
@@ -21,8 +23,9 @@ __all__ = ["convert", "ConvertReport", "ConvertEntry", "set_step"]
 @dataclasses.dataclass(frozen=True)
 class ConvertEntry:
     """One module ``convert`` considered: ``action`` is "converted", "recipe changed", "unchanged" (already an
-    fp4lab module under this recipe), "left" (it computes as before) or "fused path off", and ``reason`` says
-    why."""
+    fp4lab module under this recipe), "left" (it computes as before, with a weight matrix a GEMM reads), "no matmul"
+    (it holds a weight matrix that no GEMM of its own reads: an embedding table) or "fused path off", and ``reason``
+    says why."""
     name: str
     kind: str
     action: str
@@ -30,9 +33,11 @@ class ConvertEntry:
 
 
 class ConvertReport(list):
-    """What ``convert`` did, one ``ConvertEntry`` per linear module and per ``nn.MultiheadAttention``, in module
-    order, then one per transformer module whose fused inference path it turned off. ``str()`` gives one line per
-    entry."""
+    """What ``convert`` did, one ``ConvertEntry`` per linear module (``nn.Linear``, Hugging Face ``Conv1D``) and per
+    ``nn.MultiheadAttention``, in module order; then one per other module holding a parameter of two or more
+    dimensions (fused MoE experts, routers, embeddings, convolutions: each left, with the reason); then one per
+    transformer module whose fused inference path it turned off. Every parameter of two or more dimensions belongs to
+    a module of the report. ``str()`` gives one line per entry."""
 
     @property
     def converted(self) -> list:
@@ -58,14 +63,19 @@ _FAST_PATH_REASON = ("its fused inference path (eval mode, no grad) computes wit
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
-def _dropped_by_swap(mod: nn.Linear) -> Optional[str]:
-    """What a swap for an fp4lab Linear would silently drop from this nn.Linear, or None: a forward of its own (a
-    subclass), a parametrized weight or bias (computed on access, not the parameters the swap shares), or hooks (they
-    belong to the module object the swap replaces)."""
-    if type(mod).forward is not nn.Linear.forward:
-        return f"{type(mod).__name__} has a forward of its own, which an fp4lab Linear would not compute"
+def _hf_conv1d():
+    """transformers' Conv1D class where transformers is loaded (a model holding one has loaded it), else None."""
+    return getattr(sys.modules.get("transformers.pytorch_utils"), "Conv1D", None)
+
+
+def _dropped_by_swap(mod: nn.Module, base: type) -> Optional[str]:
+    """What a swap for an fp4lab module would silently drop from this ``base`` (nn.Linear or Conv1D) module, or None:
+    a forward of its own (a subclass), a parametrized weight or bias (computed on access, not the parameters the swap
+    shares), or hooks (they belong to the module object the swap replaces)."""
+    if type(mod).forward is not base.forward:
+        return f"{type(mod).__name__} has a forward of its own, which an fp4lab module would not compute"
     if parametrize.is_parametrized(mod):
-        return "its weight or bias is parametrized (torch.nn.utils.parametrize), which an fp4lab Linear would drop"
+        return "its weight or bias is parametrized (torch.nn.utils.parametrize), which an fp4lab module would drop"
     hooks = [h[1:] for h in _HOOKS if getattr(mod, h, None)]
     if hooks:
         return f"it has hooks ({', '.join(hooks)}) that would stay on the replaced module"
@@ -91,28 +101,38 @@ def _set_recipe(report, name: str, kind: str, mod, r: Recipe) -> bool:
 def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exclude: Optional[str] = None) -> nn.Module:
     """Swaps, in place, every ``nn.Linear`` of ``model`` whose qualified name matches ``include`` (a regex searched
     in the name; default all) and not ``exclude`` for an fp4lab ``Linear`` under ``recipe``, sharing its parameters
-    and keeping its state-dict keys, and every matching ``nn.MultiheadAttention`` for an fp4lab
+    and keeping its state-dict keys, every matching ``transformers`` ``Conv1D`` for an fp4lab ``Conv1D``, and every
+    matching ``nn.MultiheadAttention`` for an fp4lab
     ``MultiheadAttention`` (it reads its projection weights directly, so its ``out_proj`` goes with it); an fp4lab
     module already there takes the new recipe (its step and layer id stay). Each converted layer's SR key is
     ``layer_id_of(its qualified name in model)``.
 
     Left as they are, with the reason in the report: modules whose dimensions the recipe cannot quantise, a module
     reachable under two names, an attention with ``add_bias_kv`` or ``add_zero_attn``, and an ``nn.Linear`` the swap
-    would change: a subclass with a forward of its own, a parametrized weight or bias, or one with hooks. The fused inference path of
+    would change: a subclass with a forward of its own, a parametrized weight or bias, or one with hooks. Every
+    other module holding a parameter of two or more dimensions (fused 3-D MoE experts, routers with a forward of
+    their own, embeddings, convolutions) is in the report too, with the reason it is not converted. A pattern that
+    is no regular expression, or that matches no module name, raises a one-line ValueError (UsageError) naming
+    ``include`` or ``exclude``, before anything changes. The fused inference path of
     ``nn.TransformerEncoderLayer``/``nn.TransformerEncoder``, which would compute past the converted modules, is
     turned off for the modules that hold one.
 
     Returns ``model`` (or, for a lone ``nn.Linear`` or attention, the fp4lab module that replaces it) with the
     ``ConvertReport`` as its attribute ``fp4lab_report``; the report is also logged (logger "fp4lab.torch")."""
     r = _as_recipe(recipe)
-    inc = re.compile(include) if include else None
-    exc = re.compile(exclude) if exclude else None
+    inc = compile_regex(include, "convert(): include") if include is not None else None
+    exc = compile_regex(exclude, "convert(): exclude") if exclude is not None else None
     matches = lambda n: (inc is None or inc.search(n)) and not (exc is not None and exc.search(n))  # noqa: E731
     names: Dict[int, list] = {}
     mods: Dict[int, nn.Module] = {}
     for name, mod in model.named_modules(remove_duplicate=False):
         names.setdefault(id(mod), []).append(name)
         mods[id(mod)] = mod
+    # A pattern that matches no module name is a typo or a stale name, not a request to convert nothing (or all).
+    for opt, rx in (("include", inc), ("exclude", exc)):
+        if rx is not None and not any(rx.search(n) for ns in names.values() for n in ns):
+            raise UsageError(f"convert(): {opt} {rx.pattern!r} matches no module of the model")
+    conv1d = _hf_conv1d()
     param_owners: Dict[int, list] = {}  # a parameter tied to another module (a tied head) is noted in the report
     for name, prm in model.named_parameters(remove_duplicate=False):
         param_owners.setdefault(id(prm), []).append(name)
@@ -154,7 +174,8 @@ def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exc
         if isinstance(mod, (nn.TransformerEncoderLayer, nn.TransformerEncoder)):
             fused.append((ns[0], mod))
             continue
-        if not isinstance(mod, nn.Linear):
+        base = nn.Linear if isinstance(mod, nn.Linear) else conv1d if conv1d and isinstance(mod, conv1d) else None
+        if base is None and not isinstance(mod, Conv1D):
             continue
         if key in attention:  # an attention's output projection goes with its attention
             if attention[key]:
@@ -169,23 +190,26 @@ def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exc
             report.append(ConvertEntry(ns[0], kind, "left", f"one module under {len(ns)} names ({', '.join(ns)}): "
                                                             "convert a separate module per name"))
             continue
-        fault = None if isinstance(mod, Linear) else _dropped_by_swap(mod)
-        fault = fault or (None if r.passthrough else _shape_fault(mod, r))
+        ours = isinstance(mod, (Linear, Conv1D))
+        fault = None if ours else _dropped_by_swap(mod, base)
+        fault = fault or (None if r.passthrough else _shape_fault(_features(mod), r))
         if fault:
             report.append(ConvertEntry(ns[0], kind, "left", fault))
             continue
-        if isinstance(mod, Linear):
+        if ours:
             if _set_recipe(report, ns[0], kind, mod, r):
                 mod._qcache.clear()
             if mod._id_given:
                 continue
             new = mod
         else:
-            new = Linear.from_linear(mod, r)
+            new = Linear.from_linear(mod, r) if base is nn.Linear else Conv1D.from_conv1d(mod, r)
             tied = [n for n in param_owners.get(id(mod.weight), []) if n != (f"{ns[0]}." if ns[0] else "") + "weight"]
             report.append(ConvertEntry(ns[0], kind, "converted",
                                        repr(r) + (f"; its weight is also {', '.join(tied)}" if tied else "")))
         swaps.append((ns[0], new))
+
+    _report_the_rest(report, mods, names, param_owners)
 
     def place(name, new):
         if name:
@@ -229,6 +253,55 @@ def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exc
                  f" ({e.reason})" if e.reason else "")
     model.fp4lab_report = report
     return model
+
+
+def _features(mod: nn.Module):
+    """in_features and out_features of an nn.Linear, or of a transformers Conv1D (nx, nf)."""
+    if isinstance(mod, (nn.Linear, Conv1D)):
+        return mod
+    return SimpleNamespace(in_features=mod.nx, out_features=mod.nf)
+
+
+def _matrices(mod: nn.Module) -> list:
+    """The module's own parameters of two or more dimensions: (name, parameter)."""
+    return [(n, p) for n, p in mod.named_parameters(recurse=False) if p is not None and p.dim() >= 2]
+
+
+def _why_left(mod: nn.Module, mats: list) -> tuple:
+    """(action, reason) for a module holding weight matrices that convert has no fp4lab module for."""
+    kind = type(mod).__name__
+    shapes = ", ".join(f"{n} {list(p.shape)}" for n, p in mats)
+    if isinstance(mod, nn.Embedding) or isinstance(mod, nn.EmbeddingBag):
+        return "no matmul", f"an embedding table ({shapes}): looked up, not multiplied"
+    if any(p.dim() == 3 for _, p in mats):
+        return "left", (f"fused 3-D MoE expert parameters ({shapes}) are not supported: its forward slices one "
+                        "expert's matrix at a time, which convert does not quantise")
+    if "router" in kind.lower() or "gate" in kind.lower():
+        return "left", (f"a router computing with its own weight ({shapes}) in a forward of its own, not an "
+                        "nn.Linear convert can swap")
+    if isinstance(mod, nn.modules.conv._ConvNd):
+        return "left", f"a convolution ({shapes}): convert quantises linear layers"
+    return "left", (f"{kind} holds {shapes}: convert swaps nn.Linear, transformers Conv1D and "
+                    "nn.MultiheadAttention only")
+
+
+def _report_the_rest(report: ConvertReport, mods: Dict[int, nn.Module], names: Dict[int, list],
+                     param_owners: Dict[int, list]) -> None:
+    """Appends an entry for every module holding a parameter of two or more dimensions that no entry of ``report``
+    covers (an entry covers its module's parameters and its submodules'), so no weight matrix escapes the report."""
+    reported = {e.name for e in report}
+    under = lambda n: any(n == r or not r or n.startswith(r + ".") for r in reported)  # noqa: E731
+    for key, mod in mods.items():
+        mats = _matrices(mod)
+        if not mats or any(under(n) for n in names[key]):
+            continue
+        name = names[key][0]
+        action, why = _why_left(mod, mats)
+        own = {(f"{name}." if name else "") + n for n, _ in mats}
+        tied = [o for _, p in mats for o in param_owners.get(id(p), []) if o not in own]
+        if tied:
+            why += f"; {', '.join(tied)} {'is' if len(tied) == 1 else 'are'} the same parameter"
+        report.append(ConvertEntry(name, type(mod).__name__, action, why))
 
 
 def set_step(model: nn.Module, step: int) -> None:

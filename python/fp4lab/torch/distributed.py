@@ -20,13 +20,13 @@ from torch import nn
 
 from fp4lab import _core
 
-from .linear import Linear
+from .linear import Conv1D, Linear
 
 __all__ = ["sr_shard"]
 
 
 def sr_shard(model: nn.Module, rank: int, world_size: int) -> nn.Module:
-    """Marks every fp4lab ``Linear`` of ``model`` as computing rows [rank·n, (rank+1)·n) of a global batch of
+    """Marks every fp4lab ``Linear`` and ``Conv1D`` of ``model`` as computing rows [rank·n, (rank+1)·n) of a global batch of
     world_size·n token rows (n: the rows of each call; the batch split evenly along its first dimension, with
     tokens batch-major, as DDP and FSDP2 feed it), so its SR operands draw the global batch's random words.
     ``world_size`` 1 (or ``sr_shard(model, 0, 1)``) turns it off. Returns ``model``. The attention's
@@ -34,7 +34,7 @@ def sr_shard(model: nn.Module, rank: int, world_size: int) -> nn.Module:
     if not (0 <= rank < world_size):
         raise ValueError(f"sr_shard(): rank {rank} is not in [0, {world_size})")
     for m in model.modules():
-        if isinstance(m, Linear):
+        if isinstance(m, (Linear, Conv1D)):
             m._sr_shard = None if world_size == 1 else (int(rank), int(world_size))
     return model
 

@@ -18,7 +18,7 @@ from fp4lab._files import DataError
 from .ops import check_finite_once, column_sum, qmatmul, take_step
 from .recipe import Recipe, _as_recipe, _whole
 
-__all__ = ["Linear", "layer_id_of"]
+__all__ = ["Linear", "Conv1D", "layer_id_of"]
 
 
 class _LinearFn(torch.autograd.Function):
@@ -441,3 +441,68 @@ class Linear(_Stepped, nn.Linear):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe.name}, mode={self.recipe.mode}, layer_id={self.layer_id}"
+
+
+class Conv1D(_Stepped, nn.Module):
+    """Hugging Face's ``Conv1D`` (GPT-2's projections: ``x · weight + bias`` with ``weight`` stored [in, out]) with
+    its three training GEMMs under an fp4lab recipe. It computes what an fp4lab ``Linear`` holding ``weight.t()``
+    computes, bit for bit, and keeps ``weight`` [in, out] and the state-dict keys (``_extra_state`` added, as
+    ``Linear``'s). ``convert`` makes it from a ``transformers.pytorch_utils.Conv1D``, sharing its parameters."""
+
+    def __init__(self, nf: int, nx: int, *, recipe: Any = "ufp4", layer_id: Optional[int] = None, device=None,
+                 dtype=None):
+        super().__init__()
+        self.nf, self.nx = nf, nx
+        self.weight = nn.Parameter(torch.empty(nx, nf, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(nf, device=device, dtype=dtype))
+        self._init_step(recipe)
+        fault = None if self.recipe.passthrough else _shape_fault(self, self.recipe)
+        if fault:
+            raise ValueError(f"Conv1D(nf={nf}, nx={nx}) under {self.recipe!r}: {fault}")
+        self._id_given = layer_id is not None
+        self.layer_id = _ROOT_ID if layer_id is None else _whole("Conv1D()", "layer_id", layer_id, 2**_ID_BITS)
+        self._qcache: dict = {}
+
+    # The names _shape_fault and the reports read (a Linear's).
+    in_features = property(lambda self: self.nx)
+    out_features = property(lambda self: self.nf)
+
+    @classmethod
+    def from_conv1d(cls, conv: nn.Module, recipe: Any, layer_id: Optional[int] = None) -> "Conv1D":
+        """A Conv1D sharing ``conv``'s parameters (the same Parameter objects, so optimizers see no change)."""
+        new = cls(conv.nf, conv.nx, recipe=recipe, layer_id=layer_id, device="meta")
+        new.weight = conv.weight
+        new.bias = conv.bias
+        new.train(conv.training)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x · weight + bias`` ([..., nx] -> [..., nf]) under the recipe: the GEMMs of ``Linear.forward`` with the
+        weight ``weight.t()`` [nf, nx] (the same operands, so the same bits)."""
+        w = self.weight.t()
+        if self.recipe.passthrough or not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != self.nx \
+                or x.is_meta or w.is_meta or not x.is_floating_point():
+            # bf16, shapes only, or an input the quantisers cannot take: torch's own result or error, as F.linear
+            return F.linear(x, w.to(x.dtype) if x.is_meta else w, self.bias)
+        if x.dtype not in _ACTIVATION_DTYPES and not torch.is_autocast_enabled(x.device.type):
+            raise TypeError(f"{self._label()}: a {x.dtype} input: the quantised GEMMs take float32, bfloat16 or "
+                            "float16 activations")
+        step, check = self._take_step(torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
+        if x.numel() == 0 or w.numel() == 0:
+            return F.linear(x, w.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        if check:
+            _check_shapes(self._label(), self.recipe, self.layer_id, int(step), x.numel() // x.shape[-1], self.nx,
+                          self.nf)
+        return _apply(self, x, w, self.bias, step)
+
+    def _label(self) -> str:
+        return self.name if self.name else f"Conv1D(nf={self.nf}, nx={self.nx})"
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["_qcache"] = {}
+        return state
+
+    def extra_repr(self) -> str:
+        return (f"nf={self.nf}, nx={self.nx}, recipe={self.recipe.name}, mode={self.recipe.mode}, "
+                f"layer_id={self.layer_id}")

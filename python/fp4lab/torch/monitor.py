@@ -28,7 +28,7 @@ from fp4lab._files import DataError
 
 from . import ops as _ops
 from .attention import MultiheadAttention
-from .linear import Linear, _in_backward
+from .linear import Conv1D, Linear, _in_backward
 
 __all__ = ["monitor", "Monitor", "operand_stats"]
 
@@ -150,7 +150,7 @@ class Monitor:
         # The GEMMs this monitor watches: the model's fp4lab Linears and attention in-projections, by name.
         self._names: Dict[int, str] = {}
         for name, m in model.named_modules():
-            if isinstance(m, Linear):
+            if isinstance(m, (Linear, Conv1D)):
                 self._names[id(m)] = m.name or name or m._label()
             if isinstance(m, MultiheadAttention):
                 for p in m._projections:

@@ -1,0 +1,167 @@
+"""fp4lab.torch.convert on the Hugging Face models people train (small random configs: nothing is downloaded):
+GPT-2's Conv1D projections convert and compute what a converted nn.Linear holding the transposed weight computes,
+bit for bit; GPT-2 trains under a recipe; on Llama, GPT-2, Mixtral and Qwen2-MoE every parameter of two or more
+dimensions belongs to a module the report names, converted or with the reason it is not; include/exclude patterns
+that match nothing or are no regular expression are one-line errors naming the option."""
+import re
+
+import pytest
+import torch
+import transformers  # scripts/install-deps.sh installs it
+from transformers.pytorch_utils import Conv1D as HFConv1D
+
+import fp4lab.torch as ft
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().view(torch.int32)
+
+
+@pytest.mark.parametrize("recipe", ["ufp4", "nvfp4", ft.Recipe("nvfp4", mode="fast", seed=3)])
+def test_conv1d_equals_linear_with_transposed_weight(recipe):
+    torch.manual_seed(0)
+    conv = HFConv1D(48, 32)  # nf=48 outputs, nx=32 inputs: weight [32, 48]
+    with torch.no_grad():
+        conv.bias.normal_()
+    lin = torch.nn.Linear(32, 48)
+    with torch.no_grad():
+        lin.weight.copy_(conv.weight.t())
+        lin.bias.copy_(conv.bias)
+    fc = ft.Conv1D.from_conv1d(conv, recipe, layer_id=77)
+    fl = ft.Linear.from_linear(lin, recipe, layer_id=77)  # the same SR key: the same random bits
+    assert fc.weight is conv.weight and fc.weight.shape == (32, 48)
+    x = torch.randn(2, 16, 32)
+    xc, xl = x.clone().requires_grad_(), x.clone().requires_grad_()
+    dy = torch.randn(2, 16, 48)
+    yc, yl = fc(xc), fl(xl)
+    yc.backward(dy)
+    yl.backward(dy)
+    assert torch.equal(bits(yc), bits(yl))
+    assert torch.equal(bits(xc.grad), bits(xl.grad))
+    assert torch.equal(bits(conv.weight.grad.t()), bits(lin.weight.grad))
+    assert torch.equal(bits(conv.bias.grad), bits(lin.bias.grad))
+    # Not the plain Conv1D: the GEMMs are quantised.
+    assert not torch.equal(yc, conv(x))
+    assert fc.step == fl.step == 1
+
+
+def make_gpt2(tie=True):
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=128, n_positions=64, n_embd=64, n_layer=2, n_head=4,
+                                  bos_token_id=0, eos_token_id=0, tie_word_embeddings=tie)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def make_llama():
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False))
+
+
+def make_mixtral():
+    torch.manual_seed(0)
+    return transformers.MixtralForCausalLM(transformers.MixtralConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64))
+
+
+def make_qwen_moe():
+    torch.manual_seed(0)
+    return transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=64,
+        shared_expert_intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        num_experts=4, num_experts_per_tok=2, max_position_embeddings=64))
+
+
+GPT2_PROJ = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+
+
+def test_gpt2_conv1d_converted_and_trains():
+    model = ft.convert(make_gpt2(), ft.Recipe("nvfp4", seed=1))
+    rep = model.fp4lab_report
+    assert rep.converted == [f"transformer.h.{i}.{p}" for i in range(2) for p in GPT2_PROJ] + ["lm_head"]
+    assert rep.left == []
+    c_attn = model.transformer.h[0].attn.c_attn
+    assert isinstance(c_attn, ft.Conv1D) and c_attn.weight.shape == (64, 192)
+    assert c_attn.layer_id == ft.layer_id_of("transformer.h.0.attn.c_attn")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(7))
+    losses = []
+    for _ in range(3):
+        loss = model(input_ids=ids, labels=ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
+    for i in range(2):
+        for p in GPT2_PROJ:
+            mod = model.get_submodule(f"transformer.h.{i}.{p}")
+            assert mod.step == 3
+            assert not torch.equal(mod.weight, before[f"transformer.h.{i}.{p}.weight"])
+    # The state dict keeps the plain model's keys and shapes (plus the SR steps).
+    plain = make_gpt2().state_dict()
+    sd = model.state_dict()
+    assert {k for k in sd if not k.endswith("_extra_state")} == set(plain)
+    assert all(sd[k].shape == v.shape for k, v in plain.items())
+
+
+@pytest.mark.parametrize("make", [make_llama, make_gpt2, make_mixtral, make_qwen_moe])
+def test_every_weight_matrix_is_in_the_report(make):
+    model = ft.convert(make(), "ufp4")
+    rep = model.fp4lab_report
+    names = [e.name for e in rep]
+    assert len(names) == len(set(names))
+    for pname, p in model.named_parameters(remove_duplicate=False):
+        if p.dim() < 2:
+            continue
+        owner = pname.rpartition(".")[0]
+        assert any(owner == n or owner.startswith(n + ".") for n in names), f"{pname} is in no report entry"
+    for e in rep:
+        mod = model.get_submodule(e.name)
+        if e.action == "converted":
+            assert isinstance(mod, (ft.Linear, ft.Conv1D)), e
+        else:
+            assert e.reason and not isinstance(mod, (ft.Linear, ft.Conv1D)), e
+    kinds = {e.kind: (e.action, e.reason) for e in rep}
+    assert kinds["Embedding"][0] == "no matmul"
+    if make in (make_mixtral, make_qwen_moe):
+        experts = [e for e in rep if e.name.endswith("mlp.experts")]
+        assert [e.name for e in experts] == [f"model.layers.{i}.mlp.experts" for i in range(2)]
+        assert all(e.action == "left" and "fused 3-D MoE expert parameters" in e.reason for e in experts)
+        routers = [e for e in rep if e.name.endswith("mlp.gate")]
+        assert len(routers) == 2 and all(e.action == "left" and "router" in e.reason for e in routers)
+    if make is make_qwen_moe:
+        (gate,) = [e for e in rep if e.name == "model.layers.0.mlp.shared_expert_gate"]
+        assert gate.action == "left" and "reduction dimension 1 is not a multiple of the block size 16" in gate.reason
+        assert "model.layers.1.mlp.shared_expert.down_proj" in rep.converted
+
+
+def test_gpt2_exclusions_reported():
+    model = make_gpt2(tie=False)
+    model.transformer.h[1].mlp.c_fc.register_forward_hook(lambda m, i, o: None)
+    model = ft.convert(model, "ufp4", exclude=r"\.attn\.")
+    rep = {e.name: e for e in model.fp4lab_report}
+    assert rep["transformer.h.0.attn.c_attn"].action == "left"
+    assert rep["transformer.h.0.attn.c_attn"].reason == "not matched by include/exclude"
+    assert rep["transformer.h.1.mlp.c_fc"].action == "left" and "hooks (forward_hooks)" in rep["transformer.h.1.mlp.c_fc"].reason
+    assert isinstance(model.transformer.h[1].mlp.c_fc, HFConv1D)
+    assert isinstance(model.transformer.h[1].mlp.c_proj, ft.Conv1D)
+    assert rep["lm_head"].action == "converted"
+
+
+@pytest.mark.parametrize("opt", ["include", "exclude"])
+def test_pattern_matching_nothing_is_an_error(opt):
+    model = make_llama()
+    with pytest.raises(ValueError, match=rf"^convert\(\): {opt} 'lm_haed' matches no module of the model$"):
+        ft.convert(model, "ufp4", **{opt: "lm_haed"})
+    assert not any(isinstance(m, ft.Linear) for m in model.modules())  # refused before anything was swapped
+
+
+@pytest.mark.parametrize("opt", ["include", "exclude"])
+def test_bad_regex_names_the_option(opt):
+    with pytest.raises(ValueError, match=rf"^convert\(\): {opt} 'layers\.\(': not a regular expression") as e:
+        ft.convert(make_llama(), "ufp4", **{opt: r"layers.("})
+    assert not isinstance(e.value, re.error) and "\n" not in str(e.value)
