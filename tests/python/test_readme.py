@@ -1,6 +1,7 @@
 """README.md as a new user reads it: every ```python block runs as pasted (a fresh interpreter in an empty folder,
-nothing defined beforehand, exit 0, nothing on stderr), its two commands are the ones CI runs, and its package
-lists are the ones scripts/install-deps.sh installs. CPU only, a few seconds."""
+nothing defined beforehand, exit 0, nothing on stderr), the lines it says command 1 ends with are the ones the
+main job prints, its two commands are the ones CI runs, and its package lists are the ones
+scripts/install-deps.sh installs. CPU only, a few seconds."""
 import os
 import re
 import subprocess
@@ -26,6 +27,15 @@ def test_every_python_block_runs_as_pasted(tmp_path):
         r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                            timeout=120)
         assert r.returncode == 0 and not r.stderr, f"README.md python block {i + 1}:\n{code}\nstderr:\n{r.stderr}"
+
+
+def test_command_one_ends_as_readme_says():
+    shown = re.search(r"^Command 1 ends with[^\n]*\n\n```\n(.*?)^```", README, flags=re.S | re.M)
+    assert shown, "README.md shows no output of command 1"
+    want = shown.group(1).rstrip("\n").split("\n")
+    r = subprocess.run([os.environ["FP4LAB_BIN"]], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.rstrip("\n").split("\n")[-len(want):] == want
 
 
 def test_command_two_is_what_ci_runs():
