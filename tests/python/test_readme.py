@@ -1,6 +1,6 @@
 """README.md as a new user reads it: every ```python block runs as pasted (a fresh interpreter in an empty folder,
-nothing defined beforehand, exit 0, nothing on stderr), the lines it says command 1 ends with are the ones the
-main job prints, its two commands are the ones CI runs, and its package lists are the ones
+nothing defined beforehand, exit 0, nothing on stderr), its excerpt of the main job ends with the job's last
+lines, its two commands are the ones CI runs, and its package lists are the ones
 scripts/install-deps.sh installs. CPU only, a few seconds."""
 import os
 import re
@@ -30,9 +30,12 @@ def test_every_python_block_runs_as_pasted(tmp_path):
 
 
 def test_command_one_ends_as_readme_says():
-    shown = re.search(r"^Command 1 ends with[^\n]*\n\n```\n(.*?)^```", README, flags=re.S | re.M)
-    assert shown, "README.md shows no output of command 1"
-    want = shown.group(1).rstrip("\n").split("\n")
+    """The excerpt under "What the main job prints" ends, after its last `...`, with the main job's last lines."""
+    shown = re.search(r"^## What the main job prints\n.*?^```\n(.*?)^```", README, flags=re.S | re.M)
+    assert shown, "README.md shows no output of the main job"
+    lines = shown.group(1).rstrip("\n").split("\n")
+    want = lines[len(lines) - lines[::-1].index("..."):]
+    assert len(want) >= 3, want
     r = subprocess.run([os.environ["FP4LAB_BIN"]], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.rstrip("\n").split("\n")[-len(want):] == want
@@ -60,3 +63,12 @@ def test_package_lists_match_install_deps():
     assert readme_list("Debian packages") == script_array(script, "APT_PACKAGES")
     # module:requirement entries install the requirement; the README names what pip installs
     assert readme_list("Python packages") == [p.split(":")[-1] for p in script_array(script, "PY_PACKAGES")]
+
+
+def test_cli_guide_lists_the_knobs_readme_lists():
+    # README's list is held to the parsers' tables by tests/cli/cli_test.cpp; docs/cli.md restates it
+    knobs = re.search(r"every knob is also settable on\s+its own: (.*?)\.\n", README, flags=re.S)
+    assert knobs, "README.md lists no knobs"
+    guide = " ".join(open(os.path.join(ROOT, "docs", "cli.md"), encoding="utf-8").read().split())
+    missing = [k for k in re.findall(r"`([^`]+)`", knobs.group(1)) if f"`{k}`" not in guide]
+    assert not missing, f"knobs README.md lists and docs/cli.md does not: {missing}"
