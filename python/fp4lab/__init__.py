@@ -55,7 +55,8 @@ _core = _import_core()
 from ._core import QTensor, QuantConfig  # noqa: E402
 
 __version__: str = _core.__version__
-__all__ = ["ABLATIONS", "Ablation", "QTensor", "QuantConfig", "analyze", "config", "formats", "gemm", "model_shapes",
+__all__ = ["ABLATIONS", "Ablation", "QTensor", "QuantConfig", "analyze", "config", "decide", "formats", "gemm",
+           "model_shapes",
            "quantize", "recipes", "__version__"]
 
 # Knob names as Python keywords ("rht_signs") -> the CLI option they stand for ("rht-signs").
@@ -373,3 +374,11 @@ def model_shapes(config: Any, tokens: int, *, multiple: int = 1) -> list:
         is_file = False
     _, _, rows = _core.model_shapes(source, is_file, operator.index(tokens), operator.index(multiple))
     return [{"gemm": g, "tokens": t, "in": i, "out": o, "count": c} for g, t, i, o, c in rows]
+
+
+def decide(model: Any, **kwargs: Any) -> dict:
+    """From a model to a go/no-go on uniform-grid (E1M2/INT4) hardware: ``fp4lab decide`` in Python. The arguments,
+    the document it returns and the report it writes with ``out=`` are fp4lab.decision.decide's (docs/decide.md)."""
+    from .decision import decide as run
+    return run(model, **kwargs)
+

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import fp4lab
-from fp4lab import decide as dc
+from fp4lab import decision as dc
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 MODEL = os.path.join(ROOT, "workloads", "models", "gpt2.json")
