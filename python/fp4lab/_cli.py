@@ -1,4 +1,4 @@
-"""The `fp4lab` console script: `fp4lab decide` (python/fp4lab/decision.py), else runs the command line installed with the package (which then ends by its own rules,
+"""The `fp4lab` console script: `fp4lab decide` and `fp4lab plot` (fp4lab.decision, fp4lab.plots), else runs the command line installed with the package (which then ends by its own rules,
 docs/spec.md §11.1); a command line that is missing or cannot be run is one line and exit code 1, as for the other
 console scripts."""
 import os
@@ -26,10 +26,13 @@ def _run() -> None:
         raise DataError(f"{path}: cannot run ({e.strerror or e})") from None
 
 
+# The subcommands that are the package's own (they join the simulator, the analyses and the training evidence, and
+# draw with matplotlib); every other subcommand is the command line's.
+_PYTHON = {"decide": "decision", "plot": "plots"}
+
+
 def main() -> int:
-    # `fp4lab decide` is the package's own (it joins the simulator, the analyses and the training evidence, and
-    # draws the figures); every other subcommand is the command line's.
-    if len(sys.argv) > 1 and sys.argv[1] == "decide":
-        from .decision import console
-        return console(sys.argv[2:])
+    if len(sys.argv) > 1 and sys.argv[1] in _PYTHON:
+        import importlib
+        return importlib.import_module(f".{_PYTHON[sys.argv[1]]}", __package__).console(sys.argv[2:])
     return console_main("fp4lab", _run)
