@@ -62,7 +62,7 @@ def _quantizer(shard, inner):
         if token_rows:
             codes, scales = codes[rank * rows:(rank + 1) * rows], scales[rank * rows:(rank + 1) * rows]
         else:
-            b = q.block  # the shape check keeps the micro-batch's tokens a multiple of the block
+            b = q.block  # the micro-batch's tokens come zero-padded to a multiple of the block
             codes = codes[:, rank * cols:(rank + 1) * cols]
             scales = scales[:, rank * cols // b:(rank + 1) * cols // b]
         return _core.make_qtensor(q.format, q.scale, q.block, q.tile2d, np.ascontiguousarray(codes),

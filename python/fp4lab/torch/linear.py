@@ -176,9 +176,10 @@ def _shape_fault(lin: nn.Linear, r: Recipe) -> Optional[str]:
 
 def _check_shapes(label: str, recipe: Recipe, layer: int, step: int, tokens: int, in_f: int, out_f: int) -> None:
     """The backward GEMMs reduce over out and tokens: a shape they cannot take is refused before the forward GEMM
-    runs, not after it."""
+    runs, not after it. (bwd_dw takes any token count: the partial last block is zero-padded.)"""
+    kp = tokens + -tokens % recipe.k_multiple["bwd_dw"]
     for p, o, rows, cols in (("bwd_dx", "a", tokens, out_f), ("bwd_dx", "b", in_f, out_f),
-                             ("bwd_dw", "a", out_f, tokens), ("bwd_dw", "b", in_f, tokens)):
+                             ("bwd_dw", "a", out_f, kp), ("bwd_dw", "b", in_f, kp)):
         try:
             _core.validate(recipe.config(p, o, layer=layer, step=step), rows, cols)
         except ValueError as e:

@@ -603,10 +603,16 @@ def qmatmul(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: Recipe
             label: str, cache: Optional[dict] = None, owner: Any = None,
             out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """A [M, K] · B [N, K]ᵀ, both operands quantised along K under the recipe's settings for ``pass_`` with the SR
-    key (seed, ``step``, ``layer``), in the recipe's mode, through the fp4lab operators. ``cache`` (eager mode) lets
+    key (seed, ``step``, ``layer``), in the recipe's mode, through the fp4lab operators; a K that is not a multiple
+    of ``recipe.k_multiple[pass_]`` is zero-padded to one first. ``cache`` (eager mode) lets
     CUDA operands go through the kernels' device buffers instead; there an ``exact`` product the caller keeps in
     BF16 (``out_dtype``) comes out of the GEMM's epilogue as BF16, without an FP32 pass and a conversion. Other
     paths may return FP32 whatever ``out_dtype`` says: the caller converts."""
+    # A K the blocks (or RHT) do not divide ends in a partial block: defined as zero-padded to the next multiple
+    # (docs/spec.md, the block-scaled GEMM), which the quantisers and GEMMs below then take whole.
+    pad = -a.shape[-1] % recipe.k_multiple[pass_]
+    if pad:
+        a, b = torch.nn.functional.pad(a, (0, pad)), torch.nn.functional.pad(b, (0, pad))
     shard = getattr(owner, "_sr_shard", None)  # fp4lab.torch.sr_shard: a micro-batch of a global batch
     if owner is not None and (shard is not None or (observers and _observed(owner, step))):
         return _qmatmul_observed(a, b, step, recipe, layer, pass_, label, cache, owner, shard)

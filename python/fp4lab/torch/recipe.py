@@ -1,6 +1,7 @@
 """Recipe: which quantiser settings each operand of each training GEMM of a linear layer takes."""
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any, Dict, Mapping, Optional, Tuple
 
@@ -132,11 +133,17 @@ class Recipe:
         set_(self, "_step_seeds", {})
         set_(self, "key", repr(self))
         _by_key.setdefault(self.key, self)
+        # k_multiple[pass]: the multiple of the reduction dimension K the pass's operands are zero-padded to (the
+        # blocks and RHT sizes of both operands; docs/spec.md, a partial last block). A plain dict, so a compiled
+        # graph reads it as a constant.
+        mult = {p: 1 for p in _PASSES}
         if not self.passthrough:
             for p in _PASSES:  # resolve once now, so a bad knob fails here and not in the first backward
                 for o in ("a", "b"):
-                    self.config(p, o, layer=0, step=0)
+                    d = self.config(p, o, layer=0, step=0).to_dict()
+                    mult[p] = math.lcm(mult[p], d["block"], d["rht"] or 1)
                 _same_rotation(p, self.config(p, "a", layer=0, step=0), self.config(p, "b", layer=0, step=0))
+        set_(self, "k_multiple", mult)
 
     def __setattr__(self, name, value):
         raise AttributeError(f"fp4lab.torch.Recipe is immutable (make another Recipe rather than setting {name})")
