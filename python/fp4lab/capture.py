@@ -422,8 +422,10 @@ def run_wrapped(args) -> int:
     done = sorted({int(os.path.basename(os.path.dirname(p))[5:]) for p in cap.written})
     missing = sorted(steps - set(done))
     if missing:
-        raise TraceError(f"{script}: the run ended before steps {missing} were captured "
-                         f"({state['updates']} optimizer steps counted)")
+        n = state["updates"]
+        raise TraceError(f"{script}: the run ended before steps {missing} were captured: step S is the forward "
+                         f"and backward after S optimizer steps, and the run made {n} (the last step it captures "
+                         f"is {n - 1 if n else 0})")
     return 0
 
 
@@ -450,7 +452,8 @@ def _main(argv: Optional[List[str]]) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run a training script and capture traces from its nn.Linear layers")
     r.add_argument("--pattern", required=True, help="regex searched in the dotted module names")
-    r.add_argument("--steps", required=True, help="comma-separated optimizer-step counts to capture at")
+    r.add_argument("--steps", required=True, help="comma-separated optimizer-step counts to capture at: step S is the forward and backward that "
+                   "follow S optimizer steps (0: the first)")
     r.add_argument("--out", required=True, help="output folder; one step_NNNNNN/ sub-folder per step")
     r.add_argument("--max-tokens", type=int, default=None, help="keep at most this many token rows")
     r.add_argument("--token-multiple", type=int, default=128, help="kept token rows are a multiple of this")
