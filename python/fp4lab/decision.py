@@ -141,12 +141,21 @@ def _sim(cli: str, design: Design, model_args: Sequence[str], recipe: str) -> di
         raise DataError(f"{cli} sim: its --json output is not JSON") from None
 
 
-def _run_all(cli: str, jobs: int, tasks: Sequence[tuple]) -> List[dict]:
-    """Every (design, model args, recipe) through the simulator, ``jobs`` processes at a time, in task order."""
+def _run_all(cli: str, jobs: int, tasks: Sequence[tuple], may_fail=lambda task: False) -> List[Any]:
+    """Every (design, model args, recipe) through the simulator, ``jobs`` processes at a time, in task order. A
+    task for which ``may_fail`` is true gives its DataError in its place instead of ending the decision."""
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = [pool.submit(_sim, cli, *t) for t in tasks]
+        out: List[Any] = []
         try:
-            return [f.result() for f in futures]
+            for t, f in zip(tasks, futures):
+                try:
+                    out.append(f.result())
+                except DataError as e:
+                    if not may_fail(t):
+                        raise
+                    out.append(e)
+            return out
         except BaseException:
             for f in futures:
                 f.cancel()
@@ -512,7 +521,10 @@ def _figures(doc: Mapping, out: str) -> Dict[str, str]:
 # ---- the decision -----------------------------------------------------------------------------------------------
 
 def _label(model: str) -> str:
-    base = os.path.basename(os.path.normpath(model))
+    norm = os.path.normpath(model)
+    base = os.path.basename(norm)
+    if os.path.isdir(norm) and os.path.dirname(norm):  # a trace's step folder: name its run too
+        return os.path.join(os.path.basename(os.path.dirname(os.path.abspath(norm))), base)
     return base[:-5] if base.endswith(".json") else base[:-4] if base.endswith(".csv") else base
 
 
@@ -595,12 +607,20 @@ def decide(model: Any, *, tokens: Optional[int] = None, traces: Iterable[Any] = 
     _check_sim(cli)
     margs = _model_args(model, tokens)
 
-    # Cost: every design x recipe, full size.
+    # Cost: every design x recipe, full size. A recipe the verdict does not need and the model cannot take (a
+    # dimension that is not a whole number of its blocks) is left out, and the report says why.
+    skipped: Dict[str, str] = {}
+    needed = (uniform_recipe, baseline_recipe)
     all_designs = [base] + others
     tasks = [(d, margs, r) for d in all_designs for r in recipes]
-    sims = _run_all(cli, jobs, tasks)
-    runs = [_summary(d, r, s, tokens) for (d, _, r), s in zip(tasks, sims)]
-    by = {(r["design"], r["recipe"]): (r, s) for r, s in zip(runs, sims)}
+    sims = _run_all(cli, jobs, tasks, may_fail=lambda t: t[2] not in needed)
+    for (d, _, r), s in zip(tasks, sims):
+        if isinstance(s, Exception):
+            skipped.setdefault(r, f"not timed on {d.label}: {s}")
+    recipes = [r for r in recipes if r not in skipped]
+    kept = [(t, s) for t, s in zip(tasks, sims) if t[2] in recipes]
+    runs = [_summary(d, r, s, tokens) for (d, _, r), s in kept]
+    by = {(r["design"], r["recipe"]): (r, s) for r, (_, s) in zip(runs, kept)}
     b_run, b_sim = by[(base.label, baseline_recipe)]
     if not b_run["native"]:
         raise UsageError(f"--baseline {base.label}: it does not run {baseline_recipe} natively")
@@ -609,15 +629,22 @@ def decide(model: Any, *, tokens: Optional[int] = None, traces: Iterable[Any] = 
     acc = None
     if traces:
         rows: Dict[str, list] = {}
-        for t in traces:
-            for rec, rs in accuracy.recipe_rows(_analyze(t, recipe=recipes), t).items():
-                rows.setdefault(rec, []).extend(rs)
+        for r in list(recipes):
+            try:
+                got = {t: accuracy.recipe_rows(_analyze(t, recipe=[r]), t).get(r, []) for t in traces}
+            except DataError as e:
+                if r in needed:
+                    raise
+                skipped.setdefault(r, f"not analysed: {e}")
+                continue
+            for t in traces:
+                rows.setdefault(r, []).extend(got[t])
         for rec, rs in rows.items():
             try:
                 accuracy.check_rows(rs, f"recipe {rec}")
             except ValueError as e:
                 raise DataError(f"{', '.join(traces)}: {e}") from None
-        pairs = [(uniform_recipe, r) for r in recipes if r != uniform_recipe]
+        pairs = [(uniform_recipe, r) for r in recipes if r != uniform_recipe and r in rows]
         acc = accuracy.bootstrap(rows, pairs, resamples, seed)
         acc["traces"] = traces
     training = _training(ev, uniform_recipe, baseline_recipe)
@@ -736,6 +763,8 @@ def decide(model: Any, *, tokens: Optional[int] = None, traces: Iterable[Any] = 
     ]
     if not traces:
         limits.insert(0, "No trace was given: the accuracy of the recipes on this model was not measured.")
+    for r, why in skipped.items():
+        limits.insert(0, f"Recipe {r} is left out: {why}")
     doc = {
         "fp4lab.decision.version": VERSION,
         "command": command or "fp4lab.decide(...)",
@@ -746,7 +775,7 @@ def decide(model: Any, *, tokens: Optional[int] = None, traces: Iterable[Any] = 
         "rule": _rule(),
         "verdict": {"decision": decision, "sentence": sentence},
         "verdicts": verdicts, "runs": runs, "accuracy": acc, "training": training, "evidence": ev,
-        "robustness": robust, "layers": layers, "limits": limits, "figures": {},
+        "robustness": robust, "layers": layers, "limits": limits, "skipped": skipped, "figures": {},
         "assumptions": [{"key": k, "name": n, "factors": list(f)} for k, n, f in ASSUMPTIONS],
         "tolerance": TOLERANCE,
     }

@@ -199,3 +199,28 @@ def test_model_source_kinds_time_the_same_step(tmp_path):
     assert [r["time_ms"] for r in a["runs"]] == [r["time_ms"] for r in b["runs"]]
     assert [r["tokens_per_s"] for r in a["runs"]] == [r["tokens_per_s"] for r in b["runs"]]
     assert a["verdict"] == b["verdict"]
+
+
+def test_a_recipe_the_model_cannot_take_is_left_out_and_said(tmp_path):
+    """A captured layer 48 wide is whole blocks of 16 but not of 32: mxfp4 (block 32) is left out of the timing and
+    the accuracy, the report says why, and the verdict's two recipes are still decided."""
+    import numpy as np
+    from fp4lab import trace as ft
+    rng = np.random.default_rng(0)
+    step = tmp_path / "run" / "step_000010"
+    step.mkdir(parents=True)
+    for name, (t, i, o) in {"mlp.fc1": (64, 48, 96), "mlp.fc2": (64, 96, 48)}.items():
+        ft.write_file(str(step / f"{name}.safetensors"),
+                      {f"{name}.fwd_x": rng.standard_normal((t, i), dtype=np.float32),
+                       f"{name}.fwd_w": rng.standard_normal((o, i), dtype=np.float32),
+                       f"{name}.bwd_dy": rng.standard_normal((t, o), dtype=np.float32)},
+                      {"fp4lab.trace.version": "1", "step": "10", "tokens_in_pass": "512"})
+    doc = dc.decide(str(step), traces=[str(step)], designs=["h200-class-e1m2"], robustness=False, resamples=100)
+    assert set(doc["skipped"]) == {"mxfp4"} and "block size 32" in doc["skipped"]["mxfp4"]
+    assert {r["recipe"] for r in doc["runs"]} == {"ufp4", "e2m1-ref", "nvfp4"}
+    assert set(doc["accuracy"]["recipes"]) == {"ufp4", "e2m1-ref", "nvfp4"} and doc["accuracy"]["records"] == 2
+    assert any(x.startswith("Recipe mxfp4 is left out") for x in doc["limits"])
+    assert doc["model"]["label"] == os.path.join("run", "step_000010")
+    # the verdict's own recipes may not be left out: one line naming the fault
+    with pytest.raises(ValueError, match="block size 32"):
+        dc.decide(str(step), designs=["h200-class-e1m2"], baseline_recipe="mxfp4", robustness=False)
