@@ -224,3 +224,19 @@ def test_a_recipe_the_model_cannot_take_is_left_out_and_said(tmp_path):
     # the verdict's own recipes may not be left out: one line naming the fault
     with pytest.raises(ValueError, match="block size 32"):
         dc.decide(str(step), designs=["h200-class-e1m2"], baseline_recipe="mxfp4", robustness=False)
+
+
+def test_readme_quotes_the_committed_example_verdict():
+    """README's verdict is the committed example's (docs/results/decision, scripts/decision_example.sh), and that
+    example was made by the command README shows."""
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    doc = json.load(open(os.path.join(ROOT, "docs", "results", "decision", "decision.json")))
+    quoted = " ".join(ln[2:] for ln in readme.splitlines() if ln.startswith("> "))
+    assert doc["verdict"]["sentence"] in quoted
+    assert doc["command"] == ("fp4lab decide --model workloads/models/llama2-7b.json --tokens 4096 --trace "
+                              "workloads/tiny-lm/step_005000 --trace workloads/doc-lm/step_001999 "
+                              "--out docs/results/decision")
+    script = open(os.path.join(ROOT, "scripts", "decision_example.sh")).read()
+    assert "--model workloads/models/llama2-7b.json --tokens 4096" in script and "--out docs/results/decision" in script
+    md = open(os.path.join(ROOT, "docs", "results", "decision", "report.md"), encoding="utf-8").read()
+    assert doc["verdict"]["sentence"] in md
