@@ -12,12 +12,13 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from .attention import MultiheadAttention
+from .moe import Experts, experts_fault
 from fp4lab._files import UsageError, compile_regex
 
 from .linear import Conv1D, Linear, _shape_fault, _Stepped, layer_id_of
 from .recipe import Recipe, _as_recipe, _whole
 
-__all__ = ["convert", "ConvertReport", "ConvertEntry", "set_step"]
+__all__ = ["convert", "ConvertReport", "ConvertEntry", "set_step", "export_state_dict"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,9 +34,10 @@ class ConvertEntry:
 
 
 class ConvertReport(list):
-    """What ``convert`` did, one ``ConvertEntry`` per linear module (``nn.Linear``, Hugging Face ``Conv1D``) and per
-    ``nn.MultiheadAttention``, in module order; then one per other module holding a parameter of two or more
-    dimensions (fused MoE experts, routers, embeddings, convolutions: each left, with the reason); then one per
+    """What ``convert`` did, one ``ConvertEntry`` per linear module (``nn.Linear``, Hugging Face ``Conv1D``), per
+    ``nn.MultiheadAttention`` and per fused 3-D MoE experts module, in module order; then one per other module
+    holding a parameter of two or more dimensions (routers with a forward of their own, embeddings, convolutions:
+    each left or "no matmul", with the reason); then one per
     transformer module whose fused inference path it turned off. Every parameter of two or more dimensions belongs to
     a module of the report. ``str()`` gives one line per entry."""
 
@@ -109,9 +111,11 @@ def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exc
 
     Left as they are, with the reason in the report: modules whose dimensions the recipe cannot quantise, a module
     reachable under two names, an attention with ``add_bias_kv`` or ``add_zero_attn``, and an ``nn.Linear`` the swap
-    would change: a subclass with a forward of its own, a parametrized weight or bias, or one with hooks. Every
-    other module holding a parameter of two or more dimensions (fused 3-D MoE experts, routers with a forward of
-    their own, embeddings, convolutions) is in the report too, with the reason it is not converted. A pattern that
+    would change: a subclass with a forward of its own, a parametrized weight or bias, or one with hooks. Hugging
+    Face MoE experts stored as fused 3-D parameters (``gate_up_proj`` [E, 2I, H], ``down_proj`` [E, H, I]) become an
+    fp4lab ``Experts`` (each expert's GEMMs under the recipe), or are left with the reason. Every other module
+    holding a parameter of two or more dimensions (routers with a forward of their own, embeddings, convolutions)
+    is in the report too, with the reason it is not converted. A pattern that
     is no regular expression, or that matches no module name, raises a one-line ValueError (UsageError) naming
     ``include`` or ``exclude``, before anything changes. The fused inference path of
     ``nn.TransformerEncoderLayer``/``nn.TransformerEncoder``, which would compute past the converted modules, is
@@ -140,6 +144,7 @@ def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exc
     fused = []  # modules with an inference path of their own that bypasses the layers inside them
     swaps = []  # (module name, new Linear)
     attention_swaps = []  # (module name, new MultiheadAttention)
+    experts_swaps = []  # (module name, new Experts)
     ids_only = []  # (module name, Linear) in place already: an attention's out_proj
     attention: Dict[int, str] = {}  # id of an attention's out_proj -> why it is left, or "" (converted with it)
     used_ids = {m.layer_id for m in mods.values() if isinstance(m, Linear) and m._id_given}
@@ -173,6 +178,37 @@ def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exc
             continue
         if isinstance(mod, (nn.TransformerEncoderLayer, nn.TransformerEncoder)):
             fused.append((ns[0], mod))
+            continue
+        if isinstance(mod, Experts) or _fused_experts(mod):
+            why = None
+            if not any(matches(n) for n in ns):
+                why = "not matched by include/exclude"
+            elif len(ns) > 1:
+                why = f"one module under {len(ns)} names ({', '.join(ns)}): convert a separate module per name"
+            elif not isinstance(mod, Experts):
+                why = experts_fault(mod) or _hooked(mod)
+                E, I2, H = mod.gate_up_proj.shape
+                why = why or (None if r.passthrough else next(
+                    (f"{p}: {f}" for p, f in (("gate_up_proj", _shape_fault(SimpleNamespace(in_features=H,
+                                                                                          out_features=I2), r)),
+                                              ("down_proj", _shape_fault(SimpleNamespace(in_features=I2 // 2,
+                                                                                         out_features=H), r)))
+                     if f), None))
+            if why:
+                shapes = ", ".join(f"{n} {list(p.shape)}" for n, p in _matrices(mod))
+                report.append(ConvertEntry(ns[0], kind, "left", f"fused 3-D MoE expert parameters ({shapes}): {why}"))
+                continue
+            if isinstance(mod, Experts):
+                if _set_recipe(report, ns[0], kind, mod, r):
+                    for pair in mod._gemms:
+                        for g in pair:
+                            g._qcache.clear()
+                new = mod
+            else:
+                new = Experts(mod, r)
+                report.append(ConvertEntry(ns[0], kind, "converted",
+                                           f"{new.num_experts} experts, each one's GEMMs under {r!r}"))
+            experts_swaps.append((ns[0], new))
             continue
         base = nn.Linear if isinstance(mod, nn.Linear) else conv1d if conv1d and isinstance(mod, conv1d) else None
         if base is None and not isinstance(mod, Conv1D):
@@ -229,6 +265,11 @@ def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exc
             ids_only.append((f"{name}.out_proj" if name else "out_proj", new.out_proj))
         model = place(name, new)
 
+    for name, new in experts_swaps:
+        if new.name is None:
+            new.name = name
+        model = place(name, new)
+
     for name, new in swaps + ids_only:
         # The name's hash, probed with "#k" suffixes past the (rare) ids another layer of this model holds.
         lid, k = layer_id_of(name), 0
@@ -253,6 +294,20 @@ def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exc
                  f" ({e.reason})" if e.reason else "")
     model.fp4lab_report = report
     return model
+
+
+def _fused_experts(mod: nn.Module) -> bool:
+    """A Hugging Face experts module with fused 3-D parameters (``gate_up_proj`` [E, 2I, H] and the like)."""
+    p = getattr(mod, "gate_up_proj", None)
+    return isinstance(p, nn.Parameter) and p.dim() == 3
+
+
+def _hooked(mod: nn.Module) -> Optional[str]:
+    """What a swap would drop from this module besides its forward: a parametrized parameter, or hooks."""
+    if parametrize.is_parametrized(mod):
+        return "a parameter is parametrized (torch.nn.utils.parametrize), which an fp4lab module would drop"
+    hooks = [h[1:] for h in _HOOKS if getattr(mod, h, None)]
+    return f"it has hooks ({', '.join(hooks)}) that would stay on the replaced module" if hooks else None
 
 
 def _features(mod: nn.Module):
@@ -312,3 +367,17 @@ def set_step(model: nn.Module, step: int) -> None:
         if isinstance(m, _Stepped):
             m.step = m._last_step = _whole("set_step()", "step", step, 2**63)
             m._write_device_seed()
+
+
+
+def export_state_dict(model: nn.Module, *, prefix: str = "", keep_vars: bool = False) -> Dict[str, Any]:
+    """``model.state_dict(prefix=prefix, keep_vars=keep_vars)`` without the SR steps the fp4lab modules add
+    (``<name>._extra_state``): the state dict of the model before ``convert``, the same keys, shapes and tensors. It
+    loads with ``strict=True`` into the unconverted model, and ``save_pretrained(dir,
+    state_dict=export_state_dict(model))`` writes a checkpoint ``from_pretrained`` reads without unexpected keys.
+    Another module's ``_extra_state`` stays. A converted model loads it strictly too, keeping its steps."""
+    sd = model.state_dict(prefix=prefix, keep_vars=keep_vars)
+    for n, m in model.named_modules(remove_duplicate=False):
+        if isinstance(m, _Stepped):
+            sd.pop(f"{prefix}{n}._extra_state" if n else f"{prefix}_extra_state", None)
+    return sd

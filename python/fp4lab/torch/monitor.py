@@ -28,6 +28,7 @@ from fp4lab._files import DataError
 
 from . import ops as _ops
 from .attention import MultiheadAttention
+from .moe import Experts
 from .linear import Conv1D, Linear, _in_backward
 
 __all__ = ["monitor", "Monitor", "operand_stats"]
@@ -155,6 +156,10 @@ class Monitor:
             if isinstance(m, MultiheadAttention):
                 for p in m._projections:
                     self._names[id(p)] = p._label()
+            if isinstance(m, Experts):  # each expert's two GEMMs, named <experts>.gate_up_proj.<e> and .down_proj.<e>
+                for pair in m._gemms:
+                    for g in pair:
+                        self._names[id(g)] = g._label()
         self._pending: list = []  # (step, layer, pass, shapes, labels, FP64 sums on the GPU) not yet read back
         self._file = self._open(self.out)
         self._size = 0  # the bytes of the records written whole: what a failed write cuts the file back to

@@ -1,0 +1,148 @@
+"""fp4lab.torch.Experts: a Hugging Face mixture-of-experts block's experts stored as fused 3-D parameters
+(Mixtral's, Qwen2-MoE's: ``gate_up_proj`` [E, 2I, H], ``down_proj`` [E, H, I]) with each expert's GEMMs under a
+recipe."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from .linear import _apply, _check_shapes, _Stepped, layer_id_of
+from .recipe import Recipe
+
+__all__ = ["Experts"]
+
+
+class _ExpertGemm:
+    """One expert's projection (``gate_up_proj`` or ``down_proj`` of expert ``index``), as _LinearFn takes a layer:
+    the experts' recipe, the SR id ``layer_id_of("<experts' name>.<proj>.<index>")`` and its own device buffers."""
+
+    def __init__(self, owner: "Experts", proj: str, index: int):
+        self.owner, self.proj, self.index, self._qcache = owner, proj, index, {}
+        self.named(owner.name)
+
+    def named(self, owner_name: Optional[str]) -> None:
+        # Hashed when the experts are named, not at each forward (torch.compile traces no hashlib).
+        suffix = f"{self.proj}.{self.index}"
+        self.layer_id = layer_id_of(f"{owner_name}.{suffix}" if owner_name else suffix)
+
+    @property
+    def recipe(self) -> Recipe:
+        return self.owner.recipe
+
+    def _label(self) -> str:
+        return f"{self.owner._label()}.{self.proj}.{self.index}"
+
+    def __getstate__(self):
+        return {"owner": self.owner, "proj": self.proj, "index": self.index, "layer_id": self.layer_id,
+                "_qcache": {}}
+
+
+def experts_fault(mod: nn.Module) -> Optional[str]:
+    """Why ``mod`` is not a Hugging Face experts module whose computation ``Experts`` repeats, or None: fused
+    ``gate_up_proj`` [E, 2I, H] and ``down_proj`` [E, H, I] (concatenated gate and up, not transposed, no bias, no
+    norm after the experts), an activation ``act_fn`` and the default gate. (Whichever implementation the model's
+    config selects, eager or grouped_mm, computes the same function; ``Experts`` computes the eager loop's.)"""
+    gu, down = getattr(mod, "gate_up_proj", None), getattr(mod, "down_proj", None)
+    if not (isinstance(gu, nn.Parameter) and isinstance(down, nn.Parameter) and gu.dim() == 3 and down.dim() == 3):
+        return "no gate_up_proj and down_proj 3-D parameters"
+    E, I2, H = gu.shape
+    if I2 % 2 or tuple(down.shape) != (E, H, I2 // 2) or getattr(mod, "num_experts", E) != E:
+        return f"gate_up_proj {list(gu.shape)} and down_proj {list(down.shape)} are not [E, 2I, H] and [E, H, I]"
+    layout = {"has_gate": True, "has_bias": False, "is_transposed": False, "is_concatenated": True,
+              "has_post_expert_norm": False}
+    odd = [f"{k}={getattr(mod, k)}" for k, v in layout.items() if getattr(mod, k, v) != v]
+    if odd:
+        return f"a layout Experts does not compute ({', '.join(odd)})"
+    if not callable(getattr(mod, "act_fn", None)):
+        return "no act_fn"
+    gate = getattr(type(mod), "_apply_gate", None)
+    if gate is not None and getattr(gate, "__name__", "") != "_default_apply_gate":
+        return f"{type(mod).__name__} gates with a function of its own"
+    return None
+
+
+class Experts(_Stepped, nn.Module):
+    """The experts of a Hugging Face MoE block (``MixtralExperts``, ``Qwen2MoeExperts``: ``gate_up_proj`` [E, 2I, H],
+    ``down_proj`` [E, H, I], the same Parameter objects and state-dict keys, with ``_extra_state``, the SR step) whose
+    forward is the transformers eager loop with each expert's two GEMMs under the recipe: expert e's tokens X_e
+    give ``act(X_e · gate_eᵀ) * (X_e · up_eᵀ)`` from one GEMM with ``gate_up_proj[e]``, then a GEMM with
+    ``down_proj[e]``, as an fp4lab ``Linear`` holding that matrix computes it (any token count: a partial last block
+    of bwd_dw is zero-padded), SR keyed by ``layer_id_of("<name>.gate_up_proj.<e>")`` and
+    ``layer_id_of("<name>.down_proj.<e>")`` and the module's step (one a training forward). ``convert`` makes it."""
+
+    def __init__(self, experts: nn.Module, recipe: Any):
+        super().__init__()
+        fault = experts_fault(experts)
+        if fault:
+            raise ValueError(f"Experts(): {type(experts).__name__}: {fault}")
+        self.gate_up_proj = experts.gate_up_proj
+        self.down_proj = experts.down_proj
+        self.num_experts = experts.gate_up_proj.shape[0]
+        self.act_fn = experts.act_fn
+        self.kind = type(experts).__name__
+        self._init_step(recipe)
+        self._id_given = False
+        self.train(experts.training)
+        self._gemms = [(_ExpertGemm(self, "gate_up_proj", e), _ExpertGemm(self, "down_proj", e))
+                       for e in range(self.num_experts)]
+
+    @property
+    def name(self) -> Optional[str]:
+        """The qualified name convert found it at (error messages, and the experts' SR keys)."""
+        return self.__dict__.get("_name")
+
+    @name.setter
+    def name(self, value: Optional[str]) -> None:
+        self.__dict__["_name"] = value
+        for pair in self.__dict__.get("_gemms", ()):
+            for g in pair:
+                g.named(value)
+
+    def _label(self) -> str:
+        return self.name if self.name else f"Experts({self.kind})"
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        final = torch.zeros_like(hidden_states)
+        if self.recipe.passthrough or hidden_states.is_meta:
+            step, check = None, False
+        else:
+            step, check = self._take_step(torch.is_grad_enabled() and (
+                hidden_states.requires_grad or self.gate_up_proj.requires_grad or self.down_proj.requires_grad))
+        with torch.no_grad():
+            mask = torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts + 1).permute(2, 1, 0)
+            hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+        for e in hit:
+            e = int(e[0])
+            if e == self.num_experts:
+                continue
+            top_k_pos, token_idx = torch.where(mask[e])
+            x = hidden_states[token_idx]
+            gu, down = self._gemms[e]
+            w_gu, w_down = self.gate_up_proj[e], self.down_proj[e]
+            if step is None:
+                h = nn.functional.linear(x, w_gu)
+            else:
+                if check:
+                    _check_shapes(gu._label(), self.recipe, gu.layer_id, int(step), x.shape[0], w_gu.shape[1],
+                                  w_gu.shape[0])
+                h = _apply(gu, x, w_gu, None, step)
+            gate, up = h.chunk(2, dim=-1)
+            h = self.act_fn(gate) * up
+            if step is None:
+                h = nn.functional.linear(h, w_down)
+            else:
+                if check:
+                    _check_shapes(down._label(), self.recipe, down.layer_id, int(step), h.shape[0], w_down.shape[1],
+                                  w_down.shape[0])
+                h = _apply(down, h, w_down, None, step)
+            h = h * top_k_weights[token_idx, top_k_pos, None]
+            final.index_add_(0, token_idx, h.to(final.dtype))
+        return final
+
+    def extra_repr(self) -> str:
+        E, I2, H = self.gate_up_proj.shape
+        return (f"{self.kind}: num_experts={E}, hidden={H}, intermediate={I2 // 2}, recipe={self.recipe.name}, "
+                f"mode={self.recipe.mode}")
