@@ -150,7 +150,8 @@ def test_gpt2_exclusions_reported():
     rep = {e.name: e for e in model.fp4lab_report}
     assert rep["transformer.h.0.attn.c_attn"].action == "left"
     assert rep["transformer.h.0.attn.c_attn"].reason == "not matched by include/exclude"
-    assert rep["transformer.h.1.mlp.c_fc"].action == "left" and "hooks (forward_hooks)" in rep["transformer.h.1.mlp.c_fc"].reason
+    hooked = rep["transformer.h.1.mlp.c_fc"]
+    assert hooked.action == "left" and "hooks (forward_hooks)" in hooked.reason
     assert isinstance(model.transformer.h[1].mlp.c_fc, HFConv1D)
     assert isinstance(model.transformer.h[1].mlp.c_proj, ft.Conv1D)
     assert rep["lm_head"].action == "converted"
@@ -180,7 +181,8 @@ def golden_dw(name, seed, layer, dy, x, multiple):
         return out
     cfg = lambda o: fp4lab.config(name, pass_="bwd_dw", operand=o,  # noqa: E731
                                   seed=str(fp4lab._core.training_seed(seed, 0)), stream=str(layer))
-    return torch.from_numpy(fp4lab.gemm(fp4lab.quantize_with(pad(dy), cfg("a")), fp4lab.quantize_with(pad(x), cfg("b"))))
+    qa, qb = fp4lab.quantize_with(pad(dy), cfg("a")), fp4lab.quantize_with(pad(x), cfg("b"))
+    return torch.from_numpy(fp4lab.gemm(qa, qb))
 
 
 @pytest.mark.parametrize("name", ["ufp4", "nvfp4"])
