@@ -328,8 +328,29 @@ def _operand_tensors(q, device: torch.device) -> Tuple[torch.Tensor, torch.Tenso
             torch.tensor(q.global_scale, dtype=torch.float32, device=device))
 
 
+# The highest SR step a forward outside a backward took, per (recipe, layer, label), read by _check_recompute.
+_forward_steps: Dict[Tuple[str, int, str], int] = {}
+
+
+def _check_recompute(step: int, recipe: str, layer: int, pass_: str, label: str) -> None:
+    """A GEMM in a backward keyed by a step no forward took is refused. Activation checkpointing inside a compiled
+    graph (torch.compile of a model with torch.utils.checkpoint regions, HF gradient_checkpointing_enable) recomputes
+    the region's forward reading the step counter after the forward advanced it: its bits would differ from eager's
+    without a word. Eager checkpointing repeats the original step (linear._Stepped._take_step) and passes."""
+    key = (recipe, layer, label)
+    if torch._C._current_graph_task_id() == -1:
+        if pass_ == "fwd_y" and step > _forward_steps.get(key, -1):
+            _forward_steps[key] = step
+    elif step > _forward_steps.get(key, step):
+        raise RuntimeError(f"{label}: activation checkpointing inside a torch.compile'd graph recomputes the forward "
+                           f"with SR step {step}, which no forward took: checkpoint in eager mode, or compile without "
+                           "activation checkpointing (docs/python.md, torch.compile)")
+
+
 def _quantize_labelled(x, step, recipe, layer, pass_, operand, label, fake=False, **kw):
     """quantize (``fake``: fake_quantize) of an operator's operand; a fault names the label, pass, operand and shape."""
+    if operand == "a":
+        _check_recompute(int(step), recipe, layer, pass_, label)
     try:
         return (fake_quantize if fake else quantize)(x, _config(recipe, step, layer, pass_, operand), **kw)
     except ValueError as e:
