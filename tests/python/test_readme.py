@@ -72,3 +72,8 @@ def test_cli_guide_lists_the_knobs_readme_lists():
     guide = " ".join(open(os.path.join(ROOT, "docs", "cli.md"), encoding="utf-8").read().split())
     missing = [k for k in re.findall(r"`([^`]+)`", knobs.group(1)) if f"`{k}`" not in guide]
     assert not missing, f"knobs README.md lists and docs/cli.md does not: {missing}"
+
+
+def test_readme_is_under_150_lines():
+    # the front page: what fp4lab is, the two commands, where to go next; the rest lives in docs/ (docs/index.md)
+    assert len(README.splitlines()) < 150
