@@ -657,6 +657,24 @@ NB_MODULE(_core, m) {
     validate(cfg, rows, cols);
     return owned(rotate(x.data(), rows, cols, cfg), {size_t(rows), size_t(cols)});
   }, "x"_a.noconvert(), "config"_a);
+  // A tensor-wide scale (ue4m3) from an amax of a larger tensor: data parallelism reduces each rank's tensor_amax
+  // with MAX and quantises its rows with the result (fp4lab.torch.reduce_amax), as one process quantises them.
+  m.def("tensor_amax", [](CpuIn x, const QuantConfig& cfg) {
+    require_threads();
+    const int64_t rows = int64_t(x.shape(0)), cols = int64_t(x.shape(1));
+    nb::gil_scoped_release release;
+    return tensor_amax(x.data(), rows, cols, cfg);
+  }, "x"_a.noconvert(), "config"_a,
+        "The tensor amax a ue4m3 global scale is taken from: the largest block amax, after the rotation when RHT is on.");
+  m.def("quantize_f32_amax", [](CpuIn x, const QuantConfig& cfg, float amax) {
+    require_threads();
+    if (!(std::isfinite(amax) && amax >= 0.0f))
+      throw std::invalid_argument("amax must be a finite number >= 0, not " + std::to_string(amax));
+    const int64_t rows = int64_t(x.shape(0)), cols = int64_t(x.shape(1));
+    nb::gil_scoped_release release;
+    return quantize_rows(x.data(), 0, rows, cols, cfg, amax);
+  }, "x"_a.noconvert(), "config"_a, "amax"_a,
+        "quantize_f32 with the tensor amax given (ue4m3's global scale; other scales ignore it).");
   m.def("validate", [](const QuantConfig& cfg, int64_t rows, int64_t cols) { validate(cfg, rows, cols); },
         "config"_a, "rows"_a, "cols"_a, "Raises ValueError when a [rows, cols] operand cannot be quantised so.");
   m.def("make_qtensor", &make_qtensor, "format"_a, "scale"_a, "block"_a, "tile2d"_a, "codes"_a, "scales"_a,

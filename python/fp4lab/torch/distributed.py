@@ -11,18 +11,22 @@ micro-batch's part is kept (zero blocks do not change the micro-batch's blocks).
 quantiser work on the SR operands, on CPU tensors; RTNE operands are quantised as they are (their codes depend
 on their own block only).
 
-What stays per rank: a per-tensor scale (nvfp4's global scale, from the amax of the tensor quantised) is the
-micro-batch's amax, not the global batch's."""
+A per-tensor scale (nvfp4's global scale, from the amax of the tensor quantised) is the micro-batch's amax, not the
+global batch's, unless ``reduce_amax(model)`` is on: as Transformer Engine's amax reduction, each rank takes the
+amax of its token operand (activations X, gradients dY; in the rotated domain where RHT is on) and the ranks
+all-reduce it with MAX before quantising, so every rank scales by the global batch's amax, as one process does."""
 from __future__ import annotations
 
 import numpy as np
+import torch
 from torch import nn
 
 from fp4lab import _core
 
+from .attention import MultiheadAttention
 from .linear import Conv1D, Linear
 
-__all__ = ["sr_shard"]
+__all__ = ["sr_shard", "reduce_amax"]
 
 
 def sr_shard(model: nn.Module, rank: int, world_size: int) -> nn.Module:
@@ -67,5 +71,68 @@ def _quantizer(shard, inner):
             scales = scales[:, rank * cols // b:(rank + 1) * cols // b]
         return _core.make_qtensor(q.format, q.scale, q.block, q.tile2d, np.ascontiguousarray(codes),
                                   np.ascontiguousarray(scales), q.global_scale, q.rht, q.rht_signs or [])
+
+    return quantize
+
+
+def reduce_amax(model: nn.Module, group=None, enabled: bool = True) -> nn.Module:
+    """Transformer Engine's amax reduction for per-tensor scales under data parallelism (DDP, FSDP2).
+
+    Marks every fp4lab ``Linear``, ``Conv1D`` and ``MultiheadAttention`` of ``model`` so that each token operand
+    with a per-tensor (ue4m3) scale, the activations X and the gradients dY of nvfp4's three GEMMs, takes the
+    global batch's amax: each rank's amax (the golden quantiser's, after RHT where it is on) is all-reduced with MAX
+    over ``group`` (None: the default process group), one 2-float all-reduce per such operand, before the operand is
+    quantised. Weights are whole on every rank (DDP; FSDP2 gathers them before the GEMMs) and are left alone, and
+    so are operands without a per-tensor scale.
+
+    Args:
+        model: the converted model (each rank's replica, before or after wrapping it in DDP / ``fully_shard``).
+        group: the ``torch.distributed`` process group of the data-parallel ranks; None for the default group.
+        enabled: False turns the reduction off again.
+
+    Returns:
+        ``model``.
+
+    Every rank must run the same GEMMs in the same order (the data-parallel contract), each with tokens; eager
+    mode, CPU tensors (a CUDA operand, or a compiled model's GEMMs, are refused with one line). ``Experts`` are not
+    marked: a rank's expert may get no tokens. Combine with ``sr_shard`` for the SR operands."""
+    if enabled and not torch.distributed.is_initialized():
+        raise RuntimeError("reduce_amax(): torch.distributed is not initialised (init_process_group first)")
+    for m in model.modules():
+        if isinstance(m, (Linear, Conv1D, MultiheadAttention)):
+            m._amax_reduce = (group,) if enabled else None
+    return model
+
+
+_TOKEN_OPERANDS = {("fwd_y", "a"), ("bwd_dx", "a"), ("bwd_dw", "a"), ("bwd_dw", "b")}
+
+
+def _amax_quantizer(group, inner):
+    """``inner(x, cfg, pass, operand)`` with the token operands of a per-tensor scale quantised with the amax
+    all-reduced (MAX) over ``group``. A rank whose operand cannot be quantised (NaN, Inf) still joins the
+    all-reduce, with a flag, so that every rank raises instead of the others waiting for it."""
+
+    def quantize(x, cfg, pass_, operand):
+        if (pass_, operand) not in _TOKEN_OPERANDS or cfg.to_dict()["scale"] != "ue4m3":
+            return inner(x, cfg, pass_, operand)
+        if x.is_cuda:
+            raise ValueError(f"{pass_} operand {operand}: reduce_amax reduces the amax of CPU operands only")
+        xf = x.detach().to(torch.float32).contiguous()
+        fault = None
+        try:
+            local = _core.tensor_amax(xf, cfg)
+        except ValueError as e:
+            fault, local = e, 0.0
+        amax = torch.tensor([local, 1.0 if fault else 0.0], dtype=torch.float32)
+        torch.distributed.all_reduce(amax, op=torch.distributed.ReduceOp.MAX, group=group)
+        if fault is not None:
+            raise ValueError(f"{pass_} operand {operand} {list(x.shape)}: {fault}") from None
+        if amax[1] > 0:
+            raise ValueError(f"{pass_} operand {operand}: another rank's operand could not be quantised "
+                             "(its own error names it)")
+        try:
+            return _core.quantize_f32_amax(xf, cfg, float(amax[0]))
+        except ValueError as e:
+            raise ValueError(f"{pass_} operand {operand} {list(x.shape)}: {e}") from None
 
     return quantize

@@ -212,6 +212,11 @@ def _apply(gemm, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
     # Under torch.compile the CUDA operands go through the operators rather than the layer's device buffers.
     # In eager mode the GEMM's own object also goes along, for the numerics monitors and sr_shard.
     eager = not torch.compiler.is_compiling()
+    if not eager and (getattr(getattr(gemm, "owner", gemm), "_amax_reduce", None) is not None
+                      or getattr(gemm, "_sr_shard", None) is not None):
+        # reduce_amax and sr_shard work on the operands in eager mode: the GEMM leaves the graph (a graph break;
+        # fullgraph=True refuses it) rather than running without them.
+        return _apply_eager(gemm, x, weight, bias, step)
     if eager and x.is_cuda:
         owner = getattr(gemm, "owner", gemm)  # the module whose step this is (an attention for its projections)
         if torch.cuda.is_current_stream_capturing():
@@ -231,6 +236,9 @@ def _apply(gemm, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
         with torch.autocast(dev, enabled=False):
             return _LinearFn.apply(x, weight, bias, *args)
     return _LinearFn.apply(x, weight, bias, *args)
+
+
+_apply_eager = torch._dynamo.disable(_apply, reason="fp4lab reduce_amax / sr_shard run in eager mode")
 
 
 def _step_of_state(key: str, state: Any) -> int:

@@ -605,6 +605,10 @@ def _qmatmul_observed(a, b, step, recipe: Recipe, layer: int, pass_: str, label:
         except ValueError as e:
             raise ValueError(f"{p} operand {o} {list(x.shape)}: {e}") from None
 
+    amax = getattr(getattr(owner, "owner", owner), "_amax_reduce", None)  # fp4lab.torch.reduce_amax
+    if amax is not None:
+        from .distributed import _amax_quantizer
+        quant = _amax_quantizer(amax[0], quant)
     if shard is not None:
         from .distributed import _quantizer
         quant = _quantizer(shard, quant)
@@ -635,7 +639,8 @@ def qmatmul(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: Recipe
     if pad:
         a, b = torch.nn.functional.pad(a, (0, pad)), torch.nn.functional.pad(b, (0, pad))
     shard = getattr(owner, "_sr_shard", None)  # fp4lab.torch.sr_shard: a micro-batch of a global batch
-    if owner is not None and (shard is not None or (observers and _observed(owner, step))):
+    if owner is not None and (shard is not None or (observers and _observed(owner, step))
+                              or getattr(getattr(owner, "owner", owner), "_amax_reduce", None) is not None):
         return _qmatmul_observed(a, b, step, recipe, layer, pass_, label, cache, owner, shard)
     if cache is not None and a.is_cuda:
         cfg = lambda o: recipe.config(pass_, o, layer=layer, step=int(step))  # noqa: E731
