@@ -8,6 +8,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <systemc>
 #include <unordered_map>
 
 #include "fp4lab/gemm.hpp"
@@ -142,12 +143,9 @@ class Plan {
   int64_t resident_bytes = 0, panel_bytes[2] = {0, 0};
   Counters counters;
 
-  using Put = std::function<void(Token&&)>;
-  void emit(size_t phase, int tcu, const Put& put) {
-    if (phases[phase] == PhaseKind::gemm)
-      emit_gemm(tcu, put);
-    else
-      emit_pass(phases[phase], tcu, put);
+  // The tokens TCU `tcu` takes through phase `phase`, made as the scheduler hands them on.
+  Generator<Token> emit(size_t phase, int tcu) {
+    return phases[phase] == PhaseKind::gemm ? emit_gemm(tcu) : emit_pass(phases[phase], tcu);
   }
 
  private:
@@ -192,7 +190,7 @@ class Plan {
     return double(cfg.ctas) / std::max(busy, 1);
   }
 
-  void emit_pass(PhaseKind kind, int tcu, const Put& put) {
+  Generator<Token> emit_pass(PhaseKind kind, int tcu) {
     const bool unfused = cfg.prep == PrepMode::unfused;
     auto takes_part = [&](int o) {
       return !(kind == PhaseKind::amax && !op[o].ue4m3) && !(kind == PhaseKind::rht && !op[o].rht);
@@ -251,12 +249,12 @@ class Plan {
         }
         counters.buf_write += double(t.buf_write);
         counters.buf_read += double(t.buf_read);
-        put(std::move(t));
+        co_yield t;
       }
     }
   }
 
-  void emit_gemm(int tcu, const Put& put) {
+  Generator<Token> emit_gemm(int tcu) {
     const bool frontend = cfg.prep == PrepMode::frontend;
     Lru resident(resident_bytes);  // operand panels kept in this TCU's buffer between tiles
     const size_t slots = size_t(cfg.tcus), last_round = (tiles.size() - 1) / slots * slots;
@@ -303,7 +301,7 @@ class Plan {
         t.wr_bytes = rows[0] * rows[1] * cfg.output_bytes;
         counters.buf_read += double(t.buf_read);
         counters.buf_write += double(t.buf_write);
-        put(std::move(t));
+        co_yield t;
       }
       resident.insert(key(kQA, mi, 0), panel_bytes[0]);
       resident.insert(key(kQB, ni, 0), panel_bytes[1]);
@@ -311,36 +309,41 @@ class Plan {
   }
 };
 
-class Scheduler : public sc_module {
+class Scheduler {
  public:
   TokenQueue* out = nullptr;
   Barrier* barrier = nullptr;
-  sc_event start;
+  Event go;  // a job starts
   Plan* plan = nullptr;
   int index = 0;
-  SC_HAS_PROCESS(Scheduler);
-  Scheduler(sc_module_name n, Clock clk) : sc_module(n), clk_(clk) { SC_THREAD(run); }
+  Proc proc;
+  explicit Scheduler(Clock clk) : clk_(clk) {}
+  void start() { clk_.k->start(proc, run()); }
 
  private:
   Clock clk_;
-  void run() {
+  Task run() {
     while (true) {
-      sc_core::wait(start);
+      co_await clk_.k->wait(go);
       for (size_t ph = 0; ph < plan->phases.size(); ++ph) {
-        clk_.wait_cycles(plan->launches[ph] * plan->cfg.launch_cycles());  // the phase's kernel launches
-        plan->emit(ph, index, [this](Token&& t) { out->put(std::move(t)); });
+        co_await clk_.cycles(plan->launches[ph] * plan->cfg.launch_cycles());  // the phase's kernel launches
+        for (Generator<Token> g = plan->emit(ph, index); g.next();) {
+          while (out->full()) co_await out->space();
+          out->push(std::move(g.value()));
+        }
         Token m;
         m.kind = Token::Kind::marker;
         m.ready = clk_.now();
-        out->put(std::move(m));
-        sc_core::wait(barrier->evs[size_t(index)]);
+        while (out->full()) co_await out->space();
+        out->push(std::move(m));
+        co_await clk_.k->wait(barrier->evs[size_t(index)]);
       }
     }
   }
 };
 
 struct Tcu {
-  TokenQueue q_sched{1}, q_fetch{1}, q_rht{1}, q_quant{1}, q_mac{1}, q_acc{1};
+  TokenQueue q_sched, q_fetch, q_rht, q_quant, q_mac, q_acc;
   Credits slots, accs;
   std::unique_ptr<Scheduler> sched;
   std::unique_ptr<Fetch> fetch;
@@ -350,22 +353,22 @@ struct Tcu {
   std::unique_ptr<Accumulator> acc;
   std::unique_ptr<WriteBack> wb;
   Tcu(int i, const Config& c, Clock clk, Memory& mem, Barrier& bar, Functional& fn)
-      : slots(c.buffer_slots), accs(c.acc_tiles) {
-    const std::string p = "tcu" + std::to_string(i) + "_";
-    sched = std::make_unique<Scheduler>((p + "scheduler").c_str(), clk);
-    fetch = std::make_unique<Fetch>((p + "fetch").c_str(), clk);
-    rht = std::make_unique<RhtUnit>((p + "rht").c_str(), clk, c);
-    quant = std::make_unique<Quantiser>((p + "quant").c_str(), clk, c);
-    mac = std::make_unique<MacArray>((p + "mac").c_str(), clk, c);
-    acc = std::make_unique<Accumulator>((p + "acc").c_str(), clk, c);
-    wb = std::make_unique<WriteBack>((p + "writeback").c_str(), clk);
+      : q_sched(*clk.k, 1), q_fetch(*clk.k, 1), q_rht(*clk.k, 1), q_quant(*clk.k, 1), q_mac(*clk.k, 1),
+        q_acc(*clk.k, 1), slots(*clk.k, c.buffer_slots), accs(*clk.k, c.acc_tiles) {
+    sched = std::make_unique<Scheduler>(clk);
+    fetch = std::make_unique<Fetch>(clk);
+    rht = std::make_unique<RhtUnit>(clk, c);
+    quant = std::make_unique<Quantiser>(clk, c);
+    mac = std::make_unique<MacArray>(clk, c);
+    acc = std::make_unique<Accumulator>(clk, c);
+    wb = std::make_unique<WriteBack>(clk);
     sched->out = &q_sched;
     sched->barrier = &bar;
     sched->index = i;
     fetch->in = &q_sched;
     fetch->out = &q_fetch;
     fetch->slots = &slots;
-    fetch->mem(mem);
+    fetch->mem = &mem;
     rht->in = &q_fetch;
     rht->out = &q_rht;
     quant->in = &q_rht;
@@ -382,7 +385,15 @@ struct Tcu {
     wb->accs = &accs;
     wb->barrier = &bar;
     wb->fn = &fn;
-    wb->mem(mem);
+    wb->mem = &mem;
+    // Each thread runs to its first wait (SystemC's initialisation phase).
+    sched->start();
+    fetch->start();
+    rht->start();
+    quant->start();
+    mac->start();
+    acc->start();
+    wb->start();
   }
   void reset() {
     fetch->reset();
@@ -395,7 +406,8 @@ struct Tcu {
 };
 
 struct Model {
-  sc_simcontext* context = nullptr;
+  sc_core::sc_simcontext* context = nullptr;  // SystemC's, for a datapath that elaborates modules (the RTL)
+  Kernel kernel;                              // the TCU model's (destroyed after the units waiting in it)
   Clock clk;
   std::unique_ptr<Memory> mem;
   std::unique_ptr<Barrier> barrier;
@@ -473,17 +485,18 @@ Simulator::Simulator(const Config& cfg, std::shared_ptr<Datapath> datapath)
   // 1 ps, the time precision of the Verilated RTL too. Units count whole cycles (Clock), so rounding the period
   // to picoseconds (546 ps at 1.83 GHz) changes no cycle count; reported times use the exact clock.
   sc_set_time_resolution(1, SC_PS);
-  model_->clk.period = sc_time::from_value(std::max<uint64_t>(1, uint64_t(std::llround(1e3 / slot_.clock_ghz))));
-  model_->mem = std::make_unique<detail::Memory>("memory", slot_);
+  model_->clk.k = &model_->kernel;
+  model_->clk.period = std::max<uint64_t>(1, uint64_t(std::llround(1e3 / slot_.clock_ghz)));
+  model_->mem = std::make_unique<detail::Memory>(slot_);
   model_->barrier = std::make_unique<detail::Barrier>(slot_.tcus, model_->clk);
   model_->fn.dp = dp_.get();
   dp_->elaborate();
   for (int i = 0; i < slot_.tcus; ++i)
     model_->tcus.push_back(
         std::make_unique<detail::Tcu>(i, slot_, model_->clk, *model_->mem, *model_->barrier, model_->fn));
-  // Elaboration done: run the initialisation phase so every thread waits at its first wait() before the
-  // first job's start event is notified.
-  sc_start(SC_ZERO_TIME);
+  // The model's threads have run to their first wait (Tcu). A datapath's SystemC modules (the RTL) run their
+  // initialisation phase; with none, there is nothing for SystemC to run.
+  if (!sc_get_top_level_objects().empty()) sc_start(SC_ZERO_TIME);
 }
 
 Simulator::~Simulator() {
@@ -603,7 +616,7 @@ JobReport Simulator::run_impl(const GemmJob& job, const QTensor* qa, const QTens
     cache_key = timing_key(cfg_, job, native, t0);
     if (const auto hit = job_cache().map.find(*cache_key); hit != job_cache().map.end()) {
       // The model's clock moves on as if the job had run: the next job starts at the same cycle either way.
-      sc_core::sc_start(m.clk.span(hit->second.r.cycles));
+      m.kernel.run(m.kernel.now + m.clk.span(hit->second.r.cycles), true);
       if (m.clk.now() != t0 + hit->second.r.cycles) throw std::logic_error(where + "clock out of step with a cached job");
       ++job_cache().hits;
       JobReport r = hit->second.r;
@@ -633,8 +646,8 @@ JobReport Simulator::run_impl(const GemmJob& job, const QTensor* qa, const QTens
     t->mac->rate = native ? double(slot_.mac_units) : slot_.mac_units * slot_.mac_fallback_rate;
     t->wb->n_cols = job.N;
   }
-  for (auto& t : m.tcus) t->sched->start.notify(sc_core::SC_ZERO_TIME);  // in TCU order, see Barrier
-  sc_core::sc_start();
+  for (auto& t : m.tcus) m.kernel.notify(t->sched->go, 0);  // in TCU order, see Barrier
+  m.kernel.run();
   m.fn.c = nullptr;
   if (m.barrier->releases.size() != plan.phases.size())
     throw std::logic_error(where + "simulation stopped after " + std::to_string(m.barrier->releases.size()) + " of " +
@@ -645,7 +658,12 @@ JobReport Simulator::run_impl(const GemmJob& job, const QTensor* qa, const QTens
     for (const auto& [mi, ni] : plan.tiles)
       tiles.push_back({mi * slot_.tile_m, ni * slot_.tile_n, int(std::min<int64_t>(slot_.tile_m, job.M - mi * slot_.tile_m)),
                        int(std::min<int64_t>(slot_.tile_n, job.N - ni * slot_.tile_n))});
+    // The datapath's SystemC modules run on SystemC's clock, from the model's time on, and the model's time
+    // then goes on from theirs (a SystemC model shares one clock).
+    const uint64_t sc_now = sc_core::sc_time_stamp().value();
+    if (m.kernel.now > sc_now) sc_core::sc_start(sc_core::sc_time::from_value(m.kernel.now - sc_now));
     m.fn.timed([&] { dp_->output_tiles(*qa, *qb, tiles, c->data()); });
+    m.kernel.now = std::max(m.kernel.now, uint64_t(sc_core::sc_time_stamp().value()));
   }
 
   const int64_t end = m.barrier->releases.back();

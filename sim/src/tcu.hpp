@@ -1,6 +1,6 @@
-// The TCU's SystemC modules (internal to sim/). Time is kept in whole cycles of the configured clock:
-// every delay a unit adds is its occupancy (work / lanes, rounded up) or its latency, both in cycles from the
-// configuration, turned into sc_time by Clock. Tiles travel as Tokens through bounded TokenQueues; a unit
+// The TCU's units (internal to sim/), threads of the event kernel (kernel.hpp). Time is kept in whole cycles of
+// the configured clock: every delay a unit adds is its occupancy (work / lanes, rounded up) or its latency, both in cycles from the
+// configuration, turned into picoseconds by Clock. Tiles travel as Tokens through bounded TokenQueues; a unit
 // that cannot hand a token on blocks, which is the back-pressure. Operand-buffer slots and output-tile
 // accumulators are Credits held from fetch to the MAC array and from the accumulator to write-back.
 #pragma once
@@ -13,28 +13,33 @@
 #include <functional>
 #include <list>
 #include <memory>
-#include <systemc>
 #include <unordered_map>
 #include <vector>
 
 #include "fp4lab/quantize.hpp"
 #include "fp4lab/sim/config.hpp"
 #include "fp4lab/sim/datapath.hpp"
+#include "kernel.hpp"
 
 namespace fp4lab::sim::detail {
 
-using namespace sc_core;
-
+// Whole cycles of the configured clock on the kernel's picosecond time.
 struct Clock {
-  sc_time period;
-  int64_t now() const { return int64_t(sc_time_stamp().value() / period.value()); }
-  sc_time span(int64_t cycles) const { return sc_time::from_value(period.value() * uint64_t(cycles)); }
-  void wait_cycles(int64_t c) const {
-    if (c > 0) sc_core::wait(span(c));
-  }
-  void wait_until(int64_t cycle) const { wait_cycles(cycle - now()); }
+  Kernel* k = nullptr;
+  uint64_t period = 1;  // picoseconds
+  int64_t now() const { return int64_t(k->now / period); }
+  uint64_t span(int64_t cycles) const { return period * uint64_t(cycles); }
+  // co_await clk.cycles(c): wait c cycles (none if c <= 0); clk.until(cycle): wait until that cycle.
+  struct Wait {
+    Kernel::WaitTime w;
+    bool skip;
+    bool await_ready() const noexcept { return skip; }
+    void await_suspend(std::coroutine_handle<> h) const { w.await_suspend(h); }
+    void await_resume() const noexcept {}
+  };
+  Wait cycles(int64_t c) const { return {k->wait_for(c > 0 ? span(c) : 0), c <= 0}; }
+  Wait until(int64_t cycle) const { return cycles(cycle - now()); }
 };
-
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Whole cycles to do `work` at `rate` per cycle (a rate may be fractional; a whole one gives ceil_div exactly).
 inline int64_t cycles_for(int64_t work, double rate) {
@@ -75,43 +80,54 @@ struct Token {
   Blame blame = Blame::bandwidth;
 };
 
+// A waiting thread is woken by a delta notification. An event is notified only while a thread waits on it: a
+// notification nobody waits for wakes nobody, and each event here has one waiting thread at most (one producer,
+// one consumer), which runs at most once a delta, so skipping those notifications changes no process order.
+// A thread takes a token with `while (q->empty()) co_await q->data(); Token t = q->pop();` and hands one on
+// with `while (q->full()) co_await q->space(); q->push(std::move(t));`.
 class TokenQueue {
  public:
-  explicit TokenQueue(size_t capacity) : cap_(capacity) {}
-  void put(Token t) {
-    while (q_.size() >= cap_) sc_core::wait(space_);
-    q_.push_back(std::move(t));
-    data_.notify(SC_ZERO_TIME);
+  TokenQueue(Kernel& k, size_t capacity) : k_(k), ring_(capacity) {}
+  bool empty() const { return n_ == 0; }
+  bool full() const { return n_ == ring_.size(); }
+  Kernel::WaitEvent data() { return k_.wait(data_); }
+  Kernel::WaitEvent space() { return k_.wait(space_); }
+  void push(Token&& t) {
+    ring_[(head_ + n_) % ring_.size()] = std::move(t);
+    ++n_;
+    if (!data_.waiters.empty()) k_.notify(data_, 0);
   }
-  Token get() {
-    while (q_.empty()) sc_core::wait(data_);
-    Token t = std::move(q_.front());
-    q_.pop_front();
-    space_.notify(SC_ZERO_TIME);
+  Token pop() {
+    Token t = std::move(ring_[head_]);
+    head_ = (head_ + 1) % ring_.size();
+    --n_;
+    if (!space_.waiters.empty()) k_.notify(space_, 0);
     return t;
   }
 
  private:
-  size_t cap_;
-  std::deque<Token> q_;
-  sc_event data_, space_;
+  Kernel& k_;
+  std::vector<Token> ring_;  // a fixed ring of `capacity` tokens
+  size_t head_ = 0, n_ = 0;
+  Event data_, space_;
 };
 
+// `while (!c->available()) co_await c->freed(); c->take();`
 class Credits {
  public:
-  explicit Credits(int n) : n_(n) {}
-  void acquire() {
-    while (n_ == 0) sc_core::wait(ev_);
-    --n_;
-  }
+  Credits(Kernel& k, int n) : k_(k), n_(n) {}
+  bool available() const { return n_ > 0; }
+  Kernel::WaitEvent freed() { return k_.wait(ev_); }
+  void take() { --n_; }
   void release() {
     ++n_;
-    ev_.notify(SC_ZERO_TIME);
+    if (!ev_.waiters.empty()) k_.notify(ev_, 0);
   }
 
  private:
+  Kernel& k_;
   int n_;
-  sc_event ev_;
+  Event ev_;
 };
 
 // All TCUs of a phase (a separate pass, or the GEMM) hand in their last write; the next phase starts when the
@@ -127,16 +143,11 @@ class Barrier {
     // phase of every job, whatever order they arrived in -- and so is the order of their same-cycle requests
     // at the shared memory, which keeps a job's result independent of the jobs run before it.
     const int64_t wait = latest_ - clk_.now();
-    for (sc_event& e : evs) {
-      if (wait > 0)
-        e.notify(clk_.span(wait));
-      else
-        e.notify(SC_ZERO_TIME);
-    }
+    for (Event& e : evs) clk_.k->notify(e, wait > 0 ? clk_.span(wait) : 0);
     arrived_ = 0;
     latest_ = 0;
   }
-  std::vector<sc_event> evs;
+  std::vector<Event> evs;
   std::vector<int64_t> releases;  // release cycle of every phase since the last reset
 
  private:
@@ -199,18 +210,13 @@ class Lru {
   std::unordered_map<uint64_t, std::list<std::pair<uint64_t, int64_t>>::iterator> map_;
 };
 
-struct MemoryIf : virtual sc_interface {
-  // Returns when the transfer has left the port and when its data is usable.
-  virtual Channel::Done read(int64_t now, uint64_t key, int64_t bytes) = 0;
-  virtual Channel::Done write(int64_t now, uint64_t key, int64_t bytes) = 0;
-};
-
 // DRAM behind an optional L2. Reads that hit the L2 are served by its port; misses by DRAM and then kept in
 // the L2. Writes go through to DRAM and are kept in the L2 too (so an unfused pass's intermediate can be
 // read back from it). Keys carry a tensor id, so the L2 holds tiles, not addresses.
-class Memory : public sc_module, public MemoryIf {
+// read and write return when the transfer has left the port and when its data is usable.
+class Memory {
  public:
-  Memory(sc_module_name n, const Config& c) : sc_module(n), l2_(c.l2.bytes) {
+  explicit Memory(const Config& c) : l2_(c.l2.bytes) {
     dram.bandwidth = c.dram.bandwidth;
     dram.latency = c.dram.latency;
     write_cost_ = c.dram.write_cost;
@@ -220,7 +226,7 @@ class Memory : public sc_module, public MemoryIf {
       l2.latency = c.l2.latency;
     }
   }
-  Channel::Done read(int64_t now, uint64_t key, int64_t bytes) override {
+  Channel::Done read(int64_t now, uint64_t key, int64_t bytes) {
     if (has_l2_ && l2_.hit(key)) {
       l2_read += bytes;
       return l2.transfer(now, bytes);
@@ -232,7 +238,7 @@ class Memory : public sc_module, public MemoryIf {
     }
     return dram.transfer(now, bytes);
   }
-  Channel::Done write(int64_t now, uint64_t key, int64_t bytes) override {
+  Channel::Done write(int64_t now, uint64_t key, int64_t bytes) {
     dram_write += bytes;
     if (has_l2_) {
       l2_.insert(key, bytes);
@@ -281,23 +287,28 @@ struct Functional {
 // ---- units -------------------------------------------------------------------------------------------
 
 // Issues the reads of a token as soon as it holds a buffer slot; the token is usable when the last read lands.
-class Fetch : public sc_module {
+class Fetch {
  public:
-  sc_port<MemoryIf> mem;
+  Memory* mem = nullptr;
   TokenQueue *in = nullptr, *out = nullptr;
   Credits* slots = nullptr;
   int64_t busy = 0;  // cycles with at least one read in flight
-  SC_HAS_PROCESS(Fetch);
-  Fetch(sc_module_name n, Clock clk) : sc_module(n), clk_(clk) { SC_THREAD(run); }
+  Proc proc;
+  explicit Fetch(Clock clk) : clk_(clk) {}
+  void start() { clk_.k->start(proc, run()); }
   void reset() { busy = 0; covered_ = clk_.now(); }
 
  private:
   Clock clk_;
   int64_t covered_ = 0;
-  void run() {
+  Task run() {
     while (true) {
-      Token t = in->get();
-      if (t.credit) slots->acquire();
+      while (in->empty()) co_await in->data();
+      Token t = in->pop();
+      if (t.credit) {
+        while (!slots->available()) co_await slots->freed();
+        slots->take();
+      }
       const int64_t now = clk_.now();
       int64_t ready = now;
       for (int i = 0; i < t.nrd; ++i) ready = std::max(ready, mem->read(now, t.rd[i].key, t.rd[i].bytes).usable);
@@ -305,19 +316,22 @@ class Fetch : public sc_module {
       covered_ = std::max(covered_, ready);
       t.ready = ready;
       t.blame = Blame::bandwidth;
-      out->put(std::move(t));
+      while (out->full()) co_await out->space();
+      out->push(std::move(t));
     }
   }
 };
 
 // A pipelined unit: a token occupies it for occupancy(t) cycles and its result is usable latency(t) cycles
 // after that. A token that had to wait for this unit (rather than for its own data) is blamed on it.
-class Stage : public sc_module {
+class Stage {
  public:
   TokenQueue *in = nullptr, *out = nullptr;
   int64_t busy = 0;
-  SC_HAS_PROCESS(Stage);
-  Stage(sc_module_name n, Clock clk, Blame self) : sc_module(n), clk_(clk), self_(self) { SC_THREAD(run); }
+  Proc proc;
+  Stage(Clock clk, Blame self) : clk_(clk), self_(self) {}
+  virtual ~Stage() = default;
+  void start() { clk_.k->start(proc, run()); }
   virtual void reset() { busy = 0; }
 
  protected:
@@ -328,26 +342,28 @@ class Stage : public sc_module {
   virtual void work(Token&) {}
   // One wait per token: until the data is there and the unit has done its work. A token with no work for this
   // unit goes straight on (its ready time travels with it), so idle units cost no events.
-  void run() {
+  Task run() {
     while (true) {
-      Token t = in->get();
+      while (in->empty()) co_await in->data();
+      Token t = in->pop();
       const int64_t occ = occupancy(t);
       if (occ > 0) {
         const int64_t now = clk_.now(), start = std::max(now, t.ready);
         if (start > t.ready) t.blame = self_;
-        clk_.wait_cycles(start + occ - now);
+        co_await clk_.cycles(start + occ - now);
         busy += occ;
         t.ready = clk_.now() + latency(t);
         work(t);
       }
-      out->put(std::move(t));
+      while (out->full()) co_await out->space();
+      out->push(std::move(t));
     }
   }
 };
 
 class RhtUnit : public Stage {
  public:
-  RhtUnit(sc_module_name n, Clock clk, const Config& c) : Stage(n, clk, Blame::rht), lanes_(c.rht_lanes), stage_(c.rht_stage_latency) {}
+  RhtUnit(Clock clk, const Config& c) : Stage(clk, Blame::rht), lanes_(c.rht_lanes), stage_(c.rht_stage_latency) {}
   int64_t elems = 0, ops = 0;
   void reset() override { Stage::reset(); elems = ops = 0; }
 
@@ -363,8 +379,8 @@ class RhtUnit : public Stage {
 
 class Quantiser : public Stage {
  public:
-  Quantiser(sc_module_name n, Clock clk, const Config& c)
-      : Stage(n, clk, Blame::quant), lanes_(c.quant_lanes), sr_lanes_(c.quant_sr_lanes), lat_(c.quant_latency) {}
+  Quantiser(Clock clk, const Config& c)
+      : Stage(clk, Blame::quant), lanes_(c.quant_lanes), sr_lanes_(c.quant_sr_lanes), lat_(c.quant_latency) {}
   int64_t elems = 0, sr_elems = 0;
   void reset() override { Stage::reset(); elems = sr_elems = 0; }
 
@@ -381,7 +397,7 @@ class Quantiser : public Stage {
 };
 
 // The MAC array, with the stall accounting of the report: between two k-steps it notes why it sat idle.
-class MacArray : public sc_module {
+class MacArray {
  public:
   TokenQueue *in = nullptr, *out = nullptr;
   Credits* slots = nullptr;
@@ -390,12 +406,11 @@ class MacArray : public sc_module {
   int64_t compute = 0, accumulate = 0, stall[3] = {0, 0, 0}, first_start = -1, last_end = -1;
   double rate = 1;  // block dot products per cycle for the current job's grid
   int64_t blocks = 0;
-  SC_HAS_PROCESS(MacArray);
-  MacArray(sc_module_name n, Clock clk, const Config& c)
-      : sc_module(n), clk_(clk), lat_(c.mac_latency), acc_lanes_(c.acc_lanes), fused_lanes_(c.acc_fused_lanes),
-        shared_(c.acc_issue == AccIssue::shared) {
-    SC_THREAD(run);
-  }
+  Proc proc;
+  MacArray(Clock clk, const Config& c)
+      : clk_(clk), lat_(c.mac_latency), acc_lanes_(c.acc_lanes), fused_lanes_(c.acc_fused_lanes),
+        shared_(c.acc_issue == AccIssue::shared) {}
+  void start() { clk_.k->start(proc, run()); }
   void reset() {
     compute = accumulate = blocks = 0;
     stall[0] = stall[1] = stall[2] = 0;
@@ -407,13 +422,15 @@ class MacArray : public sc_module {
   int64_t lat_;
   double acc_lanes_, fused_lanes_;
   bool shared_;  // acc.issue = shared: the k-step's scale-and-accumulates occupy the MAC array too
-  void run() {
+  Task run() {
     while (true) {
-      Token t = in->get();
+      while (in->empty()) co_await in->data();
+      Token t = in->pop();
       if (t.kind != Token::Kind::step) {  // a pass's chunk leaves its staging slot here
-        clk_.wait_until(t.ready);
+        co_await clk_.until(t.ready);
         if (t.credit) slots->release();
-        out->put(std::move(t));
+        while (out->full()) co_await out->space();
+        out->push(std::move(t));
         continue;
       }
       const int64_t now = clk_.now(), s = std::max(now, t.ready);
@@ -423,7 +440,7 @@ class MacArray : public sc_module {
         stall[int(t.blame)] += s - last_end;
       const double acc_rate = t.fused ? fused_lanes_ : acc_lanes_;
       const int64_t occ = cycles_for(t.beats, rate * t.share) + (shared_ ? cycles_for(t.acc_ops, acc_rate * t.share) : 0);
-      clk_.wait_cycles(s + occ - now);
+      co_await clk_.cycles(s + occ - now);
       compute += occ;
       blocks += t.beats;
       if (fn->on()) {
@@ -434,7 +451,8 @@ class MacArray : public sc_module {
       if (t.credit) slots->release();
       t.ready = clk_.now() + lat_;
       const int64_t b0 = clk_.now();
-      out->put(std::move(t));
+      while (out->full()) co_await out->space();
+      out->push(std::move(t));
       accumulate += clk_.now() - b0;
       last_end = clk_.now();
     }
@@ -444,19 +462,18 @@ class MacArray : public sc_module {
 // Block scale-and-accumulate into one of acc.tiles output-tile accumulators. A tile's first k-step claims an
 // accumulator (waiting while write-back still holds them all); its last k-step also applies the per-tensor
 // factor and hands the finished tile to write-back. Pass chunks and markers go straight through.
-class Accumulator : public sc_module {
+class Accumulator {
  public:
   TokenQueue *in = nullptr, *out = nullptr;
   Credits* accs = nullptr;
   Functional* fn = nullptr;
   int64_t busy = 0, ops = 0;
-  SC_HAS_PROCESS(Accumulator);
-  Accumulator(sc_module_name n, Clock clk, const Config& c)
-      : sc_module(n), clk_(clk), lanes_(c.acc_lanes), fused_lanes_(c.acc_fused_lanes), lat_(c.acc_latency),
+  Proc proc;
+  Accumulator(Clock clk, const Config& c)
+      : clk_(clk), lanes_(c.acc_lanes), fused_lanes_(c.acc_fused_lanes), lat_(c.acc_latency),
         shared_(c.acc_issue == AccIssue::shared),
-        buf_(size_t(c.acc_tiles)), free_(size_t(c.acc_tiles), true) {
-    SC_THREAD(run);
-  }
+        buf_(size_t(c.acc_tiles)), free_(size_t(c.acc_tiles), true) {}
+  void start() { clk_.k->start(proc, run()); }
   void reset() { busy = ops = 0; }
 
  private:
@@ -468,22 +485,25 @@ class Accumulator : public sc_module {
   std::vector<bool> free_;
   int current_ = 0;
 
-  void run() {
+  Task run() {
     while (true) {
-      Token t = in->get();
+      while (in->empty()) co_await in->data();
+      Token t = in->pop();
       if (t.kind != Token::Kind::step) {
-        out->put(std::move(t));
+        while (out->full()) co_await out->space();
+        out->push(std::move(t));
         continue;
       }
       if (t.first_k) {  // claim an accumulator when the tile's first step is here
-        clk_.wait_until(t.ready);
-        accs->acquire();
+        co_await clk_.until(t.ready);
+        while (!accs->available()) co_await accs->freed();
+        accs->take();
         current_ = int(std::find(free_.begin(), free_.end(), true) - free_.begin());
         free_[size_t(current_)] = false;
       }
       const int64_t occ = shared_ ? 0 : cycles_for(t.acc_ops, (t.fused ? fused_lanes_ : lanes_) * t.share),
                     now = clk_.now();
-      clk_.wait_cycles(std::max(now, t.ready) + occ - now);
+      co_await clk_.cycles(std::max(now, t.ready) + occ - now);
       busy += occ;
       ops += t.acc_ops;
       if (fn->on()) {
@@ -501,32 +521,35 @@ class Accumulator : public sc_module {
       free_[size_t(current_)] = true;  // the values travel with the token; the credit stays until written
       t.kind = Token::Kind::tile_done;
       t.ready = clk_.now() + lat_;
-      out->put(std::move(t));
+      while (out->full()) co_await out->space();
+      out->push(std::move(t));
     }
   }
 };
 
 // Writes finished tiles and pass outputs; on a phase marker, reports to the barrier once its writes are in.
-class WriteBack : public sc_module {
+class WriteBack {
  public:
-  sc_port<MemoryIf> mem;
+  Memory* mem = nullptr;
   TokenQueue* in = nullptr;
   Credits* accs = nullptr;
   Barrier* barrier = nullptr;
   Functional* fn = nullptr;
   int64_t busy = 0;
   int64_t n_cols = 0;  // N of the current GEMM (functional copy)
-  SC_HAS_PROCESS(WriteBack);
-  WriteBack(sc_module_name n, Clock clk) : sc_module(n), clk_(clk) { SC_THREAD(run); }
+  Proc proc;
+  explicit WriteBack(Clock clk) : clk_(clk) {}
+  void start() { clk_.k->start(proc, run()); }
   void reset() { busy = 0; last_done_ = clk_.now(); }
 
  private:
   Clock clk_;
   int64_t last_done_ = 0;
-  void run() {
+  Task run() {
     while (true) {
-      Token t = in->get();
-      clk_.wait_until(t.ready);
+      while (in->empty()) co_await in->data();
+      Token t = in->pop();
+      co_await clk_.until(t.ready);
       if (t.kind == Token::Kind::marker) {
         barrier->arrive(std::max(last_done_, clk_.now()));
         continue;
@@ -534,7 +557,7 @@ class WriteBack : public sc_module {
       if (t.wr_bytes > 0) {
         const int64_t now = clk_.now();
         const Channel::Done d = mem->write(now, t.wr_key, t.wr_bytes);
-        clk_.wait_until(d.transferred);
+        co_await clk_.until(d.transferred);
         busy += d.transferred - now;
         last_done_ = std::max(last_done_, d.usable);
       }

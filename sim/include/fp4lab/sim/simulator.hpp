@@ -1,10 +1,12 @@
-// The TCU model: SystemC modules for operand fetch, the RHT front-end, the quantiser, the MAC array, the
+// The TCU model: units for operand fetch, the RHT front-end, the quantiser, the MAC array, the
 // scale-and-accumulate stage and write-back, fed by a tile scheduler, sharing a memory system (an optional
 // L2 in front of DRAM). Tiles flow through bounded queues with back-pressure, one event per k-step tile --
-// never one per MAC -- so an 8192^3 GEMM simulates in well under a second.
+// never one per MAC -- so an 8192^3 GEMM simulates in well under a second. The units are threads of an event
+// kernel that keeps SystemC 2.3.4's order of execution (sim/src/kernel.hpp), so the cycles are SystemC's.
 //
-// SystemC has one global kernel per process: only one Simulator may exist at a time. Each Simulator starts
-// a fresh kernel context, so a process can build several in turn (tests do).
+// SystemC runs a datapath's own modules (the Verilated RTL) and has one global kernel per process: only one
+// Simulator may exist at a time. Each Simulator starts a fresh kernel context, so a process can build several
+// in turn (tests do).
 #pragma once
 
 #include <memory>
