@@ -139,7 +139,7 @@ TEST(TraceAnalysis, StreamedReportIsTheDocumentsText) {
   check(analyze_traces(o));
 
   AnalysisResult r;
-  r.traces = {"t\xff1", "t2"};
+  r.traces = {"t\xff" "1", "t2"};  // bytes t, 0xff, 1 (one literal would read \xff1 as one escape)
   r.plan = plan_analysis(AnalysisOptions{});
   RecordResult rec;
   TensorEntry t;

@@ -116,7 +116,9 @@ TEST(RecipeTable, AblationsChangeOnlyRhtPassesOrRoundingOfAPreset) {
     SCOPED_TRACE(row.recipe.name);
     EXPECT_TRUE(names.insert(row.recipe.name).second);
     all.push_back(row.recipe.name);
-    if (row.study != 0) EXPECT_TRUE(arms.insert(row.study).second);
+    if (row.study != 0) {
+      EXPECT_TRUE(arms.insert(row.study).second);
+    }
     EXPECT_FALSE(row.what.empty());
     if (row.kind == RecipeKind::preset) {
       EXPECT_EQ(all.size(), presets.size() + 1) << "presets come first";
