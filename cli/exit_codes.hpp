@@ -9,6 +9,7 @@ inline constexpr int kExitData = 1;      // a bad input file or tensor, or a che
 inline constexpr int kExitUsage = 2;     // a bad option, option value or config file
 inline constexpr int kExitNoDevice = 3;  // fp4lab cuda: built with CUDA, but no usable CUDA device here
 inline constexpr int kExitNoCuda = 4;    // fp4lab cuda: this fp4lab was built without CUDA
+inline constexpr int kExitNoSim = 5;     // fp4lab sim: this fp4lab was built without the simulator (SystemC)
 
 struct ExitCode {
   int code;
@@ -21,6 +22,7 @@ inline constexpr ExitCode kExitCodes[] = {
     {kExitUsage, "bad usage: an option, option value or config file"},
     {kExitNoDevice, "fp4lab cuda: no usable CUDA device"},
     {kExitNoCuda, "fp4lab cuda: this fp4lab was built without CUDA"},
+    {kExitNoSim, "fp4lab sim: this fp4lab was built without the simulator (no SystemC)"},
 };
 
 }  // namespace fp4lab::cli

@@ -48,6 +48,14 @@ extern "C" void take_refused_threads(int, char**, char** envp) {
 __attribute__((section(".preinit_array"), used)) void (*const g_take_refused_threads)(int, char**, char**) =
     take_refused_threads;
 
+#ifndef FP4LAB_CLI_HAS_SIM
+// A build without SystemC lists `sim` all the same, and says so in one line when it is asked for (exit_codes.hpp).
+int cmd_sim_not_built(const Invocation&) {
+  throw Error(kExitNoSim, "this fp4lab was built without the simulator (FP4LAB_SIM=OFF or no SystemC found when "
+                          "configured): install SystemC (apt-get install libsystemc-dev pkg-config) and build fp4lab again");
+}
+#endif
+
 const Command kCommands[] = {
 #ifdef FP4LAB_CLI_HAS_ANALYZE
     {"analyze", "SQNR, B_eff, bias and shrinkage of a trace under a recipe", cmd_analyze},
@@ -60,6 +68,8 @@ const Command kCommands[] = {
     {"gemm", "block-scaled GEMM C = A . B^T under the datapath contract, beside a float64 reference", cmd_gemm},
 #ifdef FP4LAB_CLI_HAS_SIM
     {"sim", "cycle-approximate tensor-core model (SystemC)", cmd_sim},
+#else
+    {"sim", "cycle-approximate tensor-core model (SystemC): not in this build", cmd_sim_not_built},
 #endif
     {"cuda check", "every GEMM of a trace quantised and multiplied on the GPU, against the golden model bit for bit",
      cmd_cuda_check},

@@ -1408,11 +1408,30 @@ TEST_F(Cli, ExitCodesAgreeWithSpecAndHelp) {
     EXPECT_NE(help.out.find(row), std::string::npos) << "fp4lab --help lacks" << row;
   }
   // The codes the subcommands use are rows of the table.
-  for (int code : {cli::kExitOk, cli::kExitData, cli::kExitUsage, cli::kExitNoDevice, cli::kExitNoCuda})
+  for (int code : {cli::kExitOk, cli::kExitData, cli::kExitUsage, cli::kExitNoDevice, cli::kExitNoCuda, cli::kExitNoSim})
     EXPECT_TRUE(std::any_of(std::begin(cli::kExitCodes), std::end(cli::kExitCodes),
                             [&](const cli::ExitCode& e) { return e.code == code; }))
         << code;
 }
+
+// fp4lab sim is a subcommand of every build: a build without SystemC (the sanitizer build of scripts/test.sh) lists
+// it and says in one line that it has no simulator and how to get one, with its own exit code, whatever follows.
+#ifndef FP4LAB_TEST_SIM
+TEST_F(Cli, SimWithoutSystemcSaysSoInOneLine) {
+  const Result help = run({"--help"});
+  EXPECT_NE(help.out.find("\n  sim "), std::string::npos) << help.out;
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"sim", "--list-configs"}, {"sim", "--help"}, {"sim", "--config", "h200", "--json", "-"}, {"sim"}}) {
+    SCOPED_TRACE(args.back());
+    const Result r = run(args);
+    EXPECT_EQ(r.code, cli::kExitNoSim) << r.err;
+    EXPECT_EQ(r.err.rfind("fp4lab sim: error: this fp4lab was built without the simulator (", 0), 0u) << r.err;
+    EXPECT_NE(r.err.find("apt-get install libsystemc-dev"), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+}
+#endif
 
 // ---- fp4lab cuda: subcommands of fp4lab in every build; the GPU work only where CUDA was built ----------------
 const std::string kBundledTrace = FP4LAB_SOURCE_DIR "/workloads/tiny-lm/step_005000";

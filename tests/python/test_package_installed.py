@@ -1,6 +1,8 @@
 """The fp4lab package as `pip install .` installed it (scripts/test.sh installs it before ctest runs): imported
 from site-packages rather than the source tree, its version that of the CMake project, its `fp4lab` script and
 the command line it ships working, and fp4lab.torch importable."""
+import glob
+import json
 import os
 import re
 import shutil
@@ -44,6 +46,47 @@ def test_console_script_runs_the_shipped_cli(fp4lab):
     assert r.returncode == 0 and "e1m2" in r.stdout, r.stderr
     cli = run_installed("import fp4lab; print(fp4lab.cli_path())")
     assert cli.startswith(os.path.dirname(fp4lab)), cli
+
+
+def have_systemc():
+    # As CMake looks for it (sim/CMakeLists.txt): through pkg-config.
+    try:
+        return subprocess.run(["pkg-config", "--exists", "systemc"]).returncode == 0
+    except FileNotFoundError:
+        return False
+
+
+def test_installed_cli_simulates_where_systemc_is(fp4lab):
+    """`pip install .` builds the simulator wherever SystemC is found: the installed command line lists the bundled
+    configurations (sim/configs) and times a kernel with the figures of the build's command line. Where SystemC is
+    not found, it says so in one line with its own exit code (docs/spec.md §11.1)."""
+    cli = run_installed("import fp4lab; print(fp4lab.cli_path())")
+    # Split from one string: tests/python/CMakeLists.txt leaves out, in a build without the simulator, the modules
+    # that run the build's simulator, recognised by the quoted subcommand; this one runs the installed package's.
+    r = subprocess.run([cli, *"sim --list-configs".split()], capture_output=True, text=True, cwd="/")
+    if not have_systemc():
+        code = run_installed("import fp4lab._core as c\n"
+                             "print(dict((m.split(':')[0], k) for k, m in c.exit_codes())['fp4lab sim'])")
+        assert (r.returncode, r.stdout) == (int(code), "")
+        assert r.stderr.startswith("fp4lab sim: error: this fp4lab was built without the simulator ("), r.stderr
+        assert "libsystemc-dev" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+        return
+    assert r.returncode == 0, r.stderr
+    bundled = sorted(os.path.basename(f)[:-4] for f in glob.glob(os.path.join(ROOT, "sim/configs/*.cfg")))
+    assert [line.split()[0] for line in r.stdout.splitlines()] == bundled
+
+    kernel = "sim --config teaching --kernel gemm --shape 64x64x64 --json -".split()
+    got = subprocess.run([cli, *kernel], capture_output=True, text=True, cwd="/")
+    assert got.returncode == 0, got.stderr
+    got = json.loads(got.stdout)
+    assert got["total"] and got["gemms"], got
+    build = os.environ.get("FP4LAB_BIN")
+    want = subprocess.run([build, *kernel], capture_output=True, text=True, cwd="/") if build else None
+    if want and want.returncode == 0:  # the build's command line has the simulator too: the same figures
+        want = json.loads(want.stdout)
+        for k in ("command", "git_commit"):
+            got.pop(k), want.pop(k)
+        assert got == want
 
 
 def test_installed_package_matches_its_cli_and_trains(fp4lab, tmp_path):
