@@ -140,10 +140,12 @@ class Monitor:
     pending and closes the files. ``records`` counts the lines written; on the GPU a sampled step's lines are written
     at the first GEMM of a later step, at ``flush()`` or at ``close()``."""
 
-    def __init__(self, model: nn.Module, every: int, out: str, tensorboard: Optional[str] = None):
-        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-            raise ValueError(f"monitor(): every must be a positive int, not {every!r}")
-        self.every = every
+    def __init__(self, model: nn.Module, every: int, out: str, tensorboard: Optional[str] = None,
+                 micro_batches: int = 1):
+        for what, v in (("every", every), ("micro_batches", micro_batches)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"monitor(): {what} must be a positive int, not {v!r}")
+        self.every, self.micro_batches = every, micro_batches
         _files.check_outputs([out])  # the command line's output rule: a file (not a folder or a device) one can write
         self.out = os.fspath(out)
         self.records = 0
@@ -250,7 +252,11 @@ class Monitor:
         later step writes the records the GPU computed at a sampled one."""
         if self._pending and self._pending[-1][0] != step:
             self.flush()
-        return step % self.every == 0 and id(layer) in self._names
+        return self._sampled(step) and id(layer) in self._names
+
+    def _sampled(self, sr_step: int) -> bool:
+        """The first micro-batch of every ``every``-th optimizer step (the SR step counts micro-batches)."""
+        return sr_step % self.micro_batches == 0 and (sr_step // self.micro_batches) % self.every == 0
 
     def __call__(self, layer, step: int, pass_: str, a, b, qa, qb, y, cfg) -> None:
         if not self.wants(layer, step):
@@ -283,8 +289,8 @@ class Monitor:
         lines: list = []
         values: list = []  # TensorBoard scalars of this GEMM, written as one event
         for op, (shape, label) in ops.items():
-            rec = {"step": int(step), "layer": name, "pass": pass_, "operand": op, "shape": list(shape),
-                   "label": label}
+            rec = {"step": int(step) // self.micro_batches, "sr_step": int(step), "layer": name, "pass": pass_,
+                   "operand": op, "shape": list(shape), "label": label}
             st = stats[op]
             st["gemm_sqnr_db"] = gemm_sqnr
             rec.update({k: _json_float(v) for k, v in st.items()})
@@ -295,7 +301,7 @@ class Monitor:
 
     def _scalars(self, step: int, values: list) -> None:
         if values and self._tb is not None:
-            self._tb.add_summary(self._summary(value=values), int(step))
+            self._tb.add_summary(self._summary(value=values), int(step) // self.micro_batches)
 
     def flush(self) -> None:
         """Writes the records computed on the GPU and not yet read back (one read-back for all of them)."""
@@ -337,10 +343,13 @@ class Monitor:
 
 
 def monitor(model: nn.Module, every: int = 100, out: str = "fp4lab_monitor.jsonl",
-            tensorboard: Optional[str] = None) -> Monitor:
-    """Records the numerics of ``model``'s quantised GEMMs on every ``every``-th training step (the layers' SR
-    step: steps 0, every, 2·every, …) to the JSONL file ``out``, one object per (step, layer, pass, operand):
-    ``step``, ``layer`` (qualified name), ``pass`` (fwd_y, bwd_dx, bwd_dw), ``operand`` (a, b), ``shape``,
+            tensorboard: Optional[str] = None, micro_batches: int = 1) -> Monitor:
+    """Records the numerics of ``model``'s quantised GEMMs on every ``every``-th optimizer step (steps 0, every,
+    2·every, …) to the JSONL file ``out``, one object per (step, layer, pass, operand). The layers count training
+    forwards (their SR step), so with gradient accumulation give ``micro_batches``, the forwards per optimizer
+    step: optimizer step s is SR steps s·micro_batches … (s+1)·micro_batches − 1, and its first micro-batch is
+    recorded. Each object holds ``step`` (the optimizer step), ``sr_step`` (the layers' SR step of the recorded
+    micro-batch), ``layer`` (qualified name), ``pass`` (fwd_y, bwd_dx, bwd_dw), ``operand`` (a, b), ``shape``,
     ``label`` (the quantiser's settings), ``sqnr_db``, ``amax``, ``frac_zero``, ``frac_sat`` and
     ``gemm_sqnr_db`` (the pass's output against the FP64 product of the unquantised operands; the same for a and
     b). Forwards in eval mode and activation-checkpoint recomputations are not recorded. Also to TensorBoard
@@ -349,4 +358,4 @@ def monitor(model: nn.Module, every: int = 100, out: str = "fp4lab_monitor.jsonl
     recorded) and written by one monitor at a time; a failed write (a full disk) raises one DataError naming it and
     stops the monitor, the file holding the ``records`` written whole before it. Returns a ``Monitor``: call
     ``close()`` or use it as a context manager."""
-    return Monitor(model, every, out, tensorboard)
+    return Monitor(model, every, out, tensorboard, micro_batches)
