@@ -25,10 +25,10 @@ from .ops import QTensorCUDA, check_finite, dequantize, fake_quantize, gemm, pro
 from .linear import Conv1D, Linear, layer_id_of
 from .attention import MultiheadAttention
 from .moe import Experts
-from .convert import ConvertEntry, ConvertReport, convert, export_state_dict, set_step
+from .convert import ConvertEntry, ConvertReport, convert, export_state_dict, load_steps, set_step
 from .monitor import monitor
 from .distributed import reduce_amax, sr_shard
 
 __all__ = ["Recipe", "Linear", "Conv1D", "MultiheadAttention", "Experts", "convert", "ConvertReport", "ConvertEntry", "layer_id_of",
-           "set_step", "export_state_dict", "quantize", "fake_quantize", "gemm", "product", "dequantize", "QTensorCUDA", "check_finite", "RECIPES",
+           "set_step", "export_state_dict", "load_steps", "quantize", "fake_quantize", "gemm", "product", "dequantize", "QTensorCUDA", "check_finite", "RECIPES",
            "ABLATIONS", "monitor", "sr_shard", "reduce_amax"]

@@ -3,8 +3,11 @@ set_step: the SR step of a whole model."""
 from __future__ import annotations
 
 import dataclasses
+import glob
 import logging
+import os
 import sys
+from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any, Dict, Optional
 
@@ -13,9 +16,9 @@ from torch.nn.utils import parametrize
 
 from .attention import MultiheadAttention
 from .moe import Experts, experts_fault
-from fp4lab._files import UsageError, compile_regex
+from fp4lab._files import DataError, UsageError, compile_regex
 
-from .linear import Conv1D, Linear, _shape_fault, _Stepped, layer_id_of
+from .linear import Conv1D, Linear, _shape_fault, _step_of_state, _Stepped, layer_id_of
 from .recipe import Recipe, _as_recipe, _whole
 
 __all__ = ["convert", "ConvertReport", "ConvertEntry", "set_step", "export_state_dict"]
@@ -368,6 +371,62 @@ def set_step(model: nn.Module, step: int) -> None:
             m.step = m._last_step = _whole("set_step()", "step", step, 2**63)
             m._write_device_seed()
 
+
+
+def load_steps(model: nn.Module, source: Any) -> int:
+    """Sets the SR step of every fp4lab module of ``model`` from a checkpoint that saved it (``<name>._extra_state``,
+    as ``model.state_dict()`` and ``save_pretrained`` of a converted model write it), for a model loaded by
+    ``from_pretrained`` (which leaves those keys unused) and then converted: its run goes on with the SR keys it
+    stopped at instead of step 0.
+
+    Args:
+        model: the converted model (the fp4lab modules at the qualified names the checkpoint has).
+        source: a state dict, a ``.safetensors`` file, or a folder of them (a ``save_pretrained`` folder, sharded
+            or not).
+
+    Returns:
+        The number of modules whose step was set.
+
+    A checkpoint without an fp4lab module's key (written by ``export_state_dict``, or of the unconverted model) is
+    refused by a one-line ``DataError`` naming the first missing key, and so is a value that is no step; nothing is
+    set then."""
+    if isinstance(source, (str, os.PathLike)):
+        source = _read_steps(os.fspath(source))
+    elif not isinstance(source, Mapping):
+        raise TypeError(f"load_steps(): source must be a state dict or a path, not {type(source).__name__}")
+    steps = {}
+    for n, m in model.named_modules():
+        if isinstance(m, _Stepped):
+            key = f"{n}._extra_state" if n else "_extra_state"
+            if key not in source:
+                raise DataError(f"load_steps(): {key}: not in the checkpoint (saved without the SR steps?)")
+            steps[m] = _step_of_state(key, source[key])
+    for m, step in steps.items():
+        m.step = m._last_step = step
+        m._write_device_seed()
+    return len(steps)
+
+
+def _read_steps(path: str) -> Dict[str, Any]:
+    """The ``_extra_state`` tensors of a .safetensors file, or of every one in a folder."""
+    try:
+        from safetensors import SafetensorError, safe_open
+    except ImportError:
+        raise DataError("load_steps(): reading a .safetensors checkpoint needs the safetensors package") from None
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors"))) if os.path.isdir(path) else [path]
+    if not files:
+        raise DataError(f"{path}: no .safetensors file in the folder")
+    out: Dict[str, Any] = {}
+    for f in files:
+        try:
+            with safe_open(f, framework="pt") as st:
+                for k in st.keys():
+                    if k.endswith("_extra_state"):
+                        out[k] = st.get_tensor(k)
+        except (OSError, ValueError, RuntimeError, SafetensorError) as e:
+            why = (str(e).splitlines() or [type(e).__name__])[0]
+            raise DataError(f"{f}: not a readable .safetensors file ({why})") from None
+    return out
 
 
 def export_state_dict(model: nn.Module, *, prefix: str = "", keep_vars: bool = False) -> Dict[str, Any]:
