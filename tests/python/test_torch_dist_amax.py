@@ -167,8 +167,8 @@ def test_reduce_amax_needs_a_process_group():
 
 
 def test_compiled_model_reduces_amax_in_eager_mode(tmp_path, monkeypatch):
-    """Under torch.compile the GEMMs of a marked model leave the graph and reduce the amax as in eager mode, with
-    eager's bits, rather than being compiled without the reduction."""
+    """Under torch.compile the GEMMs of a model marked by reduce_amax or sr_shard leave the graph and run as in eager
+    mode, with eager's bits, rather than being compiled without the marks."""
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
         calls = []
@@ -183,5 +183,11 @@ def test_compiled_model_reduces_amax_in_eager_mode(tmp_path, monkeypatch):
         assert calls == [2] * (2 * (3 * 4 - 1))
         for p, q in zip(eager.parameters(), model.parameters()):
             assert torch.equal(bits(p.grad), bits(q.grad))
+        # sr_shard alike: a compiled replica marked rank 1 of 2 draws eager's SR words, not the unmarked model's.
+        marked, compiled_marked, unmarked = ft.sr_shard(make(), 1, 2), ft.sr_shard(make(), 1, 2), make()
+        for m in (marked, torch.compile(compiled_marked, backend="aot_eager"), unmarked):
+            (m(x) - t).pow(2).mean().backward()
+        assert torch.equal(bits(marked.fc1.weight.grad), bits(compiled_marked.fc1.weight.grad))
+        assert not torch.equal(bits(marked.fc1.weight.grad), bits(unmarked.fc1.weight.grad))
     finally:
         dist.destroy_process_group()
