@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Benchmark: `fp4lab analyze` against a straightforward numpy implementation of the same definitions
-(fp4lab.oracle), on the same traces, in the same run. Prints wall time, throughput in trace
+(tests/python/oracle.py), on the same traces, in the same run. Prints wall time, throughput in trace
 elements per second for both, the ratio, and how closely the two agree.
 
     python3 scripts/bench_analyze.py --fp4lab build/bin/fp4lab [--trace DIR] [--larger 4] [--repeat 5] [--python]
@@ -32,8 +32,12 @@ import time
 import numpy as np
 
 from fp4lab import analyze as analyze_in_process
-from fp4lab import oracle as analysis_numpy
 from fp4lab import trace
+
+# The numpy oracle is the tests' (tests/python/oracle.py), not the package's.
+ORACLE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "python")
+sys.path.insert(0, ORACLE_DIR)
+import oracle as analysis_numpy  # noqa: E402
 
 
 def larger_trace(src, folder, factor):
@@ -112,7 +116,7 @@ subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL)
 print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
 """
 # The numpy analysis of one trace, as its own process.
-NUMPY_RUN = "import sys; from fp4lab import oracle; oracle.analyze(sys.argv[1])"
+NUMPY_RUN = f"import sys; sys.path.insert(0, {ORACLE_DIR!r}); import oracle; oracle.analyze(sys.argv[1])"
 
 
 def synthetic_trace(folder, shape, records, seed):

@@ -1,4 +1,5 @@
-"""A straightforward numpy implementation of fp4lab's pinned analyses (docs/spec.md §6): the test oracle.
+"""A straightforward numpy implementation of fp4lab's pinned analyses (docs/spec.md §6): the test oracle (kept under tests/, not in the
+package).
 
 Written independently of the C++ code from the definitions alone (it calls nothing of fp4lab, and reads traces
 with its own few lines of numpy), for three uses:
@@ -152,5 +153,5 @@ def analyze(trace, formats=("e2m1", "e1m2"), rhts=(0, 16)):
     return {"fp4lab.analysis.version": 1, "config": {"implementation": "numpy"}, "tensors": tensors, "gemms": gemms}
 
 
-if __name__ == "__main__":  # python3 -m fp4lab.oracle TRACE: the JSON on stdout
+if __name__ == "__main__":  # python3 tests/python/oracle.py TRACE: the JSON on stdout
     json.dump(analyze(sys.argv[1]), sys.stdout, indent=1)
