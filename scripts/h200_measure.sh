@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The simulator's validation set (docs/validation.md), measured in one call on an H200: fp4lab cuda timings over
 # every quantiser operand and GEMM shape of workloads/shapes/*.csv and the square sweep 256..16384
-# (scripts/sim_validation.py plan; it imports the fp4lab package, fp4lab.simval): copies and the three quantiser
+# (scripts/sim_validation.py plan; it imports the fp4lab package and lab/fp4lab_lab/simval.py): copies and the three quantiser
 # passes, then the fast GEMM under ufp4 and under mxfp4, each a separate process with its own JSON; then, unless
 # REPEAT=0, the same again (the run-to-run spread). The SM clock, memory clock and power are sampled every 200 ms
 # throughout.

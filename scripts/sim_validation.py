@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The simulator's validation against measured H200 kernel timings (docs/validation.md); the logic is the
-package's (fp4lab.simval), the tables of this repository's docs are made and checked here.
+lab's (lab/fp4lab_lab/simval.py, not in the installed package), the tables of this repository's docs are made and checked here.
 
   sim_validation.py plan [--part quant|gemm]
                                 the fp4lab cuda timings arguments: every quantiser operand and GEMM shape of the
@@ -18,14 +18,15 @@ package's (fp4lab.simval), the tables of this repository's docs are made and che
   sim_validation.py check docs/results/sim-validation.json [--fp4lab BIN] [--split validation]
                                 reruns each row's command and requires the recorded prediction (the ctest)
 
-The split rule, fixed before any calibration, is stated in fp4lab.simval's docstring (python/fp4lab/simval.py).
+The split rule, fixed before any calibration, is stated in fp4lab_lab.simval's docstring (lab/fp4lab_lab/simval.py).
 """
 import argparse
 import json
 import os
 import sys
 
-from fp4lab import simval
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lab"))
+from fp4lab_lab import simval  # noqa: E402  (the lab imports the fp4lab package)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -129,10 +129,15 @@ def test_installed_package_holds_the_paired_statistics(fp4lab):
     assert out == "undetected 0.4867 0.8199"
 
 
-def test_installed_package_holds_the_simulator_validation(fp4lab):
-    # scripts/sim_validation.py imports fp4lab.simval from the package: its split of three shapes by work.
-    out = run_installed("from fp4lab import simval\nprint(simval.split_of([(2, 2), (1, 1), (3, 3)]))")
-    assert out == "{(1, 1): 'calibration', (2, 2): 'validation', (3, 3): 'calibration'}"
+def test_installed_package_leaves_out_the_lab_and_the_test_oracle(fp4lab):
+    # The wheel ships python/fp4lab alone: the simulator's validation campaign (lab/fp4lab_lab), the numpy test
+    # oracle (tests/python/oracle.py) and the lab package itself are neither files of it nor importable from it.
+    pkg = os.path.dirname(fp4lab)
+    for m in ("simval.py", "oracle.py"):
+        assert not os.path.exists(os.path.join(pkg, m)), m
+    out = run_installed("import importlib.util as u\n"
+                        "print([m for m in ('fp4lab.simval', 'fp4lab.oracle', 'fp4lab_lab') if u.find_spec(m)])")
+    assert out == "[]"
 
 
 def test_installed_console_scripts_capture_check_and_train_recipes(fp4lab):
@@ -140,7 +145,7 @@ def test_installed_console_scripts_capture_check_and_train_recipes(fp4lab):
     # [project.scripts]), run away from the source tree: the check of the bundled trace, the study's recipe list,
     # and the plot's one-line refusal of a file that is not there.
     pkg = os.path.dirname(fp4lab)
-    for m in ("trace", "capture", "oracle", "study/__init__", "study/train", "study/report", "study/tiny_lm"):
+    for m in ("trace", "capture", "study/__init__", "study/train", "study/report"):
         assert os.path.isfile(os.path.join(pkg, m + ".py")), m
     path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

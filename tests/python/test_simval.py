@@ -1,4 +1,4 @@
-"""fp4lab.simval (python/fp4lab/simval.py), the simulator's validation against the H200: the split rule on a
+"""fp4lab_lab.simval (lab/fp4lab_lab/simval.py), the simulator's validation against the H200: the split rule on a
 hand-made shape set and on the committed timings (the halves docs/results/sim-validation.json records), the
 metrics on a two-row example worked out by hand and on the committed rows (the recorded summary), and the
 `fp4lab sim` commands it derives against the ones the committed results record."""
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from fp4lab import simval
+from fp4lab_lab import simval  # lab/ on PYTHONPATH (tests/python/CMakeLists.txt)
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 RESULTS = os.path.join(ROOT, "docs", "results")

@@ -27,10 +27,12 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
-from .paired import pearson, ranks  # the same bits on every machine (docs/spec.md §6.1)
+from fp4lab.paired import pearson, ranks  # the same bits on every machine (docs/spec.md §6.1)
 
 SWEEP = [256, 512, 1024, 2048, 4096, 8192, 16384]
 # Recorded in the validation JSON: where the split rule is stated.
+# The name docs/results/sim-validation.json records for this docstring (kept, so a new run writes the same bytes;
+# the module is lab/fp4lab_lab/simval.py, outside the installed package).
 SPLIT_RULE = "fp4lab.simval (module docstring)"
 
 
