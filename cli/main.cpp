@@ -56,6 +56,15 @@ int cmd_sim_not_built(const Invocation&) {
 }
 #endif
 
+// `decide` and `plot` belong to the Python package (they join the simulator with the analyses and the training
+// evidence, and draw with matplotlib): the `fp4lab` console script of an installed package runs them; this
+// executable lists them and says where they run.
+int cmd_python_only(const Invocation& inv) {
+  throw Error(kExitUsage, "'" + inv.command + "' is run by the Python package: `fp4lab " + inv.command +
+                              " ...` once it is installed (pip install .), or `PYTHONPATH=BUILD/python python3 -m "
+                              "fp4lab " + inv.command + " ...` beside a build (docs/decide.md)");
+}
+
 const Command kCommands[] = {
 #ifdef FP4LAB_CLI_HAS_ANALYZE
     {"analyze", "SQNR, B_eff, bias and shrinkage of a trace under a recipe", cmd_analyze},
@@ -71,6 +80,8 @@ const Command kCommands[] = {
 #else
     {"sim", "cycle-approximate tensor-core model (SystemC): not in this build", cmd_sim_not_built},
 #endif
+    {"decide", "go/no-go on uniform-grid hardware for a model, in one report (Python package)", cmd_python_only},
+    {"plot", "figures of analyze JSON and sim --sweep CSV (Python package)", cmd_python_only},
     {"cuda check", "every GEMM of a trace quantised and multiplied on the GPU, against the golden model bit for bit",
      cmd_cuda_check},
     {"cuda bench", "GPU quantiser (plain / fused RHT / unfused RHT) and block-scaled GEMM beside their baselines",

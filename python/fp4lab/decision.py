@@ -125,9 +125,9 @@ def _fault(cmd: Sequence[str], p: subprocess.CompletedProcess) -> Exception:
 
 def _check_sim(cli: str) -> None:
     p = subprocess.run([cli, "sim", "--list-configs"], capture_output=True, text=True)
-    if p.returncode != 0:
-        raise DataError(f"{cli}: this fp4lab has no simulator (built without SystemC): `fp4lab decide` needs "
-                        "`fp4lab sim`; build with -DFP4LAB_SIM=ON where SystemC is installed")
+    if p.returncode != 0:  # a build without the simulator says why in one line (docs/spec.md §11.1)
+        why = (p.stderr.strip().splitlines() or [f"exit code {p.returncode}"])[-1].split("error: ", 1)[-1]
+        raise DataError(f"{cli}: `fp4lab decide` needs `fp4lab sim`: {why}")
 
 
 def _sim(cli: str, design: Design, model_args: Sequence[str], recipe: str) -> dict:
