@@ -57,6 +57,13 @@ X, T = torch.randn(64, 32, generator=torch.Generator().manual_seed(1)), torch.ra
 def test_checkpointing_inside_a_compiled_model_is_refused(backend):
     torch.manual_seed(0)
     model = ft.convert(Net(checkpoint=False), "nvfp4")
+    # A copy of the same names trained further (an eager one, and a compiled one without checkpointing) must not
+    # hide the fault: the operators tell modules apart by instance, not by name.
+    ahead = copy.deepcopy(model)
+    ahead.checkpoint = None
+    for m in (ahead, torch.compile(copy.deepcopy(ahead), backend=backend)):
+        for _ in range(3):
+            step(m, X, T)
     compiled = torch.compile(model, backend=backend)
     with pytest.raises(RuntimeError, match=r"^blocks\.\d\.fc\d: activation checkpointing inside a torch\.compile'd "
                                            r"graph recomputes the forward with SR step 1, which no forward took: "

@@ -3,6 +3,7 @@ it shares with the attention."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import operator
 import sys
 from typing import Any, Optional, Tuple
@@ -225,7 +226,13 @@ def _apply(gemm, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
             owner._device_seed(x.device)
             if gemm.recipe.check_finite == "deferred":
                 check_finite_once(int(step), gemm)  # the flag of the last step's operands, read once a step
-    args = (step, gemm.recipe, gemm.layer_id, gemm._label(), gemm._qcache if eager else None, gemm if eager else None)
+    label = gemm._label()
+    if not eager:
+        # The module's instance number rides on the label (ops.py shows what precedes the mark): the operators tell
+        # a step no forward of this module took (activation checkpointing in a compiled graph) from another
+        # module's of the same name, such as a copy's.
+        label = f"{label}{_INSTANCE_MARK}{getattr(gemm, 'owner', gemm)._instance}"
+    args = (step, gemm.recipe, gemm.layer_id, label, gemm._qcache if eager else None, gemm if eager else None)
     dev = x.device.type
     if torch.is_autocast_enabled(dev):
         # As F.linear under autocast: the operands are cast to the autocast dtype first (FP32 master weights
@@ -239,6 +246,10 @@ def _apply(gemm, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
 
 
 _apply_eager = torch._dynamo.disable(_apply, reason="fp4lab reduce_amax / sr_shard run in eager mode")
+
+
+_instances = itertools.count()
+_INSTANCE_MARK = "\x1f"  # what follows it in an operator's label is the module's instance number
 
 
 def _step_of_state(key: str, state: Any) -> int:
@@ -278,6 +289,7 @@ class _Stepped(nn.Module):
         self._step = torch.zeros((), dtype=torch.int64)
         # The step of the last forward outside a backward (a recomputation repeats it), and whether it advanced.
         self._last_step, self._last_advanced = 0, False
+        self._instance = next(_instances)  # a copy gets its own (__setstate__)
 
     @property
     def step(self) -> int:
@@ -356,6 +368,7 @@ class _Stepped(nn.Module):
         return state
 
     def __setstate__(self, state):
+        state["_instance"] = next(_instances)
         if "_step" not in state:  # pickled when the step was a Python int
             state["_step"] = torch.tensor(state.pop("step", 0), dtype=torch.int64)
         super().__setstate__(state)

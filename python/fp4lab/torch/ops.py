@@ -337,7 +337,8 @@ def _check_recompute(step: int, recipe: str, layer: int, pass_: str, label: str)
     graph (torch.compile of a model with torch.utils.checkpoint regions, HF gradient_checkpointing_enable) recomputes
     the region's forward reading the step counter after the forward advanced it: its bits would differ from eager's
     without a word. Eager checkpointing repeats the original step (linear._Stepped._take_step) and passes."""
-    key = (recipe, layer, label)
+    key = (recipe, layer, label)  # the label of a compiled graph's operator names the module instance too
+    label = label.split("\x1f")[0]
     if torch._C._current_graph_task_id() == -1:
         if pass_ == "fwd_y" and step > _forward_steps.get(key, -1):
             _forward_steps[key] = step
@@ -351,6 +352,7 @@ def _quantize_labelled(x, step, recipe, layer, pass_, operand, label, fake=False
     """quantize (``fake``: fake_quantize) of an operator's operand; a fault names the label, pass, operand and shape."""
     if operand == "a":
         _check_recompute(int(step), recipe, layer, pass_, label)
+    label = label.split("\x1f")[0]  # linear._INSTANCE_MARK: the layer's name before it
     try:
         return (fake_quantize if fake else quantize)(x, _config(recipe, step, layer, pass_, operand), **kw)
     except ValueError as e:
