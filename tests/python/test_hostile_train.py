@@ -174,8 +174,6 @@ USAGE = [
     (["--batch", "0"], "--batch 0"),
     (["--batch", "-1"], "--batch -1"),
     (["--seq", "0"], "--seq 0"),
-    (["--batch", "4", "--eval-windows", "4", "--seq", "63"], "--seq 63"),  # 252 token rows: bwd_dw's blocks of 16 do not divide them
-    (["--recipe", "mxfp4", "--batch", "1", "--seq", "48"], "--seq 48"),  # blocks of 32
     (["--lr", "nan"], "--lr nan"),
     (["--lr", "inf"], "--lr inf"),
     (["--lr", "0"], "--lr 0"),
