@@ -149,7 +149,7 @@ def test_sigint_stops_analyze_within_about_a_record(tmp_path):
     for line in r.stdout.splitlines():
         what, seconds = line.split()
         assert what == "interrupted", r.stdout
-        assert float(seconds) < 3.0, r.stdout  # the signal at 0.5 s, then at most a record or two
+        assert float(seconds) < 5.0, r.stdout  # the signal at 0.5 s, then a record or two (slower on a loaded machine)
     assert len(r.stdout.splitlines()) == 2
     assert os.listdir(out) == []  # no JSON, no temporary
 
