@@ -320,6 +320,36 @@ def test_cuda_quantize_and_reference_kernel_match_golden():
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
+def test_cuda_two_streams_at_once_give_the_golden_bits():
+    # The kernels' scratch memory (amax buffers, the rotated and transposed copies, the GEMM's unpacked operands)
+    # is one set per device and stream: two streams quantising and multiplying at once, with no synchronisation
+    # between them, each get the golden model's bits. nvfp4 uses the tensor-amax scratch, the unfused RHT path the
+    # rotated copy, the transposed views the transposed copy.
+    torch.manual_seed(0)
+    jobs = []
+    for i, (recipe, p) in enumerate((("nvfp4", "bwd_dx"), ("ufp4", "bwd_dw"), ("mxfp4", "fwd_y"), ("ufp4", "fwd_y"))):
+        a = torch.randn(1024 + 128 * i, 2048) * (1 + i)
+        b = torch.randn(512, 2048)
+        ca, cb = fp4lab.config(recipe, pass_=p, operand="a"), fp4lab.config(recipe, pass_=p, operand="b")
+        want = bits(ft.gemm(ft.quantize(a, ca), ft.quantize(b, cb)))
+        jobs.append((a.cuda(), b.t().contiguous().cuda(), ca, cb, want))
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    out = []
+    for it in range(8):
+        for j, (a, bt, ca, cb, _) in enumerate(jobs):
+            with torch.cuda.stream(streams[(j + it) % 2]):
+                qa = ft.quantize(a, ca, rht_path="unfused", check_finite="deferred")
+                qb = ft.quantize(bt.t(), cb, check_finite="deferred")  # a transposed view, read in place
+                out.append((j, ft.gemm(qa, qb, check_finite="deferred")))
+    torch.cuda.synchronize()
+    ft.check_finite()
+    for j, c in out:
+        assert np.array_equal(bits(c), jobs[j][4]), j
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
 def test_cuda_transposed_views_and_fake_quantisation_match_the_row_major_operand():
     # The backward GEMMs' operands Wᵀ, dYᵀ and Xᵀ are transposed views: the kernels read them in place, with the
     # bits of the row-major copy; fake quantisation gives the dequantiser's BF16 values of that operand in one pass.

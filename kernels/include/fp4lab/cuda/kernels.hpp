@@ -87,6 +87,9 @@ class Buffer {
     if (n_) check(cudaMemcpy(v.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
     return v;
   }
+  // From now on a growth leaves the old allocation in place instead of freeing it: a CUDA graph captured with
+  // this buffer addresses it at every replay (and cudaFree may not run while a stream is being captured).
+  void keep() { keep_ = true; }
   // Every byte set to `byte` (tests poison outputs with 0xFF before a run).
   void fill_bytes(int byte) {
     if (n_) check(cudaMemset(p_, byte, n_ * sizeof(T)), "cudaMemset");
@@ -95,12 +98,13 @@ class Buffer {
 
  private:
   void release() {
-    if (p_) cudaFree(p_);
+    if (p_ && !keep_) cudaFree(p_);
     p_ = nullptr;
     n_ = cap_ = 0;
   }
   T* p_ = nullptr;
   size_t n_ = 0, cap_ = 0;
+  bool keep_ = false;
 };
 
 // A quantised operand [rows, cols] on the GPU, blocks along cols (the GEMM's K).
@@ -128,6 +132,7 @@ struct QuantWorkspace {
   Buffer<int> nonfinite;
   Buffer<float> rotated;
   Buffer<float> transposed;  // X^T as FP32, for the transposed quantiser's unfused and RHT-64/128 paths
+  void keep() { block_amax.keep(), tensor_amax.keep(), nonfinite.keep(), rotated.keep(), transposed.keep(); }
 };
 
 // Fused: one pass rotates (RHT-16/32), scales and rounds in registers. Unfused: an RHT pass writes the rotated
@@ -196,6 +201,7 @@ void flag_nonfinite(const void* d_y, bool bf16, int64_t n, int* d_flag, int bit,
 // dequantised operand, all FP32 with n elements.
 struct OperandStatsWorkspace {
   Buffer<uint8_t> partials;
+  void keep() { partials.keep(); }
 };
 void operand_stats(const float* d_x, const float* d_ref, const float* d_dq, const uint8_t* d_codes, int64_t n,
                    unsigned saturated_codes, double* d_out, OperandStatsWorkspace& ws, cudaStream_t stream = nullptr);
@@ -227,6 +233,10 @@ struct GemmWorkspace {
   Buffer<uint8_t> nsa, nsb; // native path: scale bytes
   Buffer<int> fused_ok;     // set on the device by gemm_fast_prepare: every scale passes fma_exact_scale
   bool fused_epilogue = true;  // false: the contract's separate multiply and add always (same bits; for timing)
+  void keep() {
+    a8.keep(), b8.keep(), a16.keep(), b16.keep(), sa.keep(), sb.keep(), na.keep(), nb.keep(), nsa.keep(), nsb.keep();
+    fused_ok.keep();
+  }
 };
 // Fast kernel on the int8 tensor cores (mma.sync m16n8k16 for block 16, m16n8k32 for block 32): each mma
 // gives one block's exact int32 dot product; the block scaling and the FP32 accumulation in ascending block

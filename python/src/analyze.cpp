@@ -1,0 +1,228 @@
+// Trace analysis (the library `fp4lab analyze` calls) and a model's training-step shapes.
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <functional>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "fp4lab/io/files.hpp"
+#include "fp4lab/knobs.hpp"
+#include "fp4lab/sim/model_shapes.hpp"
+#include "fp4lab/trace_analysis.hpp"
+#include "fp4lab/version.hpp"
+#include "outputs.hpp"  // cli/: the rules every output path is held to
+#include "text.hpp"  // cli/: the command line's escaping and quoting, so the recorded command matches it
+
+#include "common.hpp"
+
+using namespace nb::literals;
+
+namespace fp4lab::py {
+namespace {
+
+// ---- analyze -------------------------------------------------------------------------------------------------
+// A JSON value as json.loads reads the text `fp4lab analyze --json` writes: ordered keys, doubles as they are (the
+// JSON text is their shortest round-trip form), non-finite numbers as None (the writer spells them null), and
+// strings decoded with invalid UTF-8 replaced (the writer's error handler replaces them too).
+nb::object to_python(const nlohmann::ordered_json& j) {
+  using V = nlohmann::ordered_json::value_t;
+  switch (j.type()) {
+    case V::null: return nb::none();
+    case V::boolean: return nb::bool_(j.get<bool>());
+    case V::number_integer: return nb::int_(j.get<int64_t>());
+    case V::number_unsigned: return nb::steal(PyLong_FromUnsignedLongLong(j.get<uint64_t>()));
+    case V::number_float: {
+      const double v = j.get<double>();
+      return std::isfinite(v) ? nb::object(nb::float_(v)) : nb::none();
+    }
+    case V::string: {
+      const std::string& t = j.get_ref<const std::string&>();
+      PyObject* o = PyUnicode_DecodeUTF8(t.data(), Py_ssize_t(t.size()), "replace");
+      if (!o) throw nb::python_error();
+      return nb::steal(o);
+    }
+    case V::array: {
+      nb::list l;
+      for (const auto& v : j) l.append(to_python(v));
+      return l;
+    }
+    case V::object: {
+      nb::dict d;
+      for (const auto& [k, v] : j.items()) d[nb::str(k.c_str(), k.size())] = to_python(v);
+      return d;
+    }
+    default: throw std::logic_error("to_python: a JSON value of a type analyze never writes");
+  }
+}
+
+// The members every fp4lab JSON output ends with: the build that wrote it (the command line's JsonOut too).
+nlohmann::ordered_json stamps() { return {{"fp4lab_version", kVersion}, {"git_commit", kGitCommit}}; }
+
+// Ctrl-C during a long call: `work` runs on a thread of its own while the calling thread waits with the GIL released
+// and, every 50 ms, runs Python's signal handlers (only the main thread can). When one raises (KeyboardInterrupt),
+// `stop` is set, the work ends at its next check (the analysis checks at each record), and the handler's exception is
+// raised here once it has: within about a record's time, not after the whole analysis, and with nothing half written.
+struct Interrupted {};  // thrown by a check once `stop` is set; not a std::exception, so no handler turns it into one
+void run_interruptible(const std::function<void()>& work, std::atomic<bool>& stop) {
+  std::exception_ptr fault;
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread t([&] {
+    try {
+      work();
+    } catch (...) {
+      fault = std::current_exception();
+    }
+    const std::lock_guard<std::mutex> g(m);
+    done = true;
+    cv.notify_one();
+  });
+  bool raised = false;
+  for (;;) {
+    {
+      nb::gil_scoped_release release;
+      std::unique_lock<std::mutex> lk(m);
+      if (cv.wait_for(lk, std::chrono::milliseconds(50), [&] { return done; })) break;
+    }
+    if (!raised && PyErr_CheckSignals() != 0) {
+      raised = true;  // the exception stays set until the work has stopped
+      stop = true;
+    }
+  }
+  t.join();
+  if (raised) throw nb::python_error();
+  if (fault) std::rethrow_exception(fault);
+}
+
+// The analysis of a trace with the options as `fp4lab analyze` spells them (option name without dashes -> text).
+// Faults are the command line's one-line messages, as the package's UsageError or DataError (ValueErrors; MemoryError
+// when memory runs out). With json_path, the document goes to that file as `fp4lab analyze --json FILE` writes it (in
+// pieces, through a temporary name: memory that of the command line, not of a dict of the whole report), and None is
+// returned. Ctrl-C stops it at the next record (run_interruptible), leaving no output and no temporary.
+nb::object analyze(const std::vector<std::string>& traces, const std::map<std::string, std::string>& options,
+                   const std::optional<std::string>& json_path) {
+  require_threads();
+  // The options in the order of the command line recorded in config.command: the one that writes this same JSON.
+  static const char* const kOrder[] = {"formats", "rht", "recipe", "rht-signs", "rht-seed", "block", "scale", "seed"};
+  for (const auto& [k, v] : options)
+    if (std::find_if(std::begin(kOrder), std::end(kOrder), [&](const char* n) { return k == n; }) == std::end(kOrder))
+      raise_fault(true, "analyze: unknown option '" + k + "'");
+  if (traces.empty()) raise_fault(true, "analyze: no trace given");
+  if (json_path) {  // the path first, as the command line checks --json before the options and traces
+    if (json_path->empty() || *json_path == "-")
+      raise_fault(true, "analyze: json needs a file name (the command line's '-', stdout, is not one)");
+    if (const auto f = cli::output_fault({*json_path}, {})) raise_fault(f->usage, f->message);
+  }
+  std::string command = "fp4lab analyze --trace";
+  for (const auto& t : traces) command += " " + cli::shell_quote(t);
+  command += " --json " + cli::shell_quote(json_path ? *json_path : "-");
+  AnalysisOptions o;
+  o.traces = traces;
+  nlohmann::ordered_json j;
+  std::atomic<bool> stop{false};
+  const AnalysisProgress progress = [&stop](size_t, size_t, const std::string&) {
+    if (stop) throw Interrupted{};
+  };
+  try {
+    for (const char* name : kOrder) {
+      const auto it = options.find(name);
+      if (it == options.end()) continue;
+      command += std::string(" --") + name + " " + cli::shell_quote(it->second);
+      const std::string& v = it->second;
+      const std::string n = name;
+      if (n == "formats") o.formats = v;
+      else if (n == "rht") o.rht = v;
+      else if (n == "recipe") o.recipes = v;
+      else if (n == "rht-signs") o.rht_signs = v;
+      else if (n == "rht-seed") o.rht_seed = v;
+      else if (n == "block") o.block = parse_int(v, "block");
+      else if (n == "scale") o.scale = v;
+      else o.seed = v;
+    }
+    // The analysis runs on OpenMP threads, the GIL released: other Python threads may go on.
+    run_interruptible([&] {
+      if (json_path) {
+        const auto check = [&](const TraceAnalysis& ta) {  // before any record is analysed, as the command line does
+          if (const auto f = cli::output_fault({*json_path}, ta.inputs())) throw AnalysisError(f->usage, f->message);
+        };
+        const AnalysisResult r = analyze_traces(o, progress, check);
+        io::AtomicFile f(*json_path);  // io::Error names the file; nothing is left under it on failure or Ctrl-C
+        write_analysis_json(r, command, stamps(), [&](const std::string& piece) {
+          if (stop) throw Interrupted{};
+          f.write(piece.data(), piece.size());
+        });
+        f.write("\n", 1);
+        f.commit();
+      } else {
+        j = analysis_json(analyze_traces(o, progress), command);
+      }
+    }, stop);
+  } catch (const nb::python_error&) {
+    throw;  // KeyboardInterrupt, or whatever else a signal handler raised
+  } catch (const std::bad_alloc&) {
+    throw;  // MemoryError
+  } catch (const AnalysisError& e) {
+    raise_fault(e.usage, e.what());
+  } catch (const io::Error& e) {
+    raise_fault(false, e.what());
+  } catch (const std::invalid_argument& e) {  // an option value (KnobError)
+    raise_fault(true, e.what());
+  } catch (const std::exception& e) {
+    raise_fault(false, e.what());
+  }
+  if (json_path) return nb::none();  // (made here, with the GIL held again)
+  const nlohmann::ordered_json tail = stamps();  // every fp4lab JSON output ends with the build that wrote it
+  for (const auto& [k, v] : tail.items()) j[k] = v;
+  return to_python(j);
+}
+
+}  // namespace
+
+void bind_analyze(nb::module_& m) {
+  m.def("analyze", &analyze, "traces"_a, "options"_a, "json_path"_a = nb::none(),
+        "The docs/spec.md §6 analyses of trace folders or files: the dict `fp4lab analyze --json` writes, or with "
+        "json_path that document written to the file (None returned).");
+  // A model's training-step GEMMs from its Hugging Face config.json: the rule `fp4lab sim --model` replays.
+  m.attr("max_shape_dim") = int64_t(sim::kMaxShapeDim);
+  m.def("model_shapes", [](const std::string& source, bool is_file, int64_t tokens, int64_t multiple) {
+    sim::ModelShapes s;
+    if (is_file) {
+      s = sim::read_model_shapes(source, tokens);
+    } else {
+      try {
+        s = sim::model_shapes(sim::parse_model_config(source, "config"), tokens);
+      } catch (const std::invalid_argument& e) {
+        const std::string m = e.what();  // "config: ..." from the parser already
+        throw std::invalid_argument(m.rfind("config: ", 0) == 0 ? m : "config: " + m);
+      }
+    }
+    if (multiple < 1 || multiple > sim::kMaxShapeDim)
+      throw std::invalid_argument("multiple = " + std::to_string(multiple) + " is outside 1.." +
+                                  std::to_string(sim::kMaxShapeDim));
+    const std::vector<sim::LayerShape> rows = sim::pad_shapes(s.layers, {multiple, multiple, multiple});
+    std::vector<std::tuple<std::string, int64_t, int64_t, int64_t, int64_t>> out;
+    for (const sim::LayerShape& l : rows) out.emplace_back(l.gemm, l.tokens, l.in, l.out, int64_t(l.count));
+    return std::make_tuple(s.model_type, s.summary, out);
+  }, "source"_a, "is_file"_a, "tokens"_a, "multiple"_a = 1,
+     "(model_type, summary, [(gemm, tokens, in, out, count)]) of one training step of the model a config.json "
+     "describes (its path, or its text with is_file false); every dimension rounded up to a multiple of `multiple`.");
+}
+
+}  // namespace fp4lab::py

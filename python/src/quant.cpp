@@ -1,0 +1,173 @@
+// QTensor, the golden quantiser and the GEMM on host arrays.
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "fp4lab/gemm.hpp"
+#include "fp4lab/knobs.hpp"
+#include "fp4lab/quantize.hpp"
+#include "fp4lab/rht.hpp"
+#include "fp4lab/scale.hpp"
+
+#include "common.hpp"
+
+using namespace nb::literals;
+
+namespace fp4lab::py {
+namespace {
+
+QTensor quantize_f32(CpuIn x, const QuantConfig& cfg) {
+  require_threads();
+  const int64_t rows = int64_t(x.shape(0)), cols = int64_t(x.shape(1));
+  nb::gil_scoped_release release;  // the quantiser runs on OpenMP threads; other Python threads may go on
+  return quantize(x.data(), rows, cols, cfg);
+}
+
+QTensor quantize_bf16(CpuBf16In x, const QuantConfig& cfg) {
+  require_threads();
+  const int64_t rows = int64_t(x.shape(0)), cols = int64_t(x.shape(1));
+  nb::gil_scoped_release release;
+  // BF16 -> FP32 is exact (a shift), as the trace reader does it.
+  std::vector<float> f(size_t(rows * cols));
+  for (size_t i = 0; i < f.size(); ++i) f[i] = bf16_to_f32(x.data()[i]);
+  return quantize(f.data(), rows, cols, cfg);
+}
+
+// A QTensor from its parts (codes one per byte, decoded scales, the rotation it was quantised under), checked like
+// the CLI checks a file.
+QTensor make_qtensor(const std::string& format, const std::string& scale, int block, bool tile2d,
+                     nb::ndarray<const uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> codes,
+                     nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu> scales, float global_dec,
+                     int rht, const std::vector<float>& rht_signs) {
+  QTensor q;
+  q.format = parse_format(format);
+  q.scale_kind = parse_scale(scale);
+  q.block = block;
+  q.tile2d = tile2d;
+  // S_dec = 1 / S_enc with 0 < S_enc <= FLT_MAX (docs/spec.md §2): a NaN, infinite, zero or negative global
+  // scale is no quantised operand.
+  if (!(std::isfinite(global_dec) && global_dec > 0.0f))
+    throw std::invalid_argument("global_scale must be a positive finite number, not " + std::to_string(global_dec));
+  check_rotation(rht, rht_signs);
+  q.rht = rht;
+  q.rht_signs = rht_signs;
+  q.rows = int64_t(codes.shape(0));
+  q.cols = int64_t(codes.shape(1));
+  if (block != 16 && block != 32) throw std::invalid_argument("block size must be 16 or 32, not " + std::to_string(block));
+  if (q.cols % block != 0)
+    throw std::invalid_argument("codes have " + std::to_string(q.cols) + " columns, not a multiple of the block size " +
+                                std::to_string(block));
+  if (int64_t(scales.shape(0)) != q.rows || int64_t(scales.shape(1)) != q.cols / block)
+    throw std::invalid_argument("scales must have shape [" + std::to_string(q.rows) + ", " +
+                                std::to_string(q.cols / block) + "]");
+  q.codes.assign(codes.data(), codes.data() + codes.size());
+  for (uint8_t c : q.codes)
+    if (!code_valid(q.format, c))
+      throw std::invalid_argument("code " + std::to_string(int(c)) + " is not a " + std::string(q.format.name) + " code");
+  q.scales.assign(scales.data(), scales.data() + scales.size());
+  check_finite(q.scales.data(), int64_t(q.scales.size()), "scales");
+  q.global_dec = global_dec;
+  return q;
+}
+
+}  // namespace
+
+void check_rotation(int rht, const std::vector<float>& rht_signs) {
+  if (rht != 0) {
+    if (!rht_size_ok(rht)) throw std::invalid_argument(rht_size_fault(rht));
+    if (int(rht_signs.size()) != rht)
+      throw std::invalid_argument("RHT needs " + std::to_string(rht) + " signs, got " + std::to_string(rht_signs.size()));
+    for (float s : rht_signs)
+      if (s != 1.0f && s != -1.0f) throw std::invalid_argument("RHT signs must be +1 or -1");
+  } else if (!rht_signs.empty()) {
+    throw std::invalid_argument("rht_signs given without an RHT size");
+  }
+}
+
+
+void bind_quant(nb::module_& m) {
+  nb::class_<QTensor>(m, "QTensor")
+      .def_prop_ro("rows", [](const QTensor& q) { return q.rows; })
+      .def_prop_ro("cols", [](const QTensor& q) { return q.cols; })
+      .def_prop_ro("format", [](const QTensor& q) { return std::string(q.format.name); })
+      .def_prop_ro("scale", [](const QTensor& q) { return std::string(scale_name(q.scale_kind)); })
+      .def_prop_ro("block", [](const QTensor& q) { return q.block; })
+      .def_prop_ro("tile2d", [](const QTensor& q) { return q.tile2d; })
+      .def_prop_ro("global_scale", [](const QTensor& q) { return q.global_dec; })
+      // The rotation the operand was quantised under: its size (0 = none) and signs (None without RHT).
+      .def_prop_ro("rht", [](const QTensor& q) { return q.rht; })
+      .def_prop_ro("rht_signs", [](const QTensor& q) -> nb::object {
+        if (q.rht == 0) return nb::none();
+        return nb::cast(q.rht_signs);
+      })
+      .def("__repr__", [](const QTensor& q) {
+        return "<fp4lab.QTensor [" + std::to_string(q.rows) + ", " + std::to_string(q.cols) + "] " + q.format.name +
+               " b" + std::to_string(q.block) + (q.tile2d ? "x16 " : " ") + scale_name(q.scale_kind) + " " +
+               rht_name(q.rht, q.rht_signs) + ">";
+      })
+      .def_prop_ro("codes", [](nb::handle self) {
+        const QTensor& q = nb::cast<const QTensor&>(self);
+        return view(q.codes, size_t(q.rows), size_t(q.cols), self);
+      })
+      .def_prop_ro("scales", [](nb::handle self) {
+        const QTensor& q = nb::cast<const QTensor&>(self);
+        return view(q.scales, size_t(q.rows), size_t(q.kblocks()), self);
+      })
+      .def_prop_ro("scale_codes", [](nb::handle self) -> nb::object {
+        const QTensor& q = nb::cast<const QTensor&>(self);
+        if (q.scale_codes.empty()) return nb::none();
+        return nb::cast(view(q.scale_codes, size_t(q.rows), size_t(q.kblocks()), self));
+      })
+      .def("dequantize", [](const QTensor& q) {
+        require_threads();
+        return owned(q.dequantize(), {size_t(q.rows), size_t(q.cols)});
+      });
+
+  m.def("quantize_f32", &quantize_f32, "x"_a.noconvert(), "config"_a);
+  m.def("quantize_bf16", &quantize_bf16, "x"_a.noconvert(), "config"_a);
+  m.def("rotate", [](CpuIn x, const QuantConfig& cfg) {
+    require_threads();
+    const int64_t rows = int64_t(x.shape(0)), cols = int64_t(x.shape(1));
+    validate(cfg, rows, cols);
+    return owned(rotate(x.data(), rows, cols, cfg), {size_t(rows), size_t(cols)});
+  }, "x"_a.noconvert(), "config"_a);
+  // A tensor-wide scale (ue4m3) from an amax of a larger tensor: data parallelism reduces each rank's tensor_amax
+  // with MAX and quantises its rows with the result (fp4lab.torch.reduce_amax), as one process quantises them.
+  m.def("tensor_amax", [](CpuIn x, const QuantConfig& cfg) {
+    require_threads();
+    const int64_t rows = int64_t(x.shape(0)), cols = int64_t(x.shape(1));
+    nb::gil_scoped_release release;
+    return tensor_amax(x.data(), rows, cols, cfg);
+  }, "x"_a.noconvert(), "config"_a,
+        "The tensor amax a ue4m3 global scale is taken from: the largest block amax, after the rotation when RHT is on.");
+  m.def("quantize_f32_amax", [](CpuIn x, const QuantConfig& cfg, float amax) {
+    require_threads();
+    if (!(std::isfinite(amax) && amax >= 0.0f))
+      throw std::invalid_argument("amax must be a finite number >= 0, not " + std::to_string(amax));
+    const int64_t rows = int64_t(x.shape(0)), cols = int64_t(x.shape(1));
+    nb::gil_scoped_release release;
+    return quantize_rows(x.data(), 0, rows, cols, cfg, amax);
+  }, "x"_a.noconvert(), "config"_a, "amax"_a,
+        "quantize_f32 with the tensor amax given (ue4m3's global scale; other scales ignore it).");
+  m.def("validate", [](const QuantConfig& cfg, int64_t rows, int64_t cols) { validate(cfg, rows, cols); },
+        "config"_a, "rows"_a, "cols"_a, "Raises ValueError when a [rows, cols] operand cannot be quantised so.");
+  m.def("make_qtensor", &make_qtensor, "format"_a, "scale"_a, "block"_a, "tile2d"_a, "codes"_a, "scales"_a,
+        "global_scale"_a, "rht"_a = 0, "rht_signs"_a = std::vector<float>());
+  m.def("check_gemm_operands", [](const QTensor& a, const QTensor& b) { check_gemm_operands(a, b); }, "a"_a, "b"_a,
+        "Raises ValueError, with the reason, when the contract does not define A . B^T (docs/spec.md §5).");
+  m.def("gemm", [](const QTensor& a, const QTensor& b) {
+    require_threads();
+    std::vector<float> c;
+    {
+      nb::gil_scoped_release release;
+      c = gemm(a, b);
+    }
+    return owned(std::move(c), {size_t(a.rows), size_t(b.rows)});
+  }, "a"_a, "b"_a, "C = A . B^T under the datapath contract (docs/datapath.md)");
+}
+
+}  // namespace fp4lab::py
