@@ -11,7 +11,6 @@
 
 #include "commands.hpp"
 #include "cuda_tools.hpp"
-#include "exit_codes.hpp"
 #include "files.hpp"
 #include "fp4lab/io/safetensors.hpp"
 #include "options.hpp"

@@ -10,7 +10,6 @@
 
 #include "commands.hpp"
 #include "cuda_tools.hpp"
-#include "exit_codes.hpp"
 #include "options.hpp"
 
 #ifdef FP4LAB_CLI_HAS_CUDA

@@ -2,7 +2,6 @@
 
 #include <stdexcept>
 
-#include "exit_codes.hpp"
 #include "fp4lab/rht.hpp"
 #include "options.hpp"
 

@@ -1,7 +1,7 @@
 #include "files.hpp"
 
 #include "options.hpp"
-#include "outputs.hpp"
+#include "fp4lab/io/outputs.hpp"
 
 namespace fp4lab::cli {
 
@@ -9,7 +9,7 @@ void check_outputs(const boost::program_options::variables_map& vm, std::vector<
                    std::vector<std::string> inputs) {
   if (vm.count("json") && vm["json"].as<std::string>() != "-") outputs.push_back(vm["json"].as<std::string>());
   if (vm.count("config")) inputs.push_back(vm["config"].as<std::string>());
-  if (const auto f = output_fault(outputs, inputs)) throw Error(f->usage ? kExitUsage : kExitData, f->message);
+  if (const auto f = io::output_fault(outputs, inputs)) throw Error(f->usage ? kExitUsage : kExitData, f->message);
 }
 
 }  // namespace fp4lab::cli

@@ -1,6 +1,6 @@
 // fp4lab: the command-line front end of the golden model. `fp4lab <subcommand> [options]`; each subcommand
 // lives in cli/cmd_<name>.cpp and is listed in kCommands. Every fault ends as one line on stderr,
-// "fp4lab <cmd>: error: <file>: <fault>", with an exit code of exit_codes.hpp; nothing escapes main.
+// "fp4lab <cmd>: error: <file>: <fault>", with an exit code of fp4lab/io/exit_codes.hpp; nothing escapes main.
 #include <malloc.h>
 #include <signal.h>
 
@@ -12,18 +12,20 @@
 #include <string>
 
 #include "commands.hpp"
-#include "exit_codes.hpp"
 #include "files.hpp"
 #include "fp4lab/io/files.hpp"
 #include "fp4lab/io/safetensors.hpp"
+#include "fp4lab/io/threads.hpp"
 #include "mpi_dist.hpp"
 #include "options.hpp"
-#include "threads.hpp"
 
 namespace fp4lab::cli {
 namespace {
 
-// The first thread variable that breaks the rule of threads.hpp, as given (at most 255 bytes of it), taken out of
+using io::ThreadsVar, io::kThreadsVars, io::threads_value_ok, io::threads_fault, io::threads_env_fault,
+    io::one_level_of_threads;
+
+// The first thread variable that breaks the rule of fp4lab/io/threads.hpp, as given (at most 255 bytes of it), taken out of
 // the environment (with any other that breaks it) before libgomp's initialiser reads it: libgomp would print its own
 // warning for a malformed value, and main reports the one line instead.
 char g_refused_threads[256];
@@ -49,7 +51,7 @@ __attribute__((section(".preinit_array"), used)) void (*const g_take_refused_thr
     take_refused_threads;
 
 #ifndef FP4LAB_CLI_HAS_SIM
-// A build without SystemC lists `sim` all the same, and says so in one line when it is asked for (exit_codes.hpp).
+// A build without SystemC lists `sim` all the same, and says so in one line when it is asked for (fp4lab/io/exit_codes.hpp).
 int cmd_sim_not_built(const Invocation&) {
   throw Error(kExitNoSim, "this fp4lab was built without the simulator (FP4LAB_SIM=OFF or no SystemC found when "
                           "configured): install SystemC (apt-get install libsystemc-dev pkg-config) and build fp4lab again");
@@ -215,7 +217,7 @@ int main(int argc, char** argv) {
   int rc = kExitOk;
   try {
     dist::agree(cmd, [&] {
-      // Before any work (and any thread): a thread count OpenMP cannot honour (threads.hpp).
+      // Before any work (and any thread): a thread count OpenMP cannot honour (fp4lab/io/threads.hpp).
       if (g_threads_refused) usage_error(threads_fault(g_refused_threads, *g_threads_refused));
       if (const auto fault = threads_env_fault()) usage_error(*fault);
       rc = entry->run(inv);

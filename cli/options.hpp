@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "commands.hpp"
-#include "exit_codes.hpp"
 #include "fp4lab/format.hpp"
+#include "fp4lab/io/exit_codes.hpp"
 #include "fp4lab/knobs.hpp"
 #include "fp4lab/quantize.hpp"
 #include "fp4lab/recipe.hpp"
@@ -25,10 +25,13 @@
 namespace fp4lab::cli {
 
 namespace po = boost::program_options;
+// The exit codes every front-end shares (fp4lab/io/exit_codes.hpp), by their short names here.
+using io::ExitCode, io::kExitCodes, io::kExitOk, io::kExitData, io::kExitUsage, io::kExitNoDevice, io::kExitNoCuda,
+    io::kExitNoSim;
 // Keys in insertion order, so the JSON reads like the table.
 using Json = nlohmann::ordered_json;
 
-// ---- errors (exit codes: exit_codes.hpp) ----------------------------------------------------------
+// ---- errors (exit codes: fp4lab/io/exit_codes.hpp) -------------------------------------------------------
 // what() is the fault without the "fp4lab <cmd>: error: " prefix main adds; always one line.
 struct Error : std::runtime_error {
   int exit_code;

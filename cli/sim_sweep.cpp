@@ -155,7 +155,7 @@ void run_serial(const std::vector<Run>& runs, const std::vector<size_t>& which, 
   }
 }
 
-// Worker processes for one process's runs: OMP_NUM_THREADS of them (cli/threads.hpp's rule; unset: one per core),
+// Worker processes for one process's runs: OMP_NUM_THREADS of them (fp4lab/io/threads.hpp's rule; unset: one per core),
 // at most one per run, and one under MPI (its ranks already fill the cores). Processes, not threads: SystemC keeps
 // one simulation kernel per process (sim/include/fp4lab/sim/simulator.hpp).
 int local_workers(size_t runs) {

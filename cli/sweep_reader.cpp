@@ -6,7 +6,7 @@
 
 #include <toml++/toml.h>
 
-#include "text.hpp"
+#include "fp4lab/io/text.hpp"
 
 namespace fp4lab::cli {
 
@@ -16,7 +16,7 @@ namespace {
 
 // A key or name from the file as a message echoes it: escaped, at most its first 80 bytes.
 std::string excerpt(const std::string& s) {
-  return s.size() <= 80 ? printable(s) : printable(s.substr(0, 80)) + "... (" + std::to_string(s.size()) + " bytes)";
+  return s.size() <= 80 ? io::printable(s) : io::printable(s.substr(0, 80)) + "... (" + std::to_string(s.size()) + " bytes)";
 }
 
 // The value text of a scalar node; usage error for anything else.

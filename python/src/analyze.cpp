@@ -26,8 +26,8 @@
 #include "fp4lab/sim/model_shapes.hpp"
 #include "fp4lab/trace_analysis.hpp"
 #include "fp4lab/version.hpp"
-#include "outputs.hpp"  // cli/: the rules every output path is held to
-#include "text.hpp"  // cli/: the command line's escaping and quoting, so the recorded command matches it
+#include "fp4lab/io/outputs.hpp"  // the rules every output path is held to (the command line's too)
+#include "fp4lab/io/text.hpp"     // the command line's escaping and quoting, so the recorded command matches it
 
 #include "common.hpp"
 
@@ -128,11 +128,11 @@ nb::object analyze(const std::vector<std::string>& traces, const std::map<std::s
   if (json_path) {  // the path first, as the command line checks --json before the options and traces
     if (json_path->empty() || *json_path == "-")
       raise_fault(true, "analyze: json needs a file name (the command line's '-', stdout, is not one)");
-    if (const auto f = cli::output_fault({*json_path}, {})) raise_fault(f->usage, f->message);
+    if (const auto f = io::output_fault({*json_path}, {})) raise_fault(f->usage, f->message);
   }
   std::string command = "fp4lab analyze --trace";
-  for (const auto& t : traces) command += " " + cli::shell_quote(t);
-  command += " --json " + cli::shell_quote(json_path ? *json_path : "-");
+  for (const auto& t : traces) command += " " + io::shell_quote(t);
+  command += " --json " + io::shell_quote(json_path ? *json_path : "-");
   AnalysisOptions o;
   o.traces = traces;
   nlohmann::ordered_json j;
@@ -144,7 +144,7 @@ nb::object analyze(const std::vector<std::string>& traces, const std::map<std::s
     for (const char* name : kOrder) {
       const auto it = options.find(name);
       if (it == options.end()) continue;
-      command += std::string(" --") + name + " " + cli::shell_quote(it->second);
+      command += std::string(" --") + name + " " + io::shell_quote(it->second);
       const std::string& v = it->second;
       const std::string n = name;
       if (n == "formats") o.formats = v;
@@ -160,7 +160,7 @@ nb::object analyze(const std::vector<std::string>& traces, const std::map<std::s
     run_interruptible([&] {
       if (json_path) {
         const auto check = [&](const TraceAnalysis& ta) {  // before any record is analysed, as the command line does
-          if (const auto f = cli::output_fault({*json_path}, ta.inputs())) throw AnalysisError(f->usage, f->message);
+          if (const auto f = io::output_fault({*json_path}, ta.inputs())) throw AnalysisError(f->usage, f->message);
         };
         const AnalysisResult r = analyze_traces(o, progress, check);
         io::AtomicFile f(*json_path);  // io::Error names the file; nothing is left under it on failure or Ctrl-C

@@ -22,10 +22,10 @@
 #include "common.hpp"
 #include "fp4lab/io/safetensors.hpp"  // io::Error
 #include "fp4lab/version.hpp"
-#include "exit_codes.hpp"  // cli/: the exit codes every front-end uses (Python's console scripts included)
-#include "outputs.hpp"  // cli/: the rules every output path is held to
-#include "text.hpp"  // cli/: the command line's escaping and quoting, so messages and records match it
-#include "threads.hpp"  // cli/: the OpenMP thread counts a run may ask for
+#include "fp4lab/io/exit_codes.hpp"  // the exit codes every front-end uses (Python's console scripts included)
+#include "fp4lab/io/outputs.hpp"     // the rules every output path is held to
+#include "fp4lab/io/text.hpp"        // the command line's escaping and quoting, so messages and records match it
+#include "fp4lab/io/threads.hpp"     // the OpenMP thread counts a run may ask for
 
 using namespace nb::literals;
 
@@ -40,7 +40,7 @@ namespace fp4lab::py {
   } catch (const nb::python_error&) {
     cls = nb::borrow(PyExc_ValueError);
   }
-  const nb::object e = cls(nb::str(cli::printable(msg).c_str()));
+  const nb::object e = cls(nb::str(io::printable(msg).c_str()));
   PyErr_SetObject(cls.ptr(), e.ptr());
   throw nb::python_error();
 }
@@ -65,8 +65,8 @@ NB_MODULE(_core, m) {
   m.attr("__version__") = kVersion;
   m.attr("git_commit") = kGitCommit;
   m.attr("cuda_built") = bool(FP4LAB_PY_CUDA);
-  threads_fault() = cli::threads_env_fault();
-  cli::one_level_of_threads();
+  threads_fault() = io::threads_env_fault();
+  io::one_level_of_threads();
   m.def("threads_fault", [] { return threads_fault(); },
         "The fault of OMP_NUM_THREADS as the module found it (docs/spec.md §11.1), or None.");
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
@@ -76,7 +76,7 @@ NB_MODULE(_core, m) {
       PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const io::Error& e) {
       // Paths come from the caller and are not escaped by the reader: keep the message on one printable line.
-      PyErr_SetString(PyExc_ValueError, cli::printable(e.what()).c_str());
+      PyErr_SetString(PyExc_ValueError, io::printable(e.what()).c_str());
     }
   });
 
@@ -88,13 +88,13 @@ NB_MODULE(_core, m) {
   // rules and end with the same codes (python/fp4lab/_files.py).
   m.def("output_fault", [](const std::vector<std::string>& outputs, const std::vector<std::string>& inputs)
             -> std::optional<std::tuple<bool, std::string>> {
-        if (auto f = cli::output_fault(outputs, inputs)) return std::make_tuple(f->usage, f->message);
+        if (auto f = io::output_fault(outputs, inputs)) return std::make_tuple(f->usage, f->message);
         return std::nullopt;
       }, "outputs"_a, "inputs"_a,
         "The first fault of the outputs against the command line's rules, as (usage, message), or None.");
   m.def("exit_codes", [] {
     std::vector<std::tuple<int, std::string>> rows;
-    for (const auto& e : cli::kExitCodes) rows.emplace_back(e.code, e.meaning);
+    for (const auto& e : io::kExitCodes) rows.emplace_back(e.code, e.meaning);
     return rows;
   }, "The command line's exit codes and their meanings (cli/exit_codes.hpp).");
 

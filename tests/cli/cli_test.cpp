@@ -1379,7 +1379,7 @@ TEST_F(Cli, VersionNamesReleaseAndCommit) {
 }
 
 
-// ---- exit codes: one table (cli/exit_codes.hpp), printed by --help and copied in docs/spec.md §11.1 -----------
+// ---- exit codes: one table (fp4lab/io/exit_codes.hpp), printed by --help and copied in docs/spec.md §11.1 ------
 TEST_F(Cli, ExitCodesAgreeWithSpecAndHelp) {
   std::istringstream doc(slurp(FP4LAB_SOURCE_DIR "/docs/spec.md"));
   std::vector<std::pair<std::string, std::string>> table;  // (code, meaning) as written

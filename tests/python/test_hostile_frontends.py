@@ -325,7 +325,7 @@ def spec_exit_table():
 
 
 def test_exit_codes_are_one_table_for_the_cli_and_the_python_front_ends():
-    """docs/spec.md §11.1's table (which tests/cli compares with cli/exit_codes.hpp and `fp4lab --help`) is what
+    """docs/spec.md §11.1's table (which tests/cli compares with fp4lab/io/exit_codes.hpp and `fp4lab --help`) is what
     fp4lab._core.exit_codes() reads from that header, and fp4lab._files' codes and fault classes are its rows;
     the section names every console script of pyproject.toml as using them."""
     section, table = spec_exit_table()

@@ -1,4 +1,4 @@
-#include "outputs.hpp"
+#include "fp4lab/io/outputs.hpp"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -6,9 +6,9 @@
 #include <filesystem>
 #include <system_error>
 
-#include "text.hpp"
+#include "fp4lab/io/text.hpp"
 
-namespace fp4lab::cli {
+namespace fp4lab::io {
 
 namespace {
 namespace fs = std::filesystem;
@@ -58,4 +58,4 @@ std::optional<OutputFault> output_fault(const std::vector<std::string>& outputs,
   return std::nullopt;
 }
 
-}  // namespace fp4lab::cli
+}  // namespace fp4lab::io

@@ -1,8 +1,9 @@
-// The exit codes of fp4lab, every subcommand included: defined here once. `fp4lab --help` prints this table and
+// The exit codes of fp4lab, every subcommand and every front-end (the command line, the Python module's console
+// scripts) included: defined here once. `fp4lab --help` prints this table and
 // docs/spec.md §11.1 carries a copy that tests/cli/cli_test.cpp compares with it row by row.
 #pragma once
 
-namespace fp4lab::cli {
+namespace fp4lab::io {
 
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitData = 1;      // a bad input file or tensor, or a check that found mismatches
@@ -25,4 +26,4 @@ inline constexpr ExitCode kExitCodes[] = {
     {kExitNoSim, "fp4lab sim: this fp4lab was built without the simulator (no SystemC)"},
 };
 
-}  // namespace fp4lab::cli
+}  // namespace fp4lab::io

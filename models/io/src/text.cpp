@@ -1,8 +1,8 @@
-#include "text.hpp"
+#include "fp4lab/io/text.hpp"
 
 #include <cstdio>
 
-namespace fp4lab::cli {
+namespace fp4lab::io {
 
 namespace {
 // The length of the valid UTF-8 sequence that starts at s[i] (1 to 4), or 0 when the bytes there are not one.
@@ -56,4 +56,4 @@ std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
-}  // namespace fp4lab::cli
+}  // namespace fp4lab::io

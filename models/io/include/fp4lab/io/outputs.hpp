@@ -1,12 +1,12 @@
-// The rules every output path is held to before any work (files.hpp), with no dependency beyond the standard
-// library and text.hpp, so that fp4lab._core applies the same rules to fp4lab.analyze(json=...).
+// The rules every output path is held to before any work, with no dependency beyond the standard library and
+// text.hpp: the command line (cli/files.hpp) and fp4lab._core (fp4lab.analyze(json=...)) apply the same ones.
 #pragma once
 
 #include <optional>
 #include <string>
 #include <vector>
 
-namespace fp4lab::cli {
+namespace fp4lab::io {
 
 struct OutputFault {
   bool usage = false;   // a conflict between the paths given (exit 2), else a path the file system refuses (exit 1)
@@ -18,4 +18,4 @@ struct OutputFault {
 std::optional<OutputFault> output_fault(const std::vector<std::string>& outputs,
                                         const std::vector<std::string>& inputs);
 
-}  // namespace fp4lab::cli
+}  // namespace fp4lab::io

@@ -1,6 +1,6 @@
-// The OpenMP threads a run may ask for (docs/spec.md §11.1): one rule for the command line (main.cpp) and the
-// Python module (python/src/core.cpp). OMP_NUM_THREADS, when set, must be a whole number from 1 to kMaxThreads, or a
-// comma-separated list of them (OpenMP's list, one per nesting level); OMP_THREAD_LIMIT, when set, a whole number
+// The OpenMP threads a run may ask for (docs/spec.md §11.1): one rule for the command line (cli/main.cpp) and the
+// Python module (python/src/core.cpp). OMP_NUM_THREADS, when set, must be a whole number from 1 to kMaxThreads, or
+// a comma-separated list of them (OpenMP's list, one per nesting level); OMP_THREAD_LIMIT, when set, a whole number
 // from 1 to 2^31 - 1. libgomp itself ends a run that asks for 100,000 threads in SIGSEGV and one of 40,000 with its
 // own message, and ignores a malformed value ("abc", "0", "-3") after a warning of its own; fp4lab refuses both with
 // one line naming the variable and its value.
@@ -14,9 +14,9 @@
 #include <optional>
 #include <string>
 
-#include "text.hpp"
+#include "fp4lab/io/text.hpp"
 
-namespace fp4lab::cli {
+namespace fp4lab::io {
 
 inline constexpr const char* kThreadsVar = "OMP_NUM_THREADS";
 inline constexpr unsigned long kMaxThreads = 1024;
@@ -67,4 +67,4 @@ inline std::optional<std::string> threads_env_fault() {
 
 inline void one_level_of_threads() { omp_set_max_active_levels(1); }
 
-}  // namespace fp4lab::cli
+}  // namespace fp4lab::io
