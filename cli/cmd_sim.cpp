@@ -23,6 +23,7 @@
 #include "fp4lab/sim/run.hpp"
 #include "fp4lab/sim/simulator.hpp"
 #include "options.hpp"
+#include "sim_config.hpp"
 
 namespace fp4lab::cli {
 
@@ -87,7 +88,7 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
                                 "one of the three GEMMs)");
   add_recipe_options(knobs, /*with_role=*/false);
   desc.add(knobs);
-  desc.add(sim::Config::options());
+  desc.add(sim_config_options());
   add_common_options(desc);
   po::variables_map vm;
   if (!parse_args(inv, desc, "--trace DIR [--full-size]|--shapes FILE|--model CONFIG.json --tokens N|--kernel NAME "
@@ -137,7 +138,7 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
 
   sim::Config cfg;
   if (vm.count("config")) try {
-      cfg = sim::Config::from(vm);
+      cfg = sim_config_from(vm);
     } catch (const std::invalid_argument& e) {
       usage_error(vm["config"].as<std::string>() + ": " + e.what());
     }

@@ -17,11 +17,11 @@
 #include "bundled_configs.hpp"
 #include "files.hpp"
 #include "fp4lab/io/files.hpp"
-#include "fp4lab/io/option_file.hpp"
 #include "fp4lab/io/safetensors.hpp"
 #include "fp4lab/knobs.hpp"
 #include "fp4lab/rht.hpp"
 #include "fp4lab/version.hpp"
+#include "option_file.hpp"
 
 namespace fp4lab::cli {
 
@@ -141,7 +141,7 @@ bool parse_args(const Invocation& inv, const po::options_description& desc, cons
       refuse_placeholders(text, printable(path));
       po::parsed_options parsed(&desc);
       try {
-        parsed = io::parse_option_text(text, desc);  // `key = value` lines or JSON (fp4lab/io/option_file.hpp)
+        parsed = parse_option_text(text, desc);  // `key = value` lines or JSON (option_file.hpp)
       } catch (const po::error& e) {
         usage_error(printable(path) + ": " + e.what());
       }

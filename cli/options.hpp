@@ -63,7 +63,7 @@ std::string version_line();  // "fp4lab <version> (git <commit>)"
 bool parse_args(const Invocation& inv, const po::options_description& desc, const std::string& synopsis,
                 po::variables_map& vm);
 
-// The value of an option as JSON, as a JSON config file gives it back (fp4lab/io/option_file.hpp).
+// The value of an option as JSON, as a JSON config file gives it back (option_file.hpp).
 Json option_value_json(const po::variable_value& v);
 
 // ---- progress ---------------------------------------------------------------------------------------

@@ -5,9 +5,6 @@
 #include <sstream>
 #include <type_traits>
 
-#include "fp4lab/io/files.hpp"
-#include "fp4lab/io/option_file.hpp"
-#include "fp4lab/io/safetensors.hpp"  // io::Error
 #include <stdexcept>
 
 namespace fp4lab::sim {
@@ -194,43 +191,47 @@ const std::vector<ConfigKey>& config_keys() {
   return keys;
 }
 
-po::options_description Config::options() {
-  po::options_description d("TCU model (config file keys; any of them also as --key VALUE)");
-  const Config defaults;
-  for (const ConfigKey& k : config_keys()) {
-    std::visit(
-        [&](auto m) {
-          using T = Value<decltype(m)>;
-          if constexpr (std::is_enum_v<T>) {  // given by name
-            po::typed_value<std::string>* v = po::value<std::string>();
-            if (!k.required) v->default_value(names_of(T{})[size_t(read(m, defaults))]);
-            d.add_options()(k.name.c_str(), v, (joined(names_of(T{}), " | ") + ": " + k.help).c_str());
-          } else {
-            po::typed_value<T>* v = po::value<T>();
-            if (!k.required) v->default_value(read(m, defaults));
-            d.add_options()(k.name.c_str(), v, k.help.c_str());
-          }
-        },
-        k.field);
-  }
-  return d;
+std::span<const char* const> key_choices(const ConfigKey& key) {
+  return std::visit(
+      [](auto m) -> std::span<const char* const> {
+        using T = Value<decltype(m)>;
+        if constexpr (std::is_enum_v<T>)
+          return names_of(T{});
+        else
+          return {};
+      },
+      key.field);
 }
 
-Config Config::from(const po::variables_map& vm) {
-  // Checked here rather than by Boost, so that the message can say where the keys come from.
+ConfigValue Config::value(const ConfigKey& key) const {
+  return std::visit(
+      [&](auto m) -> ConfigValue {
+        using T = Value<decltype(m)>;
+        if constexpr (std::is_enum_v<T>)
+          return std::string(names_of(T{})[size_t(read(m, *this))]);
+        else
+          return read(m, *this);
+      },
+      key.field);
+}
+
+Config Config::from(const std::map<std::string, ConfigValue>& values) {
+  // Checked here rather than by the reader, so that the message can say where the keys come from.
   for (const ConfigKey& k : config_keys())
-    if (k.required && !vm.count(k.name))
+    if (k.required && !values.count(k.name))
       throw std::invalid_argument("missing key '" + k.name +
                                   "' (a TCU configuration file gives it: --config sim/configs/teaching.cfg)");
   Config c;
   for (const ConfigKey& k : config_keys()) {
+    const auto it = values.find(k.name);
+    if (it == values.end()) continue;
     std::visit(
         [&](auto m) {
           using T = Value<decltype(m)>;
           if constexpr (std::is_enum_v<T>)
-            m(c) = parse_choice<T>(k.name, vm[k.name].as<std::string>());
+            m(c) = parse_choice<T>(k.name, std::get<std::string>(it->second));
           else
-            m(c) = vm[k.name].as<T>();
+            m(c) = std::get<T>(it->second);
         },
         k.field);
   }
@@ -325,36 +326,8 @@ Config Config::per_slot() const {
   return c;  // ctas kept: slots s and s + tcu.count share TCU s (see Plan::share)
 }
 
-Config Config::load(const std::string& path, const std::vector<std::string>& overrides) {
-  const po::options_description desc = options();
-  po::variables_map vm;
-  try {
-    std::vector<std::string> args;
-    for (const std::string& o : overrides) {
-      io::refuse_option_placeholders(o, "override");
-      args.push_back("--" + o);
-    }
-    po::store(po::command_line_parser(args)
-                  .options(desc)
-                  .style(po::command_line_style::default_style & ~po::command_line_style::allow_guessing)
-                  .run(),
-              vm);
-    // A FIFO or device is refused, not waited on; config files do not nest.
-    const std::string text = io::read_regular_file(path, "config file");
-    io::refuse_option_placeholders(text, path);
-    const po::parsed_options parsed = io::parse_option_text(text, desc);  // `key = value` lines or JSON
-    po::store(parsed, vm);
-    po::notify(vm);
-    return from(vm);
-  } catch (const io::Error& e) {  // already "<path>: <fault>"
-    throw std::invalid_argument(e.what());
-  } catch (const std::exception& e) {
-    throw std::invalid_argument(path + ": " + e.what());
-  }
-}
-
 nlohmann::json Config::to_json() const {
-  // The keys of options(), so a report's configuration is a configuration file (fp4lab/io/option_file.hpp);
+  // The keys of config_keys(), so that a report's configuration reads back as a configuration file;
   // quant.sr_lanes is written resolved (0 in a file means quant.lanes).
   nlohmann::json j = nlohmann::json::object();
   for (const ConfigKey& k : config_keys()) {

@@ -526,7 +526,7 @@ TEST_F(Cli, ConfigFileSharesOptionsAndCommandLineWins) {
   EXPECT_EQ(tensor_bytes(f2, "x.codes", io::DType::U8, {kRows, kCols}), q2.codes);
   EXPECT_EQ(f2.metadata().at("fp4lab.config"), "int4_b16_ue4m3scale_rht16_sr");
 
-  // The same options as a JSON object (fp4lab/io/option_file.hpp) give the same bytes.
+  // The same options as a JSON object (cli/option_file.hpp) give the same bytes.
   std::ofstream(path("q.json")) << R"({"recipe": "nvfp4", "pass": "bwd_dw", "role": "bwd_dy", "seed": 9,
                                       "format": "int4", "stream": 2})";
   const Result r3 = run({"quantize", "--config", path("q.json"), "--in", path("in.safetensors"), "--tensor", "x",

@@ -13,9 +13,19 @@
    imports resolved; `from P import X` is an edge to P.X where that is a module, else to P. Each strongly
    connected component of more than one module must lie inside one known cycle, so a new circle, or a module
    joining a known one, fails.
+
+And the C++ layering, read from the sources and CMake files with regular expressions (nothing is compiled): the
+command line (cli/) is a front-end on top, so
+
+4. no C++ file outside cli/ includes a cli/ header (tests/ may: they test the command line);
+5. no library header (models/ with models/io, analysis/, sim/include, kernels/include, workloads/) includes Boost, so
+   that a library's users need not build against it;
+6. no CMake target other than the command line's (those cli/CMakeLists.txt defines) compiles a cli/ source, puts
+   cli/ on its include path or links a command-line library.
 """
 import ast
 import os
+import re
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PKG_ROOT = os.path.join(ROOT, "python")
@@ -214,3 +224,104 @@ def test_the_import_graph_has_no_new_circle():
     assert "fp4lab._core" in graph["fp4lab._files"] and "fp4lab.torch.ops" in graph["fp4lab.torch.linear"]
     new = [sorted(c) for c in cycles(graph) if not any(c <= known for known in KNOWN_CYCLES)]
     assert not new, f"import circles in python/fp4lab: {new}"
+
+
+# ---- the C++ layering (rules 4-6) --------------------------------------------------------------------------------
+CPP_SUFFIXES = (".hpp", ".h", ".cpp", ".cc", ".cu", ".cuh")
+LIBRARY_HEADER_DIRS = ("models", "analysis", os.path.join("sim", "include"), os.path.join("kernels", "include"),
+                       "workloads")
+INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
+CMAKE_COMMAND = re.compile(r"\b(add_library|add_executable|nanobind_add_module|target_sources|"
+                           r"target_include_directories|target_link_libraries)\s*\(([^()]*)\)", re.I)
+
+
+def source_files(root, suffixes, under=""):
+    """Paths relative to root of the files under root/under ending in one of suffixes; build folders, hidden
+    folders and tests/ left out."""
+    out = []
+    for folder, dirs, files in os.walk(os.path.join(root, under)):
+        rel = os.path.relpath(folder, root)
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "build"))
+                         and not (rel == "." and d in ("tests", "shared")))
+        out += [os.path.normpath(os.path.join(rel, f)) for f in sorted(files) if f.endswith(suffixes)]
+    return out
+
+
+def cmake_commands(root, path):
+    """(command, target, arguments) of each target command of a CMake file, comments dropped."""
+    text = re.sub(r"#[^\n]*", "", open(os.path.join(root, path), encoding="utf-8").read())
+    for m in CMAKE_COMMAND.finditer(text):
+        args = m.group(2).split()
+        if args:
+            yield m.group(1).lower(), args[0], args[1:]
+
+
+def cpp_layering_faults(root):
+    """Every break of rules 4-6 in the tree at root, one line each."""
+    faults = []
+    cli_headers = {f for f in os.listdir(os.path.join(root, "cli")) if f.endswith((".hpp", ".h"))}
+    for path in source_files(root, CPP_SUFFIXES):
+        if path.split(os.sep)[0] == "cli":
+            continue
+        text = open(os.path.join(root, path), encoding="utf-8", errors="replace").read()
+        here = os.path.dirname(path)
+        for kind, name in INCLUDE.findall(text):
+            norm = os.path.normpath(name)
+            beside = kind == '"' and os.path.exists(os.path.join(root, here, name))
+            if norm.startswith("cli" + os.sep) or (norm in cli_headers and not beside) or (
+                    beside and os.path.normpath(os.path.join(here, name)).split(os.sep)[0] == "cli"):
+                faults.append(f"{path}: includes the command line's {name}")
+    for under in LIBRARY_HEADER_DIRS:
+        for path in source_files(root, (".hpp", ".h", ".cuh"), under):
+            for _, name in INCLUDE.findall(open(os.path.join(root, path), encoding="utf-8").read()):
+                if name.startswith("boost/"):
+                    faults.append(f"{path}: a library header includes <{name}>")
+    cmake_files = [p for p in source_files(root, ("CMakeLists.txt", ".cmake"))]
+    cli_cmake = os.path.join("cli", "CMakeLists.txt")
+    cli_targets = {t for c, t, _ in cmake_commands(root, cli_cmake) if c in ("add_library", "add_executable")}
+    for path in cmake_files:
+        if path == cli_cmake:
+            continue
+        for command, target, args in cmake_commands(root, path):
+            for a in args:
+                names_cli = re.search(r"(^|[/}])cli(/|$)", a) is not None
+                if command == "target_link_libraries" and a in cli_targets:
+                    faults.append(f"{path}: {target} links the command line's {a}")
+                elif command == "target_include_directories" and names_cli:
+                    faults.append(f"{path}: {target} puts the command line's folder {a} on its include path")
+                elif command not in ("target_link_libraries", "target_include_directories") and names_cli:
+                    faults.append(f"{path}: {target} compiles the command line's {a}")
+    return faults
+
+
+def test_no_library_and_no_module_uses_the_command_line_or_exposes_boost():
+    faults = cpp_layering_faults(ROOT)
+    assert not faults, "\n".join(faults)
+
+
+def test_the_cpp_layering_sees_what_it_forbids(tmp_path):
+    # A small tree with one break of each rule, so that a checker that finds nothing cannot pass for a clean tree.
+    def put(rel, text):
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    put("cli/CMakeLists.txt", "add_library(fp4lab_cli_options options.cpp)\nadd_executable(fp4lab main.cpp)\n")
+    put("cli/options.hpp", "#pragma once\n")
+    put("cli/options.cpp", '#include "options.hpp"\n#include <boost/program_options.hpp>\n')
+    put("models/include/fp4lab/a.hpp", "#include <vector>\n#include <boost/any.hpp>\n")
+    put("models/src/a.cpp", '#include "fp4lab/a.hpp"\n#include <boost/any.hpp>\n')  # a .cpp may use Boost
+    put("python/src/core.cpp", '#include "options.hpp"\n#include "fp4lab/a.hpp"\n')
+    put("sim/src/x.cpp", '#include "../../cli/options.hpp"\n')
+    put("tests/cli/t.cpp", '#include "options.hpp"\n')  # the tests may
+    put("python/CMakeLists.txt", "# cli/ in a comment is no fault\n"
+        "nanobind_add_module(_core NB_STATIC src/core.cpp ${PROJECT_SOURCE_DIR}/cli/text.cpp)\n"
+        "target_include_directories(_core PRIVATE ${PROJECT_SOURCE_DIR}/cli)\n")
+    put("kernels/CMakeLists.txt", "add_library(fp4lab_cuda k.cu)\ntarget_link_libraries(fp4lab_cuda PUBLIC fp4lab_cli_options)\n")
+    assert sorted(cpp_layering_faults(str(tmp_path))) == sorted([
+        "python/src/core.cpp: includes the command line's options.hpp",
+        "sim/src/x.cpp: includes the command line's ../../cli/options.hpp",
+        "models/include/fp4lab/a.hpp: a library header includes <boost/any.hpp>",
+        "python/CMakeLists.txt: _core compiles the command line's ${PROJECT_SOURCE_DIR}/cli/text.cpp",
+        "python/CMakeLists.txt: _core puts the command line's folder ${PROJECT_SOURCE_DIR}/cli on its include path",
+        "kernels/CMakeLists.txt: fp4lab_cuda links the command line's fp4lab_cli_options",
+    ])

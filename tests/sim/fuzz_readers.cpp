@@ -1,6 +1,6 @@
-// libFuzzer target for fp4lab's text readers: the simulator's configuration file (sim::Config::load), the GEMM
+// libFuzzer target for fp4lab's text readers: the simulator's configuration file (cli::load_sim_config), the GEMM
 // shape list (sim::read_shapes), a config file's text in either form, `key = value` or JSON
-// (io::parse_option_text, what every --config FILE goes through), and the sweep file of `fp4lab sim --sweep`
+// (cli::parse_option_text, what every --config FILE goes through), and the sweep file of `fp4lab sim --sweep`
 // (cli::parse_sweep). The first byte picks the reader (its value mod 4), the rest is the file. Any input may be
 // rejected, but only with the reader's own exception, one line of bounded length (naming the file where the reader
 // knows it); a crash, a sanitizer report, a hang or any other exception escaping is a finding. What a reader
@@ -19,9 +19,10 @@
 #include <set>
 #include <string>
 
-#include "fp4lab/io/option_file.hpp"
 #include "fp4lab/sim/config.hpp"
 #include "fp4lab/sim/workload.hpp"
+#include "option_file.hpp"
+#include "sim_config.hpp"
 #include "sweep_reader.hpp"
 
 namespace {
@@ -89,10 +90,10 @@ void option_text(const std::string& text) {
       "tile2d", po::value<bool>()->implicit_value(true))("formats", po::value<std::vector<std::string>>()->multitoken())(
       "config", po::value<std::string>())("mac.units", po::value<std::vector<int>>()->multitoken());
   try {
-    const po::parsed_options parsed = fp4lab::io::parse_option_text(text, desc);
+    const po::parsed_options parsed = fp4lab::cli::parse_option_text(text, desc);
     for (const po::option& o : parsed.options)
       for (const std::string& v : o.value)
-        if (v.size() > fp4lab::io::kMaxOptionValue || v.find('\0') != std::string::npos) __builtin_trap();
+        if (v.size() > fp4lab::cli::kMaxOptionValue || v.find('\0') != std::string::npos) __builtin_trap();
     po::variables_map vm;
     po::store(parsed, vm);  // may refuse a value of the wrong type or a repeated option: po::error
     po::notify(vm);
@@ -140,7 +141,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   write_file(path, data + 1, size - 1);
   try {
     if (data[0] & 1) {
-      const fp4lab::sim::Config c = fp4lab::sim::Config::load(path);
+      const fp4lab::sim::Config c = fp4lab::cli::load_sim_config(path);
       if (!(c.clock_ghz > 0) || !std::isfinite(c.clock_ghz)) __builtin_trap();  // accepted means in range
     } else {
       for (const fp4lab::sim::LayerShape& s : fp4lab::sim::read_shapes(path))

@@ -8,13 +8,17 @@
 #include "fp4lab/sim/config.hpp"
 #include "fp4lab/sim/simulator.hpp"
 #include "fp4lab/sim/workload.hpp"
+#include "sim_config.hpp"  // cli/: configuration files are read as the command line reads them
 
 namespace fp4lab::sim::test {
 
 inline std::string root() { return FP4LAB_ROOT; }
 inline std::string config_path(const std::string& name) { return root() + "/sim/configs/" + name + ".cfg"; }
+inline Config load(const std::string& path, const std::vector<std::string>& overrides = {}) {
+  return cli::load_sim_config(path, overrides);
+}
 inline Config config(const std::string& name, const std::vector<std::string>& overrides = {}) {
-  return Config::load(config_path(name), overrides);
+  return load(config_path(name), overrides);
 }
 
 // e1m2, block 16, fp32 scale, RTNE, optionally an RHT of size d with Transformer Engine's signs.

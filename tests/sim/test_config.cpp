@@ -61,7 +61,7 @@ TEST(Config, BothShippedConfigurationsLoad) {
 // file (JSON form) gives the same Config: the energy table included, doubles to the last bit.
 TEST(Config, JsonFormHoldsEveryKeyAndReadsBackEqual) {
   std::set<std::string> keys;
-  const po::options_description desc = Config::options();
+  const boost::program_options::options_description desc = cli::sim_config_options();
   for (const auto& o : desc.options()) keys.insert(o->long_name());
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
       {"teaching", {}},
@@ -81,10 +81,10 @@ TEST(Config, JsonFormHoldsEveryKeyAndReadsBackEqual) {
       if (k.omit_zero && !j.contains(k.name)) want.erase(k.name);
     EXPECT_EQ(got, want) << name;
     const std::string file = write_temp(name + ".json", j.dump(1));
-    EXPECT_TRUE(Config::load(file) == c) << name << ": " << j.dump();
+    EXPECT_TRUE(load(file) == c) << name << ": " << j.dump();
     // As a report holds it: under "config", beside the results.
     const std::string report = write_temp(name + "-report.json", nlohmann::json{{"config", j}, {"total", 1}}.dump());
-    EXPECT_TRUE(Config::load(report) == c) << name;
+    EXPECT_TRUE(load(report) == c) << name;
     fs::remove(file);
     fs::remove(report);
   }
@@ -93,17 +93,17 @@ TEST(Config, JsonFormHoldsEveryKeyAndReadsBackEqual) {
 
 TEST(Config, JsonFormErrorsNameTheFileAndTheKey) {
   const std::string unk = write_temp("unk.json", R"({"mac.unitz": 4})");
-  std::string e = error_of([&] { Config::load(unk); });
+  std::string e = error_of([&] { load(unk); });
   EXPECT_EQ(e.rfind(unk + ": ", 0), 0u) << e;
   EXPECT_NE(e.find("mac.unitz"), std::string::npos) << e;
   const std::string nested = write_temp("nested.json", R"({"mac": {"units": 4}})");
-  e = error_of([&] { Config::load(nested); });
+  e = error_of([&] { load(nested); });
   EXPECT_NE(e.find(nested + ": "), std::string::npos) << e;
   const std::string bad = write_temp("bad.json", "{\"name\": \"x\",");
-  e = error_of([&] { Config::load(bad); });
+  e = error_of([&] { load(bad); });
   EXPECT_NE(e.find(bad + ": not valid JSON"), std::string::npos) << e;
   const std::string type = write_temp("type.json", R"({"tile.m": 16.5})");
-  e = error_of([&] { Config::load(type); });
+  e = error_of([&] { load(type); });
   EXPECT_NE(e.find("16.5"), std::string::npos) << e;
   for (const auto& f : {unk, nested, bad, type}) fs::remove(f);
 }
@@ -116,12 +116,12 @@ TEST(Config, OverridesWinOverTheFile) {
 
 TEST(Config, ErrorsNameTheFileAndTheFault) {
   const std::string missing = write_temp("missing.cfg", "name = x\nclock.ghz = 1\n");
-  std::string e = error_of([&] { Config::load(missing); });
+  std::string e = error_of([&] { load(missing); });
   EXPECT_NE(e.find(missing), std::string::npos) << e;
   EXPECT_NE(e.find("missing key 'tcu.count'"), std::string::npos) << e;
 
   const std::string typo = write_temp("typo.cfg", "[mac]\nunits = 4\nunitz = 5\n");
-  e = error_of([&] { Config::load(typo); });
+  e = error_of([&] { load(typo); });
   EXPECT_NE(e.find(typo), std::string::npos) << e;
   EXPECT_NE(e.find("unitz"), std::string::npos) << e;
 
@@ -137,7 +137,7 @@ TEST(Config, ErrorsNameTheFileAndTheFault) {
   e = error_of([&] { config("teaching", {"buffer.bytes=1000"}); });
   EXPECT_NE(e.find("cannot hold, per tile slot (tcu.ctas = 1), buffer.slots = 2"), std::string::npos) << e;
 
-  e = error_of([&] { Config::load("/nonexistent/x.cfg"); });
+  e = error_of([&] { load("/nonexistent/x.cfg"); });
   EXPECT_NE(e.find("/nonexistent/x.cfg: cannot open"), std::string::npos) << e;
 }
 
@@ -267,7 +267,7 @@ TEST(Config, RequiredKeysAndDefaults) {
     without.erase(k.name);
     const std::string file = write_temp("without.json", without.dump());
     if (k.required) {
-      const std::string e = error_of([&] { Config::load(file); });
+      const std::string e = error_of([&] { load(file); });
       EXPECT_NE(e.find("missing key '" + k.name + "'"), std::string::npos) << e;
     } else {
       nlohmann::json want = j;
@@ -278,7 +278,7 @@ TEST(Config, RequiredKeysAndDefaults) {
       if (k.name == "quant.sr_lanes") want[k.name] = j["quant.lanes"];  // 0, the default, means quant.lanes
       if (k.name == "acc.fused_lanes") want[k.name] = j["acc.lanes"];   // and here acc.lanes
       Config c;
-      const std::string e = error_of([&] { c = Config::load(file); });
+      const std::string e = error_of([&] { c = load(file); });
       ASSERT_EQ(e, "(no error)");
       EXPECT_EQ(c.to_json(), want);
     }
@@ -298,14 +298,14 @@ TEST(Config, KeysAreNotGuessedFromPrefixes) {
 TEST(Config, OptionPlaceholdersAreRefusedNotLoopedOn) {
   ::alarm(30);
   const std::string cfg = write_temp("ph.cfg", "tcu.count = 1argument ('%value%')0l0000\n");
-  std::string e = error_of([&] { Config::load(cfg); });
+  std::string e = error_of([&] { load(cfg); });
   EXPECT_EQ(e.rfind(cfg + ": ", 0), 0u) << e;
   EXPECT_NE(e.find("%value%"), std::string::npos) << e;
   e = error_of([&] { config("teaching", {"tcu.count=%option%"}); });
   EXPECT_NE(e.find("%option%"), std::string::npos) << e;
   // Any %name%: the fuzz target's second finding was %invalid_line%, in a line that is not `key = value`.
   const std::string bad_line = write_temp("ph2.cfg", "c tcu.count %invalid_line%%canonical_option%\n");
-  e = error_of([&] { Config::load(bad_line); });
+  e = error_of([&] { load(bad_line); });
   EXPECT_NE(e.find("%invalid_line%"), std::string::npos) << e;
   fs::remove(bad_line);
   ::alarm(0);
@@ -318,11 +318,11 @@ TEST(Config, FifoInputsAreRefusedNotWaitedOn) {
   std::filesystem::remove(fifo);
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   ::alarm(20);
-  std::string e = error_of([&] { Config::load(fifo); });
+  std::string e = error_of([&] { load(fifo); });
   EXPECT_NE(e.find(fifo + ": config file is a FIFO"), std::string::npos) << e;
   e = error_of([&] { read_shapes(fifo); });
   EXPECT_NE(e.find(fifo + ": shape list is a FIFO"), std::string::npos) << e;
-  e = error_of([&] { Config::load("/dev/null"); });
+  e = error_of([&] { load("/dev/null"); });
   EXPECT_NE(e.find("/dev/null: config file is a character device"), std::string::npos) << e;
   ::alarm(0);
   std::filesystem::remove(fifo);
@@ -334,6 +334,31 @@ TEST(Config, JobsPastTheClockRangeAreRefused) {
   Simulator sim(config("teaching", {"dram.bandwidth=0.001", "clock.ghz=0.001"}));
   const std::string e = error_of([&] { sim.run(job(1 << 20, 1 << 20, 1 << 20)); });
   EXPECT_NE(e.find("too large to simulate"), std::string::npos) << e;
+}
+
+// The typed interface a front-end builds a Config through, without any text: value() of every key given back to
+// from() is the same Config, enums travel by name, a required key left out and a name outside an enum are refused.
+TEST(Config, TypedValuesOfEveryKeyBuildTheSameConfig) {
+  for (const char* name : {"teaching", "h100-class", "h200-class-e1m2"}) {
+    const Config c = config(name);
+    std::map<std::string, ConfigValue> values;
+    for (const ConfigKey& k : config_keys()) values[k.name] = c.value(k);
+    EXPECT_TRUE(Config::from(values) == c) << name;
+  }
+  const Config c = config("teaching", {"mac.kind=e1m2", "prep.mode=fused"});
+  std::map<std::string, ConfigValue> values;
+  for (const ConfigKey& k : config_keys()) values[k.name] = c.value(k);
+  EXPECT_EQ(std::get<std::string>(values.at("mac.kind")), "e1m2");
+  EXPECT_EQ(std::get<std::string>(values.at("prep.mode")), "fused");
+  EXPECT_EQ(std::get<int>(values.at("mac.units")), c.mac_units);
+  values["mac.kind"] = std::string("e3m0");
+  EXPECT_EQ(error_of([&] { Config::from(values); }), "mac.kind 'e3m0' is not one of e2m1, e1m2, dual");
+  values["mac.kind"] = std::string("e1m2");
+  values.erase("prep.mode");
+  EXPECT_TRUE(Config::from(values).prep == PrepMode::frontend);  // its default
+  values.erase("mac.units");
+  EXPECT_EQ(error_of([&] { Config::from(values); }),
+            "missing key 'mac.units' (a TCU configuration file gives it: --config sim/configs/teaching.cfg)");
 }
 
 TEST(Config, OneSimulatorAtATime) {

@@ -42,7 +42,7 @@ TEST(Energy, MacEnergiesFollowTheRtlGateCounts) {
   ASSERT_GE(configs.size(), 2u);  // teaching and h100-class at least: an empty glob must not pass
   for (const fs::path& p : configs) {
     SCOPED_TRACE(p.filename().string());
-    const Energy e = Config::load(p.string()).energy;
+    const Energy e = load(p.string()).energy;
     EXPECT_NEAR(e.mac_e1m2, e.mac_e2m1 * e1m2_ratio, half_digit) << "energy.mac_e1m2_pj";
     EXPECT_NEAR(e.mac_dual, e.mac_e2m1 * dual_ratio, half_digit) << "energy.mac_dual_pj";
   }

@@ -1,12 +1,13 @@
 // Configuration of the tensor-core unit (TCU) model: every unit's throughput and latency, the memory levels,
-// the tile scheduler and the per-operation energy table. One Boost.Program_options description serves the
-// configuration file (sim/configs/*.cfg, `[section]` + `key = value`) and the command line (`--mac.units 8`),
-// so any key of a file can be overridden when a run is started.
+// the tile scheduler and the per-operation energy table. Every key is one row of config_keys(); a front-end reads
+// the keys' values from its own text (the command line reads configuration files, sim/configs/*.cfg, and `--key
+// VALUE` options: cli/sim_config.hpp) and builds a Config from the typed values (Config::from).
 #pragma once
 
-#include <boost/program_options.hpp>
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <variant>
 #include <vector>
@@ -14,8 +15,6 @@
 #include "fp4lab/gemm.hpp"  // kMacWidth
 
 namespace fp4lab::sim {
-
-namespace po = boost::program_options;
 
 // Which element grids a block dot-product unit (kMacWidth elements a beat) multiplies natively.
 enum class MacKind : uint8_t { e2m1, e1m2, dual };
@@ -42,6 +41,9 @@ const char* mac_kind_name(MacKind k);
 const char* prep_mode_name(PrepMode m);
 const char* launch_mode_name(LaunchMode m);
 const char* acc_issue_name(AccIssue a);
+
+// One key's value, typed: an enum key's value is its name (kMacKindNames, ...).
+using ConfigValue = std::variant<std::string, int, int64_t, double>;
 
 struct MemLevel {
   double bandwidth = 0;  // bytes per cycle (shared by every TCU)
@@ -189,21 +191,22 @@ struct Config {
   double static_mw() const { return energy.leak_mw_per_mm2 * mm2(unit_nand2()); }
   bool priced() const { return area != Area{}; }
 
-  // Every key of config_keys(), for a config file and the command line. Keys without a default are required.
-  static po::options_description options();
-  // Builds and validates (throws std::invalid_argument with a one-line reason).
-  static Config from(const po::variables_map& vm);
-  // Reads a config file (`key = value` lines or JSON: fp4lab/io/option_file.hpp); `overrides` are "key=value"
-  // pairs applied over it. Errors name the file.
-  static Config load(const std::string& path, const std::vector<std::string>& overrides = {});
+  // A Config from the value of each key given (a key left out keeps its default; a required one is an error),
+  // validated. Throws std::invalid_argument with a one-line reason.
+  static Config from(const std::map<std::string, ConfigValue>& values);
+  // The value of one key of config_keys() (an enum's as its name): its type is the one from() takes for it.
+  ConfigValue value(const ConfigKey& key) const;
   void validate() const;
-  // Every key of options() with its value: a configuration file in JSON form (load() reads it back to an equal
+  // Every key of config_keys() with its value: a configuration file in JSON form (read back, it gives an equal
   // Config).
   nlohmann::json to_json() const;
   bool operator==(const Config&) const = default;
 };
 
-// Every key, in --help order: the one table that options(), from(), validate() and to_json() walk.
+// Every key, in --help order: the one table that from(), value(), validate() and to_json() walk, and front-ends
+// read their options from.
 const std::vector<ConfigKey>& config_keys();
+// The names an enum key takes (empty for any other key), in the order of its enum's values.
+std::span<const char* const> key_choices(const ConfigKey& key);
 
 }  // namespace fp4lab::sim

@@ -14,6 +14,7 @@
 #include "fp4lab/gemm.hpp"
 #include "fp4lab/recipe.hpp"
 #include "fp4lab/sim/run.hpp"
+#include "sim_config.hpp"  // cli/: sim/configs/*.cfg read as the command line reads them
 
 using namespace fp4lab;
 using namespace fp4lab::sim;
@@ -48,7 +49,8 @@ int main(int argc, char** argv) {
 
   std::printf("== 1. timing only, one 8192^3 GEMM (ufp4 fwd_y), config h100-class ==\n");
   for (const char* mode : {"none", "fused"}) {
-    const Config cfg = Config::load(root + "/sim/configs/h100-class.cfg", {std::string("prep.mode=") + mode});
+    const Config cfg =
+        fp4lab::cli::load_sim_config(root + "/sim/configs/h100-class.cfg", {std::string("prep.mode=") + mode});
     GemmJob j;
     j.layer = "square";
     j.M = j.N = j.K = 8192;
@@ -93,7 +95,7 @@ int main(int argc, char** argv) {
       }
       golden_best = std::min(golden_best, sw.wall());
     }
-    const Config cfg = Config::load(root + "/sim/configs/" + cfg_name + ".cfg");
+    const Config cfg = fp4lab::cli::load_sim_config(root + "/sim/configs/" + cfg_name + ".cfg");
     {  // the simulator with --check
       Simulator sim(cfg);
       RunOptions o;

@@ -1,10 +1,9 @@
 // The two forms of an fp4lab configuration file, read by one function for every reader (fp4lab --config FILE,
-// sim::Config::load):
+// the simulator's configuration files: sim_config.hpp):
 //  - `key = value` lines under `[section]` headers (Boost.Program_options' config-file syntax);
 //  - JSON (first non-blank byte '{'): an object {"key": value, ...} with the same keys, or a document whose
 //    "config" member is such an object -- what `fp4lab sim --json` writes, so a report is its run's config.
 // A JSON value is a string, a number, a boolean, or an array of those (an option taking several values).
-// Header-only: its users link Boost.Program_options; fp4lab_io does not.
 #pragma once
 
 #include <algorithm>
@@ -18,7 +17,7 @@
 #include "fp4lab/io/files.hpp"
 #include "fp4lab/knobs.hpp"  // shown(): a value as a message echoes it
 
-namespace fp4lab::io {
+namespace fp4lab::cli {
 
 inline bool is_json_text(const std::string& text) {
   const size_t i = text.find_first_not_of(" \t\r\n");
@@ -29,7 +28,7 @@ inline bool is_json_text(const std::string& text) {
 // JSON, whose escapes can spell one that a check of the raw text misses.
 inline void refuse_decoded_placeholders(const std::string& text, const std::string& where) {
   try {
-    refuse_option_placeholders(text, where);
+    io::refuse_option_placeholders(text, where);
   } catch (const std::runtime_error& e) {  // io::Error
     throw boost::program_options::error(e.what());
   }
@@ -145,4 +144,4 @@ inline boost::program_options::parsed_options parse_option_text(const std::strin
   }
 }
 
-}  // namespace fp4lab::io
+}  // namespace fp4lab::cli
