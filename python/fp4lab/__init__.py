@@ -52,10 +52,10 @@ def _import_core():
 
 
 _core = _import_core()
-from ._core import QTensor, QuantConfig  # noqa: E402
+from ._core import Format, QTensor, QuantConfig, Rounding, Scale  # noqa: E402
 
 __version__: str = _core.__version__
-__all__ = ["ABLATIONS", "Ablation", "QTensor", "QuantConfig", "analyze", "config", "decide", "formats", "gemm",
+__all__ = ["ABLATIONS", "Ablation", "Format", "QTensor", "QuantConfig", "Rounding", "Scale", "analyze", "config", "decide", "formats", "gemm",
            "model_shapes",
            "quantize", "recipes", "__version__"]
 

@@ -5,7 +5,9 @@
 #include <nanobind/stl/variant.h>  // Knobs: text, or a typed value
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -14,6 +16,7 @@
 #include "fp4lab/knobs.hpp"
 #include "fp4lab/quantize.hpp"
 #include "fp4lab/recipe.hpp"
+#include "fp4lab/rht.hpp"
 #include "fp4lab/scale.hpp"
 
 #include "common.hpp"
@@ -22,6 +25,110 @@ using namespace nb::literals;
 
 namespace fp4lab::py {
 namespace {
+
+// The element formats as a Python enum (fp4lab.Format): its values index kAllFormats, the one table of formats.
+enum class FormatId : int {};
+constexpr int kNumFormats = int(sizeof(kAllFormats) / sizeof(kAllFormats[0]));
+
+// A format, scale or rounding given as the enum member or its name (the spelling the command line takes).
+ElemFormat format_of(nb::handle h) {
+  if (nb::isinstance<FormatId>(h)) return kAllFormats[int(nb::cast<FormatId>(h))];
+  if (nb::isinstance<nb::str>(h)) return parse_format(nb::cast<std::string>(h));
+  throw nb::type_error("QuantConfig(): format must be an fp4lab.Format or its name (str)");
+}
+ScaleKind scale_of(nb::handle h) {
+  if (nb::isinstance<ScaleKind>(h)) return nb::cast<ScaleKind>(h);
+  if (nb::isinstance<nb::str>(h)) return parse_scale(nb::cast<std::string>(h));
+  throw nb::type_error("QuantConfig(): scale must be an fp4lab.Scale or its name (str)");
+}
+Rounding rounding_of(nb::handle h) {
+  if (nb::isinstance<Rounding>(h)) return nb::cast<Rounding>(h);
+  if (nb::isinstance<nb::str>(h)) return parse_rounding(nb::cast<std::string>(h));
+  throw nb::type_error("QuantConfig(): rounding must be an fp4lab.Rounding or its name (str)");
+}
+FormatId format_id(const ElemFormat& f) { return FormatId(format_index(f)); }
+
+// rht_signs as given: None (Transformer Engine's vector for d = 16; no signs without RHT), "te", or a sequence of
+// +1/-1 entries.
+std::vector<float> signs_of(nb::handle h, int rht) {
+  if (h.is_none()) return rht == 16 ? rht_signs_te(16) : std::vector<float>();
+  if (nb::isinstance<nb::str>(h)) {
+    if (nb::cast<std::string>(h) != "te") throw std::invalid_argument("QuantConfig(): rht_signs is 'te' or a sequence of +1/-1");
+    return rht_signs_te(rht == 0 ? 16 : rht);
+  }
+  std::vector<float> s;
+  for (nb::handle v : h) {
+    if (nb::isinstance<nb::bool_>(v) || !(nb::isinstance<nb::int_>(v) || nb::isinstance<nb::float_>(v)))
+      throw nb::type_error("QuantConfig(): rht_signs entries are +1 or -1");
+    const double x = nb::cast<double>(v);
+    if (x != 1.0 && x != -1.0)
+      throw std::invalid_argument("QuantConfig(): rht_signs entries are +1 or -1, not " + nb::cast<std::string>(nb::repr(v)));
+    s.push_back(float(x));
+  }
+  return s;
+}
+
+// The rules a QuantConfig obeys, whichever way it was made (keywords, replace, unpickling): the knobs' rules
+// (fp4lab/knobs.hpp) on typed values, then the model's own validate() on a shape every valid setting accepts.
+QuantConfig checked(QuantConfig c) {
+  if (c.rht < 0 || (c.rht != 0 && !rht_size_ok(c.rht))) throw std::invalid_argument("QuantConfig(): " + rht_size_fault(c.rht));
+  if (c.rht == 0 && !c.rht_signs.empty()) throw std::invalid_argument("QuantConfig(): rht_signs given without an RHT size (rht=D)");
+  if (c.rht != 0 && int(c.rht_signs.size()) != c.rht) {
+    if (!c.rht_signs.empty())
+      throw std::invalid_argument("QuantConfig(): rht=" + std::to_string(c.rht) + " needs " + std::to_string(c.rht) +
+                                  " signs, got " + std::to_string(c.rht_signs.size()));
+    throw std::invalid_argument("QuantConfig(): rht=" + std::to_string(c.rht) +
+                                " needs rht_signs (Transformer Engine's vector is defined for d = 16 only)");
+  }
+  for (float x : c.rht_signs)
+    if (x != 1.0f && x != -1.0f) throw std::invalid_argument("QuantConfig(): rht_signs entries are +1 or -1");
+  if (c.rht_bf16 && c.rht == 0) throw std::invalid_argument("QuantConfig(): rht_bf16 needs an RHT (rht=D)");
+  if (c.tile2d && c.block != 16)
+    throw std::invalid_argument("QuantConfig(): tile2d (16x16 scale tiles) needs block 16, not " + std::to_string(c.block));
+  try {
+    validate(c, 16, 128);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("QuantConfig(): ") + e.what());
+  }
+  return c;
+}
+
+QuantConfig make_config(nb::handle format, int block, nb::handle scale, bool tile2d, int rht, nb::handle rht_signs,
+                        bool rht_bf16, nb::handle rounding, uint64_t seed, uint32_t stream) {
+  QuantConfig c;
+  c.format = format_of(format);
+  c.block = block;
+  c.scale = scale_of(scale);
+  c.tile2d = tile2d;
+  c.rht = rht;
+  c.rht_signs = signs_of(rht_signs, rht);
+  c.rht_bf16 = rht_bf16;
+  c.rounding = rounding_of(rounding);
+  c.seed = seed;
+  c.stream = stream;
+  return checked(std::move(c));
+}
+
+// The keyword call that builds c (its repr): signs as 'te' where they are Transformer Engine's vector.
+std::string config_repr(const QuantConfig& c) {
+  std::string signs = "None";
+  if (c.rht != 0 && !(c.rht == 16 && c.rht_signs == rht_signs_te(16))) {
+    signs = "[";
+    for (size_t i = 0; i < c.rht_signs.size(); ++i) signs += (i ? ", " : "") + std::string(c.rht_signs[i] < 0 ? "-1" : "1");
+    signs += "]";
+  }
+  return std::string("fp4lab.QuantConfig(format='") + c.format.name + "', block=" + std::to_string(c.block) +
+         ", scale='" + scale_name(c.scale) + "', tile2d=" + (c.tile2d ? "True" : "False") +
+         ", rht=" + std::to_string(c.rht) + ", rht_signs=" + signs + ", rht_bf16=" + (c.rht_bf16 ? "True" : "False") +
+         ", rounding='" + rounding_name(c.rounding) + "', seed=" + std::to_string(c.seed) +
+         ", stream=" + std::to_string(c.stream) + ")";
+}
+
+bool same_config(const QuantConfig& a, const QuantConfig& b) {
+  return same_grid(a.format, b.format) && a.block == b.block && a.scale == b.scale && a.tile2d == b.tile2d &&
+         a.rht == b.rht && a.rht_signs == b.rht_signs && a.rht_bf16 == b.rht_bf16 && a.rounding == b.rounding &&
+         a.seed == b.seed && a.stream == b.stream;
+}
 
 nb::dict config_dict(const QuantConfig& c) {
   nb::dict d;
@@ -66,13 +173,83 @@ void bind_config(nb::module_& m) {
   // Pickling state: every field, in the names the knobs parse, so copies, torch.save and multiprocessing work.
   using ConfigState = std::tuple<std::string, int, bool, std::string, int, std::vector<float>, bool, std::string,
                                  uint64_t, uint32_t>;
-  nb::class_<QuantConfig>(m, "QuantConfig")
+  nb::enum_<FormatId> fmt(m, "Format", "The 4-bit element formats (docs/spec.md §1), named as the command line names them.");
+  for (int i = 0; i < kNumFormats; ++i) fmt.value(kAllFormats[i].name, FormatId(i));
+  nb::enum_<ScaleKind> sc(m, "Scale", "Block-scale encodings (docs/spec.md §2).");
+  // Member names are identifiers ("ue8m0_ceil"); the names the command line spells ("ue8m0-ceil") are taken too.
+  static std::vector<std::string> scale_members;
+  for (ScaleKind k : kAllScales) {
+    std::string n = scale_name(k);
+    std::replace(n.begin(), n.end(), '-', '_');
+    scale_members.push_back(n);
+  }
+  for (size_t i = 0; i < scale_members.size(); ++i) sc.value(scale_members[i].c_str(), kAllScales[i]);
+  nb::enum_<Rounding> rd(m, "Rounding", "Rounding of a scaled element: round to nearest even, or stochastic.");
+  for (Rounding r : kRoundings) rd.value(rounding_name(r), r);
+
+  // Pickling state: every field, in the names the knobs parse, so copies, torch.save and multiprocessing work.
+  using ConfigState = std::tuple<std::string, int, bool, std::string, int, std::vector<float>, bool, std::string,
+                                 uint64_t, uint32_t>;
+  nb::class_<QuantConfig>(m, "QuantConfig",
+      "The quantiser settings of one operand, typed. ``fp4lab.QuantConfig(format=\"e1m2\", block=16, scale=\"fp32\", "
+      "rht=16, rounding=\"sr\", seed=3)`` builds one from keywords (enum members or their names); "
+      "``fp4lab.config(recipe, pass_=..., operand=...)`` gives a recipe's. Immutable, compared and hashed by value; "
+      "``replace(**changes)`` gives a changed copy; its repr is the call that builds it.")
+      .def("__init__", [](QuantConfig* self, nb::handle format, int block, nb::handle scale, bool tile2d, int rht,
+                          nb::handle rht_signs, bool rht_bf16, nb::handle rounding, uint64_t seed, uint32_t stream) {
+        new (self) QuantConfig(make_config(format, block, scale, tile2d, rht, rht_signs, rht_bf16, rounding, seed, stream));
+      }, nb::kw_only(), "format"_a = "e1m2", "block"_a = 16, "scale"_a = "fp32", "tile2d"_a = false, "rht"_a = 0,
+         "rht_signs"_a = nb::none(), "rht_bf16"_a = false, "rounding"_a = "rtne", "seed"_a = 0, "stream"_a = 0,
+         "rht_signs: None (Transformer Engine's vector for rht=16), 'te', or rht entries of +1/-1. A setting the "
+         "quantiser cannot take raises ValueError with the reason.")
+      .def_prop_ro("format", [](const QuantConfig& c) { return format_id(c.format); })
+      .def_prop_ro("block", [](const QuantConfig& c) { return c.block; })
+      .def_prop_ro("scale", [](const QuantConfig& c) { return c.scale; })
+      .def_prop_ro("tile2d", [](const QuantConfig& c) { return c.tile2d; })
+      .def_prop_ro("rht", [](const QuantConfig& c) { return c.rht; })
+      .def_prop_ro("rht_signs", [](const QuantConfig& c) -> nb::object {
+        if (c.rht == 0) return nb::none();
+        nb::list l;
+        for (float x : c.rht_signs) l.append(x < 0 ? -1 : 1);
+        return nb::tuple(l);
+      }, "The rotation's signs as a tuple of +1/-1 (None without RHT).")
+      .def_prop_ro("rht_bf16", [](const QuantConfig& c) { return c.rht_bf16; })
+      .def_prop_ro("rounding", [](const QuantConfig& c) { return c.rounding; })
+      .def_prop_ro("seed", [](const QuantConfig& c) { return c.seed; })
+      .def_prop_ro("stream", [](const QuantConfig& c) { return c.stream; })
       .def_prop_ro("label", &QuantConfig::label)
+      .def("replace", [](const QuantConfig& c, nb::kwargs changes) {
+        static const char* const kFields[] = {"format", "block", "scale", "tile2d", "rht", "rht_signs", "rht_bf16",
+                                              "rounding", "seed", "stream"};
+        for (auto [k, v] : changes) {
+          (void)v;
+          const std::string key = nb::cast<std::string>(k);
+          if (std::find_if(std::begin(kFields), std::end(kFields), [&](const char* f) { return key == f; }) == std::end(kFields))
+            throw nb::type_error(("QuantConfig.replace(): no setting '" + key + "'").c_str());
+        }
+        auto get = [&](const char* k, nb::object now) { return changes.contains(k) ? nb::borrow(changes[k]) : now; };
+        // A new RHT size without signs takes that size's default signs, not the old size's.
+        nb::object signs = changes.contains("rht_signs") ? nb::borrow(changes["rht_signs"])
+                           : changes.contains("rht") ? nb::none()
+                           : c.rht == 0 ? nb::none() : nb::cast(c.rht_signs);
+        return make_config(get("format", nb::str(c.format.name)), nb::cast<int>(get("block", nb::int_(c.block))),
+                           get("scale", nb::str(scale_name(c.scale))), nb::cast<bool>(get("tile2d", nb::bool_(c.tile2d))),
+                           nb::cast<int>(get("rht", nb::int_(c.rht))), signs,
+                           nb::cast<bool>(get("rht_bf16", nb::bool_(c.rht_bf16))),
+                           get("rounding", nb::str(rounding_name(c.rounding))),
+                           nb::cast<uint64_t>(get("seed", nb::cast(c.seed))),
+                           nb::cast<uint32_t>(get("stream", nb::cast(c.stream))));
+      }, "A copy with the given settings changed (as dataclasses.replace).")
       .def("to_dict", &config_dict)
+      .def("__eq__", [](const QuantConfig& a, nb::handle b) {
+        return nb::isinstance<QuantConfig>(b) && same_config(a, nb::cast<const QuantConfig&>(b));
+      })
+      .def("__hash__", [](const QuantConfig& c) { return nb::hash(nb::str(config_repr(c).c_str())); })
       .def("__getstate__", [](const QuantConfig& c) {
         return ConfigState(c.format.name, c.block, c.tile2d, scale_name(c.scale), c.rht, c.rht_signs, c.rht_bf16,
                            rounding_name(c.rounding), c.seed, c.stream);
       })
+      // A pickle is data: its settings obey the constructor's rules, or the load fails with the reason.
       .def("__setstate__", [](QuantConfig& c, const ConfigState& s) {
         QuantConfig v;
         v.format = parse_format(std::get<0>(s));
@@ -85,9 +262,9 @@ void bind_config(nb::module_& m) {
         v.rounding = parse_rounding(std::get<7>(s));
         v.seed = std::get<8>(s);
         v.stream = std::get<9>(s);
-        new (&c) QuantConfig(std::move(v));
+        new (&c) QuantConfig(checked(std::move(v)));
       })
-      .def("__repr__", [](const QuantConfig& c) { return "<fp4lab.QuantConfig " + c.label() + ">"; })
+      .def("__repr__", &config_repr)
       // A training step's settings from its layer's: only the SR key changes from step to step (docs/spec.md §12),
       // and a copy is cheaper than parsing the knobs again, hundreds of times a step.
       .def("with_seed", [](const QuantConfig& c, uint64_t seed) {

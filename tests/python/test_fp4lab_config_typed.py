@@ -1,0 +1,82 @@
+"""fp4lab.QuantConfig built from typed keywords: for every named recipe, pass and operand, the keyword call of its
+fields is the settings fp4lab.config (the knob path the command line shares) gives, in value, hash, repr, pickle
+and in the bits it quantises to; the rules the knobs enforce hold for keywords, replace() and unpickling too."""
+import pickle
+
+import numpy as np
+import pytest
+
+import fp4lab
+from fp4lab import Format, QuantConfig, Rounding, Scale, _core
+
+NAMES = list(_core.recipe_names()) + list(fp4lab.ABLATIONS)
+FIELDS = ("format", "block", "scale", "tile2d", "rht", "rht_signs", "rht_bf16", "rounding", "seed", "stream")
+
+
+def typed_copy(c):
+    return QuantConfig(**{f: getattr(c, f) for f in FIELDS})
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_keywords_give_every_recipes_settings_and_bits(name):
+    x = np.random.default_rng(1).standard_normal((32, 256)).astype(np.float32) * 3
+    for p in ("fwd_y", "bwd_dx", "bwd_dw"):
+        for o in ("a", "b"):
+            c = fp4lab.config(name, pass_=p, operand=o, seed=11)
+            t = typed_copy(c)
+            assert t == c and hash(t) == hash(c) and t.to_dict() == c.to_dict(), (name, p, o)
+            assert eval(repr(c), {"fp4lab": fp4lab}) == c
+            assert pickle.loads(pickle.dumps(c)) == c
+            assert isinstance(c.format, Format) and isinstance(c.scale, Scale) and isinstance(c.rounding, Rounding)
+            q1, q2 = fp4lab.quantize_with(x, c), fp4lab.quantize_with(x, t)
+            assert np.array_equal(q1.codes, q2.codes) and np.array_equal(q1.scales.view(np.uint32),
+                                                                         q2.scales.view(np.uint32))
+
+
+def test_knobs_and_keywords_are_one_rule():
+    signs = [1, -1, -1, 1] * 8
+    by_knobs = fp4lab.config(format="e2m1", block=32, scale="ue8m0", rounding="sr", seed=7, rht=32, rht_signs=signs)
+    typed = QuantConfig(format=Format.e2m1, block=32, scale=Scale.ue8m0, rounding=Rounding.sr, seed=7, rht=32,
+                        rht_signs=signs)
+    assert by_knobs == typed and typed.rht_signs == tuple(signs)
+    # rht=16 without signs takes Transformer Engine's vector, as --rht 16 does
+    assert QuantConfig(rht=16) == fp4lab.config(rht=16) == QuantConfig(rht=16, rht_signs="te")
+    assert QuantConfig(scale="ue8m0-ceil", block=32).scale is Scale.ue8m0_ceil
+    # replace: the changed copy, a new RHT size with its own default signs
+    c = fp4lab.config("ufp4", pass_="bwd_dw", operand="a")
+    assert c.replace(rounding="rtne") == fp4lab.config("ufp4", pass_="bwd_dw", operand="a", rounding="rtne")
+    assert c.replace(rht=0).rht_signs is None and c.replace(rht=0).rht == 0
+    assert c != c.replace(seed=1) and c.replace(seed=1) == c.with_seed(1)
+
+
+@pytest.mark.parametrize("kw, err, text", [
+    (dict(block=8), ValueError, "block size must be 16 or 32, not 8"),
+    (dict(rht=8), ValueError, "RHT size must be a power of two"),
+    (dict(rht=32), ValueError, "rht=32 needs rht_signs"),
+    (dict(rht=16, rht_signs=[1, -1]), ValueError, "rht=16 needs 16 signs, got 2"),
+    (dict(rht_signs=[1] * 16), ValueError, "rht_signs given without an RHT size"),
+    (dict(rht=16, rht_signs=[1, 0.5] * 8), ValueError, "entries are +1 or -1, not 0.5"),
+    (dict(rht=16, rht_signs=[True] * 16), TypeError, "entries are +1 or -1"),
+    (dict(tile2d=True, block=32), ValueError, "tile2d (16x16 scale tiles) needs block 16"),
+    (dict(rht_bf16=True), ValueError, "rht_bf16 needs an RHT"),
+    (dict(format="e9m9"), ValueError, "unknown format 'e9m9'"),
+    (dict(format=3), TypeError, "format must be an fp4lab.Format"),
+    (dict(scale=Rounding.sr), TypeError, "scale must be an fp4lab.Scale"),
+])
+def test_a_setting_the_quantiser_cannot_take_is_refused_in_one_line(kw, err, text):
+    with pytest.raises(err) as e:
+        QuantConfig(**kw)
+    assert text in str(e.value) and "\n" not in str(e.value)
+
+
+def test_replace_and_unpickling_hold_to_the_same_rules():
+    c = QuantConfig(rht=16)
+    with pytest.raises(TypeError, match="no setting 'blocks'"):
+        c.replace(blocks=32)
+    with pytest.raises(ValueError, match="block size must be 16 or 32"):
+        c.replace(block=64)
+    # A pickle is data: a state the constructor refuses does not load. (Block 32 is the pickle's one BININT1 32.)
+    payload = pickle.dumps(QuantConfig(block=32), protocol=4)
+    assert payload.count(b"K\x20") == 1 and pickle.loads(payload).block == 32
+    with pytest.raises(ValueError, match="block size must be 16 or 32, not 8"):
+        pickle.loads(payload.replace(b"K\x20", b"K\x08"))
