@@ -2,7 +2,7 @@
 // and per training GEMM (fwd_y, bwd_dx, bwd_dw), for each grid with and without RHT — as the paper's Q1
 // table on stdout and analysis JSON v1 on request. With no --trace it runs on the bundled trace.
 // The analysis is the library fp4lab/trace_analysis.hpp; this file parses the options, spreads the records over
-// MPI ranks (cli/mpi_dist.hpp) and writes the report.
+// MPI ranks (fp4lab/dist/dist.hpp) and writes the report.
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
@@ -11,9 +11,9 @@
 #include <optional>
 
 #include "commands.hpp"
+#include "faults.hpp"  // and fp4lab/dist/dist.hpp
 #include "files.hpp"
 #include "fp4lab/trace_analysis.hpp"
-#include "mpi_dist.hpp"
 #include "options.hpp"
 
 #ifndef FP4LAB_DEFAULT_TRACE
@@ -136,9 +136,9 @@ std::optional<AnalysisResult> analyze_over_ranks(const TraceAnalysis& ta) {
     dist::Fault fault;
     if (batch.fault) {
       fault.index = my[batch.fault_at];
-      fault.code = dist::describe(batch.fault, "analyze", fault.msg);
+      fault.code = describe(batch.fault, "analyze", fault.msg);
     }
-    const std::vector<std::string> bytes = dist::gather("analyze", std::move(items), fault);
+    const std::vector<std::string> bytes = dist::gather(std::move(items), fault);
     if (!dist::root()) return std::nullopt;
     for (const std::string& b : bytes) results.push_back(record_from_bytes(b));
   }
@@ -193,7 +193,7 @@ int cmd_analyze(const Invocation& inv) {
   // Every rank opens every header (no tensor data: cheap) so that all see the same record list; agreed on,
   // so a folder one rank cannot read fails the whole job at once.
   std::unique_ptr<TraceAnalysis> ta;
-  dist::agree("analyze", [&] { ta = library([&] { return std::make_unique<TraceAnalysis>(o.traces, plan); }); });
+  dist::agree(describer("analyze"), [&] { ta = library([&] { return std::make_unique<TraceAnalysis>(o.traces, plan); }); });
   library([&] { ta->validate(); });
   check_outputs(vm, {}, ta->inputs());
 

@@ -1,7 +1,7 @@
 // fp4lab cuda check: every GEMM of one or more traces quantised and multiplied on the GPU, compared bit for bit
 // with the golden model. Exit 1 on any mismatch (or when nothing was compared). Under mpirun -np N (built with
 // MPI) rank r takes GPU r % device count and a share of the records (largest first, to the least-loaded rank, as
-// analyze shares them: mpi_dist.hpp); rank 0 prints the combined summary. The options and the trace headers are
+// analyze shares them: fp4lab/dist/dist.hpp); rank 0 prints the combined summary. The options and the trace headers are
 // checked in every build, before any device is looked at.
 #include <cstdint>
 #include <iostream>
@@ -14,7 +14,7 @@
 #include "files.hpp"
 #include "fp4lab/io/safetensors.hpp"
 #include "fp4lab/recipe.hpp"
-#include "mpi_dist.hpp"
+#include "fp4lab/dist/dist.hpp"
 #include "options.hpp"
 
 #ifdef FP4LAB_CLI_HAS_CUDA
@@ -264,7 +264,7 @@ int cmd_cuda_check(const Invocation& inv) {
                {"tallies", Json::array()}};
   for (const auto& [k, x] : ck.t) part["tallies"].push_back({x.what, x.compared, x.mismatched, x.nan_pairs});
   // One item per rank (indexed by rank); a record's fault travels inside it, so the first in record order wins.
-  const std::vector<std::string> parts = dist::gather("check", {{size_t(dist::rank()), part.dump()}}, {});
+  const std::vector<std::string> parts = dist::gather({{size_t(dist::rank()), part.dump()}}, {});
   if (dist::rank() != 0) return dist::from_root(kExitOk);
   std::map<std::string, Tally> sum;
   size_t first_fault = SIZE_MAX;

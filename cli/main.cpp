@@ -12,11 +12,11 @@
 #include <string>
 
 #include "commands.hpp"
+#include "faults.hpp"  // and fp4lab/dist/dist.hpp
 #include "files.hpp"
 #include "fp4lab/io/files.hpp"
 #include "fp4lab/io/safetensors.hpp"
 #include "fp4lab/io/threads.hpp"
-#include "mpi_dist.hpp"
 #include "options.hpp"
 
 namespace fp4lab::cli {
@@ -144,6 +144,7 @@ int flushed(const std::string& cmd, int code) {
 
 int main(int argc, char** argv) {
   using namespace fp4lab::cli;
+  namespace dist = fp4lab::dist;
   // Keep freed tensors in the heap: glibc otherwise maps every large buffer afresh and unmaps it on free, and
   // the page faults of re-zeroing them were 12% of `analyze` (17% of its wall time on the bundled trace).
   mallopt(M_MMAP_THRESHOLD, 16 << 20);
@@ -209,14 +210,14 @@ int main(int argc, char** argv) {
   inv.command = cmd;
   for (int i = first_arg; i < argc; ++i) inv.args.emplace_back(argv[i]);
   // Under mpirun every rank runs the subcommand; a fault anywhere is agreed on and named once, by rank 0
-  // (cli/mpi_dist.hpp). MPI ends before main returns, on every path.
+  // (fp4lab/dist/dist.hpp). MPI ends before main returns, on every path.
   dist::init(&argc, &argv);
   struct Finalize {
     ~Finalize() { dist::finalize(); }
   } finalize;
   int rc = kExitOk;
   try {
-    dist::agree(cmd, [&] {
+    dist::agree(describer(cmd), [&] {
       // Before any work (and any thread): a thread count OpenMP cannot honour (fp4lab/io/threads.hpp).
       if (g_threads_refused) usage_error(threads_fault(g_refused_threads, *g_threads_refused));
       if (const auto fault = threads_env_fault()) usage_error(*fault);
@@ -227,7 +228,7 @@ int main(int argc, char** argv) {
     return q.code;
   } catch (...) {
     std::string msg;
-    const int code = dist::describe(std::current_exception(), cmd, msg);
+    const int code = describe(std::current_exception(), cmd, msg);
     report(cmd, msg);
     return code;
   }

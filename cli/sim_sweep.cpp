@@ -1,5 +1,5 @@
 // fp4lab sim --sweep FILE: many `fp4lab sim` runs described by one TOML file, spread over MPI ranks
-// (cli/mpi_dist.hpp), written as one JSON and one CSV identical for any number of ranks.
+// (fp4lab/dist/dist.hpp), written as one JSON and one CSV identical for any number of ranks.
 //
 // Sweep file: TOML (docs/mpi.md, example sim/experiments/sweep.toml), read by sweep_reader.cpp.
 #include <omp.h>
@@ -24,10 +24,10 @@
 #include <set>
 
 #include "commands.hpp"
+#include "faults.hpp"  // and fp4lab/dist/dist.hpp
 #include "files.hpp"
 #include "fp4lab/io/files.hpp"
 #include "fp4lab/sim/simulator.hpp"
-#include "mpi_dist.hpp"
 #include "options.hpp"
 #include "sweep_reader.hpp"
 
@@ -148,7 +148,7 @@ void run_serial(const std::vector<Run>& runs, const std::vector<size_t>& which, 
       if (tty) std::cerr << fmt("sim sweep: [%zu/%zu] %s (%s, %.1f s)\n", k, of, printable(runs[i].name).c_str(), who.c_str(), s);
     } catch (...) {
       fault.index = i;
-      fault.code = dist::describe(std::current_exception(), "sim", fault.msg);
+      fault.code = describe(std::current_exception(), "sim", fault.msg);
       fault.msg = "sweep run '" + runs[i].name + "': " + fault.msg;
       return;
     }
@@ -382,7 +382,7 @@ int cmd_sim_sweep(const Invocation& inv) {
   dist::Fault fault;
   uint64_t memo_hits = 0;
   run_local(runs, mine, tty, t0, items, fault, memo_hits);
-  const std::vector<std::string> results = dist::gather("sim", std::move(items), fault);
+  const std::vector<std::string> results = dist::gather(std::move(items), fault);
   if (!dist::root()) return kExitOk;
 
   // One JSON of every run's report, and one CSV row per run: its options, then the totals, then every further

@@ -1,8 +1,6 @@
-// MPI work distribution for fp4lab subcommands (see mpi_dist.hpp). Built with and without MPI; without it
+// MPI work distribution for fp4lab subcommands (see dist.hpp). Built with and without MPI; without it
 // (FP4LAB_HAVE_MPI undefined) every call is the one-process case.
-#include "mpi_dist.hpp"
-
-#include <boost/program_options/errors.hpp>
+#include "fp4lab/dist/dist.hpp"
 
 #include <algorithm>
 #include <cstdlib>
@@ -11,14 +9,13 @@
 #include <new>
 #include <utility>
 
-#include "fp4lab/io/safetensors.hpp"
-#include "options.hpp"
+#include "fp4lab/io/exit_codes.hpp"
 
 #ifdef FP4LAB_HAVE_MPI
 #include <mpi.h>
 #endif
 
-namespace fp4lab::cli::dist {
+namespace fp4lab::dist {
 
 namespace {
 int g_rank = 0, g_size = 1;
@@ -119,35 +116,7 @@ void finalize() {
 int rank() { return g_rank; }
 int size() { return g_size; }
 
-int describe(std::exception_ptr e, const std::string& cmd, std::string& msg) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const Quiet& q) {
-    msg.clear();
-    return q.code;
-  } catch (const Error& x) {
-    msg = x.what();
-    return x.exit_code;
-  } catch (const boost::program_options::error& x) {
-    msg = std::string(x.what()) + " (see fp4lab " + cmd + " --help)";
-    return kExitUsage;
-  } catch (const fp4lab::io::Error& x) {  // already names the file and the fault
-    msg = x.what();
-    return kExitData;
-  } catch (const std::bad_alloc&) {
-    msg = "out of memory";
-    return kExitData;
-  } catch (const std::exception& x) {
-    msg = x.what();
-    return kExitData;
-  } catch (...) {
-    msg = "unexpected internal error";
-    return kExitData;
-  }
-}
-
-
-void agree(const std::string& cmd, const std::function<void()>& f) {
+void agree(const Describe& describe, const std::function<void()>& f) {
   std::exception_ptr e;
   try {
     f();
@@ -157,34 +126,33 @@ void agree(const std::string& cmd, const std::function<void()>& f) {
 #ifdef FP4LAB_HAVE_MPI
   if (g_mpi && g_size > 1 && !g_failed) {
     std::string msg;
-    const int code = e ? describe(e, cmd, msg) : 0;
+    const int code = e ? describe(e, msg) : 0;
     const Verdict v = exchange(code, 0);
     if (v.rank < 0) return;
     g_failed = true;
     const std::string m = fetch_message(v, msg);
     if (g_rank != 0) throw Quiet{v.code};
     if (v.rank == 0) std::rethrow_exception(e);
-    throw Error(v.code, m);
+    throw JobFault(v.code, m);
   }
 #else
-  (void)cmd;
+  (void)describe;
 #endif
   if (e) std::rethrow_exception(e);
 }
 
-std::vector<std::string> gather(const std::string& cmd, std::vector<Item> mine, const Fault& fault) {
-  (void)cmd;
+std::vector<std::string> gather(std::vector<Item> mine, const Fault& fault) {
   const bool faulted = fault.index != SIZE_MAX;
   std::vector<std::pair<size_t, std::string>> all;
 #ifdef FP4LAB_HAVE_MPI
   if (g_mpi && g_size > 1) {
-    if (g_failed) throw Quiet{kExitData};  // not reached: a failed job does not gather
+    if (g_failed) throw Quiet{io::kExitData};  // not reached: a failed job does not gather
     const Verdict v = exchange(faulted ? fault.code : 0, fault.index);
     if (v.rank >= 0) {
       g_failed = true;
       const std::string m = fetch_message(v, fault.msg);
       if (g_rank != 0) throw Quiet{v.code};
-      throw Error(v.code, m);
+      throw JobFault(v.code, m);
     }
     // One buffer per rank: [u64 index][u64 length][bytes] per item.
     std::string buf;
@@ -207,7 +175,7 @@ std::vector<std::string> gather(const std::string& cmd, std::vector<Item> mine, 
         total += lens[size_t(r)];
       }
       // Results are a few kB per item; MPI counts are int.
-      if (total > uint64_t(INT32_MAX)) throw Error(kExitData, "results of all ranks exceed 2 GiB");
+      if (total > uint64_t(INT32_MAX)) throw JobFault(io::kExitData, "results of all ranks exceed 2 GiB");
       recv.resize(total);
     }
     MPI_Gatherv(buf.data(), int(len), MPI_CHAR, recv.data(), counts.data(), displs.data(), MPI_CHAR, 0,
@@ -223,7 +191,7 @@ std::vector<std::string> gather(const std::string& cmd, std::vector<Item> mine, 
   } else
 #endif
   {
-    if (faulted) throw Error(fault.code, fault.msg);
+    if (faulted) throw JobFault(fault.code, fault.msg);
     for (Item& it : mine) all.emplace_back(it.index, std::move(it.bytes));
   }
   std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
@@ -240,4 +208,4 @@ int from_root(int value) {
   return value;
 }
 
-}  // namespace fp4lab::cli::dist
+}  // namespace fp4lab::dist

@@ -1,0 +1,41 @@
+#include "faults.hpp"
+
+#include <boost/program_options/errors.hpp>
+#include <new>
+
+#include "fp4lab/io/safetensors.hpp"  // io::Error
+#include "options.hpp"
+
+namespace fp4lab::cli {
+
+int describe(std::exception_ptr e, const std::string& cmd, std::string& msg) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const dist::Quiet& q) {
+    msg.clear();
+    return q.code;
+  } catch (const Error& x) {
+    msg = x.what();
+    return x.exit_code;
+  } catch (const dist::JobFault& x) {  // another rank's fault, as that rank described it
+    msg = x.what();
+    return x.code;
+  } catch (const boost::program_options::error& x) {
+    msg = std::string(x.what()) + " (see fp4lab " + cmd + " --help)";
+    return kExitUsage;
+  } catch (const fp4lab::io::Error& x) {  // already names the file and the fault
+    msg = x.what();
+    return kExitData;
+  } catch (const std::bad_alloc&) {
+    msg = "out of memory";
+    return kExitData;
+  } catch (const std::exception& x) {
+    msg = x.what();
+    return kExitData;
+  } catch (...) {
+    msg = "unexpected internal error";
+    return kExitData;
+  }
+}
+
+}  // namespace fp4lab::cli
