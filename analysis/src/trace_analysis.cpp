@@ -86,7 +86,7 @@ AnalysisPlan plan_analysis(const AnalysisOptions& o) {
       usage_fault("--rht: " + (rhts.back() ? std::to_string(rhts.back()) : std::string("none")) + " is given twice");
   }
   if (rhts.empty()) usage_fault("--rht lists no setting");
-  if (o.block != 16 && o.block != 32) usage_fault("--block: block size must be 16 or 32, not " + std::to_string(o.block));
+  if (!block_size_ok(o.block)) usage_fault("--block: " + block_size_fault(o.block));
   plan.block = o.block;
   plan.scale = knob([&] { return parse_scale(o.scale); });
   const uint64_t rht_seed = knob([&] { return parse_uint(o.rht_seed, "rht-seed", UINT64_MAX); });

@@ -791,7 +791,7 @@ void gemm_fast_run(const DQTensor& a, const DQTensor& b, const GemmOut& out, Gem
   else if (a.block == 32)
     launch_variant<32>(v, p, s);
   else
-    throw std::invalid_argument("block size must be 16 or 32");
+    throw std::invalid_argument(block_size_fault(a.block));
   check_launch("gemm_mma_kernel");
 }
 

@@ -29,7 +29,7 @@ void validate(const QuantConfig& cfg, int64_t rows, int64_t cols) {
   auto fail = [](const std::string& m) { throw std::invalid_argument(m); };
   if (rows <= 0 || cols <= 0)
     fail("empty tensor [" + std::to_string(rows) + ", " + std::to_string(cols) + "]");
-  if (cfg.block != 16 && cfg.block != 32) fail("block size must be 16 or 32, not " + std::to_string(cfg.block));
+  if (!block_size_ok(cfg.block)) fail(block_size_fault(cfg.block));
   if (cols % cfg.block != 0)
     fail("reduction dimension " + std::to_string(cols) + " is not a multiple of the block size " +
          std::to_string(cfg.block));

@@ -5,6 +5,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <cstdint>
 #include <initializer_list>
 #include <optional>
 #include <string>
@@ -41,6 +42,9 @@ std::optional<std::string>& threads_fault();
 void require_threads();
 // The rotation a rebuilt operand says it was quantised under: none (no signs), or a valid size with its d signs.
 void check_rotation(int rht, const std::vector<float>& rht_signs);
+// The shape of a rebuilt operand ([rows, cols] codes, [scale_rows, scale_cols] block scales) against its block size:
+// the one check of make_qtensor and cuda_make_qtensor.
+void check_parts(int block, int64_t rows, int64_t cols, int64_t scale_rows, int64_t scale_cols);
 
 void bind_config(nb::module_& m);   // config.cpp: QuantConfig, formats, recipes, knobs, scale codecs
 void bind_quant(nb::module_& m);    // quant.cpp: QTensor, the quantiser, the GEMM

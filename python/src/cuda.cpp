@@ -166,13 +166,8 @@ void bind_cuda(nb::module_& m) {
                                 nb::ndarray<float, nb::ndim<2>, nb::c_contig, nb::device::cuda> scales,
                                 nb::ndarray<float, nb::ndim<1>, nb::c_contig, nb::device::cuda> global_scale,
                                 fc::DQTensor& out, uintptr_t stream, int rht, const std::vector<float>& rht_signs) {
-    if (block != 16 && block != 32) throw std::invalid_argument("block size must be 16 or 32, not " + std::to_string(block));
     const int64_t rows = int64_t(packed.shape(0)), cols = 2 * int64_t(packed.shape(1));
-    if (cols % block != 0)
-      throw std::invalid_argument("codes have " + std::to_string(cols) + " columns, not a multiple of the block size " +
-                                  std::to_string(block));
-    if (int64_t(scales.shape(0)) != rows || int64_t(scales.shape(1)) != cols / block)
-      throw std::invalid_argument("scales must have shape [" + std::to_string(rows) + ", " + std::to_string(cols / block) + "]");
+    check_parts(block, rows, cols, int64_t(scales.shape(0)), int64_t(scales.shape(1)));
     if (global_scale.shape(0) != 1) throw std::invalid_argument("the global scale is one value");
     out.format = parse_format(format);
     out.scale_kind = parse_scale(scale);

@@ -57,13 +57,7 @@ QTensor make_qtensor(const std::string& format, const std::string& scale, int bl
   q.rht_signs = rht_signs;
   q.rows = int64_t(codes.shape(0));
   q.cols = int64_t(codes.shape(1));
-  if (block != 16 && block != 32) throw std::invalid_argument("block size must be 16 or 32, not " + std::to_string(block));
-  if (q.cols % block != 0)
-    throw std::invalid_argument("codes have " + std::to_string(q.cols) + " columns, not a multiple of the block size " +
-                                std::to_string(block));
-  if (int64_t(scales.shape(0)) != q.rows || int64_t(scales.shape(1)) != q.cols / block)
-    throw std::invalid_argument("scales must have shape [" + std::to_string(q.rows) + ", " +
-                                std::to_string(q.cols / block) + "]");
+  check_parts(block, q.rows, q.cols, int64_t(scales.shape(0)), int64_t(scales.shape(1)));
   q.codes.assign(codes.data(), codes.data() + codes.size());
   for (uint8_t c : q.codes)
     if (!code_valid(q.format, c))
@@ -75,6 +69,15 @@ QTensor make_qtensor(const std::string& format, const std::string& scale, int bl
 }
 
 }  // namespace
+
+void check_parts(int block, int64_t rows, int64_t cols, int64_t scale_rows, int64_t scale_cols) {
+  if (!block_size_ok(block)) throw std::invalid_argument(block_size_fault(block));
+  if (cols % block != 0)
+    throw std::invalid_argument("codes have " + std::to_string(cols) + " columns, not a multiple of the block size " +
+                                std::to_string(block));
+  if (scale_rows != rows || scale_cols != cols / block)
+    throw std::invalid_argument("scales must have shape [" + std::to_string(rows) + ", " + std::to_string(cols / block) + "]");
+}
 
 void check_rotation(int rht, const std::vector<float>& rht_signs) {
   if (rht != 0) {

@@ -125,6 +125,12 @@ struct QTensor {
 };
 
 // Throws std::invalid_argument with a one-line reason on a bad shape, configuration or a non-finite input.
+// The block sizes the contract defines (docs/spec.md §2): the one rule every layer and front-end applies.
+inline bool block_size_ok(int block) { return block == 16 || block == 32; }
+inline std::string block_size_fault(int block) {
+  return "block size must be 16 or 32, not " + std::to_string(block);
+}
+
 void validate(const QuantConfig& cfg, int64_t rows, int64_t cols);
 // `base`: the index of x[0] in the tensor a fault names (x may hold some of its rows).
 void check_finite(const float* x, int64_t n, const char* what, int64_t base = 0);
