@@ -139,7 +139,7 @@ class Ablation(NamedTuple):
     what: str                                     # what changes, in words
 
 
-_PASSES = ("fwd_y", "bwd_dx", "bwd_dw")
+_PASSES = _core.PASSES
 # Settings a per-pass knob of the same name sets; the signs follow "rht" (Transformer Engine's for d = 16).
 _PER_PASS_KNOBS = ("format", "block", "scale", "tile2d", "rht", "rht_bf16", "rounding")
 

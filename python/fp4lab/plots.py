@@ -142,7 +142,7 @@ def analysis(path: str, out: str, label: Optional[str] = None) -> List[str]:
     rec = [g for g in gemms if "recipe" in g and g.get("sqnr_db") is not None]
     if rec:
         recipes = list(dict.fromkeys(g["recipe"] for g in rec))
-        passes = ("fwd_y", "bwd_dx", "bwd_dw")
+        from ._core import PASSES as passes
         fig, ax = plt.subplots(figsize=(7, 3.8))
         w = 0.8 / len(recipes)
         for i, r in enumerate(recipes):

@@ -272,6 +272,12 @@ void bind_config(nb::module_& m) {
         v.seed = seed;
         return v;
       }, "seed"_a, "A copy of these settings with another stochastic-rounding seed.");
+  // The training GEMMs in their order (kPasses): the one list every module of the package iterates.
+  {
+    nb::list passes;
+    for (Pass p : kPasses) passes.append(pass_name(p));
+    m.attr("PASSES") = nb::tuple(passes);
+  }
   m.def("knob_names", &knob_names, "with_role"_a = true);
   m.def("operand_config", [](const Knobs& k, const std::string& pass, const std::string& operand) {
     const Pass p = pass.empty() ? selected_pass(k) : parse_pass(pass);

@@ -80,3 +80,19 @@ def test_replace_and_unpickling_hold_to_the_same_rules():
     assert payload.count(b"K\x20") == 1 and pickle.loads(payload).block == 32
     with pytest.raises(ValueError, match="block size must be 16 or 32, not 8"):
         pickle.loads(payload.replace(b"K\x20", b"K\x08"))
+
+
+def test_the_passes_are_listed_once():
+    # The training GEMMs come from the C++ table (kPasses) as fp4lab._core.PASSES; no module spells them again.
+    import os
+    import re
+    assert _core.PASSES == ("fwd_y", "bwd_dx", "bwd_dw") == tuple(_core.recipe_table("ufp4"))
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    spelled = re.compile(r"""\(\s*["']fwd_y["'],\s*["']bwd_dx["'],\s*["']bwd_dw["']\s*\)""")
+    bad = []
+    for top in ("python/fp4lab", "lab"):
+        for folder, _, files in os.walk(os.path.join(root, top)):
+            for f in files:
+                if f.endswith(".py") and spelled.search(open(os.path.join(folder, f), encoding="utf-8").read()):
+                    bad.append(os.path.relpath(os.path.join(folder, f), root))
+    assert not bad, bad

@@ -63,7 +63,7 @@ def _check_per(arg: str, value: Any, key_ok, key_what: str) -> None:
 # the names of the ablations (fp4lab.ABLATIONS: a preset with RHT or rounding changed on some passes).
 RECIPES = ("bf16",) + tuple(_core.recipe_names())
 ABLATIONS = _fp.ABLATIONS
-_PASSES = ("fwd_y", "bwd_dx", "bwd_dw")
+_PASSES = _core.PASSES
 
 
 class Recipe:
