@@ -13,13 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "fp4lab/io/text.hpp"  // printable, valid_utf8
+#include "fp4lab/text.hpp"  // printable, valid_utf8
 
 namespace fp4lab::cli {
-
-using io::printable;
-using io::shell_quote;
-using io::valid_utf8;
 
 
 void check_outputs(const boost::program_options::variables_map& vm, std::vector<std::string> outputs,

@@ -156,7 +156,7 @@ int main(int argc, char** argv) {
   Invocation inv;
   for (int i = 0; i < argc; ++i) {
     if (i) inv.command_line += ' ';
-    inv.command_line += shell_quote(argv[i]);
+    inv.command_line += fp4lab::shell_quote(argv[i]);
   }
 
   std::string cmd = argc > 1 ? argv[1] : "";

@@ -6,18 +6,13 @@
 
 #include <toml++/toml.h>
 
-#include "fp4lab/io/text.hpp"
+#include "fp4lab/text.hpp"
 
 namespace fp4lab::cli {
 
 namespace {
 
 [[noreturn]] void usage_error(const std::string& msg) { throw SweepError(msg); }
-
-// A key or name from the file as a message echoes it: escaped, at most its first 80 bytes.
-std::string excerpt(const std::string& s) {
-  return s.size() <= 80 ? io::printable(s) : io::printable(s.substr(0, 80)) + "... (" + std::to_string(s.size()) + " bytes)";
-}
 
 // The value text of a scalar node; usage error for anything else.
 std::string scalar_text(const std::string& file, const std::string& key, const toml::node& n, bool* is_switch) {
@@ -35,7 +30,7 @@ std::string scalar_text(const std::string& file, const std::string& key, const t
     *is_switch = true;
     return *b ? "true" : "false";
   }
-  usage_error(file + ": key '" + excerpt(key) + "': values are strings, numbers or booleans");
+  usage_error(file + ": key '" + shown(key) + "': values are strings, numbers or booleans");
 }
 
 // Flattens a table into option -> node (nested tables joined with '.'). One key spelt twice in one table
@@ -45,7 +40,7 @@ void flatten(const std::string& file, const toml::table& t, const std::string& p
   for (auto&& [k, v] : t) {
     const std::string key = prefix + std::string(k.str());
     if (const toml::table* sub = v.as_table()) flatten(file, *sub, key + ".", out);
-    else if (!out.emplace(key, &v).second) usage_error(file + ": key '" + excerpt(key) + "' is given twice");
+    else if (!out.emplace(key, &v).second) usage_error(file + ": key '" + shown(key) + "' is given twice");
   }
 }
 
@@ -68,8 +63,8 @@ std::string expand_name(const std::string& file, size_t grid, const std::string&
     const std::string key = tpl.substr(i + 1, close == std::string::npos ? std::string::npos : close - i - 1);
     const auto it = value.find(key);
     if (close == std::string::npos || it == value.end())
-      usage_error(file + ": grid " + std::to_string(grid) + ": name '" + excerpt(tpl) + "' names a key the grid does "
-                  "not set: {" + excerpt(key) + (close == std::string::npos ? "" : "}"));
+      usage_error(file + ": grid " + std::to_string(grid) + ": name '" + shown(tpl) + "' names a key the grid does "
+                  "not set: {" + shown(key) + (close == std::string::npos ? "" : "}"));
     out += it->second;
     i = close + 1;
   }
@@ -87,12 +82,12 @@ std::vector<SweepRun> parse_sweep(const std::string& text, const std::string& fi
   } catch (const toml::parse_error& e) {
     const auto& b = e.source().begin;
     usage_error(file + ":" + std::to_string(b.line) + ":" + std::to_string(b.column) + ": " +
-                excerpt(std::string(e.description())));
+                shown(std::string(e.description())));
   }
   for (auto&& [k, v] : doc) {
     const std::string key(k.str());
     if (key != "meta" && key != "defaults" && key != "grid")
-      usage_error(file + ": unknown top-level key '" + excerpt(key) + "' (known: meta, defaults, grid)");
+      usage_error(file + ": unknown top-level key '" + shown(key) + "' (known: meta, defaults, grid)");
   }
   meta = nlohmann::ordered_json::object();
   if (const toml::table* m = doc["meta"].as_table()) {
@@ -123,7 +118,7 @@ std::vector<SweepRun> parse_sweep(const std::string& text, const std::string& fi
     uint64_t runs_here = 1;
     for (const auto& [k, n] : keys) {
       if (refused_key(k))
-        usage_error(file + ": grid " + std::to_string(gi + 1) + ": key '" + excerpt(k) + "' is not an option of one run "
+        usage_error(file + ": grid " + std::to_string(gi + 1) + ": key '" + shown(k) + "' is not an option of one run "
                     "(the sweep's own options go on the command line)");
       const toml::array* a = n->as_array();
       if (k != "name" && a && !a->empty()) runs_here = std::min<uint64_t>(runs_here * a->size(), kMaxSweepRuns + 1);
@@ -162,7 +157,7 @@ std::vector<SweepRun> parse_sweep(const std::string& text, const std::string& fi
         vs.emplace_back(std::move(t), sw);
       };
       if (const toml::array* a = n->as_array()) {
-        if (a->empty()) usage_error(file + ": grid " + std::to_string(gi + 1) + ": key '" + excerpt(k) + "' lists no values");
+        if (a->empty()) usage_error(file + ": grid " + std::to_string(gi + 1) + ": key '" + shown(k) + "' lists no values");
         for (const toml::node& x : *a) add(x);
       } else {
         add(*n);
@@ -187,7 +182,7 @@ std::vector<SweepRun> parse_sweep(const std::string& text, const std::string& fi
           if (values[a].size() > 1) name += "_" + values[a][at[a]].first;
       }
       if (!names.insert(name).second)
-        usage_error(file + ": two runs are named '" + excerpt(name) + "' (add the varying keys to the grid's name)");
+        usage_error(file + ": two runs are named '" + shown(name) + "' (add the varying keys to the grid's name)");
       r.name = name;
       runs.push_back(std::move(r));
       // Odometer: the last axis varies fastest.

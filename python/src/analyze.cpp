@@ -27,7 +27,7 @@
 #include "fp4lab/trace_analysis.hpp"
 #include "fp4lab/version.hpp"
 #include "fp4lab/io/outputs.hpp"  // the rules every output path is held to (the command line's too)
-#include "fp4lab/io/text.hpp"     // the command line's escaping and quoting, so the recorded command matches it
+#include "fp4lab/text.hpp"        // the command line's escaping and quoting, so the recorded command matches it
 
 #include "common.hpp"
 
@@ -131,8 +131,8 @@ nb::object analyze(const std::vector<std::string>& traces, const std::map<std::s
     if (const auto f = io::output_fault({*json_path}, {})) raise_fault(f->usage, f->message);
   }
   std::string command = "fp4lab analyze --trace";
-  for (const auto& t : traces) command += " " + io::shell_quote(t);
-  command += " --json " + io::shell_quote(json_path ? *json_path : "-");
+  for (const auto& t : traces) command += " " + shell_quote(t);
+  command += " --json " + shell_quote(json_path ? *json_path : "-");
   AnalysisOptions o;
   o.traces = traces;
   nlohmann::ordered_json j;
@@ -144,7 +144,7 @@ nb::object analyze(const std::vector<std::string>& traces, const std::map<std::s
     for (const char* name : kOrder) {
       const auto it = options.find(name);
       if (it == options.end()) continue;
-      command += std::string(" --") + name + " " + io::shell_quote(it->second);
+      command += std::string(" --") + name + " " + shell_quote(it->second);
       const std::string& v = it->second;
       const std::string n = name;
       if (n == "formats") o.formats = v;

@@ -24,7 +24,7 @@
 #include "fp4lab/version.hpp"
 #include "fp4lab/io/exit_codes.hpp"  // the exit codes every front-end uses (Python's console scripts included)
 #include "fp4lab/io/outputs.hpp"     // the rules every output path is held to
-#include "fp4lab/io/text.hpp"        // the command line's escaping and quoting, so messages and records match it
+#include "fp4lab/text.hpp"           // the command line's escaping and quoting, so messages and records match it
 #include "fp4lab/io/threads.hpp"     // the OpenMP thread counts a run may ask for
 
 using namespace nb::literals;
@@ -40,7 +40,7 @@ namespace fp4lab::py {
   } catch (const nb::python_error&) {
     cls = nb::borrow(PyExc_ValueError);
   }
-  const nb::object e = cls(nb::str(io::printable(msg).c_str()));
+  const nb::object e = cls(nb::str(printable(msg).c_str()));
   PyErr_SetObject(cls.ptr(), e.ptr());
   throw nb::python_error();
 }
@@ -76,7 +76,7 @@ NB_MODULE(_core, m) {
       PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const io::Error& e) {
       // Paths come from the caller and are not escaped by the reader: keep the message on one printable line.
-      PyErr_SetString(PyExc_ValueError, io::printable(e.what()).c_str());
+      PyErr_SetString(PyExc_ValueError, printable(e.what()).c_str());
     }
   });
 

@@ -34,7 +34,7 @@ case $target in
   safetensors) srcs+=("$root/tests/io/fuzz_safetensors.cpp") ;;
   readers)
     srcs+=("$root/sim/src/config.cpp" "$root/sim/src/workload.cpp" "$root/models/src/recipe.cpp"
-           "$root/cli/sim_config.cpp" "$root/cli/sweep_reader.cpp" "$root/models/io/src/text.cpp"
+           "$root/cli/sim_config.cpp" "$root/cli/sweep_reader.cpp" "$root/models/src/text.cpp"
            "$root/tests/sim/fuzz_readers.cpp")
     # toml++ as Debian builds it, a shared library: its parser is not instrumented, but the build stays short.
     incs+=(-I"$root/sim/include" -I"$root/cli" -DTOML_HEADER_ONLY=0 -DTOML_SHARED_LIB=1)

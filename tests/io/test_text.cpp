@@ -1,5 +1,5 @@
-// The text and output-path rules every front-end shares (fp4lab/io/text.hpp, fp4lab/io/outputs.hpp), with expected
-// values written out by hand.
+// The escaping rule every layer shares (fp4lab/text.hpp) and the output-path rules of the front-ends
+// (fp4lab/io/outputs.hpp), with expected values written out by hand.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -8,13 +8,14 @@
 #include <string>
 
 #include "fp4lab/io/outputs.hpp"
-#include "fp4lab/io/text.hpp"
+#include "fp4lab/text.hpp"
 
 namespace fs = std::filesystem;
 using fp4lab::io::output_fault;
-using fp4lab::io::printable;
-using fp4lab::io::shell_quote;
-using fp4lab::io::valid_utf8;
+using fp4lab::printable;
+using fp4lab::shell_quote;
+using fp4lab::shown;
+using fp4lab::valid_utf8;
 
 TEST(Text, PrintableEscapesControlBytesAndBrokenUtf8) {
   EXPECT_EQ(printable("plain é ✓"), "plain é ✓");
@@ -24,6 +25,16 @@ TEST(Text, PrintableEscapesControlBytesAndBrokenUtf8) {
   EXPECT_EQ(printable("\xC3"), "\\xC3");             // a sequence cut short
   EXPECT_EQ(printable("\xC0\xAF"), "\\xC0\\xAF");    // an overlong '/'
   EXPECT_EQ(printable("\xED\xA0\x80"), "\\xED\\xA0\\x80");  // a UTF-16 surrogate
+}
+
+// An excerpt of a value in a message: the same escaping, at most 80 bytes of the value, then its length. A
+// character cut at byte 80 is escaped, not left as a broken sequence.
+TEST(Text, ShownIsPrintableCutAt80Bytes) {
+  EXPECT_EQ(shown("e1m2"), "e1m2");
+  EXPECT_EQ(shown(std::string("a\0b\xFF", 4)), "a\\x00b\\xFF");
+  EXPECT_EQ(shown(std::string(80, 'x')), std::string(80, 'x'));
+  EXPECT_EQ(shown(std::string(81, 'x')), std::string(80, 'x') + "... (81 bytes)");
+  EXPECT_EQ(shown(std::string(79, 'x') + "é"), std::string(79, 'x') + "\\xC3... (81 bytes)");
 }
 
 TEST(Text, ValidUtf8) {

@@ -12,6 +12,7 @@
 
 #include "fp4lab/quantize.hpp"
 #include "fp4lab/recipe.hpp"
+#include "fp4lab/text.hpp"  // shown(): a value as an error message echoes it
 
 namespace fp4lab {
 
@@ -25,26 +26,6 @@ struct KnobError : std::invalid_argument {
 using KnobValue = std::variant<std::string, int64_t, bool>;
 // Option name without the leading dashes ("rht-signs") -> its value; absent keys are not given.
 using Knobs = std::map<std::string, KnobValue>;
-
-// A value as an error message echoes it: control bytes (NUL included, which would end the message) as \xNN, and at
-// most its first 80 bytes, then "... (N bytes)".
-inline std::string shown(const std::string& text) {
-  constexpr size_t kShown = 80;
-  static const char kHex[] = "0123456789ABCDEF";
-  std::string r;
-  for (size_t i = 0; i < text.size() && i < kShown; ++i) {
-    const unsigned char c = static_cast<unsigned char>(text[i]);
-    if (c < 0x20 || c == 0x7F) {
-      r += "\\x";
-      r += kHex[c >> 4];
-      r += kHex[c & 15];
-    } else {
-      r += text[i];
-    }
-  }
-  if (text.size() > kShown) r += "... (" + std::to_string(text.size()) + " bytes)";
-  return r;
-}
 
 // The recipe-knob names, in the order the CLI's help lists them.
 const std::vector<std::string>& knob_names(bool with_role);

@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <system_error>
 
-#include "fp4lab/io/text.hpp"
+#include "fp4lab/text.hpp"
 
 namespace fp4lab::io {
 

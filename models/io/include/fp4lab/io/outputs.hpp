@@ -1,5 +1,5 @@
 // The rules every output path is held to before any work, with no dependency beyond the standard library and
-// text.hpp: the command line (cli/files.hpp) and fp4lab._core (fp4lab.analyze(json=...)) apply the same ones.
+// fp4lab/text.hpp: the command line (cli/files.hpp) and fp4lab._core (fp4lab.analyze(json=...)) apply the same ones.
 #pragma once
 
 #include <optional>

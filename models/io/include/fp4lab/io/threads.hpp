@@ -14,7 +14,7 @@
 #include <optional>
 #include <string>
 
-#include "fp4lab/io/text.hpp"
+#include "fp4lab/text.hpp"
 
 namespace fp4lab::io {
 

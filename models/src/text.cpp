@@ -1,8 +1,6 @@
-#include "fp4lab/io/text.hpp"
+#include "fp4lab/text.hpp"
 
-#include <cstdio>
-
-namespace fp4lab::io {
+namespace fp4lab {
 
 namespace {
 // The length of the valid UTF-8 sequence that starts at s[i] (1 to 4), or 0 when the bytes there are not one.
@@ -29,15 +27,16 @@ bool valid_utf8(const std::string& s) {
 }
 
 std::string printable(const std::string& s, bool keep_newlines) {
+  static const char kHex[] = "0123456789ABCDEF";
   std::string r;
   r.reserve(s.size());
   for (size_t i = 0; i < s.size();) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
     const size_t n = utf8_sequence(s, i);
     if (n == 0 || (c < 0x20 && !(keep_newlines && c == '\n')) || c == 0x7F) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02X", c);
-      r += buf;
+      r += "\\x";
+      r += kHex[c >> 4];
+      r += kHex[c & 15];
       ++i;
     } else {
       r.append(s, i, n);
@@ -45,6 +44,12 @@ std::string printable(const std::string& s, bool keep_newlines) {
     }
   }
   return r;
+}
+
+std::string shown(const std::string& text) {
+  constexpr size_t kShown = 80;
+  if (text.size() <= kShown) return printable(text);
+  return printable(text.substr(0, kShown)) + "... (" + std::to_string(text.size()) + " bytes)";
 }
 
 std::string shell_quote(const std::string& s) {
@@ -56,4 +61,4 @@ std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
-}  // namespace fp4lab::io
+}  // namespace fp4lab
