@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 
 #include "fp4lab/rht.hpp"
@@ -17,9 +18,19 @@ const KnobValue* get(const Knobs& k, const char* name) {
 }
 
 // A value as an error message echoes it (shown() for text).
+std::string shown_number(float x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", double(x));
+  return b;
+}
 std::string shown_value(const KnobValue& v) {
   if (const auto* s = std::get_if<std::string>(&v)) return shown(*s);
   if (const auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
+  if (const auto* l = std::get_if<std::vector<float>>(&v)) {
+    std::string r;
+    for (size_t i = 0; i < l->size(); ++i) r += (i ? "," : "") + shown_number((*l)[i]);
+    return shown(r);
+  }
   return std::get<bool>(v) ? "true" : "false";
 }
 std::string int_fault(const std::string& option, const std::string& value) {
@@ -46,7 +57,7 @@ int int_of(const KnobValue& v, const std::string& option) {
     if (*i < INT_MIN || *i > INT_MAX) fail(int_fault(option, shown_value(v)));
     return int(*i);
   }
-  if (std::holds_alternative<bool>(v)) fail(int_fault(option, shown_value(v)));
+  if (!std::holds_alternative<std::string>(v)) fail(int_fault(option, shown_value(v)));
   return parse_int(std::get<std::string>(v), option);
 }
 uint64_t uint_of(const KnobValue& v, const std::string& option, uint64_t max) {
@@ -54,13 +65,33 @@ uint64_t uint_of(const KnobValue& v, const std::string& option, uint64_t max) {
     if (*i < 0 || uint64_t(*i) > max) fail(uint_fault(option, shown_value(v), max));
     return uint64_t(*i);
   }
-  if (std::holds_alternative<bool>(v)) fail(uint_fault(option, shown_value(v), max));
+  if (!std::holds_alternative<std::string>(v)) fail(uint_fault(option, shown_value(v), max));
   return parse_uint(std::get<std::string>(v), option, max);
 }
 bool bool_of(const KnobValue& v, const std::string& option) {
   if (const auto* b = std::get_if<bool>(&v)) return *b;
-  if (std::holds_alternative<int64_t>(v)) fail(bool_fault(option, shown_value(v)));
+  if (!std::holds_alternative<std::string>(v)) fail(bool_fault(option, shown_value(v)));
   return parse_bool(std::get<std::string>(v), option);
+}
+// An RHT setting: a size as a number (0: off), or its text (parse_rht).
+int rht_of(const KnobValue& v, const std::string& option) {
+  if (const auto* i = std::get_if<int64_t>(&v)) {
+    if (*i != 0 && (*i < 0 || *i > INT_MAX || !rht_size_ok(int(*i))))
+      fail("--" + option + ": " + rht_size_fault(*i < 0 || *i > INT_MAX ? -1 : int(*i)) + " (none or 0: RHT off)");
+    return int(*i);
+  }
+  return parse_rht(text_of(v, option), option);
+}
+// rht-signs: its text (parse_rht_signs), or its entries, each +1 or -1; d signs where d is not 0.
+std::vector<float> signs_of(const KnobValue& v, int d) {
+  const auto* l = std::get_if<std::vector<float>>(&v);
+  if (!l) return parse_rht_signs(text_of(v, "rht-signs"), d);
+  for (size_t i = 0; i < l->size(); ++i)
+    if ((*l)[i] != 1.0f && (*l)[i] != -1.0f)
+      fail("--rht-signs: sign " + std::to_string(i + 1) + " is '" + shown_number((*l)[i]) + "', not +1 or -1");
+  if (d != 0 && int(l->size()) != d)
+    fail("--rht-signs gives " + std::to_string(l->size()) + " signs but the RHT size is " + std::to_string(d));
+  return *l;
 }
 
 std::vector<std::string> role_names() {
@@ -246,22 +277,23 @@ QuantConfig operand_config(const Knobs& k, Pass pass, Operand operand) {
 
   // RHT: "rht" D sets the size (0 turns it off); signs come from rht-signs, rht-seed, the recipe (when the
   // size matches) or, for d = 16, Transformer Engine's vector.
-  const std::string* rht = get_text(k, "rht");
+  const KnobValue* rht = get(k, "rht");
   if (rht) {
-    c.rht = parse_rht(*rht, "rht");
+    c.rht = rht_of(*rht, "rht");
     if (int(c.rht_signs.size()) != c.rht) c.rht_signs.clear();
   }
-  const std::string* signs = get_text(k, "rht-signs");
+  const KnobValue* signs = get(k, "rht-signs");
   const KnobValue* rseed = get(k, "rht-seed");
   if (signs && rseed) fail("give --rht-signs or --rht-seed, not both");
   if (signs) {
     if (c.rht == 0 && rht) fail("--rht-signs given with --rht 0");
-    if (c.rht == 0 && *signs != "te") {
-      c.rht_signs = parse_rht_signs(*signs, 0);  // the count gives the size
+    const auto* text = std::get_if<std::string>(signs);
+    if (c.rht == 0 && !(text && *text == "te")) {
+      c.rht_signs = signs_of(*signs, 0);  // the count gives the size
       c.rht = int(c.rht_signs.size());
     } else {
       if (c.rht == 0) c.rht = 16;
-      c.rht_signs = parse_rht_signs(*signs, c.rht);
+      c.rht_signs = signs_of(*signs, c.rht);
     }
   } else if (rseed) {
     if (c.rht == 0) fail("--rht-seed needs an RHT size (--rht D)");

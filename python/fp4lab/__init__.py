@@ -63,24 +63,35 @@ __all__ = ["ABLATIONS", "Ablation", "Format", "QTensor", "QuantConfig", "Roundin
 _KNOBS = {n.replace("-", "_"): n for n in _core.knob_names(True) if n not in ("recipe", "pass", "role")}
 
 
-def _knob_text(name: str, value: Any) -> str:
-    """A knob value as the command line would spell it."""
-    if isinstance(value, (bool, np.bool_)):
-        return "true" if value else "false"
-    if isinstance(value, (int, np.integer)):
-        return str(int(value))
+def _signs(value: Any) -> list:
+    """rht_signs given as a sequence: its entries, each a number (the C++ rule checks they are +1 or -1)."""
+    if isinstance(value, np.ndarray) and value.ndim != 1:
+        raise ValueError(f"knob rht_signs: a 1-D sequence of +1/-1 entries or 'te', not a {value.ndim}-D array")
+    if not isinstance(value, Iterable):
+        raise TypeError(f"knob rht_signs: a sequence of +1/-1 entries or 'te', not {type(value).__name__}")
+    out = []
+    for s in value:
+        if not isinstance(s, (int, float, np.integer, np.floating)) or isinstance(s, (bool, np.bool_)):
+            raise TypeError(f"knob rht_signs: entries are +1 or -1, not {type(s).__name__}")
+        out.append(float(s))
+    return out
+
+
+def _knob_value(name: str, value: Any) -> Any:
+    """A knob as the C++ knob rules take it (fp4lab/knobs.hpp): names as text (an enum member as its name), numbers
+    and flags as they are, rht-signs as its entries. No command-line text is made."""
     if name == "rht-signs" and not isinstance(value, str):
-        # A sequence of +1/-1 entries; anything else is passed through for the parser to name.
-        if isinstance(value, np.ndarray) and value.ndim != 1:
-            raise ValueError(f"knob rht_signs: a 1-D sequence of +1/-1 entries or 'te', not a {value.ndim}-D array")
-        if not isinstance(value, Iterable):
-            raise TypeError(f"knob rht_signs: a sequence of +1/-1 entries or 'te', not {type(value).__name__}")
-        out = []
-        for s in value:
-            if not isinstance(s, (int, float, np.integer, np.floating)) or isinstance(s, (bool, np.bool_)):
-                raise TypeError(f"knob rht_signs: entries are +1 or -1, not {type(s).__name__}")
-            out.append("+1" if s == 1 else "-1" if s == -1 else str(s))
-        return ",".join(out)
+        if isinstance(value, (bool, np.bool_)):
+            return "true" if value else "false"  # refused by the signs' rule, which names it
+        return [float(value)] if isinstance(value, (int, np.integer)) else _signs(value)
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (Format, Rounding)):
+        return value.name
+    if isinstance(value, Scale):
+        return value.name.replace("_", "-")  # ue8m0_ceil is spelled ue8m0-ceil
     if isinstance(value, str):
         return value
     raise TypeError(f"knob {name.replace('-', '_')}: {type(value).__name__} is not a valid value")
@@ -128,7 +139,7 @@ def _knobs(func: str, recipe: Optional[str], pass_: Optional[str], role: Optiona
         if name == "rht" and value is None:
             k["rht"] = "none"  # None means no rotation, as in analyze() and the CLI's --rht none
         elif value is not None:
-            k[_KNOBS[name]] = _knob_text(_KNOBS[name], value)
+            k[_KNOBS[name]] = _knob_value(_KNOBS[name], value)
     return k
 
 
@@ -317,7 +328,14 @@ def analyze(trace: Any, *, formats: Any = None, rht: Any = None, rht_signs: Any 
         if v is not None:
             opts[opt] = _list_text(v)
     if rht_signs is not None:
-        opts["rht-signs"] = _knob_text("rht-signs", rht_signs)
+        # The analysis takes the command line's options as text (its one interface with fp4lab analyze).
+        signs = rht_signs
+        if not isinstance(signs, (str, np.ndarray)) and isinstance(signs, Iterable):
+            signs = list(signs)  # read once
+        if not isinstance(signs, str):
+            _signs(signs)  # the entries' types, as config() checks them
+            signs = ",".join("+1" if x == 1 else "-1" if x == -1 else str(x) for x in signs)
+        opts["rht-signs"] = signs
     for opt, v in (("rht-seed", rht_seed), ("block", block), ("scale", scale), ("seed", seed)):
         if v is not None:
             opts[opt] = str(v)

@@ -96,3 +96,12 @@ def test_the_passes_are_listed_once():
                 if f.endswith(".py") and spelled.search(open(os.path.join(folder, f), encoding="utf-8").read()):
                     bad.append(os.path.relpath(os.path.join(folder, f), root))
     assert not bad, bad
+
+
+def test_knobs_take_the_enum_members_and_make_no_command_line_text():
+    c = fp4lab.config("mxfp4", format=Format.e2m1_max2, scale=Scale.ue8m0_ceil, rounding=Rounding.sr, rht=32,
+                      rht_signs=np.array([1.0, -1.0] * 16), tile2d=np.bool_(False), seed=np.uint8(9))
+    assert c == QuantConfig(format="e2m1_max2", block=32, scale="ue8m0-ceil", rounding="sr", rht=32,
+                            rht_signs=[1, -1] * 16, seed=c.seed, stream=c.stream)
+    # the knob path holds no text conversion of its own: the module has no such helper left
+    assert not hasattr(fp4lab, "_knob_text")
