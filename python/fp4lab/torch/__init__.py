@@ -14,8 +14,8 @@ the linear layers are untouched. Stochastic rounding draws its bits from (seed, 
 (``fp4lab._core.training_seed``), so a run is reproducible bit for bit on any device and thread count.
 
 Two GEMM modes: ``exact`` (the contract kernels, bit-identical to the golden model and the RTL) and ``fast``
-(the same quantised operands, dequantised and multiplied by torch's matmul: cuBLAS in BF16 on CUDA, FP32 on
-the CPU).
+(the same quantised operands, dequantised and multiplied by torch's matmul: cuBLAS in BF16 on CUDA; on the CPU,
+where the golden GEMM is the faster one, exact's product).
 
     import fp4lab.torch as ft
     ft.convert(model, "ufp4", exclude=r"lm_head")     # every other nn.Linear now trains under UFP4

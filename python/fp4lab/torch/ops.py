@@ -279,23 +279,23 @@ def gemm(qa, qb, *, kernel: str = "fast", check_finite: str = "sync", out_dtype:
 def product(qa, qb, mode: str = "exact", check_finite: str = "sync",
             out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """A · Bᵀ of two quantised operands in a GEMM mode: "exact" is ``gemm`` (the datapath contract, FP32, or its
-    values rounded to ``out_dtype`` BF16); "fast" multiplies the dequantised operands with torch's matmul: cuBLAS on
-    BF16 values with FP32 accumulation and a BF16 product on CUDA, FP32 on the CPU (``out_dtype`` does not apply).
-    Either mode raises ValueError on an output that overflows."""
+    values rounded to ``out_dtype`` BF16); "fast" multiplies the dequantised operands with torch's matmul on CUDA
+    (cuBLAS on BF16 values with FP32 accumulation, a BF16 product; ``out_dtype`` does not apply) and is ``gemm``'s
+    FP32 product on the CPU, where the golden GEMM takes less time than dequantising and torch's FP32 matmul (so
+    fast equals exact there). Either mode raises ValueError on an output that overflows."""
+    if mode not in ("exact", "fast"):
+        raise ValueError(f"mode must be 'exact' or 'fast', not {mode!r}")
     if mode == "exact":
         return gemm(qa, qb, check_finite=check_finite, out_dtype=out_dtype)
-    if mode != "fast":
-        raise ValueError(f"mode must be 'exact' or 'fast', not {mode!r}")
-    # The same pairs as the contract GEMM: operands quantised under different rotations have no product.
-    if isinstance(qa, QTensorCUDA) and isinstance(qb, QTensorCUDA):
-        _core.cuda_check_gemm_operands(qa._h, qb._h)
-    elif isinstance(qa, _core.QTensor) and isinstance(qb, _core.QTensor):
-        _core.check_gemm_operands(qa, qb)
-    else:
+    if isinstance(qa, _core.QTensor) and isinstance(qb, _core.QTensor):
+        # On the CPU the golden GEMM takes 2-4x less time than dequantising, torch's FP32 matmul and a finiteness
+        # scan, and refuses an overflow (and operands under different rotations) itself.
+        return gemm(qa, qb, check_finite=check_finite)
+    if not (isinstance(qa, QTensorCUDA) and isinstance(qb, QTensorCUDA)):
         raise TypeError("product(): both operands must come from fp4lab.torch.quantize on the same kind of device")
-    if isinstance(qa, QTensorCUDA):
-        return _fast_matmul(_dequantize(qa, torch.bfloat16), _dequantize(qb, torch.bfloat16), check_finite)
-    return _fast_matmul(dequantize(qa), dequantize(qb), check_finite)
+    # The same pairs as the contract GEMM: operands quantised under different rotations have no product.
+    _core.cuda_check_gemm_operands(qa._h, qb._h)
+    return _fast_matmul(_dequantize(qa, torch.bfloat16), _dequantize(qb, torch.bfloat16), check_finite)
 
 
 # ---- torch.library operators ----------------------------------------------------------------------------------
@@ -510,9 +510,10 @@ def _(x, step, recipe, layer, pass_, operand, label):
 @torch.library.custom_op("fp4lab::fast_qmatmul", mutates_args=(), device_types="cpu")
 def fast_qmatmul_op(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: str, layer: int, pass_: str,
                     label: str) -> torch.Tensor:
-    """What fast mode computes: A [M, K] · B [N, K]ᵀ of the two operands quantised as ``fp4lab::quantize`` does and
-    dequantised, by torch's matmul (FP32 on the CPU; on CUDA the BF16 values of one fused pass each, multiplied by
-    cuBLAS into BF16), refused when it overflows as the contract GEMM's output is. One operator per GEMM: a
+    """What fast mode computes: A [M, K] · B [N, K]ᵀ of the two operands quantised as ``fp4lab::quantize`` does:
+    on CUDA their BF16 dequantised values of one fused pass each, multiplied by cuBLAS into BF16; on the CPU the
+    golden GEMM's FP32 product (``product(qa, qb, "fast")``), refused when it overflows as the contract GEMM's
+    output is. One operator per GEMM: a
     compiled step pays an operator's host cost once a GEMM, not once per operand and product."""
     check = recipe_of_key(recipe).check_finite
     qa = _quantize_labelled(a, step, recipe, layer, pass_, "a", label)
