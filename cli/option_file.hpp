@@ -15,21 +15,38 @@
 #include <vector>
 
 #include "fp4lab/io/files.hpp"
-#include "fp4lab/knobs.hpp"  // shown(): a value as a message echoes it
+#include "fp4lab/io/safetensors.hpp"  // io::Error
+#include "fp4lab/text.hpp"            // shown(): a value as a message echoes it
 
 namespace fp4lab::cli {
+
+// Boost.Program_options 1.74 words its errors by replacing placeholders (%value%, %option%, %invalid_line%, ...)
+// in a loop that never ends when the text put in holds the placeholder again (a hang on `--block %value%`, or on
+// such a line in a config file). Option text goes through this first: io::Error("<where>: ...") naming the first
+// %name% it holds (lower-case letters and '_' between two '%').
+inline void refuse_option_placeholders(const std::string& text, const std::string& where) {
+  // Any %name% (lower-case letters and '_'): the parser's placeholders (%value%, %option%, %invalid_line%, ...)
+  // are all of that form, so the rule does not depend on the parser version's list.
+  for (size_t i = text.find('%'); i != std::string::npos; i = text.find('%', i + 1)) {
+    size_t j = i + 1;
+    while (j < text.size() && ((text[j] >= 'a' && text[j] <= 'z') || text[j] == '_')) ++j;
+    if (j > i + 1 && j < text.size() && text[j] == '%')
+      throw io::Error(where + ": holds '" + text.substr(i, j - i + 1) +
+                      "', a placeholder the option parser cannot quote in a message; fp4lab refuses it");
+  }
+}
 
 inline bool is_json_text(const std::string& text) {
   const size_t i = text.find_first_not_of(" \t\r\n");
   return i != std::string::npos && text[i] == '{';
 }
 
-// A placeholder (io::refuse_option_placeholders) as a Boost.Program_options error: in the `key = value` text, and in
+// A placeholder (refuse_option_placeholders) as a Boost.Program_options error: in the `key = value` text, and in
 // JSON, whose escapes can spell one that a check of the raw text misses.
 inline void refuse_decoded_placeholders(const std::string& text, const std::string& where) {
   try {
-    io::refuse_option_placeholders(text, where);
-  } catch (const std::runtime_error& e) {  // io::Error
+    refuse_option_placeholders(text, where);
+  } catch (const io::Error& e) {
     throw boost::program_options::error(e.what());
   }
 }

@@ -79,7 +79,7 @@ std::string version_line() { return std::string("fp4lab ") + kVersion + " (git "
 
 void refuse_placeholders(const std::string& text, const std::string& where) {
   try {
-    io::refuse_option_placeholders(text, where);
+    refuse_option_placeholders(text, where);
   } catch (const io::Error& e) {
     usage_error(printable(e.what()));
   }

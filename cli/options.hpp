@@ -45,7 +45,7 @@ struct Error : std::runtime_error {
 // --mac.units), so a typo silently sets another knob; every option must be spelt out.
 inline constexpr int kCommandLineStyle =
     po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
-// A usage error when option text holds a placeholder Boost.Program_options loops on (io::refuse_option_placeholders).
+// A usage error when option text holds a placeholder Boost.Program_options loops on (option_file.hpp).
 void refuse_placeholders(const std::string& text, const std::string& where);
 // A shape in the form `form` ("RxK", "MxNxK"): as many positive integers (each at most 2^31) joined by 'x', in
 // order; anything else is a usage error naming option `opt`.

@@ -54,7 +54,7 @@ sim::Config load_sim_config(const std::string& path, const std::vector<std::stri
   try {
     std::vector<std::string> args;
     for (const std::string& o : overrides) {
-      io::refuse_option_placeholders(o, "override");
+      refuse_option_placeholders(o, "override");
       args.push_back("--" + o);
     }
     po::store(po::command_line_parser(args)
@@ -64,7 +64,7 @@ sim::Config load_sim_config(const std::string& path, const std::vector<std::stri
               vm);
     // A FIFO or device is refused, not waited on; config files do not nest.
     const std::string text = io::read_regular_file(path, "config file");
-    io::refuse_option_placeholders(text, path);
+    refuse_option_placeholders(text, path);
     const po::parsed_options parsed = parse_option_text(text, desc);  // `key = value` lines or JSON
     po::store(parsed, vm);
     po::notify(vm);

@@ -174,16 +174,4 @@ void write_file_atomic(const std::string& path, const std::string& text) {
   f.commit();
 }
 
-void refuse_option_placeholders(const std::string& text, const std::string& where) {
-  // Any %name% (lower-case letters and '_'): the parser's placeholders (%value%, %option%, %invalid_line%, ...)
-  // are all of that form, so the rule does not depend on the parser version's list.
-  for (size_t i = text.find('%'); i != std::string::npos; i = text.find('%', i + 1)) {
-    size_t j = i + 1;
-    while (j < text.size() && ((text[j] >= 'a' && text[j] <= 'z') || text[j] == '_')) ++j;
-    if (j > i + 1 && j < text.size() && text[j] == '%')
-      throw Error(where + ": holds '" + text.substr(i, j - i + 1) +
-                  "', a placeholder the option parser cannot quote in a message; fp4lab refuses it");
-  }
-}
-
 }  // namespace fp4lab::io

@@ -48,10 +48,4 @@ void remove_temporaries_on_signals();
 // `text` to `path` through an AtomicFile.
 void write_file_atomic(const std::string& path, const std::string& text);
 
-// Boost.Program_options 1.74 words its errors by replacing placeholders (%value%, %option%, %invalid_line%, ...)
-// in a loop that never ends when the text put in holds the placeholder again (a hang on `--block %value%`, or on
-// such a line in a config file). Option text goes through this first: Error("<where>: ...") naming the first
-// %name% it holds (lower-case letters and '_' between two '%').
-void refuse_option_placeholders(const std::string& text, const std::string& where);
-
 }  // namespace fp4lab::io
