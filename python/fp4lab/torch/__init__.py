@@ -24,11 +24,11 @@ from .recipe import ABLATIONS, RECIPES, Recipe
 from .ops import QTensorCUDA, check_finite, dequantize, fake_quantize, gemm, product, quantize, _dequantize
 from .linear import Conv1D, Linear, layer_id_of
 from .attention import MultiheadAttention
-from .moe import Experts
+from .moe import Experts, Router
 from .convert import ConvertEntry, ConvertReport, convert, export_state_dict, load_steps, set_step
 from .monitor import monitor
 from .distributed import reduce_amax, sr_shard
 
-__all__ = ["Recipe", "Linear", "Conv1D", "MultiheadAttention", "Experts", "convert", "ConvertReport", "ConvertEntry", "layer_id_of",
+__all__ = ["Recipe", "Linear", "Conv1D", "MultiheadAttention", "Experts", "Router", "convert", "ConvertReport", "ConvertEntry", "layer_id_of",
            "set_step", "export_state_dict", "load_steps", "quantize", "fake_quantize", "gemm", "product", "dequantize", "QTensorCUDA", "check_finite", "RECIPES",
            "ABLATIONS", "monitor", "sr_shard", "reduce_amax"]

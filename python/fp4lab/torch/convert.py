@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from .attention import MultiheadAttention
-from .moe import Experts, experts_fault
+from .moe import Experts, Router, experts_fault, router_fault
 from fp4lab._files import DataError, UsageError, compile_regex
 
 from .linear import Conv1D, Linear, _shape_fault, _step_of_state, _Stepped, layer_id_of
@@ -27,7 +27,8 @@ __all__ = ["convert", "ConvertReport", "ConvertEntry", "set_step", "export_state
 @dataclasses.dataclass(frozen=True)
 class ConvertEntry:
     """One module ``convert`` considered: ``action`` is "converted", "recipe changed", "unchanged" (already an
-    fp4lab module under this recipe), "left" (it computes as before, with a weight matrix a GEMM reads), "no matmul"
+    fp4lab module under this recipe), "left" (it computes as before, with a weight matrix a GEMM reads), "kept" (a
+    MoE router kept in high precision by choice: ``convert(..., routers=True)`` converts it), "no matmul"
     (it holds a weight matrix that no GEMM of its own reads: an embedding table) or "fused path off", and ``reason``
     says why."""
     name: str
@@ -38,9 +39,9 @@ class ConvertEntry:
 
 class ConvertReport(list):
     """What ``convert`` did, one ``ConvertEntry`` per linear module (``nn.Linear``, Hugging Face ``Conv1D``), per
-    ``nn.MultiheadAttention`` and per fused 3-D MoE experts module, in module order; then one per other module
-    holding a parameter of two or more dimensions (routers with a forward of their own, embeddings, convolutions:
-    each left or "no matmul", with the reason); then one per
+    ``nn.MultiheadAttention``, per fused 3-D MoE experts module and per MoE router, in module order; then one per
+    other module holding a parameter of two or more dimensions (embeddings, convolutions: each left or "no matmul",
+    with the reason); then one per
     transformer module whose fused inference path it turned off. Every parameter of two or more dimensions belongs to
     a module of the report. ``str()`` gives one line per entry."""
 
@@ -59,6 +60,30 @@ class ConvertReport(list):
 
 _log = logging.getLogger("fp4lab.torch")
 _MHA_OUT_REASON = "nn.MultiheadAttention computes with out_proj.weight directly (F.multi_head_attention_forward)"
+
+
+# Transformer Engine (Megatron's MoE router) and torchao's MoE training keep the router in high precision.
+_ROUTER_REASON = ("a MoE router, kept in high precision as Transformer Engine and torchao keep routers: 4-bit "
+                  "logits move tokens between experts (a changed top-k choice, not a small error); "
+                  "convert(..., routers=True) converts it")
+_ROUTER_NAMES = ("gate", "router")
+
+
+def _routers(mods: Dict[int, nn.Module]) -> set:
+    """ids of the routers of the model's MoE blocks: a module holding an ``experts`` child, its children (other
+    than the experts) named like a gate or router, or of a router class, that hold a 2-D ``weight``: Mixtral's and
+    Qwen2-MoE's ``gate`` (a TopKRouter, or an nn.Linear in older models) and Qwen2-MoE's ``shared_expert_gate``."""
+    out = set()
+    for mod in mods.values():
+        if "experts" not in mod._modules:
+            continue
+        for child_name, child in mod.named_children():
+            w = getattr(child, "weight", None)
+            if child_name == "experts" or not (isinstance(w, nn.Parameter) and w.dim() == 2):
+                continue
+            if any(k in child_name.lower() for k in _ROUTER_NAMES) or "router" in type(child).__name__.lower():
+                out.add(id(child))
+    return out
 
 
 _FAST_PATH_REASON = ("its fused inference path (eval mode, no grad) computes with the weights directly, past the "
@@ -103,7 +128,8 @@ def _set_recipe(report, name: str, kind: str, mod, r: Recipe) -> bool:
     return True
 
 
-def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exclude: Optional[str] = None) -> nn.Module:
+def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exclude: Optional[str] = None,
+            routers: bool = False) -> nn.Module:
     """Swaps, in place, every ``nn.Linear`` of ``model`` whose qualified name matches ``include`` (a regex searched
     in the name; default all) and not ``exclude`` for an fp4lab ``Linear`` under ``recipe``, sharing its parameters
     and keeping its state-dict keys, every matching ``transformers`` ``Conv1D`` for an fp4lab ``Conv1D``, and every
@@ -117,8 +143,16 @@ def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exc
     would change: a subclass with a forward of its own, a parametrized weight or bias, or one with hooks. Hugging
     Face MoE experts stored as fused 3-D parameters (``gate_up_proj`` [E, 2I, H], ``down_proj`` [E, H, I]) become an
     fp4lab ``Experts`` (each expert's GEMMs under the recipe), or are left with the reason. Every other module
-    holding a parameter of two or more dimensions (routers with a forward of their own, embeddings, convolutions)
-    is in the report too, with the reason it is not converted. A pattern that
+    holding a parameter of two or more dimensions (embeddings, convolutions) is in the report too, with the reason
+    it is not converted.
+
+    MoE routers (the ``gate``/``router`` children of a module holding ``experts``: Mixtral's and Qwen2-MoE's
+    TopKRouter, Qwen2-MoE's ``shared_expert_gate``) are kept in high precision by default, as Transformer Engine and
+    torchao keep them (4-bit logits change which experts a token reaches), reported "kept" with that reason.
+    ``routers=True`` converts them: an ``nn.Linear`` router as any ``nn.Linear``, a router with a forward of its own
+    as an fp4lab ``Router`` (its logits GEMM ``F.linear(x, weight)`` under the recipe, the rest of its forward as it
+    is), or left with the reason (a router whose forward is not one such GEMM, dimensions the recipe cannot take).
+    A pattern that
     is no regular expression, or that matches no module name, raises a one-line ValueError (UsageError) naming
     ``include`` or ``exclude``, before anything changes. The fused inference path of
     ``nn.TransformerEncoderLayer``/``nn.TransformerEncoder``, which would compute past the converted modules, is
@@ -150,10 +184,42 @@ def convert(model: nn.Module, recipe: Any, *, include: Optional[str] = None, exc
     experts_swaps = []  # (module name, new Experts)
     ids_only = []  # (module name, Linear) in place already: an attention's out_proj
     attention: Dict[int, str] = {}  # id of an attention's out_proj -> why it is left, or "" (converted with it)
-    used_ids = {m.layer_id for m in mods.values() if isinstance(m, Linear) and m._id_given}
+    used_ids = {m.layer_id for m in mods.values() if isinstance(m, (Linear, Router)) and m._id_given}
+    router_ids = _routers(mods)
     for key, mod in mods.items():
         ns = names[key]
         kind = type(mod).__name__
+        if key in router_ids and not isinstance(mod, (Linear, Conv1D, Router)):
+            why = None
+            if not routers:
+                report.append(ConvertEntry(ns[0], kind, "kept", _ROUTER_REASON))
+                continue
+            if isinstance(mod, nn.Linear) or (conv1d and isinstance(mod, conv1d)):
+                pass  # converted as any linear layer, below
+            elif not any(matches(n) for n in ns):
+                why = "not matched by include/exclude"
+            elif len(ns) > 1:
+                why = f"one module under {len(ns)} names ({', '.join(ns)}): convert a separate module per name"
+            else:
+                why = router_fault(mod) or _hooked(mod) or (None if r.passthrough else _shape_fault(
+                    SimpleNamespace(in_features=mod.weight.shape[1], out_features=mod.weight.shape[0]), r))
+                if why is None:
+                    swaps.append((ns[0], Router(mod, r)))
+                    report.append(ConvertEntry(ns[0], kind, "converted", f"the router's logits GEMM, {r!r}"))
+                    continue
+            if why:
+                report.append(ConvertEntry(ns[0], kind, "left", f"a MoE router: {why}"))
+                continue
+        if isinstance(mod, Router):
+            if any(matches(n) for n in ns) and len(ns) == 1:
+                if _set_recipe(report, ns[0], kind, mod, r):
+                    mod._qcache.clear()
+                if not mod._id_given:
+                    swaps.append((ns[0], mod))
+            else:
+                report.append(ConvertEntry(ns[0], kind, "left", "not matched by include/exclude" if len(ns) == 1
+                                           else f"one module under {len(ns)} names ({', '.join(ns)})"))
+            continue
         if isinstance(mod, nn.MultiheadAttention):
             why = None
             if not any(matches(n) for n in ns):

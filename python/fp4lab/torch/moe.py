@@ -1,17 +1,19 @@
 """fp4lab.torch.Experts: a Hugging Face mixture-of-experts block's experts stored as fused 3-D parameters
 (Mixtral's, Qwen2-MoE's: ``gate_up_proj`` [E, 2I, H], ``down_proj`` [E, H, I]) with each expert's GEMMs under a
-recipe."""
+recipe; fp4lab.torch.Router: a router module's logits GEMM under a recipe (``convert(..., routers=True)``)."""
 from __future__ import annotations
 
 from typing import Any, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
-from .linear import _apply, _check_shapes, _Stepped, layer_id_of
+from .linear import _ROOT_ID, _apply, _check_shapes, _Stepped, layer_id_of
 from .recipe import Recipe
 
-__all__ = ["Experts"]
+__all__ = ["Experts", "Router"]
 
 
 class _ExpertGemm:
@@ -146,3 +148,106 @@ class Experts(_Stepped, nn.Module):
         E, I2, H = self.gate_up_proj.shape
         return (f"{self.kind}: num_experts={E}, hidden={H}, intermediate={I2 // 2}, recipe={self.recipe.name}, "
                 f"mode={self.recipe.mode}")
+
+
+class _RouterGemm(TorchFunctionMode):
+    """Inside a router's own forward: its ``F.linear(x, self.weight)`` (the logits) runs under the recipe, through
+    ``router``'s GEMM; every other call computes as it did. ``router`` None only counts those calls."""
+
+    def __init__(self, weight: torch.Tensor, router: Optional["Router"], step: Optional[torch.Tensor]):
+        super().__init__()
+        self.weight, self.router, self.step, self.calls = weight, router, step, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear and len(args) >= 2 and args[1] is self.weight:
+            self.calls += 1
+            x, bias = args[0], (args[2] if len(args) > 2 else kwargs.get("bias"))
+            if self.router is not None and x.numel():
+                return _apply(self.router, x, args[1], bias, self.step)
+        return func(*args, **kwargs)
+
+
+def router_fault(mod: nn.Module) -> Optional[str]:
+    """Why ``Router`` cannot take this router module, or None: it needs a 2-D ``weight`` [experts, hidden] and no
+    submodules, and its forward must compute its logits as one ``F.linear`` with that weight (checked on a probe
+    input of 16 tokens), the GEMM Router quantises."""
+    w = getattr(mod, "weight", None)
+    if not (isinstance(w, nn.Parameter) and w.dim() == 2):
+        return "no 2-D weight parameter"
+    if any(True for _ in mod.children()):
+        return "it holds submodules"
+    if w.is_meta:
+        return None
+    gemm = _RouterGemm(w, None, None)
+    try:
+        with torch.no_grad(), gemm:
+            mod(torch.zeros(16, w.shape[1], dtype=w.dtype, device=w.device))
+    except Exception as e:  # noqa: BLE001 - a router that cannot take a plain probe is left, with the reason
+        return f"its forward refused a probe input [16, {w.shape[1]}] ({type(e).__name__})"
+    if gemm.calls != 1:
+        return (f"its forward computes {gemm.calls} F.linear calls with its weight, not one: Router quantises the "
+                "logits GEMM F.linear(x, weight)")
+    return None
+
+
+class Router(_Stepped, nn.Module):
+    """A Hugging Face MoE router with a forward of its own (``MixtralTopKRouter``, ``Qwen2MoeTopKRouter``: logits
+    ``F.linear(x, weight)`` with ``weight`` [experts, hidden], then softmax and top-k) whose logits GEMM runs under
+    the recipe, as an fp4lab ``Linear`` holding ``weight`` computes it (SR keyed by ``layer_id_of(<name>)`` and the
+    step); everything else is the router's own forward, run as it is. The same ``weight`` Parameter (and the
+    router's other parameters and buffers) under the same state-dict keys, with ``_extra_state``, the SR step.
+    ``convert(..., routers=True)`` makes it; by default routers stay in high precision (docs/python.md)."""
+
+    def __init__(self, router: nn.Module, recipe: Any):
+        super().__init__()
+        fault = router_fault(router)
+        if fault:
+            raise ValueError(f"Router(): {type(router).__name__}: {fault}")
+        for n, p in router.named_parameters(recurse=False):
+            self.register_parameter(n, p)
+        for n, b in router.named_buffers(recurse=False):
+            self.register_buffer(n, b, persistent=n not in router._non_persistent_buffers_set)
+        # The attributes its forward reads (top_k, num_experts, hidden_dim, norm_topk_prob, ...).
+        for k, v in vars(router).items():
+            if not k.startswith("_") and k != "training":
+                self.__dict__[k] = v
+        self.router_class = type(router)
+        self.kind = type(router).__name__
+        self._init_step(recipe)
+        self._id_given = False
+        self.layer_id = _ROOT_ID
+        self._qcache: dict = {}
+        self.train(router.training)
+
+    # The names _shape_fault and the reports read (a Linear's).
+    in_features = property(lambda self: self.weight.shape[1])
+    out_features = property(lambda self: self.weight.shape[0])
+
+    def _label(self) -> str:
+        return self.name if self.name else f"Router({self.kind})"
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
+        x = hidden_states
+        if self.recipe.passthrough or x.is_meta or self.weight.is_meta:
+            return self.router_class.forward(self, hidden_states, *args, **kwargs)
+        step, check = self._take_step(torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
+        if check:
+            _check_shapes(self._label(), self.recipe, self.layer_id, int(step), x.numel() // x.shape[-1],
+                          self.in_features, self.out_features)
+        gemm = _RouterGemm(self.weight, self, step)
+        with gemm:
+            out = self.router_class.forward(self, hidden_states, *args, **kwargs)
+        if gemm.calls != 1:
+            raise RuntimeError(f"{self._label()}: its forward computed {gemm.calls} F.linear calls with its weight, "
+                               "not the one logits GEMM Router quantises")
+        return out
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["_qcache"] = {}
+        return state
+
+    def extra_repr(self) -> str:
+        return (f"{self.kind}: experts={self.out_features}, hidden={self.in_features}, recipe={self.recipe.name}, "
+                f"mode={self.recipe.mode}, layer_id={self.layer_id}")

@@ -1,0 +1,134 @@
+"""MoE routers under fp4lab.torch.convert (Mixtral and Qwen2-MoE from small configs: nothing is downloaded): by
+default they stay in high precision, reported "kept" with the reason and the option that converts them;
+``routers=True`` converts them, the router's logits GEMM bit-equal to an fp4lab Linear holding its weight (forward
+and both gradients) and the rest of its forward the router's own, and the model trains; a router whose forward is
+not one F.linear with its weight is left with that reason."""
+import copy
+
+import pytest
+import torch
+import transformers  # scripts/install-deps.sh installs it
+from torch import nn
+
+import fp4lab.torch as ft
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().view(torch.int32)
+
+
+def make_mixtral(experts=16):
+    torch.manual_seed(0)
+    return transformers.MixtralForCausalLM(transformers.MixtralConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, num_local_experts=experts, num_experts_per_tok=2, max_position_embeddings=64))
+
+
+def make_qwen_moe(experts=16):
+    torch.manual_seed(0)
+    return transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=64,
+        shared_expert_intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        num_experts=experts, num_experts_per_tok=2, norm_topk_prob=True, max_position_embeddings=64))
+
+
+ROUTERS = {make_mixtral: ["model.layers.0.mlp.gate", "model.layers.1.mlp.gate"],
+           make_qwen_moe: [f"model.layers.{i}.mlp.{g}" for i in range(2) for g in ("gate", "shared_expert_gate")]}
+
+
+@pytest.mark.parametrize("make", [make_mixtral, make_qwen_moe])
+def test_routers_kept_in_high_precision_by_default(make):
+    model = make()
+    kinds = {n: type(m) for n, m in model.named_modules()}
+    model = ft.convert(model, "nvfp4")
+    rep = {e.name: e for e in model.fp4lab_report}
+    for name in ROUTERS[make]:
+        e = rep[name]
+        assert e.action == "kept" and "high precision" in e.reason and "routers=True" in e.reason, e
+        assert type(model.get_submodule(name)) is kinds[name]  # not swapped
+        assert name not in model.fp4lab_report.left and name not in model.fp4lab_report.converted
+    assert all(rep[f"model.layers.{i}.mlp.experts"].action == "converted" for i in range(2))
+
+
+@pytest.mark.parametrize("make", [make_mixtral, make_qwen_moe])
+def test_converted_router_is_a_linear_logits_gemm(make):
+    model = ft.convert(make(), ft.Recipe("nvfp4", seed=4), routers=True)
+    name = "model.layers.1.mlp.gate"
+    rep = {e.name: e for e in model.fp4lab_report}
+    assert rep[name].action == "converted" and "logits GEMM" in rep[name].reason
+    router = model.get_submodule(name)
+    assert isinstance(router, ft.Router) and router.layer_id == ft.layer_id_of(name) and router.step == 0
+    ref_router = copy.deepcopy(make().get_submodule(name))  # the router's own forward, in high precision
+    lin = ft.Linear(64, 16, bias=False, recipe=ft.Recipe("nvfp4", seed=4), layer_id=ft.layer_id_of(name))
+    with torch.no_grad():
+        lin.weight.copy_(router.weight)
+    x = torch.randn(3, 7, 64)  # 21 tokens: a partial block of wgrad's tokens
+    xr, xl = x.clone().requires_grad_(), x.clone().requires_grad_()
+    logits, scores, index = router(xr)
+    want = lin(xl.reshape(-1, 64))
+    assert torch.equal(bits(logits), bits(want))
+    g = torch.randn(21, 16)
+    logits.backward(g)
+    want.backward(g)
+    assert torch.equal(bits(xr.grad), bits(xl.grad))
+    assert torch.equal(bits(router.weight.grad), bits(lin.weight.grad))
+    assert router.step == 1
+    # The rest is the router's own forward on those logits: its softmax, top-k and normalisation.
+    with torch.no_grad():
+        ref_router.weight.copy_(router.weight)
+        _, ref_scores, ref_index = ref_router(x)
+        probs = torch.softmax(want.float(), dim=-1)
+    top, top_index = torch.topk(probs, 2, dim=-1)
+    assert torch.equal(index, top_index)
+    assert torch.equal(bits(scores), bits((top / top.sum(-1, keepdim=True)).to(scores.dtype)))
+    assert not torch.equal(scores, ref_scores)  # 4-bit logits: not the high-precision router's weights
+
+
+def test_converted_routers_train_and_save():
+    model = ft.convert(make_qwen_moe(), ft.Recipe("ufp4", seed=2), routers=True)
+    rep = {e.name: e for e in model.fp4lab_report}
+    # The shared expert's gate, Linear(64, 1), is converted like any nn.Linear, or left with the reason.
+    assert rep["model.layers.0.mlp.shared_expert_gate"].action == "left"
+    assert "reduction dimension 1 is not a multiple of the block size 16" in \
+        rep["model.layers.0.mlp.shared_expert_gate"].reason
+    gate = model.model.layers[0].mlp.gate
+    before = gate.weight.detach().clone()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    ids = torch.randint(0, 128, (3, 7), generator=torch.Generator().manual_seed(1))
+    losses = []
+    for _ in range(3):
+        loss = model(input_ids=ids, labels=ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
+    assert gate.step == 3 and not torch.equal(gate.weight, before)
+    sd = model.state_dict()
+    assert int(sd["model.layers.0.mlp.gate._extra_state"]) == 3
+    plain = make_qwen_moe()
+    plain.load_state_dict(ft.export_state_dict(model), strict=True)
+    assert torch.equal(plain.model.layers[0].mlp.gate.weight, gate.weight)
+
+
+def test_router_with_too_few_experts_or_another_gemm_is_left():
+    # 4 experts: the logits' gradient reduces over 4, which block 16 cannot take.
+    model = ft.convert(make_mixtral(experts=4), "ufp4", routers=True)
+    e = {e.name: e for e in model.fp4lab_report}["model.layers.0.mlp.gate"]
+    assert e.action == "left" and e.reason.startswith("a MoE router: bwd_dx operand a") and "block size 16" in e.reason
+
+    class MatmulRouter(nn.Module):  # logits by a matmul, not F.linear: Router would not see the GEMM
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(16, 64))
+
+        def forward(self, x):
+            return torch.topk(x @ self.weight.t(), 2, dim=-1)
+
+    model = make_mixtral()
+    model.model.layers[0].mlp.gate = MatmulRouter()
+    model = ft.convert(model, "ufp4", routers=True)
+    e = {e.name: e for e in model.fp4lab_report}["model.layers.0.mlp.gate"]
+    assert e.action == "left" and "0 F.linear calls with its weight" in e.reason
+    assert isinstance(model.model.layers[0].mlp.gate, MatmulRouter)
+    assert isinstance(model.model.layers[1].mlp.gate, ft.Router)
