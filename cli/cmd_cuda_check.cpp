@@ -166,7 +166,7 @@ int cmd_cuda_check(const Invocation& inv) {
   std::ostream& out = json.table() ? std::cout : std::cerr;  // with --json -, stdout holds only the JSON
   const std::string me = dist::size() > 1 ? "[rank " + std::to_string(dist::rank()) + "] " : "";
   std::string trace_list;
-  for (const auto& t : traces) trace_list += (trace_list.empty() ? "" : ", ") + cli::printable(t);
+  for (const auto& t : traces) trace_list += (trace_list.empty() ? "" : ", ") + printable(t);
   if (dist::rank() == 0)
     out << "fp4lab cuda check: trace " << trace_list << " (" << refs.size() << " GEMMs), recipe " << recipe.name
         << ", " << dist::size() << " rank" << (dist::size() > 1 ? "s" : "") << "\n";
@@ -190,7 +190,7 @@ int cmd_cuda_check(const Invocation& inv) {
     for (fp4lab::Pass pass : fp4lab::kPasses) {
       const fp4lab::PassOperands ops =
           fp4lab::pass_operands(pass, L.x.data(), L.w.data(), L.dy.data(), rec.tokens, rec.in, rec.out);
-      const std::string name = cli::printable(rec.gemm) + "." + fp4lab::pass_name(pass);  // echoed: escaped
+      const std::string name = printable(rec.gemm) + "." + fp4lab::pass_name(pass);  // echoed: escaped
       const fp4lab::QuantConfig ca = recipe.operand(pass, fp4lab::Operand::a, uint32_t(ri));
       const fp4lab::QuantConfig cb = recipe.operand(pass, fp4lab::Operand::b, uint32_t(ri));
       fp4lab::QTensor ga, gb;

@@ -28,7 +28,10 @@ std::string shown_value(const KnobValue& v) {
   if (const auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
   if (const auto* l = std::get_if<std::vector<float>>(&v)) {
     std::string r;
-    for (size_t i = 0; i < l->size(); ++i) r += (i ? "," : "") + shown_number((*l)[i]);
+    for (size_t i = 0; i < l->size(); ++i) {
+      if (i) r += ',';
+      r += shown_number((*l)[i]);
+    }
     return shown(r);
   }
   return std::get<bool>(v) ? "true" : "false";

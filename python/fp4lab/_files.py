@@ -3,8 +3,8 @@
 - Errors: a library function raises `DataError` (a bad input, a failed write) or `UsageError` (a bad argument or
   option); both are `ValueError`s with a one-line message naming the file or option and its fault. No library
   function ends the process.
-- Exit codes: the command line's (cli/exit_codes.hpp, read through the C++ core, docs/spec.md §11.1).
-- Outputs: held before any work to the command line's rules (cli/outputs.cpp, through the C++ core): a file name
+- Exit codes: the command line's (fp4lab/io/exit_codes.hpp, read through the C++ core, docs/spec.md §11.1).
+- Outputs: held before any work to the command line's rules (fp4lab/io/outputs.hpp, through the C++ core): a file name
   (absent, or an existing regular file) in an existing writable folder, never an input and never another output;
   written to a temporary name in its folder and renamed when complete, so that a failed or interrupted write
   leaves neither a truncated file under the final name nor a temporary.

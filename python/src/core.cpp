@@ -45,7 +45,7 @@ namespace fp4lab::py {
   throw nb::python_error();
 }
 
-// OMP_NUM_THREADS as this module found it when imported, which is when libgomp read it too (cli/threads.hpp): a
+// OMP_NUM_THREADS as this module found it when imported, which is when libgomp read it too (fp4lab/io/threads.hpp): a
 // count OpenMP cannot honour is refused (UsageError) by every call that would start threads, before it starts any.
 std::optional<std::string>& threads_fault() {
   static std::optional<std::string> fault;
@@ -96,7 +96,7 @@ NB_MODULE(_core, m) {
     std::vector<std::tuple<int, std::string>> rows;
     for (const auto& e : io::kExitCodes) rows.emplace_back(e.code, e.meaning);
     return rows;
-  }, "The command line's exit codes and their meanings (cli/exit_codes.hpp).");
+  }, "The command line's exit codes and their meanings (fp4lab/io/exit_codes.hpp).");
 
   // In this order: a signature names only classes bound before it (the type stubs read them so).
   bind_config(m);
