@@ -25,26 +25,34 @@ from fp4lab import _core
 
 from .attention import MultiheadAttention
 from .linear import Conv1D, Linear
+from .moe import Experts, Router
 
 __all__ = ["sr_shard", "reduce_amax"]
 
 
 def sr_shard(model: nn.Module, rank: int, world_size: int) -> nn.Module:
-    """Marks every fp4lab ``Linear`` and ``Conv1D`` of ``model`` as computing rows [rank·n, (rank+1)·n) of a global batch of
-    world_size·n token rows (n: the rows of each call; the batch split evenly along its first dimension, with
-    tokens batch-major, as DDP and FSDP2 feed it), so its SR operands draw the global batch's random words.
-    ``world_size`` 1 (or ``sr_shard(model, 0, 1)``) turns it off. Returns ``model``. The attention's
-    in-projections are not covered (``nn.MultiheadAttention`` lays tokens out sequence-major)."""
+    """Marks every fp4lab ``Linear``, ``Conv1D`` and ``Router`` of ``model`` as computing rows [rank·n, (rank+1)·n) of a
+    global batch of world_size·n token rows (n: the rows of each call; the batch split evenly along its first
+    dimension, with tokens batch-major, as DDP and FSDP2 feed it), so its SR operands draw the global batch's random
+    words. ``world_size`` 1 (or ``sr_shard(model, 0, 1)``) turns it off. Returns ``model``. The attention's
+    in-projections are not covered (``nn.MultiheadAttention`` lays tokens out sequence-major).
+
+    Every ``Experts`` too: an expert's tokens on a rank are scattered rows of its global rows, so each forward
+    all-gathers every rank's [experts, top-k] token counts (torch.distributed initialised with ``world_size``
+    ranks) and places each expert's SR token-row operands (dgrad's dY) at their rows of the expert's global
+    operand; its wgrad operands are quantised as they are (a rank holds no whole token blocks of an expert)."""
     if not (0 <= rank < world_size):
         raise ValueError(f"sr_shard(): rank {rank} is not in [0, {world_size})")
     for m in model.modules():
-        if isinstance(m, (Linear, Conv1D)):
+        if isinstance(m, (Linear, Conv1D, Router, Experts)):
             m._sr_shard = None if world_size == 1 else (int(rank), int(world_size))
     return model
 
 
 def _quantizer(shard, inner):
     """``inner(x, cfg, pass, operand)`` with SR token operands placed at their place in the global batch."""
+    if not isinstance(shard, tuple):
+        return _expert_quantizer(shard, inner)
     rank, world = shard
 
     def quantize(x, cfg, pass_, operand):
@@ -75,10 +83,32 @@ def _quantizer(shard, inner):
     return quantize
 
 
+def _expert_quantizer(rows, inner):
+    """An expert's SR token-row operands (fwd_y and bwd_dx operand a) placed at the expert's rows of the global
+    batch (``rows.idx`` of ``rows.total``), quantised, and this rank's rows kept. The wgrad operands, tokens in
+    columns, are quantised as they are: an expert's tokens of a rank are no whole blocks of the global batch's."""
+
+    def quantize(x, cfg, pass_, operand):
+        if not (pass_ in ("fwd_y", "bwd_dx") and operand == "a" and cfg.label.endswith("_sr")):
+            return inner(x, cfg, pass_, operand)
+        if x.is_cuda:
+            raise ValueError(f"{pass_} operand {operand}: sr_shard places operands on the CPU only")
+        full = x.new_zeros((rows.total, x.shape[1]))
+        full[rows.idx] = x
+        q = inner(full, cfg, pass_, operand)
+        idx = rows.idx.numpy()
+        codes, scales = np.asarray(q.codes)[idx], np.asarray(q.scales)[idx]
+        return _core.make_qtensor(q.format, q.scale, q.block, q.tile2d, np.ascontiguousarray(codes),
+                                  np.ascontiguousarray(scales), q.global_scale, q.rht, q.rht_signs or [])
+
+    return quantize
+
+
 def reduce_amax(model: nn.Module, group=None, enabled: bool = True) -> nn.Module:
     """Transformer Engine's amax reduction for per-tensor scales under data parallelism (DDP, FSDP2).
 
-    Marks every fp4lab ``Linear``, ``Conv1D`` and ``MultiheadAttention`` of ``model`` so that each token operand
+    Marks every fp4lab ``Linear``, ``Conv1D``, ``MultiheadAttention``, ``Router`` and ``Experts`` of ``model`` so
+    that each token operand
     with a per-tensor (ue4m3) scale, the activations X and the gradients dY of nvfp4's three GEMMs, takes the
     global batch's amax: each rank's amax (the golden quantiser's, after RHT where it is on) is all-reduced with MAX
     over ``group`` (None: the default process group), one 2-float all-reduce per such operand, before the operand is
@@ -94,12 +124,14 @@ def reduce_amax(model: nn.Module, group=None, enabled: bool = True) -> nn.Module
         ``model``.
 
     Every rank must run the same GEMMs in the same order (the data-parallel contract), each with tokens; eager
-    mode, CPU tensors (a CUDA operand, or a compiled model's GEMMs, are refused with one line). ``Experts`` are not
-    marked: a rank's expert may get no tokens. Combine with ``sr_shard`` for the SR operands."""
+    mode, CPU tensors (a CUDA operand, or a compiled model's GEMMs, are refused with one line). ``Experts`` and
+    ``Router`` are marked too: marked ``Experts`` run every expert's GEMMs on every rank, in expert order, an expert
+    without tokens on a rank joining its all-reduces with amax 0 (its GEMMs give +0.0). Combine with ``sr_shard``
+    for the SR operands."""
     if enabled and not torch.distributed.is_initialized():
         raise RuntimeError("reduce_amax(): torch.distributed is not initialised (init_process_group first)")
     for m in model.modules():
-        if isinstance(m, (Linear, Conv1D, MultiheadAttention)):
+        if isinstance(m, (Linear, Conv1D, MultiheadAttention, Experts, Router)):
             m._amax_reduce = (group,) if enabled else None
     return model
 
@@ -113,26 +145,49 @@ def _amax_quantizer(group, inner):
     all-reduce, with a flag, so that every rank raises instead of the others waiting for it."""
 
     def quantize(x, cfg, pass_, operand):
-        if (pass_, operand) not in _TOKEN_OPERANDS or cfg.to_dict()["scale"] != "ue4m3":
+        if not _reduces(cfg, pass_, operand):
             return inner(x, cfg, pass_, operand)
-        if x.is_cuda:
-            raise ValueError(f"{pass_} operand {operand}: reduce_amax reduces the amax of CPU operands only")
         xf = x.detach().to(torch.float32).contiguous()
-        fault = None
+        amax = _reduced_amax(group, xf, cfg, pass_, operand)
         try:
-            local = _core.tensor_amax(xf, cfg)
-        except ValueError as e:
-            fault, local = e, 0.0
-        amax = torch.tensor([local, 1.0 if fault else 0.0], dtype=torch.float32)
-        torch.distributed.all_reduce(amax, op=torch.distributed.ReduceOp.MAX, group=group)
-        if fault is not None:
-            raise ValueError(f"{pass_} operand {operand} {list(x.shape)}: {fault}") from None
-        if amax[1] > 0:
-            raise ValueError(f"{pass_} operand {operand}: another rank's operand could not be quantised "
-                             "(its own error names it)")
-        try:
-            return _core.quantize_f32_amax(xf, cfg, float(amax[0]))
+            return _core.quantize_f32_amax(xf, cfg, amax)
         except ValueError as e:
             raise ValueError(f"{pass_} operand {operand} {list(x.shape)}: {e}") from None
 
     return quantize
+
+
+def _reduces(cfg, pass_: str, operand: str) -> bool:
+    """Whether reduce_amax all-reduces this operand's amax: a token operand with a per-tensor scale."""
+    return (pass_, operand) in _TOKEN_OPERANDS and cfg.to_dict()["scale"] == "ue4m3"
+
+
+def _reduced_amax(group, xf: torch.Tensor, cfg, pass_: str, operand: str) -> float:
+    """The amax of ``xf`` all-reduced with MAX over ``group``; an empty operand (an expert this rank sends no tokens)
+    joins with 0."""
+    if xf.is_cuda:
+        raise ValueError(f"{pass_} operand {operand}: reduce_amax reduces the amax of CPU operands only")
+    fault, local = None, 0.0
+    if xf.numel():
+        try:
+            local = _core.tensor_amax(xf, cfg)
+        except ValueError as e:
+            fault = e
+    amax = torch.tensor([local, 1.0 if fault else 0.0], dtype=torch.float32)
+    torch.distributed.all_reduce(amax, op=torch.distributed.ReduceOp.MAX, group=group)
+    if fault is not None:
+        raise ValueError(f"{pass_} operand {operand} {list(xf.shape)}: {fault}") from None
+    if amax[1] > 0:
+        raise ValueError(f"{pass_} operand {operand}: another rank's operand could not be quantised "
+                         "(its own error names it)")
+    return float(amax[0])
+
+
+def _join_empty(marks, a: torch.Tensor, b: torch.Tensor, cfg, pass_: str) -> torch.Tensor:
+    """A GEMM with an empty operand on this rank (an expert it sends no tokens, or none to reduce over): the rank
+    joins the amax all-reduces the other ranks run for it, and the product is +0.0 (an empty output, or a sum over
+    nothing)."""
+    for x, o in ((a, "a"), (b, "b")):
+        if marks is not None and _reduces(cfg(pass_, o), pass_, o):  # marks: reduce_amax's (group,)
+            _reduced_amax(marks[0], x.detach().to(torch.float32), cfg(pass_, o), pass_, o)
+    return a.new_zeros((a.shape[0], b.shape[0]), dtype=torch.float32)

@@ -41,6 +41,54 @@ class _ExpertGemm:
                 "_qcache": {}}
 
 
+class _Rows:
+    """sr_shard on an expert's GEMMs: this rank's token rows of the expert are rows ``idx`` of the ``total`` the
+    expert gets from the global batch, in the single process's order."""
+
+    def __init__(self, idx: torch.Tensor, total: int):
+        self.idx, self.total = idx, total
+
+
+class _ShardedGemm:
+    """An expert's GEMM in one sharded forward: ``gemm`` with its token rows' places in the global batch (what
+    sr_shard's quantiser reads as ``_sr_shard``); the backward reads the same object."""
+
+    def __init__(self, gemm: _ExpertGemm, rows: _Rows):
+        self.gemm, self._sr_shard = gemm, rows
+
+    owner = property(lambda self: self.gemm.owner)
+    recipe = property(lambda self: self.gemm.recipe)
+    layer_id = property(lambda self: self.gemm.layer_id)
+    _qcache = property(lambda self: self.gemm._qcache)
+
+    def _label(self) -> str:
+        return self.gemm._label()
+
+
+def _global_rows(mask: torch.Tensor, shard) -> list:
+    """For each expert, where this rank's token rows (``torch.where(mask[e])``: by top-k slot, then token) are in
+    the expert's rows of the global batch, whose tokens are the ranks' in rank order (DDP, FSDP2): one all-gather
+    of the [experts, top-k] counts of every rank."""
+    rank, world = shard
+    if not torch.distributed.is_initialized() or torch.distributed.get_world_size() != world:
+        raise RuntimeError(f"sr_shard(rank={rank}, world_size={world}) on Experts: the experts' token places come "
+                           "from every rank's counts, which needs torch.distributed initialised with that world size")
+    local = mask[:-1].sum(dim=-1).to(torch.int64)  # [experts, top-k]: this rank's tokens per expert and slot
+    counts = [torch.empty_like(local) for _ in range(world)]
+    torch.distributed.all_gather(counts, local)
+    counts = torch.stack(counts)  # [world, experts, top-k]
+    per_slot = counts.sum(0)
+    slot_base = per_slot.flatten(1).cumsum(1) - per_slot  # rows of the earlier slots, all ranks
+    before = counts[:rank].sum(0)  # rows of the earlier ranks in the same slot
+    own_base = local.cumsum(1) - local  # this rank's rows of the earlier slots
+    out = []
+    for e in range(local.shape[0]):
+        slot, _ = torch.where(mask[e])
+        idx = torch.arange(slot.numel()) - own_base[e][slot] + slot_base[e][slot] + before[e][slot]
+        out.append(_Rows(idx, int(per_slot[e].sum())))
+    return out
+
+
 def experts_fault(mod: nn.Module) -> Optional[str]:
     """Why ``mod`` is not a Hugging Face experts module whose computation ``Experts`` repeats, or None: fused
     ``gate_up_proj`` [E, 2I, H] and ``down_proj`` [E, H, I] (concatenated gate and up, not transposed, no bias, no
@@ -115,19 +163,26 @@ class Experts(_Stepped, nn.Module):
                 hidden_states.requires_grad or self.gate_up_proj.requires_grad or self.down_proj.requires_grad))
         with torch.no_grad():
             mask = torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts + 1).permute(2, 1, 0)
-            hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+            hit = [int(e[0]) for e in torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()]
+        shard = self.__dict__.get("_sr_shard")
+        rows = _global_rows(mask, shard) if step is not None and shard is not None else None
+        if step is not None and self.__dict__.get("_amax_reduce") is not None:
+            # reduce_amax: every rank runs every expert's GEMMs in the same order, so that each joins the amax
+            # all-reduces of an expert it sends no tokens (its GEMMs then have no rows and give +0.0).
+            hit = range(self.num_experts)
         for e in hit:
-            e = int(e[0])
             if e == self.num_experts:
                 continue
             top_k_pos, token_idx = torch.where(mask[e])
             x = hidden_states[token_idx]
             gu, down = self._gemms[e]
+            if rows is not None:
+                gu, down = _ShardedGemm(gu, rows[e]), _ShardedGemm(down, rows[e])
             w_gu, w_down = self.gate_up_proj[e], self.down_proj[e]
             if step is None:
                 h = nn.functional.linear(x, w_gu)
             else:
-                if check:
+                if check and x.shape[0]:  # no tokens (reduce_amax's empty expert): nothing to check
                     _check_shapes(gu._label(), self.recipe, gu.layer_id, int(step), x.shape[0], w_gu.shape[1],
                                   w_gu.shape[0])
                 h = _apply(gu, x, w_gu, None, step)
@@ -136,7 +191,7 @@ class Experts(_Stepped, nn.Module):
             if step is None:
                 h = nn.functional.linear(h, w_down)
             else:
-                if check:
+                if check and h.shape[0]:
                     _check_shapes(down._label(), self.recipe, down.layer_id, int(step), h.shape[0], w_down.shape[1],
                                   w_down.shape[0])
                 h = _apply(down, h, w_down, None, step)

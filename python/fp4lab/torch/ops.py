@@ -609,6 +609,9 @@ def _qmatmul_observed(a, b, step, recipe: Recipe, layer: int, pass_: str, label:
             raise ValueError(f"{p} operand {o} {list(x.shape)}: {e}") from None
 
     amax = getattr(getattr(owner, "owner", owner), "_amax_reduce", None)  # fp4lab.torch.reduce_amax
+    if a.numel() == 0 or b.numel() == 0:  # an expert this rank sends no tokens: it joins the others' all-reduces
+        from .distributed import _join_empty
+        return _join_empty(amax, a, b, cfg, pass_)
     if amax is not None:
         from .distributed import _amax_quantizer
         quant = _amax_quantizer(amax[0], quant)
