@@ -132,3 +132,25 @@ def test_router_with_too_few_experts_or_another_gemm_is_left():
     assert e.action == "left" and "0 F.linear calls with its weight" in e.reason
     assert isinstance(model.model.layers[0].mlp.gate, MatmulRouter)
     assert isinstance(model.model.layers[1].mlp.gate, ft.Router)
+
+
+def test_sr_shard_marks_routers():
+    # A converted router is a data-parallel replica's token GEMM like a Linear: sr_shard places its stochastically
+    # rounded dY rows (ufp4 rounds dgrad's dY so) at the replica's rows of the global batch, as for a Linear.
+    r = ft.Recipe("ufp4", seed=4)
+    name = "model.layers.0.mlp.gate"
+    marked = ft.sr_shard(ft.convert(make_mixtral(), r, routers=True), 1, 2).get_submodule(name)
+    lin = ft.sr_shard(ft.Linear(64, 16, bias=False, recipe=r, layer_id=ft.layer_id_of(name)), 1, 2)
+    plain = ft.convert(make_mixtral(), r, routers=True).get_submodule(name)
+    with torch.no_grad():
+        lin.weight.copy_(marked.weight)
+    x = torch.randn(32, 64)
+    g = torch.randn(32, 16)
+    grads = []
+    for m in (marked, lin, plain):
+        xi = x.clone().requires_grad_(True)
+        out = m(xi)
+        (out[0] if isinstance(out, tuple) else out).backward(g)
+        grads.append(xi.grad)
+    assert torch.equal(bits(grads[0]), bits(grads[1]))
+    assert not torch.equal(bits(grads[0]), bits(grads[2]))
