@@ -154,3 +154,22 @@ def test_sr_shard_marks_routers():
         grads.append(xi.grad)
     assert torch.equal(bits(grads[0]), bits(grads[1]))
     assert not torch.equal(bits(grads[0]), bits(grads[2]))
+
+
+def test_monitor_records_router_and_sharded_expert_gemms(tmp_path):
+    import json
+
+    model = ft.convert(make_mixtral(), ft.Recipe("nvfp4", seed=1), routers=True)
+    model.model.layers[0].mlp.experts._sr_shard = (0, 1)  # what sr_shard marks, minus the all-gather of 1 rank
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(3))
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    try:
+        with ft.monitor(model, every=1, out=tmp_path / "m.jsonl"):
+            model(input_ids=ids, labels=ids).loss.backward()
+    finally:
+        torch.distributed.destroy_process_group()
+    layers = {json.loads(line)["layer"] for line in (tmp_path / "m.jsonl").read_text().splitlines()}
+    assert {"model.layers.0.mlp.gate", "model.layers.1.mlp.gate"} <= layers
+    # The sharded experts' GEMMs (each forward's own objects) are recorded under the experts' GEMM names.
+    assert any(n.startswith("model.layers.0.mlp.experts.gate_up_proj.") for n in layers)
+    assert any(n.startswith("model.layers.1.mlp.experts.down_proj.") for n in layers)

@@ -28,7 +28,7 @@ from fp4lab._files import DataError
 
 from . import ops as _ops
 from .attention import MultiheadAttention
-from .moe import Experts
+from .moe import Experts, Router
 from .linear import Conv1D, Linear, _in_backward
 
 __all__ = ["monitor", "Monitor", "operand_stats"]
@@ -153,7 +153,7 @@ class Monitor:
         # The GEMMs this monitor watches: the model's fp4lab Linears and attention in-projections, by name.
         self._names: Dict[int, str] = {}
         for name, m in model.named_modules():
-            if isinstance(m, (Linear, Conv1D)):
+            if isinstance(m, (Linear, Conv1D, Router)):
                 self._names[id(m)] = m.name or name or m._label()
             if isinstance(m, MultiheadAttention):
                 for p in m._projections:
@@ -252,7 +252,7 @@ class Monitor:
         later step writes the records the GPU computed at a sampled one."""
         if self._pending and self._pending[-1][0] != step:
             self.flush()
-        return self._sampled(step) and id(layer) in self._names
+        return self._sampled(step) and id(getattr(layer, "gemm", layer)) in self._names  # gemm: sr_shard's expert
 
     def _sampled(self, sr_step: int) -> bool:
         """The first micro-batch of every ``every``-th optimizer step (the SR step counts micro-batches)."""
@@ -261,7 +261,7 @@ class Monitor:
     def __call__(self, layer, step: int, pass_: str, a, b, qa, qb, y, cfg) -> None:
         if not self.wants(layer, step):
             return
-        name = self._names[id(layer)]
+        name = self._names[id(getattr(layer, "gemm", layer))]
         if not getattr(layer, "owner", layer).training:
             return  # an evaluation forward: it repeats the step it is at, and is no training step
         if pass_ == "fwd_y" and _in_backward():
