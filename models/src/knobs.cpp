@@ -26,6 +26,7 @@ std::string shown_number(float x) {
 std::string shown_value(const KnobValue& v) {
   if (const auto* s = std::get_if<std::string>(&v)) return shown(*s);
   if (const auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
+  if (const auto* u = std::get_if<uint64_t>(&v)) return std::to_string(*u);
   if (const auto* l = std::get_if<std::vector<float>>(&v)) {
     std::string r;
     for (size_t i = 0; i < l->size(); ++i) {
@@ -68,6 +69,10 @@ uint64_t uint_of(const KnobValue& v, const std::string& option, uint64_t max) {
     if (*i < 0 || uint64_t(*i) > max) fail(uint_fault(option, shown_value(v), max));
     return uint64_t(*i);
   }
+  if (const auto* u = std::get_if<uint64_t>(&v)) {
+    if (*u > max) fail(uint_fault(option, shown_value(v), max));
+    return *u;
+  }
   if (!std::holds_alternative<std::string>(v)) fail(uint_fault(option, shown_value(v), max));
   return parse_uint(std::get<std::string>(v), option, max);
 }
@@ -83,6 +88,7 @@ int rht_of(const KnobValue& v, const std::string& option) {
       fail("--" + option + ": " + rht_size_fault(*i < 0 || *i > INT_MAX ? -1 : int(*i)) + " (none or 0: RHT off)");
     return int(*i);
   }
+  if (std::holds_alternative<uint64_t>(v)) fail("--" + option + ": " + rht_size_fault(-1) + " (none or 0: RHT off)");
   return parse_rht(text_of(v, option), option);
 }
 // rht-signs: its text (parse_rht_signs), or its entries, each +1 or -1; d signs where d is not 0.

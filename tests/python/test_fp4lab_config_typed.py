@@ -105,3 +105,17 @@ def test_knobs_take_the_enum_members_and_make_no_command_line_text():
                             rht_signs=[1, -1] * 16, seed=c.seed, stream=c.stream)
     # the knob path holds no text conversion of its own: the module has no such helper left
     assert not hasattr(fp4lab, "_knob_text")
+
+
+@pytest.mark.parametrize("kw, text", [
+    (dict(seed=2**64), "--seed: '18446744073709551616' is not an integer from 0 to 18446744073709551615"),
+    (dict(seed=-1), "--seed: '-1' is not an integer from 0 to 18446744073709551615"),
+    (dict(block=2**40), "--block: '1099511627776' is not an integer"),
+    (dict(rht=2**63), "--rht: RHT size must be a power of two from 16 to 128, not -1"),
+    (dict(tile2d=1), "--tile2d: '1' is not true or false"),
+])
+def test_typed_knobs_out_of_range_are_named_in_one_line(kw, text):
+    with pytest.raises(ValueError) as e:
+        fp4lab.config("ufp4", **kw)
+    assert str(e.value).startswith(text) and "\n" not in str(e.value)
+    assert fp4lab.config("ufp4", seed=2**64 - 1).seed != fp4lab.config("ufp4", seed=0).seed

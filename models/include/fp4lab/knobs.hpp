@@ -24,7 +24,7 @@ struct KnobError : std::invalid_argument {
 // A knob's value: its text as typed (command line, config file), or a value already typed (the command line's
 // --block, --tile2d and --rht-bf16 as Boost parsed them; fp4lab sim's stream of each GEMM; the Python package's
 // keywords: names as text, numbers, flags, and rht-signs as its +-1 entries), taken as it is.
-using KnobValue = std::variant<std::string, bool, int64_t, std::vector<float>>;
+using KnobValue = std::variant<std::string, bool, int64_t, uint64_t, std::vector<float>>;  // uint64_t: seeds past 2^63
 // Option name without the leading dashes ("rht-signs") -> its value; absent keys are not given.
 using Knobs = std::map<std::string, KnobValue>;
 
