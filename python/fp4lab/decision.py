@@ -33,6 +33,7 @@ import sys
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from . import accuracy
+from ._base import analyze as _analyze, cli_path, recipes as _recipes
 from ._files import (DataError, UsageError, ArgumentParser, check_outputs, console_main, read_json, write_atomic,
                      write_text)
 
@@ -109,7 +110,6 @@ def _positive_int(name: str, v: Any, lo: int = 1) -> int:
 # ---- the simulator ----------------------------------------------------------------------------------------------
 
 def _cli() -> str:
-    from . import cli_path
     try:
         return cli_path()
     except RuntimeError as e:
@@ -566,7 +566,6 @@ def decide(model: Any, *, tokens: Optional[int] = None, traces: Iterable[Any] = 
         UsageError (exit 2) for a bad argument, DataError (exit 1) for an input the tools refuse; both are
         ValueErrors with a one-line message.
     """
-    from . import recipes as _recipes, analyze as _analyze
     model = os.fspath(model)
     if tokens is not None:
         tokens = _positive_int("--tokens", tokens)

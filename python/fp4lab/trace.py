@@ -26,7 +26,8 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from . import _core, _one_line_errors, _path_arg
+from . import _core
+from ._base import one_line_errors as _one_line_errors, path_arg as _path_arg
 from ._files import (ArgumentParser, DataError, UsageError, check_outputs, console_main, output_inputs,
                      write_text)
 
