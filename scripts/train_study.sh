@@ -21,7 +21,7 @@ set -u
 LOGS=${LOGS:-gpu-out}
 ARCHS=${ARCHS:-90a}
 PER_GPU=${PER_GPU:-1}
-DATA=${DATA:?DATA must name the folder made by fp4lab-train corpus}
+DATA=${DATA:?DATA must name a training-data folder (train.bin, val.bin): python3 -m fp4lab_lab.study corpus makes the study corpora}
 [[ ${DEADLINE:-0} =~ ^[0-9]+$ ]] || { echo "DEADLINE=$DEADLINE: not whole seconds since the epoch" >&2; exit 100; }
 [[ ${TIME_LIMIT:-1} =~ ^[0-9]*\.?[0-9]+$ ]] && [ "${TIME_LIMIT:-1}" != 0 ] ||
   { echo "TIME_LIMIT=$TIME_LIMIT: not a positive number of seconds" >&2; exit 100; }
@@ -36,10 +36,10 @@ if [ -n "${CORE:-}" ]; then  # a module built earlier for this machine's python3
 elif ! ls build-gpu/python/fp4lab/_core*.so >/dev/null 2>&1; then
   build_core || exit 100
 fi
-export PYTHONPATH=$pp
+export PYTHONPATH=$pp:$PWD/lab  # lab/: the run names (fp4lab_lab.study), not in the package
 ngpu=$(nvidia-smi -L | wc -l)
 nvidia-smi --query-gpu=index,name,clocks.max.sm --format=csv,noheader
-run_name() { python3 -m fp4lab.study name --data "$DATA" "$1"; }  # SPEC: the one naming rule, the study's
+run_name() { python3 -m fp4lab_lab.study name --data "$DATA" "$1"; }  # SPEC: the one naming rule, the study's
 run_one() {  # GPU SPEC
   local size recipe mode seed steps extra name
   IFS=: read -r size recipe mode seed steps extra <<<"$2"

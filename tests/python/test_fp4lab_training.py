@@ -1,6 +1,7 @@
-"""fp4lab.study (`fp4lab-train`): the corpus extraction from a Debian package, a training run's reproducibility and
-JSON, the report's tables, and docs/training.md generated from docs/results/training.json (not typed); the bundled
-doc-lm trace and its committed analysis."""
+"""fp4lab.study (`fp4lab-train`) and the lab's study command (python3 -m fp4lab_lab.study, lab/): the corpus
+extraction from a Debian package, a training run's reproducibility and JSON, the report's tables, and
+docs/training.md generated from docs/results/training.json (not typed); the bundled doc-lm trace and its committed
+analysis."""
 import hashlib
 import json
 import os
@@ -22,8 +23,13 @@ RUN_KEYS = {"name", "model", "params", "recipe", "gemm_mode", "seed", "steps", "
             "tokens_per_s"}
 
 
-def py(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "fp4lab.study", *args], capture_output=True, text=True, **kw)
+def py(*args, module="fp4lab.study", **kw):
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, **kw)
+
+
+def lab(*args, **kw):
+    """The lab's study command (corpus, name, and docs/ as the default outputs): lab/ is on PYTHONPATH."""
+    return py(*args, module="fp4lab_lab.study", **kw)
 
 
 def bench_train_step():
@@ -69,8 +75,8 @@ def make_deb(tmp_path, package, version, doc_folder):
 
 
 def extract(out, *args):
-    """`fp4lab-train corpus ARGS OUT`, which must succeed and write make_tree's English files, split."""
-    r = py("corpus", *args, str(out))
+    """`python3 -m fp4lab_lab.study corpus ARGS OUT`, which must succeed and write make_tree's English files, split."""
+    r = lab("corpus", *args, str(out))
     assert r.returncode == 0, r.stderr
     check_corpus(out)
 
@@ -101,9 +107,9 @@ def test_corpus_from_installed_tree_and_from_deb(tmp_path):
     # Faults name the file.
     bad = tmp_path / "bad.deb"
     bad.write_bytes(b"not an archive")
-    r = py("corpus", "--deb", str(bad), str(tmp_path / "c"))
+    r = lab("corpus", "--deb", str(bad), str(tmp_path / "c"))
     assert r.returncode != 0 and str(bad) in r.stderr and "not a Debian package" in r.stderr
-    r = py("corpus", "--root", str(tmp_path / "nothing"), str(tmp_path / "c"))
+    r = lab("corpus", "--root", str(tmp_path / "nothing"), str(tmp_path / "c"))
     assert r.returncode != 0 and "no linux-doc" in r.stderr
 
 
@@ -117,7 +123,7 @@ def test_second_corpus_python_doc(tmp_path):
     meta = json.load(open(tmp_path / "a" / "corpus.json"))
     assert meta["corpus"] == "python-doc" and meta["package"] == "python3.100-doc"
     assert st.corpus_name(str(tmp_path / "a")) == "python-doc"
-    r = py("corpus", "--root", str(tmp_path / "root"), str(tmp_path / "l"))  # the default: linux-doc
+    r = lab("corpus", "--root", str(tmp_path / "root"), str(tmp_path / "l"))  # the default: linux-doc
     assert r.returncode == 0 and json.load(open(tmp_path / "l" / "corpus.json"))["corpus"] == "linux-doc"
     deb = make_deb(tmp_path, "python3.99-doc", "3.99.1-1", "python3.99")
     extract(tmp_path / "b", "--deb", str(deb))
@@ -125,26 +131,26 @@ def test_second_corpus_python_doc(tmp_path):
     # A package of no corpus, and a corpus not installed, are refused naming the file or folder.
     other = tmp_path / "perl-doc_5.36_all.deb"
     shutil.copy(deb, other)
-    r = py("corpus", "--deb", str(other), str(tmp_path / "c"))
+    r = lab("corpus", "--deb", str(other), str(tmp_path / "c"))
     assert r.returncode != 0 and str(other) in r.stderr and "none of the corpora" in r.stderr
-    r = py("corpus", "--root", str(tmp_path / "nothing"), "--corpus", "python-doc", str(tmp_path / "c"))
+    r = lab("corpus", "--root", str(tmp_path / "nothing"), "--corpus", "python-doc", str(tmp_path / "c"))
     assert r.returncode != 0 and "no python-doc package installed" in r.stderr
     # A run names its corpus in its JSON and, for a corpus other than the first, in its name; a corpus.json written
     # before corpora had names is read by its package.
-    assert py("name", "--data", str(tmp_path / "b"), "small:ufp4:exact:3:6000").stdout.split() == [
+    assert lab("name", "--data", str(tmp_path / "b"), "small:ufp4:exact:3:6000").stdout.split() == [
         "small-ufp4-exact-s3-6000-python-doc"]
-    assert py("name", "--data", str(tmp_path / "l"), "small:ufp4:exact:3:6000").stdout.split() == [
+    assert lab("name", "--data", str(tmp_path / "l"), "small:ufp4:exact:3:6000").stdout.split() == [
         "small-ufp4-exact-s3-6000"]
     old = json.load(open(tmp_path / "l" / "corpus.json"))
     del old["corpus"]
     (tmp_path / "l" / "corpus.json").write_text(json.dumps(old))
     assert st.corpus_name(str(tmp_path / "l")) == "linux-doc"
     # --corpus must agree with the package; a malformed corpus.json is a one-line error naming it.
-    r = py("corpus", "--deb", str(deb), "--corpus", "linux-doc", str(tmp_path / "d"))
+    r = lab("corpus", "--deb", str(deb), "--corpus", "linux-doc", str(tmp_path / "d"))
     assert r.returncode != 0 and str(deb) in r.stderr and "a python-doc package, not linux-doc" in r.stderr
     for bad in ("[1, 2]", '{"corpus": 5}', "{"):
         (tmp_path / "l" / "corpus.json").write_text(bad)
-        r = py("name", "--data", str(tmp_path / "l"), "small:ufp4:exact:3:6000")
+        r = lab("name", "--data", str(tmp_path / "l"), "small:ufp4:exact:3:6000")
         assert r.returncode != 0 and str(tmp_path / "l" / "corpus.json") in r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
@@ -178,11 +184,11 @@ def test_training_runs_reproducible_with_the_documented_json(data, tmp_path):
     # The default run name is the one scripts/train_study.sh gets from `name` for the same spec and data; text not
     # made by `corpus` is a corpus of its own, named by its folder, and the runs on it say so.
     here = os.path.basename(str(data))
-    r = py("name", "--data", str(data), "test:ufp4:exact:0:12", "test:bf16:exact:1:6000:--capture-steps 2,3")
+    r = lab("name", "--data", str(data), "test:ufp4:exact:0:12", "test:bf16:exact:1:6000:--capture-steps 2,3")
     assert r.returncode == 0 and r.stdout.split("\n")[:2] == [a["name"], f"test-bf16-bf16-s1-6000-{here}"]
     assert a["name"] == f"test-ufp4-exact-s0-12-{here}"
-    assert py("name", "test:ufp4:exact:0:12").stdout.strip() == "test-ufp4-exact-s0-12"  # no data: the first corpus
-    assert py("name", "test:ufp4:exact").returncode == 2
+    assert lab("name", "test:ufp4:exact:0:12").stdout.strip() == "test-ufp4-exact-s0-12"  # no data: the first corpus
+    assert lab("name", "test:ufp4:exact").returncode == 2
     assert a["train_loss"][-1] < a["train_loss"][0]
     # --deterministic runs (every op with a fixed-order algorithm) and is recorded; on the CPU the defaults are
     # already deterministic, so the losses are the same bits.
@@ -340,7 +346,8 @@ def test_docs_training_is_generated_from_the_committed_json(tmp_path):
         bench_train_step().table(b) for b in bench)
     copy = tmp_path / "training.md"
     shutil.copy(os.path.join(ROOT, "docs", "training.md"), copy)
-    r = py("proxy", "tiny-lm step 5000=docs/results/analysis.json+docs/results/analysis-ablations.json",
+    # The lab's proxy, whose --training default is the repository's docs/results/training.json.
+    r = lab("proxy", "tiny-lm step 5000=docs/results/analysis.json+docs/results/analysis-ablations.json",
            "doc-lm step 200=docs/results/analysis-doc-lm-step200.json",
            "doc-lm step 1999=docs/results/analysis-doc-lm.json+docs/results/analysis-doc-lm-ablations.json",
            "--doc", str(copy), "--figure",
@@ -349,6 +356,29 @@ def test_docs_training_is_generated_from_the_committed_json(tmp_path):
     for marker in ("proxy tables: fp4lab-train proxy", "proxy paired: fp4lab-train proxy"):
         assert block(copy.read_text(), marker) == block(doc, marker)
     assert (tmp_path / "p_paired.png").stat().st_size > 0
+
+
+def test_installed_commands_write_nowhere_unless_told(tmp_path):
+    """fp4lab-train (the installed package's) has no default path into a repository's docs/: report and proxy
+    need the results file named (exit 2, nothing written, even run where docs/results/training.json and
+    docs/training.md are); the corpus extraction, the proxy study and the run names are the lab's commands."""
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    shutil.copy(os.path.join(ROOT, "docs", "results", "training.json"), tmp_path / "docs" / "results")
+    shutil.copy(os.path.join(ROOT, "docs", "training.md"), tmp_path / "docs")
+    ana = os.path.join(ROOT, "docs", "results", "analysis.json")
+
+    def tree():
+        return sorted((os.path.relpath(os.path.join(d, f), tmp_path), os.stat(os.path.join(d, f)).st_mtime_ns)
+                      for d, _, fs in os.walk(tmp_path) for f in fs)
+    before = tree()
+    r = py("report", "--merge", cwd=tmp_path)
+    assert r.returncode == 2 and "--json" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    r = py("proxy", f"t={ana}", cwd=tmp_path)
+    assert r.returncode == 2 and "--training" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    for cmd in ("corpus", "proxy-study", "name"):
+        r = py(cmd, "x", cwd=tmp_path)
+        assert r.returncode == 2 and "invalid choice" in r.stderr, r.stderr
+    assert tree() == before
 
 
 def test_report_and_proxy_refuse_bad_inputs_in_one_line_before_writing(tmp_path):

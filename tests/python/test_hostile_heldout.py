@@ -131,15 +131,16 @@ def test_a_fifo_or_device_as_an_input_is_one_data_error_not_a_hang(tmp_path):
     assert r.returncode == 1 and r.stderr == f"fp4lab-train train: error: {tmp_path}/train.bin: not a regular file\n"
 
 
-# ---- fp4lab-train name: the name of a run is file names -------------------------------------------------------------
+# ---- the lab's study name (scripts/train_study.sh): the name of a run is file names ---------------------------------
 
 @pytest.mark.parametrize("spec, bad", [("small:ufp4:exact:x:2000", "SEED 'x'"), ("small:../../x:exact:0:10", "RECIPE"),
                                        ("../x:ufp4:exact:0:10", "SIZE"), ("small:ufp4:slow:0:10", "MODE"),
                                        ("small:ufp4:exact:0:-5", "STEPS")])
 def test_run_names_take_only_what_train_takes(spec, bad, capsys):
-    from fp4lab.study import cli
-    assert cli.main(["name", spec]) == 2
+    from fp4lab_lab import study as lab_study  # lab/ on PYTHONPATH (tests/python/CMakeLists.txt)
+    assert lab_study.main(["name", spec]) == 2
     out, err = capsys.readouterr()
-    assert out == "" and err.startswith(f"fp4lab-train name: error: {spec}: {bad}") and err.count("\n") == 1
-    assert cli.main(["name", "small:ufp4:exact:0:2000", "test:bf16:fast:1:10:--lr 1e-3"]) == 0
+    assert out == "" and err.startswith(f"python3 -m fp4lab_lab.study name: error: {spec}: {bad}")
+    assert err.count("\n") == 1
+    assert lab_study.main(["name", "small:ufp4:exact:0:2000", "test:bf16:fast:1:10:--lr 1e-3"]) == 0
     assert capsys.readouterr().out == "small-ufp4-exact-s0-2000\ntest-bf16-bf16-s1-10\n"

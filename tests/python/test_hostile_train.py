@@ -1,7 +1,8 @@
-"""fp4lab-train (fp4lab.study) against hostile input: a checkpoint is loaded without running any of its
-code; every option, input and output is checked before the first training step; each fault is one line
-`fp4lab-train CMD: error: ...` with the documented exit code (docs/spec.md §11.1: 1 data, 2 usage); outputs are
-written under the command line's rules. Most cases end before any training, so they run in-process and fast."""
+"""fp4lab-train (fp4lab.study) and the lab's study commands (lab/fp4lab_lab/study) against hostile input: a
+checkpoint is loaded without running any of its code; every option, input and output is checked before the first
+training step; each fault is one line `fp4lab-train CMD: error: ...` (the lab's: `python3 -m fp4lab_lab.study CMD:
+error: ...`) with the documented exit code (docs/spec.md §11.1: 1 data, 2 usage); outputs are written under
+the command line's rules. Most cases end before any training, so they run in-process and fast."""
 import io
 import json
 import os
@@ -15,7 +16,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fp4lab  # noqa: E402
-from fp4lab.study import cli, tiny_lm  # noqa: E402
+from fp4lab.study import cli  # noqa: E402
+from fp4lab_lab import study as lab_study  # noqa: E402  (lab/ on PYTHONPATH: tests/python/CMakeLists.txt)
+from fp4lab_lab.study import tiny_lm  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PKG = os.path.dirname(os.path.abspath(fp4lab.__file__))
@@ -27,7 +30,7 @@ TEXT = (b"The kernel boots and the driver binds to a device. Memory barriers ord
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    """A corpus folder as `fp4lab-train corpus` writes it, just big enough for the cases below."""
+    """A training-data folder (train.bin, val.bin), just big enough for the cases below."""
     d = tmp_path_factory.mktemp("data")
     (d / "train.bin").write_bytes(TEXT * 80)  # 100 × (sequence + 1) bytes at least, for sequences up to 63
     (d / "val.bin").write_bytes(TEXT[::-1] * 6)
@@ -51,8 +54,8 @@ def run(capsys, argv, main=cli.main):
     return rc, out, err
 
 
-def one_line(err, cmd="train"):
-    assert err.startswith(f"fp4lab-train {cmd}: error: ") and err.count("\n") == 1, err
+def one_line(err, cmd="train", prog="fp4lab-train"):
+    assert err.startswith(f"{prog} {cmd}: error: ") and err.count("\n") == 1, err
     assert "Traceback" not in err
     return err
 
@@ -313,7 +316,7 @@ def test_corpus_of_a_good_package(tmp_path, capsys):
     # The package the damaged ones below are made from is read (so their faults are the damage, not the maker).
     deb = tmp_path / "linux-doc-9.9_9.9-1_all.deb"
     deb.write_bytes(_deb("data.tar.xz", _data_tar("w:xz")))
-    rc, _, err = run(capsys, ["corpus", "--deb", str(deb), str(tmp_path / "out")])
+    rc, _, err = run(capsys, ["corpus", "--deb", str(deb), str(tmp_path / "out")], lab_study.main)
     assert rc == 0, err
     assert sorted(os.listdir(tmp_path / "out")) == ["corpus.json", "train.bin", "val.bin"]
 
@@ -322,8 +325,8 @@ def test_corpus_of_a_good_package(tmp_path, capsys):
 def test_damaged_package_is_one_line_data_error(tmp_path, capsys, kind):
     deb = tmp_path / "linux-doc-9.9_9.9-1_all.deb"
     deb.write_bytes(DEBS[kind]())
-    rc, out, err = run(capsys, ["corpus", "--deb", str(deb), str(tmp_path / "out")])
-    assert rc == EXIT_DATA and str(deb) in one_line(err, "corpus"), err
+    rc, out, err = run(capsys, ["corpus", "--deb", str(deb), str(tmp_path / "out")], lab_study.main)
+    assert rc == EXIT_DATA and str(deb) in one_line(err, "corpus", lab_study.PROG), err
     assert not (tmp_path / "out").exists() and os.listdir(tmp_path) == [deb.name]
 
 
@@ -336,8 +339,8 @@ def test_corpus_paths_checked_first(tmp_path, capsys, where, fault):
     else:
         deb.write_bytes(_deb("data.tar.xz", _data_tar("w:xz")))
         out.write_text("a file\n")
-    rc, _, err = run(capsys, ["corpus", "--deb", str(deb), str(out)])
-    assert rc == EXIT_DATA and fault in one_line(err, "corpus"), err
+    rc, _, err = run(capsys, ["corpus", "--deb", str(deb), str(out)], lab_study.main)
+    assert rc == EXIT_DATA and fault in one_line(err, "corpus", lab_study.PROG), err
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -389,8 +392,8 @@ def test_stdout_on_a_full_device_or_a_closed_pipe():
     assert p.wait() == -13 and err == b""  # ended by SIGPIPE, silently, as the command line
 
 
-def test_study_library_raises_no_system_exit():
-    study = os.path.join(PKG, "study")
+@pytest.mark.parametrize("study", [os.path.join(PKG, "study"), os.path.join(ROOT, "lab", "fp4lab_lab", "study")])
+def test_study_library_raises_no_system_exit(study):
     for fn in sorted(os.listdir(study)):
         if fn.endswith(".py") and fn != "__main__.py":
             text = open(os.path.join(study, fn), encoding="utf-8").read()
@@ -409,4 +412,4 @@ def test_study_library_raises_no_system_exit():
 def test_tiny_lm_faults_are_one_line(tmp_path, capsys, argv, code):
     rc, out, err = run(capsys, [a.format(tmp=tmp_path) for a in argv], main=tiny_lm.main)
     assert rc == code, err
-    assert err.startswith("python3 -m fp4lab.study.tiny_lm: error: ") and err.count("\n") == 1, err
+    assert err.startswith("python3 -m fp4lab_lab.study.tiny_lm: error: ") and err.count("\n") == 1, err

@@ -1,5 +1,5 @@
-"""The proxy study (`fp4lab-train proxy-study`, fp4lab.study.proxy_study): the rank correlations against values
-worked out by hand (ties included), the generator against its published reference values, the bootstrap
+"""The proxy study (`python3 -m fp4lab_lab.study proxy-study`, lab/fp4lab_lab/study/proxy_study.py): the rank
+correlations against values worked out by hand (ties included), the generator against its published reference values, the bootstrap
 reproducible from its seed and equal, resample by resample, to the plain correlation of the resample, the
 orientation of the effects immaterial, and docs/training.md's table and docs/results/proxy-study.json equal to
 what the command makes of the committed results. Needs numpy only (scipy, where installed, as a cross-check)."""
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from fp4lab import paired
-from fp4lab.study import proxy_study as ps
 from fp4lab.study import report as rp
+from fp4lab_lab.study import proxy_study as ps  # lab/ on PYTHONPATH (tests/python/CMakeLists.txt)
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 RES = os.path.join(ROOT, "docs", "results")
@@ -25,7 +25,8 @@ TRACES = [("tiny-lm step 5000", "docs/results/analysis.json+docs/results/analysi
 
 
 def py(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "fp4lab.study", *args], capture_output=True, text=True, **kw)
+    """The lab's study command, which runs the proxy study."""
+    return subprocess.run([sys.executable, "-m", "fp4lab_lab.study", *args], capture_output=True, text=True, **kw)
 
 
 def block(text, marker):
@@ -174,7 +175,8 @@ def test_docs_training_proxy_study_is_regenerated_by_its_command(tmp_path):
     above the table makes of the committed results, byte for byte; the committed document is not touched."""
     doc = os.path.join(ROOT, "docs", "training.md")
     committed = open(doc, encoding="utf-8").read()
-    assert 'fp4lab-train proxy-study "' + '='.join(TRACES[0]) + '" \\\n  "' + "=".join(TRACES[1]) + '"' in committed
+    documented = 'python3 -m fp4lab_lab.study proxy-study "' + '='.join(TRACES[0]) + '" \\\n  "' + "=".join(TRACES[1])
+    assert documented + '"' in committed
     copy = tmp_path / "training.md"
     shutil.copy(doc, copy)
     out = tmp_path / "proxy-study.json"

@@ -140,6 +140,8 @@ def _capture(model, args, cfg, steps, corpus, inputs):
                            metadata={"model": f"fp4lab.study {args.size}: byte-level SwiGLU decoder, d {cfg['d']}, "
                                               f"{cfg['layers']} layers, FFN {cfg['ffn']}, batch {batch} x {seq}",
                                      "recipe": args.recipe,
+                                     # the command's name when the bundled traces were captured, kept so
+                                     # that a capture writes the same metadata
                                      "corpus": f"{corpus} ({CORPORA[corpus].what}, fp4lab-train corpus)"
                                      if corpus in CORPORA else corpus})
     except (ValueError, re.error) as e:  # TraceError: its checks of the arguments, all made here
@@ -229,7 +231,7 @@ def cmd_train(args):
     if args.graph and device.type != "cuda":
         raise DataError(f"--graph: CUDA graphs need a CUDA device, not {device}")
     if not os.path.isdir(args.data):
-        raise DataError(f"{args.data}: not a folder (--data names the folder fp4lab-train corpus wrote)")
+        raise DataError(f"{args.data}: not a folder (--data names a folder of train.bin and val.bin)")
     # Outputs: the run's JSON and its checkpoint (rewritten when the run stops, removed when it completes), and the
     # capture's folder, none of them an input; checked now, not when the run ends.
     inputs = [os.path.join(args.data, n) for n in ("train.bin", "val.bin", "corpus.json")]

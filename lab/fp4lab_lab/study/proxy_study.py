@@ -27,9 +27,9 @@ every machine (docs/spec.md §6.1), in the plain Python of the point estimates a
 import json
 import math
 
-from .._files import DataError, UsageError, check_outputs, read_text, write_atomic
-from . import report as rp
-from ..accuracy import FIELDS, METRICS, PASSES  # one definition of each metric, shared with fp4lab decide
+from fp4lab._files import DataError, UsageError, check_outputs, read_text, write_atomic
+from fp4lab.study import report as rp
+from fp4lab.accuracy import FIELDS, METRICS, PASSES  # one definition of each metric, shared with fp4lab decide
 
 RESAMPLES = 10000
 SEED = 20250

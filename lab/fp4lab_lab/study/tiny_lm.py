@@ -4,10 +4,10 @@ Austen's six novels, with fp4lab trace capture (fp4lab.capture).
   corpus:  extracts the novels' text from the Debian package r-cran-janeaustenr (MIT; the novels are in the
            public domain) into plain UTF-8 files. Runs where apt works:
              apt-get download r-cran-janeaustenr
-             python3 -m fp4lab.study.tiny_lm corpus r-cran-janeaustenr_1.0.0-1_all.deb data/austen
+             python3 -m fp4lab_lab.study.tiny_lm corpus r-cran-janeaustenr_1.0.0-1_all.deb data/austen
   train:   trains the model (BF16 autocast, AdamW) and writes trace v1 files at the chosen steps (a step =
            optimizer updates applied before the captured forward/backward):
-             python3 -m fp4lab.study.tiny_lm train --data data/austen --out traces
+             python3 -m fp4lab_lab.study.tiny_lm train --data data/austen --out traces
 
 Module names: layers.{i}.attn.qkv, layers.{i}.attn.proj, layers.{i}.mlp.fc1 (gate and up, fused),
 layers.{i}.mlp.fc2. The held-out novel (default Persuasion) is the validation set.
@@ -31,9 +31,9 @@ import tempfile
 import time
 import zlib
 
-from .._files import (ArgumentParser, DataError, UsageError, check_output_folder, check_outputs, console_main,
+from fp4lab._files import (ArgumentParser, DataError, UsageError, check_output_folder, check_outputs, console_main,
                       read_bytes, write_text)
-from .corpus import check_folder_outputs
+from fp4lab.study.corpus import check_folder_outputs
 
 NOVELS = ["sensesensibility", "prideprejudice", "mansfieldpark", "emma", "northangerabbey", "persuasion"]
 
@@ -273,7 +273,7 @@ def _check_train(args):
 
 
 def _capture_steps(text: str) -> set:
-    from ..capture import parse_steps
+    from fp4lab.capture import parse_steps
     try:
         return parse_steps(text)
     except ValueError:
@@ -298,8 +298,8 @@ def unigram_entropy(train: bytes, val: bytes):
 def cmd_train(args) -> int:
     import torch
 
-    from ..capture import TraceCapture
-    from ..trace import check as check_trace, print_check
+    from fp4lab.capture import TraceCapture
+    from fp4lab.trace import check as check_trace, print_check
 
     steps = _check_train(args)
     torch.manual_seed(args.seed)
@@ -410,11 +410,11 @@ def cmd_train(args) -> int:
 
 
 def main(argv=None) -> int:
-    return console_main("python3 -m fp4lab.study.tiny_lm", lambda: _run(argv))
+    return console_main("python3 -m fp4lab_lab.study.tiny_lm", lambda: _run(argv))
 
 
 def _run(argv) -> int:
-    ap = ArgumentParser(prog="python3 -m fp4lab.study.tiny_lm", description=__doc__,
+    ap = ArgumentParser(prog="python3 -m fp4lab_lab.study.tiny_lm", description=__doc__,
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("corpus", help="extract the novels from the Debian package into text files")
