@@ -12,7 +12,9 @@ export OMP_WAIT_POLICY=passive
 # The Python package as users install it, first: `pip install .` builds the same CMake project with
 # scikit-build-core (build-pip/ keeps its objects between runs). Without the CUDA kernels, whose tests need a GPU
 # (the package builds them wherever nvcc is found); ctest's python_package_check tests the installed copy.
-PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --no-build-isolation -C build-dir=build-pip \
+# -v: pip shows the build as it goes (quiet, it prints nothing for the minutes the first build takes).
+echo "== pip install . (builds the package's module and command line into build-pip/) =="
+PIP_ROOT_USER_ACTION=ignore python3 -m pip install -v --no-build-isolation -C build-dir=build-pip \
   -C cmake.define.FP4LAB_CUDA=OFF .
 
 # -O1 -g (the optimisation level the sanitizers' documentation recommends) instead of RelWithDebInfo's -O2: about
@@ -25,14 +27,25 @@ ctest --test-dir build-asan -L unit --output-on-failure -j"$JOBS"
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$JOBS"
-ctest --test-dir build --output-on-failure -j"$JOBS"
+# Every label (unit, integration, slow, rtl, sim, cuda, mpi: docs/testing.md). ctest ends with a list of every test
+# that did not run, which on a machine without a GPU is the ~900 CUDA tests: the full output goes to
+# build/ctest.log, the terminal gets it without that list, and the summary at the end counts them.
+ctest --test-dir build --output-on-failure -j"$JOBS" 2>&1 | tee build/ctest.log \
+  | grep -v -E '^The following tests did not run:$|^[[:space:]]+[0-9]+ - .* \((Skipped|Disabled)\)$'
 # The same bits on every machine: fp4lab built for baseline x86-64 and x86-64-v3 (where the CPU runs it) beside the
 # native build, under 1-3 threads and 1-3 MPI ranks, must write byte-identical analyze, sim, bias, quantize and gemm
 # outputs (docs/spec.md §6.1).
-python3 tests/cross_build/check.py --main build/bin/fp4lab --work build-arch
+python3 tests/cross_build/check.py --main build/bin/fp4lab --work build-arch | tee build/cross-build.log
 # The RTL and SystemC harnesses' own summaries (vectors checked, mismatches, verified vectors/s), which a
 # passing ctest run does not show.
 echo "== rtl / co-simulation vector counts (from build/Testing/Temporary/LastTest.log) =="
 grep -h -E 'vectors checked|verified vectors/s|bit-exact|mismatches' build/Testing/Temporary/LastTest.log \
   | grep -E '^\[(fp|e4m3|ue4m3|format_table|rht16|trace_tiles|sc_)' || true
 
+# The last lines: what passed, what did not run and why, and the cross-build verdict.
+echo "== summary =="
+grep -E '^[0-9]+% tests passed' build/ctest.log
+skipped=$(grep -c -E '^[[:space:]]+[0-9]+ - .* \(Skipped\)$' build/ctest.log || true)
+cuda=$(ctest --test-dir build -N -L cuda | sed -n 's/^Total Tests: //p')
+echo "ctest: $skipped tests skipped (the $cuda CUDA tests skip where no GPU is present); list in build/ctest.log"
+grep -E '^cross-build: [0-9]+ outputs compared' build/cross-build.log
