@@ -426,25 +426,25 @@ def test_cuda_deferred_output_check_in_the_gemm_epilogue():
 
 
 def test_capture_rules_refuse_what_a_replay_cannot_repeat():
-    # The checks a forward captured in a CUDA graph runs (linear._check_capture), on a CPU layer standing in for a
+    # The checks a forward captured in a CUDA graph runs (_layer.check_capture), on a CPU layer standing in for a
     # CUDA one: the device SR key must exist, a sync finite check cannot be captured, and a layer takes one step
     # per graph (a recomputed forward repeats its step; set_step starts a new capture).
-    from fp4lab.torch.linear import _check_capture
+    from fp4lab.torch._layer import check_capture
     lin, cpu = make_layer("ufp4"), torch.device("cpu")
     with pytest.raises(RuntimeError, match="run a step on cpu before capturing one in a CUDA graph"):
-        _check_capture(lin, lin, cpu, 0)
+        check_capture(lin, lin, cpu, 0)
     lin._seed_dev = torch.zeros(1, dtype=torch.int64)
-    _check_capture(lin, lin, cpu, 4)
-    _check_capture(lin, lin, cpu, 4)
+    check_capture(lin, lin, cpu, 4)
+    check_capture(lin, lin, cpu, 4)
     with pytest.raises(RuntimeError, match=r"a second training step \(4, then 5\) of this layer in one captured"):
-        _check_capture(lin, lin, cpu, 5)
+        check_capture(lin, lin, cpu, 5)
     ft.set_step(lin, 9)
-    _check_capture(lin, lin, cpu, 9)
+    check_capture(lin, lin, cpu, 9)
     assert int(lin._seed_dev) == _core.training_seed(0, 9) - (2**64 if _core.training_seed(0, 9) >= 2**63 else 0)
     sync = ft.Linear(64, 96, recipe=ft.Recipe("ufp4", check_finite="sync"))
     sync._seed_dev = torch.zeros(1, dtype=torch.int64)
     with pytest.raises(RuntimeError, match="check_finite='sync' synchronises at every operand"):
-        _check_capture(sync, sync, cpu, 0)
+        check_capture(sync, sync, cpu, 0)
 
 
 def _graph_mlp(recipe, mode):

@@ -97,6 +97,28 @@ def test_recipe_is_a_value():
         r.seed = 4
 
 
+def test_recipes_nothing_holds_are_forgotten_and_their_keys_still_work():
+    # The operators find a recipe by its key; recipes made and dropped (a model per trial of a sweep) must not pile
+    # up in the process, and a key outliving its recipe (a compiled graph's constant) still names the same recipe.
+    import gc
+    from fp4lab.torch import recipe as rmod
+    gc.collect()
+    before = len(rmod._by_key)
+    for seed in range(200):
+        ft.Recipe("ufp4", seed=1000 + seed, per_pass={"fwd_y": {"rht": 0}})
+    gc.collect()
+    assert len(rmod._by_key) <= before + 1
+    x, w, step = torch.randn(8, 64), torch.randn(16, 64), torch.tensor(3)
+    r = ft.Recipe("nvfp4", seed=7, per_operand={("bwd_dx", "a"): {"rounding": "rtne"}})
+    key, want = r.key, torch.ops.fp4lab.qgemm(x, w, step, r.key, 5, "fwd_y", "x")
+    del r
+    gc.collect()
+    got = torch.ops.fp4lab.qgemm(x, w, step, key, 5, "fwd_y", "x")
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    with pytest.raises(ValueError, match="no fp4lab.torch.Recipe has the key"):
+        torch.ops.fp4lab.qgemm(x, w, step, "fp4lab.torch.Recipe('nope')", 5, "fwd_y", "x")
+
+
 def test_quant_config_pickles():
     x = np.random.default_rng(0).standard_normal((32, 64), dtype=np.float32)
     for cfg in (fp4lab.config("nvfp4", pass_="bwd_dx", operand="a", seed=9, stream=3),

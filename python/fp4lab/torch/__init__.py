@@ -21,7 +21,8 @@ where the golden GEMM is the faster one, exact's product).
     ft.convert(model, "ufp4", exclude=r"lm_head")     # every other nn.Linear now trains under UFP4
 """
 from .recipe import ABLATIONS, RECIPES, Recipe
-from .ops import QTensorCUDA, check_finite, dequantize, fake_quantize, gemm, product, quantize, _dequantize
+from .ops import QTensorCUDA, check_finite, dequantize, fake_quantize, gemm, product, quantize
+from .ops import dequantize_as as _dequantize
 from .linear import Conv1D, Linear, layer_id_of
 from .attention import MultiheadAttention
 from .moe import Experts, Router

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .linear import Linear, _apply, _check_shapes, _Stepped, layer_id_of
+from ._layer import Stepped, apply_gemm, check_shapes, layer_id_of
+from .linear import Linear
 from .recipe import Recipe
 
 __all__ = ["MultiheadAttention"]
@@ -38,7 +39,7 @@ class _Projection:
         return {"owner": self.owner, "index": self.index, "layer_id": self.layer_id, "_qcache": {}}
 
 
-class MultiheadAttention(_Stepped, nn.MultiheadAttention):
+class MultiheadAttention(Stepped, nn.MultiheadAttention):
     """``nn.MultiheadAttention`` whose in-projection GEMMs and output projection (an fp4lab ``Linear``) run under
     a recipe; between them the attention is ``F.multi_head_attention_forward``'s, step for step (scaled dot-product
     attention, or softmax(QKᵀ/√d)·V where the weights are asked for; the same masks, causal hint and dropout). Same
@@ -115,9 +116,9 @@ class MultiheadAttention(_Stepped, nn.MultiheadAttention):
 
         def gemm(i, x, w, b):
             if check:
-                _check_shapes(self._projections[i]._label(), self.recipe, self._projections[i].layer_id, int(step),
+                check_shapes(self._projections[i]._label(), self.recipe, self._projections[i].layer_id, int(step),
                               x.numel() // x.shape[-1], w.shape[1], w.shape[0])
-            return _apply(self._projections[i], x, w, b, step)
+            return apply_gemm(self._projections[i], x, w, b, step)
 
         if not self._qkv_same_embed_dim:
             bq, bk, bv = (None,) * 3 if self.in_proj_bias is None else self.in_proj_bias.chunk(3)

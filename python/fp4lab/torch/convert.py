@@ -18,8 +18,9 @@ from .attention import MultiheadAttention
 from .moe import Experts, Router, experts_fault, router_fault
 from fp4lab._files import DataError, UsageError, compile_regex
 
-from .linear import Conv1D, Linear, _shape_fault, _step_of_state, _Stepped, layer_id_of
-from .recipe import Recipe, _as_recipe, _whole
+from ._layer import Stepped as _Stepped, layer_id_of, shape_fault as _shape_fault, step_of_state as _step_of_state
+from .linear import Conv1D, Linear
+from .recipe import Recipe, as_recipe as _as_recipe, whole as _whole
 
 __all__ = ["convert", "ConvertReport", "ConvertEntry", "set_step", "export_state_dict"]
 

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from .linear import _ROOT_ID, _apply, _check_shapes, _Stepped, layer_id_of
+from ._layer import ROOT_ID as _ROOT_ID, Stepped as _Stepped, apply_gemm as _apply, check_shapes as _check_shapes
+from ._layer import layer_id_of
 from .recipe import Recipe
 
 __all__ = ["Experts", "Router"]

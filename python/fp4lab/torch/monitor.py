@@ -29,7 +29,8 @@ from fp4lab._files import DataError
 from . import ops as _ops
 from .attention import MultiheadAttention
 from .moe import Experts, Router
-from .linear import Conv1D, Linear, _in_backward
+from ._layer import in_backward as _in_backward
+from .linear import Conv1D, Linear
 
 __all__ = ["monitor", "Monitor", "operand_stats"]
 
@@ -115,11 +116,11 @@ def _operand_sums_device(x: torch.Tensor, q: "_ops.QTensorCUDA", cfg) -> torch.T
     xf = x.detach().to(torch.float32).contiguous()
     ref = xf
     with torch.cuda.device(xf.device):
-        stream = _ops._launch(xf)[1]
+        stream = _ops.launch(xf)[1]
         if cfg.to_dict()["rht"]:
             ref = torch.empty_like(xf)
             _core.cuda_rotate(xf, ref, cfg, stream)
-        dq = _ops._dequantize(q, torch.float32)
+        dq = _ops.dequantize_as(q, torch.float32)
         out = torch.empty(5, dtype=torch.float64, device=xf.device)
         _core.cuda_operand_stats(xf, ref, dq, q.packed_codes.reshape(-1), _saturating_mask(q.format), out, stream)
     return out

@@ -12,6 +12,7 @@ import torch
 import fp4lab as _fp
 from fp4lab import _core
 
+from ._quantizers import amax_quantizer, join_empty, shard_quantizer
 from .recipe import Recipe, recipe_of_key
 
 __all__ = ["quantize", "fake_quantize", "gemm", "product", "dequantize", "QTensorCUDA", "check_finite"]
@@ -83,14 +84,24 @@ def _refuse_capture(what: str) -> None:
                            "on the device (docs/python.md, CUDA graphs)")
 
 
+# What follows it in an operator's label is the module's instance number (the layers add it under torch.compile).
+INSTANCE_MARK = "\x1f"
+
 # The current stream's handle on a device; None on a torch built without CUDA (whose tensors are never on a GPU).
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def _launch(t: torch.Tensor) -> Tuple[int, int]:
+def launch(t: torch.Tensor) -> Tuple[int, int]:
     """(device index, current stream handle) for kernels working on t: what the launch bindings take, at a fraction
     of the cost of torch.cuda.device() and torch.cuda.current_stream() (the training path launches hundreds of
-    kernels a step)."""
+    kernels a step).
+
+    Args:
+        t: a CUDA tensor.
+
+    Returns:
+        (device index, the handle of the device's current stream).
+    """
     i = t.get_device()
     return i, _raw_stream(i)
 
@@ -123,7 +134,7 @@ def _check_output(y: torch.Tensor, check_finite: str = "sync") -> torch.Tensor:
             z = y  # the kernel reads dense BF16 or FP32 (the products are one or the other)
             if z.dtype not in (torch.bfloat16, torch.float32) or not z.is_contiguous():
                 z = z.contiguous().float()
-            dev, stream = _launch(z)
+            dev, stream = launch(z)
             _core.cuda_flag_nonfinite(dev, stream, z.data_ptr(), z.numel(), z.dtype == torch.bfloat16, _flag_ptr(dev),
                                       _OUTPUT)
         return y
@@ -173,7 +184,7 @@ def quantize(x: torch.Tensor, cfg: Any = None, *, out: Optional[QTensorCUDA] = N
     x, tr = _cuda_input(x.detach())
     if x.is_cuda:
         q = out if out is not None else QTensorCUDA()
-        dev, stream = _launch(x)
+        dev, stream = launch(x)
         q.device = x.device
         _core.cuda_quantize(dev, stream, x.data_ptr(), x.shape[0], x.shape[1], x.dtype == torch.bfloat16, tr, cfg,
                             q._h, rht_path, check_finite == "sync", _flag_ptr(dev) if check_finite == "deferred" else 0,
@@ -216,7 +227,7 @@ def fake_quantize(x: torch.Tensor, cfg: "_core.QuantConfig", *, out: Optional[QT
     if out is not None:
         out.device = x.device
     y = torch.empty((cols, rows) if tr else (rows, cols), dtype=torch.bfloat16, device=x.device)
-    dev, stream = _launch(x)
+    dev, stream = launch(x)
     _core.cuda_fake_quantize(dev, stream, x.data_ptr(), rows, cols, x.dtype == torch.bfloat16, tr, cfg, y.data_ptr(),
                              rht_path, check_finite == "sync", _flag_ptr(dev) if check_finite == "deferred" else 0,
                              None if out is None else out._h, _seed_ptr(device_seed, x))
@@ -236,14 +247,23 @@ def _seed_ptr(seed: Optional[torch.Tensor], x: torch.Tensor) -> int:
 @_fp._one_line_errors
 def dequantize(q) -> torch.Tensor:
     """FP32 values of a quantised operand: (grid value · block scale) · global scale, in that FP32 order."""
-    return _dequantize(q, torch.float32)
+    return dequantize_as(q, torch.float32)
 
 
-def _dequantize(q, dtype: torch.dtype) -> torch.Tensor:
+def dequantize_as(q, dtype: torch.dtype) -> torch.Tensor:
+    """The values of a quantised operand, as ``dequantize`` computes them, in ``dtype``.
+
+    Args:
+        q: a QTensorCUDA (dequantised on its device) or an fp4lab.QTensor (on the CPU).
+        dtype: the output dtype; the FP32 values are rounded to it (on CUDA, by the dequantising kernel).
+
+    Returns:
+        A tensor of ``q``'s shape.
+    """
     if isinstance(q, QTensorCUDA):
         out = torch.empty(q.shape, dtype=dtype, device=q.device or q.packed_codes.device)
         with torch.cuda.device(out.device):
-            _core.cuda_dequantize(q._h, out, _launch(out)[1])
+            _core.cuda_dequantize(q._h, out, launch(out)[1])
         return out
     return torch.from_numpy(q.dequantize()).to(dtype)
 
@@ -262,11 +282,11 @@ def gemm(qa, qb, *, kernel: str = "fast", check_finite: str = "sync", out_dtype:
         if kernel == "fast" and check_finite == "deferred":  # the output check in the kernel's epilogue
             bf16 = out_dtype == torch.bfloat16
             c = torch.empty((qa.rows, qb.rows), dtype=torch.bfloat16 if bf16 else torch.float32, device=dev)
-            i, stream = _launch(c)
+            i, stream = launch(c)
             _core.cuda_gemm(i, stream, qa._h, qb._h, c.data_ptr(), kernel, bf16, _flag_ptr(i), _OUTPUT)
             return c.to(out_dtype)
         c = torch.empty((qa.rows, qb.rows), dtype=torch.float32, device=dev)
-        _core.cuda_gemm(*_launch(c), qa._h, qb._h, c.data_ptr(), kernel)
+        _core.cuda_gemm(*launch(c), qa._h, qb._h, c.data_ptr(), kernel)
         return _check_output(c, check_finite).to(out_dtype)
     if isinstance(qa, _core.QTensor) and isinstance(qb, _core.QTensor):
         return torch.from_numpy(_core.gemm(qa, qb)).to(out_dtype)
@@ -295,7 +315,7 @@ def product(qa, qb, mode: str = "exact", check_finite: str = "sync",
         raise TypeError("product(): both operands must come from fp4lab.torch.quantize on the same kind of device")
     # The same pairs as the contract GEMM: operands quantised under different rotations have no product.
     _core.cuda_check_gemm_operands(qa._h, qb._h)
-    return _fast_matmul(_dequantize(qa, torch.bfloat16), _dequantize(qb, torch.bfloat16), check_finite)
+    return _fast_matmul(dequantize_as(qa, torch.bfloat16), dequantize_as(qb, torch.bfloat16), check_finite)
 
 
 # ---- torch.library operators ----------------------------------------------------------------------------------
@@ -336,9 +356,9 @@ def _check_recompute(step: int, recipe: str, layer: int, pass_: str, label: str)
     """A GEMM in a backward keyed by a step no forward took is refused. Activation checkpointing inside a compiled
     graph (torch.compile of a model with torch.utils.checkpoint regions, HF gradient_checkpointing_enable) recomputes
     the region's forward reading the step counter after the forward advanced it: its bits would differ from eager's
-    without a word. Eager checkpointing repeats the original step (linear._Stepped._take_step) and passes."""
+    without a word. Eager checkpointing repeats the original step (_layer.Stepped._take_step) and passes."""
     key = (recipe, layer, label)  # the label of a compiled graph's operator names the module instance too
-    label = label.split("\x1f")[0]
+    label = label.split(INSTANCE_MARK)[0]
     if torch._C._current_graph_task_id() == -1:
         if pass_ == "fwd_y" and step > _forward_steps.get(key, -1):
             _forward_steps[key] = step
@@ -352,7 +372,7 @@ def _quantize_labelled(x, step, recipe, layer, pass_, operand, label, fake=False
     """quantize (``fake``: fake_quantize) of an operator's operand; a fault names the label, pass, operand and shape."""
     if operand == "a":
         _check_recompute(int(step), recipe, layer, pass_, label)
-    label = label.split("\x1f")[0]  # linear._INSTANCE_MARK: the layer's name before it
+    label = label.split(INSTANCE_MARK)[0]  # the layer's name before it
     try:
         return (fake_quantize if fake else quantize)(x, _config(recipe, step, layer, pass_, operand), **kw)
     except ValueError as e:
@@ -398,7 +418,7 @@ def _device_operand(codes, scales, global_scale, recipe: str, pass_: str, operan
     packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()
     q = _scratch_of(codes.device, what)
     _core.cuda_make_qtensor(c["format"], c["scale"], c["block"], c["tile2d"], packed, scales.contiguous(),
-                            global_scale.reshape(1).contiguous(), q._h, _launch(codes)[1], c["rht"],
+                            global_scale.reshape(1).contiguous(), q._h, launch(codes)[1], c["rht"],
                             _signs(c["rht_signs"]))
     q.device = codes.device
     return q
@@ -447,7 +467,7 @@ def _dequantize_cuda(codes, scales, global_scale, recipe, pass_, operand):
     # The dequantiser's FP32 products, in its order, on the device (two correctly rounded multiplications; there is
     # no addition for a fused multiply-add to contract).
     q = _device_operand(codes, scales, global_scale, recipe, pass_, operand, "d")
-    return _dequantize(q, torch.float32)
+    return dequantize_as(q, torch.float32)
 
 
 @dequantize_op.register_fake
@@ -610,14 +630,11 @@ def _qmatmul_observed(a, b, step, recipe: Recipe, layer: int, pass_: str, label:
 
     amax = getattr(getattr(owner, "owner", owner), "_amax_reduce", None)  # fp4lab.torch.reduce_amax
     if a.numel() == 0 or b.numel() == 0:  # an expert this rank sends no tokens: it joins the others' all-reduces
-        from .distributed import _join_empty
-        return _join_empty(amax, a, b, cfg, pass_)
+        return join_empty(amax, a, b, cfg, pass_)
     if amax is not None:
-        from .distributed import _amax_quantizer
-        quant = _amax_quantizer(amax[0], quant)
+        quant = amax_quantizer(amax[0], quant)
     if shard is not None:
-        from .distributed import _quantizer
-        quant = _quantizer(shard, quant)
+        quant = shard_quantizer(shard, quant)
     try:
         qa, qb = quant(a, cfg(pass_, "a"), pass_, "a"), quant(b, cfg(pass_, "b"), pass_, "b")
     except ValueError as e:

@@ -1,8 +1,11 @@
 """Recipe: which quantiser settings each operand of each training GEMM of a linear layer takes."""
 from __future__ import annotations
 
+import ast
+import functools
 import math
 import operator
+import weakref
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
@@ -12,7 +15,7 @@ from fp4lab import _core
 
 __all__ = ["Recipe", "RECIPES", "ABLATIONS"]
 
-def _whole(func: str, name: str, value: Any, hi: int) -> int:
+def whole(func: str, name: str, value: Any, hi: int) -> int:
     """``value`` as an int from 0 to hi - 1, or a one-line TypeError (a float, a bool, a str) or ValueError (out of
     range) naming ``func`` and ``name``, rather than a silent truncation or the bindings' signature dump."""
     if isinstance(value, bool):
@@ -99,7 +102,7 @@ class Recipe:
         _check_per("per_operand", per_operand,
                    lambda k: isinstance(k, tuple) and len(k) == 2 and k[0] in _PASSES and k[1] in ("a", "b"),
                    "a (pass, 'a' or 'b') tuple (pass: fwd_y, bwd_dx or bwd_dw)")
-        seed = _whole("Recipe()", "seed", seed, 2**64)  # the Philox key of training_seed (docs/spec.md §12)
+        seed = whole("Recipe()", "seed", seed, 2**64)  # the Philox key of training_seed (docs/spec.md §12)
         # The arguments, as given: repr, equality, hashing and pickling all use them.
         args: Dict[str, Any] = {"mode": mode, "seed": seed}
         if per_pass:
@@ -200,14 +203,40 @@ class Recipe:
         return self
 
 
-# Every Recipe by its key (its repr): the torch.library operators take the recipe as this string, a constant that
-# torch.compile can put in a graph.
-_by_key: Dict[str, Recipe] = {}
+# The torch.library operators take the recipe as its key (its repr), a constant that torch.compile can put in a
+# graph; they find the Recipe again here. Weak, so that a recipe nothing holds any more is forgotten (models made
+# and dropped in a loop do not grow it); a key whose recipe is gone is rebuilt from the call its repr spells.
+_by_key: "weakref.WeakValueDictionary[str, Recipe]" = weakref.WeakValueDictionary()
 
 
 def recipe_of_key(key: str) -> Recipe:
+    """The Recipe whose ``key`` (its repr) is ``key``.
+
+    Args:
+        key: a ``Recipe.key``, as the torch.library operators of fp4lab.torch.ops take it.
+
+    Returns:
+        The live Recipe of that key, else one rebuilt from the call the key spells (equal to the one that made it).
+
+    Raises:
+        ValueError: the key is not the repr of a Recipe whose arguments are literals (a knob given as an enum member,
+        say) and no Recipe of that key is alive in this process.
+    """
     r = _by_key.get(key)
-    if r is None:
+    return r if r is not None else _rebuilt(key)
+
+
+@functools.lru_cache(maxsize=64)  # the recently rebuilt ones, so that an operator call does not rebuild each time
+def _rebuilt(key: str) -> Recipe:
+    try:
+        call = ast.parse(key, mode="eval").body
+        if not (isinstance(call, ast.Call) and ast.unparse(call.func) == "fp4lab.torch.Recipe"):
+            raise ValueError
+        r = Recipe(*[ast.literal_eval(a) for a in call.args],
+                   **{k.arg: ast.literal_eval(k.value) for k in call.keywords})
+    except (SyntaxError, ValueError, TypeError, AttributeError):
+        r = None
+    if r is None or r.key != key:
         raise ValueError(f"no fp4lab.torch.Recipe has the key {key!r} in this process")
     return r
 
@@ -216,5 +245,5 @@ def _recipe_from_args(name: Optional[str], args: Dict[str, Any]) -> Recipe:
     return Recipe(name, **args)
 
 
-def _as_recipe(recipe: Any) -> Recipe:
+def as_recipe(recipe: Any) -> Recipe:
     return recipe if isinstance(recipe, Recipe) else Recipe(recipe)
