@@ -14,13 +14,11 @@ For each recipe and GEMM mode it prints the median step time over --steps timed 
 steps), the ratio to BF16 and the loss at the first and last step on a learnable synthetic token stream.
 
     python3 scripts/bench_moe_step.py [--recipes bf16,ufp4,nvfp4] [--modes fast,exact] [--json out.json]
-    python3 scripts/bench_moe_step.py table RESULTS.json
 """
 import argparse
 import json
 import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +26,7 @@ from torch import nn
 
 import fp4lab
 import fp4lab.torch as ft
+from bench_train_step import batches, train_step  # the 103M benchmark's data stream and timed step
 
 
 class MixtralStyleExperts(nn.Module):
@@ -104,16 +103,6 @@ class Decoder(nn.Module):
         return self.head(self.norm(x))
 
 
-def batches(a, device, seed=1):
-    """A learnable stream: each sequence repeats a random 64-token motif with 10% of tokens replaced at random."""
-    g = torch.Generator().manual_seed(seed)
-    while True:
-        motif = torch.randint(0, a.vocab, (a.batch, 64), generator=g)
-        x = motif.repeat(1, a.seq // 64 + 1)[:, : a.seq + 1]
-        x = torch.where(torch.rand(x.shape, generator=g) < 0.1, torch.randint(0, a.vocab, x.shape, generator=g), x)
-        yield x.to(device)
-
-
 def run(a, recipe, mode, device):
     torch.manual_seed(0)
     model = Decoder(a).to(device, torch.bfloat16)
@@ -124,27 +113,11 @@ def run(a, recipe, mode, device):
         n_exp = sum(isinstance(m, ft.Experts) for m in model.modules())
         assert n_exp == a.layers, f"{n_exp} of {a.layers} expert modules under the recipe"
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, fused=device.type == "cuda")
-    data = batches(a, device)
+    data = batches(a.vocab, a.batch, a.seq, device, seed=1)
     times, losses = [], []
     for step in range(a.warmup + a.steps):
-        x = next(data)
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        t0 = time.perf_counter()
-        loss = F.cross_entropy(model(x[:, :-1]).float().view(-1, a.vocab), x[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if device.type == "cuda":
-            end.record()
-            end.synchronize()
-            ms = start.elapsed_time(end)
-        else:
-            ms = (time.perf_counter() - t0) * 1e3
-        if recipe != "bf16" and device.type == "cuda":
-            ft.check_finite()
-        losses.append(loss.item())
+        loss, ms = train_step(model, next(data), a.vocab, opt, device, check=recipe != "bf16")
+        losses.append(loss)
         if step >= a.warmup:
             times.append(ms)
     med = statistics.median(times)
@@ -168,10 +141,6 @@ def table(info):
 
 
 def main():
-    if sys.argv[1:2] == ["table"]:
-        for path in sys.argv[2:]:
-            print(table(json.load(open(path))) + "\n")
-        return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--recipes", default="bf16,ufp4,nvfp4")
     ap.add_argument("--modes", default="fast,exact")

@@ -50,6 +50,26 @@ def batches(vocab, batch, seq, device, seed):
         yield x.to(device, non_blocking=True)
 
 
+def train_step(model, x, vocab, opt, device, check=False):
+    """One AdamW step of next-token cross-entropy on the tokens x: (loss as a float, milliseconds), timed by CUDA
+    events on a GPU and by the wall clock on the CPU. check: then read the deferred finite check (fp4lab on CUDA)."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+    t0 = time.perf_counter()
+    loss = F.cross_entropy(model(x[:, :-1]).float().view(-1, vocab), x[:, 1:].reshape(-1))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    if device.type != "cuda":
+        return loss.item(), (time.perf_counter() - t0) * 1e3
+    end.record()
+    end.synchronize()
+    if check:
+        ft.check_finite()
+    return loss.item(), start.elapsed_time(end)
+
+
 def setup(args, recipe, mode, device, capturable=False):
     """The model (seed 0, blocks under the recipe), its AdamW and the data stream every row of a run starts from."""
     torch.manual_seed(0)
@@ -76,25 +96,8 @@ def run(args, recipe, mode, device, profile=False, compiled=False, monitor_every
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA,
                                                       torch.profiler.ProfilerActivity.CPU])
             prof.__enter__()
-        x = next(data)
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        t0 = time.perf_counter()
-        logits = train_model(x[:, :-1])
-        loss = F.cross_entropy(logits.float().view(-1, args.vocab), x[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if device.type == "cuda":
-            end.record()
-            end.synchronize()
-            ms = start.elapsed_time(end)
-        else:
-            ms = (time.perf_counter() - t0) * 1e3
-        if recipe != "bf16" and device.type == "cuda":
-            ft.check_finite()
-        losses.append(loss.item())
+        loss, ms = train_step(train_model, next(data), args.vocab, opt, device, check=recipe != "bf16")
+        losses.append(loss)
         if step >= args.warmup:
             times.append(ms)
     if prof is not None:
