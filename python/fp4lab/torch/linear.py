@@ -23,7 +23,18 @@ class Linear(Stepped, nn.Linear):
     ``F.linear``. ``layer_id`` keys stochastic rounding: without one it is ``layer_id_of("")`` until ``convert``
     names the layer by its qualified name. ``step`` is the training step, advanced by every forward in training
     mode that records a graph (``set_step`` sets it for a whole model); a forward recomputed by activation
-    checkpointing reuses the step of the forward it repeats."""
+    checkpointing reuses the step of the forward it repeats.
+
+    Args:
+        in_features, out_features, bias, device, dtype: as ``nn.Linear``'s.
+        recipe: a ``Recipe``, or a preset or ablation name (``Recipe(name)``); "bf16" for plain ``F.linear``.
+        layer_id: the SR layer key, an int from 0 to 2**29 - 1 (``layer_id_of(name)``); None for
+            ``layer_id_of("")``.
+
+    Raises:
+        ValueError: the recipe cannot take in_features or out_features (a block or RHT size that does not divide
+        them), named with the pass and operand.
+    """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, recipe: Any = "ufp4",
                  layer_id: Optional[int] = None, device=None, dtype=None):
@@ -41,7 +52,15 @@ class Linear(Stepped, nn.Linear):
 
     @classmethod
     def from_linear(cls, lin: nn.Linear, recipe: Any, layer_id: Optional[int] = None) -> "Linear":
-        """A Linear sharing ``lin``'s parameters (the same Parameter objects, so optimizers see no change)."""
+        """A Linear sharing ``lin``'s parameters (the same Parameter objects, so optimizers see no change).
+
+        Args:
+            lin: the ``nn.Linear``.
+            recipe, layer_id: as the constructor's.
+
+        Returns:
+            The new Linear, in ``lin``'s training mode.
+        """
         new = cls(lin.in_features, lin.out_features, lin.bias is not None, recipe=recipe, layer_id=layer_id,
                   device="meta")
         new.weight = lin.weight
@@ -90,7 +109,12 @@ class Conv1D(Stepped, nn.Module):
     """Hugging Face's ``Conv1D`` (GPT-2's projections: ``x · weight + bias`` with ``weight`` stored [in, out]) with
     its three training GEMMs under an fp4lab recipe. It computes what an fp4lab ``Linear`` holding ``weight.t()``
     computes, bit for bit, and keeps ``weight`` [in, out] and the state-dict keys (``_extra_state`` added, as
-    ``Linear``'s). ``convert`` makes it from a ``transformers.pytorch_utils.Conv1D``, sharing its parameters."""
+    ``Linear``'s). ``convert`` makes it from a ``transformers.pytorch_utils.Conv1D``, sharing its parameters.
+
+    Args:
+        nf: the output features; nx: the input features (``Conv1D(nf, nx)``'s order).
+        recipe, layer_id, device, dtype: as ``Linear``'s.
+    """
 
     def __init__(self, nf: int, nx: int, *, recipe: Any = "ufp4", layer_id: Optional[int] = None, device=None,
                  dtype=None):

@@ -11,6 +11,7 @@ import torch
 
 import fp4lab as _fp
 from fp4lab import _core
+from fp4lab._base import one_line_errors
 
 from ._quantizers import amax_quantizer, join_empty, shard_quantizer
 from .recipe import Recipe, recipe_of_key
@@ -161,14 +162,28 @@ def check_finite_once(step: int, layer: Any) -> None:
         _checked_step, _checked_by = step, id(layer)
 
 
-@_fp._one_line_errors
+@one_line_errors
 def quantize(x: torch.Tensor, cfg: Any = None, *, out: Optional[QTensorCUDA] = None, rht_path: str = "fused",
              check_finite: str = "sync", device_seed: Optional[torch.Tensor] = None, **knobs):
     """Quantise a 2-D tensor along its last dimension. ``cfg`` is a QuantConfig (``fp4lab.config``) or a recipe
     name with ``knobs`` as in ``fp4lab.quantize``. A CPU tensor goes through the golden model and gives an
     ``fp4lab.QTensor``; a CUDA tensor through the CUDA kernels (fused or unfused RHT) and gives a QTensorCUDA.
     ``device_seed`` (CUDA: an int64 tensor on x's device) holds the SR seed's bits, read by the kernel in place of
-    cfg's: a launch captured in a CUDA graph reads the value there at each replay."""
+    cfg's: a launch captured in a CUDA graph reads the value there at each replay.
+
+    Args:
+        x: a 2-D [rows, K] float32, bfloat16 or float16 tensor on the CPU or a CUDA device.
+        cfg: a QuantConfig, a recipe name, or None (the knobs alone).
+        out: CUDA: a QTensorCUDA to quantise into (its device buffers are reused), else a new one.
+        rht_path: CUDA: "fused" (the RHT in the quantiser's kernel) or "unfused" (a kernel of its own).
+        check_finite: CUDA: "sync" raises at once on NaN/Inf; "deferred" sets the device flag ``check_finite()``
+            reads.
+        device_seed: CUDA: an int64 tensor on x's device holding the SR seed's bits, or None (cfg's seed).
+        **knobs: the knobs of ``fp4lab.quantize`` (with a recipe name or None only).
+
+    Returns:
+        An ``fp4lab.QTensor`` for a CPU tensor, a QTensorCUDA (``out`` where given) for a CUDA one.
+    """
     if not isinstance(cfg, (_core.QuantConfig, str, type(None))):
         raise TypeError(f"quantize(): cfg must be a QuantConfig or a recipe name, not {type(cfg).__name__}")
     if not isinstance(cfg, _core.QuantConfig):
@@ -219,7 +234,16 @@ def fake_quantize(x: torch.Tensor, cfg: "_core.QuantConfig", *, out: Optional[QT
                   device_seed: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The BF16 values ``dequantize(quantize(x, cfg))`` rounded to BF16 gives, for a CUDA tensor, in one pass over
     x (the operands of ``fast`` GEMMs); ``out`` receives the quantised operand too when given. ``device_seed`` as
-    in ``quantize``."""
+    in ``quantize``.
+
+    Args:
+        x: a 2-D CUDA tensor (float32, bfloat16 or float16).
+        cfg: the QuantConfig.
+        out, rht_path, check_finite, device_seed: as in ``quantize``.
+
+    Returns:
+        A bfloat16 tensor of x's shape on x's device.
+    """
     x, tr = _cuda_input(x.detach())
     if not x.is_cuda:
         raise ValueError("fake_quantize(): x must be a CUDA tensor")
@@ -244,9 +268,16 @@ def _seed_ptr(seed: Optional[torch.Tensor], x: torch.Tensor) -> int:
     return seed.data_ptr()
 
 
-@_fp._one_line_errors
+@one_line_errors
 def dequantize(q) -> torch.Tensor:
-    """FP32 values of a quantised operand: (grid value · block scale) · global scale, in that FP32 order."""
+    """FP32 values of a quantised operand: (grid value · block scale) · global scale, in that FP32 order.
+
+    Args:
+        q: a QTensorCUDA or an ``fp4lab.QTensor`` (from ``quantize``).
+
+    Returns:
+        A float32 tensor of q's shape, on q's device.
+    """
     return dequantize_as(q, torch.float32)
 
 
@@ -268,7 +299,7 @@ def dequantize_as(q, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(q.dequantize()).to(dtype)
 
 
-@_fp._one_line_errors
+@one_line_errors
 def gemm(qa, qb, *, kernel: str = "fast", check_finite: str = "sync", out_dtype: torch.dtype = torch.float32
          ) -> torch.Tensor:
     """C = A · Bᵀ, FP32 [M, N], under the datapath contract: the golden model for host operands, the CUDA
@@ -276,7 +307,17 @@ def gemm(qa, qb, *, kernel: str = "fast", check_finite: str = "sync", out_dtype:
     thread per output). An output past FP32 raises ValueError (on CUDA with ``check_finite="deferred"``, at the
     next ``check_finite()``). Another ``out_dtype`` gives C converted to it, as ``.to(out_dtype)`` of the FP32 C. The
     fast kernel with the deferred check checks the FP32 values in its epilogue, and writes ``torch.bfloat16`` (round
-    to nearest even) there too."""
+    to nearest even) there too.
+
+    Args:
+        qa, qb: the operands A [M, K] and B [N, K], both from ``quantize`` on the same kind of device.
+        kernel: CUDA: "fast" or "reference".
+        check_finite: CUDA: "sync" or "deferred", as in ``quantize``.
+        out_dtype: the dtype of the result.
+
+    Returns:
+        C [M, N] in ``out_dtype``, on the operands' device.
+    """
     if isinstance(qa, QTensorCUDA) and isinstance(qb, QTensorCUDA):
         dev = qa.device or qa.packed_codes.device
         if kernel == "fast" and check_finite == "deferred":  # the output check in the kernel's epilogue
@@ -295,14 +336,24 @@ def gemm(qa, qb, *, kernel: str = "fast", check_finite: str = "sync", out_dtype:
 
 # ---- the training layer -------------------------------------------------------------------------------------
 
-@_fp._one_line_errors
+@one_line_errors
 def product(qa, qb, mode: str = "exact", check_finite: str = "sync",
             out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """A · Bᵀ of two quantised operands in a GEMM mode: "exact" is ``gemm`` (the datapath contract, FP32, or its
     values rounded to ``out_dtype`` BF16); "fast" multiplies the dequantised operands with torch's matmul on CUDA
     (cuBLAS on BF16 values with FP32 accumulation, a BF16 product; ``out_dtype`` does not apply) and is ``gemm``'s
     FP32 product on the CPU, where the golden GEMM takes less time than dequantising and torch's FP32 matmul (so
-    fast equals exact there). Either mode raises ValueError on an output that overflows."""
+    fast equals exact there). Either mode raises ValueError on an output that overflows.
+
+    Args:
+        qa, qb: the operands A [M, K] and B [N, K], as ``gemm`` takes them.
+        mode: "exact" or "fast".
+        check_finite: CUDA: "sync" or "deferred", as in ``quantize``.
+        out_dtype: exact mode: the dtype of the result.
+
+    Returns:
+        A · Bᵀ [M, N]: FP32 or ``out_dtype`` in exact mode; BF16 in fast mode on CUDA, FP32 on the CPU.
+    """
     if mode not in ("exact", "fast"):
         raise ValueError(f"mode must be 'exact' or 'fast', not {mode!r}")
     if mode == "exact":

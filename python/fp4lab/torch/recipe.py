@@ -80,6 +80,20 @@ class Recipe:
     Immutable, compared and hashed by value; ``repr`` is the call that builds it, and copies, pickles and
     ``torch.save`` carry only that call (the C++ settings are rebuilt on demand). ``key`` is that repr: the
     torch.library operators (``fp4lab.torch.ops``) name the recipe by it.
+
+    Args:
+        name: a preset (``RECIPES``), an ablation (``ABLATIONS``), "bf16" (plain BF16), or None (knobs alone).
+        mode: "exact" (the datapath contract's GEMM) or "fast" (on CUDA, torch's matmul on the dequantised BF16
+            operands; on the CPU, the same as exact).
+        seed: the SR seed, an int from 0 to 2**64 - 1.
+        per_pass: {pass: {knob: value}} on top of the knobs, for fwd_y, bwd_dx or bwd_dw.
+        per_operand: {(pass, "a" or "b"): {knob: value}} on top of those.
+        check_finite: "deferred" (a device flag read once a step) or "sync" (a check at every CUDA operand).
+        **knobs: the knobs of ``fp4lab.quantize`` (format, block, scale, rht, rounding, ...), for every operand.
+
+    Raises:
+        ValueError, TypeError: an unknown name, knob or value, or a pass whose operands are rotated differently,
+        in one line.
     """
 
     def __init__(self, name: Optional[str] = None, *, mode: str = "exact", seed: int = 0,
@@ -246,4 +260,5 @@ def _recipe_from_args(name: Optional[str], args: Dict[str, Any]) -> Recipe:
 
 
 def as_recipe(recipe: Any) -> Recipe:
+    """``recipe`` itself if it is a Recipe, else ``Recipe(recipe)`` (a preset or ablation name)."""
     return recipe if isinstance(recipe, Recipe) else Recipe(recipe)
