@@ -1,5 +1,5 @@
-"""fp4lab.torch.Linear: nn.Linear with its three training GEMMs under a recipe, and the SR step and layer key
-it shares with the attention."""
+"""fp4lab.torch.Linear (and Hugging Face's Conv1D): nn.Linear with its three training GEMMs under a recipe. The SR
+step, the layer key and the GEMMs' autograd function it shares with the other layers are in _layer.py."""
 from __future__ import annotations
 
 from typing import Any, Optional
