@@ -110,11 +110,12 @@ def _device(name):
 def _token_fault(model, tokens: int):
     """Why the converted layers cannot take `tokens` token rows a pass (bwd_dw reduces over them), or None: the
     layers' own check, which they run at each forward, run before the first step."""
-    from ..torch.linear import Linear, _check_shapes
+    from ..torch._layer import check_shapes
+    from ..torch.linear import Linear
     for m in model.modules():
         if isinstance(m, Linear) and not m.recipe.passthrough:
             try:
-                _check_shapes(m._label(), m.recipe, m.layer_id, 0, tokens, m.in_features, m.out_features)
+                check_shapes(m._label(), m.recipe, m.layer_id, 0, tokens, m.in_features, m.out_features)
             except ValueError as e:
                 return str(e)
     return None
