@@ -9,7 +9,7 @@ The decision joins three things fp4lab measures elsewhere, and states what follo
 - **accuracy**, from ``fp4lab analyze`` on one or more captured traces: the trace metrics of ``fp4lab.accuracy`` per
   recipe, with 95% bootstrap intervals over the records (and steps), and the paired differences between recipes;
 - **training evidence**: the project's paired training runs and the proxy study that tests whether any trace metric
-  predicts their outcome (the lab's ``proxy-study``; the summary bundled with the package, or ``--evidence``).
+  predicts their outcome (``fp4lab-train proxy-study``; the summary bundled with the package, or ``--evidence``).
 
 The verdict rule (also printed in every report): a uniform-grid design D, training with the uniform recipe U
 (ufp4), is held against the baseline design B training with the baseline recipe (nvfp4). Cost: throughput per unit
@@ -216,7 +216,7 @@ def _layers(sim: Mapping) -> List[dict]:
 # ---- training evidence --------------------------------------------------------------------------------------------
 
 def evidence_summary(proxy_study: Mapping, source: str) -> dict:
-    """The part of a proxy-study JSON (``python3 -m fp4lab_lab.study proxy-study --json``, lab/) the decision
+    """The part of a proxy-study JSON (``fp4lab-train proxy-study --json``) the decision
     reads: the paired training effects and, per trace metric, its rank correlation with them and that correlation's
     95% interval over the effects on each trace; the best-supported metric (the highest lower end, the lowest over
     the traces) and whether it is supported at all (that lower end above zero)."""
@@ -549,7 +549,7 @@ def decide(model: Any, *, tokens: Optional[int] = None, traces: Iterable[Any] = 
         recipes: the recipes timed and analysed (default: the four presets).
         uniform_recipe, baseline_recipe: the recipes the verdict compares (default ufp4 on the design against nvfp4
             on the baseline).
-        evidence: a proxy-study JSON (``python3 -m fp4lab_lab.study proxy-study --json``, lab/) of your own paired
+        evidence: a proxy-study JSON (``fp4lab-train proxy-study --json``) of your own paired
             training runs; default: the project's, bundled with the package.
         resamples, seed: the accuracy bootstrap.
         jobs: simulator processes at a time (default: the CPUs this process may use).

@@ -375,7 +375,9 @@ def test_installed_commands_write_nowhere_unless_told(tmp_path):
     assert r.returncode == 2 and "--json" in r.stderr and r.stderr.count("\n") == 1, r.stderr
     r = py("proxy", f"t={ana}", cwd=tmp_path)
     assert r.returncode == 2 and "--training" in r.stderr and r.stderr.count("\n") == 1, r.stderr
-    for cmd in ("corpus", "proxy-study", "name"):
+    r = py("proxy-study", f"t={ana}", "--training", "runs.json", cwd=tmp_path)
+    assert r.returncode == 2 and "--json" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    for cmd in ("corpus", "name"):
         r = py(cmd, "x", cwd=tmp_path)
         assert r.returncode == 2 and "invalid choice" in r.stderr, r.stderr
     assert tree() == before

@@ -1,4 +1,4 @@
-"""The proxy study (`python3 -m fp4lab_lab.study proxy-study`, lab/fp4lab_lab/study/proxy_study.py): the rank
+"""The proxy study (`fp4lab-train proxy-study`, fp4lab/study/proxy_study.py): the rank
 correlations against values worked out by hand (ties included), the generator against its published reference values, the bootstrap
 reproducible from its seed and equal, resample by resample, to the plain correlation of the resample, the
 orientation of the effects immaterial, and docs/training.md's table and docs/results/proxy-study.json equal to
@@ -16,7 +16,7 @@ import pytest
 
 from fp4lab import paired
 from fp4lab.study import report as rp
-from fp4lab_lab.study import proxy_study as ps  # lab/ on PYTHONPATH (tests/python/CMakeLists.txt)
+from fp4lab.study import proxy_study as ps
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 RES = os.path.join(ROOT, "docs", "results")

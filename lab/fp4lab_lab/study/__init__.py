@@ -10,17 +10,14 @@ package's fp4lab.study.cli) with what only makes sense here:
             python3 -m fp4lab_lab.study corpus --deb linux-doc-6.12_*.deb data/linux-doc
             apt-get download python3.11-doc
             python3 -m fp4lab_lab.study corpus --deb python3.11-doc_*.deb data/python-doc
-  proxy-study  Which trace metrics (GEMM SQNR per pass, shrinkage η, output and weight-update bias) predict the
-          paired loss effects of docs/results/training.json: rank correlations with bootstrap intervals, the table
-          of docs/training.md and docs/results/proxy-study.json (proxy_study; the package's
-          python/fp4lab/data/training_evidence.json, which `fp4lab decide` reads, summarises that JSON).
   name    The run name of each scripts/train_study.sh run spec.
   defaults  report, proxy and proxy-study read and write this repository's docs/ when not told otherwise
           (REPO_DEFAULTS): docs/results/training.json, docs/training.md, docs/fig_training*,
           docs/results/proxy-study.json. Run them from the repository root:
             python3 -m fp4lab_lab.study report --merge out/runs/*.json
 
-train and recipes are fp4lab-train's. tiny_lm (python3 -m fp4lab_lab.study.tiny_lm) is the trainer of the
+train, recipes and proxy-study (whose docs/results/proxy-study.json the package's
+python/fp4lab/data/training_evidence.json, read by `fp4lab decide`, summarises) are fp4lab-train's. tiny_lm (python3 -m fp4lab_lab.study.tiny_lm) is the trainer of the
 bundled trace workloads/tiny-lm, with its corpus read out of an R package.
 """
 import sys
@@ -32,7 +29,6 @@ from fp4lab.study.model import RECIPES, SIZES
 from fp4lab.study.train import run_name
 
 from .corpus import cmd_corpus
-from .proxy_study import RESAMPLES, SEED, cmd_proxy_study
 
 PROG = "python3 -m fp4lab_lab.study"
 # The repository's paths (relative to its root) that report, proxy and proxy-study use when not given.
@@ -47,7 +43,7 @@ REPO_DEFAULTS = {
     ("proxy-study", "--json"): "docs/results/proxy-study.json",
     ("proxy-study", "--doc"): "docs/training.md",
 }
-COMMANDS = ("corpus", "proxy-study", "name") + cli.COMMANDS
+COMMANDS = ("corpus", "name") + cli.COMMANDS
 
 
 def main(argv=None) -> int:
@@ -66,25 +62,12 @@ def _run(argv) -> int:
     c.add_argument("--corpus", choices=list(CORPORA),
                    help=f"which corpus (default {DEFAULT_CORPUS}); with --deb, the package's, checked")
     c.add_argument("out", help="output folder")
-    y = sub.add_parser("proxy-study", help="which trace metrics predict the paired loss effects: rank correlations "
-                       "with bootstrap intervals, per metric and trace")
-    y.add_argument("analysis", nargs="+", metavar="LABEL=ANALYSIS.json[+ANALYSIS.json]", help="as for proxy: one "
-                   "trace's fp4lab analyze --recipe output, its ablations' joined by '+'")
-    y.add_argument("--training", default=REPO_DEFAULTS[("proxy-study", "--training")])
-    y.add_argument("--resamples", type=int, default=RESAMPLES, help=f"bootstrap resamples (default {RESAMPLES})")
-    y.add_argument("--bootstrap-seed", type=int, default=SEED, help=f"seed of the draws (default {SEED})")
-    y.add_argument("--json", default=REPO_DEFAULTS[("proxy-study", "--json")],
-                   help="every figure of the study ('': none)")
-    y.add_argument("--doc", default=REPO_DEFAULTS[("proxy-study", "--doc")],
-                   help="the document whose proxy-study block is replaced ('': print the table)")
     n = sub.add_parser("name", help="the run name of each scripts/train_study.sh run spec")
     n.add_argument("specs", nargs="+", metavar="SIZE:RECIPE:MODE:SEED:STEPS[:EXTRA ARGS]")
     n.add_argument("--data", help="the runs' training data (a corpus other than the first adds its name)")
     args = ap.parse_args(argv)
     if args.cmd == "corpus":
         cmd_corpus(args)
-    elif args.cmd == "proxy-study":
-        cmd_proxy_study(args)
     elif args.cmd == "name":
         for spec in args.specs:
             print(_name(spec, args.data))

@@ -12,11 +12,12 @@ import sys
 from .._files import ArgumentParser, console_main
 from . import __doc__ as DOC
 from .model import RECIPES, SIZES
+from .proxy_study import RESAMPLES, SEED, cmd_proxy_study
 from .report import PRESETS, cmd_proxy, cmd_report
 from .train import EXIT_CONTINUE, cmd_train
 
 
-COMMANDS = ("train", "report", "proxy", "recipes")
+COMMANDS = ("train", "report", "proxy", "proxy-study", "recipes")
 
 
 def main(argv=None) -> int:
@@ -91,6 +92,15 @@ def build_parser(prog: str = "fp4lab-train", defaults=None, description: str = D
     x.add_argument("--seed", type=int, default=0, help="the seed whose runs give the outcome (every preset has it)")
     _path(x, "proxy", "--doc", defaults, "the document whose proxy blocks are replaced ('': print the tables)")
     _path(x, "proxy", "--figure", defaults, "the figure ('': none)")
+    y = sub.add_parser("proxy-study", help="which trace metrics predict the paired loss effects: rank correlations "
+                       "with bootstrap intervals, per metric and trace (the JSON fp4lab decide --evidence takes)")
+    y.add_argument("analysis", nargs="+", metavar="LABEL=ANALYSIS.json[+ANALYSIS.json]", help="as for proxy: one "
+                   "trace's fp4lab analyze --recipe output, its ablations' joined by '+'")
+    _path(y, "proxy-study", "--training", defaults, "the results file of `report`", required=True)
+    y.add_argument("--resamples", type=int, default=RESAMPLES, help=f"bootstrap resamples (default {RESAMPLES})")
+    y.add_argument("--bootstrap-seed", type=int, default=SEED, help=f"seed of the draws (default {SEED})")
+    _path(y, "proxy-study", "--json", defaults, "every figure of the study", required=True)
+    _path(y, "proxy-study", "--doc", defaults, "the document whose proxy-study block is replaced ('': print the table)")
     sub.add_parser("recipes", help="list the recipes")
     return ap, sub
 
@@ -103,6 +113,8 @@ def run(args) -> int:
         cmd_report(args)
     elif args.cmd == "proxy":
         cmd_proxy(args)
+    elif args.cmd == "proxy-study":
+        cmd_proxy_study(args)
     else:
         for n, what in RECIPES.items():
             print(f"{n:20s} {what}")

@@ -1,4 +1,4 @@
-"""The proxy study: which trace metrics predict the paired loss effects of docs/results/training.json?
+"""The proxy study: which trace metrics predict the paired loss effects of a training results file (`report`'s JSON)?
 
 For every paired effect with an interval (report.proxy_pairs: two presets, or an ablation and the recipe it
 changes, final validation loss, two seeds or more) and every trace metric of METRICS, the metric's difference
@@ -27,9 +27,9 @@ every machine (docs/spec.md §6.1), in the plain Python of the point estimates a
 import json
 import math
 
-from fp4lab._files import DataError, UsageError, check_outputs, read_text, write_atomic
-from fp4lab.study import report as rp
-from fp4lab.accuracy import FIELDS, METRICS, PASSES  # one definition of each metric, shared with fp4lab decide
+from .._files import DataError, UsageError, check_outputs, read_text, write_atomic
+from . import report as rp
+from ..accuracy import FIELDS, METRICS, PASSES  # one definition of each metric, shared with fp4lab decide
 
 RESAMPLES = 10000
 SEED = 20250
