@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds everything and runs every test: the unit label under AddressSanitizer + UndefinedBehaviorSanitizer,
-# then the whole ctest suite (labels unit, rtl, sim, cuda, slow, mpi) on the Release build, then the cross-build
-# comparison (tests/cross_build/check.py).
+# then the whole ctest suite (every label: unit, integration, slow, rtl, sim, cuda, mpi) on the Release build,
+# then the cross-build comparison (tests/cross_build/check.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-2}
