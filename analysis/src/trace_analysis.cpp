@@ -224,14 +224,15 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
     std::atomic<size_t> left{0};  // slots after the load still running
     std::atomic<bool> freed{false};  // its operands are gone (its last slot ended)
   };
-  // A pass whose float64 reference (8 bytes per output) would outweigh every job's quantised operands (under a
-  // byte per element) and 32 MB is analysed in panels by its reference slot, all jobs together
+  // A pass whose float64 reference (8 bytes per output) is over 32 MB, and which with the FP32 outputs of two
+  // running tasks (4 bytes per output each) would outweigh every job's quantised B (under 1.25 bytes per element;
+  // A is quantised a panel at a time), is analysed in panels by its reference slot, all jobs together
   // (analyze_pass_in_panels): its reference and outputs are never whole in memory. Others keep one task per job,
   // their reference made once and held.
   auto in_panels = [&](const io::TraceRecord& rec, size_t pi) {
     const PassGeometry g = pass_geometry(kPasses[pi], rec.tokens, rec.in, rec.out);
-    const double ref = 8.0 * double(g.M) * double(g.N), operands = double(g.M + g.N) * double(g.K);
-    return ref > 32e6 && ref > operands * double(settings.size() + recipes.size());
+    const double ref = 8.0 * double(g.M) * double(g.N), operand_b = double(g.N) * double(g.K);
+    return ref > 32e6 && 2 * ref > operand_b * double(settings.size() + recipes.size());
   };
   const size_t per = 4 + tasks;
   std::vector<RecordWork> work(my.size());
@@ -333,13 +334,15 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
           if (progress) progress(started, my.size(), rec.gemm);
           // A large BF16 tensor stays BF16 in memory and is widened a panel at a time, rather than copied to FP32
           // whole (twice its size): the tensors whose transposes are not held either.
+          // Transposes are held up to 4 MB of floats: a larger one would add its size to the record's.
+          constexpr int64_t kHeld = int64_t(1) << 20;
           io::Trace::Layer& ly = w.layer;
-          ly = open_[refs_[ri].trace]->load(rec, uint64_t(LayerOperands::kHeldTranspose));
+          ly = open_[refs_[ri].trace]->load(rec, uint64_t(kHeld));
           auto f32 = [](const std::vector<float>& v, const uint16_t* v16) { return v16 ? nullptr : v.data(); };
           w.lo = std::make_unique<LayerOperands>(
               LayerView{f32(ly.x, ly.x16), f32(ly.w, ly.w16), f32(ly.dy, ly.dy16), rec.tokens, rec.in, rec.out,
                         ly.x16, ly.w16, ly.dy16},
-              /*with_refs=*/false);
+              /*with_refs=*/false, kHeld);
         } catch (...) {
           w.faults[0] = std::current_exception();
           note_fault(k);

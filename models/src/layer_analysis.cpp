@@ -325,52 +325,113 @@ LayerResults setting_pass_results(Pass p, const AnalysisSetting& s, const Quanti
 }
 }  // namespace
 
+namespace {
+// Rows [from, from + n) of `have` (rows [h0, h0 + have.rows) of an operand) followed by `more`, as one QTensor.
+QTensor rows_then(const QTensor& have, int64_t from, const QTensor& more) {
+  const int64_t keep = have.rows - from;
+  if (keep <= 0) return more;
+  QTensor q = have.rows_panel(from, keep);
+  q.rows += more.rows;
+  q.codes.insert(q.codes.end(), more.codes.begin(), more.codes.end());
+  q.scales.insert(q.scales.end(), more.scales.begin(), more.scales.end());
+  q.scale_codes.insert(q.scale_codes.end(), more.scale_codes.begin(), more.scale_codes.end());
+  return q;
+}
+}  // namespace
+
 std::vector<LayerResults> analyze_pass_in_panels(const LayerOperands& l, Pass p,
                                                  const std::vector<AnalysisSetting>& settings,
                                                  const std::vector<Recipe>& recipes, uint32_t stream,
                                                  int64_t panel_rows) {
   const auto [a, b] = l.pass(p);
+  // Each job's B is quantised whole; its A a panel of rows at a time as the reference panels need them
+  // (PanelQuantiser: the bits and statistics of the whole), so that no job's A codes are ever whole in memory.
   struct Job {
-    Quantised qa, qb;
+    QuantConfig ca, cb;
+    bool bias_a;
+    std::optional<PanelQuantiser> pa;
+    Quantised qb;
+    QTensor have;     // A's codes of rows [h0, h0 + have.rows)
+    int64_t h0 = 0;
     MomentsSum cmp;  // of the quantised output against the reference
   };
-  std::vector<Job> jobs;
-  std::vector<LayerResults> out;
-  for (const AnalysisSetting& s : settings) {
-    const QuantConfig c = s.config();
-    jobs.push_back({quantise(a, c, p != Pass::bwd_dw, l.panels), quantise(b, c, p == Pass::fwd_y, l.panels), {}});
-    out.push_back(setting_pass_results(p, s, jobs.back().qa, jobs.back().qb));
+  std::vector<Job> jobs(settings.size() + recipes.size());
+  for (size_t i = 0; i < settings.size(); ++i) {
+    jobs[i].ca = jobs[i].cb = settings[i].config();
+    jobs[i].bias_a = p != Pass::bwd_dw;
   }
-  for (const Recipe& r : recipes) {
-    const QuantConfig ca = r.operand(p, Operand::a, stream), cb = r.operand(p, Operand::b, stream);
-    jobs.push_back({quantise(a, ca, false, l.panels), quantise(b, cb, false, l.panels), {}});
-    GemmResult g;
-    g.pass = pass_name(p);
-    g.eta = jobs.back().qa.m.alpha() * jobs.back().qb.m.alpha();
-    g.format = r.format.name;
-    g.recipe = r.name;
-    g.rht = ca.rht;
-    LayerResults lr;
-    lr.gemms.push_back(std::move(g));
-    out.push_back(std::move(lr));
+  for (size_t i = 0; i < recipes.size(); ++i) {
+    Job& j = jobs[settings.size() + i];
+    j.ca = recipes[i].operand(p, Operand::a, stream);
+    j.cb = recipes[i].operand(p, Operand::b, stream);
+    j.bias_a = false;
   }
+  const int64_t M = a.rows, N = b.rows, K = a.cols;
   // Panels of about 4 MB of reference and output (12 bytes per element), each reference panel computed once for
   // every job; the moments add up in row-major order across panels, as over the whole product.
-  const int64_t M = a.rows, N = b.rows, K = a.cols;
   const int64_t panel = panel_rows > 0 ? panel_rows : std::max<int64_t>(1, (int64_t(4) << 20) / (12 * N));
-  F64Buffer ref;  // one panel's, its memory reused by the next
-  for (int64_t r0 = 0; r0 < M; r0 += panel) {
-    const int64_t n = std::min(panel, M - r0);
-    gemm_f64(f64_operand(a, r0), f64_operand(b, 0), n, N, K, ref);
-    for (Job& j : jobs) {
-      const std::vector<float> c = gemm_rows(j.qa.q, r0, n, j.qb.q);
-      j.cmp.add(ref.data(), c.data(), n * N);
+  // Jobs go in groups whose B codes together stay within panels.group elements (a job alone may exceed it), each
+  // group making the reference panels again: a few jobs' B, not every job's, are in memory at once.
+  try {
+    for (size_t g0 = 0, g1 = 0; g0 < jobs.size(); g0 = g1) {
+      for (g1 = g0 + 1; g1 < jobs.size() && int64_t(g1 + 1 - g0) * N * K <= l.panels.group;) ++g1;
+      for (size_t i = g0; i < g1; ++i) {
+        Job& j = jobs[i];
+        j.pa.emplace(a, j.ca, j.bias_a, l.panels.panel);
+        j.qb = quantise(b, j.cb, i < settings.size() && p == Pass::fwd_y, l.panels);
+      }
+      F64Buffer ref;  // one panel's, its memory reused by the next
+      for (int64_t r0 = 0; r0 < M; r0 += panel) {
+        const int64_t n = std::min(panel, M - r0);
+        gemm_f64(f64_operand(a, r0), f64_operand(b, 0), n, N, K, ref);
+        for (size_t i = g0; i < g1; ++i) {
+          Job& j = jobs[i];
+          if (const int64_t need = r0 + n - (j.h0 + j.have.rows); need > 0) {
+            const int64_t pr = j.pa->panel_rows();
+            const QTensor more = j.pa->next(std::min((need + pr - 1) / pr * pr, M - j.pa->next_row()));
+            j.have = rows_then(j.have, r0 - j.h0, more);
+            j.h0 = r0;
+          }
+          const std::vector<float> c = gemm_rows(j.have, r0 - j.h0, n, j.qb.q);
+          j.cmp.add(ref.data(), c.data(), n * N);
+        }
+      }
+      for (size_t i = g0; i < g1; ++i) {  // their codes are done with; their statistics stay
+        jobs[i].have = QTensor();
+        QTensor done;
+        done.format = jobs[i].qb.q.format;
+        jobs[i].qb.q = std::move(done);
+      }
     }
+  } catch (...) {
+    // The first fault in the order of quantising each job's A whole, then its B: found again that way.
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      quantise(a, jobs[i].ca, jobs[i].bias_a, l.panels);
+      quantise(b, jobs[i].cb, i < settings.size() && p == Pass::fwd_y, l.panels);
+    }
+    throw;
   }
+  std::vector<LayerResults> out;
   for (size_t i = 0; i < jobs.size(); ++i) {
-    const Moments m = jobs[i].cmp.sum();
-    out[i].gemms.back().sqnr_db = m.sqnr_db();
-    out[i].gemms.back().eta_measured = m.alpha();
+    Job& j = jobs[i];
+    const Quantised qa = j.pa->finish(QTensor());
+    const Moments m = j.cmp.sum();
+    if (i < settings.size()) {
+      out.push_back(setting_pass_results(p, settings[i], qa, j.qb));
+    } else {
+      const Recipe& r = recipes[i - settings.size()];
+      GemmResult g;
+      g.pass = pass_name(p);
+      g.eta = qa.m.alpha() * j.qb.m.alpha();
+      g.format = r.format.name;
+      g.recipe = r.name;
+      g.rht = j.ca.rht;
+      LayerResults lr;
+      lr.gemms.push_back(std::move(g));
+      out.push_back(std::move(lr));
+    }
+    out.back().gemms.back().sqnr_db = m.sqnr_db();
+    out.back().gemms.back().eta_measured = m.alpha();
   }
   return out;
 }

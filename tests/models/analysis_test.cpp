@@ -279,7 +279,7 @@ TEST(LayerAnalysis, PanelsGiveTheWholeTensorsBits) {
   std::vector<float> x(size_t(T * I)), w(size_t(O * I)), dy(size_t(T * O));
   for (auto* v : {&x, &w, &dy})
     for (float& e : *v) e = heavy(rng);
-  const LayerOperands lo(LayerView{x.data(), w.data(), dy.data(), T, I, O});
+  LayerOperands lo(LayerView{x.data(), w.data(), dy.data(), T, I, O});
   std::vector<AnalysisSetting> settings(2);
   settings[0].format = kE2M1;
   settings[1].rht = 16;
@@ -295,7 +295,10 @@ TEST(LayerAnalysis, PanelsGiveTheWholeTensorsBits) {
     EXPECT_EQ(bits(a.eta), bits(b.eta));
     EXPECT_EQ(bits(a.eta_measured), bits(b.eta_measured));
   };
+  // All jobs in one group, then each job in its own (the reference made again per group).
+  for (const int64_t group : {lo.panels.group, int64_t(1)})
   for (Pass p : kPasses) {
+    lo.panels.group = group;
     const std::vector<LayerResults> got = analyze_pass_in_panels(lo, p, settings, recipes, 3, /*panel_rows=*/7);
     ASSERT_EQ(got.size(), settings.size() + recipes.size());
     for (size_t s = 0; s < settings.size(); ++s) {

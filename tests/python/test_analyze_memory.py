@@ -1,15 +1,20 @@
 #!/usr/bin/env python3
 """Peak memory of `fp4lab analyze` follows the record, not the trace: plain Python (no pytest, no fp4lab package).
 
-Three runs, each under a small wrapper process that reports its one child's peak RSS (getrusage; a child's peak
+Four runs, each under a small wrapper process that reports its one child's peak RSS (getrusage; a child's peak
 includes its parent's pages at the fork, so the parent must stay small: this script is not):
   1. one small record: the binary's own footprint, subtracted from the others;
   2. 3,000 records of [16, 16, 16], one file each: above the footprint, under 24 kB per record (the report's text is
      about 12.6 kB per record; holding it as a JSON document took about 100 kB per record);
-  3. one record of [4096, 1024, 64] (9 MB of BF16): above the footprint, under 11 times the record with two OpenMP
-     threads. Measured 7.0-7.4 (5.7 with one thread, 10.2 with four): the FP32 copies and transposes of its
-     operands, 4 times, and each running task's quantised operands, as tasks happen to share a thread's heap.
-     Holding its float64 bwd_dx reference, outputs and rotated copies whole took 14.4 times.
+  3. one record of [4096, 1024, 64] (9 MB of BF16): above the footprint, under 7 times the record with two OpenMP
+     threads. Measured 4.8: the FP32 copies of its operands and each running task's quantised operands, as tasks
+     happen to share a thread's heap. Holding the transposes of tensors up to 16 MB of floats took 7.0-7.4 (5.7
+     with one thread, 10.2 with four).
+     Holding its float64 bwd_dx reference, outputs and rotated copies whole took 14.4 times;
+  4. one FP32 record of [3072, 2048, 2048] (64 MiB) under --formats e2m1 (with and without RHT): above the
+     footprint, under 2 times the record. Measured 1.87: the record, and each job's quantised B while every pass
+     runs in panels, its A quantised a panel at a time. Holding every job's quantised A and B and W's transpose
+     took 2.53 times.
 Each report must be complete: every record's tensors and GEMMs.
 
     python3 tests/python/test_analyze_memory.py --fp4lab build/bin/fp4lab
@@ -25,14 +30,15 @@ import tempfile
 import numpy as np
 
 
-def write_record(path, gemm, shape, rng):
-    """One trace v1 file holding one record, BF16 (the top 16 bits of FP32 normals: finite, heavy enough)."""
+def write_record(path, gemm, shape, rng, dtype="BF16"):
+    """One trace v1 file holding one record, BF16 (the top 16 bits of FP32 normals: finite, heavy enough) or F32."""
     tokens, d_in, d_out = shape
     shapes = {"fwd_x": (tokens, d_in), "fwd_w": (d_out, d_in), "bwd_dy": (tokens, d_out)}
     header, blobs, off = {"__metadata__": {"fp4lab.trace.version": "1"}}, [], 0
     for role, s in shapes.items():
-        data = (rng.standard_normal(s, dtype=np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
-        header[f"{gemm}.{role}"] = {"dtype": "BF16", "shape": list(s), "data_offsets": [off, off + len(data)]}
+        v = rng.standard_normal(s, dtype=np.float32)
+        data = v.astype("<f4").tobytes() if dtype == "F32" else (v.view(np.uint32) >> 16).astype("<u2").tobytes()
+        header[f"{gemm}.{role}"] = {"dtype": dtype, "shape": list(s), "data_offsets": [off, off + len(data)]}
         blobs.append(data)
         off += len(data)
     text = json.dumps(header).encode()
@@ -49,10 +55,10 @@ print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, r.st
 """
 
 
-def analyze(fp4lab, folder, out):
+def analyze(fp4lab, folder, out, *options):
     """(peak RSS in bytes, the report) of one analyze run."""
     # Two threads, as on the CI runner: each running task holds its own quantised operands.
-    r = subprocess.run([sys.executable, "-S", "-c", WRAPPER, fp4lab, "analyze", "--trace", folder, "--json", out],
+    r = subprocess.run([sys.executable, "-S", "-c", WRAPPER, fp4lab, "analyze", "--trace", folder, "--json", out, *options],
                        capture_output=True, text=True, check=True, env=dict(os.environ, OMP_NUM_THREADS="2"))
     code, kib, err = (r.stdout.split(" ", 2) + [""])[:3]
     if code != "0":
@@ -70,8 +76,8 @@ def main():
     failures = []
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "a.json")
-        one, many, large = (os.path.join(d, n) for n in ("one", "many", "large"))
-        for f in (one, many, large):
+        one, many, large, fp32 = (os.path.join(d, n) for n in ("one", "many", "large", "fp32"))
+        for f in (one, many, large, fp32):
             os.mkdir(f)
 
         write_record(os.path.join(one, "r.safetensors"), "r.linear", (16, 16, 16), rng)
@@ -96,8 +102,19 @@ def main():
         ratio = (rss - base) / record
         print(f"one record of [4096, 1024, 64] ({record / 1e6:.1f} MB): peak RSS {rss / 2**20:.1f} MiB, "
               f"{ratio:.2f} times the record above the footprint")
-        if ratio > 11:
-            failures.append(f"large record: {ratio:.2f} times the record above the footprint (limit 11)")
+        if ratio > 7:
+            failures.append(f"large record: {ratio:.2f} times the record above the footprint (limit 7)")
+        os.remove(os.path.join(large, "r.safetensors"))
+
+        record = write_record(os.path.join(fp32, "r.safetensors"), "big", (3072, 2048, 2048), rng, "F32")
+        rss, report = analyze(a.fp4lab, fp32, out, "--formats", "e2m1")
+        if len(report["tensors"]) != 6 or len(report["gemms"]) != 6:
+            failures.append("FP32 record: incomplete report")
+        ratio = (rss - base) / record
+        print(f"one FP32 record of [3072, 2048, 2048] ({record / 2**20:.0f} MiB): peak RSS {rss / 2**20:.1f} MiB, "
+              f"{ratio:.2f} times the record above the footprint")
+        if ratio > 2.0:
+            failures.append(f"FP32 record: {ratio:.2f} times the record above the footprint (limit 2)")
     for f in failures:
         print("FAIL: " + f)
     return 1 if failures else 0

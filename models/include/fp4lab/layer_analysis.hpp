@@ -70,6 +70,7 @@ struct LayerOperands {
     int64_t chunk_above = int64_t(1) << 22;  // 16 MB of floats
     int64_t chunk = int64_t(1) << 20;        // about 1 MB of codes
     int64_t panel = int64_t(1) << 16;        // 256 kB of floats
+    int64_t group = int64_t(1) << 24;        // B elements of the jobs that analyze_pass_in_panels runs together
   } panels;
   void compute_ref(Pass p);  // refs[p]: the float64 product of the pass's unquantised operands
   LayerView l;
@@ -114,9 +115,10 @@ void compare_gemm(GemmResult& g, const F32Buffer& c, const F64Buffer& ref);
 // Every setting's and recipe's results of pass p (one LayerResults per setting, then per recipe, each as
 // analyze_setting_pass or analyze_recipe_pass and compare_gemm give it), for a pass whose float64 reference is
 // too large to hold: the reference is made a panel of rows at a time, once for all of them, and each GEMM output
-// is compared with it panel by panel, so neither the reference nor any output is ever whole in memory. Every
-// job's quantised operands are held meanwhile. It needs no refs (LayerOperands with_refs = false). `panel_rows`:
-// output rows per panel (0: about 4 MB of reference and output).
+// is compared with it panel by panel, so neither the reference nor any output is ever whole in memory. A job's
+// quantised B is held meanwhile, its A quantised a panel of rows at a time; jobs go in groups of at most
+// panels.group B elements (a job alone may exceed it), each group making the reference again. It needs no refs
+// (LayerOperands with_refs = false). `panel_rows`: output rows per panel (0: about 4 MB of reference and output).
 std::vector<LayerResults> analyze_pass_in_panels(const LayerOperands& l, Pass p,
                                                  const std::vector<AnalysisSetting>& settings,
                                                  const std::vector<Recipe>& recipes, uint32_t stream,
