@@ -47,6 +47,24 @@ def test_command_two_is_what_ci_runs():
     assert "\n" + ci + "\n" in README
 
 
+def test_command_two_ends_as_readme_says():
+    """The lines README shows at the end of command 2 are what scripts/test.sh prints last, in order: its summary's
+    `grep -E` patterns and `echo` lines (README's N, S, C, B stand for numbers, the script's $variables too)."""
+    shown = re.search(r"runs every test, and ends with:\n```\n(.*?)^```", README, flags=re.S | re.M)
+    assert shown, "README.md does not show how command 2 ends"
+    lines = [re.sub(r"\b[NSCB]\b", "7", line) for line in shown.group(1).rstrip("\n").split("\n")]
+    script = open(os.path.join(ROOT, "scripts", "test.sh"), encoding="utf-8").read()
+    printed = []  # a regex per line the summary prints
+    for line in script[script.rindex('echo "== summary =="'):].splitlines()[1:]:
+        if line.startswith("grep -E '"):
+            printed.append(line.split("'")[1])
+        elif line.startswith('echo "'):
+            printed.append("^" + re.sub(r"\\\$\w+", "[0-9]+", re.escape(line[len('echo "'):line.rindex('"')])) + "$")
+    assert len(printed) == len(lines) == 3, (printed, lines)
+    for want, line in zip(printed, lines):
+        assert re.search(want, line), f"README.md shows {line!r}; scripts/test.sh prints lines matching {want!r}"
+
+
 def script_array(text, name):
     code = "\n".join(line.split("#")[0] for line in text.splitlines())  # comments may hold parentheses
     return re.search(name + r"=\((.*?)\)", code, flags=re.S).group(1).split()
