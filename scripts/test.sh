@@ -31,7 +31,7 @@ cmake --build build -j"$JOBS"
 # that did not run, which on a machine without a GPU is the ~900 CUDA tests: the full output goes to
 # build/ctest.log, the terminal gets it without that list, and the summary at the end counts them.
 ctest --test-dir build --output-on-failure -j"$JOBS" 2>&1 | tee build/ctest.log \
-  | grep -v -E '^The following tests did not run:$|^[[:space:]]+[0-9]+ - .* \((Skipped|Disabled)\)$'
+  | grep --line-buffered -v -E '^The following tests did not run:$|^[[:space:]]+[0-9]+ - .* \((Skipped|Disabled)\)$'
 # The same bits on every machine: fp4lab built for baseline x86-64 and x86-64-v3 (where the CPU runs it) beside the
 # native build, under 1-3 threads and 1-3 MPI ranks, must write byte-identical analyze, sim, bias, quantize and gemm
 # outputs (docs/spec.md §6.1).
