@@ -1,6 +1,7 @@
 """fp4lab.QuantConfig built from typed keywords: for every named recipe, pass and operand, the keyword call of its
 fields is the settings fp4lab.config (the knob path the command line shares) gives, in value, hash, repr, pickle
 and in the bits it quantises to; the rules the knobs enforce hold for keywords, replace() and unpickling too."""
+import io
 import pickle
 
 import numpy as np
@@ -10,6 +11,21 @@ import fp4lab
 from fp4lab import Format, QuantConfig, Rounding, Scale, _core
 
 NAMES = list(_core.recipe_names()) + list(fp4lab.ABLATIONS)
+class ConfigUnpickler(pickle.Unpickler):
+    """An unpickler that builds nothing but QuantConfigs (and the copyreg helper their pickles name): loading a
+    payload never runs other code."""
+
+    def find_class(self, module, name):
+        if (module, name) in (("fp4lab._core", "QuantConfig"), ("copyreg", "__newobj__"),
+                              ("copyreg", "_reconstructor")):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not a QuantConfig")
+
+
+def loads(payload):
+    return ConfigUnpickler(io.BytesIO(payload)).load()
+
+
 FIELDS = ("format", "block", "scale", "tile2d", "rht", "rht_signs", "rht_bf16", "rounding", "seed", "stream")
 
 
@@ -26,7 +42,7 @@ def test_keywords_give_every_recipes_settings_and_bits(name):
             t = typed_copy(c)
             assert t == c and hash(t) == hash(c) and t.to_dict() == c.to_dict(), (name, p, o)
             assert eval(repr(c), {"fp4lab": fp4lab}) == c
-            assert pickle.loads(pickle.dumps(c)) == c
+            assert loads(pickle.dumps(c)) == c
             assert isinstance(c.format, Format) and isinstance(c.scale, Scale) and isinstance(c.rounding, Rounding)
             q1, q2 = fp4lab.quantize_with(x, c), fp4lab.quantize_with(x, t)
             assert np.array_equal(q1.codes, q2.codes) and np.array_equal(q1.scales.view(np.uint32),
@@ -77,9 +93,11 @@ def test_replace_and_unpickling_hold_to_the_same_rules():
         c.replace(block=64)
     # A pickle is data: a state the constructor refuses does not load. (Block 32 is the pickle's one BININT1 32.)
     payload = pickle.dumps(QuantConfig(block=32), protocol=4)
-    assert payload.count(b"K\x20") == 1 and pickle.loads(payload).block == 32
+    assert payload.count(b"K\x20") == 1 and loads(payload).block == 32
     with pytest.raises(ValueError, match="block size must be 16 or 32, not 8"):
-        pickle.loads(payload.replace(b"K\x20", b"K\x08"))
+        loads(payload.replace(b"K\x20", b"K\x08"))
+    with pytest.raises(pickle.UnpicklingError, match="is not a QuantConfig"):
+        loads(pickle.dumps(print))
 
 
 def test_the_passes_are_listed_once():

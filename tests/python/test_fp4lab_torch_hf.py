@@ -9,6 +9,7 @@ import torch
 import transformers  # scripts/install-deps.sh installs it
 
 import fp4lab.torch as ft
+from hf_steps import train_steps
 
 
 def make_llama():
@@ -38,16 +39,9 @@ def test_convert_report_llama():
 def test_llama_trains(recipe):
     model = ft.convert(make_llama(), ft.Recipe(recipe, seed=1), exclude=r"lm_head")
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(7)
     ids = torch.randint(0, 128, (4, 16), generator=g)  # 64 tokens: a multiple of every block and RHT size
-    losses = []
-    for _ in range(4):
-        loss = model(input_ids=ids, labels=ids).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = train_steps(model, ids, steps=4)
     assert all(math.isfinite(v) for v in losses), losses
     q = model.model.layers[0].self_attn.q_proj
     assert q.step == (0 if recipe == "bf16" else 4)  # the bf16 recipe is plain F.linear and keeps no SR step

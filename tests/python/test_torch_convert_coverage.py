@@ -15,6 +15,7 @@ from transformers.pytorch_utils import Conv1D as HFConv1D
 
 import fp4lab
 import fp4lab.torch as ft
+from hf_steps import train_steps
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -90,15 +91,8 @@ def test_gpt2_conv1d_converted_and_trains():
     assert isinstance(c_attn, ft.Conv1D) and c_attn.weight.shape == (64, 192)
     assert c_attn.layer_id == ft.layer_id_of("transformer.h.0.attn.c_attn")
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(7))
-    losses = []
-    for _ in range(3):
-        loss = model(input_ids=ids, labels=ids).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = train_steps(model, ids)
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
     for i in range(2):
         for p in GPT2_PROJ:

@@ -11,6 +11,7 @@ import transformers  # scripts/install-deps.sh installs it
 from torch import nn
 
 import fp4lab.torch as ft
+from hf_steps import train_steps
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -93,15 +94,8 @@ def test_converted_routers_train_and_save():
         rep["model.layers.0.mlp.shared_expert_gate"].reason
     gate = model.model.layers[0].mlp.gate
     before = gate.weight.detach().clone()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     ids = torch.randint(0, 128, (3, 7), generator=torch.Generator().manual_seed(1))
-    losses = []
-    for _ in range(3):
-        loss = model(input_ids=ids, labels=ids).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = train_steps(model, ids)
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
     assert gate.step == 3 and not torch.equal(gate.weight, before)
     sd = model.state_dict()
