@@ -1,6 +1,6 @@
 """fp4lab.study (`fp4lab-train`) and the lab's study command (python3 -m fp4lab_lab.study, lab/): the corpus
 extraction from a Debian package, a training run's reproducibility and JSON, the report's tables, and
-docs/training.md generated from docs/results/training.json (not typed); the bundled doc-lm trace and its committed
+docs/results/training.md generated from docs/results/training.json (not typed); the bundled doc-lm trace and its committed
 analysis."""
 import hashlib
 import json
@@ -332,9 +332,9 @@ def block(text, marker):
 
 
 def test_docs_training_is_generated_from_the_committed_json(tmp_path):
-    """docs/training.md's status, tables, throughput tables and proxy tables equal what the report, proxy and
+    """docs/results/training.md's status, tables, throughput tables and proxy tables equal what the report, proxy and
     bench table commands make of the committed results: nothing in them is typed by hand."""
-    doc = open(os.path.join(ROOT, "docs", "training.md")).read()
+    doc = open(os.path.join(ROOT, "docs", "results", "training.md")).read()
     runs = json.load(open(os.path.join(ROOT, "docs", "results", "training.json")))["runs"]
     assert all(RUN_KEYS <= set(r) for r in runs)
     assert block(doc, "training tables: fp4lab-train report") == st.tables(runs).strip()
@@ -345,7 +345,7 @@ def test_docs_training_is_generated_from_the_committed_json(tmp_path):
     assert block(doc, "throughput tables: scripts/bench_train_step.py table") == "\n\n".join(
         bench_train_step().table(b) for b in bench)
     copy = tmp_path / "training.md"
-    shutil.copy(os.path.join(ROOT, "docs", "training.md"), copy)
+    shutil.copy(os.path.join(ROOT, "docs", "results", "training.md"), copy)
     # The lab's proxy, whose --training default is the repository's docs/results/training.json.
     r = lab("proxy", "tiny-lm step 5000=docs/results/analysis.json+docs/results/analysis-ablations.json",
            "doc-lm step 200=docs/results/analysis-doc-lm-step200.json",
@@ -361,10 +361,10 @@ def test_docs_training_is_generated_from_the_committed_json(tmp_path):
 def test_installed_commands_write_nowhere_unless_told(tmp_path):
     """fp4lab-train (the installed package's) has no default path into a repository's docs/: report and proxy
     need the results file named (exit 2, nothing written, even run where docs/results/training.json and
-    docs/training.md are); the corpus extraction, the proxy study and the run names are the lab's commands."""
+    docs/results/training.md are); the corpus extraction, the proxy study and the run names are the lab's commands."""
     (tmp_path / "docs" / "results").mkdir(parents=True)
     shutil.copy(os.path.join(ROOT, "docs", "results", "training.json"), tmp_path / "docs" / "results")
-    shutil.copy(os.path.join(ROOT, "docs", "training.md"), tmp_path / "docs")
+    shutil.copy(os.path.join(ROOT, "docs", "results", "training.md"), tmp_path / "docs" / "results")
     ana = os.path.join(ROOT, "docs", "results", "analysis.json")
 
     def tree():
@@ -431,7 +431,7 @@ def test_bundled_doc_lm_trace_and_its_analysis(tmp_path):
     want = json.load(open(os.path.join(ROOT, "docs", "results", "analysis-doc-lm.json")))
     for key in ("tensors", "gemms", "inversion", "decay"):
         assert got[key] == want[key], key
-    # The ablations' analyses that the proxy joins to the bundled traces' (docs/training.md) are what analyze gives.
+    # The ablations' analyses that the proxy joins to the bundled traces' (docs/results/training.md) are what analyze gives.
     for tr, name in (("doc-lm/step_001999", "analysis-doc-lm-ablations.json"),
                      ("tiny-lm/step_005000", "analysis-ablations.json")):
         want = json.load(open(os.path.join(ROOT, "docs", "results", name)))
@@ -444,7 +444,7 @@ def test_bundled_doc_lm_trace_and_its_analysis(tmp_path):
 
 def test_bench_train_step_times_the_training_models_and_recipes(tmp_path):
     """bench_train_step.py --size takes fp4lab.study's model shape and recipe names (ablations included); its JSON
-    is what the table of docs/training.md is made from."""
+    is what the table of docs/results/training.md is made from."""
     bench = os.path.join(ROOT, "scripts", "bench_train_step.py")
     out = tmp_path / "b.json"
     # --seq overrides the size's 64, so that the synthetic stream's 64-token motif repeats and can be learnt.

@@ -1,7 +1,7 @@
 """The proxy study (`fp4lab-train proxy-study`, fp4lab/study/proxy_study.py): the rank
 correlations against values worked out by hand (ties included), the generator against its published reference values, the bootstrap
 reproducible from its seed and equal, resample by resample, to the plain correlation of the resample, the
-orientation of the effects immaterial, and docs/training.md's table and docs/results/proxy-study.json equal to
+orientation of the effects immaterial, and docs/results/training.md's table and docs/results/proxy-study.json equal to
 what the command makes of the committed results. Needs numpy only (scipy, where installed, as a cross-check)."""
 import json
 import math
@@ -171,9 +171,9 @@ def test_trace_metrics_are_the_means_of_the_analysis_rows():
 
 
 def test_docs_training_proxy_study_is_regenerated_by_its_command(tmp_path):
-    """docs/training.md's proxy-study table and docs/results/proxy-study.json are what the command documented
+    """docs/results/training.md's proxy-study table and docs/results/proxy-study.json are what the command documented
     above the table makes of the committed results, byte for byte; the committed document is not touched."""
-    doc = os.path.join(ROOT, "docs", "training.md")
+    doc = os.path.join(ROOT, "docs", "results", "training.md")
     committed = open(doc, encoding="utf-8").read()
     documented = 'python3 -m fp4lab_lab.study proxy-study "' + '='.join(TRACES[0]) + '" \\\n  "' + "=".join(TRACES[1])
     assert documented + '"' in committed

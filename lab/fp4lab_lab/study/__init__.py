@@ -12,7 +12,7 @@ package's fp4lab.study.cli) with what only makes sense here:
             python3 -m fp4lab_lab.study corpus --deb python3.11-doc_*.deb data/python-doc
   name    The run name of each scripts/train_study.sh run spec.
   defaults  report, proxy and proxy-study read and write this repository's docs/ when not told otherwise
-          (REPO_DEFAULTS): docs/results/training.json, docs/training.md, docs/fig_training*,
+          (REPO_DEFAULTS): docs/results/training.json, docs/results/training.md, docs/fig_training*,
           docs/results/proxy-study.json. Run them from the repository root:
             python3 -m fp4lab_lab.study report --merge out/runs/*.json
 
@@ -34,14 +34,14 @@ PROG = "python3 -m fp4lab_lab.study"
 # The repository's paths (relative to its root) that report, proxy and proxy-study use when not given.
 REPO_DEFAULTS = {
     ("report", "--json"): "docs/results/training.json",
-    ("report", "--doc"): "docs/training.md",
+    ("report", "--doc"): "docs/results/training.md",
     ("report", "--figures"): "docs/fig_training",
     ("proxy", "--training"): "docs/results/training.json",
-    ("proxy", "--doc"): "docs/training.md",
+    ("proxy", "--doc"): "docs/results/training.md",
     ("proxy", "--figure"): "docs/fig_training_proxy.png",
     ("proxy-study", "--training"): "docs/results/training.json",
     ("proxy-study", "--json"): "docs/results/proxy-study.json",
-    ("proxy-study", "--doc"): "docs/training.md",
+    ("proxy-study", "--doc"): "docs/results/training.md",
 }
 COMMANDS = ("corpus", "name") + cli.COMMANDS
 
