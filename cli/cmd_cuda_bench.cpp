@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "cmd_cuda_common.hpp"
 #include "commands.hpp"
-#include "cuda_tools.hpp"
 #include "files.hpp"
 #include "fp4lab/io/safetensors.hpp"
 #include "options.hpp"
@@ -20,8 +20,7 @@
 #include <map>
 #include <memory>
 
-#include "fp4lab/rht.hpp"
-#include "fp4lab/scale.hpp"
+#include "fp4lab/cuda/timing.hpp"
 #endif
 
 namespace fp4lab::cli {
@@ -65,13 +64,12 @@ int cmd_cuda_bench(const Invocation& inv) {
   glist.push_back({big, big, big});
   gpu::require_gpu();  // exit 4 without CUDA in this build, 3 without a device
 #ifdef FP4LAB_CLI_HAS_CUDA
-  using namespace gpu;  // Timer, GemmCase, time_quantize, device_random, fixed, pad, fc
+  namespace fc = fp4lab::cuda;
+  using gpu::fixed, gpu::pad;
   const fc::DeviceInfo dev = fc::device_info();
-  int clock_khz = 0;
-  cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, dev.id);
-  cudaStream_t s;
-  fc::check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
-  Timer T(s);
+  const int clock_khz = fc::device_clocks(dev.id).sm_khz;
+  fc::Stream stream;
+  fc::Timer T(stream.get());
   Json J;
   J["device"] = {{"name", dev.name}, {"sm", dev.cc_major * 10 + dev.cc_minor}, {"sms", dev.sms},
                  {"l2_bytes", dev.l2_bytes}, {"clock_khz", clock_khz}};
@@ -80,20 +78,14 @@ int cmd_cuda_bench(const Invocation& inv) {
 
   // Baseline 1: device-to-device copy (bytes read + bytes written).
   const size_t copy_bytes = size_t(1) << 30;
-  fc::Buffer<uint8_t> c0(copy_bytes), c1(copy_bytes);
-  c0.fill_bytes(1);
-  const double copy_us = T.median_us(
-      [&](int) { fc::check(cudaMemcpyAsync(c1.data(), c0.data(), copy_bytes, cudaMemcpyDeviceToDevice, s), "copy"); },
-      reps);
-  const double copy_gbs = 2.0 * double(copy_bytes) / copy_us / 1e3;
-  c0 = fc::Buffer<uint8_t>();
-  c1 = fc::Buffer<uint8_t>();
+  const fc::CopyTime copy = fc::time_copy(T, copy_bytes, reps);
+  const double copy_us = copy.us, copy_gbs = copy.gbs;
   std::cout << "device-to-device copy, 1 GiB: " << fixed(copy_us, 0) << " us, " << fixed(copy_gbs, 0)
             << " GB/s (read + write)\n";
   J["copy"] = {{"bytes", copy_bytes}, {"us", copy_us}, {"gbs", copy_gbs}};
 
   // ---- quantiser: plain, fused RHT-16 + quantise, unfused (RHT pass, then quantise) ----
-  const fp4lab::QuantConfig plain = plain_config(recipe), rot = rht16_config(plain);
+  const fp4lab::QuantConfig plain = fc::plain_config(recipe), rot = fc::rht16_config(plain);
   std::cout << "\nquantise " << plain.label() << " vs " << rot.label()
             << " (FP32 in; packed codes + FP32 scales out; median of " << reps
             << "; inputs rotated through buffers > 4x L2; small shapes timed as CUDA-graph batches)\n";
@@ -104,7 +96,7 @@ int cmd_cuda_bench(const Invocation& inv) {
             << pad("%copy", 7) << pad("fused GB/s", 12) << pad("%copy", 7) << "\n";
   Json jq = Json::array();
   for (auto [rows, K] : qlist) {
-    const QuantTimes q = time_quantize(T, dev, copy_gbs, rows, K, plain, rot, reps, s);
+    const fc::QuantTimes q = fc::time_quantize(T, dev, copy_gbs, rows, K, plain, rot, reps);
     const double gbs_plain = q.bytes / q.plain_us / 1e3, gbs_fused = q.bytes / q.fused_us / 1e3;
     std::cout << pad(std::to_string(rows) + "x" + std::to_string(K), 14) << pad("elem", 6)
               << pad(fixed(q.plain_us, 2), 11) << pad(fixed(q.fused_us, 2), 11) << pad(fixed(q.unfused_us, 2), 12)
@@ -129,10 +121,10 @@ int cmd_cuda_bench(const Invocation& inv) {
   std::map<std::tuple<int64_t, int64_t, int64_t>, double> cublas_us;  // per shape, measured once
   Json jg = Json::array();
   for (const char* rname : {"ufp4", "nvfp4", "mxfp4"}) {
-    const fp4lab::QuantConfig gc = plain_config(gpu::preset(rname));
-    GemmCase probe(gc, 128, 128, 4 * gc.block, s);  // whether this recipe's scales take the fused epilogue
-    fc::gemm_fast_prepare(probe.qa, probe.qb, probe.gws, s);
-    const bool fused = fc::gemm_fast_fused(probe.gws, s);
+    const fp4lab::QuantConfig gc = fc::plain_config(gpu::preset(rname));
+    // Whether this recipe's scales take the fused epilogue.
+    fc::GemmCase probe(gc, 128, 128, 4 * gc.block, stream.get());
+    const bool fused = probe.prepare_fused(stream.get());
     // Bound from the contract's per-block epilogue: 4 FP32 instructions (exact int->float subtraction, two
     // multiplies, one add) per output per block, on 128 FP32 lanes per SM; 2 fmas where the fused form applies
     // (contract_scale_add_magic; its one multiply per row scale is not counted).
@@ -152,42 +144,26 @@ int cmd_cuda_bench(const Invocation& inv) {
               << (fused ? pad("unfused mma us", 16) + pad("fused/unfused", 15) : std::string()) << "\n";
     for (auto [M, N, K] : glist) {
       if (K % gc.block) continue;
-      GemmCase g(gc, M, N, K, s);
-      auto& [dc, qa, qb, gws, flops, batch] = g;
+      fc::GemmCase g(gc, M, N, K, stream.get());
       // Plain launch loops, no graphs, for both sides: cuBLAS under stream capture needs its own workspace setup.
-      fc::gemm_fast_prepare(qa, qb, gws, s);
-      const bool fused_here = fc::gemm_fast_fused(gws, s);  // these operands' scales (the header's are a probe's)
+      const bool fused_here = g.prepare_fused(stream.get());  // these operands' scales (the header's are a probe's)
       double t_cub = 0, tflops = 0;
       if (cublas && cublas_us.count({M, N, K})) {
         t_cub = cublas_us[{M, N, K}];
       } else if (cublas) {
-        std::vector<uint16_t> ha(static_cast<size_t>(M * K)), hb(static_cast<size_t>(N * K));
-        const std::vector<float> fa = random_tensor(M * K, 17), fb = random_tensor(N * K, 19);
-        for (size_t i = 0; i < ha.size(); ++i) ha[i] = fp4lab::f32_to_bf16(fa[i]);
-        for (size_t i = 0; i < hb.size(); ++i) hb[i] = fp4lab::f32_to_bf16(fb[i]);
-        fc::Buffer<uint16_t> da, db;
-        da.upload(ha);
-        db.upload(hb);
-        t_cub = T.median_us([&](int) { cublas->gemm(da.data(), db.data(), dc.data(), M, N, K, s); }, reps, batch, false);
+        t_cub = g.time_cublas_bf16(T, *cublas, reps);
         cublas_us[{M, N, K}] = t_cub;
       }
-      if (cublas) tflops = flops / t_cub / 1e6;
+      if (cublas) tflops = g.flops / t_cub / 1e6;
       int best = -1;
       double best_tops = 0;
       for (int variant = 0; variant < fc::gemm_fast_variants(); ++variant) {
         // The unpack pass writes the views this variant reads (int8, or F16 for wgmma): timed for each.
-        const double t_prep =
-            T.median_us([&](int) { fc::gemm_fast_prepare(qa, qb, gws, s, variant); }, reps, batch, false);
-        const double t_mma =
-            T.median_us([&](int) { fc::gemm_fast_run(qa, qb, dc.data(), gws, s, variant); }, reps, batch, false);
-        double t_unfused = 0;  // the same launch with the separate multiply and add: the fused form's gain
-        if (fused_here) {
-          gws.fused_epilogue = false;
-          t_unfused =
-              T.median_us([&](int) { fc::gemm_fast_run(qa, qb, dc.data(), gws, s, variant); }, reps, batch, false);
-          gws.fused_epilogue = true;
-        }
-        const double tops = flops / (t_prep + t_mma) / 1e6;
+        const double t_prep = g.time_unpack(T, reps, variant);
+        const double t_mma = g.time_mma(T, reps, variant);
+        // The same launch with the separate multiply and add: the fused form's gain.
+        const double t_unfused = fused_here ? g.time_mma_unfused(T, reps, variant) : 0.0;
+        const double tops = g.flops / (t_prep + t_mma) / 1e6;
         if (tops > best_tops) {
           best_tops = tops;
           best = variant;
@@ -213,7 +189,7 @@ int cmd_cuda_bench(const Invocation& inv) {
     }
   }
   J["gemm"] = jg;
-  fc::check(cudaStreamDestroy(s), "cudaStreamDestroy");
+  stream.close();
   J["command"] = "bench";
   json.write(J);  // a temporary file renamed into place; adds fp4lab_version and git_commit
   return kExitOk;

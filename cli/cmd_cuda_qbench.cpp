@@ -10,43 +10,18 @@
 #include <string>
 #include <vector>
 
+#include "cmd_cuda_common.hpp"
 #include "commands.hpp"
-#include "cuda_tools.hpp"
 #include "options.hpp"
 
 #ifdef FP4LAB_CLI_HAS_CUDA
-#include <algorithm>
 #include <iostream>
-#include <map>
 #include <utility>
 
-#include "fp4lab/rht.hpp"
+#include "fp4lab/cuda/timing.hpp"
 #endif
 
 namespace fp4lab::cli {
-
-#ifdef FP4LAB_CLI_HAS_CUDA
-namespace {
-using namespace gpu;  // random_tensor
-
-fp4lab::cuda::Buffer<uint16_t> device_random_bf16(int64_t n, uint64_t seed) {
-  const std::vector<float> h = random_tensor(std::min<int64_t>(n, int64_t(1) << 22), seed);
-  std::vector<uint16_t> hb(h.size());
-  for (size_t i = 0; i < h.size(); ++i) hb[i] = fp4lab::f32_to_bf16(h[i]);
-  fp4lab::cuda::Buffer<uint16_t> b(static_cast<size_t>(n));
-  fp4lab::cuda::check(cudaMemcpy(b.data(), hb.data(), hb.size() * 2, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
-  for (int64_t done = int64_t(hb.size()); done < n;) {
-    const int64_t c = std::min(done, n - done);
-    fp4lab::cuda::check(cudaMemcpy(b.data() + done, b.data(), size_t(c) * 2, cudaMemcpyDeviceToDevice), "cudaMemcpy D2D");
-    done += c;
-  }
-  // The copies run on the legacy stream, which qbench's non-blocking stream does not wait for.
-  fp4lab::cuda::check(cudaDeviceSynchronize(), "device_random_bf16");
-  return b;
-}
-
-}  // namespace
-#endif
 
 int cmd_cuda_qbench(const Invocation& inv) {
   po::options_description desc("fp4lab cuda qbench options");
@@ -78,11 +53,11 @@ int cmd_cuda_qbench(const Invocation& inv) {
   for (const auto& r : recipes) rlist.push_back(gpu::preset(r));
   gpu::require_gpu();  // exit 4 without CUDA in this build, 3 without a device
 #ifdef FP4LAB_CLI_HAS_CUDA
-  using namespace gpu;  // Timer, fixed, pad, fc
+  namespace fc = fp4lab::cuda;
+  using gpu::fixed, gpu::pad;
   const fc::DeviceInfo dev = fc::device_info();
-  cudaStream_t s;
-  fc::check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
-  Timer T(s);
+  fc::Stream stream;
+  fc::Timer T(stream.get());
   Json J;
   J["device"] = {{"name", dev.name}, {"sm", dev.cc_major * 10 + dev.cc_minor}, {"sms", dev.sms},
                  {"l2_bytes", dev.l2_bytes}};
@@ -93,80 +68,36 @@ int cmd_cuda_qbench(const Invocation& inv) {
             << pad("GB/s", 8) << pad("copy us", 9) << pad("copy GB/s", 10) << pad("%copy", 7) << "\n";
   Json rows = Json::array();
   for (const auto& sh : slist) {
-    const int64_t R = sh[0], C = sh[1], n = R * C;
-    const size_t in_bytes = size_t(n) * 2;
-    const int nbuf = int(std::clamp<size_t>((4 * dev.l2_bytes + in_bytes - 1) / in_bytes, 2, 256));
-    std::vector<fc::Buffer<uint16_t>> xs;
-    xs.push_back(device_random_bf16(n, 7));
-    for (int i = 1; i < nbuf; ++i) {
-      xs.emplace_back(static_cast<size_t>(n));
-      fc::check(cudaMemcpy(xs.back().data(), xs[0].data(), in_bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy D2D");
-    }
-    fc::check(cudaDeviceSynchronize(), "cudaMemcpy D2D");  // legacy-stream copies, before stream s reads them
-    fc::Buffer<uint16_t> xt(static_cast<size_t>(n));  // the copy of the replaced transposed route
-    fc::Buffer<uint8_t> dst(in_bytes);
-    fc::DQTensor q;
-    fc::QuantWorkspace ws;
-    const int batch = std::max(nbuf, int(std::clamp(3000.0 / std::max(double(in_bytes) / 4e3 * 2, 1.0), 1.0, 200.0)));
-    auto x = [&](int i) { return xs[size_t(i % nbuf)].data(); };
-    std::map<size_t, double> copy_us;  // per byte count
-    auto copy_time = [&](size_t bytes) {
-      if (!copy_us.count(bytes))
-        copy_us[bytes] = T.median_us(
-            [&](int i) {
-              fc::check(cudaMemcpyAsync(dst.data(), x(i), bytes / 2, cudaMemcpyDeviceToDevice, s), "copy");
-            },
-            reps, batch);
-      return copy_us[bytes];
-    };
+    const int64_t R = sh[0], C = sh[1];
+    fc::Bf16QuantBench bench(dev, R, C);
     for (const fp4lab::Recipe& rec : rlist) {
-      fp4lab::QuantConfig plain;
-      plain.format = rec.format;
-      plain.block = rec.block;
-      plain.scale = rec.scale;
-      plain.seed = 0x5eed;
-      plain.stream = 3;
-      fp4lab::QuantConfig rht = plain, sr = plain;
-      rht.rht = 16;
-      rht.rht_signs = fp4lab::rht_signs_te(16);
-      rht.rht_bf16 = rec.rht_bf16;
-      sr.rounding = fp4lab::Rounding::sr;
-      const double bytes = double(n) * (2.0 + 0.5 + 4.0 / plain.block +
-                                        (plain.scale == fp4lab::ScaleKind::fp32 ? 0.0 : 1.0 / plain.block)) + 4;
-      const double t_copy = copy_time(size_t(bytes) & ~size_t(15));
-      const double copy_gbs = double(size_t(bytes) & ~size_t(15)) / t_copy / 1e3;
-      for (auto [vname, cfg] : {std::pair<const char*, const fp4lab::QuantConfig*>{"plain", &plain},
-                                {"rht16", &rht}, {"sr", &sr}}) {
-        for (const char* layout : {"row-wise", "transposed", "copy+row"}) {
+      const fc::Bf16Variants v = fc::bf16_variants(rec);
+      const double bytes = bench.bytes(v.plain);
+      const fc::CopyTime copy = bench.copy(T, bytes, reps);
+      const double t_copy = copy.us, copy_gbs = copy.gbs;
+      for (auto [vname, cfg] : {std::pair<const char*, const fp4lab::QuantConfig*>{"plain", &v.plain},
+                                {"rht16", &v.rht16}, {"sr", &v.sr}}) {
+        for (auto [layout, lay] : {std::pair<const char*, fc::Bf16Layout>{"row-wise", fc::Bf16Layout::row_wise},
+                                   {"transposed", fc::Bf16Layout::transposed},
+                                   {"copy+row", fc::Bf16Layout::copy_row}}) {
           const std::string l = layout;
           if (l == "copy+row" && std::string(vname) != "plain") continue;
           if ((!only_variant.empty() && only_variant != vname) || (!only_layout.empty() && only_layout != l)) continue;
-          const double us = T.median_us(
-              [&](int i) {
-                if (l == "row-wise") {
-                  fc::quantize_bf16(x(i), R, C, *cfg, q, ws, s, fc::RhtPath::fused, false);
-                } else if (l == "transposed") {
-                  fc::quantize_transposed_bf16(x(i), R, C, *cfg, q, ws, s, fc::RhtPath::fused, false);
-                } else {
-                  fc::check(cudaMemcpyAsync(xt.data(), x(i), in_bytes, cudaMemcpyDeviceToDevice, s), "copy");
-                  fc::quantize_bf16(xt.data(), C, R, *cfg, q, ws, s, fc::RhtPath::fused, false);
-                }
-              },
-              reps, batch);
+          const double us = bench.time(T, *cfg, lay, reps);
           const double gbs = bytes / us / 1e3;
           std::cout << pad(std::to_string(R) + "x" + std::to_string(C), 11) << pad(rec.name, 10) << pad(vname, 9)
                     << pad(layout, 12) << pad(fixed(us, 2), 9) << pad(fixed(gbs, 0), 8) << pad(fixed(t_copy, 2), 9)
                     << pad(fixed(copy_gbs, 0), 10) << pad(fixed(100 * gbs / copy_gbs, 0), 7) << "\n";
           rows.push_back({{"rows", R}, {"cols", C}, {"recipe", rec.name}, {"variant", vname}, {"layout", layout},
                           {"config", cfg->label()}, {"us", us}, {"gbs", gbs}, {"bytes", bytes}, {"copy_us", t_copy},
-                          {"copy_gbs", copy_gbs}, {"fraction_of_copy", gbs / copy_gbs}, {"graph_batch", batch},
-                          {"buffers", nbuf}, {"samples_us", T.samples}});
+                          {"copy_gbs", copy_gbs}, {"fraction_of_copy", gbs / copy_gbs}, {"graph_batch", bench.batch()},
+                          {"buffers", bench.buffers()}, {"samples_us", T.samples}});
         }
       }
     }
   }
   J["quantize_bf16"] = rows;
-  fc::check(cudaStreamDestroy(s), "cudaStreamDestroy");
+  stream.close();
   J["command"] = "qbench";
   json.write(J);
   return kExitOk;

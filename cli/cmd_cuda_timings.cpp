@@ -8,13 +8,15 @@
 #include <string>
 #include <vector>
 
+#include "cmd_cuda_common.hpp"
 #include "commands.hpp"
-#include "cuda_tools.hpp"
 #include "options.hpp"
 
 #ifdef FP4LAB_CLI_HAS_CUDA
 #include <algorithm>
 #include <iostream>
+
+#include "fp4lab/cuda/timing.hpp"
 #endif
 
 namespace fp4lab::cli {
@@ -43,30 +45,31 @@ int cmd_cuda_timings(const Invocation& inv) {
     for (int64_t b = int64_t(1) << 20; b <= int64_t(1) << 30; b *= 4) copy_sizes.push_back(b);
   for (int64_t b : copy_sizes)
     if (b < 4096 || b > (int64_t(1) << 32) || b % 4096) usage_error("--copy sizes must be multiples of 4096 up to 4 GiB");
-  const fp4lab::QuantConfig plain = gpu::plain_config(gpu::preset(recipe_name)), rot = gpu::rht16_config(plain);
+  const fp4lab::Recipe recipe = gpu::preset(recipe_name);
   std::vector<std::vector<int64_t>> qlist, glist;
   for (const auto& q : quant) {
     qlist.push_back(cli::parse_dims(q, "RxK", "quant"));
-    if (qlist.back()[1] % plain.block) usage_error("--quant " + q + ": K is not a multiple of the block");
+    if (qlist.back()[1] % recipe.block) usage_error("--quant " + q + ": K is not a multiple of the block");
   }
-  std::vector<fp4lab::QuantConfig> gcs;
-  for (const auto& r : gemm_recipes) gcs.push_back(gpu::plain_config(gpu::preset(r)));
+  std::vector<fp4lab::Recipe> grecipes;
+  for (const auto& r : gemm_recipes) grecipes.push_back(gpu::preset(r));
   for (const auto& g : gemms) {
     glist.push_back(cli::parse_dims(g, "MxNxK", "gemm"));
-    for (const auto& gc : gcs)
-      if (glist.back()[2] % gc.block) usage_error("--gemm " + g + ": K is not a multiple of every recipe's block");
+    for (const auto& gr : grecipes)
+      if (glist.back()[2] % gr.block) usage_error("--gemm " + g + ": K is not a multiple of every recipe's block");
   }
   gpu::require_gpu();  // exit 4 without CUDA in this build, 3 without a device
 #ifdef FP4LAB_CLI_HAS_CUDA
-  using namespace gpu;  // Timer, GemmCase, time_quantize, fixed, pad, fc
+  namespace fc = fp4lab::cuda;
+  using gpu::fixed, gpu::pad;
+  const fp4lab::QuantConfig plain = fc::plain_config(recipe), rot = fc::rht16_config(plain);
+  std::vector<fp4lab::QuantConfig> gcs;
+  for (const auto& gr : grecipes) gcs.push_back(fc::plain_config(gr));
   const fc::DeviceInfo dev = fc::device_info();
-  int clock_khz = 0, mem_khz = 0, bus_bits = 0;
-  cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, dev.id);
-  cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, dev.id);
-  cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, dev.id);
-  cudaStream_t s;
-  fc::check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
-  Timer T(s);
+  const fc::Clocks clocks = fc::device_clocks(dev.id);
+  const int clock_khz = clocks.sm_khz, mem_khz = clocks.memory_khz, bus_bits = clocks.memory_bus_bits;
+  fc::Stream stream;
+  fc::Timer T(stream.get());
   Json J;
   J["command"] = "timings";
   J["device"] = {{"name", dev.name}, {"sm", dev.cc_major * 10 + dev.cc_minor}, {"sms", dev.sms},
@@ -89,21 +92,11 @@ int cmd_cuda_timings(const Invocation& inv) {
   // Device-to-device copies: bytes read + bytes written over time; the source and destination walk through
   // 1 GiB buffers so that small copies do not stay in the L2.
   {
-    const size_t span = std::max<size_t>(size_t(1) << 30, size_t(*std::max_element(copy_sizes.begin(), copy_sizes.end())));
-    fc::Buffer<uint8_t> c0(span), c1(span);
-    c0.fill_bytes(1);
+    fc::CopyWalk walk(size_t(*std::max_element(copy_sizes.begin(), copy_sizes.end())));
     for (int64_t b : copy_sizes) {
-      const size_t nb = span / size_t(b);
-      const double est_us = 2.0 * double(b) / 4e6;
-      const int batch = int(std::clamp(2000.0 / std::max(est_us, 1.0), 1.0, 500.0));
-      const double us = T.median_us(
-          [&](int i) {
-            const size_t off = size_t(i) % nb * size_t(b);
-            fc::check(cudaMemcpyAsync(c1.data() + off, c0.data() + off, size_t(b), cudaMemcpyDeviceToDevice, s), "copy");
-          },
-          reps, batch);
-      row("copy", "", std::to_string(b), us, T.samples,
-          {{"bytes", b}, {"gbs", 2.0 * double(b) / us / 1e3}, {"batch", batch}, {"graph", batch > 1}});
+      const fc::CopyWalk::Time t = walk.time(T, b, reps);
+      row("copy", "", std::to_string(b), t.us, T.samples,
+          {{"bytes", b}, {"gbs", 2.0 * double(b) / t.us / 1e3}, {"batch", t.batch}, {"graph", t.batch > 1}});
     }
   }
   double copy_gbs = 0;
@@ -111,7 +104,7 @@ int cmd_cuda_timings(const Invocation& inv) {
 
   for (const auto& d : qlist) {
     const int64_t R = d[0], K = d[1];
-    const QuantTimes q = time_quantize(T, dev, copy_gbs, R, K, plain, rot, reps, s);
+    const fc::QuantTimes q = fc::time_quantize(T, dev, copy_gbs, R, K, plain, rot, reps);
     const std::string shape = std::to_string(R) + "x" + std::to_string(K);
     const Json ex = {{"rows", R}, {"K", K}, {"bytes", q.bytes}, {"batch", q.batch}, {"graph", q.batch > 1},
                      {"buffers", q.buffers}};
@@ -123,24 +116,22 @@ int cmd_cuda_timings(const Invocation& inv) {
   for (const auto& gc : gcs) {
     for (const auto& d : glist) {
       const int64_t M = d[0], N = d[1], K = d[2];
-      GemmCase g(gc, M, N, K, s);  // back-to-back launches (no graph), as a training step issues them
-      auto& [dc, qa, qb, gws, flops, batch] = g;
+      fc::GemmCase g(gc, M, N, K, stream.get());  // back-to-back launches (no graph), as a training step issues them
       const int variant = fc::gemm_fast_default_variant(gc.block, M, N);
       const std::string shape = std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K);
-      const Json ex = {{"M", M}, {"N", N}, {"K", K}, {"batch", batch}, {"graph", false}, {"variant", variant},
+      const Json ex = {{"M", M}, {"N", N}, {"K", K}, {"batch", g.batch}, {"graph", false}, {"variant", variant},
                        {"variant_name", fc::gemm_fast_variant_name(variant)}};
-      const double t_prep = T.median_us([&](int) { fc::gemm_fast_prepare(qa, qb, gws, s); }, reps, batch, false);
+      const double t_prep = g.time_unpack(T, reps);  // the default variant's views
       row("gemm_unpack", gc.label(), shape, t_prep, T.samples, ex);
-      const double t_mma =
-          T.median_us([&](int) { fc::gemm_fast_run(qa, qb, dc.data(), gws, s, variant); }, reps, batch, false);
+      const double t_mma = g.time_mma(T, reps, variant);
       row("gemm_mma", gc.label(), shape, t_mma, T.samples, ex);
-      const double t_all = T.median_us([&](int) { fc::gemm_fast(qa, qb, dc.data(), gws, s, variant); }, reps, batch, false);
+      const double t_all = g.time_fast(T, reps, variant);
       Json ex2 = ex;
-      ex2["tops"] = flops / t_all / 1e6;
+      ex2["tops"] = g.flops / t_all / 1e6;
       row("gemm_fast", gc.label(), shape, t_all, T.samples, ex2);
     }
   }
-  fc::check(cudaStreamDestroy(s), "cudaStreamDestroy");
+  stream.close();
   J["rows"] = rows;
   json.write(J);
   return kExitOk;

@@ -6,6 +6,11 @@
 #include "fp4lab/io/safetensors.hpp"  // io::Error
 #include "options.hpp"
 
+#ifdef FP4LAB_CLI_HAS_CUDA
+#include "fp4lab/cuda/check.hpp"   // cuda::CheckFault
+#include "fp4lab/cuda/device.hpp"  // cuda::NoDevice
+#endif
+
 namespace fp4lab::cli {
 
 int describe(std::exception_ptr e, const std::string& cmd, std::string& msg) {
@@ -26,6 +31,14 @@ int describe(std::exception_ptr e, const std::string& cmd, std::string& msg) {
   } catch (const fp4lab::io::Error& x) {  // already names the file and the fault
     msg = x.what();
     return kExitData;
+#ifdef FP4LAB_CLI_HAS_CUDA
+  } catch (const fp4lab::cuda::NoDevice& x) {
+    msg = x.what();
+    return kExitNoDevice;
+  } catch (const fp4lab::cuda::CheckFault& x) {  // a trace record the check could not check: names it
+    msg = x.what();
+    return kExitData;
+#endif
   } catch (const std::bad_alloc&) {
     msg = "out of memory";
     return kExitData;

@@ -318,3 +318,68 @@ def test_the_cpp_layering_sees_what_it_forbids(tmp_path):
         "python/CMakeLists.txt: _core puts the command line's folder ${PROJECT_SOURCE_DIR}/cli on its include path",
         "kernels/CMakeLists.txt: fp4lab_cuda links the command line's fp4lab_cli_options",
     ])
+
+
+# ---- the command line holds no GPU code (rule 7) -------------------------------------------------------------------
+# 7. The GPU work of `fp4lab cuda` -- the conformance check against the golden model and the timing harness (events,
+#    warm-up, medians, the copy baseline) -- is the library fp4lab_cuda_tools' (kernels/harness, headers
+#    fp4lab/cuda/check.hpp, timing.hpp, device.hpp). No cli/ source includes a CUDA header or the kernels' own
+#    (fp4lab/cuda/kernels.hpp), names a CUDA runtime identifier (cudaEventRecord, cudaStream_t, cudaMemcpyAsync...)
+#    outside comments and string literals, or calls a kernel of fp4lab/cuda/kernels.hpp.
+CUDA_HEADERS = re.compile(r"^(cuda[\w.]*\.h|cuda\.h|fp4lab/cuda/kernels\.hpp|.*\.cuh)$")
+CUDA_RUNTIME = re.compile(r"\bcuda[A-Z]\w*")
+# The kernels of fp4lab/cuda/kernels.hpp, called through a name of the namespace fp4lab::cuda.
+CUDA_KERNELS = ("quantize", "quantize_bf16", "quantize_transposed", "quantize_transposed_bf16", "fake_quantize",
+                "dequantize", "dequantize_bf16", "rht", "tensor_amax", "flag_nonfinite", "operand_stats",
+                "gemm_reference", "gemm_fast", "gemm_fast_prepare", "gemm_fast_run", "gemm_native_sm100")
+COMMENTS_AND_STRINGS = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
+
+
+def cli_gpu_faults(root):
+    """Every break of rule 7 in the cli/ folder of the tree at root, one line each."""
+    faults = []
+    for path in source_files(root, CPP_SUFFIXES, "cli"):
+        text = open(os.path.join(root, path), encoding="utf-8", errors="replace").read()
+        for _, name in INCLUDE.findall(text):
+            if CUDA_HEADERS.match(name):
+                faults.append(f"{path}: includes {name} (GPU code is fp4lab_cuda_tools')")
+        code = COMMENTS_AND_STRINGS.sub(lambda m: "" if m.group(0)[0] in "\"'" else " ", text)
+        for name in sorted(set(CUDA_RUNTIME.findall(code))):
+            faults.append(f"{path}: uses the CUDA runtime's {name}")
+        if re.search(r"\busing\s+namespace\s+(fp4lab\s*::\s*)?cuda\b", code):
+            faults.append(f"{path}: uses namespace fp4lab::cuda")
+        names = {"cuda"} | set(re.findall(r"\bnamespace\s+(\w+)\s*=\s*(?:::)?fp4lab\s*::\s*cuda\s*;", code))
+        call = re.compile(r"\b(" + "|".join(sorted(names)) + r")\s*::\s*(" + "|".join(CUDA_KERNELS) + r")\s*\(")
+        for alias, kernel in sorted(set(call.findall(code))):
+            faults.append(f"{path}: launches {alias}::{kernel}")
+    return faults
+
+
+def test_the_command_line_holds_no_gpu_code():
+    assert os.path.isfile(os.path.join(ROOT, "kernels", "harness", "include", "fp4lab", "cuda", "check.hpp"))
+    faults = cli_gpu_faults(ROOT)
+    assert not faults, "\n".join(faults)
+
+
+def test_the_gpu_rule_sees_what_it_forbids(tmp_path):
+    def put(rel, text):
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    put("cli/a.cpp", '#include <cuda_runtime_api.h>\n#include "fp4lab/cuda/kernels.hpp"\n'
+        "void f() { cudaEvent_t e; cudaEventCreate(&e); }\n")
+    put("cli/b.cpp", "namespace fc = fp4lab::cuda;\nvoid g() { fc::gemm_fast(a, b, c, ws); fc::device_info(); }\n"
+        "void h() { fp4lab::cuda::quantize(x, 1, 16, cfg, q, ws); fp4lab::quantize(x, 1, 16, cfg); }\n")
+    put("cli/c.cpp", "using namespace fp4lab::cuda;\n")
+    # Allowed: the harness's headers, CUDA named in comments and output text, the golden model's quantize.
+    put("cli/d.cpp", '#include "fp4lab/cuda/timing.hpp"\n// cudaMemcpyAsync is the baseline\n'
+        'const char* s = "copy = cudaMemcpyAsync";\nauto q = fp4lab::quantize(x, 1, 16, cfg);\n')
+    assert sorted(cli_gpu_faults(str(tmp_path))) == sorted([
+        "cli/a.cpp: includes cuda_runtime_api.h (GPU code is fp4lab_cuda_tools')",
+        "cli/a.cpp: includes fp4lab/cuda/kernels.hpp (GPU code is fp4lab_cuda_tools')",
+        "cli/a.cpp: uses the CUDA runtime's cudaEventCreate",
+        "cli/a.cpp: uses the CUDA runtime's cudaEvent_t",
+        "cli/b.cpp: launches cuda::quantize",
+        "cli/b.cpp: launches fc::gemm_fast",
+        "cli/c.cpp: uses namespace fp4lab::cuda",
+    ])
