@@ -156,6 +156,47 @@ void bind_quant(nb::module_& m) {
     return quantize_rows(x.data(), 0, rows, cols, cfg, amax);
   }, "x"_a.noconvert(), "config"_a, "amax"_a,
         "quantize_f32 with the tensor amax given (ue4m3's global scale; other scales ignore it).");
+  // Some rows of a larger tensor, each quantised as quantize() quantises it within the whole: row i of x is row
+  // index[i] of the whole, whose stochastic rounding draws the whole's element indices and whose ue4m3 scales take
+  // the whole's amax. A data-parallel rank quantises its own rows of the global batch this way
+  // (fp4lab.torch.sr_shard) with the single process's random words, without the other ranks' rows.
+  m.def("quantize_f32_at", [](CpuIn x, const QuantConfig& cfg,
+                              nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> index,
+                              float amax) {
+    require_threads();
+    if (!(std::isfinite(amax) && amax >= 0.0f))
+      throw std::invalid_argument("amax must be a finite number >= 0, not " + std::to_string(amax));
+    const int64_t rows = int64_t(x.shape(0)), cols = int64_t(x.shape(1));
+    if (int64_t(index.shape(0)) != rows)
+      throw std::invalid_argument("index must hold one row index per row of x (" + std::to_string(rows) + "), not " +
+                                  std::to_string(index.shape(0)));
+    if (cfg.tile2d)
+      throw std::invalid_argument("16x16 tiles span rows: a tensor's rows are not quantised one at a time");
+    const int64_t* at = index.data();
+    for (int64_t i = 0; i < rows; ++i)
+      if (at[i] < 0) throw std::invalid_argument("row index " + std::to_string(at[i]) + " is negative");
+    validate(cfg, rows, cols);
+    nb::gil_scoped_release release;
+    // One call per run of consecutive rows (a contiguous slice of the whole is one panel), appended to the first.
+    QTensor q;
+    for (int64_t i = 0; i < rows;) {
+      int64_t j = i + 1;
+      while (j < rows && at[j] == at[j - 1] + 1) ++j;
+      QTensor p = quantize_rows(x.data() + i * cols, at[i], j - i, cols, cfg, amax);
+      if (i == 0) {
+        q = std::move(p);
+      } else {
+        q.codes.insert(q.codes.end(), p.codes.begin(), p.codes.end());
+        q.scales.insert(q.scales.end(), p.scales.begin(), p.scales.end());
+        q.scale_codes.insert(q.scale_codes.end(), p.scale_codes.begin(), p.scale_codes.end());
+      }
+      i = j;
+    }
+    q.rows = rows;
+    return q;
+  }, "x"_a.noconvert(), "config"_a, "index"_a.noconvert(), "amax"_a,
+        "Rows index[i] of a larger tensor (x's row i) quantised as quantize_f32 quantises them within it, with the "
+        "larger tensor's amax (ue4m3's global scale; other scales ignore it).");
   m.def("validate", [](const QuantConfig& cfg, int64_t rows, int64_t cols) { validate(cfg, rows, cols); },
         "config"_a, "rows"_a, "cols"_a, "Raises ValueError when a [rows, cols] operand cannot be quantised so.");
   m.def("make_qtensor", &make_qtensor, "format"_a, "scale"_a, "block"_a, "tile2d"_a, "codes"_a, "scales"_a,

@@ -9,71 +9,85 @@ import torch
 
 from fp4lab import _core
 
-__all__ = ["shard_quantizer", "expert_quantizer", "amax_quantizer", "reduces", "reduced_amax", "join_empty"]
+__all__ = ["shard_quantizer", "amax_quantizer", "quantize_rows_of", "to_device", "reduces",
+           "reduced_amax", "collective_device", "join_empty"]
 
 
-def shard_quantizer(shard, inner):
-    """``inner(x, cfg, pass, operand)`` with SR token operands placed at their place in the global batch.
+def shard_quantizer(shard, inner, amax_marks=None):
+    """``inner(x, cfg, pass, operand)`` with SR token operands quantised at their place in the global batch.
+
+    Each such operand's rows are quantised as rows of the global operand (``_core.quantize_f32_at``): their SR
+    words are the global tensor's at their element indices, and ue4m3's global scale takes the global operand's
+    amax (all-reduced where ``reduce_amax`` is on, else this rank's, which is the zero-padded global operand's).
+    A rank quantises its own rows only. Token rows (fwd_y and bwd_dx operand a) are rows rank·n.. of the global
+    [world·n, K] operand; token columns (bwd_dw, the transposed operands [rows, n]) are columns rank·n.. of the
+    global [rows, world·n] one, whose row i, column rank·n + j has the element index of row i·world + rank, column
+    j of it seen as [rows·world, n] (n a multiple of the block: a block lies within a rank's columns).
 
     Args:
         shard: a layer's ``sr_shard`` mark: (rank, world_size) for a Linear, Conv1D or Router; an expert's token
             rows (``idx`` of ``total``) for Experts.
-        inner: the quantiser, ``inner(x, cfg, pass, operand) -> QTensor``.
+        inner: the quantiser, ``inner(x, cfg, pass, operand) -> QTensor``, for the other operands.
+        amax_marks: the layer's ``reduce_amax`` mark ((group,)), or None.
 
     Returns:
         A quantiser of the same signature.
     """
-    if not isinstance(shard, tuple):
-        return expert_quantizer(shard, inner)
-    rank, world = shard
+    expert = not isinstance(shard, tuple)
 
     def quantize(x, cfg, pass_, operand):
         token_rows = pass_ in ("fwd_y", "bwd_dx") and operand == "a"
-        token_cols = pass_ == "bwd_dw"
+        token_cols = pass_ == "bwd_dw" and not expert  # an expert's tokens of a rank are no whole blocks
         if not (token_rows or token_cols) or not cfg.label.endswith("_sr"):
             return inner(x, cfg, pass_, operand)
-        if x.is_cuda:
-            raise ValueError(f"{pass_} operand {operand}: sr_shard places operands on the CPU only")
-        rows, cols = x.shape
-        if token_rows:
-            full = x.new_zeros((rows * world, cols))
-            full[rank * rows:(rank + 1) * rows] = x
+        if expert:
+            index = shard.idx
         else:
-            full = x.new_zeros((rows, cols * world))
-            full[:, rank * cols:(rank + 1) * cols] = x
-        q = inner(full, cfg, pass_, operand)
-        codes, scales = np.asarray(q.codes), np.asarray(q.scales)
-        if token_rows:
-            codes, scales = codes[rank * rows:(rank + 1) * rows], scales[rank * rows:(rank + 1) * rows]
-        else:
-            b = q.block  # the micro-batch's tokens come zero-padded to a multiple of the block
-            codes = codes[:, rank * cols:(rank + 1) * cols]
-            scales = scales[:, rank * cols // b:(rank + 1) * cols // b]
-        return _core.make_qtensor(q.format, q.scale, q.block, q.tile2d, np.ascontiguousarray(codes),
-                                  np.ascontiguousarray(scales), q.global_scale, q.rht, q.rht_signs or [])
+            rank, world = shard
+            n = x.shape[0]
+            index = (torch.arange(rank * n, (rank + 1) * n) if token_rows
+                     else torch.arange(n) * world + rank)
+        reduce = amax_marks is not None and reduces(cfg, pass_, operand)
+        return quantize_rows_of(x, cfg, pass_, operand, index, reduce, amax_marks[0] if reduce else None)
 
     return quantize
 
 
-def expert_quantizer(rows, inner):
-    """An expert's SR token-row operands (fwd_y and bwd_dx operand a) placed at the expert's rows of the global
-    batch (``rows.idx`` of ``rows.total``), quantised, and this rank's rows kept. The wgrad operands, tokens in
-    columns, are quantised as they are: an expert's tokens of a rank are no whole blocks of the global batch's."""
+def quantize_rows_of(x: torch.Tensor, cfg, pass_: str, operand: str, index=None, reduce: bool = False, group=None):
+    """``x`` quantised by the golden quantiser as rows ``index`` of a larger tensor (None: x whole), with the larger
+    tensor's amax: all-reduced (MAX) over ``group`` when ``reduce``, else x's own. A CUDA operand is quantised so
+    on the host and its codes and scales go back to its device as a QTensorCUDA: the CUDA quantiser kernels take
+    neither a first element index nor a given amax, and the golden quantiser gives their bits (docs/spec.md §4),
+    so a rank quantises its own rows only, at the cost of a host round trip of the operand."""
+    xf = x.detach().to(torch.float32).contiguous()
+    host = xf.cpu()
+    amax = reduced_amax(group, host, cfg, pass_, operand, like=xf) if reduce else None
+    try:
+        if amax is None:
+            amax = _core.tensor_amax(host, cfg) if cfg.to_dict()["scale"] == "ue4m3" else 0.0
+        if index is None:
+            q = _core.quantize_f32_amax(host, cfg, amax)
+        else:
+            q = _core.quantize_f32_at(host, cfg, index.to(torch.int64).cpu().contiguous().numpy(), amax)
+    except ValueError as e:
+        raise ValueError(f"{pass_} operand {operand} {list(x.shape)}: {e}") from None
+    return to_device(q, x.device) if x.is_cuda else q
 
-    def quantize(x, cfg, pass_, operand):
-        if not (pass_ in ("fwd_y", "bwd_dx") and operand == "a" and cfg.label.endswith("_sr")):
-            return inner(x, cfg, pass_, operand)
-        if x.is_cuda:
-            raise ValueError(f"{pass_} operand {operand}: sr_shard places operands on the CPU only")
-        full = x.new_zeros((rows.total, x.shape[1]))
-        full[rows.idx] = x
-        q = inner(full, cfg, pass_, operand)
-        idx = rows.idx.numpy()
-        codes, scales = np.asarray(q.codes)[idx], np.asarray(q.scales)[idx]
-        return _core.make_qtensor(q.format, q.scale, q.block, q.tile2d, np.ascontiguousarray(codes),
-                                  np.ascontiguousarray(scales), q.global_scale, q.rht, q.rht_signs or [])
 
-    return quantize
+def to_device(q, device: torch.device):
+    """An ``fp4lab.QTensor`` copied to a CUDA device as the kernels' operand (a QTensorCUDA)."""
+    from .ops import QTensorCUDA, launch  # ops imports this module
+
+    codes = torch.from_numpy(np.asarray(q.codes)).to(device)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()  # element 2i in the low nibble
+    scales = torch.from_numpy(np.ascontiguousarray(q.scales)).to(device)
+    global_scale = torch.tensor([q.global_scale], dtype=torch.float32, device=device)
+    out = QTensorCUDA()
+    # The copies run on the current stream, which orders them before the buffers of these tensors are reused.
+    _core.cuda_make_qtensor(q.format, q.scale, q.block, q.tile2d, packed, scales, global_scale, out._h,
+                            launch(packed)[1], q.rht, q.rht_signs or [])
+    out.device = device
+    return out
 
 
 TOKEN_OPERANDS = {("fwd_y", "a"), ("bwd_dx", "a"), ("bwd_dw", "a"), ("bwd_dw", "b")}
@@ -81,8 +95,9 @@ TOKEN_OPERANDS = {("fwd_y", "a"), ("bwd_dx", "a"), ("bwd_dw", "a"), ("bwd_dw", "
 
 def amax_quantizer(group, inner):
     """``inner(x, cfg, pass, operand)`` with the token operands of a per-tensor scale quantised with the amax
-    all-reduced (MAX) over ``group``. A rank whose operand cannot be quantised (NaN, Inf) still joins the
-    all-reduce, with a flag, so that every rank raises instead of the others waiting for it.
+    all-reduced (MAX) over ``group``, by the golden quantiser (``quantize_rows_of``; a CUDA operand on the host,
+    its result copied back). A rank whose operand cannot be quantised (NaN, Inf) still joins the all-reduce, with
+    a flag, so that every rank raises instead of the others waiting for it.
 
     Args:
         group: the ``torch.distributed`` process group (``reduce_amax``'s), None for the default one.
@@ -95,14 +110,18 @@ def amax_quantizer(group, inner):
     def quantize(x, cfg, pass_, operand):
         if not reduces(cfg, pass_, operand):
             return inner(x, cfg, pass_, operand)
-        xf = x.detach().to(torch.float32).contiguous()
-        amax = reduced_amax(group, xf, cfg, pass_, operand)
-        try:
-            return _core.quantize_f32_amax(xf, cfg, amax)
-        except ValueError as e:
-            raise ValueError(f"{pass_} operand {operand} {list(x.shape)}: {e}") from None
+        return quantize_rows_of(x, cfg, pass_, operand, reduce=True, group=group)
 
     return quantize
+
+
+def collective_device(group, like: torch.Tensor) -> torch.device:
+    """Where a small tensor of a collective over ``group`` lives: on the GPU for NCCL (which reduces device tensors
+    only), on the CPU for gloo (and for a group with both, unless ``like`` is a CUDA tensor)."""
+    backend = str(torch.distributed.get_backend(group))
+    if "nccl" in backend and ("gloo" not in backend or like.is_cuda):
+        return like.device if like.is_cuda else torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def reduces(cfg, pass_: str, operand: str) -> bool:
@@ -110,18 +129,18 @@ def reduces(cfg, pass_: str, operand: str) -> bool:
     return (pass_, operand) in TOKEN_OPERANDS and cfg.to_dict()["scale"] == "ue4m3"
 
 
-def reduced_amax(group, xf: torch.Tensor, cfg, pass_: str, operand: str) -> float:
-    """The amax of ``xf`` all-reduced with MAX over ``group``; an empty operand (an expert this rank sends no tokens)
-    joins with 0."""
-    if xf.is_cuda:
-        raise ValueError(f"{pass_} operand {operand}: reduce_amax reduces the amax of CPU operands only")
+def reduced_amax(group, xf: torch.Tensor, cfg, pass_: str, operand: str, like: torch.Tensor = None) -> float:
+    """The amax of ``xf`` (a CPU float32 tensor: the golden quantiser's amax) all-reduced with MAX over ``group``;
+    an empty operand (an expert this rank sends no tokens) joins with 0. ``like``: the operand on its own device,
+    which picks the device of the all-reduce (``collective_device``)."""
     fault, local = None, 0.0
     if xf.numel():
         try:
-            local = _core.tensor_amax(xf, cfg)
+            local = _core.tensor_amax(xf.cpu(), cfg)
         except ValueError as e:
             fault = e
-    amax = torch.tensor([local, 1.0 if fault else 0.0], dtype=torch.float32)
+    amax = torch.tensor([local, 1.0 if fault else 0.0], dtype=torch.float32,
+                        device=collective_device(group, xf if like is None else like))
     torch.distributed.all_reduce(amax, op=torch.distributed.ReduceOp.MAX, group=group)
     if fault is not None:
         raise ValueError(f"{pass_} operand {operand} {list(xf.shape)}: {fault}") from None

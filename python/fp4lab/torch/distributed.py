@@ -5,11 +5,11 @@ the layer's qualified name and the step from the number of training forwards. Th
 though, is its index in the tensor quantised (row · columns + column, docs/spec.md §12), and a rank quantises
 its micro-batch's tokens, not the global batch's: rank r's element would draw the word of another element of the
 global batch. ``sr_shard(model, rank, world_size)`` makes each SR operand with a tokens dimension draw the words
-of its place in the global batch: the micro-batch is placed at its rows (fwd_y and bwd_dx operand a, tokens in
-rows) or columns (bwd_dw operands, tokens in columns) of a global-sized zero tensor, that is quantised, and the
-micro-batch's part is kept (zero blocks do not change the micro-batch's blocks). It costs world_size× the
-quantiser work on the SR operands, on CPU tensors; RTNE operands are quantised as they are (their codes depend
-on their own block only).
+of its place in the global batch: the golden quantiser quantises the micro-batch's rows (fwd_y and bwd_dx operand
+a, tokens in rows) or columns (bwd_dw operands, tokens in columns) as those of the global operand, element indices
+and all, and nothing else: a rank's quantiser work is its micro-batch's. A CUDA operand is quantised so on the host
+and copied back (the CUDA kernels take no first element index); RTNE operands are quantised as they are (their
+codes depend on their own block only).
 
 A per-tensor scale (nvfp4's global scale, from the amax of the tensor quantised) is the micro-batch's amax, not the
 global batch's, unless ``reduce_amax(model)`` is on: as Transformer Engine's amax reduction, each rank takes the
@@ -36,8 +36,9 @@ def sr_shard(model: nn.Module, rank: int, world_size: int) -> nn.Module:
 
     Every ``Experts`` too: an expert's tokens on a rank are scattered rows of its global rows, so each forward
     all-gathers every rank's [experts, top-k] token counts (torch.distributed initialised with ``world_size``
-    ranks) and places each expert's SR token-row operands (dgrad's dY) at their rows of the expert's global
-    operand; its wgrad operands are quantised as they are (a rank holds no whole token blocks of an expert)."""
+    ranks, on the GPU under NCCL) and quantises each expert's SR token-row operands (dgrad's dY) as their rows of
+    the expert's global operand; its wgrad operands are quantised as they are (a rank holds no whole token blocks
+    of an expert)."""
     if not (0 <= rank < world_size):
         raise ValueError(f"sr_shard(): rank {rank} is not in [0, {world_size})")
     for m in model.modules():
@@ -66,10 +67,11 @@ def reduce_amax(model: nn.Module, group=None, enabled: bool = True) -> nn.Module
         ``model``.
 
     Every rank must run the same GEMMs in the same order (the data-parallel contract), each with tokens; eager
-    mode, CPU tensors (a CUDA operand, or a compiled model's GEMMs, are refused with one line). ``Experts`` and
-    ``Router`` are marked too: marked ``Experts`` run every expert's GEMMs on every rank, in expert order, an expert
-    without tokens on a rank joining its all-reduces with amax 0 (its GEMMs give +0.0). Combine with ``sr_shard``
-    for the SR operands."""
+    mode (a compiled model's marked GEMMs leave the graph). CUDA operands are reduced on the device under NCCL and
+    quantised with the reduced amax by the golden quantiser on the host (the CUDA kernels take no given amax).
+    ``Experts`` and ``Router`` are marked too: marked ``Experts`` run every expert's GEMMs on every rank, in expert
+    order, an expert without tokens on a rank joining its all-reduces with amax 0 (its GEMMs give +0.0). Combine
+    with ``sr_shard`` for the SR operands."""
     if enabled and not torch.distributed.is_initialized():
         raise RuntimeError("reduce_amax(): torch.distributed is not initialised (init_process_group first)")
     for m in model.modules():

@@ -12,6 +12,7 @@ from torch.overrides import TorchFunctionMode
 
 from ._layer import ROOT_ID as _ROOT_ID, Stepped as _Stepped, apply_gemm as _apply, check_shapes as _check_shapes
 from ._layer import layer_id_of
+from ._quantizers import collective_device
 from .recipe import Recipe
 
 __all__ = ["Experts", "Router"]
@@ -75,16 +76,18 @@ def _global_rows(mask: torch.Tensor, shard) -> list:
         raise RuntimeError(f"sr_shard(rank={rank}, world_size={world}) on Experts: the experts' token places come "
                            "from every rank's counts, which needs torch.distributed initialised with that world size")
     local = mask[:-1].sum(dim=-1).to(torch.int64)  # [experts, top-k]: this rank's tokens per expert and slot
-    counts = [torch.empty_like(local) for _ in range(world)]
-    torch.distributed.all_gather(counts, local)
-    counts = torch.stack(counts)  # [world, experts, top-k]
+    dev = collective_device(None, local)
+    counts = [torch.empty_like(local, device=dev) for _ in range(world)]
+    torch.distributed.all_gather(counts, local.to(dev))
+    # The places go to the golden quantiser on the host (_quantizers.shard_quantizer): the counts come there once.
+    counts, local = torch.stack(counts).cpu(), local.cpu()  # [world, experts, top-k]
     per_slot = counts.sum(0)
     slot_base = per_slot.flatten(1).cumsum(1) - per_slot  # rows of the earlier slots, all ranks
     before = counts[:rank].sum(0)  # rows of the earlier ranks in the same slot
     own_base = local.cumsum(1) - local  # this rank's rows of the earlier slots
     out = []
     for e in range(local.shape[0]):
-        slot, _ = torch.where(mask[e])
+        slot = torch.where(mask[e])[0].cpu()
         idx = torch.arange(slot.numel()) - own_base[e][slot] + slot_base[e][slot] + before[e][slot]
         out.append(_Rows(idx, int(per_slot[e].sum())))
     return out

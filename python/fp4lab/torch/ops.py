@@ -685,7 +685,7 @@ def _qmatmul_observed(a, b, step, recipe: Recipe, layer: int, pass_: str, label:
     if amax is not None:
         quant = amax_quantizer(amax[0], quant)
     if shard is not None:
-        quant = shard_quantizer(shard, quant)
+        quant = shard_quantizer(shard, quant, amax)  # its SR operands take reduce_amax's amax too
     try:
         qa, qb = quant(a, cfg(pass_, "a"), pass_, "a"), quant(b, cfg(pass_, "b"), pass_, "b")
     except ValueError as e:
