@@ -167,3 +167,38 @@ def test_monitor_records_router_and_sharded_expert_gemms(tmp_path):
     # The sharded experts' GEMMs (each forward's own objects) are recorded under the experts' GEMM names.
     assert any(n.startswith("model.layers.0.mlp.experts.gate_up_proj.") for n in layers)
     assert any(n.startswith("model.layers.1.mlp.experts.down_proj.") for n in layers)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_router_compiles_whole_with_eager_bits(backend):
+    # torch.compile(fullgraph=True) of a converted router: 0 graph breaks (its logits GEMM goes through the fp4lab
+    # operators under the TorchFunctionMode that routes it), one graph for every SR step, and eager's logits,
+    # routing, input and weight gradients bit for bit over 3 training steps (21 tokens: a partial block of wgrad's
+    # tokens). The router's own softmax and normalisation are torch code, which inductor fuses in its own order
+    # (its scores then differ from eager's in the last bit, as an unconverted router's do): bit-equal under
+    # aot_eager, and kept out of the loss so that the GEMMs' gradients compare under inductor too.
+    model = ft.convert(make_mixtral(), ft.Recipe("nvfp4", seed=4), routers=True)
+    router = model.get_submodule("model.layers.1.mlp.gate")
+    x = torch.randn(3, 7, 64, generator=torch.Generator().manual_seed(5))
+    explained = torch._dynamo.explain(copy.deepcopy(router))(x)  # a copy: explain's forward takes a step
+    assert explained.graph_break_count == 0, explained.break_reasons
+    assert explained.graph_count == 1
+    eager, model = router, copy.deepcopy(router)
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
+    torch._dynamo.reset()
+    for step in range(3):
+        got = []
+        for m in (eager, compiled):
+            xr = x.clone().requires_grad_()
+            logits, scores, index = m(xr)
+            logits.square().sum().backward()
+            got.append((logits, scores, index, xr.grad))
+        (le, se, ie, ge), (lc, sc, ic, gc) = got
+        assert torch.equal(bits(le), bits(lc)) and torch.equal(ie, ic), step
+        assert backend == "inductor" or torch.equal(bits(se), bits(sc)), step
+        assert torch.equal(bits(ge), bits(gc)), step
+        assert torch.equal(bits(eager.weight.grad), bits(model.weight.grad)), step
+        if step == 0:
+            graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs  # no graph per step
+    assert eager.step == model.step == 3
