@@ -202,3 +202,33 @@ def test_router_compiles_whole_with_eager_bits(backend):
             graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs  # no graph per step
     assert eager.step == model.step == 3
+
+
+def test_experts_refuse_an_expert_index_past_the_experts():
+    experts = ft.Experts(make_mixtral(experts=8).model.layers[0].mlp.experts, "nvfp4")
+    x, weights = torch.randn(5, 64), torch.full((5, 2), 0.5)
+    with pytest.raises(ValueError, match=r"expert index outside \[0, 8\]"):
+        experts(x, torch.tensor([[0, 1]] * 4 + [[2, 9]]), weights)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_experts_forward_reads_the_host_once_cuda():
+    # The experts' token counts come to the host in one read a forward, not one per expert: the forward (in high
+    # precision, whose GEMMs do not synchronise) makes one synchronising CUDA call, whatever the number of experts.
+    import warnings
+
+    experts = ft.Experts(make_mixtral(experts=8).model.layers[0].mlp.experts, "bf16").cuda()
+    x = torch.randn(40, 64, device="cuda")
+    index = torch.randint(0, 8, (40, 2), generator=torch.Generator().manual_seed(0)).cuda()
+    weights = torch.full((40, 2), 0.5, device="cuda")
+    experts(x, index, weights)  # warm-up: first calls may synchronise once (allocator, libraries)
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            experts(x, index, weights)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) == 1, [str(w.message) for w in syncs]

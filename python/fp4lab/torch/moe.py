@@ -3,6 +3,7 @@
 recipe; fp4lab.torch.Router: a router module's logits GEMM under a recipe (``convert(..., routers=True)``)."""
 from __future__ import annotations
 
+import itertools
 from typing import Any, Optional
 
 import torch
@@ -166,10 +167,28 @@ class Experts(_Stepped, nn.Module):
             step, check = self._take_step(torch.is_grad_enabled() and (
                 hidden_states.requires_grad or self.gate_up_proj.requires_grad or self.down_proj.requires_grad))
         with torch.no_grad():
-            mask = torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts + 1).permute(2, 1, 0)
-            hit = [int(e[0]) for e in torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()]
+            # Each expert's (top-k slot, token) pairs in the eager loop's order (torch.where of its one-hot mask
+            # [top-k, tokens]: slot-major): a stable sort of the positions slot·tokens + token by expert, and the
+            # experts' counts read once, so that the loop slices them with no host synchronisation per expert.
+            tokens = top_k_index.shape[0]
+            flat = top_k_index.t().reshape(-1)
+            order = torch.sort(flat, stable=True).indices
+            # (index_add_ rather than bincount, which reads its input's maximum on the host first; an index past
+            # the experts is counted in a last bin, and refused.)
+            E = self.num_experts
+            valid = torch.where((flat >= 0) & (flat <= E), flat, E + 1)
+            counts = torch.zeros(E + 2, dtype=torch.int64, device=flat.device).index_add_(
+                0, valid, torch.ones_like(valid)).tolist()  # the forward's one host read
+            if counts.pop():
+                raise ValueError(f"{self._label()}: top_k_index holds an expert index outside [0, {E}]")
+            starts = [0] + list(itertools.accumulate(counts))
+            hit = [e for e, n in enumerate(counts) if n]
         shard = self.__dict__.get("_sr_shard")
-        rows = _global_rows(mask, shard) if step is not None and shard is not None else None
+        rows = None
+        if step is not None and shard is not None:
+            with torch.no_grad():
+                rows = _global_rows(torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts + 1)
+                                    .permute(2, 1, 0), shard)
         if step is not None and self.__dict__.get("_amax_reduce") is not None:
             # reduce_amax: every rank runs every expert's GEMMs in the same order, so that each joins the amax
             # all-reduces of an expert it sends no tokens (its GEMMs then have no rows and give +0.0).
@@ -177,7 +196,8 @@ class Experts(_Stepped, nn.Module):
         for e in hit:
             if e == self.num_experts:
                 continue
-            top_k_pos, token_idx = torch.where(mask[e])
+            pos = order[starts[e]:starts[e + 1]]
+            top_k_pos, token_idx = pos // tokens, pos % tokens
             x = hidden_states[token_idx]
             gu, down = self._gemms[e]
             if rows is not None:
