@@ -4,12 +4,11 @@ takes ``inner(x, cfg, pass, operand)`` -> QTensor and returns a quantiser of the
 so that ops, the layers and distributed import them one way."""
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from fp4lab import _core
 
-__all__ = ["shard_quantizer", "amax_quantizer", "quantize_rows_of", "to_device", "reduces",
+__all__ = ["shard_quantizer", "amax_quantizer", "quantize_rows_of", "reduces",
            "reduced_amax", "collective_device", "join_empty"]
 
 
@@ -56,9 +55,9 @@ def shard_quantizer(shard, inner, amax_marks=None):
 def quantize_rows_of(x: torch.Tensor, cfg, pass_: str, operand: str, index=None, reduce: bool = False, group=None):
     """``x`` quantised by the golden quantiser as rows ``index`` of a larger tensor (None: x whole), with the larger
     tensor's amax: all-reduced (MAX) over ``group`` when ``reduce``, else x's own. A CUDA operand is quantised so
-    on the host and its codes and scales go back to its device as a QTensorCUDA: the CUDA quantiser kernels take
-    neither a first element index nor a given amax, and the golden quantiser gives their bits (docs/spec.md §4),
-    so a rank quantises its own rows only, at the cost of a host round trip of the operand."""
+    on the host too (its golden QTensor goes back to the device in ops): the CUDA quantiser kernels take neither a
+    first element index nor a given amax, and the golden quantiser gives their bits (docs/spec.md §4), so a rank
+    quantises its own rows only, at the cost of a host round trip of the operand."""
     xf = x.detach().to(torch.float32).contiguous()
     host = xf.cpu()
     amax = reduced_amax(group, host, cfg, pass_, operand, like=xf) if reduce else None
@@ -71,23 +70,7 @@ def quantize_rows_of(x: torch.Tensor, cfg, pass_: str, operand: str, index=None,
             q = _core.quantize_f32_at(host, cfg, index.to(torch.int64).cpu().contiguous().numpy(), amax)
     except ValueError as e:
         raise ValueError(f"{pass_} operand {operand} {list(x.shape)}: {e}") from None
-    return to_device(q, x.device) if x.is_cuda else q
-
-
-def to_device(q, device: torch.device):
-    """An ``fp4lab.QTensor`` copied to a CUDA device as the kernels' operand (a QTensorCUDA)."""
-    from .ops import QTensorCUDA, launch  # ops imports this module
-
-    codes = torch.from_numpy(np.asarray(q.codes)).to(device)
-    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()  # element 2i in the low nibble
-    scales = torch.from_numpy(np.ascontiguousarray(q.scales)).to(device)
-    global_scale = torch.tensor([q.global_scale], dtype=torch.float32, device=device)
-    out = QTensorCUDA()
-    # The copies run on the current stream, which orders them before the buffers of these tensors are reused.
-    _core.cuda_make_qtensor(q.format, q.scale, q.block, q.tile2d, packed, scales, global_scale, out._h,
-                            launch(packed)[1], q.rht, q.rht_signs or [])
-    out.device = device
-    return out
+    return q
 
 
 TOKEN_OPERANDS = {("fwd_y", "a"), ("bwd_dx", "a"), ("bwd_dw", "a"), ("bwd_dw", "b")}

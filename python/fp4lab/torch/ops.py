@@ -475,6 +475,20 @@ def _device_operand(codes, scales, global_scale, recipe: str, pass_: str, operan
     return q
 
 
+def _to_device(q: "_core.QTensor", device: torch.device) -> QTensorCUDA:
+    """A golden operand copied to a CUDA device as the kernels' operand (codes packed two per byte there)."""
+    codes = torch.from_numpy(np.asarray(q.codes)).to(device)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()
+    out = QTensorCUDA()
+    # Copies on the current stream, which orders them before these tensors' memory is reused.
+    _core.cuda_make_qtensor(q.format, q.scale, q.block, q.tile2d, packed,
+                            torch.from_numpy(np.ascontiguousarray(q.scales)).to(device),
+                            torch.tensor([q.global_scale], dtype=torch.float32, device=device), out._h,
+                            launch(packed)[1], q.rht, q.rht_signs or [])
+    out.device = device
+    return out
+
+
 @quantize_op.register_fake
 def _(x, step, recipe, layer, pass_, operand, label):
     block = recipe_of_key(recipe).config(pass_, operand, layer=0, step=0).to_dict()["block"]
@@ -690,6 +704,8 @@ def _qmatmul_observed(a, b, step, recipe: Recipe, layer: int, pass_: str, label:
         qa, qb = quant(a, cfg(pass_, "a"), pass_, "a"), quant(b, cfg(pass_, "b"), pass_, "b")
     except ValueError as e:
         raise ValueError(f"{label}: {e}") from None
+    if a.is_cuda:  # sr_shard's and reduce_amax's operands come from the golden quantiser on the host
+        qa, qb = (_to_device(q, a.device) if isinstance(q, _core.QTensor) else q for q in (qa, qb))
     y = product(qa, qb, recipe.mode, recipe.check_finite)
     for obs in observers:
         wants = getattr(obs, "wants", None)
