@@ -101,6 +101,33 @@ void print_table(const AnalysisResult& r) {
   }
 }
 
+// The options' text, typed by the knob parsers (options.hpp: a bad value is a usage error with the message it has
+// everywhere); the library checks what is left (a value given twice, an empty list, a sign count against an RHT
+// size). Signs are read only when a setting rotates, the seed only for recipe runs: unused, they are not checked.
+AnalysisOptions analysis_options(const po::variables_map& vm) {
+  AnalysisOptions o;
+  o.traces = vm["trace"].as<std::vector<std::string>>();
+  o.formats.clear();
+  for (const auto& f : split_list(vm["formats"].as<std::string>())) o.formats.push_back(parse_format(f));
+  o.rht.clear();
+  for (const auto& r : split_list(vm["rht"].as<std::string>())) o.rht.push_back(parse_rht(r, "rht"));
+  o.block = vm["block"].as<int>();
+  o.scale = parse_scale(vm["scale"].as<std::string>());
+  o.rht_seed = uint_option(vm, "rht-seed", UINT64_MAX);
+  const bool rotates = std::any_of(o.rht.begin(), o.rht.end(), [](int d) { return d != 0; });
+  if (vm.count("rht-signs") && rotates) {
+    const std::string& t = vm["rht-signs"].as<std::string>();
+    o.rht_signs = t == "te" ? AnalysisOptions::RhtSigns{true, {}}
+                            : AnalysisOptions::RhtSigns{false, parse_rht_signs(t, 0)};
+  }
+  if (vm.count("recipe")) {
+    const std::string& t = vm["recipe"].as<std::string>();
+    o.recipes = t == "all" ? Recipe::preset_names() : split_list(t);
+    if (!o.recipes->empty()) o.seed = uint_option(vm, "seed", UINT64_MAX);
+  }
+  return o;
+}
+
 // The library's faults with the command line's exit codes: 2 for an option, 1 for the data.
 template <class F>
 auto library(F&& f) -> decltype(f()) {
@@ -178,16 +205,7 @@ int cmd_analyze(const Invocation& inv) {
     return kExitOk;
   const JsonOut json(vm);
 
-  AnalysisOptions o;
-  o.traces = vm["trace"].as<std::vector<std::string>>();
-  o.formats = vm["formats"].as<std::string>();
-  o.rht = vm["rht"].as<std::string>();
-  if (vm.count("rht-signs")) o.rht_signs = vm["rht-signs"].as<std::string>();
-  o.rht_seed = vm["rht-seed"].as<std::string>();
-  o.block = vm["block"].as<int>();
-  o.scale = vm["scale"].as<std::string>();
-  if (vm.count("recipe")) o.recipes = vm["recipe"].as<std::string>();
-  o.seed = vm["seed"].as<std::string>();
+  const AnalysisOptions o = analysis_options(vm);
   AnalysisPlan plan = library([&] { return plan_analysis(o); });
 
   // Every rank opens every header (no tensor data: cheap) so that all see the same record list; agreed on,

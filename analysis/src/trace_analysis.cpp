@@ -5,11 +5,10 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
-#include <sstream>
 #include <thread>
 
 #include "fp4lab/crmath.hpp"
-#include "fp4lab/knobs.hpp"
+#include "fp4lab/recipe.hpp"
 #include "fp4lab/philox.hpp"
 #include "fp4lab/rht.hpp"
 
@@ -19,24 +18,6 @@ namespace {
 [[noreturn]] void usage_fault(const std::string& msg) { throw AnalysisError(true, msg); }
 [[noreturn]] void data_fault(const std::string& file, const std::string& msg) {
   throw AnalysisError(false, file.empty() ? msg : file + ": " + msg);
-}
-
-// The knob parsers' faults are usage faults of the analysis.
-template <class F>
-auto knob(F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const KnobError& e) {
-    usage_fault(e.what());
-  }
-}
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
 }
 
 // A folder given as "t1/" is named by "t1": lexically_normal keeps the trailing separator as an empty name.
@@ -71,48 +52,57 @@ uint64_t record_sr_seed(uint64_t seed, const std::string& gemm, const std::map<s
 AnalysisPlan plan_analysis(const AnalysisOptions& o) {
   AnalysisPlan plan;
   // Settings to compare: formats x RHT sizes.
-  std::vector<ElemFormat> formats;
-  for (const auto& f : split_list(o.formats)) {
-    formats.push_back(knob([&] { return parse_format(f); }));
-    for (size_t i = 0; i + 1 < formats.size(); ++i)
-      if (std::string(formats[i].name) == formats.back().name)
-        usage_fault("--formats: " + std::string(formats.back().name) + " is given twice");
+  for (size_t i = 0; i < o.formats.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (std::string(o.formats[j].name) == o.formats[i].name)
+        usage_fault("--formats: " + std::string(o.formats[i].name) + " is given twice");
+  if (o.formats.empty()) usage_fault("--formats lists no format");
+  for (size_t i = 0; i < o.rht.size(); ++i) {
+    const int d = o.rht[i];
+    if (d != 0 && !rht_size_ok(d)) usage_fault("--rht: " + rht_size_fault(d) + " (none or 0: RHT off)");
+    if (std::count(o.rht.begin(), o.rht.begin() + i, d) > 0)
+      usage_fault("--rht: " + (d ? std::to_string(d) : std::string("none")) + " is given twice");
   }
-  if (formats.empty()) usage_fault("--formats lists no format");
-  std::vector<int> rhts;
-  for (const auto& r : split_list(o.rht)) {
-    rhts.push_back(knob([&] { return parse_rht(r, "rht"); }));
-    if (std::count(rhts.begin(), rhts.end(), rhts.back()) > 1)
-      usage_fault("--rht: " + (rhts.back() ? std::to_string(rhts.back()) : std::string("none")) + " is given twice");
-  }
-  if (rhts.empty()) usage_fault("--rht lists no setting");
+  if (o.rht.empty()) usage_fault("--rht lists no setting");
   if (!block_size_ok(o.block)) usage_fault("--block: " + block_size_fault(o.block));
   plan.block = o.block;
-  plan.scale = knob([&] { return parse_scale(o.scale); });
-  const uint64_t rht_seed = knob([&] { return parse_uint(o.rht_seed, "rht-seed", UINT64_MAX); });
-  for (const ElemFormat& f : formats)
-    for (int d : rhts) {
+  plan.scale = o.scale;
+  for (const ElemFormat& f : o.formats)
+    for (int d : o.rht) {
       AnalysisSetting s;
       s.format = f;
       s.rht = d;
       s.block = plan.block;
       s.scale = plan.scale;
-      if (d != 0) {
-        if (o.rht_signs) s.rht_signs = knob([&] { return parse_rht_signs(*o.rht_signs, d); });
-        else s.rht_signs = d == 16 ? rht_signs_te(16) : rht_signs_from_seed(d, rht_seed);
+      if (d != 0 && !o.rht_signs) {
+        s.rht_signs = d == 16 ? rht_signs_te(16) : rht_signs_from_seed(d, o.rht_seed);
+      } else if (d != 0 && o.rht_signs->te) {
+        try {
+          s.rht_signs = rht_signs_te(d);
+        } catch (const std::invalid_argument& e) {
+          usage_fault(std::string("--rht-signs te: ") + e.what());
+        }
+      } else if (d != 0) {
+        const std::vector<float>& v = o.rht_signs->signs;
+        for (size_t i = 0; i < v.size(); ++i)
+          if (v[i] != 1.0f && v[i] != -1.0f)
+            usage_fault("--rht-signs: sign " + std::to_string(i + 1) + " is not +1 or -1");
+        if (int(v.size()) != d)
+          usage_fault("--rht-signs gives " + std::to_string(v.size()) + " signs but the RHT size is " +
+                      std::to_string(d));
+        s.rht_signs = v;
       }
       plan.settings.push_back(s);
     }
-  if (o.recipes) {
-    for (const auto& name : *o.recipes == "all" ? Recipe::preset_names() : split_list(*o.recipes)) {
+  if (o.recipes)
+    for (const std::string& name : *o.recipes) {
       try {
         plan.recipes.push_back(Recipe::preset(name));
       } catch (const std::invalid_argument& e) {
         usage_fault(std::string("--recipe: ") + e.what());
       }
-      plan.recipes.back().seed = knob([&] { return parse_uint(o.seed, "seed", UINT64_MAX); });
+      plan.recipes.back().seed = o.seed;
     }
-  }
   // Knob combinations are usage faults, found on a shape every valid knob accepts (as operand_config does).
   for (const AnalysisSetting& s : plan.settings) {
     try {
@@ -121,7 +111,7 @@ AnalysisPlan plan_analysis(const AnalysisOptions& o) {
       usage_fault(std::string(e.what()) + " (setting " + s.label() + ")");
     }
   }
-  for (int d : rhts)
+  for (int d : o.rht)
     if (d) {
       plan.inversion_rht = d;
       break;

@@ -1,5 +1,7 @@
 #include "fp4lab/text.hpp"
 
+#include <algorithm>
+
 namespace fp4lab {
 
 namespace {
@@ -59,6 +61,16 @@ std::string shell_quote(const std::string& s) {
   std::string q = "'";
   for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return q + "'";
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  for (size_t pos = 0; pos <= s.size();) {
+    const size_t comma = std::min(s.find(',', pos), s.size());
+    if (comma > pos) out.push_back(s.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  return out;
 }
 
 }  // namespace fp4lab

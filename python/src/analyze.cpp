@@ -141,20 +141,33 @@ nb::object analyze(const std::vector<std::string>& traces, const std::map<std::s
     if (stop) throw Interrupted{};
   };
   try {
-    for (const char* name : kOrder) {
-      const auto it = options.find(name);
-      if (it == options.end()) continue;
-      command += std::string(" --") + name + " " + shell_quote(it->second);
-      const std::string& v = it->second;
-      const std::string n = name;
-      if (n == "formats") o.formats = v;
-      else if (n == "rht") o.rht = v;
-      else if (n == "recipe") o.recipes = v;
-      else if (n == "rht-signs") o.rht_signs = v;
-      else if (n == "rht-seed") o.rht_seed = v;
-      else if (n == "block") o.block = parse_int(v, "block");
-      else if (n == "scale") o.scale = v;
-      else o.seed = v;
+    // The command line that writes this JSON, recorded as it is; the values typed as that command line types them
+    // (cli/cmd_analyze.cpp; block first, as this module always read it): signs read only when a setting rotates,
+    // the seed only for recipe runs.
+    for (const char* name : kOrder)
+      if (const auto it = options.find(name); it != options.end())
+        command += std::string(" --") + name + " " + shell_quote(it->second);
+    const auto text = [&](const char* name) { return options.find(name); };
+    if (const auto it = text("block"); it != options.end()) o.block = parse_int(it->second, "block");
+    if (const auto it = text("formats"); it != options.end()) {
+      o.formats.clear();
+      for (const auto& f : split_list(it->second)) o.formats.push_back(parse_format(f));
+    }
+    if (const auto it = text("rht"); it != options.end()) {
+      o.rht.clear();
+      for (const auto& r : split_list(it->second)) o.rht.push_back(parse_rht(r, "rht"));
+    }
+    if (const auto it = text("scale"); it != options.end()) o.scale = parse_scale(it->second);
+    if (const auto it = text("rht-seed"); it != options.end())
+      o.rht_seed = parse_uint(it->second, "rht-seed", UINT64_MAX);
+    const bool rotates = std::any_of(o.rht.begin(), o.rht.end(), [](int d) { return d != 0; });
+    if (const auto it = text("rht-signs"); it != options.end() && rotates)
+      o.rht_signs = it->second == "te" ? AnalysisOptions::RhtSigns{true, {}}
+                                       : AnalysisOptions::RhtSigns{false, parse_rht_signs(it->second, 0)};
+    if (const auto it = text("recipe"); it != options.end()) {
+      o.recipes = it->second == "all" ? Recipe::preset_names() : split_list(it->second);
+      if (const auto s = text("seed"); s != options.end() && !o.recipes->empty())
+        o.seed = parse_uint(s->second, "seed", UINT64_MAX);
     }
     // The analysis runs on OpenMP threads, the GIL released: other Python threads may go on.
     run_interruptible([&] {

@@ -22,7 +22,7 @@ const std::string kTrace = std::string(FP4LAB_SOURCE_DIR) + "/workloads/tiny-lm/
 AnalysisOptions small_options() {
   AnalysisOptions o;
   o.traces = {kTrace + "/layers.0.attn.proj.safetensors", kTrace + "/layers.7.attn.proj.safetensors"};
-  o.recipes = "nvfp4";
+  o.recipes = {{"nvfp4"}};
   return o;
 }
 
@@ -133,8 +133,8 @@ TEST(TraceAnalysis, StreamedReportIsTheDocumentsText) {
   AnalysisOptions o = small_options();
   check(analyze_traces(o));
   o.traces.resize(1);
-  o.formats = "e1m2";
-  o.rht = "none";
+  o.formats = {kE1M2};
+  o.rht = {0};
   o.recipes.reset();
   check(analyze_traces(o));
 
@@ -192,22 +192,36 @@ TEST(TraceAnalysis, OptionFaultsAreUsageFaultsNamingTheOption) {
     return {false, "no fault"};
   };
   AnalysisOptions o;
-  o.formats = "e2m1,e1m2,e2m1";
+  o.formats = {kE2M1, kE1M2, kE2M1};
   EXPECT_EQ(fault(o), std::make_pair(true, std::string("--formats: e2m1 is given twice")));
   o = {};
-  o.rht = "16,none,16";
+  o.rht = {16, 0, 16};
   EXPECT_EQ(fault(o), std::make_pair(true, std::string("--rht: 16 is given twice")));
   o = {};
   o.block = 64;
   EXPECT_EQ(fault(o), std::make_pair(true, std::string("--block: block size must be 16 or 32, not 64")));
   o = {};
-  o.recipes = "ufp4,fp8";
+  o.recipes = {{"ufp4", "fp8"}};
   EXPECT_TRUE(fault(o).first);
   EXPECT_EQ(fault(o).second.rfind("--recipe: ", 0), 0u) << fault(o).second;
   // The inversion compares no RHT with the first RHT size given.
   o = {};
-  o.rht = "32,none,16";
+  o.rht = {32, 0, 16};
   EXPECT_EQ(plan_analysis(o).inversion_rht, 32);
+  // Typed values the command line cannot spell are refused as it refuses their text.
+  o = {};
+  o.rht = {0, 24};
+  EXPECT_EQ(fault(o), std::make_pair(true, std::string("--rht: RHT size must be a power of two from 16 to 128, not 24 "
+                                                       "(none or 0: RHT off)")));
+  o = {};
+  o.formats.clear();
+  EXPECT_EQ(fault(o), std::make_pair(true, std::string("--formats lists no format")));
+  o = {};
+  o.rht = {32};
+  o.rht_signs = AnalysisOptions::RhtSigns{false, std::vector<float>(16, 1.0f)};
+  EXPECT_EQ(fault(o), std::make_pair(true, std::string("--rht-signs gives 16 signs but the RHT size is 32")));
+  o.rht_signs = AnalysisOptions::RhtSigns{true, {}};
+  EXPECT_EQ(fault(o).second.rfind("--rht-signs te: ", 0), 0u) << fault(o).second;
 }
 
 }  // namespace

@@ -31,17 +31,25 @@ struct AnalysisError : std::runtime_error {
   AnalysisError(bool is_usage, const std::string& msg) : std::runtime_error(msg), usage(is_usage) {}
 };
 
-// The options as `fp4lab analyze` spells them; the messages of their faults name the option ("--rht: ...").
+// The options of an analysis, typed (each front-end reads them from its own text: cli/cmd_analyze.cpp, the
+// Python package). plan_analysis checks them; its faults name the command line's option ("--rht: ...").
 struct AnalysisOptions {
-  std::vector<std::string> traces;       // trace v1 folders or files, in order
-  std::string formats = "e2m1,e1m2";     // grids to compare
-  std::string rht = "none,16";           // RHT settings to compare: none (or 0) and sizes
-  std::optional<std::string> rht_signs;  // default te for d = 16, seeded (rht_seed) for other sizes
-  std::string rht_seed = "0";
+  std::vector<std::string> traces;                  // trace v1 folders or files, in order
+  std::vector<ElemFormat> formats = {kE2M1, kE1M2};  // grids to compare, each once
+  std::vector<int> rht = {0, 16};                   // RHT settings to compare, each once: 0 (none) and sizes
+  // The signs of every setting with RHT: Transformer Engine's vector (te; d = 16 only), or d entries of +1 or -1.
+  // Absent: te for d = 16, seeded (rht_seed) for other sizes.
+  struct RhtSigns {
+    bool te = false;
+    std::vector<float> signs;  // when not te
+  };
+  std::optional<RhtSigns> rht_signs;
+  uint64_t rht_seed = 0;
   int block = 16;
-  std::string scale = "fp32";
-  std::optional<std::string> recipes;  // "R,.." or "all": also the three GEMMs under these training recipes
-  std::string seed = "0";              // stochastic-rounding seed of the recipe runs
+  ScaleKind scale = ScaleKind::fp32;
+  // Also the three GEMMs under these training recipes (Recipe::preset names, in order), SR seeded by `seed`.
+  std::optional<std::vector<std::string>> recipes;
+  uint64_t seed = 0;  // stochastic-rounding seed of the recipe runs
 };
 
 // The options resolved: every (grid, RHT) setting, in the order formats x rht, and the recipes. Throws

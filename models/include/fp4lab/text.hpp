@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 namespace fp4lab {
 
@@ -24,5 +25,9 @@ std::string shown(const std::string& text);
 // One argument as a POSIX shell reads it back: as is when it holds only safe characters, else single-quoted. The
 // command lines outputs record (config.command), from the command line and from fp4lab.analyze alike.
 std::string shell_quote(const std::string& s);
+
+// The items of a comma-separated list, empty ones dropped ("e2m1,,e1m2," -> e2m1, e1m2): the lists of options such
+// as fp4lab analyze --formats, from the command line and from fp4lab.analyze alike.
+std::vector<std::string> split_list(const std::string& s);
 
 }  // namespace fp4lab
