@@ -10,6 +10,7 @@
 #include <cmath>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <tuple>
 
@@ -17,6 +18,7 @@
 #include "commands.hpp"
 #include "files.hpp"
 #include "fp4lab/io/files.hpp"
+#include "fp4lab/io/outputs.hpp"
 #include "fp4lab/io/safetensors.hpp"
 #include "fp4lab/sim/config.hpp"
 #include "fp4lab/sim/model_shapes.hpp"
@@ -24,13 +26,13 @@
 #include "fp4lab/sim/simulator.hpp"
 #include "options.hpp"
 #include "sim_config.hpp"
+#include "sim_run.hpp"
 
 namespace fp4lab::cli {
 
-// --sweep FILE: many runs of this command over MPI ranks (cli/sim_sweep.cpp), each through run_sim.
+// --sweep FILE: many runs of this command over MPI ranks (cli/sim_sweep.cpp), each a typed SimRun.
 bool sim_sweep_requested(const Invocation& inv);
 int cmd_sim_sweep(const Invocation& inv);
-int run_sim(const Invocation& inv, nlohmann::json* capture);
 
 namespace {
 // The place ("totals.cycles", "jobs[3].energy_pj.dram") of the first number in j that is not finite, or "".
@@ -45,18 +47,38 @@ std::string first_nonfinite(const nlohmann::json& j, const std::string& at = "")
   return "";
 }
 
-std::vector<std::string> shapes_outputs(const po::variables_map& vm) {
-  if (!vm.count("shapes-out")) return {};
-  return {vm["shapes-out"].as<std::string>()};
+// Before the run: no output (--json, `outputs`) may name an input (`inputs`, the config file); as check_outputs.
+void check_run_outputs(const SimRun& run, std::vector<std::string> outputs, std::vector<std::string> inputs) {
+  if (!run.json->dest.empty() && run.json->dest != "-") outputs.push_back(run.json->dest);
+  if (run.config_file) inputs.push_back(*run.config_file);
+  if (const auto f = io::output_fault(outputs, inputs)) throw Error(f->usage ? kExitUsage : kExitData, f->message);
+}
+
+std::vector<std::string> shapes_outputs(const SimRun& run) {
+  if (!run.shapes_out) return {};
+  return {*run.shapes_out};
 }
 }  // namespace
 
 int cmd_sim(const Invocation& inv) {
-  return sim_sweep_requested(inv) ? cmd_sim_sweep(inv) : run_sim(inv, nullptr);
+  if (sim_sweep_requested(inv)) return cmd_sim_sweep(inv);
+  if (const std::optional<SimRun> run = parse_sim_run(inv, /*in_sweep=*/false)) execute_sim_run(*run, nullptr);
+  return kExitOk;
 }
 
-// One run. With `capture` the report goes there (for a sweep) instead of to stdout and --json.
-int run_sim(const Invocation& inv, nlohmann::json* capture) {
+sim::OperandConfigFn SimRun::quant() const {
+  return [knobs = knobs, stream0 = stream0](Pass p, Operand o, uint32_t gemm) {
+    Knobs k = knobs;
+    k["stream"] = int64_t(stream0 + gemm);
+    try {
+      return fp4lab::operand_config(k, p, o);
+    } catch (const KnobError& e) {
+      usage_error(e.what());
+    }
+  };
+}
+
+std::optional<SimRun> parse_sim_run(const Invocation& inv, bool in_sweep) {
   po::options_description desc("fp4lab sim options");
   desc.add_options()
       ("trace", po::value<std::string>()->value_name("DIR"), "trace v1 folder (or one .safetensors file) to replay")
@@ -93,7 +115,7 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
   po::variables_map vm;
   if (!parse_args(inv, desc, "--trace DIR [--full-size]|--shapes FILE|--model CONFIG.json --tokens N|--kernel NAME "
                   "--shape DIMS --config CFG [--recipe R] [--check] [--rtl] [--json OUT] [--shapes-out FILE|--print-shapes]", vm))
-    return kExitOk;
+    return std::nullopt;
   if (vm["list-configs"].as<bool>()) {
     if (vm.size() != std::size_t(std::count_if(vm.begin(), vm.end(), [](const auto& kv) { return kv.second.defaulted(); })) + 1)
       usage_error("--list-configs lists the bundled configurations and runs nothing: give it alone");
@@ -104,9 +126,13 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
                 << "\n";
     std::cout << std::flush;
     if (!std::cout) data_error("stdout", "write failed");
-    return kExitOk;
+    return std::nullopt;
   }
-  const JsonOut json(vm);
+  SimRun run;
+  run.command_line = inv.command_line;
+  run.json.emplace(vm);
+  if (vm.count("config")) run.config_file = vm["config"].as<std::string>();
+  if (vm.count("shapes-out")) run.shapes_out = vm["shapes-out"].as<std::string>();
   const bool print_shapes = vm["print-shapes"].as<bool>(), full_size = vm["full-size"].as<bool>();
   if (!vm.count("config") && !print_shapes) usage_error("--config CFG is required (e.g. sim/configs/teaching.cfg)");
   if (vm.count("trace") + vm.count("shapes") + vm.count("kernel") + vm.count("model") != 1)
@@ -119,46 +145,81 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
   if (vm.count("shapes-out") && print_shapes) usage_error("give one of --shapes-out FILE and --print-shapes");
   if (print_shapes && vm.count("json")) usage_error("--print-shapes runs nothing: it writes no --json report");
   if (print_shapes && vm["check"].as<bool>()) usage_error("--print-shapes runs nothing: it checks nothing (--check)");
-  if (capture && (vm.count("shapes-out") || print_shapes))
+  if (in_sweep && (vm.count("shapes-out") || print_shapes))
     usage_error("--shapes-out and --print-shapes are for one run, not a sweep's");
-  const bool check = vm["check"].as<bool>(), rtl = vm["rtl"].as<bool>();
-  if (check && !vm.count("trace")) usage_error("--check needs tensors: use --trace");
-  if (rtl && !check) usage_error("--rtl drives the RTL datapath, which only runs with --check");
-  int64_t tokens = 0;
+  run.print_shapes = print_shapes;
+  run.full_size = full_size;
+  run.check = vm["check"].as<bool>();
+  run.rtl = vm["rtl"].as<bool>();
+  if (run.check && !vm.count("trace")) usage_error("--check needs tensors: use --trace");
+  if (run.rtl && !run.check) usage_error("--rtl drives the RTL datapath, which only runs with --check");
   if (vm.count("tokens")) {
     const std::string text = vm["tokens"].as<std::string>();
     try {
-      tokens = int64_t(fp4lab::parse_uint(text, "tokens", uint64_t(sim::kMaxShapeDim)));
+      run.tokens = int64_t(fp4lab::parse_uint(text, "tokens", uint64_t(sim::kMaxShapeDim)));
     } catch (const KnobError&) {
-      tokens = 0;
+      run.tokens = 0;
     }
-    if (tokens == 0)
+    if (run.tokens == 0)
       usage_error("--tokens: '" + shown(text) + "' is not an integer from 1 to " + std::to_string(sim::kMaxShapeDim));
   }
 
-  sim::Config cfg;
   if (vm.count("config")) try {
-      cfg = sim_config_from(vm);
+      run.config = sim_config_from(vm);
     } catch (const std::invalid_argument& e) {
       usage_error(vm["config"].as<std::string>() + ": " + e.what());
     }
-  sim::RunOptions opt;
-  opt.recipe = vm.count("recipe") ? vm["recipe"].as<std::string>() : "custom";
+  run.recipe = vm.count("recipe") ? vm["recipe"].as<std::string>() : "custom";
   // GEMM g of the workload draws SR stream (N + g)*8 + pass*2 + operand, N = --stream (0): the records of a trace
   // are numbered in the order the trace lists them (fp4lab analyze keys a record by its identity instead).
-  const uint64_t stream0 = vm.count("stream") ? uint_option(vm, "stream", UINT32_MAX) : 0;
-  opt.quant = [&vm, stream0](Pass p, Operand o, uint32_t gemm) {
-    Knobs k = recipe_knobs(vm);
-    k["stream"] = int64_t(stream0 + gemm);
+  run.stream0 = vm.count("stream") ? uint_option(vm, "stream", UINT32_MAX) : 0;
+  run.knobs = recipe_knobs(vm);
+  run.quant()(Pass::fwd_y, Operand::a, 0);  // option errors surface here, before anything runs
+  if (vm.count("pass")) run.pass = selected_pass(vm);
+
+  if (vm.count("model")) {
+    run.workload = SimRun::Workload::model;
+    run.input = vm["model"].as<std::string>();
+  } else if (vm.count("trace")) {
+    run.workload = SimRun::Workload::trace;
+    run.input = vm["trace"].as<std::string>();
+  } else if (vm.count("shapes")) {
+    run.workload = SimRun::Workload::shapes;
+    run.input = vm["shapes"].as<std::string>();
+  } else {
+    run.workload = SimRun::Workload::kernel;
     try {
-      return fp4lab::operand_config(k, p, o);
-    } catch (const KnobError& e) {
+      run.kernel = sim::parse_job_kind(vm["kernel"].as<std::string>());
+    } catch (const std::invalid_argument& e) {
       usage_error(e.what());
     }
-  };
-  opt.quant(Pass::fwd_y, Operand::a, 0);  // option errors surface here, before anything runs
-  if (vm.count("pass")) opt.passes = {selected_pass(vm)};
-  opt.check = check;
+    if (run.kernel == sim::JobKind::step) usage_error("--kernel step is a training GEMM: use --shapes or --trace");
+    run.dims = parse_dims(vm["shape"].as<std::string>(), run.kernel == sim::JobKind::quantize ? "RxK" : "MxNxK", "shape");
+  }
+
+  for (const auto& od : desc.options()) {
+    const std::string& key = od->long_name();
+    static const char* const kNotRun[] = {"help", "version", "config", "json", "sweep", "shapes-out", "print-shapes"};
+    if (std::find(std::begin(kNotRun), std::end(kNotRun), key) != std::end(kNotRun)) continue;
+    if (key == "full-size" && !full_size) continue;  // reports of other runs stay as they were
+    if (key == "list-configs") continue;
+    // The TCU keys are the report's configuration already (Config::to_json leaves out unset area keys).
+    if (std::any_of(sim::config_keys().begin(), sim::config_keys().end(), [&](const auto& k) { return k.name == key; }))
+      continue;
+    if (vm.count(key)) run.recorded.emplace_back(key, option_value_json(vm[key]));
+  }
+  return run;
+}
+
+void execute_sim_run(const SimRun& run, nlohmann::json* capture) {
+  using Workload = SimRun::Workload;
+  const JsonOut& json = *run.json;
+  const bool print_shapes = run.print_shapes, full_size = run.full_size;
+  sim::RunOptions opt;
+  opt.recipe = run.recipe;
+  opt.quant = run.quant();
+  if (run.pass) opt.passes = {*run.pass};
+  opt.check = run.check;
   const Progress progress("sim");
   // A sweep's runs are reported by the sweep, one line each (cli/sim_sweep.cpp).
   if (!capture) opt.progress = [&progress](size_t i, size_t n, const std::string& what) { progress.step(i, n, what); };
@@ -190,20 +251,19 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
                          std::to_string(m.in) + ", out of " + std::to_string(m.out) + "; zero padding): " + changed);
     return padded;
   };
-  if (vm.count("model")) {
-    const std::string path = vm["model"].as<std::string>();
+  const std::string& path = run.input;
+  if (run.workload == Workload::model) {
     inputs = {path};
     sim::ModelShapes model;
     try {
-      model = sim::read_model_shapes(path, tokens);
+      model = sim::read_model_shapes(path, run.tokens);
     } catch (const std::invalid_argument& e) {
       throw Error(kExitData, e.what());  // already "FILE: field: fault"
     }
-    report_tokens = tokens;
+    report_tokens = run.tokens;
     comments.push_back("One training step of " + path + " (docs/spec.md §13): " + model.summary);
     layers = pad(model.layers, path);
-  } else if (vm.count("trace")) {
-    const std::string path = vm["trace"].as<std::string>();
+  } else if (run.workload == Workload::trace) {
     trace = std::make_unique<io::Trace>(path, opt.quant(Pass::fwd_y, Operand::a, 0).block);
     inputs = {path};
     for (const io::TraceRecord& r : trace->records()) inputs.push_back(r.file);
@@ -220,72 +280,60 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
     }
   }
   std::string shapes_text;
-  if (vm.count("shapes-out") || print_shapes) {
-    comments.push_back("Written by: " + inv.command_line);
+  if (run.shapes_out || print_shapes) {
+    comments.push_back("Written by: " + run.command_line);
     for (std::string& c : comments) c = printable(c);
     try {
       shapes_text = sim::shapes_csv(layers, comments);
     } catch (const std::invalid_argument& e) {
-      data_error(vm.count("model") ? vm["model"].as<std::string>() : vm["trace"].as<std::string>(), e.what());
+      data_error(path, e.what());
     }
   }
   if (print_shapes) {
     std::cout << shapes_text << std::flush;
     if (!std::cout) data_error("stdout", "write failed");
-    return kExitOk;
+    return;
   }
 
   std::shared_ptr<sim::Datapath> dp;
   try {
-    dp = sim::make_datapath(rtl ? "rtl" : "golden");
+    dp = sim::make_datapath(run.rtl ? "rtl" : "golden");
   } catch (const std::invalid_argument& e) {
     usage_error(e.what());
   }
 
   sim::Report report;
-  sim::Simulator simulator(cfg, dp);
-  if (vm.count("kernel")) {
-    sim::JobKind kind = sim::JobKind::step;
+  sim::Simulator simulator(run.config, dp);
+  if (run.workload == Workload::kernel) {
+    check_run_outputs(run, {}, {});
     try {
-      kind = sim::parse_job_kind(vm["kernel"].as<std::string>());
+      report = sim::run_kernel(simulator, run.kernel, run.dims, opt);
     } catch (const std::invalid_argument& e) {
       usage_error(e.what());
     }
-    if (kind == sim::JobKind::step) usage_error("--kernel step is a training GEMM: use --shapes or --trace");
-    const std::vector<int64_t> dims =
-        parse_dims(vm["shape"].as<std::string>(), kind == sim::JobKind::quantize ? "RxK" : "MxNxK", "shape");
-    check_outputs(vm, {}, {});
-    try {
-      report = sim::run_kernel(simulator, kind, dims, opt);
-    } catch (const std::invalid_argument& e) {
-      usage_error(e.what());
-    }
-  } else if (vm.count("shapes")) {
-    const std::string path = vm["shapes"].as<std::string>();
+  } else if (run.workload == Workload::shapes) {
     std::vector<sim::LayerShape> layers;
     try {
       layers = sim::read_shapes(path);
     } catch (const std::invalid_argument& e) {
       throw Error(kExitData, e.what());  // already "FILE:LINE: fault"
     }
-    check_outputs(vm, {}, {path});  // before the run: --json must not name an input
+    check_run_outputs(run, {}, {path});  // before the run: --json must not name an input
     try {
       report = sim::run_shapes(simulator, layers, path, opt);
     } catch (const std::invalid_argument& e) {
       data_error(path, e.what());
     }
-  } else if (vm.count("model")) {
-    const std::string path = vm["model"].as<std::string>();
-    check_outputs(vm, shapes_outputs(vm), inputs);  // before the run: no output may name the config
+  } else if (run.workload == Workload::model) {
+    check_run_outputs(run, shapes_outputs(run), inputs);  // before the run: no output may name the config
     try {
       report = sim::run_shapes(simulator, layers, path, opt);
     } catch (const std::invalid_argument& e) {
       data_error(path, e.what());
     }
   } else {
-    const std::string path = vm["trace"].as<std::string>();
     // Before the run: --json and --shapes-out must not name an input or a trace file.
-    check_outputs(vm, shapes_outputs(vm), inputs);
+    check_run_outputs(run, shapes_outputs(run), inputs);
     try {
       report = sim::run_trace(simulator, *trace, path, opt);
     } catch (const std::invalid_argument& e) {
@@ -305,24 +353,14 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
     report.print(table);
     std::cout << printable(table.str(), /*keep_newlines=*/true);
   }
-  j["command"] = inv.command_line;
-  // The run's own options beside the TCU keys, so that `fp4lab sim --config REPORT.json` repeats the run.
-  for (const auto& od : desc.options()) {
-    const std::string& key = od->long_name();
-    static const char* const kNotRun[] = {"help", "version", "config", "json", "sweep", "shapes-out", "print-shapes"};
-    if (std::find(std::begin(kNotRun), std::end(kNotRun), key) != std::end(kNotRun)) continue;
-    if (key == "full-size" && !full_size) continue;  // reports of other runs stay as they were
-    if (key == "list-configs") continue;
-    // The TCU keys are the report's configuration already (Config::to_json leaves out unset area keys).
-    if (std::any_of(sim::config_keys().begin(), sim::config_keys().end(), [&](const auto& k) { return k.name == key; }))
-      continue;
-    if (vm.count(key) && !j["config"].contains(key)) j["config"][key] = option_value_json(vm[key]);
-  }
+  j["command"] = run.command_line;
+  for (const auto& [key, v] : run.recorded)
+    if (!j["config"].contains(key)) j["config"][key] = v;
   if (capture) {
     *capture = j;
-  } else if (vm.count("shapes-out")) {
+  } else if (run.shapes_out) {
     // Both outputs or neither: the shape list is committed once the report is written.
-    io::AtomicFile f(vm["shapes-out"].as<std::string>());
+    io::AtomicFile f(*run.shapes_out);
     f.write(shapes_text.data(), shapes_text.size());
     f.close();
     json.write(j);
@@ -330,7 +368,7 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
   } else {
     json.write(j);
   }
-  if (check) {
+  if (run.check) {
     if (report.total_checked() == 0) data_error("", "--check compared no outputs (empty trace or no pass selected)");
     if (report.total_mismatches() > 0) {
       for (const auto& g : report.jobs)
@@ -339,7 +377,6 @@ int run_sim(const Invocation& inv, nlohmann::json* capture) {
                              g.name + ": " + g.first_mismatch);
     }
   }
-  return kExitOk;
 }
 
 }  // namespace fp4lab::cli

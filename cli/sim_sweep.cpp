@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "commands.hpp"
@@ -29,15 +30,38 @@
 #include "fp4lab/io/files.hpp"
 #include "fp4lab/sim/simulator.hpp"
 #include "options.hpp"
+#include "sim_run.hpp"
 #include "sweep_reader.hpp"
 
 namespace fp4lab::cli {
 
-int run_sim(const Invocation& inv, nlohmann::json* capture);  // cmd_sim.cpp
-
 namespace {
 
 using Run = SweepRun;
+
+// A run of the sweep file, parsed once (before any runs) into the typed run it executes: its options as the command
+// line spells them, and the run or the fault its options have (raised when the run's turn comes, as a run that
+// fails does, so that the first fault in run order is the one reported).
+struct Parsed {
+  std::vector<std::string> args;
+  std::optional<SimRun> run;  // none: it runs nothing (--help)
+  std::exception_ptr fault;
+};
+Parsed parse_run(const Run& r) {
+  Parsed p;
+  p.args = r.args();
+  Invocation sub;
+  sub.command = "sim";
+  sub.args = p.args;
+  sub.command_line = "fp4lab sim";
+  for (const auto& a : sub.args) sub.command_line += " " + a;
+  try {
+    p.run = parse_sim_run(sub, /*in_sweep=*/true);
+  } catch (...) {
+    p.fault = std::current_exception();
+  }
+  return p;
+}
 
 // The sweep file's runs (sweep_reader.cpp), or the one-line reason it has none as a usage fault.
 std::vector<Run> read_sweep(const std::string& file, nlohmann::ordered_json& meta) {
@@ -120,29 +144,26 @@ std::vector<std::pair<std::string, nlohmann::json>> per_run_figures(const nlohma
   return out;
 }
 
-// One run of the sweep: its item (name, args, report as CBOR: doubles travel as raw bits). Throws as run_sim does.
-dist::Item run_one(const std::vector<Run>& runs, size_t i) {
-  const Run& r = runs[i];
-  Invocation sub;
-  sub.command = "sim";
-  sub.args = r.args();
-  sub.command_line = "fp4lab sim";
-  for (const auto& a : sub.args) sub.command_line += " " + a;
+// One run of the sweep: its item (name, args, report as CBOR: doubles travel as raw bits). Throws as the run does.
+dist::Item run_one(const std::vector<Run>& runs, const std::vector<Parsed>& parsed, size_t i) {
+  const Parsed& p = parsed[i];
+  if (p.fault) std::rethrow_exception(p.fault);
   nlohmann::json rep;
-  run_sim(sub, &rep);
-  const nlohmann::json item = {{"name", r.name}, {"args", sub.args}, {"report", rep}};
+  if (p.run) execute_sim_run(*p.run, &rep);
+  const nlohmann::json item = {{"name", runs[i].name}, {"args", p.args}, {"report", rep}};
   const std::vector<uint8_t> cbor = nlohmann::json::to_cbor(item);
   return {i, std::string(cbor.begin(), cbor.end())};
 }
 
 // Runs `which` (indices into runs, in order) in this process, stopping at the first fault as one process does.
 // `done` counts the runs finished by every worker of this process (shared memory), `of` is their number.
-void run_serial(const std::vector<Run>& runs, const std::vector<size_t>& which, bool tty,
+void run_serial(const std::vector<Run>& runs, const std::vector<Parsed>& parsed, const std::vector<size_t>& which,
+                bool tty,
                 std::chrono::steady_clock::time_point t0, const std::string& who, std::atomic<size_t>& done, size_t of,
                 const std::function<void(dist::Item&&)>& done_item, dist::Fault& fault) {
   for (size_t i : which) {
     try {
-      done_item(run_one(runs, i));
+      done_item(run_one(runs, parsed, i));
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const size_t k = ++done;
       if (tty) std::cerr << fmt("sim sweep: [%zu/%zu] %s (%s, %.1f s)\n", k, of, printable(runs[i].name).c_str(), who.c_str(), s);
@@ -179,14 +200,16 @@ bool write_all(int fd, const char* p, size_t n) {
 // of one process: items are merged by index, and a fault is the one at the lowest index (each worker stops at its
 // first, and the single process would have met the lowest first).
 // `memo_hits` receives the GEMM jobs the workers answered from the job memo.
-void run_local(const std::vector<Run>& runs, const std::vector<size_t>& mine, bool tty,
+void run_local(const std::vector<Run>& runs, const std::vector<Parsed>& parsed, const std::vector<size_t>& mine,
+               bool tty,
                std::chrono::steady_clock::time_point t0, std::vector<dist::Item>& items, dist::Fault& fault,
                uint64_t& memo_hits) {
   const int W = local_workers(mine.size());
   const std::string rank = "rank " + std::to_string(dist::rank());
   if (W <= 1) {
     std::atomic<size_t> done{0};
-    run_serial(runs, mine, tty, t0, rank, done, mine.size(), [&](dist::Item&& it) { items.push_back(std::move(it)); },
+    run_serial(runs, parsed, mine, tty, t0, rank, done, mine.size(),
+               [&](dist::Item&& it) { items.push_back(std::move(it)); },
                fault);
     memo_hits = sim::Simulator::cached_jobs();
     return;
@@ -242,7 +265,8 @@ void run_local(const std::vector<Run>& runs, const std::vector<size_t>& mine, bo
       // Records: 'I' [u64 index][u64 length][bytes], or 'F' [u64 index][u64 code][u64 length][message].
       bool ok = true;
       dist::Fault f;
-      run_serial(runs, which, tty, t0, "worker " + std::to_string(w + 1), *done, mine.size(), [&](dist::Item&& it) {
+      run_serial(runs, parsed, which, tty, t0, "worker " + std::to_string(w + 1), *done, mine.size(),
+                 [&](dist::Item&& it) {
         const uint64_t head[2] = {it.index, it.bytes.size()};
         ok = ok && write_all(fds[1], "I", 1) && write_all(fds[1], reinterpret_cast<const char*>(head), sizeof head) &&
              write_all(fds[1], it.bytes.data(), it.bytes.size());
@@ -381,7 +405,10 @@ int cmd_sim_sweep(const Invocation& inv) {
   std::vector<dist::Item> items;
   dist::Fault fault;
   uint64_t memo_hits = 0;
-  run_local(runs, mine, tty, t0, items, fault, memo_hits);
+  // This rank's runs, parsed once, before the workers start (they inherit the typed runs).
+  std::vector<Parsed> parsed(runs.size());
+  for (size_t i : mine) parsed[i] = parse_run(runs[i]);
+  run_local(runs, parsed, mine, tty, t0, items, fault, memo_hits);
   const std::vector<std::string> results = dist::gather(std::move(items), fault);
   if (!dist::root()) return kExitOk;
 
