@@ -716,14 +716,7 @@ void quantize_pass(const T* x, int d, int fmt, int64_t rows, int64_t cols, const
                    bool tr, const uint64_t* d_seed) {
   QArgs a{};
   if (out) {
-    out->format = cfg.format;
-    out->scale_kind = cfg.scale;
-    out->block = cfg.block;
-    out->tile2d = cfg.tile2d;
-    out->rht = cfg.rht;
-    out->rht_signs = cfg.rht != 0 ? cfg.rht_signs : std::vector<float>();
-    out->rows = rows;
-    out->cols = cols;
+    out->meta() = OperandMeta::of(cfg, rows, cols);
     out->codes.resize(size_t(rows * cols / 2));
     out->scales.resize(size_t(rows * (cols / cfg.block)));
     if (cfg.scale != ScaleKind::fp32)
@@ -980,14 +973,7 @@ void dequantize_bf16(const DQTensor& q, uint16_t* d_out, cudaStream_t s) { dequa
 
 QTensor to_host(const DQTensor& d) {
   QTensor q;
-  q.format = d.format;
-  q.scale_kind = d.scale_kind;
-  q.block = d.block;
-  q.tile2d = d.tile2d;
-  q.rht = d.rht;
-  q.rht_signs = d.rht_signs;
-  q.rows = d.rows;
-  q.cols = d.cols;
+  q.meta() = d.meta();
   const std::vector<uint8_t> packed = d.codes.to_host();
   q.codes.resize(size_t(d.rows * d.cols));
   for (size_t i = 0; i < q.codes.size(); ++i) q.codes[i] = (packed[i / 2] >> (4 * (i % 2))) & 0xF;
@@ -999,14 +985,7 @@ QTensor to_host(const DQTensor& d) {
 
 void upload(const QTensor& q, DQTensor& d) {
   if (q.rows * q.cols % 2 != 0) throw std::invalid_argument("odd element count");
-  d.format = q.format;
-  d.scale_kind = q.scale_kind;
-  d.block = q.block;
-  d.tile2d = q.tile2d;
-  d.rht = q.rht;
-  d.rht_signs = q.rht_signs;
-  d.rows = q.rows;
-  d.cols = q.cols;
+  d.meta() = q.meta();
   std::vector<uint8_t> packed(q.codes.size() / 2);
   for (size_t i = 0; i < packed.size(); ++i)
     packed[i] = uint8_t((q.codes[2 * i] & 0xF) | ((q.codes[2 * i + 1] & 0xF) << 4));

@@ -294,19 +294,26 @@ void rotate(const float* x, int64_t rows, int64_t cols, const QuantConfig& cfg, 
   rotate_rows(x, y.data(), rows, cols, cfg, row0);
 }
 
+OperandMeta OperandMeta::of(const QuantConfig& cfg, int64_t rows, int64_t cols) {
+  OperandMeta m;
+  m.format = cfg.format;
+  m.scale_kind = cfg.scale;
+  m.block = cfg.block;
+  m.tile2d = cfg.tile2d;
+  m.rht = cfg.rht;
+  if (cfg.rht != 0) m.rht_signs = cfg.rht_signs;
+  m.rows = rows;
+  m.cols = cols;
+  return m;
+}
+
 QTensor QTensor::rows_panel(int64_t row0, int64_t n) const {
   if (row0 < 0 || n < 0 || row0 + n > rows)
     throw std::invalid_argument("rows [" + std::to_string(row0) + ", " + std::to_string(row0 + n) +
                                 ") are not rows of the operand (" + std::to_string(rows) + ")");
   QTensor p;
-  p.format = format;
-  p.scale_kind = scale_kind;
-  p.block = block;
-  p.tile2d = tile2d;
-  p.rht = rht;
-  p.rht_signs = rht_signs;
+  p.meta() = meta();
   p.rows = n;
-  p.cols = cols;
   p.global_dec = global_dec;
   const int64_t kb = kblocks();
   p.codes.assign(codes.begin() + row0 * cols, codes.begin() + (row0 + n) * cols);
@@ -340,14 +347,7 @@ QTensor quantize_impl(const float* x_in, int64_t row0, int64_t rows, int64_t col
   const ElemFormat& f = cfg.format;
 
   QTensor q;
-  q.format = f;
-  q.scale_kind = cfg.scale;
-  q.block = cfg.block;
-  q.tile2d = cfg.tile2d;
-  q.rht = cfg.rht;
-  q.rht_signs = cfg.rht != 0 ? cfg.rht_signs : std::vector<float>();
-  q.rows = rows;
-  q.cols = cols;
+  q.meta() = OperandMeta::of(cfg, rows, cols);
   const int64_t kb = cols / cfg.block;
   q.codes.assign(size_t(rows * cols), 0);
   q.scales.assign(size_t(rows * kb), 0.0f);

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "fp4lab/knobs.hpp"
@@ -124,10 +125,33 @@ std::string config_repr(const QuantConfig& c) {
          ", stream=" + std::to_string(c.stream) + ")";
 }
 
-bool same_config(const QuantConfig& a, const QuantConfig& b) {
-  return same_grid(a.format, b.format) && a.block == b.block && a.scale == b.scale && a.tile2d == b.tile2d &&
-         a.rht == b.rht && a.rht_signs == b.rht_signs && a.rht_bf16 == b.rht_bf16 && a.rounding == b.rounding &&
-         a.seed == b.seed && a.stream == b.stream;
+// Pickling state: every field of QuantConfig::fields(), in that order, formats, scales and roundings by the names
+// the knobs parse, so copies, torch.save and multiprocessing work.
+using ConfigState = std::tuple<std::string, int, bool, std::string, int, std::vector<float>, bool, std::string,
+                               uint64_t, uint32_t>;
+std::string state_of(const ElemFormat& f) { return f.name; }
+std::string state_of(ScaleKind k) { return scale_name(k); }
+std::string state_of(Rounding r) { return rounding_name(r); }
+template <class T>
+const T& state_of(const T& v) { return v; }
+void from_state(ElemFormat& f, const std::string& s) { f = parse_format(s); }
+void from_state(ScaleKind& k, const std::string& s) { k = parse_scale(s); }
+void from_state(Rounding& r, const std::string& s) { r = parse_rounding(s); }
+template <class T>
+void from_state(T& v, const T& s) { v = s; }
+
+ConfigState config_state(const QuantConfig& c) {
+  return std::apply([](const auto&... f) { return ConfigState(state_of(f)...); }, c.fields());
+}
+template <size_t... I>
+QuantConfig config_of_state(const ConfigState& s, std::index_sequence<I...>) {
+  QuantConfig v;
+  auto f = v.fields();
+  (from_state(std::get<I>(f), std::get<I>(s)), ...);
+  return v;
+}
+QuantConfig config_of_state(const ConfigState& s) {
+  return config_of_state(s, std::make_index_sequence<std::tuple_size_v<ConfigState>>());
 }
 
 nb::dict config_dict(const QuantConfig& c) {
@@ -170,9 +194,6 @@ nb::dict format_dict(const ElemFormat& f) {
 }  // namespace
 
 void bind_config(nb::module_& m) {
-  // Pickling state: every field, in the names the knobs parse, so copies, torch.save and multiprocessing work.
-  using ConfigState = std::tuple<std::string, int, bool, std::string, int, std::vector<float>, bool, std::string,
-                                 uint64_t, uint32_t>;
   nb::enum_<FormatId> fmt(m, "Format", "The 4-bit element formats (docs/spec.md §1), named as the command line names them.");
   for (int i = 0; i < kNumFormats; ++i) fmt.value(kAllFormats[i].name, FormatId(i));
   nb::enum_<ScaleKind> sc(m, "Scale", "Block-scale encodings (docs/spec.md §2).");
@@ -187,9 +208,6 @@ void bind_config(nb::module_& m) {
   nb::enum_<Rounding> rd(m, "Rounding", "Rounding of a scaled element: round to nearest even, or stochastic.");
   for (Rounding r : kRoundings) rd.value(rounding_name(r), r);
 
-  // Pickling state: every field, in the names the knobs parse, so copies, torch.save and multiprocessing work.
-  using ConfigState = std::tuple<std::string, int, bool, std::string, int, std::vector<float>, bool, std::string,
-                                 uint64_t, uint32_t>;
   nb::class_<QuantConfig>(m, "QuantConfig",
       "The quantiser settings of one operand, typed. ``fp4lab.QuantConfig(format=\"e1m2\", block=16, scale=\"fp32\", "
       "rht=16, rounding=\"sr\", seed=3)`` builds one from keywords (enum members or their names); "
@@ -218,13 +236,17 @@ void bind_config(nb::module_& m) {
       .def_prop_ro("seed", [](const QuantConfig& c) { return c.seed; })
       .def_prop_ro("stream", [](const QuantConfig& c) { return c.stream; })
       .def_prop_ro("label", &QuantConfig::label)
+      .def_prop_ro_static("FIELDS", [](nb::handle) {
+        nb::list l;
+        for (const char* n : QuantConfig::kFieldNames) l.append(n);
+        return nb::tuple(l);
+      }, "The settings' names (the constructor's keywords), in the order of the pickled state.")
       .def("replace", [](const QuantConfig& c, nb::kwargs changes) {
-        static const char* const kFields[] = {"format", "block", "scale", "tile2d", "rht", "rht_signs", "rht_bf16",
-                                              "rounding", "seed", "stream"};
+        const auto& names = QuantConfig::kFieldNames;
         for (auto [k, v] : changes) {
           (void)v;
           const std::string key = nb::cast<std::string>(k);
-          if (std::find_if(std::begin(kFields), std::end(kFields), [&](const char* f) { return key == f; }) == std::end(kFields))
+          if (std::find_if(names.begin(), names.end(), [&](const char* f) { return key == f; }) == names.end())
             throw nb::type_error(("QuantConfig.replace(): no setting '" + key + "'").c_str());
         }
         auto get = [&](const char* k, nb::object now) { return changes.contains(k) ? nb::borrow(changes[k]) : now; };
@@ -242,28 +264,12 @@ void bind_config(nb::module_& m) {
       }, "A copy with the given settings changed (as dataclasses.replace).")
       .def("to_dict", &config_dict)
       .def("__eq__", [](const QuantConfig& a, nb::handle b) {
-        return nb::isinstance<QuantConfig>(b) && same_config(a, nb::cast<const QuantConfig&>(b));
+        return nb::isinstance<QuantConfig>(b) && a == nb::cast<const QuantConfig&>(b);
       })
       .def("__hash__", [](const QuantConfig& c) { return nb::hash(nb::str(config_repr(c).c_str())); })
-      .def("__getstate__", [](const QuantConfig& c) {
-        return ConfigState(c.format.name, c.block, c.tile2d, scale_name(c.scale), c.rht, c.rht_signs, c.rht_bf16,
-                           rounding_name(c.rounding), c.seed, c.stream);
-      })
+      .def("__getstate__", &config_state)
       // A pickle is data: its settings obey the constructor's rules, or the load fails with the reason.
-      .def("__setstate__", [](QuantConfig& c, const ConfigState& s) {
-        QuantConfig v;
-        v.format = parse_format(std::get<0>(s));
-        v.block = std::get<1>(s);
-        v.tile2d = std::get<2>(s);
-        v.scale = parse_scale(std::get<3>(s));
-        v.rht = std::get<4>(s);
-        v.rht_signs = std::get<5>(s);
-        v.rht_bf16 = std::get<6>(s);
-        v.rounding = parse_rounding(std::get<7>(s));
-        v.seed = std::get<8>(s);
-        v.stream = std::get<9>(s);
-        new (&c) QuantConfig(checked(std::move(v)));
-      })
+      .def("__setstate__", [](QuantConfig& c, const ConfigState& s) { new (&c) QuantConfig(checked(config_of_state(s))); })
       .def("__repr__", &config_repr)
       // A training step's settings from its layer's: only the SR key changes from step to step (docs/spec.md §12),
       // and a copy is cheaper than parsing the knobs again, hundreds of times a step.

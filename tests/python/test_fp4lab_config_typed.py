@@ -26,7 +26,7 @@ def loads(payload):
     return ConfigUnpickler(io.BytesIO(payload)).load()
 
 
-FIELDS = ("format", "block", "scale", "tile2d", "rht", "rht_signs", "rht_bf16", "rounding", "seed", "stream")
+FIELDS = QuantConfig.FIELDS  # the C++ field list (QuantConfig::fields) that equality and pickling walk
 
 
 def typed_copy(c):
@@ -137,3 +137,21 @@ def test_typed_knobs_out_of_range_are_named_in_one_line(kw, text):
         fp4lab.config("ufp4", **kw)
     assert str(e.value).startswith(text) and "\n" not in str(e.value)
     assert fp4lab.config("ufp4", seed=2**64 - 1).seed != fp4lab.config("ufp4", seed=0).seed
+
+
+def test_the_field_list_is_every_keyword_and_each_takes_part_in_equality_pickle_and_repr():
+    """QuantConfig.FIELDS is the C++ list equality and the pickled state are built from: it names exactly the
+    constructor's keywords and to_dict's settings, and a change to any one field alone makes another value that
+    survives repr and pickle."""
+    signs = [1, -1] * 16
+    c = QuantConfig(format="e2m1", block=16, scale="ue8m0", tile2d=False, rht=32, rht_signs=signs, rht_bf16=True,
+                    rounding="sr", seed=5, stream=3)
+    other = {"format": "e1m2", "block": 32, "scale": "fp32", "tile2d": True, "rht": 16, "rht_signs": [-1, 1] * 16,
+             "rht_bf16": False, "rounding": "rtne", "seed": 6, "stream": 4}
+    assert sorted(FIELDS) == sorted(other) == sorted(set(c.to_dict()) - {"label"})
+    assert len(c.__getstate__()) == len(FIELDS)
+    assert QuantConfig(**{f: getattr(c, f) for f in FIELDS}) == c
+    for f, v in other.items():
+        d = c.replace(**{f: v})
+        assert d != c and getattr(d, f) != getattr(c, f), f
+        assert eval(repr(d), {"fp4lab": fp4lab}) == d and loads(pickle.dumps(d)) == d, f

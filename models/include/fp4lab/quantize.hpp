@@ -7,7 +7,10 @@
 
 #include <cfloat>
 #include <cstdint>
+#include <array>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "fp4lab/buffer.hpp"
@@ -97,24 +100,61 @@ struct QuantConfig {
   uint32_t stream = 0;            // tensor id in the SR counter
 
   std::string label() const;      // e.g. "e1m2_b16_fp32scale_rht16_rtne"
+
+  // Every setting, once, in declaration order (and kFieldNames their names, as the Python keywords spell them):
+  // equality and the Python binding's pickling walk this list, so a field added later cannot be left out of
+  // either without a compile error (kFieldNames' size is checked against it).
+  auto fields() { return std::tie(format, block, tile2d, scale, rht, rht_signs, rht_bf16, rounding, seed, stream); }
+  auto fields() const { return std::tie(format, block, tile2d, scale, rht, rht_signs, rht_bf16, rounding, seed, stream); }
+  static constexpr std::array<const char*, 10> kFieldNames = {"format", "block", "tile2d", "scale", "rht", "rht_signs",
+                                                              "rht_bf16", "rounding", "seed", "stream"};
 };
 
-struct QTensor {
+namespace detail {
+// A format compares by its grid (two spellings of one grid are one setting), everything else by ==.
+inline bool field_equal(const ElemFormat& a, const ElemFormat& b) { return same_grid(a, b); }
+template <class T>
+bool field_equal(const T& a, const T& b) { return a == b; }
+template <class Tuple, size_t... I>
+bool fields_equal(const Tuple& a, const Tuple& b, std::index_sequence<I...>) {
+  return (field_equal(std::get<I>(a), std::get<I>(b)) && ...);
+}
+}  // namespace detail
+
+inline bool operator==(const QuantConfig& a, const QuantConfig& b) {
+  using Fields = decltype(a.fields());
+  static_assert(std::tuple_size_v<Fields> == QuantConfig::kFieldNames.size(), "a QuantConfig field without a name");
+  return detail::fields_equal(a.fields(), b.fields(), std::make_index_sequence<std::tuple_size_v<Fields>>());
+}
+inline bool operator!=(const QuantConfig& a, const QuantConfig& b) { return !(a == b); }
+
+// What a quantised operand is apart from its data: format, scale encoding, blocking, the rotation it was
+// quantised under and its shape. The host (QTensor) and device (cuda::DQTensor) operands both are one, so
+// moving an operand between them, or taking part of one, copies this as one value.
+struct OperandMeta {
   ElemFormat format = kE1M2;
   ScaleKind scale_kind = ScaleKind::fp32;
   int block = 16;
   bool tile2d = false;
   // The rotation the operand was quantised under (docs/spec.md §3): a GEMM multiplies only operands rotated
-  // alike, or both unrotated, so a QTensor carries it for check_gemm_operands.
+  // alike, or both unrotated, so an operand carries it for check_gemm_operands.
   int rht = 0;                       // Hadamard size; 0 = not rotated
   std::vector<float> rht_signs;      // its d signs (+-1); empty when rht = 0
   int64_t rows = 0, cols = 0;
+
+  // The operand cfg quantises a [rows, cols] tensor into.
+  static OperandMeta of(const QuantConfig& cfg, int64_t rows, int64_t cols);
+  OperandMeta& meta() { return *this; }
+  const OperandMeta& meta() const { return *this; }
+  int64_t kblocks() const { return cols / block; }
+};
+
+struct QTensor : OperandMeta {
   std::vector<uint8_t> codes;        // rows x cols; bit 3 sign, bits 0-2 magnitude index
   std::vector<float> scales;         // rows x cols/block decoded block scales (2-D tiles repeat per row)
   std::vector<uint8_t> scale_codes;  // same shape: E4M3 / E8M0 bit patterns; empty for fp32
   float global_dec = 1.0f;           // S_dec for ue4m3; 1 otherwise
 
-  int64_t kblocks() const { return cols / block; }
   float dequant(int64_t r, int64_t c) const {
     return dequant_value(decode(format, codes[r * cols + c]), scales[r * kblocks() + c / block], global_dec);
   }

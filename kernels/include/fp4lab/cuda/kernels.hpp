@@ -109,20 +109,12 @@ class Buffer {
 
 // A quantised operand [rows, cols] on the GPU, blocks along cols (the GEMM's K).
 // codes: two 4-bit codes per byte, element 2i in the low nibble (the NVFP4 / OCP storage order).
-struct DQTensor {
-  ElemFormat format = kE1M2;
-  ScaleKind scale_kind = ScaleKind::fp32;
-  int block = 16;
-  bool tile2d = false;
-  int rht = 0;                  // the rotation quantised under (as QTensor): size, 0 = none
-  std::vector<float> rht_signs; // and its signs, for check_gemm_operands
-  int64_t rows = 0, cols = 0;
+// Its settings and shape are the host operand's (OperandMeta), so to_host and upload copy them as one value.
+struct DQTensor : OperandMeta {
   Buffer<uint8_t> codes;        // rows * cols / 2
   Buffer<float> scales;         // rows * cols / block decoded block scales
   Buffer<uint8_t> scale_codes;  // same count: E4M3 / E8M0 bit patterns; empty for fp32
   Buffer<float> global_dec;     // one value: S_dec for ue4m3, else 1
-
-  int64_t kblocks() const { return cols / block; }
 };
 
 // Scratch memory of the quantiser (amax buffers, the rotated copy of the unfused path); reused across calls.
