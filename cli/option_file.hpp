@@ -144,19 +144,36 @@ inline boost::program_options::parsed_options parse_option_text_whole(
   return parsed;
 }
 
-// parse_option_text_whole with every message one line of at most 300 bytes: Boost and nlohmann echo an unknown key,
-// an invalid line or the last token read whole, which a hostile file makes megabytes long.
+// A message of Boost's or nlohmann's as one printable line of at most 300 bytes: they echo an unknown key, an
+// invalid line, the last token read or a value of the wrong type whole, which a hostile file makes megabytes long.
+inline std::string bounded_message(const std::string& what) {
+  std::string m = printable(what);
+  if (m.size() > 300) m = m.substr(0, 300) + "... (" + std::to_string(what.size()) + " bytes)";
+  return m;
+}
+
+// parse_option_text_whole with every message through bounded_message.
 inline boost::program_options::parsed_options parse_option_text(const std::string& text,
                                                                  const boost::program_options::options_description& desc) {
   namespace po = boost::program_options;
   try {
     return parse_option_text_whole(text, desc);
   } catch (const po::error& e) {
-    std::string m = e.what();
-    if (m.size() <= 300 && m.find('\n') == std::string::npos) throw;
-    for (char& c : m)
-      if (c == '\n') c = ' ';
-    if (m.size() > 300) m = m.substr(0, 300) + "... (" + std::to_string(m.size()) + " bytes)";
+    const std::string m = bounded_message(e.what());
+    if (m == e.what()) throw;
+    throw po::error(m);
+  }
+}
+
+// po::store of options read from text, its messages (a value of the wrong type, echoed) through bounded_message.
+inline void store_option_text(const boost::program_options::parsed_options& parsed,
+                              boost::program_options::variables_map& vm) {
+  namespace po = boost::program_options;
+  try {
+    po::store(parsed, vm);
+  } catch (const po::error& e) {
+    const std::string m = bounded_message(e.what());
+    if (m == e.what()) throw;
     throw po::error(m);
   }
 }

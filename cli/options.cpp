@@ -150,7 +150,11 @@ bool parse_args(const Invocation& inv, const po::options_description& desc, cons
         if (o.string_key == "config" || o.string_key == "help" || o.string_key == "version")
           usage_error(printable(path) + ": '" + o.string_key + "' cannot be set in a config file");
       // Stored after the command line: po::store keeps values already present, so the command line wins.
-      po::store(parsed, vm);
+      try {
+        store_option_text(parsed, vm);  // a value of the wrong type is the file's fault: named with it
+      } catch (const po::error& e) {
+        usage_error(printable(path) + ": " + e.what());
+      }
     }
     po::notify(vm);
     // Paths and names are recorded in UTF-8 (JSON reports, safetensors metadata, the command line a report

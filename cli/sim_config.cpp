@@ -66,7 +66,7 @@ sim::Config load_sim_config(const std::string& path, const std::vector<std::stri
     const std::string text = io::read_regular_file(path, "config file");
     refuse_option_placeholders(text, path);
     const po::parsed_options parsed = parse_option_text(text, desc);  // `key = value` lines or JSON
-    po::store(parsed, vm);
+    store_option_text(parsed, vm);
     po::notify(vm);
     return sim_config_from(vm);
   } catch (const io::Error& e) {  // already "<path>: <fault>"

@@ -1069,6 +1069,16 @@ TEST_F(Cli, InputsMustBeRegularFiles) {
   EXPECT_FALSE(std::filesystem::exists(path("o")));
 }
 
+// A config file's value of the wrong type was echoed whole and raw by Boost (12 kB of undecodable bytes for a
+// 3,000-byte value); found by the configuration reader's fuzz target. One printable line naming the file.
+TEST_F(Cli, ConfigValueOfTheWrongTypeIsOneBoundedLine) {
+  std::ofstream(path("bad.cfg"), std::ios::binary) << "block = " << std::string(3000, '\xb5') << "\n";
+  const Result r = run({"analyze", "--config", path("bad.cfg")});
+  expect_one_line_error(r, "analyze", 2, {path("bad.cfg"), "\\xB5", "(3047 bytes)"});
+  EXPECT_LT(r.err.size(), 600u) << r.err.size();
+  EXPECT_EQ(r.err.find('\xb5'), std::string::npos);
+}
+
 // --out or --json naming an input overwrote it; outputs are checked before any work.
 TEST_F(Cli, OutputsNeverOverwriteInputs) {
   const std::string in = path("in.safetensors");

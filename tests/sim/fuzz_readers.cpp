@@ -95,7 +95,7 @@ void option_text(const std::string& text) {
       for (const std::string& v : o.value)
         if (v.size() > fp4lab::cli::kMaxOptionValue || v.find('\0') != std::string::npos) __builtin_trap();
     po::variables_map vm;
-    po::store(parsed, vm);  // may refuse a value of the wrong type or a repeated option: po::error
+    fp4lab::cli::store_option_text(parsed, vm);  // may refuse a value of the wrong type or a repeated option: po::error
     po::notify(vm);
   } catch (const po::error& e) {
     if (!one_bounded_line(e.what())) __builtin_trap();
