@@ -1,7 +1,7 @@
 """Trace metrics of a recipe's accuracy, and their uncertainty across a trace's records and steps.
 
 One definition of each metric, shared by ``fp4lab decide`` (the decision report's accuracy side) and the proxy study
-that tests which of them predict the paired training effects (docs/training.md). A metric is computed from the GEMM
+that tests which of them predict the paired training effects (docs/results/training.md). A metric is computed from the GEMM
 rows ``fp4lab analyze --recipe`` writes for one recipe (docs/spec.md §6): ``sqnr_db``, ``eta`` (the predicted output
 scale η = α_A·α_B) and ``eta_measured``, one row per record and pass.
 """

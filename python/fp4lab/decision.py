@@ -753,7 +753,7 @@ def decide(model: Any, *, tokens: Optional[int] = None, traces: Iterable[Any] = 
         "model timed; GEMM error is not training loss.",
         "The training evidence comes from " + (f"`{ev['source']}`" if evidence else
                                                "the project's own paired runs of small GPT-style models "
-                                               "(docs/training.md)") +
+                                               "(docs/results/training.md)") +
         ", not from the model above; pass your own with --evidence (fp4lab-train proxy-study).",
         "Area counts the TCU's block MACs, RHT and quantiser lanes only (NAND2 equivalents from Yosys, "
         "docs/sim.md): no SRAM, interconnect or wiring; leakage per mm² and the flip-flop size are assumptions.",

@@ -59,7 +59,7 @@ DEFINITION = ("d_s = 100 * (L_A,s - L_B,s) / L_bf16,s per seed s with runs of A,
               "BF16-relative loss error; negative: A ends lower); mean, SD (n - 1), SE = SD / sqrt(n); 95% interval "
               "mean +- t_0.975(n - 1) * SE; verdict: A worse/better than B when the interval lies above/below 0, "
               "otherwise no difference detectable at +- t * SE; one seed: no interval")
-# The head-to-head comparisons of the study (docs/training.md): the paper's recipe against the E2M1 reference
+# The head-to-head comparisons of the study (docs/results/training.md): the paper's recipe against the E2M1 reference
 # and the two other presets. A − B, so a positive difference means the first trained worse.
 HEAD_TO_HEAD = (("ufp4", "e2m1-ref"), ("ufp4", "nvfp4"), ("ufp4", "mxfp4"))
 # Each ablation of the paper's dense study against the preset it changes (fp4lab.ABLATIONS): the RHT-scope and SR

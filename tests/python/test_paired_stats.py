@@ -106,7 +106,7 @@ def test_t_table_matches_the_published_three_decimal_table():
 # ---------------------------------------------------------------------------------------------------------
 
 def test_three_seed_example_against_hand_computed_values():
-    # docs/training.md's 6000-step ufp4 − e2m1-ref validation differences, as printed: +0.12, +0.76, +0.58.
+    # docs/results/training.md's 6000-step ufp4 − e2m1-ref validation differences, as printed: +0.12, +0.76, +0.58.
     # By hand: mean = 1.46 / 3 = 0.486667; deviations −0.366667, +0.273333, +0.093333, squares summing to
     # 0.217867; SD = √(0.217867 / 2) = 0.330051; SE = SD / √3 = 0.190555; t(0.975, 2 df) = 4.302653;
     # t · SE = 0.819891; interval −0.333224 to +1.306558. It holds zero: no difference detectable.
@@ -263,7 +263,7 @@ def test_committed_6000_step_runs():
     ms, mode, res = study(committed_runs(), "small", 6000)
     assert mode == "exact"
     v = res[("ufp4", "e2m1-ref", "val")]
-    # Seeds 0-2: the per-seed differences docs/training.md printed before the paired statistics existed; seeds 3 and
+    # Seeds 0-2: the per-seed differences docs/results/training.md printed before the paired statistics existed; seeds 3 and
     # 4 came later (their runs' validation losses, rounded: 1.0757, 1.0357, BF16 1.0599: 100 * (1.0757 - 1.0357) /
     # 1.0599 = 3.77, 3.78 from the unrounded losses; 1.1362, 1.1220, BF16 1.0344: 100 * 0.0142 / 1.0344 = 1.37, 1.38
     # unrounded).

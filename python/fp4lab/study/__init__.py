@@ -4,7 +4,7 @@ The question (UFP4, arXiv 2606.20381): does the uniform E1M2 grid with RHT on al
 train closer to BF16 than the E2M1 reference recipe (`e2m1-ref`), and what do RHT scope and SR on dY contribute?
 Every run of one model size starts from the same initialisation and sees the same batches in the same order; only
 the arithmetic of the blocks' linear layers changes (fp4lab.torch.convert; the embedding and the output head stay
-BF16). docs/training.md reports the results; docs/spec.md §12 defines the metric.
+BF16). docs/results/training.md reports the results; docs/spec.md §12 defines the metric.
 
   train   One run on a training-data folder (--data): train.bin and val.bin, byte tokens (vocabulary = 256 bytes),
           any text you give; writes its JSON when it completes:

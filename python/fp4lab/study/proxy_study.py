@@ -344,7 +344,7 @@ def table(result) -> str:
 
 def cmd_proxy_study(args):
     """Reads the runs and the analyses, checks the outputs, then computes the study and writes the JSON and the
-    table of docs/training.md between its markers."""
+    table of docs/results/training.md between its markers."""
     specs = rp.analysis_specs(args.analysis)
     if args.resamples < 1:
         raise UsageError(f"--resamples {args.resamples}: not a positive count")

@@ -301,7 +301,7 @@ def pooled_verdict(ms, model="small", a="ufp4", b="e2m1-ref") -> str:
 
 
 def status(runs) -> str:
-    """The status block of docs/training.md: one verdict per study, then ufp4 vs e2m1-ref pooled over corpora."""
+    """The status block of docs/results/training.md: one verdict per study, then ufp4 vs e2m1-ref pooled over corpora."""
     ms = metrics(runs)
     lines = [f"- {verdict(ms, *g)}" for g in groups(runs)]
     pool = pooled_verdict(ms)
