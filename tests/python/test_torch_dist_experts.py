@@ -112,7 +112,7 @@ def bits(t):
 
 def test_experts_amax_all_reduce_matches_one_process(tmp_path):
     mp.spawn(worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=WORLD)
-    res = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    res = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
     for r, rr in enumerate(res):
         for s in rr["steps"]:
             assert 1 - r not in s["experts"] and r in s["experts"], s["experts"]  # an expert without tokens here

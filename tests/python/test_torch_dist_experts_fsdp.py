@@ -76,7 +76,7 @@ def worker(rank, store, out):
 
 def test_fsdp2_experts_amax_all_reduce_matches_one_process(tmp_path):
     mp.spawn(worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=WORLD)
-    res = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    res = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
     for r, rr in enumerate(res):
         for s in rr["steps"]:
             assert torch.equal(bits(s["y"]), bits(s["y_ref"]))
