@@ -17,16 +17,15 @@ tokens, the all-reduce adds the two halves, and one process adds all tokens in o
 difference is FP32 rounding, bounded elementwise by 8·2⁻²⁴·Σ|terms| (the sum of the absolute products, FP64).
 Equal under mxfp4, whose 32-token blocks are one per rank. The reduced gradient itself is the exact average of
 the ranks' own gradients. Not covered: nvfp4, whose per-tensor scale comes from the micro-batch's amax."""
-import os
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 import fp4lab.torch as ft
+from dist_ranks import run_ranks
 
 WORLD, ROWS, STEPS = 2, 64, 2
 
@@ -140,19 +139,6 @@ def run(rank, recipe, wrap):
     return {"steps": out, "ops": cap.ops}
 
 
-def worker(rank, store, recipe, wrap, out):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(store, WORLD), rank=rank, world_size=WORLD)
-    try:
-        torch.save(run(rank, recipe, wrap), os.path.join(out, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
-
-
-def spawn(tmp_path, recipe, wrap):
-    mp.spawn(worker, args=(str(tmp_path / "store"), recipe, wrap, str(tmp_path)), nprocs=WORLD)
-    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
-
 
 def bits(t):
     return t.contiguous().view(torch.int32)
@@ -181,7 +167,7 @@ def operand_faults(ops, rank, ref_ops=None):
 
 @pytest.mark.parametrize("recipe,wrap", [("bf16", "ddp"), ("ufp4", "ddp"), ("mxfp4", "ddp"), ("ufp4", "fsdp")])
 def test_data_parallel_matches_one_process(tmp_path, recipe, wrap):
-    res = spawn(tmp_path, recipe, wrap)
+    res = run_ranks(tmp_path, run, recipe, wrap, world=WORLD)
     for r, rr in enumerate(res):
         if recipe != "bf16":
             assert len(rr["ops"]) == 2 * STEPS * 3 * 3 * 2 - (2 * STEPS * 3 * 2 if recipe == "mxfp4" else 0)

@@ -89,9 +89,9 @@ def test_checkpoint_that_would_run_code_is_refused_without_running_it(data, tmp_
 
 
 def test_no_load_in_the_project_can_run_code():
-    # Every torch.load of the package and its scripts takes weights_only=True; nothing unpickles otherwise.
+    # Every torch.load of the package, its scripts and the lab takes weights_only=True; nothing unpickles otherwise.
     found = []
-    for top in (PKG, os.path.join(ROOT, "scripts")):
+    for top in (PKG, os.path.join(ROOT, "scripts"), os.path.join(ROOT, "lab")):
         for dp, _, fns in os.walk(top, followlinks=True):
             for fn in fns:
                 if fn.endswith(".py"):

@@ -8,16 +8,15 @@ are the forward output rows and the input-gradient rows (times 2). Without reduc
 take their micro-batch's amax and differ. Not bit for bit, as the contract has it: the loss (a mean of two
 half-batch means) and the weight and bias gradients, which reduce over tokens: each rank's GEMM applies the
 per-tensor scales to its own half-sum, and the all-reduce adds the halves (docs/python.md, data parallelism)."""
-import os
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 import fp4lab.torch as ft
+from dist_ranks import run_ranks
 
 WORLD, ROWS, STEPS = 2, 64, 2
 
@@ -103,14 +102,6 @@ def run(rank, wrap):
     return {"steps": out, "ops": ops}
 
 
-def worker(rank, store, wrap, out):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(store, WORLD), rank=rank, world_size=WORLD)
-    try:
-        torch.save(run(rank, wrap), os.path.join(out, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
-
 
 def bits(t):
     return t.contiguous().view(torch.int32)
@@ -139,8 +130,7 @@ def operand_faults(ops, rank, tag):
 
 @pytest.mark.parametrize("wrap", ["ddp", "fsdp"])
 def test_amax_all_reduce_matches_one_process(tmp_path, wrap):
-    mp.spawn(worker, args=(str(tmp_path / "store"), wrap, str(tmp_path)), nprocs=WORLD)
-    res = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    res = run_ranks(tmp_path, run, wrap, world=WORLD)
     for r, rr in enumerate(res):
         ops = rr["ops"]
         # 3 layers x 3 GEMMs x 2 operands a step, fc1's dgrad absent (the input of the replicas needs a gradient,

@@ -12,16 +12,13 @@ not the single process's. Without reduce_amax a rank's expert scales by its own 
 differ. With sr_shard beside it, each expert's dgrad operand dY (stochastically rounded) draws the single
 process's random words (its rows placed at the expert's rows of the global batch), so the input gradient rows
 equal the single process's (times 2); without it they differ."""
-import os
 
-import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import transformers  # scripts/install-deps.sh installs it
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
 import fp4lab.torch as ft
+from dist_ranks import run_ranks
 
 WORLD, TOKENS, STEPS, E = 2, 32, 2, 4
 
@@ -97,22 +94,13 @@ def run(rank):
     return {"steps": out, "scales": scales}
 
 
-def worker(rank, store, out):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(store, WORLD), rank=rank, world_size=WORLD)
-    try:
-        torch.save(run(rank), os.path.join(out, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
-
 
 def bits(t):
     return t.contiguous().view(torch.int32)
 
 
 def test_experts_amax_all_reduce_matches_one_process(tmp_path):
-    mp.spawn(worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=WORLD)
-    res = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
+    res = run_ranks(tmp_path, run, world=WORLD)
     for r, rr in enumerate(res):
         for s in rr["steps"]:
             assert 1 - r not in s["experts"] and r in s["experts"], s["experts"]  # an expert without tokens here

@@ -10,13 +10,11 @@ bit and its input-gradient rows too (times 2), over 2 optimizer steps. Not the w
 leaves: each rank's wgrad GEMM scales its own half-sum (and nvfp4 rotates 16 consecutive tokens of an expert
 there, which a rank does not hold), and FSDP2's reduce-scatter adds the halves. Without reduce_amax rank 1's
 experts scale X by its own amax and its outputs differ."""
-import os
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import fp4lab.torch as ft
+from dist_ranks import run_ranks
 from test_torch_dist_experts import E, STEPS, WORLD, batch, bits, capture, make
 
 
@@ -65,18 +63,9 @@ def run(rank):
     return {"steps": out, "scales": scales}
 
 
-def worker(rank, store, out):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(store, WORLD), rank=rank, world_size=WORLD)
-    try:
-        torch.save(run(rank), os.path.join(out, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
-
 
 def test_fsdp2_experts_amax_all_reduce_matches_one_process(tmp_path):
-    mp.spawn(worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=WORLD)
-    res = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
+    res = run_ranks(tmp_path, run, world=WORLD)
     for r, rr in enumerate(res):
         for s in rr["steps"]:
             assert torch.equal(bits(s["y"]), bits(s["y_ref"]))
