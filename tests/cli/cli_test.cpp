@@ -1146,7 +1146,7 @@ TEST_F(Cli, OptionsAreSpeltOutAndEchoesAreEscaped) {
 
 // Boost.Program_options loops forever wording an error about a value that holds its own placeholder (%value%);
 // found by the configuration reader's fuzz target. Refused up front, on the command line and in config files
-// (the simulator's own reader: tests/sim/test_config.cpp).
+// (the simulator's own reader: tests/sim/config_test.cpp).
 TEST_F(Cli, OptionPlaceholdersAreRefusedNotLoopedOn) {
   const std::string in = path("in.safetensors");
   expect_one_line_error(run({"quantize", "--in", in, "--tensor", "x", "--out", path("o"), "--block", "1%value%"}),

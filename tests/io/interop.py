@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Cross-checks fp4lab's safetensors I/O against the reference Python implementation (safetensors.numpy)
-and ml_dtypes' BF16 rounding. Called by test_interop.cpp:
+and ml_dtypes' BF16 rounding. Called by interop_test.cpp:
   interop.py write <file>   write a file with known tensors for the C++ reader
   interop.py check <file>   verify a file the C++ writer produced; exit status 0 when it agrees
 """

@@ -1,7 +1,7 @@
 // Expected reports under version control (tests/sim/expected/*.json), one per configuration and workload,
 // diffed against a fresh run: any change in what the model reports shows up here as a JSON patch. After an
 // intended change, regenerate them with tests/sim/regen_expected.sh (FP4LAB_REGEN_EXPECTED=1) and review the
-// diff before committing. (The numbers themselves are checked by hand in test_timing.cpp, not here.)
+// diff before committing. (The numbers themselves are checked by hand in timing_test.cpp, not here.)
 #include <gtest/gtest.h>
 
 #include <cstdlib>
