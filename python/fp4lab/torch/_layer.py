@@ -321,6 +321,26 @@ def step_of_state(key: str, state: Any) -> int:
     raise DataError(f"{key}: not an SR step (a 0-d integer tensor from 0 to 2**63 - 1), but {what}")
 
 
+class NamedParts:
+    """A module of several GEMMs whose SR keys follow its qualified name: naming it renames each part (the objects
+    ``_named_parts()`` yields, each with a ``named(owner_name)``), which hashes its key then, not at each forward
+    (torch.compile traces no hashlib)."""
+
+    def _named_parts(self):
+        raise NotImplementedError
+
+    @property
+    def name(self) -> Optional[str]:
+        """The qualified name convert found it at (error messages, and its GEMMs' SR keys)."""
+        return self.__dict__.get("_name")
+
+    @name.setter
+    def name(self, value: Optional[str]) -> None:
+        self.__dict__["_name"] = value
+        for part in self._named_parts():
+            part.named(value)
+
+
 class Stepped(nn.Module):
     """The SR step of a module that runs GEMMs under a recipe: advanced by every forward in training mode that
     records a graph, repeated by an activation-checkpoint recomputation, and saved in the state dict."""

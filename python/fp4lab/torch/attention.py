@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._layer import Stepped, apply_gemm, check_shapes, layer_id_of
+from ._layer import NamedParts, Stepped, apply_gemm, check_shapes, layer_id_of
 from .linear import Linear
 from .recipe import Recipe
 
@@ -39,7 +39,7 @@ class _Projection:
         return {"owner": self.owner, "index": self.index, "layer_id": self.layer_id, "_qcache": {}}
 
 
-class MultiheadAttention(Stepped, nn.MultiheadAttention):
+class MultiheadAttention(NamedParts, Stepped, nn.MultiheadAttention):
     """``nn.MultiheadAttention`` whose in-projection GEMMs and output projection (an fp4lab ``Linear``) run under
     a recipe; between them the attention is ``F.multi_head_attention_forward``'s, step for step (scaled dot-product
     attention, or softmax(QKᵀ/√d)·V where the weights are asked for; the same masks, causal hint and dropout). Same
@@ -74,16 +74,8 @@ class MultiheadAttention(Stepped, nn.MultiheadAttention):
         new.train(mha.training)
         return new
 
-    @property
-    def name(self) -> Optional[str]:
-        """The qualified name convert found it at (error messages, and the in-projections' SR keys)."""
-        return self.__dict__.get("_name")
-
-    @name.setter
-    def name(self, value: Optional[str]) -> None:
-        self.__dict__["_name"] = value
-        for p in self.__dict__.get("_projections", ()):
-            p.named(value)
+    def _named_parts(self):
+        return self.__dict__.get("_projections", ())
 
     def _label(self) -> str:
         return self.name if self.name else f"MultiheadAttention({self.embed_dim}, {self.num_heads})"

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from ._layer import ROOT_ID as _ROOT_ID, Stepped as _Stepped, apply_gemm as _apply, check_shapes as _check_shapes
+from ._layer import ROOT_ID as _ROOT_ID, NamedParts as _NamedParts, Stepped as _Stepped, apply_gemm as _apply, check_shapes as _check_shapes
 from ._layer import layer_id_of
 from ._quantizers import collective_device
 from .recipe import Recipe
@@ -118,7 +118,7 @@ def experts_fault(mod: nn.Module) -> Optional[str]:
     return None
 
 
-class Experts(_Stepped, nn.Module):
+class Experts(_NamedParts, _Stepped, nn.Module):
     """The experts of a Hugging Face MoE block (``MixtralExperts``, ``Qwen2MoeExperts``: ``gate_up_proj`` [E, 2I, H],
     ``down_proj`` [E, H, I], the same Parameter objects and state-dict keys, with ``_extra_state``, the SR step) whose
     forward is the transformers eager loop with each expert's two GEMMs under the recipe: expert e's tokens X_e
@@ -143,17 +143,8 @@ class Experts(_Stepped, nn.Module):
         self._gemms = [(_ExpertGemm(self, "gate_up_proj", e), _ExpertGemm(self, "down_proj", e))
                        for e in range(self.num_experts)]
 
-    @property
-    def name(self) -> Optional[str]:
-        """The qualified name convert found it at (error messages, and the experts' SR keys)."""
-        return self.__dict__.get("_name")
-
-    @name.setter
-    def name(self, value: Optional[str]) -> None:
-        self.__dict__["_name"] = value
-        for pair in self.__dict__.get("_gemms", ()):
-            for g in pair:
-                g.named(value)
+    def _named_parts(self):
+        return itertools.chain.from_iterable(self.__dict__.get("_gemms", ()))
 
     def _label(self) -> str:
         return self.name if self.name else f"Experts({self.kind})"
