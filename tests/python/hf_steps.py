@@ -1,10 +1,10 @@
-"""A few AdamW steps of a Hugging Face causal LM on fixed tokens: the training loop the torch tests share."""
+"""A few optimizer steps (AdamW unless told) of a Hugging Face causal LM on fixed tokens: the training loop the torch tests share."""
 import torch
 
 
-def train_steps(model, ids, steps=3, lr=3e-3):
-    """The loss before each of `steps` AdamW steps (learning rate `lr`) on `ids` as input and labels."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+def train_steps(model, ids, steps=3, lr=3e-3, optimizer=torch.optim.AdamW):
+    """The loss before each of `steps` steps of `optimizer` (learning rate `lr`) on `ids` as input and labels."""
+    opt = optimizer(model.parameters(), lr=lr)
     losses = []
     for _ in range(steps):
         loss = model(input_ids=ids, labels=ids).loss
