@@ -32,3 +32,50 @@ def run_ranks(tmp_path, fn, *args, world=2):
     """
     mp.spawn(_worker, args=(fn, args, world, str(tmp_path / "store"), str(tmp_path)), nprocs=world)
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
+
+
+def full(p):
+    """A parameter's whole value (FSDP2 holds a DTensor shard of it)."""
+    return p.full_tensor() if hasattr(p, "full_tensor") else p
+
+
+def wrapped(replica, wrap, parts):
+    """``replica`` under DDP (wrap "ddp") or FSDP2 ("fsdp": ``fully_shard`` on each of ``parts``, then on it)."""
+    if wrap == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        return DDP(replica)
+    from torch.distributed.fsdp import fully_shard
+    for m in (*parts, replica):
+        fully_shard(m)
+    return replica
+
+
+def step_beside_one_process(ref, model, opt, side, x, t, rows, world):
+    """One MSE step (before ``opt.step()``): ``ref``, one process, on the global batch ``(x, t)``; ``model`` (this
+    rank's wrapped replica, optimizer ``opt``) on the rank's ``rows``; ``side`` (a second replica, unwrapped, whose
+    gradients only are wanted) on the same rows. Returns both losses (the replicas' mean over the ranks), and the
+    outputs and input gradients of ``model`` and ``ref`` on the rank's rows."""
+    xg = x.clone().requires_grad_(True)
+    y_ref = ref(xg)
+    loss_ref = (y_ref - t).pow(2).mean()
+    ref.zero_grad()
+    loss_ref.backward()
+    xr = x[rows].clone().requires_grad_(True)
+    y = model(xr)
+    loss = (y - t[rows]).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    side.zero_grad()
+    (side(xr.detach()) - t[rows]).pow(2).mean().backward()
+    mean_loss = loss.detach().clone()
+    dist.all_reduce(mean_loss)
+    return {"loss": mean_loss / world, "loss_ref": loss_ref.detach(), "y": y.detach(),
+            "y_ref": y_ref.detach()[rows], "dx": xr.grad, "dx_ref": xg.grad[rows]}
+
+
+def copy_weights(source, *targets):
+    """The next step starts every model from ``source``'s weights (whole, if FSDP2 shards them)."""
+    with torch.no_grad():
+        for p, *qs in zip(source.parameters(), *(m.parameters() for m in targets)):
+            for q in qs:
+                q.copy_(full(p))

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 import fp4lab.torch as ft
-from dist_ranks import run_ranks
+from dist_ranks import copy_weights, full, run_ranks, step_beside_one_process, wrapped
 
 WORLD, ROWS, STEPS = 2, 64, 2
 
@@ -69,14 +69,7 @@ class Capture:
                                                            torch.from_numpy(np.array(q.scales)))
 
 
-def full(t):
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
 def run(rank, recipe, wrap):
-    from torch.distributed.fsdp import fully_shard
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     # ref: one process on the global batch; dp: this rank's replica; local: the same replica unwrapped, whose
     # gradients are what this rank hands to the reduction.
     ref, dp, local = make(recipe), make(recipe), make(recipe)
@@ -90,29 +83,13 @@ def run(rank, recipe, wrap):
         if isinstance(m, nn.Linear):
             m.register_forward_pre_hook(lambda m, a, name=name: io.__setitem__((name, "x"), a[0].detach()))
             m.register_full_backward_hook(lambda m, gi, go, name=name: io.__setitem__((name, "dy"), go[0]))
-    if wrap == "ddp":
-        model = DDP(dp)
-    else:
-        for m in (dp.fc1, dp.fc2, dp.head, dp):
-            fully_shard(m)
-        model = dp
+    model = wrapped(dp, wrap, (dp.fc1, dp.fc2, dp.head))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     rows = slice(rank * ROWS // WORLD, (rank + 1) * ROWS // WORLD)
     out = []
     for i in range(STEPS):
         x, t = batch(i)
-        xg = x.clone().requires_grad_(True)
-        y_ref = ref(xg)
-        loss_ref = (y_ref - t).pow(2).mean()
-        ref.zero_grad()
-        loss_ref.backward()
-        xr = x[rows].clone().requires_grad_(True)
-        y = model(xr)
-        loss = (y - t[rows]).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        local.zero_grad()
-        (local(xr.detach()) - t[rows]).pow(2).mean().backward()
+        res = step_beside_one_process(ref, model, opt, local, x, t, rows, WORLD)
         partial = {}
         for n, p in local.named_parameters():
             parts = [torch.empty_like(p.grad) for _ in range(WORLD)]
@@ -123,18 +100,11 @@ def run(rank, recipe, wrap):
             dy, xx = io[(name, "dy")].double().abs(), io[(name, "x")].double().abs()
             terms[f"{name}.weight"] = cap.abs_terms.get((name, i), dy.t() @ xx)
             terms[f"{name}.bias"] = dy.sum(0)
-        mean_loss = loss.detach().clone()
-        dist.all_reduce(mean_loss)
-        out.append({"loss": mean_loss / WORLD, "loss_ref": loss_ref.detach(), "y": y.detach(),
-                    "y_ref": y_ref.detach()[rows], "dx": xr.grad, "dx_ref": xg.grad[rows],
-                    "grads": {n: full(p.grad).clone() for n, p in dp.named_parameters()},
-                    "grads_ref": {n: p.grad.clone() for n, p in ref.named_parameters()},
-                    "partial": partial, "terms": terms})
+        out.append(dict(res, grads={n: full(p.grad).clone() for n, p in dp.named_parameters()},
+                        grads_ref={n: p.grad.clone() for n, p in ref.named_parameters()}, partial=partial,
+                        terms=terms))
         opt.step()
-        with torch.no_grad():  # the next step starts both from the same weights
-            for p, q, u in zip(ref.parameters(), dp.parameters(), local.parameters()):
-                p.copy_(full(q))
-                u.copy_(full(q))
+        copy_weights(dp, ref, local)  # the next step starts all three from the same weights
     ft.ops.observers.remove(cap)
     return {"steps": out, "ops": cap.ops}
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 import fp4lab.torch as ft
-from dist_ranks import run_ranks
+from dist_ranks import copy_weights, run_ranks, step_beside_one_process, wrapped
 
 WORLD, ROWS, STEPS = 2, 64, 2
 
@@ -56,48 +56,21 @@ def capture(tags, ops):
 
 
 def run(rank, wrap):
-    from torch.distributed.fsdp import fully_shard
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     ref, dp, plain = make(), make(), make()
     ft.reduce_amax(ft.sr_shard(dp, rank, WORLD))
     ft.sr_shard(plain, rank, WORLD)  # the same replica without the amax reduction
     ops = {}
     obs = capture({id(m): t for t, model in (("ref", ref), ("dp", dp), ("plain", plain)) for m in model.modules()}, ops)
     ft.ops.observers.append(obs)
-    if wrap == "ddp":
-        model = DDP(dp)
-    else:
-        for m in (dp.fc1, dp.fc2, dp.head, dp):
-            fully_shard(m)
-        model = dp
+    model = wrapped(dp, wrap, (dp.fc1, dp.fc2, dp.head))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     rows = slice(rank * ROWS // WORLD, (rank + 1) * ROWS // WORLD)
     out = []
     for i in range(STEPS):
         x, t = batch(i)
-        xg = x.clone().requires_grad_(True)
-        y_ref = ref(xg)
-        loss_ref = (y_ref - t).pow(2).mean()
-        ref.zero_grad()
-        loss_ref.backward()
-        xr = x[rows].clone().requires_grad_(True)
-        y = model(xr)
-        loss = (y - t[rows]).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        plain.zero_grad()
-        (plain(xr.detach()) - t[rows]).pow(2).mean().backward()
-        mean_loss = loss.detach().clone()
-        dist.all_reduce(mean_loss)
-        out.append({"loss": mean_loss / WORLD, "loss_ref": loss_ref.detach(), "y": y.detach(),
-                    "y_ref": y_ref.detach()[rows], "dx": xr.grad, "dx_ref": xg.grad[rows]})
+        out.append(step_beside_one_process(ref, model, opt, plain, x, t, rows, WORLD))
         opt.step()
-        with torch.no_grad():  # the next step starts all three from the same weights
-            for p, q, u in zip(ref.parameters(), dp.parameters(), plain.parameters()):
-                w = q.full_tensor() if hasattr(q, "full_tensor") else q
-                p.copy_(w)
-                u.copy_(w)
+        copy_weights(dp, ref, plain)  # the next step starts all three from the same weights
     ft.ops.observers.remove(obs)
     return {"steps": out, "ops": ops}
 
