@@ -10,6 +10,7 @@ from typing import Any, Iterable, Optional
 import numpy as np
 
 from . import _core
+from ._files import UsageError
 
 
 def one_line_errors(func):
@@ -62,14 +63,6 @@ def cli_path() -> str:
                        "at build time); set FP4LAB_BIN to a built fp4lab")
 
 
-def list_text(v: Any) -> str:
-    if isinstance(v, str):
-        return v
-    if isinstance(v, Iterable):
-        return ",".join("none" if x in (None, 0) else str(x) for x in v)
-    return "none" if v in (None, 0) else str(v)
-
-
 def path_arg(func: str, name: str, value: Any) -> str:
     """A path argument as the C++ reader takes it: a str or os.PathLike of str, else a one-line TypeError naming the
     function, the argument and the types it takes (bytes paths included: the reader's messages and records are
@@ -89,8 +82,10 @@ def analyze(trace: Any, *, formats: Any = None, rht: Any = None, rht_signs: Any 
             seed: Optional[int] = None, json: Any = None) -> Optional[dict]:
     """The analyses of docs/spec.md §6 on a trace folder or file (or a list of them, as ``--trace DIR DIR``): the
     same dict ``fp4lab analyze --json`` writes, from the same C++ library, with ``config.command`` the command line
-    that writes it. ``formats``, ``rht`` and ``recipe`` take lists or comma-separated strings; ``rht`` entries None
-    or 0 mean no rotation. A bad option raises UsageError, a bad trace DataError (both ValueErrors, with the command
+    that writes it (each option in the command line's spelling). ``formats``, ``rht`` and ``recipe`` take lists or
+    comma-separated strings; ``formats`` entries are fp4lab.Format members or their names, ``scale`` an fp4lab.Scale
+    or its name, ``rht`` entries None or 0 mean no rotation, ``rht_signs`` is "te" or +1/-1 entries; the options
+    reach the library typed. A bad option raises UsageError, a bad trace DataError (both ValueErrors, with the command
     line's one-line message and exit code); a path of another type than str or os.PathLike of str is a TypeError.
 
     With ``json=PATH`` the document is written to that file instead, byte for byte as ``fp4lab analyze --json
@@ -106,22 +101,60 @@ def analyze(trace: Any, *, formats: Any = None, rht: Any = None, rht_signs: Any 
     else:
         paths = list(trace)
     traces = [path_arg("analyze", "a trace path", p) for p in paths]
-    opts = {}
-    for opt, v in (("formats", formats), ("rht", rht), ("recipe", recipe)):
-        if v is not None:
-            opts[opt] = list_text(v)
+    # The keywords typed here; text in the command line's spelling ("e2m1,e1m2", "none,16", "te", a number) is read
+    # by the command line's own parsers, with their messages.
+    opts: dict = {}
+    if formats is not None:
+        opts["formats"] = [f if isinstance(f, _core.Format) else _core.text_format(str(f)) for f in _entries(formats)]
+    if rht is not None:
+        opts["rht"] = [0 if d is None else _rht(d) for d in _entries(rht)]
+    if recipe is not None:
+        if isinstance(recipe, str) and recipe == "all":
+            opts["all_recipes"] = True
+        else:
+            opts["recipes"] = [r if isinstance(r, str) else str(r) for r in _entries(recipe)]
     if rht_signs is not None:
-        # The analysis takes the command line's options as text (its one interface with fp4lab analyze).
-        signs = rht_signs
-        if not isinstance(signs, (str, np.ndarray)) and isinstance(signs, Iterable):
-            signs = list(signs)  # read once
-        if not isinstance(signs, str):
-            check_signs(signs)  # the entries' types, as config() checks them
-            signs = ",".join("+1" if x == 1 else "-1" if x == -1 else str(x) for x in signs)
-        opts["rht-signs"] = signs
-    for opt, v in (("rht-seed", rht_seed), ("block", block), ("scale", scale), ("seed", seed)):
+        if isinstance(rht_signs, str):
+            if rht_signs == "te":
+                opts["rht_signs_te"] = True
+            else:
+                opts["rht_signs"] = _core.text_signs(rht_signs)
+        else:
+            signs = check_signs(rht_signs)  # the entries' types, as config() checks them
+            for i, x in enumerate(signs):
+                if x not in (1.0, -1.0):
+                    raise UsageError(f"--rht-signs: sign {i + 1} is '{x:g}', not +1 or -1")
+            opts["rht_signs"] = signs
+    for opt, v, parse, lo, hi in (("rht_seed", rht_seed, _core.text_uint, 0, 2**64 - 1),
+                                  ("block", block, _core.text_int, -2**31, 2**31 - 1),
+                                  ("seed", seed, _core.text_uint, 0, 2**64 - 1)):
         if v is not None:
-            opts[opt] = str(v)
+            if _is_int(v) and lo <= v <= hi:
+                opts[opt] = int(v)
+            else:  # text the parser reads, or the parser's fault for the value
+                opts[opt] = parse(v if isinstance(v, str) else str(v), opt.replace("_", "-"))
+    if scale is not None:
+        opts["scale"] = scale if isinstance(scale, _core.Scale) else _core.text_scale(str(scale))
     if json is None:
-        return _core.analyze(traces, opts)
-    return _core.analyze(traces, opts, path_arg("analyze", "json", json))
+        return _core.analyze(traces, **opts)
+    return _core.analyze(traces, **opts, json_path=path_arg("analyze", "json", json))
+
+
+def _entries(v: Any) -> list:
+    """A list keyword's entries: a comma-separated string's (empty entries left out, as the command line reads
+    it), or the sequence's."""
+    if isinstance(v, str):
+        return _core.split_list(v)
+    if isinstance(v, Iterable):
+        return list(v)
+    return [v]
+
+
+def _rht(d: Any) -> int:
+    """An RHT setting: an integer (0: none), or text the command line's parser reads (its message otherwise)."""
+    return int(d) if _is_int(d) else _core.text_rht(d if isinstance(d, str) else str(d), "rht")
+
+
+def _is_int(v: Any) -> bool:
+    """An integer value (numpy's too), not a bool."""
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))

@@ -111,64 +111,97 @@ void run_interruptible(const std::function<void()>& work, std::atomic<bool>& sto
   if (fault) std::rethrow_exception(fault);
 }
 
-// The analysis of a trace with the options as `fp4lab analyze` spells them (option name without dashes -> text).
-// Faults are the command line's one-line messages, as the package's UsageError or DataError (ValueErrors; MemoryError
-// when memory runs out). With json_path, the document goes to that file as `fp4lab analyze --json FILE` writes it (in
-// pieces, through a temporary name: memory that of the command line, not of a dict of the whole report), and None is
-// returned. Ctrl-C stops it at the next record (run_interruptible), leaving no output and no temporary.
-nb::object analyze(const std::vector<std::string>& traces, const std::map<std::string, std::string>& options,
+// The options of an analysis as fp4lab.analyze hands them over: typed values, None where not given (the library's
+// defaults then apply and the recorded command line leaves the option out).
+struct PyAnalysisOptions {
+  std::optional<std::vector<FormatId>> formats;
+  std::optional<std::vector<int>> rht;  // 0: no rotation
+  bool rht_signs_te = false;            // Transformer Engine's vector
+  std::optional<std::vector<float>> rht_signs;
+  std::optional<uint64_t> rht_seed;
+  bool all_recipes = false;  // the presets, recorded as --recipe all
+  std::optional<std::vector<std::string>> recipes;
+  std::optional<int> block;
+  std::optional<ScaleKind> scale;
+  std::optional<uint64_t> seed;
+};
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + v[i];
+  return s;
+}
+
+// The command line that writes the same JSON, options in the order this module always recorded them, each value in
+// the spelling fp4lab analyze reads (the record of the analysis: config.command).
+std::string analysis_command(const std::vector<std::string>& traces, const std::string& json,
+                             const PyAnalysisOptions& p) {
+  std::string c = "fp4lab analyze --trace";
+  for (const auto& t : traces) c += " " + shell_quote(t);
+  c += " --json " + shell_quote(json);
+  const auto add = [&](const char* name, const std::string& v) {
+    c += std::string(" --") + name + " " + shell_quote(v);
+  };
+  if (p.formats) {
+    std::vector<std::string> n;
+    for (FormatId f : *p.formats) n.push_back(kAllFormats[int(f)].name);
+    add("formats", joined(n));
+  }
+  if (p.rht) {
+    std::vector<std::string> n;
+    for (int d : *p.rht) n.push_back(d == 0 ? "none" : std::to_string(d));
+    add("rht", joined(n));
+  }
+  if (p.all_recipes) add("recipe", "all");
+  else if (p.recipes) add("recipe", joined(*p.recipes));
+  if (p.rht_signs_te) add("rht-signs", "te");
+  else if (p.rht_signs) add("rht-signs", signs_string(*p.rht_signs));
+  if (p.rht_seed) add("rht-seed", std::to_string(*p.rht_seed));
+  if (p.block) add("block", std::to_string(*p.block));
+  if (p.scale) add("scale", scale_name(*p.scale));
+  if (p.seed) add("seed", std::to_string(*p.seed));
+  return c;
+}
+
+// The analysis of traces under typed options (fp4lab.analyze reads its keywords into them). Faults are the command
+// line's one-line messages, as the package's UsageError or DataError (ValueErrors; MemoryError when memory runs out).
+// With json_path, the document goes to that file as `fp4lab analyze --json FILE` writes it (in pieces, through a
+// temporary name: memory that of the command line, not of a dict of the whole report), and None is returned. Ctrl-C
+// stops it at the next record (run_interruptible), leaving no output and no temporary.
+nb::object analyze(const std::vector<std::string>& traces, const PyAnalysisOptions& p,
                    const std::optional<std::string>& json_path) {
   require_threads();
-  // The options in the order of the command line recorded in config.command: the one that writes this same JSON.
-  static const char* const kOrder[] = {"formats", "rht", "recipe", "rht-signs", "rht-seed", "block", "scale", "seed"};
-  for (const auto& [k, v] : options)
-    if (std::find_if(std::begin(kOrder), std::end(kOrder), [&](const char* n) { return k == n; }) == std::end(kOrder))
-      raise_fault(true, "analyze: unknown option '" + k + "'");
   if (traces.empty()) raise_fault(true, "analyze: no trace given");
   if (json_path) {  // the path first, as the command line checks --json before the options and traces
     if (json_path->empty() || *json_path == "-")
       raise_fault(true, "analyze: json needs a file name (the command line's '-', stdout, is not one)");
     if (const auto f = io::output_fault({*json_path}, {})) raise_fault(f->usage, f->message);
   }
-  std::string command = "fp4lab analyze --trace";
-  for (const auto& t : traces) command += " " + shell_quote(t);
-  command += " --json " + shell_quote(json_path ? *json_path : "-");
+  const std::string command = analysis_command(traces, json_path ? *json_path : "-", p);
+  // As the command line types them (cli/cmd_analyze.cpp): signs used only when a setting rotates, the seed only for
+  // recipe runs.
   AnalysisOptions o;
   o.traces = traces;
+  if (p.formats) {
+    o.formats.clear();
+    for (FormatId f : *p.formats) o.formats.push_back(kAllFormats[int(f)]);
+  }
+  if (p.rht) o.rht = *p.rht;
+  if (p.block) o.block = *p.block;
+  if (p.scale) o.scale = *p.scale;
+  if (p.rht_seed) o.rht_seed = *p.rht_seed;
+  const bool rotates = std::any_of(o.rht.begin(), o.rht.end(), [](int d) { return d != 0; });
+  if (rotates && (p.rht_signs_te || p.rht_signs))
+    o.rht_signs = AnalysisOptions::RhtSigns{p.rht_signs_te, p.rht_signs_te ? std::vector<float>() : *p.rht_signs};
+  if (p.all_recipes) o.recipes = Recipe::preset_names();
+  else if (p.recipes) o.recipes = *p.recipes;
+  if (o.recipes && !o.recipes->empty() && p.seed) o.seed = *p.seed;
   nlohmann::ordered_json j;
   std::atomic<bool> stop{false};
   const AnalysisProgress progress = [&stop](size_t, size_t, const std::string&) {
     if (stop) throw Interrupted{};
   };
   try {
-    // The command line that writes this JSON, recorded as it is; the values typed as that command line types them
-    // (cli/cmd_analyze.cpp; block first, as this module always read it): signs read only when a setting rotates,
-    // the seed only for recipe runs.
-    for (const char* name : kOrder)
-      if (const auto it = options.find(name); it != options.end())
-        command += std::string(" --") + name + " " + shell_quote(it->second);
-    const auto text = [&](const char* name) { return options.find(name); };
-    if (const auto it = text("block"); it != options.end()) o.block = parse_int(it->second, "block");
-    if (const auto it = text("formats"); it != options.end()) {
-      o.formats.clear();
-      for (const auto& f : split_list(it->second)) o.formats.push_back(parse_format(f));
-    }
-    if (const auto it = text("rht"); it != options.end()) {
-      o.rht.clear();
-      for (const auto& r : split_list(it->second)) o.rht.push_back(parse_rht(r, "rht"));
-    }
-    if (const auto it = text("scale"); it != options.end()) o.scale = parse_scale(it->second);
-    if (const auto it = text("rht-seed"); it != options.end())
-      o.rht_seed = parse_uint(it->second, "rht-seed", UINT64_MAX);
-    const bool rotates = std::any_of(o.rht.begin(), o.rht.end(), [](int d) { return d != 0; });
-    if (const auto it = text("rht-signs"); it != options.end() && rotates)
-      o.rht_signs = it->second == "te" ? AnalysisOptions::RhtSigns{true, {}}
-                                       : AnalysisOptions::RhtSigns{false, parse_rht_signs(it->second, 0)};
-    if (const auto it = text("recipe"); it != options.end()) {
-      o.recipes = it->second == "all" ? Recipe::preset_names() : split_list(it->second);
-      if (const auto s = text("seed"); s != options.end() && !o.recipes->empty())
-        o.seed = parse_uint(s->second, "seed", UINT64_MAX);
-    }
     // The analysis runs on OpenMP threads, the GIL released: other Python threads may go on.
     run_interruptible([&] {
       if (json_path) {
@@ -209,9 +242,43 @@ nb::object analyze(const std::vector<std::string>& traces, const std::map<std::s
 }  // namespace
 
 void bind_analyze(nb::module_& m) {
-  m.def("analyze", &analyze, "traces"_a, "options"_a, "json_path"_a = nb::none(),
-        "The docs/spec.md §6 analyses of trace folders or files: the dict `fp4lab analyze --json` writes, or with "
-        "json_path that document written to the file (None returned).");
+  m.def("analyze", [](const std::vector<std::string>& traces, std::optional<std::vector<FormatId>> formats,
+                       std::optional<std::vector<int>> rht, bool rht_signs_te,
+                       std::optional<std::vector<float>> rht_signs, std::optional<uint64_t> rht_seed,
+                       bool all_recipes, std::optional<std::vector<std::string>> recipes, std::optional<int> block,
+                       std::optional<ScaleKind> scale, std::optional<uint64_t> seed,
+                       const std::optional<std::string>& json_path) {
+    return analyze(traces, {std::move(formats), std::move(rht), rht_signs_te, std::move(rht_signs), rht_seed,
+                            all_recipes, std::move(recipes), block, scale, seed}, json_path);
+  }, "traces"_a, nb::kw_only(), "formats"_a = nb::none(), "rht"_a = nb::none(), "rht_signs_te"_a = false,
+     "rht_signs"_a = nb::none(), "rht_seed"_a = nb::none(), "all_recipes"_a = false, "recipes"_a = nb::none(),
+     "block"_a = nb::none(), "scale"_a = nb::none(), "seed"_a = nb::none(), "json_path"_a = nb::none(),
+        "The docs/spec.md §6 analyses of trace folders or files under typed options (None: the default): the dict "
+        "`fp4lab analyze --json` writes, or with json_path that document written to the file (None returned).");
+  // The package's keywords may spell a value as the command line does ("e2m1,e1m2", "none,16", "te", a number as
+  // text): read by the one parser of each (fp4lab/knobs.hpp), with its message, as a UsageError.
+  const auto usage = [](auto f) {
+    return [f](const std::string& text) {
+      try {
+        return f(text);
+      } catch (const std::invalid_argument& e) {
+        raise_fault(true, e.what());
+      }
+    };
+  };
+  m.def("text_format", usage([](const std::string& t) { return format_id(parse_format(t)); }), "text"_a);
+  m.def("text_scale", usage([](const std::string& t) { return parse_scale(t); }), "text"_a);
+  m.def("text_rht", [usage](const std::string& t, const std::string& option) {
+    return usage([&](const std::string& x) { return parse_rht(x, option); })(t);
+  }, "text"_a, "option"_a);
+  m.def("text_int", [usage](const std::string& t, const std::string& option) {
+    return usage([&](const std::string& x) { return parse_int(x, option); })(t);
+  }, "text"_a, "option"_a);
+  m.def("text_uint", [usage](const std::string& t, const std::string& option) {
+    return usage([&](const std::string& x) { return parse_uint(x, option, UINT64_MAX); })(t);
+  }, "text"_a, "option"_a);
+  m.def("text_signs", usage([](const std::string& t) { return parse_rht_signs(t, 0); }), "text"_a);
+  m.def("split_list", &split_list, "text"_a, "A comma-separated list's entries, empty ones left out.");
   // A model's training-step GEMMs from its Hugging Face config.json: the rule `fp4lab sim --model` replays.
   m.attr("max_shape_dim") = int64_t(sim::kMaxShapeDim);
   m.def("model_shapes", [](const std::string& source, bool is_file, int64_t tokens, int64_t multiple) {

@@ -14,7 +14,16 @@
 
 namespace nb = nanobind;
 
+namespace fp4lab {
+struct ElemFormat;
+}
+
 namespace fp4lab::py {
+
+// The element formats as a Python enum (fp4lab.Format, bound in config.cpp): its values index kAllFormats, the one
+// table of formats.
+enum class FormatId : int {};
+FormatId format_id(const ElemFormat& f);
 
 using CpuIn = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 using CpuBf16In = nb::ndarray<const uint16_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;

@@ -27,8 +27,6 @@ using namespace nb::literals;
 namespace fp4lab::py {
 namespace {
 
-// The element formats as a Python enum (fp4lab.Format): its values index kAllFormats, the one table of formats.
-enum class FormatId : int {};
 constexpr int kNumFormats = int(sizeof(kAllFormats) / sizeof(kAllFormats[0]));
 
 // A format, scale or rounding given as the enum member or its name (the spelling the command line takes).
@@ -47,7 +45,6 @@ Rounding rounding_of(nb::handle h) {
   if (nb::isinstance<nb::str>(h)) return parse_rounding(nb::cast<std::string>(h));
   throw nb::type_error("QuantConfig(): rounding must be an fp4lab.Rounding or its name (str)");
 }
-FormatId format_id(const ElemFormat& f) { return FormatId(format_index(f)); }
 
 // rht_signs as given: None (Transformer Engine's vector for d = 16; no signs without RHT), "te", or a sequence of
 // +1/-1 entries.
@@ -192,6 +189,8 @@ nb::dict format_dict(const ElemFormat& f) {
 }
 
 }  // namespace
+
+FormatId format_id(const ElemFormat& f) { return FormatId(format_index(f)); }
 
 void bind_config(nb::module_& m) {
   nb::enum_<FormatId> fmt(m, "Format", "The 4-bit element formats (docs/spec.md §1), named as the command line names them.");

@@ -197,3 +197,16 @@ def test_json_path_refused_before_any_work(tmp_path):
     with pytest.raises(ValueError) as e:
         fp4lab.analyze(["/nonexistent/trace"], json=tmp_path / "no" / "r.json")
     assert str(e.value) == want and "no such folder" in want
+
+
+def test_typed_keywords_same_bits_as_cli():
+    # Enum members and numpy integers are typed values, not text: the same analysis and the same recorded command
+    # line as their names on the command line.
+    import numpy as np
+    got = check_against_cli([LAYER], ["--formats", "int4,e1m2", "--rht", "none,32", "--recipe", "nvfp4",
+                                      "--rht-seed", "9", "--block", "32", "--scale", "ue8m0-ceil",
+                                      "--seed", "18446744073709551615"],
+                            formats=[fp4lab.Format.int4, fp4lab.Format.e1m2], rht=(None, np.int64(32)),
+                            rht_seed=np.uint64(9), block=32, scale=fp4lab.Scale.ue8m0_ceil, recipe=["nvfp4"],
+                            seed=2**64 - 1)
+    assert [s["format"] for s in got["config"]["settings"]] == ["int4", "int4", "e1m2", "e1m2"]

@@ -1,6 +1,6 @@
 // The docs/spec.md §6 analyses of a whole trace, as a library: options -> opened traces -> per-record results ->
 // one merged result, with the analysis JSON v1 written from it (the command line prints the Q1 table from it). `fp4lab analyze` (cli/) is a
-// front-end over it, which spreads the records over MPI ranks; `fp4lab.analyze` (python/src/core.cpp) calls it
+// front-end over it, which spreads the records over MPI ranks; `fp4lab.analyze` (python/src/analyze.cpp) calls it
 // directly. Every figure is defined by its order of operations (docs/spec.md §6.1): records are analysed
 // independently and merged in record order, so any split of the records over threads or ranks gives the same bits.
 #pragma once
@@ -31,8 +31,8 @@ struct AnalysisError : std::runtime_error {
   AnalysisError(bool is_usage, const std::string& msg) : std::runtime_error(msg), usage(is_usage) {}
 };
 
-// The options of an analysis, typed (each front-end reads them from its own text: cli/cmd_analyze.cpp, the
-// Python package). plan_analysis checks them; its faults name the command line's option ("--rht: ...").
+// The options of an analysis, typed (cli/cmd_analyze.cpp reads them from its text; the Python package hands them
+// over typed). plan_analysis checks them; its faults name the command line's option ("--rht: ...").
 struct AnalysisOptions {
   std::vector<std::string> traces;                  // trace v1 folders or files, in order
   std::vector<ElemFormat> formats = {kE2M1, kE1M2};  // grids to compare, each once
