@@ -64,11 +64,8 @@ int cmd_gemm(const Invocation& inv) {
   const QuantConfig cfg_a = operand_config(vm, pass, Operand::a), cfg_b = operand_config(vm, pass, Operand::b);
   {
     // The pairing rule of the contract (docs/spec.md §5) on the two configurations, before any file is read.
-    QTensor pa, pb;
-    pa.block = cfg_a.block, pa.rht = cfg_a.rht, pa.rht_signs = cfg_a.rht_signs;
-    pb.block = cfg_b.block, pb.rht = cfg_b.rht, pb.rht_signs = cfg_b.rht_signs;
     try {
-      check_gemm_operands(pa, pb);
+      check_gemm_operands(OperandMeta::of(cfg_a, 0, 0), OperandMeta::of(cfg_b, 0, 0));
     } catch (const std::invalid_argument& e) {
       usage_error(e.what());
     }

@@ -129,12 +129,11 @@ class PanelQuantiser {
       const QTensor p = quantize_rows(y, r0, k, o_.cols, plain_, amax_);
       if (at == 0) {
         q = p;
-        q.rows = n;
+        // The whole operand's n rows, under c_: rotated, if not by the quantiser itself.
+        q.meta() = OperandMeta::of(c_, n, o_.cols);
         q.codes.resize(size_t(n * o_.cols));
         q.scales.resize(size_t(n * p.kblocks()));
         if (!p.scale_codes.empty()) q.scale_codes.resize(q.scales.size());
-        q.rht = c_.rht;  // the operand was rotated, if not by the quantiser itself
-        q.rht_signs = c_.rht != 0 ? c_.rht_signs : std::vector<float>();
       } else {
         std::copy(p.codes.begin(), p.codes.end(), q.codes.begin() + at * o_.cols);
         std::copy(p.scales.begin(), p.scales.end(), q.scales.begin() + at * p.kblocks());
@@ -210,8 +209,7 @@ Quantised quantise(const LayerOperands::Operand& o, const QuantConfig& c, bool w
   plain.rht = 0;
   plain.rht_bf16 = false;
   r.q = quantize(seen, o.rows, o.cols, plain);
-  r.q.rht = c.rht;  // the operand was rotated, if not by quantize() itself
-  r.q.rht_signs = c.rht != 0 ? c.rht_signs : std::vector<float>();
+  r.q.meta() = OperandMeta::of(c, o.rows, o.cols);  // c's operand: rotated, if not by quantize() itself
   if (bias) bias->add(r.q, seen, 0, o.rows, m);
   else m.add(seen, r.q, 0, o.rows);
   r.m = m.sum();

@@ -44,20 +44,17 @@ QTensor make_qtensor(const std::string& format, const std::string& scale, int bl
                      nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu> scales, float global_dec,
                      int rht, const std::vector<float>& rht_signs) {
   QTensor q;
-  q.format = parse_format(format);
-  q.scale_kind = parse_scale(scale);
-  q.block = block;
-  q.tile2d = tile2d;
+  const ElemFormat f = parse_format(format);
+  const ScaleKind sk = parse_scale(scale);
   // S_dec = 1 / S_enc with 0 < S_enc <= FLT_MAX (docs/spec.md §2): a NaN, infinite, zero or negative global
   // scale is no quantised operand.
   if (!(std::isfinite(global_dec) && global_dec > 0.0f))
     throw std::invalid_argument("global_scale must be a positive finite number, not " + std::to_string(global_dec));
   check_rotation(rht, rht_signs);
-  q.rht = rht;
-  q.rht_signs = rht_signs;
-  q.rows = int64_t(codes.shape(0));
-  q.cols = int64_t(codes.shape(1));
-  check_parts(block, q.rows, q.cols, int64_t(scales.shape(0)), int64_t(scales.shape(1)));
+  const int64_t rows = int64_t(codes.shape(0)), cols = int64_t(codes.shape(1));
+  check_parts(block, rows, cols, int64_t(scales.shape(0)), int64_t(scales.shape(1)));
+  q.meta() = OperandMeta{.format = f, .scale_kind = sk, .block = block, .tile2d = tile2d, .rht = rht,
+                         .rht_signs = rht_signs, .rows = rows, .cols = cols};
   q.codes.assign(codes.data(), codes.data() + codes.size());
   for (uint8_t c : q.codes)
     if (!code_valid(q.format, c))
