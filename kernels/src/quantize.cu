@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -74,6 +75,8 @@ struct QArgs {
   float signs[32];         // RHT signs (D entries)
   uint16_t* deq;           // fake quantisation: the dequantised BF16 values [rows, cols]; null = not written
   float value[16];         // decode(format, code), for deq
+  const int64_t* row_index; // output row r is row row_index[r] of a larger tensor (SR draws at its element
+                            // indices; a negative one sets bit 2 of nonfinite); null: row r is row r
 };
 
 // Loads the G consecutive inputs of one thread with 16-byte loads (cols is a multiple of 16, so every group
@@ -173,6 +176,12 @@ __device__ __forceinline__ void quantize_group(float (&y)[G], int64_t row, int64
   // As fp4lab::quantize: finite inputs near FLT_MAX can rotate to Inf/NaN, which has no code.
   if constexpr (D > 0) flag_nonfinite<G>(y, a.nonfinite, 2);
   const int64_t base = row * a.cols + col0;  // a multiple of G: G divides cols and col0 (the SR groups)
+  int64_t sr_base = base;  // the element index SR draws at: the larger tensor's where the row is one of its rows
+  if (a.row_index) {
+    const int64_t r = __ldg(a.row_index + row);
+    if (r < 0 && a.nonfinite) atomicOr(a.nonfinite, 4);
+    sr_base = r * a.cols + col0;
+  }
   const float g_dec = a.scale == ScaleKind::ue4m3 ? 1.0f / s_enc : 1.0f;
   if (base == 0 && a.global_dec) *a.global_dec = g_dec;
 
@@ -199,14 +208,14 @@ __device__ __forceinline__ void quantize_group(float (&y)[G], int64_t row, int64
     // Unswitched by hand so that neither the division of fp32 scales nor Philox runs where it is not needed.
     if (a.scale == ScaleKind::fp32) {
       if (a.rounding == Rounding::rtne)
-        round_block<F, B, true, true, WIDE>(y, b, bs, ScaleKind::fp32, a, seed, base, packed);
+        round_block<F, B, true, true, WIDE>(y, b, bs, ScaleKind::fp32, a, seed, sr_base, packed);
       else
-        round_block<F, B, true, false, WIDE>(y, b, bs, ScaleKind::fp32, a, seed, base, packed);
+        round_block<F, B, true, false, WIDE>(y, b, bs, ScaleKind::fp32, a, seed, sr_base, packed);
     } else {
       if (a.rounding == Rounding::rtne)
-        round_block<F, B, false, true, WIDE>(y, b, bs, a.scale, a, seed, base, packed);
+        round_block<F, B, false, true, WIDE>(y, b, bs, a.scale, a, seed, sr_base, packed);
       else
-        round_block<F, B, false, false, WIDE>(y, b, bs, a.scale, a, seed, base, packed);
+        round_block<F, B, false, false, WIDE>(y, b, bs, a.scale, a, seed, sr_base, packed);
     }
   }
   if (a.codes) {
@@ -707,13 +716,21 @@ void tensor_amax(const float* d_x, int64_t rows, int64_t cols, const QuantConfig
 }
 
 namespace {
+__global__ void set_bits_kernel(unsigned* dst, unsigned bits) { *dst = bits; }
+unsigned bits_of(float v) {
+  unsigned u;
+  std::memcpy(&u, &v, sizeof u);
+  return u;
+}
+
 // The quantise pass over x (T: float or BF16 bits), rotated in registers by RHT-d (d = 0: x is already rotated
 // or the configuration has no RHT), after the amax pass the scale kind needs. rows x cols is the output's shape;
 // tr: x is [cols, rows] and the output is its transpose's quantisation.
 template <class T>
 void quantize_pass(const T* x, int d, int fmt, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor* out,
                    uint16_t* deq, QuantWorkspace& ws, cudaStream_t s, bool check_finite, int* d_nonfinite_flag,
-                   bool tr, const uint64_t* d_seed) {
+                   bool tr, const uint64_t* d_seed, const int64_t* d_row_index = nullptr,
+                   const float* amax = nullptr) {
   QArgs a{};
   if (out) {
     out->meta() = OperandMeta::of(cfg, rows, cols);
@@ -740,12 +757,22 @@ void quantize_pass(const T* x, int d, int fmt, int64_t rows, int64_t cols, const
   a.seed = cfg.seed;
   a.seed_dev = d_seed;
   a.stream = cfg.stream;
+  a.row_index = d_row_index;
   copy_signs(a.signs, 32, cfg);
 
-  if (cfg.scale == ScaleKind::ue4m3 || cfg.tile2d) {
+  // A given amax stands in for the tensor's (the pass still runs for 16x16 tiles, whose blocks need it).
+  const bool given = amax && cfg.scale == ScaleKind::ue4m3;
+  if ((cfg.scale == ScaleKind::ue4m3 && !given) || cfg.tile2d) {
     amax_pass(x, rows, cols, cfg, d, ws, cfg.tile2d, s, tr);
     a.tensor_amax = ws.tensor_amax.data();
     if (cfg.tile2d) a.block_amax = ws.block_amax.data();
+  }
+  if (given) {
+    ws.tensor_amax.resize(1);
+    // A launch argument, not a copy from pageable memory (which would wait for the stream) nor a pinned one.
+    set_bits_kernel<<<1, 1, 0, s>>>(ws.tensor_amax.data(), bits_of(*amax));
+    check_launch("set_bits_kernel");
+    a.tensor_amax = ws.tensor_amax.data();
   }
   if (check_finite) {
     ws.nonfinite.resize(1);
@@ -765,6 +792,7 @@ void quantize_pass(const T* x, int d, int fmt, int64_t rows, int64_t cols, const
     check(cudaStreamSynchronize(s), "quantize");
     if (bad & 1) throw std::invalid_argument("input tensor holds NaN or Inf (4-bit grids have no such codes)");
     if (bad & 2) throw std::invalid_argument("RHT overflows FP32 (a rotated value is Inf or NaN; 4-bit grids have no such codes)");
+    if (bad & 4) throw std::invalid_argument("a row index is negative");
   }
 }
 
@@ -773,7 +801,8 @@ void quantize_pass(const T* x, int d, int fmt, int64_t rows, int64_t cols, const
 template <class T>
 void quantize_impl(const T* d_x, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor* out, uint16_t* deq,
                    QuantWorkspace& ws, cudaStream_t s, RhtPath path, bool check_finite, int* d_nonfinite_flag,
-                   bool tr, const uint64_t* d_seed) {
+                   bool tr, const uint64_t* d_seed, const int64_t* d_row_index = nullptr,
+                   const float* amax = nullptr) {
   validate(cfg, rows, cols);
   const int fmt = detail::format_index(cfg.format);
   if (rows * cols % 2 != 0) throw std::invalid_argument("odd element count");
@@ -784,16 +813,17 @@ void quantize_impl(const T* d_x, int64_t rows, int64_t cols, const QuantConfig& 
         d_x, ws.transposed.data(), cols, rows);
     check_launch("transpose_kernel");
     return quantize_impl<float>(ws.transposed.data(), rows, cols, cfg, out, deq, ws, s, path, check_finite,
-                                d_nonfinite_flag, false, d_seed);
+                                d_nonfinite_flag, false, d_seed, d_row_index, amax);
   }
   // RHT-64/128 keep 64/128 values per thread in registers only in the standalone pass: take the unfused path.
   if (cfg.rht != 0 && (path == RhtPath::unfused || cfg.rht > 32)) {
     ws.rotated.resize(size_t(rows * cols));
     rht_impl(d_x, ws.rotated.data(), rows, cols, cfg, s);
     return quantize_pass<float>(ws.rotated.data(), 0, fmt, rows, cols, cfg, out, deq, ws, s, check_finite,
-                                d_nonfinite_flag, false, d_seed);
+                                d_nonfinite_flag, false, d_seed, d_row_index, amax);
   }
-  quantize_pass<T>(d_x, cfg.rht, fmt, rows, cols, cfg, out, deq, ws, s, check_finite, d_nonfinite_flag, tr, d_seed);
+  quantize_pass<T>(d_x, cfg.rht, fmt, rows, cols, cfg, out, deq, ws, s, check_finite, d_nonfinite_flag, tr, d_seed,
+                   d_row_index, amax);
 }
 }  // namespace
 
@@ -816,6 +846,23 @@ void quantize_transposed_bf16(const uint16_t* d_x, int64_t rows, int64_t cols, c
                               DQTensor& out, QuantWorkspace& ws, cudaStream_t s, RhtPath path, bool check_finite,
                               int* d_nonfinite_flag, const uint64_t* d_seed) {
   quantize_impl(d_x, cols, rows, cfg, &out, nullptr, ws, s, path, check_finite, d_nonfinite_flag, true, d_seed);
+}
+
+void quantize_rows(const void* d_x, bool x_bf16, bool transposed, int64_t rows, int64_t cols,
+                   const QuantConfig& cfg, const int64_t* d_row_index, const float* amax, DQTensor& out,
+                   QuantWorkspace& ws, cudaStream_t s, RhtPath path, bool check_finite, int* d_nonfinite_flag,
+                   const uint64_t* d_seed) {
+  if (d_row_index && cfg.tile2d)
+    throw std::invalid_argument("16x16 tiles span rows: a tensor's rows are not quantised one at a time");
+  if (amax && !(std::isfinite(*amax) && *amax >= 0.0f))
+    throw std::invalid_argument("amax must be a finite number >= 0, not " + std::to_string(*amax));
+  const int64_t r = transposed ? cols : rows, c = transposed ? rows : cols;
+  if (x_bf16)
+    quantize_impl(static_cast<const uint16_t*>(d_x), r, c, cfg, &out, nullptr, ws, s, path, check_finite,
+                  d_nonfinite_flag, transposed, d_seed, d_row_index, amax);
+  else
+    quantize_impl(static_cast<const float*>(d_x), r, c, cfg, &out, nullptr, ws, s, path, check_finite,
+                  d_nonfinite_flag, transposed, d_seed, d_row_index, amax);
 }
 
 void fake_quantize(const void* d_x, bool x_bf16, bool transposed, int64_t rows, int64_t cols,

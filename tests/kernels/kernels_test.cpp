@@ -8,6 +8,7 @@
 // fp4lab::reference::gemm_contract (the scalar form of the contract), FP32 outputs compared as bit patterns.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -310,6 +311,164 @@ TEST_P(QuantizeTransposedAndBf16, MatchesGoldenBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(AllRecipesAndKnobs, QuantizeTransposedAndBf16, ::testing::ValuesIn(quant_cases()),
                          [](const ::testing::TestParamInfo<QCase>& i) { return i.param.name(); });
+
+// ---- rows of a larger tensor (quantize_rows) ----------------------------------------------------------------
+// Rows index[i] of a larger tensor with its amax given, against the golden fp4lab::quantize_rows one row at a
+// time (each row at its own index: a run of one row is a panel), concatenated. Every configuration of the
+// Quantize suite, row-wise and transposed, FP32 and BF16, fused and unfused; the indices are a permutation of
+// rows of a tensor 3x as tall, with gaps, so a kernel that drew at the local element index fails under SR, and
+// the amax is 3.5x the operand's own, so one that took its own amax fails under ue4m3. 16x16 tiles span rows:
+// with an index they are refused, and with a given amax alone they are checked against quantize_rows over the
+// whole operand.
+std::vector<int64_t> gapped_permutation(int64_t rows, uint64_t seed) {
+  std::vector<int64_t> idx(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) idx[size_t(i)] = 3 * i + (i % 3);  // gaps between consecutive indices
+  std::mt19937_64 g(seed);
+  std::shuffle(idx.begin(), idx.end(), g);
+  idx[0] = 0;  // row 0 of the whole, and a run of two consecutive indices
+  idx[1] = 1;
+  return idx;
+}
+
+QTensor golden_rows(const std::vector<float>& x, int64_t rows, int64_t cols, const QuantConfig& cfg,
+                    const std::vector<int64_t>* idx, float amax) {
+  if (!idx) return fp4lab::quantize_rows(x.data(), 0, rows, cols, cfg, amax);
+  QTensor q;
+  for (int64_t i = 0; i < rows; ++i) {
+    const QTensor p = fp4lab::quantize_rows(x.data() + i * cols, (*idx)[size_t(i)], 1, cols, cfg, amax);
+    if (i == 0) {
+      q = p;
+      continue;
+    }
+    q.codes.insert(q.codes.end(), p.codes.begin(), p.codes.end());
+    q.scales.insert(q.scales.end(), p.scales.begin(), p.scales.end());
+    q.scale_codes.insert(q.scale_codes.end(), p.scale_codes.begin(), p.scale_codes.end());
+  }
+  q.rows = rows;
+  return q;
+}
+
+// t [rows, cols] quantised by fc::quantize_rows from a device copy of t (or of t^T), outputs poisoned first.
+QTensor gpu_quantize_rows(const std::vector<float>& t, int64_t rows, int64_t cols, const QuantConfig& cfg, bool tr,
+                          bool bf16, fc::RhtPath path, const int64_t* d_idx, const float* amax,
+                          fc::QuantWorkspace& ws) {
+  std::vector<float> src = tr ? transposed(t, rows, cols) : t;
+  fc::DQTensor q;
+  q.codes.resize(size_t(rows * cols / 2));
+  q.codes.fill_bytes(0xFF);
+  q.scales.resize(size_t(rows * cols / cfg.block));
+  q.scales.fill_bytes(0xFF);
+  if (cfg.scale != ScaleKind::fp32) {
+    q.scale_codes.resize(size_t(rows * cols / cfg.block));
+    q.scale_codes.fill_bytes(0xFF);
+  }
+  q.global_dec.resize(1);
+  q.global_dec.fill_bytes(0xFF);
+  const int64_t xr = tr ? cols : rows, xc = tr ? rows : cols;  // the device tensor's shape
+  if (bf16) {
+    std::vector<float> w = src;
+    fc::Buffer<uint16_t> d;
+    d.upload(to_bf16(w));
+    fc::quantize_rows(d.data(), true, tr, xr, xc, cfg, d_idx, amax, q, ws, nullptr, path);
+  } else {
+    fc::Buffer<float> d;
+    d.upload(src);
+    fc::quantize_rows(d.data(), false, tr, xr, xc, cfg, d_idx, amax, q, ws, nullptr, path);
+  }
+  return fc::to_host(q);
+}
+
+class QuantizeRows : public ::testing::TestWithParam<QCase> {};
+
+TEST_P(QuantizeRows, AtGivenRowIndicesWithAGivenAmaxMatchGoldenBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const QuantConfig& cfg = GetParam().cfg;
+  size_t compared = 0;
+  fc::QuantWorkspace ws;
+  const std::vector<int64_t> idx = gapped_permutation(kRows, 61);
+  fc::Buffer<int64_t> d_idx;
+  d_idx.upload(idx);
+  for (int input = 0; input < 2; ++input) {
+    const std::vector<float> t = input == 0 ? random_input(67) : adversarial_input(cfg.format, 71);
+    std::vector<float> tb = t;
+    to_bf16(tb);
+    const float amax = 3.5f * fp4lab::tensor_amax(t.data(), kRows, kCols, cfg);
+    const float amax_b = 3.5f * fp4lab::tensor_amax(tb.data(), kRows, kCols, cfg);
+    for (bool with_index : {true, false}) {
+      if (with_index && cfg.tile2d) {
+        fc::Buffer<float> d;
+        d.upload(t);
+        fc::DQTensor q;
+        EXPECT_THROW(fc::quantize_rows(d.data(), false, false, kRows, kCols, cfg, d_idx.data(), &amax, q, ws),
+                     std::invalid_argument);
+        continue;
+      }
+      const std::vector<int64_t>* pi = with_index ? &idx : nullptr;
+      const int64_t* di = with_index ? d_idx.data() : nullptr;
+      const QTensor gold = golden_rows(t, kRows, kCols, cfg, pi, amax);
+      const QTensor gold_b = golden_rows(tb, kRows, kCols, cfg, pi, amax_b);
+      for (fc::RhtPath path : {fc::RhtPath::fused, fc::RhtPath::unfused}) {
+        if (path == fc::RhtPath::unfused && cfg.rht == 0) continue;
+        const std::string what = std::string(input ? "adversarial" : "random") +
+                                 (with_index ? " indexed" : " whole") +
+                                 (path == fc::RhtPath::fused ? " fused" : " unfused");
+        compared += expect_same(gold, gpu_quantize_rows(t, kRows, kCols, cfg, false, false, path, di, &amax, ws), t,
+                                what + " row-wise fp32");
+        compared += expect_same(gold, gpu_quantize_rows(t, kRows, kCols, cfg, true, false, path, di, &amax, ws), t,
+                                what + " transposed fp32");
+        compared += expect_same(gold_b, gpu_quantize_rows(t, kRows, kCols, cfg, false, true, path, di, &amax_b, ws),
+                                tb, what + " row-wise bf16");
+      }
+    }
+    if (!cfg.tile2d) {
+      // An index without an amax: the operand's own, taken on the device.
+      const QTensor gold = golden_rows(t, kRows, kCols, cfg, &idx, fp4lab::tensor_amax(t.data(), kRows, kCols, cfg));
+      compared += expect_same(gold, gpu_quantize_rows(t, kRows, kCols, cfg, false, false, fc::RhtPath::fused,
+                                                      d_idx.data(), nullptr, ws),
+                              t, "indexed, own amax");
+    }
+  }
+  EXPECT_GT(compared, size_t(0)) << "checked nothing";
+}
+
+INSTANTIATE_TEST_SUITE_P(AllRecipesAndKnobs, QuantizeRows, ::testing::ValuesIn(quant_cases()),
+                         [](const ::testing::TestParamInfo<QCase>& i) { return i.param.name(); });
+
+// Identity indices and no amax give quantize()'s bits (rows of the whole at their own place, its own amax).
+TEST(QuantizeRowsErrors, RejectsNegativeIndicesAndAmaxAndKeepsTheDefaultBits) {
+  SKIP_WITHOUT_GPU();
+  QuantConfig cfg;
+  cfg.format = fp4lab::kE2M1;
+  cfg.scale = ScaleKind::ue4m3;
+  cfg.rounding = Rounding::sr;
+  cfg.seed = 11;
+  const std::vector<float> x = random_input(13);
+  fc::QuantWorkspace ws;
+  fc::Buffer<float> dx;
+  dx.upload(x);
+  std::vector<int64_t> idx(static_cast<size_t>(kRows));
+  for (int64_t i = 0; i < kRows; ++i) idx[size_t(i)] = i;
+  fc::Buffer<int64_t> d_idx;
+  d_idx.upload(idx);
+  fc::DQTensor q;
+  fc::quantize_rows(dx.data(), false, false, kRows, kCols, cfg, d_idx.data(), nullptr, q, ws);
+  expect_same(fp4lab::quantize(x.data(), kRows, kCols, cfg), fc::to_host(q), x, "identity index");
+  for (float bad : {-1.0f, NAN, INFINITY})
+    EXPECT_THROW(fc::quantize_rows(dx.data(), false, false, kRows, kCols, cfg, d_idx.data(), &bad, q, ws),
+                 std::invalid_argument)
+        << bad;
+  idx[5] = -3;
+  d_idx.upload(idx);
+  const float amax = 1.0f;
+  EXPECT_THROW(fc::quantize_rows(dx.data(), false, false, kRows, kCols, cfg, d_idx.data(), &amax, q, ws),
+               std::invalid_argument);
+  // Without the check, the deferred flag gets bit 2.
+  fc::Buffer<int> flag(1);
+  flag.fill_bytes(0);
+  fc::quantize_rows(dx.data(), false, false, kRows, kCols, cfg, d_idx.data(), &amax, q, ws, nullptr,
+                    fc::RhtPath::fused, false, flag.data());
+  EXPECT_EQ(flag.to_host()[0], 4);
+}
 
 // Every operand of every preset recipe (SR on dY, RHT where the recipe rotates, 16x16 weight tiles), row-wise
 // and transposed, FP32 and BF16, on shapes whose row counts are odd (or not a multiple of the kernels' tiles)

@@ -161,6 +161,17 @@ void quantize_transposed_bf16(const uint16_t* d_x, int64_t rows, int64_t cols, c
                               DQTensor& out, QuantWorkspace& ws, cudaStream_t stream = nullptr,
                               RhtPath path = RhtPath::fused, bool check_finite = true,
                               int* d_nonfinite_flag = nullptr, const uint64_t* d_seed = nullptr);
+// Rows of a larger tensor, as fp4lab::quantize_rows quantises them within it: output row r (of x, or of x^T when
+// transposed; FP32, or BF16 bits when x_bf16) is row d_row_index[r] of the whole (a device array of rows int64
+// indices; null: row r), so that stochastic rounding draws the whole's random words at its element indices; `amax`
+// (a host value; null: x's own, taken on the device) is the whole's tensor amax, which ue4m3's global scale takes
+// (other scales ignore it). A data-parallel rank quantises its own rows of the global batch so, as one process does.
+// With d_row_index, 16x16 tiles are refused (they span rows); a negative index throws with check_finite, and sets
+// bit 2 (value 4) of d_nonfinite_flag without it. Arguments otherwise as quantize().
+void quantize_rows(const void* d_x, bool x_bf16, bool transposed, int64_t rows, int64_t cols,
+                   const QuantConfig& cfg, const int64_t* d_row_index, const float* amax, DQTensor& out,
+                   QuantWorkspace& ws, cudaStream_t stream = nullptr, RhtPath path = RhtPath::fused,
+                   bool check_finite = true, int* d_nonfinite_flag = nullptr, const uint64_t* d_seed = nullptr);
 // Fake quantisation, the operands of the training layer's "fast" GEMMs: d_out [rows, cols] (or [cols, rows] when
 // transposed) receives, as BF16 bit patterns, exactly what dequantize_bf16() gives for the operand quantize()
 // (quantize_transposed()) makes of d_x (FP32, or BF16 bits when x_bf16), in the same pass: the input is read once
