@@ -1,13 +1,17 @@
 // The CUDA kernels' bindings (fp4lab.torch.ops launches them on torch tensors), where they are built; without
 // them, only cuda_available, which says why.
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -118,6 +122,29 @@ nb::ndarray<nb::pytorch, T> device_view(fc::Buffer<T>& b, std::initializer_list<
   return nb::ndarray<nb::pytorch, T>(b.data(), shape, self, {}, nb::dtype<T>(), nb::device::cuda::value, dev);
 }
 
+// The host bindings' check of a given amax (quantize_f32_amax, quantize_f32_at), with their message.
+void check_amax(float amax) {
+  if (!(std::isfinite(amax) && amax >= 0.0f))
+    throw std::invalid_argument("amax must be a finite number >= 0, not " + std::to_string(amax));
+}
+
+// cuda_quantize_at / cuda_quantize_amax: x (FP32 or BF16, or its transpose read in place) quantised by
+// fc::quantize_rows into `out` (a new CudaQTensor when None), which is returned.
+nb::object quantize_rows_into(CudaAny2 x, const QuantConfig& cfg, const int64_t* d_index, const float* amax,
+                              nb::object out, uintptr_t stream, bool transposed, bool check_finite) {
+  const bool bf16 = x.dtype() == kBf16;
+  if (!bf16 && x.dtype() != nb::dtype<float>()) throw std::invalid_argument("x must be float32 or bfloat16");
+  if (out.is_none()) out = nb::type<fc::DQTensor>()();
+  fc::DQTensor& q = nb::cast<fc::DQTensor&>(out);
+  const int device = int(x.device_id());
+  OnDevice on(device);
+  const cudaStream_t st = as_stream(stream);
+  CaptureSafe capture(st);
+  fc::quantize_rows(x.data(), bf16, transposed, int64_t(x.shape(0)), int64_t(x.shape(1)), cfg, d_index, amax, q,
+                    workspaces(device, st, capture).quant, st, fc::RhtPath::fused, check_finite);
+  return out;
+}
+
 }  // namespace
 #endif
 
@@ -221,6 +248,77 @@ void bind_cuda(nb::module_& m) {
     }
   }, "device"_a, "stream"_a, "x"_a, "rows"_a, "cols"_a, "bf16"_a, "transposed"_a, "config"_a, "out"_a,
      "path"_a = "fused", "check_finite"_a = true, "nonfinite_flag"_a = 0, "seed"_a = 0);
+  // The host's quantize_f32_at and quantize_f32_amax on the GPU, with their checks and messages: rows index[i] (an
+  // int64 tensor on x's device) of a larger tensor, with that tensor's amax (ue4m3's global scale; None: x's own,
+  // taken on the device; other scales ignore it). fp4lab.torch.sr_shard and reduce_amax quantise a rank's rows so,
+  // as one process quantises them, without a host round trip. transposed: x is [K, rows], quantised as its
+  // transpose, read in place. A negative index is found on the device: with check_finite (a synchronisation) it
+  // raises, without it bit 2 (value 4) of the deferred flag is set.
+  m.def("cuda_quantize_at", [](CudaAny2 x, const QuantConfig& cfg,
+                               nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cuda> index,
+                               std::optional<float> amax, nb::object out, uintptr_t stream, bool transposed,
+                               bool check_finite) {
+    if (amax) check_amax(*amax);
+    const int64_t rows = int64_t(x.shape(transposed ? 1 : 0));
+    if (int64_t(index.shape(0)) != rows)
+      throw std::invalid_argument("index must hold one row index per row of x (" + std::to_string(rows) + "), not " +
+                                  std::to_string(index.shape(0)));
+    if (index.device_id() != x.device_id()) throw std::invalid_argument("index must be on x's device");
+    if (cfg.tile2d)
+      throw std::invalid_argument("16x16 tiles span rows: a tensor's rows are not quantised one at a time");
+    const float a = amax ? *amax : 0.0f;
+    return quantize_rows_into(x, cfg, index.data(), amax ? &a : nullptr, std::move(out), stream, transposed,
+                              check_finite);
+  }, "x"_a, "config"_a, "index"_a, "amax"_a.none(), "out"_a = nb::none(), "stream"_a = 0, "transposed"_a = false,
+     "check_finite"_a = true,
+     "Rows index[i] of a larger tensor (x's row i) quantised on the GPU as quantize_f32_at quantises them, with the "
+     "larger tensor's amax (None: x's own); returns out, or a new CudaQTensor.");
+  m.def("cuda_quantize_amax", [](CudaAny2 x, const QuantConfig& cfg, float amax, nb::object out, uintptr_t stream,
+                                 bool transposed, bool check_finite) {
+    check_amax(amax);
+    return quantize_rows_into(x, cfg, nullptr, &amax, std::move(out), stream, transposed, check_finite);
+  }, "x"_a, "config"_a, "amax"_a, "out"_a = nb::none(), "stream"_a = 0, "transposed"_a = false,
+     "check_finite"_a = true,
+     "quantize_f32_amax on the GPU: x quantised with the tensor amax given (ue4m3's global scale; other scales "
+     "ignore it); returns out, or a new CudaQTensor.");
+  // The host's tensor_amax on the GPU (x FP32 [rows, K]): one synchronisation, to return the value, and the same
+  // faults (NaN or Inf in x, a rotation that overflows FP32) raised.
+  m.def("cuda_tensor_amax", [](nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cuda> x,
+                               const QuantConfig& cfg, uintptr_t stream) {
+    const int64_t rows = int64_t(x.shape(0)), cols = int64_t(x.shape(1));
+    validate(cfg, rows, cols);
+    const int device = int(x.device_id());
+    OnDevice on(device);
+    const cudaStream_t st = as_stream(stream);
+    CaptureSafe capture(st);
+    auto& ws = workspaces(device, st, capture).quant;
+    ws.nonfinite.resize(1);
+    fc::check(cudaMemsetAsync(ws.nonfinite.data(), 0, sizeof(int), st), "cudaMemsetAsync");
+    fc::flag_nonfinite(x.data(), false, rows * cols, ws.nonfinite.data(), 1, st);
+    if (cfg.rht == 16 || cfg.rht == 32 || cfg.rht == 0) {
+      fc::tensor_amax(x.data(), rows, cols, cfg, ws, st);
+    } else {  // RHT-64/128 rotate in a pass of their own first
+      ws.rotated.resize(size_t(rows * cols));
+      fc::rht(x.data(), ws.rotated.data(), rows, cols, cfg, st);
+      QuantConfig plain = cfg;
+      plain.rht = 0;
+      plain.rht_signs.clear();
+      plain.rht_bf16 = false;
+      fc::tensor_amax(ws.rotated.data(), rows, cols, plain, ws, st);
+    }
+    int bad = 0;
+    unsigned bits = 0;
+    fc::check(cudaMemcpyAsync(&bad, ws.nonfinite.data(), sizeof(int), cudaMemcpyDeviceToHost, st), "cudaMemcpyAsync");
+    fc::check(cudaMemcpyAsync(&bits, ws.tensor_amax.data(), sizeof bits, cudaMemcpyDeviceToHost, st), "cudaMemcpyAsync");
+    fc::check(cudaStreamSynchronize(st), "tensor_amax");
+    if (bad) throw std::invalid_argument("input tensor holds NaN or Inf (4-bit grids have no such codes)");
+    float amax;
+    std::memcpy(&amax, &bits, sizeof amax);
+    if (!std::isfinite(amax))
+      throw std::invalid_argument("RHT overflows FP32 (a rotated value is Inf or NaN; 4-bit grids have no such codes)");
+    return amax;
+  }, "x"_a, "config"_a, "stream"_a = 0,
+     "The tensor amax a ue4m3 global scale is taken from (as tensor_amax), computed on the GPU.");
   // Fake quantisation in one pass: out (BF16, the quantised operand's shape) receives what cuda_dequantize would
   // write in BF16 for the operand cuda_quantize makes of x (transposed: of x^T); q, when given, receives it too.
   m.def("cuda_fake_quantize", [](int device, uintptr_t stream, uintptr_t x, int64_t rows, int64_t cols, bool bf16,

@@ -1,7 +1,8 @@
 """The quantisers behind ``fp4lab.torch.sr_shard`` and ``fp4lab.torch.reduce_amax`` (fp4lab.torch.distributed
 marks the layers; the training GEMMs of fp4lab.torch.ops wrap their quantiser with these for a marked layer). Each
 takes ``inner(x, cfg, pass, operand)`` -> QTensor and returns a quantiser of the same signature. Below the layers,
-so that ops, the layers and distributed import them one way."""
+so that ops, the layers and distributed import them one way. A CUDA operand is quantised on its device (the
+CUDA quantiser takes the global row indices and the amax), so no host round trip of it remains."""
 from __future__ import annotations
 
 import torch
@@ -15,7 +16,8 @@ __all__ = ["shard_quantizer", "amax_quantizer", "quantize_rows_of", "reduces",
 def shard_quantizer(shard, inner, amax_marks=None):
     """``inner(x, cfg, pass, operand)`` with SR token operands quantised at their place in the global batch.
 
-    Each such operand's rows are quantised as rows of the global operand (``_core.quantize_f32_at``): their SR
+    Each such operand's rows are quantised as rows of the global operand (``_core.quantize_f32_at``, or
+    ``_core.cuda_quantize_at`` on the operand's GPU: the same bits, no host round trip): their SR
     words are the global tensor's at their element indices, and ue4m3's global scale takes the global operand's
     amax (all-reduced where ``reduce_amax`` is on, else this rank's, which is the zero-padded global operand's).
     A rank quantises its own rows only. Token rows (fwd_y and bwd_dx operand a) are rows rank·n.. of the global
@@ -53,11 +55,29 @@ def shard_quantizer(shard, inner, amax_marks=None):
 
 
 def quantize_rows_of(x: torch.Tensor, cfg, pass_: str, operand: str, index=None, reduce: bool = False, group=None):
-    """``x`` quantised by the golden quantiser as rows ``index`` of a larger tensor (None: x whole), with the larger
-    tensor's amax: all-reduced (MAX) over ``group`` when ``reduce``, else x's own. A CUDA operand is quantised so
-    on the host too (its golden QTensor goes back to the device in ops): the CUDA quantiser kernels take neither a
-    first element index nor a given amax, and the golden quantiser gives their bits (docs/spec.md §4), so a rank
-    quantises its own rows only, at the cost of a host round trip of the operand."""
+    """``x`` quantised as rows ``index`` of a larger tensor (None: x whole), with the larger tensor's amax:
+    all-reduced (MAX) over ``group`` when ``reduce``, else x's own.
+
+    A CPU operand goes through the golden quantiser (``_core.quantize_f32_at`` / ``quantize_f32_amax``) and gives
+    an ``fp4lab.QTensor``. A CUDA operand stays on its device: the CUDA quantiser takes the row indices (an int64
+    tensor on the device) and the amax (``_core.cuda_quantize_at`` / ``cuda_quantize_amax``), with the golden
+    quantiser's bits, and gives a ``_core.CudaQTensor`` (which ops wraps); its local amax for the all-reduce is
+    taken on the device too, so no host round trip of the operand remains (one synchronisation reads the reduced
+    amax, one the input check). Either way a rank quantises its own rows only.
+
+    Args:
+        x: the operand [rows, K] (CUDA: float32, bfloat16 or float16; a transposed view is read in place).
+        cfg: its QuantConfig.
+        pass_, operand: the GEMM's pass and operand, which errors name.
+        index: the global row index of each row of x (int64, on any device), or None.
+        reduce: all-reduce the amax over ``group``.
+        group: the ``torch.distributed`` process group, None for the default one.
+
+    Returns:
+        An ``fp4lab.QTensor`` for a CPU operand, a ``_core.CudaQTensor`` for a CUDA one.
+    """
+    if x.is_cuda:
+        return _quantize_rows_cuda(x.detach(), cfg, pass_, operand, index, reduce, group)
     xf = x.detach().to(torch.float32).contiguous()
     host = xf.cpu()
     amax = reduced_amax(group, host, cfg, pass_, operand, like=xf) if reduce else None
@@ -73,13 +93,35 @@ def quantize_rows_of(x: torch.Tensor, cfg, pass_: str, operand: str, index=None,
     return q
 
 
+def _quantize_rows_cuda(x: torch.Tensor, cfg, pass_: str, operand: str, index, reduce: bool, group):
+    """quantize_rows_of on x's device (see there)."""
+    if not _core.cuda_built:
+        raise RuntimeError("this fp4lab was built without CUDA")
+    amax = reduced_amax(group, x, cfg, pass_, operand) if reduce else None
+    tr = not x.is_contiguous() and x.t().is_contiguous()  # Wᵀ, dYᵀ, Xᵀ: read in place, as ops.quantize does
+    xs = x.t() if tr else x
+    if xs.dtype != torch.bfloat16:  # BF16 is widened as it is loaded; FP16 widens exactly to FP32
+        xs = xs.to(torch.float32)
+    xs = xs.contiguous()
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    try:
+        if index is None and amax is not None:
+            return _core.cuda_quantize_amax(xs, cfg, amax, stream=stream, transposed=tr)
+        if index is None:
+            index = torch.arange(x.shape[0])
+        index = index.to(device=x.device, dtype=torch.int64).contiguous()
+        return _core.cuda_quantize_at(xs, cfg, index, amax, stream=stream, transposed=tr)
+    except ValueError as e:
+        raise ValueError(f"{pass_} operand {operand} {list(x.shape)}: {e}") from None
+
+
 TOKEN_OPERANDS = {("fwd_y", "a"), ("bwd_dx", "a"), ("bwd_dw", "a"), ("bwd_dw", "b")}
 
 
 def amax_quantizer(group, inner):
     """``inner(x, cfg, pass, operand)`` with the token operands of a per-tensor scale quantised with the amax
-    all-reduced (MAX) over ``group``, by the golden quantiser (``quantize_rows_of``; a CUDA operand on the host,
-    its result copied back). A rank whose operand cannot be quantised (NaN, Inf) still joins the all-reduce, with
+    all-reduced (MAX) over ``group`` (``quantize_rows_of``: the golden quantiser for a CPU operand, the CUDA one on
+    its device for a CUDA operand). A rank whose operand cannot be quantised (NaN, Inf) still joins the all-reduce, with
     a flag, so that every rank raises instead of the others waiting for it.
 
     Args:
@@ -113,13 +155,18 @@ def reduces(cfg, pass_: str, operand: str) -> bool:
 
 
 def reduced_amax(group, xf: torch.Tensor, cfg, pass_: str, operand: str, like: torch.Tensor = None) -> float:
-    """The amax of ``xf`` (a CPU float32 tensor: the golden quantiser's amax) all-reduced with MAX over ``group``;
-    an empty operand (an expert this rank sends no tokens) joins with 0. ``like``: the operand on its own device,
-    which picks the device of the all-reduce (``collective_device``)."""
+    """The amax of the operand ``xf`` (the golden quantiser's ``tensor_amax``; a CUDA tensor's taken on its device,
+    the same value) all-reduced with MAX over ``group``; an empty operand (an expert this rank sends no tokens)
+    joins with 0. ``like``: the operand on its own device, which picks the device of the all-reduce
+    (``collective_device``)."""
     fault, local = None, 0.0
     if xf.numel():
         try:
-            local = _core.tensor_amax(xf.cpu(), cfg)
+            if xf.is_cuda:
+                x32 = xf.detach().to(torch.float32).contiguous()
+                local = _core.cuda_tensor_amax(x32, cfg, torch.cuda.current_stream(x32.device).cuda_stream)
+            else:
+                local = _core.tensor_amax(xf.detach().to(torch.float32).contiguous().cpu(), cfg)
         except ValueError as e:
             fault = e
     amax = torch.tensor([local, 1.0 if fault else 0.0], dtype=torch.float32,

@@ -489,6 +489,17 @@ def _to_device(q: "_core.QTensor", device: torch.device) -> QTensorCUDA:
     return out
 
 
+def _as_device_operand(q, device: torch.device):
+    """A quantiser's result as the kernels' operand on ``device``: a QTensorCUDA as it is, a bare CudaQTensor
+    (``_quantizers.quantize_rows_of`` on a CUDA operand) wrapped, a golden QTensor copied there."""
+    if isinstance(q, _core.QTensor):
+        return _to_device(q, device)
+    if not isinstance(q, QTensorCUDA):
+        q = QTensorCUDA(q)
+        q.device = device
+    return q
+
+
 @quantize_op.register_fake
 def _(x, step, recipe, layer, pass_, operand, label):
     block = recipe_of_key(recipe).config(pass_, operand, layer=0, step=0).to_dict()["block"]
@@ -704,8 +715,8 @@ def _qmatmul_observed(a, b, step, recipe: Recipe, layer: int, pass_: str, label:
         qa, qb = quant(a, cfg(pass_, "a"), pass_, "a"), quant(b, cfg(pass_, "b"), pass_, "b")
     except ValueError as e:
         raise ValueError(f"{label}: {e}") from None
-    if a.is_cuda:  # sr_shard's and reduce_amax's operands come from the golden quantiser on the host
-        qa, qb = (_to_device(q, a.device) if isinstance(q, _core.QTensor) else q for q in (qa, qb))
+    if a.is_cuda:  # sr_shard's and reduce_amax's operands: the CUDA quantiser's handles (quantize_rows_of)
+        qa, qb = (_as_device_operand(q, a.device) for q in (qa, qb))
     y = product(qa, qb, recipe.mode, recipe.check_finite)
     for obs in observers:
         wants = getattr(obs, "wants", None)
