@@ -167,7 +167,9 @@ __device__ __forceinline__ void split_index(int64_t g, int64_t per_row, bool sma
 // Everything after the load, for G consecutive values y of output row `row` from column col0 (output layout
 // [a.rows, a.cols]): RHT-D, block amax and scale, rounding, packed codes and scales stored. Shared by the
 // row-wise and the transposed kernel, so both run the same golden arithmetic on the same values.
-template <int F, int B, int D, int G, bool WIDE = true>
+// IDX: a.row_index is set (a template parameter, so that the default kernels are compiled as they were, with their
+// registers and speed; the indexed ones are instantiated beside them).
+template <int F, int B, int D, int G, bool WIDE = true, bool IDX = false>
 __device__ __forceinline__ void quantize_group(float (&y)[G], int64_t row, int64_t col0, const QArgs& a,
                                                float s_enc) {
   constexpr ElemFormat f = kAllFormats[F];
@@ -176,8 +178,9 @@ __device__ __forceinline__ void quantize_group(float (&y)[G], int64_t row, int64
   // As fp4lab::quantize: finite inputs near FLT_MAX can rotate to Inf/NaN, which has no code.
   if constexpr (D > 0) flag_nonfinite<G>(y, a.nonfinite, 2);
   const int64_t base = row * a.cols + col0;  // a multiple of G: G divides cols and col0 (the SR groups)
-  int64_t sr_base = base;  // the element index SR draws at: the larger tensor's where the row is one of its rows
-  if (a.row_index) {
+  // The element index SR draws at: the larger tensor's where the row is one of its rows.
+  int64_t sr_base = base;
+  if constexpr (IDX) {
     const int64_t r = __ldg(a.row_index + row);
     if (r < 0 && a.nonfinite) atomicOr(a.nonfinite, 4);
     sr_base = r * a.cols + col0;
@@ -208,12 +211,12 @@ __device__ __forceinline__ void quantize_group(float (&y)[G], int64_t row, int64
     // Unswitched by hand so that neither the division of fp32 scales nor Philox runs where it is not needed.
     if (a.scale == ScaleKind::fp32) {
       if (a.rounding == Rounding::rtne)
-        round_block<F, B, true, true, WIDE>(y, b, bs, ScaleKind::fp32, a, seed, sr_base, packed);
+        round_block<F, B, true, true, WIDE>(y, b, bs, ScaleKind::fp32, a, seed, base, packed);
       else
         round_block<F, B, true, false, WIDE>(y, b, bs, ScaleKind::fp32, a, seed, sr_base, packed);
     } else {
       if (a.rounding == Rounding::rtne)
-        round_block<F, B, false, true, WIDE>(y, b, bs, a.scale, a, seed, sr_base, packed);
+        round_block<F, B, false, true, WIDE>(y, b, bs, a.scale, a, seed, base, packed);
       else
         round_block<F, B, false, false, WIDE>(y, b, bs, a.scale, a, seed, sr_base, packed);
     }
@@ -343,7 +346,7 @@ __device__ __forceinline__ void widen_pairs(const RawPairs<float, G>& r, float (
 // in registers; consecutive threads take consecutive groups, so every load and store instruction of a warp covers
 // consecutive memory. (A grid of resident blocks striding over the tensor with the next group prefetched was
 // measured slower on the H200: more instructions per element, and the kernel is issue-bound, not latency-bound.)
-template <class T, int F, int B, int D>
+template <class T, int F, int B, int D, bool IDX>
 __global__ void __launch_bounds__(kThreads) quantize_kernel(const QArgs a) {
   constexpr int G = B > D ? B : D;
   const int64_t groups_per_row = a.cols / G, n = a.rows * groups_per_row;
@@ -355,7 +358,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const QArgs a) {
   widen(raw, y);
   int64_t row, cg;
   split_index(g, groups_per_row, n < (int64_t(1) << 32), row, cg);
-  quantize_group<F, B, D, G>(y, row, cg * G, a, tensor_encode<F>(a));
+  quantize_group<F, B, D, G, true, IDX>(y, row, cg * G, a, tensor_encode<F>(a));
 }
 
 // Transposed: quantises X^T for X [a.cols, a.rows] row-major (a.rows x a.cols is the output's shape), without
@@ -367,7 +370,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const QArgs a) {
 // (32 x kTRows threads) covers 64 columns x kTRows row groups.
 constexpr int kTRows = 8;
 static_assert(kTRows == 8, "the lane mapping: 8 row groups x 4 column pairs per warp");
-template <class T, int F, int B, int D>
+template <class T, int F, int B, int D, bool IDX>
 __global__ void __launch_bounds__(32 * kTRows) quantize_t_kernel(const QArgs a) {
   constexpr int G = B > D ? B : D;
   const int64_t xcols = a.rows, ngroups = a.cols / G;  // X's row length; groups down a column
@@ -384,8 +387,8 @@ __global__ void __launch_bounds__(32 * kTRows) quantize_t_kernel(const QArgs a) 
   // over the 128 that hold two blocks per SM, and ran 0.69-0.75x as fast on an H200 (mxfp4, 8192x1024 and
   // 8192x2816); the groups of 16 and the row-wise kernels gain from them (kernels/README.md).
   constexpr bool kWide = G != 32;
-  quantize_group<F, B, D, G, kWide>(y0, j, gr * G, a, s_enc);
-  if (two) quantize_group<F, B, D, G, kWide>(y1, j + 1, gr * G, a, s_enc);
+  quantize_group<F, B, D, G, kWide, IDX>(y0, j, gr * G, a, s_enc);
+  if (two) quantize_group<F, B, D, G, kWide, IDX>(y1, j + 1, gr * G, a, s_enc);
 }
 
 struct AmaxArgs {
@@ -559,13 +562,20 @@ dim3 transposed_grid(int64_t rows, int64_t cols, int G) {
   return dim3(unsigned((rows + 63) / 64), unsigned((cols / G + kTRows - 1) / kTRows));
 }
 
-template <class T, int F, int B, int D, bool TR>
-void launch_quantize(const QArgs& a, cudaStream_t s) {
+template <class T, int F, int B, int D, bool TR, bool IDX>
+void launch_quantize_idx(const QArgs& a, cudaStream_t s) {
   constexpr int G = B > D ? B : D;
   if constexpr (TR)
-    quantize_t_kernel<T, F, B, D><<<transposed_grid(a.rows, a.cols, G), dim3(32, kTRows), 0, s>>>(a);
+    quantize_t_kernel<T, F, B, D, IDX><<<transposed_grid(a.rows, a.cols, G), dim3(32, kTRows), 0, s>>>(a);
   else
-    quantize_kernel<T, F, B, D><<<detail::blocks_for(a.rows * (a.cols / G), kThreads), kThreads, 0, s>>>(a);
+    quantize_kernel<T, F, B, D, IDX><<<detail::blocks_for(a.rows * (a.cols / G), kThreads), kThreads, 0, s>>>(a);
+}
+template <class T, int F, int B, int D, bool TR>
+void launch_quantize(const QArgs& a, cudaStream_t s) {
+  if (a.row_index)
+    launch_quantize_idx<T, F, B, D, TR, true>(a, s);
+  else
+    launch_quantize_idx<T, F, B, D, TR, false>(a, s);
 }
 
 template <class T, int F, int B, bool TR>
