@@ -196,15 +196,11 @@ void bind_cuda(nb::module_& m) {
     const int64_t rows = int64_t(packed.shape(0)), cols = 2 * int64_t(packed.shape(1));
     check_parts(block, rows, cols, int64_t(scales.shape(0)), int64_t(scales.shape(1)));
     if (global_scale.shape(0) != 1) throw std::invalid_argument("the global scale is one value");
-    out.format = parse_format(format);
-    out.scale_kind = parse_scale(scale);
-    out.block = block;
-    out.tile2d = tile2d;
+    const ElemFormat f = parse_format(format);
+    const ScaleKind sk = parse_scale(scale);
     check_rotation(rht, rht_signs);
-    out.rht = rht;
-    out.rht_signs = rht_signs;
-    out.rows = rows;
-    out.cols = cols;
+    out.meta() = OperandMeta{.format = f, .scale_kind = sk, .block = block, .tile2d = tile2d, .rht = rht,
+                             .rht_signs = rht_signs, .rows = rows, .cols = cols};
     out.codes.resize(size_t(rows * cols / 2));
     out.scales.resize(size_t(rows * (cols / block)));
     out.scale_codes = fc::Buffer<uint8_t>();
