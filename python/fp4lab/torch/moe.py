@@ -80,7 +80,8 @@ def _global_rows(mask: torch.Tensor, shard) -> list:
     dev = collective_device(None, local)
     counts = [torch.empty_like(local, device=dev) for _ in range(world)]
     torch.distributed.all_gather(counts, local.to(dev))
-    # The places go to the golden quantiser on the host (_quantizers.shard_quantizer): the counts come there once.
+    # The places are worked out on the host, from counts brought there once (_quantizers.shard_quantizer hands each
+    # expert's to its quantiser: the golden one, or the device's with the index copied over).
     counts, local = torch.stack(counts).cpu(), local.cpu()  # [world, experts, top-k]
     per_slot = counts.sum(0)
     slot_base = per_slot.flatten(1).cumsum(1) - per_slot  # rows of the earlier slots, all ranks
