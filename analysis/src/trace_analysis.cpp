@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <thread>
 
+#include <omp.h>
+
 #include "fp4lab/crmath.hpp"
 #include "fp4lab/recipe.hpp"
 #include "fp4lab/philox.hpp"
@@ -214,15 +216,45 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
     std::atomic<size_t> left{0};  // slots after the load still running
     std::atomic<bool> freed{false};  // its operands are gone (its last slot ended)
   };
-  // A pass whose float64 reference (8 bytes per output) is over 32 MB, and which with the FP32 outputs of two
-  // running tasks (4 bytes per output each) would outweigh every job's quantised B (under 1.25 bytes per element;
-  // A is quantised a panel at a time), is analysed in panels by its reference slot, all jobs together
-  // (analyze_pass_in_panels): its reference and outputs are never whole in memory. Others keep one task per job,
-  // their reference made once and held.
-  auto in_panels = [&](const io::TraceRecord& rec, size_t pi) {
+  std::vector<uint64_t> sizes;  // elements of each record's three tensors
+  for (size_t ri : my) {
+    const io::TraceRecord& r = *refs_[ri].rec;
+    sizes.push_back(uint64_t(r.tokens * r.in + r.out * r.in + r.tokens * r.out));
+  }
+  // What a large record's analysis holds beside its operands is kept to about half of them as FP32 (2 bytes per
+  // element), shared by the running threads: on a large FP32 record a task's share, not every job's quantised B
+  // nor a whole reference, then sets the peak (1.85 times a 32 MiB record above the binary's footprint, 1.64 at
+  // 48 MiB; holding them took 3.4 and 2.5). The cost is time: a pass's reference made again for each group of
+  // jobs (2.6 times the wall time at 48 MiB, 1.4 at 80 MiB).
+  const double threads = std::max(1, omp_get_max_threads());
+  auto share = [&](size_t k) { return 2.0 * double(sizes[k]) / threads; };  // bytes per running task
+  // A pass is analysed in panels by its reference slot, all jobs together (analyze_pass_in_panels: its reference
+  // and outputs are never whole in memory), where its float64 reference (8 bytes per output) is over 32 MB and
+  // with the FP32 outputs of two running tasks (4 bytes per output each) would outweigh every job's quantised B
+  // (under 1.25 bytes per element; A is quantised a panel at a time), or where the reference and one output
+  // (12 bytes per output) are over 16 MB and over the task's share. Others keep one task per job, their reference
+  // made once and held.
+  auto in_panels = [&](size_t k, size_t pi) {
+    const io::TraceRecord& rec = *refs_[my[k]].rec;
     const PassGeometry g = pass_geometry(kPasses[pi], rec.tokens, rec.in, rec.out);
     const double ref = 8.0 * double(g.M) * double(g.N), operand_b = double(g.N) * double(g.K);
-    return ref > 32e6 && 2 * ref > operand_b * double(settings.size() + recipes.size());
+    return (ref > 32e6 && 2 * ref > operand_b * double(settings.size() + recipes.size())) ||
+           1.5 * ref > std::max(16e6, share(k));
+  };
+  // In panels a job holds its quantised B (1.25 bytes per element) and, while it multiplies, a packed copy (1.5):
+  // jobs go in groups whose B fit the task's share beside one packed B and a panel (at least one job a group,
+  // each group making the reference panels again), and panels hold at most an eighth of the share.
+  auto panel_setup = [&](size_t k, LayerOperands& lo) {
+    const io::TraceRecord& rec = *refs_[my[k]].rec;
+    const double b_max = double(std::max(rec.out, rec.tokens)) * double(rec.in);
+    const double fit = (share(k) * 7 / 8 - 1.5 * b_max) / 1.25;
+    lo.panels.group = std::min(lo.panels.group, int64_t(std::max(0.0, fit)));
+  };
+  auto panel_rows = [&](size_t k, size_t pi) {  // 0: analyze_pass_in_panels' own (about 4 MB)
+    const io::TraceRecord& rec = *refs_[my[k]].rec;
+    const PassGeometry g = pass_geometry(kPasses[pi], rec.tokens, rec.in, rec.out);
+    const double panel = share(k) / 8;
+    return panel >= double(4 << 20) ? int64_t(0) : std::max<int64_t>(16, int64_t(panel / (12.0 * double(g.N))));
   };
   const size_t per = 4 + tasks;
   std::vector<RecordWork> work(my.size());
@@ -235,11 +267,6 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
     return out;
   };
   constexpr double kOverlapBytes = 256e6;
-  std::vector<uint64_t> sizes;  // elements of each record's three tensors
-  for (size_t ri : my) {
-    const io::TraceRecord& r = *refs_[ri].rec;
-    sizes.push_back(uint64_t(r.tokens * r.in + r.out * r.in + r.tokens * r.out));
-  }
   for (RecordWork& w : work) {
     w.by_task.resize(tasks);
     w.faults.resize(per);
@@ -333,6 +360,7 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
               LayerView{f32(ly.x, ly.x16), f32(ly.w, ly.w16), f32(ly.dy, ly.dy16), rec.tokens, rec.in, rec.out,
                         ly.x16, ly.w16, ly.dy16},
               /*with_refs=*/false, kHeld);
+          panel_setup(k, *w.lo);
         } catch (...) {
           w.faults[0] = std::current_exception();
           note_fault(k);
@@ -347,12 +375,12 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
       if (run) {
         try {
           const size_t pi = slot - 1;
-          if (!in_panels(rec, pi)) {
+          if (!in_panels(k, pi)) {
             w.lo->compute_ref(kPasses[pi]);
           } else {  // every job of the pass, here: its tasks find their results made
             std::vector<Recipe> rk;
             for (const Recipe& rc : recipes) rk.push_back(keyed(rc, k));
-            std::vector<LayerResults> r = analyze_pass_in_panels(*w.lo, kPasses[pi], settings, rk, 0);
+            std::vector<LayerResults> r = analyze_pass_in_panels(*w.lo, kPasses[pi], settings, rk, 0, panel_rows(k, pi));
             for (size_t job = 0; job < r.size(); ++job) w.by_task[job * 3 + pi] = std::move(r[job]);
           }
         } catch (...) {
@@ -361,7 +389,7 @@ RecordBatch TraceAnalysis::analyze(const std::vector<size_t>& my, const Analysis
         }
       }
       w.ref_ready[slot - 1].store(true, std::memory_order_release);
-    } else if (run && k <= first_fault.load() && !in_panels(rec, order[slot - 4] % 3)) {
+    } else if (run && k <= first_fault.load() && !in_panels(k, order[slot - 4] % 3)) {
       const size_t t = order[slot - 4], job = t / 3, pi = t % 3;
       const Pass p = kPasses[pi];
       try {
