@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Benchmark: `fp4lab analyze` against a straightforward numpy implementation of the same definitions
-(tests/python/oracle.py), on the same traces, in the same run. Prints wall time, throughput in trace
+(tests/python/cli/oracle.py), on the same traces, in the same run. Prints wall time, throughput in trace
 elements per second for both, the ratio, and how closely the two agree.
 
     python3 scripts/bench_analyze.py --fp4lab build/bin/fp4lab [--trace DIR] [--larger 4] [--repeat 5] [--python]
@@ -34,8 +34,8 @@ import numpy as np
 from fp4lab import analyze as analyze_in_process
 from fp4lab import trace
 
-# The numpy oracle is the tests' (tests/python/oracle.py), not the package's.
-ORACLE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "python")
+# The numpy oracle is the tests' (tests/python/cli/oracle.py), not the package's.
+ORACLE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "python", "cli")
 sys.path.insert(0, ORACLE_DIR)
 import oracle as analysis_numpy  # noqa: E402
 

@@ -124,7 +124,7 @@ def run_graph(args, recipe, mode, device):
     """The same steps with the whole training step (forward, backward, AdamW) captured once in a CUDA graph and
     replayed: no Python and no host work between kernels. Each replay's SR key is set by ft.set_step (the captured
     quantisers read it on the device) and its batch copied into the captured input first; the timed span is the
-    replay. (That a replay computes the eager step's bits is tested in tests/python/test_fp4lab_torch.py, on a model
+    replay. (That a replay computes the eager step's bits is tested in tests/python/torch_layer/test_torch.py, on a model
     whose kernels are all deterministic; this model's attention backward is not.)"""
     model, opt, data = setup(args, recipe, mode, device, capturable=True)
     static_x = next(data).clone()

@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 python3 -c 'import torch; print("torch", torch.__version__)'
 build_core || exit 1
 export PYTHONPATH=$PWD/build-gpu/python
-TAIL=15 step pytest-torch python3 -m pytest -v -p no:cacheprovider tests/python/test_fp4lab_torch.py
+TAIL=15 step pytest-torch python3 -m pytest -v -p no:cacheprovider tests/python/torch_layer/test_torch.py
 TAIL=30 step bench-train-step python3 scripts/bench_train_step.py --recipes bf16,ufp4,nvfp4,mxfp4,e2m1-ref \
   --json "$LOGS/bench-train-step.json" ${BENCH_ARGS:-}
 echo "failed steps: $fail"

@@ -40,7 +40,7 @@ __all__ = ["DEFINITION", "T975", "t975", "PairedStats", "paired_stats", "PairRes
            "pairs_for", "HEAD_TO_HEAD", "ABLATION_BASE", "REFERENCE", "ranks", "pearson"]
 
 # The 0.975 quantile of Student's t distribution for 1..30 degrees of freedom, to 20 significant digits (Python
-# rounds each literal correctly to binary64). tests/python/test_paired_stats.py checks every entry against the
+# rounds each literal correctly to binary64). tests/python/package/test_paired_stats.py checks every entry against the
 # closed-form distribution function evaluated with the decimal module, and against the usual 3-decimal table.
 T975 = {
     1: 12.706204736174704646, 2: 4.3026527297494638523, 3: 3.1824463052837095927, 4: 2.7764451051977943578,

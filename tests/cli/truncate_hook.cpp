@@ -1,5 +1,5 @@
 // An LD_PRELOAD hook for the tests of a trace file truncated while fp4lab reads it (tests/cli/cli_test.cpp and
-// tests/python/test_hostile_native.py): with FP4LAB_TEST_TRUNCATE=PATH:LENGTH (PATH absolute and canonical), the
+// tests/python/package/test_hostile_native.py): with FP4LAB_TEST_TRUNCATE=PATH:LENGTH (PATH absolute and canonical), the
 // first close() of a descriptor of PATH truncates the file to LENGTH bytes. fp4lab closes a trace file once its header
 // is read, and reads its tensors later: the truncation lands between the two in every run, on any machine.
 #include <dlfcn.h>

@@ -9,7 +9,7 @@ import pytest
 
 from fp4lab_lab import simval  # lab/ on PYTHONPATH (tests/python/CMakeLists.txt)
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 RESULTS = os.path.join(ROOT, "docs", "results")
 
 

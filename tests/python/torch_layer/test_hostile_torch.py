@@ -16,7 +16,7 @@ from torch import nn
 import fp4lab
 import fp4lab.torch as ft
 from fp4lab._files import DataError
-from test_fp4lab_torch_state import golden_linear
+from test_torch_state import golden_linear
 
 
 def one_line(e) -> str:

@@ -20,7 +20,7 @@ from fp4lab.study import cli  # noqa: E402
 from fp4lab_lab import study as lab_study  # noqa: E402  (lab/ on PYTHONPATH: tests/python/CMakeLists.txt)
 from fp4lab_lab.study import tiny_lm  # noqa: E402
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 PKG = os.path.dirname(os.path.abspath(fp4lab.__file__))
 EXIT_DATA, EXIT_USAGE, EXIT_CONTINUE = 1, 2, 75  # docs/spec.md §11.1; 75: stopped with its state saved
 

@@ -5,7 +5,7 @@ pytest needed: ctest runs it as a plain script (tests/python/CMakeLists.txt), in
 import os
 import re
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 DOCS = os.path.join(ROOT, "docs")
 
 

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +132,7 @@ def test_installed_package_holds_the_paired_statistics(fp4lab):
 def test_installed_package_leaves_out_the_lab_and_the_test_oracle(fp4lab):
     # The wheel ships python/fp4lab alone: the simulator's validation campaign and the training study's corpus
     # readers (Debian packages, R data) and tiny-lm trainer (lab/fp4lab_lab), the numpy test oracle
-    # (tests/python/oracle.py) and the lab package itself are neither files of it nor importable from it.
+    # (tests/python/cli/oracle.py) and the lab package itself are neither files of it nor importable from it.
     pkg = os.path.dirname(fp4lab)
     for m in ("simval.py", "oracle.py", "study/tiny_lm.py"):
         assert not os.path.exists(os.path.join(pkg, m)), m

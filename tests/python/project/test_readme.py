@@ -9,7 +9,7 @@ import sys
 
 import fp4lab  # the package under test: the blocks run against this copy (PYTHONPATH below)
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 README = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
 
 

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 BIN = os.environ.get("FP4LAB_BIN", os.path.join(ROOT, "build", "bin", "fp4lab"))
 CONFIGS = sorted(os.path.basename(p)[:-4] for p in glob.glob(os.path.join(ROOT, "sim", "configs", "*.cfg")))
 NATIVE = ["h200-class-e2m1", "h200-class-e1m2", "h200-class-dual", "h200-class-e1m2-area", "h200-class-dual-area"]

@@ -14,7 +14,7 @@ import pytest
 
 import fp4lab
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 BIN = os.environ.get("FP4LAB_BIN", os.path.join(ROOT, "build", "bin", "fp4lab"))
 TINY = os.path.join(ROOT, "workloads", "tiny-lm", "step_005000")
 DOC = os.path.join(ROOT, "workloads", "doc-lm", "step_001999")

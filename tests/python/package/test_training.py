@@ -16,7 +16,7 @@ import torch
 from fp4lab import _core
 from fp4lab import study as st
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 BIN = os.environ.get("FP4LAB_BIN", os.path.join(ROOT, "build", "bin", "fp4lab"))
 RUN_KEYS = {"name", "model", "params", "recipe", "gemm_mode", "seed", "steps", "train_loss", "val_steps", "val_loss",

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file, load_file
 
-import oracle  # tests/python/oracle.py
+import oracle  # tests/python/cli/oracle.py
 from fp4lab import _core
 from fp4lab import trace as ct
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 BIN = os.environ.get("FP4LAB_BIN", os.path.join(ROOT, "build", "bin", "fp4lab"))
 
 BUNDLED = os.path.join(ROOT, "workloads", "tiny-lm", "step_005000")
@@ -127,7 +127,7 @@ def test_check_rejects_bad_files_naming_file_and_fault(tmp_path, fault, message)
 @pytest.mark.parametrize("trace", BUNDLED_TRACES, ids=os.path.basename)
 def test_reads_of_the_bundled_traces_equal_the_oracles(trace):
     """Every tensor of every file, as fp4lab.trace reads it through the C++ reader, against the oracle's own numpy
-    reader (tests/python/oracle.py): the same names in the same order, metadata, dtypes, shapes and bytes; the float32 values
+    reader (tests/python/cli/oracle.py): the same names in the same order, metadata, dtypes, shapes and bytes; the float32 values
     of read_file, records and check bit for bit."""
     names = sorted(f for f in os.listdir(trace) if f.endswith(".safetensors"))
     assert len(names) == 8

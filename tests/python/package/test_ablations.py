@@ -12,7 +12,7 @@ import pytest
 import fp4lab
 from fp4lab import paired
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 PASSES = ("fwd_y", "bwd_dx", "bwd_dw")
 OPERANDS = [(p, o) for p in PASSES for o in "ab"]
 

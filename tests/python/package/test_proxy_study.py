@@ -18,7 +18,7 @@ from fp4lab import paired
 from fp4lab.study import report as rp
 from fp4lab.study import proxy_study as ps
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 RES = os.path.join(ROOT, "docs", "results")
 TRACES = [("tiny-lm step 5000", "docs/results/analysis.json+docs/results/analysis-ablations.json"),
           ("doc-lm step 1999", "docs/results/analysis-doc-lm.json+docs/results/analysis-doc-lm-ablations.json")]

@@ -17,7 +17,7 @@ import fp4lab
 import fp4lab.torch as ft
 from fp4lab.torch.monitor import operand_stats
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def make_model(recipe="ufp4"):

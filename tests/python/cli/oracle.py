@@ -153,5 +153,5 @@ def analyze(trace, formats=("e2m1", "e1m2"), rhts=(0, 16)):
     return {"fp4lab.analysis.version": 1, "config": {"implementation": "numpy"}, "tensors": tensors, "gemms": gemms}
 
 
-if __name__ == "__main__":  # python3 tests/python/oracle.py TRACE: the JSON on stdout
+if __name__ == "__main__":  # python3 tests/python/cli/oracle.py TRACE: the JSON on stdout
     json.dump(analyze(sys.argv[1]), sys.stdout, indent=1)

@@ -105,7 +105,7 @@ def test_the_passes_are_listed_once():
     import os
     import re
     assert _core.PASSES == ("fwd_y", "bwd_dx", "bwd_dw") == tuple(_core.recipe_table("ufp4"))
-    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "..")
     spelled = re.compile(r"""\(\s*["']fwd_y["'],\s*["']bwd_dx["'],\s*["']bwd_dw["']\s*\)""")
     bad = []
     for top in ("python/fp4lab", "lab"):

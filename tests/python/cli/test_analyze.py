@@ -1,4 +1,4 @@
-"""`fp4lab analyze` against an independent numpy implementation of docs/spec.md §6 (tests/python/oracle.py),
+"""`fp4lab analyze` against an independent numpy implementation of docs/spec.md §6 (tests/python/cli/oracle.py),
 its JSON schema, the bundled-trace default, and its rejection of bad traces.
 
 FP4LAB_BIN names the built binary (ctest sets it)."""
@@ -10,8 +10,8 @@ import subprocess
 import numpy as np
 import pytest
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-import oracle as analysis_numpy  # noqa: E402  (tests/python/oracle.py)
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+import oracle as analysis_numpy  # noqa: E402  (tests/python/cli/oracle.py)
 
 BIN = os.environ.get("FP4LAB_BIN", os.path.join(ROOT, "build", "bin", "fp4lab"))
 TRACE = os.path.join(ROOT, "workloads", "tiny-lm", "step_005000")

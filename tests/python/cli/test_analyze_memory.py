@@ -18,7 +18,7 @@ includes its parent's pages at the fork, so the parent must stay small: this scr
      record, 48 MiB at 1.92, 64 MiB at 1.76 and 80 MiB at 1.71.
 Each report must be complete: every record's tensors and GEMMs.
 
-    python3 tests/python/test_analyze_memory.py --fp4lab build/bin/fp4lab
+    python3 tests/python/cli/test_analyze_memory.py --fp4lab build/bin/fp4lab
 """
 import argparse
 import json

@@ -12,7 +12,7 @@ import pytest
 import fp4lab
 from fp4lab import decision as dc
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 MODEL = os.path.join(ROOT, "workloads", "models", "gpt2.json")
 TRACE = os.path.join(ROOT, "workloads", "tiny-lm", "step_005000")
 CLI = os.environ.get("FP4LAB_BIN") or fp4lab.cli_path()

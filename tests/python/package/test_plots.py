@@ -10,7 +10,7 @@ import pytest
 import fp4lab
 from fp4lab import plots
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 ANALYSIS = os.path.join(ROOT, "docs", "results", "analysis.json")
 CLI = os.environ.get("FP4LAB_BIN") or fp4lab.cli_path()
 ENV = dict(os.environ, FP4LAB_BIN=CLI)

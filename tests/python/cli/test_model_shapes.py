@@ -18,7 +18,7 @@ from safetensors.numpy import save_file
 
 import fp4lab
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 BIN = os.environ.get("FP4LAB_BIN", os.path.join(ROOT, "build", "bin", "fp4lab"))
 MODELS = os.path.join(ROOT, "workloads", "models")
 SHAPES = os.path.join(ROOT, "workloads", "shapes")

@@ -16,7 +16,7 @@ import pytest
 from fp4lab import _core, _files
 from fp4lab import trace as ct
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 PY = sys.executable
 
 

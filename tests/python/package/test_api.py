@@ -13,7 +13,7 @@ from safetensors.numpy import load_file, save_file
 
 import fp4lab
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 BIN = os.environ.get("FP4LAB_BIN", os.path.join(ROOT, "build", "bin", "fp4lab"))
 TRACE = os.path.join(ROOT, "workloads", "tiny-lm", "step_005000")
 LAYER = os.path.join(TRACE, "layers.7.mlp.fc2.safetensors")
@@ -243,7 +243,7 @@ def test_qtensor_arrays_are_read_only_views():
         q.codes[0, 0] = 1
 
 
-# ---- analyze: in process (tests/python/test_fp4lab_analyze.py holds it to the CLI's JSON, bit for bit) ------
+# ---- analyze: in process (tests/python/package/test_analyze_inprocess.py holds it to the CLI's JSON, bit for bit) ------
 
 def test_analyze_errors_name_the_file(tmp_path):
     bad = tmp_path / "bad.safetensors"

@@ -13,7 +13,7 @@ import pytest
 
 from fp4lab import paired, study as st
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 
 # ---------------------------------------------------------------------------------------------------------
