@@ -243,11 +243,9 @@ std::vector<uint16_t> to_bf16(std::vector<float>& x) {
   return b;
 }
 
-// The GPU quantisation of an operand t [rows, cols] from a device copy of t (row-wise) or of t^T (transposed),
-// FP32 or BF16, outputs poisoned first.
-QTensor gpu_quantize(const std::vector<float>& t, int64_t rows, int64_t cols, const QuantConfig& cfg, bool tr,
-                     bool bf16, fc::RhtPath path, fc::QuantWorkspace& ws) {
-  std::vector<float> src = tr ? transposed(t, rows, cols) : t;
+// A device operand [rows, cols] under cfg with every output byte poisoned (0xFF), so that a value the kernel
+// leaves unwritten cannot pass for a result.
+fc::DQTensor poisoned_output(int64_t rows, int64_t cols, const QuantConfig& cfg) {
   fc::DQTensor q;
   q.codes.resize(size_t(rows * cols / 2));
   q.codes.fill_bytes(0xFF);
@@ -259,6 +257,15 @@ QTensor gpu_quantize(const std::vector<float>& t, int64_t rows, int64_t cols, co
   }
   q.global_dec.resize(1);
   q.global_dec.fill_bytes(0xFF);
+  return q;
+}
+
+// The GPU quantisation of an operand t [rows, cols] from a device copy of t (row-wise) or of t^T (transposed),
+// FP32 or BF16, outputs poisoned first.
+QTensor gpu_quantize(const std::vector<float>& t, int64_t rows, int64_t cols, const QuantConfig& cfg, bool tr,
+                     bool bf16, fc::RhtPath path, fc::QuantWorkspace& ws) {
+  std::vector<float> src = tr ? transposed(t, rows, cols) : t;
+  fc::DQTensor q = poisoned_output(rows, cols, cfg);
   if (bf16) {
     std::vector<float> w = src;
     fc::Buffer<uint16_t> d;
@@ -353,17 +360,7 @@ QTensor gpu_quantize_rows(const std::vector<float>& t, int64_t rows, int64_t col
                           bool bf16, fc::RhtPath path, const int64_t* d_idx, const float* amax,
                           fc::QuantWorkspace& ws) {
   std::vector<float> src = tr ? transposed(t, rows, cols) : t;
-  fc::DQTensor q;
-  q.codes.resize(size_t(rows * cols / 2));
-  q.codes.fill_bytes(0xFF);
-  q.scales.resize(size_t(rows * cols / cfg.block));
-  q.scales.fill_bytes(0xFF);
-  if (cfg.scale != ScaleKind::fp32) {
-    q.scale_codes.resize(size_t(rows * cols / cfg.block));
-    q.scale_codes.fill_bytes(0xFF);
-  }
-  q.global_dec.resize(1);
-  q.global_dec.fill_bytes(0xFF);
+  fc::DQTensor q = poisoned_output(rows, cols, cfg);
   const int64_t xr = tr ? cols : rows, xc = tr ? rows : cols;  // the device tensor's shape
   if (bf16) {
     std::vector<float> w = src;
