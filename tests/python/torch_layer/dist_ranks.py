@@ -7,6 +7,7 @@ import os
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch import nn
 
 
 def _worker(rank, fn, args, world, store, out):
@@ -79,3 +80,17 @@ def copy_weights(source, *targets):
         for p, *qs in zip(source.parameters(), *(m.parameters() for m in targets)):
             for q in qs:
                 q.copy_(full(p))
+
+
+class Net(nn.Module):
+    """The distributed tests' model: x + fc2(act(fc1(x))) into a head, 64 -> 128 -> 64 -> 16."""
+
+    def __init__(self, act):
+        super().__init__()
+        self.act = act
+        self.fc1 = nn.Linear(64, 128)
+        self.fc2 = nn.Linear(128, 64)
+        self.head = nn.Linear(64, 16)
+
+    def forward(self, x):
+        return self.head(x + self.fc2(self.act(self.fc1(x))))

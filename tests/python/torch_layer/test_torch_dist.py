@@ -25,25 +25,14 @@ import torch.distributed as dist
 from torch import nn
 
 import fp4lab.torch as ft
-from dist_ranks import copy_weights, full, run_ranks, step_beside_one_process, wrapped
+from dist_ranks import Net, copy_weights, full, run_ranks, step_beside_one_process, wrapped
 
 WORLD, ROWS, STEPS = 2, 64, 2
 
 
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(64, 128)
-        self.fc2 = nn.Linear(128, 64)
-        self.head = nn.Linear(64, 16)
-
-    def forward(self, x):
-        return self.head(x + self.fc2(torch.nn.functional.gelu(self.fc1(x))))
-
-
 def make(recipe):
     torch.manual_seed(0)
-    return ft.convert(Net(), ft.Recipe(recipe, seed=5))
+    return ft.convert(Net(torch.nn.functional.gelu), ft.Recipe(recipe, seed=5))
 
 
 def batch(i):
