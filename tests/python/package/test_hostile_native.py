@@ -20,7 +20,7 @@ import fp4lab
 from fp4lab import trace as ftrace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-HOOK_SOURCE = os.path.join(HERE, "..", "cli", "truncate_hook.cpp")
+HOOK_SOURCE = os.path.join(HERE, "..", "..", "cli", "truncate_hook.cpp")
 
 
 def write_record(path, gemm, shape, seed=0):
