@@ -4,15 +4,13 @@ type to the bindings. Each case runs the package in a process of its own, so a c
 test session.
 
 The package comes from PYTHONPATH (ctest points it at the build's in-tree package)."""
-import json
 import os
 import shutil
-import signal
 import struct
 import subprocess
 import sys
-import time
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -24,21 +22,16 @@ HOOK_SOURCE = os.path.join(HERE, "..", "..", "cli", "truncate_hook.cpp")
 
 
 def write_record(path, gemm, shape, seed=0):
-    """One trace v1 file holding one BF16 record; returns where its tensor data begins (the header's end)."""
+    """One trace v1 file holding one BF16 record (written by fp4lab.trace); returns where its tensor data begins
+    (the header's end)."""
     tokens, d_in, d_out = shape
     rng = np.random.default_rng(seed)
     shapes = {"fwd_x": (tokens, d_in), "fwd_w": (d_out, d_in), "bwd_dy": (tokens, d_out)}
-    header, blobs, off = {"__metadata__": {"fp4lab.trace.version": "1"}}, [], 0
-    for role, s in shapes.items():
-        data = (rng.standard_normal(s, dtype=np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
-        header[f"{gemm}.{role}"] = {"dtype": "BF16", "shape": list(s), "data_offsets": [off, off + len(data)]}
-        blobs.append(data)
-        off += len(data)
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
-    return 8 + len(text)
+    tensors = {f"{gemm}.{role}": (rng.standard_normal(s, dtype=np.float32).view(np.uint32) >> 16).astype("<u2")
+               .view(ml_dtypes.bfloat16) for role, s in shapes.items()}
+    ftrace.write_file(path, tensors, {"fp4lab.trace.version": "1"})
+    with open(path, "rb") as f:
+        return 8 + struct.unpack("<Q", f.read(8))[0]
 
 
 def python(code, env=None, timeout=120):
