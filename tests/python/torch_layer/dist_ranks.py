@@ -94,3 +94,16 @@ class Net(nn.Module):
 
     def forward(self, x):
         return self.head(x + self.fc2(self.act(self.fc1(x))))
+
+
+def rank_part(rank, pass_, operand, codes, scales, ref_codes, ref_scales):
+    """The single process's quantised operand (``ref_codes``, ``ref_scales``) on the part a rank's operand
+    (``codes``, ``scales``) holds: its token columns in wgrad (bwd_dw), its token rows for operand a of the other
+    passes, all of it for a weight operand."""
+    if pass_ == "bwd_dw":  # tokens in columns
+        n, nb = codes.shape[1], scales.shape[1]
+        return ref_codes[:, rank * n:(rank + 1) * n], ref_scales[:, rank * nb:(rank + 1) * nb]
+    if operand == "a":  # tokens in rows
+        n = codes.shape[0]
+        return ref_codes[rank * n:(rank + 1) * n], ref_scales[rank * n:(rank + 1) * n]
+    return ref_codes, ref_scales

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 import fp4lab.torch as ft
-from dist_ranks import Net, copy_weights, full, run_ranks, step_beside_one_process, wrapped
+from dist_ranks import Net, rank_part, copy_weights, full, run_ranks, step_beside_one_process, wrapped
 
 WORLD, ROWS, STEPS = 2, 64, 2
 
@@ -112,12 +112,7 @@ def operand_faults(ops, rank, ref_ops=None):
         if tag != "dp":
             continue
         rc, rs = ref_ops[("ref", name, step, p, op)]
-        if p == "bwd_dw":  # tokens in columns
-            n, nb = codes.shape[1], scales.shape[1]
-            rc, rs = rc[:, rank * n:(rank + 1) * n], rs[:, rank * nb:(rank + 1) * nb]
-        elif op == "a":  # tokens in rows
-            n = codes.shape[0]
-            rc, rs = rc[rank * n:(rank + 1) * n], rs[rank * n:(rank + 1) * n]
+        rc, rs = rank_part(rank, p, op, codes, scales, rc, rs)
         dy = (p, op) in (("bwd_dx", "a"), ("bwd_dw", "a"))
         if not (torch.equal(codes, rc) and torch.equal(bits(scales), bits(rs * 2 if dy else rs))):
             faults.append((name, step, p, op))

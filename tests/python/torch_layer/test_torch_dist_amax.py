@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import fp4lab.torch as ft
-from dist_ranks import Net, copy_weights, run_ranks, step_beside_one_process, wrapped
+from dist_ranks import Net, rank_part, copy_weights, run_ranks, step_beside_one_process, wrapped
 
 WORLD, ROWS, STEPS = 2, 64, 2
 
@@ -76,12 +76,7 @@ def operand_faults(ops, rank, tag):
         if t != tag:
             continue
         rc, rs, rg = ops[("ref", name, step, p, op)]
-        if p == "bwd_dw":  # tokens in columns
-            n, nb = codes.shape[1], scales.shape[1]
-            rc, rs = rc[:, rank * n:(rank + 1) * n], rs[:, rank * nb:(rank + 1) * nb]
-        elif op == "a":  # tokens in rows
-            n = codes.shape[0]
-            rc, rs = rc[rank * n:(rank + 1) * n], rs[rank * n:(rank + 1) * n]
+        rc, rs = rank_part(rank, p, op, codes, scales, rc, rs)
         dy = (p, op) in (("bwd_dx", "a"), ("bwd_dw", "a"))
         if not (torch.equal(codes, rc) and torch.equal(bits(scales), bits(rs))
                 and torch.equal(bits(glob), bits(rg * 2 if dy else rg))):
