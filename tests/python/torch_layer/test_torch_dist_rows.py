@@ -220,7 +220,7 @@ ROW_CONFIGS = {
     "nvfp4_x_rtne": dict(recipe="nvfp4", pass_="fwd_y", operand="a"),
     "ufp4_dw_sr": dict(recipe="ufp4", pass_="bwd_dw", operand="a", seed=3),
     "mxfp4_sr_b32": dict(recipe="mxfp4", rounding="sr", seed=4),
-    "mxfp4_ceil_sr_b16": dict(recipe="mxfp4", scale="ue8m0_ceil", block=16, rounding="sr", seed=4),
+    "mxfp4_ceil_sr_b16": dict(recipe="mxfp4", scale=fp4lab.Scale.ue8m0_ceil, block=16, rounding="sr", seed=4),
     "fp32scale_rht16_sr": dict(recipe="mxfp4", scale="fp32", block=16, rounding="sr", rht=16, rht_seed=2, seed=5),
     "ue4m3_rht128_sr": dict(recipe="nvfp4", rounding="sr", rht=128, rht_seed=3, seed=6),
     "int4_rht32_sr": dict(format="int4", rht=32, rht_seed=2, rounding="sr", seed=8),
@@ -230,6 +230,20 @@ ROWS, COLS = 48, 256
 
 def row_config(name):
     return fp4lab.config(**ROW_CONFIGS[name])
+
+
+@pytest.mark.parametrize("name", sorted(ROW_CONFIGS))
+def test_row_configs_are_what_their_names_say(name):
+    # The CUDA tests below run only on a GPU: this checks their table where every run can.
+    cfg = row_config(name)
+    for word, check in (("sr", lambda c: c.rounding == fp4lab.Rounding.sr),
+                        ("ceil", lambda c: c.scale == fp4lab.Scale.ue8m0_ceil),
+                        ("fp32scale", lambda c: c.scale == fp4lab.Scale.fp32),
+                        ("b16", lambda c: c.block == 16), ("b32", lambda c: c.block == 32),
+                        ("rht16", lambda c: c.rht == 16), ("rht32", lambda c: c.rht == 32),
+                        ("rht128", lambda c: c.rht == 128)):
+        if word in name.split("_"):
+            assert check(cfg), (name, word, cfg)
 
 
 def row_input(seed=21):
