@@ -18,7 +18,7 @@
 #include "files.hpp"
 #include "fp4lab/io/files.hpp"
 #include "fp4lab/io/safetensors.hpp"
-#include "fp4lab/knobs.hpp"
+#include "knobs.hpp"
 #include "fp4lab/rht.hpp"
 #include "fp4lab/version.hpp"
 #include "option_file.hpp"
@@ -241,7 +241,7 @@ void write_text_atomic(const std::string& path, const std::string& text) {
   io::write_file_atomic(path, text);  // a temporary name renamed into place; io::Error names the file
 }
 
-// ---- value parsers: fp4lab/knobs.hpp's, with its KnobError as a usage error -------------------------
+// ---- value parsers: knobs.hpp's, with its KnobError as a usage error -------------------------
 namespace {
 template <class F>
 auto knob(F&& f) -> decltype(f()) {

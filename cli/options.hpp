@@ -17,7 +17,7 @@
 #include "commands.hpp"
 #include "fp4lab/format.hpp"
 #include "fp4lab/io/exit_codes.hpp"
-#include "fp4lab/knobs.hpp"
+#include "knobs.hpp"
 #include "fp4lab/quantize.hpp"
 #include "fp4lab/recipe.hpp"
 #include "fp4lab/scale.hpp"
@@ -101,7 +101,7 @@ void write_text_atomic(const std::string& path, const std::string& text);
 // --rounding --seed --stream. With `with_role` (quantize) --role picks the operand.
 void add_recipe_options(po::options_description& desc, bool with_role);
 
-// The recipe knobs given in vm, for fp4lab::operand_config (fp4lab/knobs.hpp).
+// The recipe knobs given in vm, for fp4lab::operand_config (knobs.hpp).
 Knobs recipe_knobs(const po::variables_map& vm);
 // The quantiser settings for one operand: the recipe's config (or the defaults e1m2, block 16, fp32, no
 // RHT, RTNE without --recipe) for that operand of the pass, then every knob given explicitly on top.

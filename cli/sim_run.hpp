@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "commands.hpp"
-#include "fp4lab/knobs.hpp"
+#include "knobs.hpp"
 #include "fp4lab/sim/config.hpp"
 #include "fp4lab/sim/workload.hpp"
 #include "options.hpp"

@@ -1,5 +1,5 @@
 // The analysis JSON v1 and the exact serialisation of one record's results (trace_analysis.hpp).
-#include "fp4lab/knobs.hpp"
+#include "fp4lab/settings.hpp"
 #include "fp4lab/trace_analysis.hpp"
 
 namespace fp4lab {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "fp4lab/knobs.hpp"
+#include "fp4lab/text.hpp"
 #include "fp4lab/philox.hpp"
 #include "fp4lab/rht.hpp"
 

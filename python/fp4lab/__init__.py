@@ -53,36 +53,58 @@ def _import_core():
 _core = _import_core()
 from ._core import Format, QTensor, QuantConfig, Rounding, Scale  # noqa: E402
 from ._base import analyze, cli_path, recipes  # noqa: E402  (re-exported: fp4lab.analyze etc.)
-from ._base import check_signs as _signs, one_line_errors as _one_line_errors  # noqa: E402
+from ._base import check_signs as _signs, is_int as _is_int, one_line_errors as _one_line_errors  # noqa: E402
 
 __version__: str = _core.__version__
 __all__ = ["ABLATIONS", "Ablation", "Format", "QTensor", "QuantConfig", "Rounding", "Scale", "analyze", "config", "decide", "formats", "gemm",
            "model_shapes",
            "quantize", "recipes", "__version__"]
 
-# Knob names as Python keywords ("rht_signs") -> the CLI option they stand for ("rht-signs").
-_KNOBS = {n.replace("-", "_"): n for n in _core.knob_names(True) if n not in ("recipe", "pass", "role")}
+# The settings a keyword sets on top of a recipe (fp4lab/settings.hpp), in the command line's order.
+_KNOBS = _core.SETTINGS
+# Integer settings: (lowest, highest, unsigned): out of range is the command line's message for that option.
+_INTS = {"block": (-2**31, 2**31 - 1, False), "rht_seed": (0, 2**64 - 1, True), "seed": (0, 2**64 - 1, True),
+         "stream": (0, 2**32 - 1, True)}
+_NAMED = {"format": Format, "scale": Scale, "rounding": Rounding}
 
 
-def _knob_value(name: str, value: Any) -> Any:
-    """A knob as the C++ knob rules take it (fp4lab/knobs.hpp): names as text (an enum member as its name), numbers
-    and flags as they are, rht-signs as its entries. No command-line text is made."""
-    if name == "rht-signs" and not isinstance(value, str):
+def _setting(name: str, value: Any) -> dict:
+    """One keyword as the typed setting ``_core.operand_config`` takes. A value of another type is a TypeError
+    (numbers are not read from text: that is the command line's job); an integer out of range, the command line's
+    one-line message for that option."""
+    opt = name.replace("_", "-")
+    if name in _NAMED:
+        if isinstance(value, (str, _NAMED[name])):
+            return {name: value}  # a name is looked up in its table (fp4lab/settings.hpp), with its message
+        raise TypeError(f"knob {name}: an fp4lab.{_NAMED[name].__name__} or its name, not {type(value).__name__}")
+    if name in _INTS:
+        if not _is_int(value):
+            raise TypeError(f"knob {name}: an int, not {type(value).__name__}")
+        lo, hi, unsigned = _INTS[name]
+        if not lo <= int(value) <= hi:
+            raise ValueError(f"--{opt}: '{int(value)}' is not an integer" + (f" from 0 to {hi}" if unsigned else ""))
+        return {name: int(value)}
+    if name in ("tile2d", "rht_bf16"):
         if isinstance(value, (bool, np.bool_)):
-            return "true" if value else "false"  # refused by the signs' rule, which names it
-        return [float(value)] if isinstance(value, (int, np.integer)) else _signs(value)
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (int, np.integer)):
-        v = int(value)
-        return v if -2**63 <= v < 2**64 else str(v)  # past 64 bits: its digits, which the rule refuses by name
-    if isinstance(value, (Format, Rounding)):
-        return value.name
-    if isinstance(value, Scale):
-        return value.name.replace("_", "-")  # ue8m0_ceil is spelled ue8m0-ceil
-    if isinstance(value, str):
-        return value
-    raise TypeError(f"knob {name.replace('-', '_')}: {type(value).__name__} is not a valid value")
+            return {name: bool(value)}
+        if _is_int(value):
+            raise ValueError(f"--{opt}: '{int(value)}' is not true or false")
+        raise TypeError(f"knob {name}: a bool, not {type(value).__name__}")
+    if name == "rht":
+        if value is None or (isinstance(value, str) and value == "none"):
+            return {"rht": 0}  # no rotation, as the command line's --rht none
+        if not _is_int(value):
+            raise TypeError(f"knob rht: an RHT size (an int; 0, None or 'none': off), not {type(value).__name__}")
+        return {"rht": int(value) if -2**31 <= int(value) < 2**31 else -1}  # -1: the size rule's message
+    if name == "rht_signs":
+        if isinstance(value, str):
+            if value == "te":
+                return {"rht_signs_te": True}
+            raise TypeError("knob rht_signs: a sequence of +1/-1 entries or 'te', not other text")
+        if isinstance(value, (bool, np.bool_)):
+            raise ValueError(f"--rht-signs: sign 1 is '{str(bool(value)).lower()}', not +1 or -1")
+        return {"rht_signs": [float(value)] if _is_int(value) else _signs(value)}
+    raise AssertionError(name)
 
 
 def _check_str(func: str, name: str, value: Any) -> None:
@@ -92,23 +114,16 @@ def _check_str(func: str, name: str, value: Any) -> None:
 
 def _knobs(func: str, recipe: Optional[str], pass_: Optional[str], role: Optional[str],
            knobs: Mapping[str, Any]) -> dict:
+    """The keywords of ``_core.operand_config`` for a recipe and knobs (None: the recipe's, except rht=None: off)."""
     for name, value in (("recipe", recipe), ("pass_", pass_), ("role", role)):
         _check_str(func, name, value)
-    k = {}
-    if recipe is not None:
-        k["recipe"] = recipe
-    if pass_ is not None:
-        k["pass"] = pass_
-    if role is not None:
-        k["role"] = role
+    k: dict = {"recipe": recipe, "pass_": pass_ or "", "role": role or ""}
     for name, value in knobs.items():
         if name not in _KNOBS:
             raise TypeError(f"{func}() got an unexpected keyword argument '{name}' "
                             f"(knobs: {', '.join(sorted(_KNOBS))})")
-        if name == "rht" and value is None:
-            k["rht"] = "none"  # None means no rotation, as in analyze() and the CLI's --rht none
-        elif value is not None:
-            k[_KNOBS[name]] = _knob_value(_KNOBS[name], value)
+        if value is not None or name == "rht":
+            k.update(_setting(name, value))
     return k
 
 
@@ -162,7 +177,7 @@ def config(recipe: Optional[str] = None, *, pass_: Optional[str] = None, role: O
     """
     k = _knobs("config", recipe, pass_, role, knobs)
     _check_str("config", "operand", operand)
-    return _core.operand_config(k, pass_ or "", operand or "")
+    return _core.operand_config(**k, operand=operand or "")
 
 
 def _as_matrix(x: Any, func: str) -> np.ndarray:

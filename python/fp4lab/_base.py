@@ -101,40 +101,41 @@ def analyze(trace: Any, *, formats: Any = None, rht: Any = None, rht_signs: Any 
     else:
         paths = list(trace)
     traces = [path_arg("analyze", "a trace path", p) for p in paths]
-    # The keywords typed here; text in the command line's spelling ("e2m1,e1m2", "none,16", "te", a number) is read
-    # by the command line's own parsers, with their messages.
+    # The keywords typed here (names looked up in their tables; numbers are not read from text, the command line's
+    # job); an integer out of range is the command line's message for that option.
     opts: dict = {}
     if formats is not None:
-        opts["formats"] = [f if isinstance(f, _core.Format) else _core.text_format(str(f)) for f in _entries(formats)]
+        opts["formats"] = [f if isinstance(f, _core.Format) else _core.format_named(_name("formats", f))
+                           for f in _entries(formats)]
     if rht is not None:
-        opts["rht"] = [0 if d is None else _rht(d) for d in _entries(rht)]
+        opts["rht"] = [_rht(d) for d in _entries(rht)]
     if recipe is not None:
         if isinstance(recipe, str) and recipe == "all":
             opts["all_recipes"] = True
         else:
-            opts["recipes"] = [r if isinstance(r, str) else str(r) for r in _entries(recipe)]
+            opts["recipes"] = [_name("recipe", r) for r in _entries(recipe)]
     if rht_signs is not None:
         if isinstance(rht_signs, str):
-            if rht_signs == "te":
-                opts["rht_signs_te"] = True
-            else:
-                opts["rht_signs"] = _core.text_signs(rht_signs)
+            if rht_signs != "te":
+                raise TypeError("analyze(): rht_signs is a sequence of +1/-1 entries or 'te', not other text")
+            opts["rht_signs_te"] = True
         else:
             signs = check_signs(rht_signs)  # the entries' types, as config() checks them
             for i, x in enumerate(signs):
                 if x not in (1.0, -1.0):
                     raise UsageError(f"--rht-signs: sign {i + 1} is '{x:g}', not +1 or -1")
             opts["rht_signs"] = signs
-    for opt, v, parse, lo, hi in (("rht_seed", rht_seed, _core.text_uint, 0, 2**64 - 1),
-                                  ("block", block, _core.text_int, -2**31, 2**31 - 1),
-                                  ("seed", seed, _core.text_uint, 0, 2**64 - 1)):
+    for opt, v, lo, hi in (("rht_seed", rht_seed, 0, 2**64 - 1), ("block", block, -2**31, 2**31 - 1),
+                           ("seed", seed, 0, 2**64 - 1)):
         if v is not None:
-            if _is_int(v) and lo <= v <= hi:
-                opts[opt] = int(v)
-            else:  # text the parser reads, or the parser's fault for the value
-                opts[opt] = parse(v if isinstance(v, str) else str(v), opt.replace("_", "-"))
+            if not is_int(v):
+                raise TypeError(f"analyze(): {opt} must be an int, not {type(v).__name__}")
+            if not lo <= v <= hi:
+                raise UsageError(f"--{opt.replace('_', '-')}: '{int(v)}' is not an integer"
+                                 + (f" from 0 to {hi}" if lo == 0 else ""))
+            opts[opt] = int(v)
     if scale is not None:
-        opts["scale"] = scale if isinstance(scale, _core.Scale) else _core.text_scale(str(scale))
+        opts["scale"] = scale if isinstance(scale, _core.Scale) else _core.scale_named(_name("scale", scale))
     if json is None:
         return _core.analyze(traces, **opts)
     return _core.analyze(traces, **opts, json_path=path_arg("analyze", "json", json))
@@ -151,10 +152,20 @@ def _entries(v: Any) -> list:
 
 
 def _rht(d: Any) -> int:
-    """An RHT setting: an integer (0: none), or text the command line's parser reads (its message otherwise)."""
-    return int(d) if _is_int(d) else _core.text_rht(d if isinstance(d, str) else str(d), "rht")
+    """An RHT setting: an integer (0: none), None or 'none'."""
+    if d is None or (isinstance(d, str) and d == "none"):
+        return 0
+    if not is_int(d):
+        raise TypeError(f"analyze(): rht entries are RHT sizes (ints; 0, None or 'none': off), not {type(d).__name__}")
+    return int(d) if -2**31 <= d < 2**31 else -1  # -1: the size rule's message, as the command line's
 
 
-def _is_int(v: Any) -> bool:
+def _name(opt: str, v: Any) -> str:
+    if not isinstance(v, str):
+        raise TypeError(f"analyze(): {opt} entries are names (str), not {type(v).__name__}")
+    return v
+
+
+def is_int(v: Any) -> bool:
     """An integer value (numpy's too), not a bool."""
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "fp4lab/io/files.hpp"
-#include "fp4lab/knobs.hpp"
+#include "fp4lab/settings.hpp"
 #include "fp4lab/sim/model_shapes.hpp"
 #include "fp4lab/trace_analysis.hpp"
 #include "fp4lab/version.hpp"
@@ -228,7 +228,7 @@ nb::object analyze(const std::vector<std::string>& traces, const PyAnalysisOptio
     raise_fault(e.usage, e.what());
   } catch (const io::Error& e) {
     raise_fault(false, e.what());
-  } catch (const std::invalid_argument& e) {  // an option value (KnobError)
+  } catch (const std::invalid_argument& e) {  // a setting (SettingsError)
     raise_fault(true, e.what());
   } catch (const std::exception& e) {
     raise_fault(false, e.what());
@@ -255,29 +255,21 @@ void bind_analyze(nb::module_& m) {
      "block"_a = nb::none(), "scale"_a = nb::none(), "seed"_a = nb::none(), "json_path"_a = nb::none(),
         "The docs/spec.md §6 analyses of trace folders or files under typed options (None: the default): the dict "
         "`fp4lab analyze --json` writes, or with json_path that document written to the file (None returned).");
-  // The package's keywords may spell a value as the command line does ("e2m1,e1m2", "none,16", "te", a number as
-  // text): read by the one parser of each (fp4lab/knobs.hpp), with its message, as a UsageError.
-  const auto usage = [](auto f) {
-    return [f](const std::string& text) {
-      try {
-        return f(text);
-      } catch (const std::invalid_argument& e) {
-        raise_fault(true, e.what());
-      }
-    };
-  };
-  m.def("text_format", usage([](const std::string& t) { return format_id(parse_format(t)); }), "text"_a);
-  m.def("text_scale", usage([](const std::string& t) { return parse_scale(t); }), "text"_a);
-  m.def("text_rht", [usage](const std::string& t, const std::string& option) {
-    return usage([&](const std::string& x) { return parse_rht(x, option); })(t);
-  }, "text"_a, "option"_a);
-  m.def("text_int", [usage](const std::string& t, const std::string& option) {
-    return usage([&](const std::string& x) { return parse_int(x, option); })(t);
-  }, "text"_a, "option"_a);
-  m.def("text_uint", [usage](const std::string& t, const std::string& option) {
-    return usage([&](const std::string& x) { return parse_uint(x, option, UINT64_MAX); })(t);
-  }, "text"_a, "option"_a);
-  m.def("text_signs", usage([](const std::string& t) { return parse_rht_signs(t, 0); }), "text"_a);
+  // Names of table entries (a format, a scale): the one lookup of each, with its message, as a UsageError.
+  m.def("format_named", [](const std::string& t) {
+    try {
+      return format_id(parse_format(t));
+    } catch (const std::invalid_argument& e) {
+      raise_fault(true, e.what());
+    }
+  }, "name"_a);
+  m.def("scale_named", [](const std::string& t) {
+    try {
+      return parse_scale(t);
+    } catch (const std::invalid_argument& e) {
+      raise_fault(true, e.what());
+    }
+  }, "name"_a);
   m.def("split_list", &split_list, "text"_a, "A comma-separated list's entries, empty ones left out.");
   // A model's training-step GEMMs from its Hugging Face config.json: the rule `fp4lab sim --model` replays.
   m.attr("max_shape_dim") = int64_t(sim::kMaxShapeDim);

@@ -1,8 +1,8 @@
-// QuantConfig, the formats, the recipe table, the knobs and the scale codecs.
+// QuantConfig, the formats, the recipe table, one operand's settings and the scale codecs.
 #include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
-#include <nanobind/stl/variant.h>  // Knobs: text, or a typed value
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "fp4lab/knobs.hpp"
+#include "fp4lab/settings.hpp"
 #include "fp4lab/quantize.hpp"
 #include "fp4lab/recipe.hpp"
 #include "fp4lab/rht.hpp"
@@ -66,8 +66,8 @@ std::vector<float> signs_of(nb::handle h, int rht) {
   return s;
 }
 
-// The rules a QuantConfig obeys, whichever way it was made (keywords, replace, unpickling): the knobs' rules
-// (fp4lab/knobs.hpp) on typed values, then the model's own validate() on a shape every valid setting accepts.
+// The rules a QuantConfig obeys, whichever way it was made (keywords, replace, unpickling): operand_config's
+// rules (fp4lab/settings.hpp) on a whole config, then the model's own validate() on a shape every valid setting accepts.
 QuantConfig checked(QuantConfig c) {
   if (c.rht < 0 || (c.rht != 0 && !rht_size_ok(c.rht))) throw std::invalid_argument("QuantConfig(): " + rht_size_fault(c.rht));
   if (c.rht == 0 && !c.rht_signs.empty()) throw std::invalid_argument("QuantConfig(): rht_signs given without an RHT size (rht=D)");
@@ -283,17 +283,42 @@ void bind_config(nb::module_& m) {
     for (Pass p : kPasses) passes.append(pass_name(p));
     m.attr("PASSES") = nb::tuple(passes);
   }
-  m.def("knob_names", &knob_names, "with_role"_a = true);
-  m.def("operand_config", [](const Knobs& k, const std::string& pass, const std::string& operand) {
-    const Pass p = pass.empty() ? selected_pass(k) : parse_pass(pass);
-    Operand o;
-    if (operand.empty()) o = selected_operand(k, p);
-    else if (operand == "a") o = Operand::a;
-    else if (operand == "b") o = Operand::b;
-    else throw std::invalid_argument("operand must be 'a' or 'b', not '" + operand + "'");
-    return operand_config(k, p, o);
-  }, "knobs"_a, "pass_"_a = "", "operand"_a = "",
-        "Quantiser settings of one operand: the recipe's, then the knobs on top (the CLI's rules and messages).");
+  // The typed settings of one operand (fp4lab/settings.hpp): fp4lab.config's keywords after the package typed
+  // them (format, scale and rounding as a member or its name; None: the recipe's).
+  m.def("operand_config", [](std::optional<std::string> recipe, const std::string& pass, const std::string& role,
+                             const std::string& operand, nb::handle format, std::optional<int> block,
+                             nb::handle scale, std::optional<bool> tile2d, std::optional<int> rht,
+                             std::optional<std::vector<float>> rht_signs, bool rht_signs_te,
+                             std::optional<uint64_t> rht_seed, std::optional<bool> rht_bf16, nb::handle rounding,
+                             std::optional<uint64_t> seed, std::optional<uint32_t> stream) {
+    OperandSettings st;
+    st.recipe = std::move(recipe);
+    if (!format.is_none()) st.format = format_of(format);
+    st.block = block;
+    if (!scale.is_none()) st.scale = scale_of(scale);
+    st.tile2d = tile2d;
+    st.rht = rht;
+    st.rht_signs = std::move(rht_signs);
+    st.rht_signs_te = rht_signs_te;
+    st.rht_seed = rht_seed;
+    st.rht_bf16 = rht_bf16;
+    if (!rounding.is_none()) st.rounding = rounding_of(rounding);
+    st.seed = seed;
+    st.stream = stream;
+    const Pass p = !pass.empty() ? parse_pass(pass) : !role.empty() ? role_pass(role) : Pass::fwd_y;
+    Operand o = Operand::a;
+    if (operand == "b") o = Operand::b;
+    else if (!operand.empty() && operand != "a") throw std::invalid_argument("operand must be 'a' or 'b', not '" + operand + "'");
+    else if (operand.empty() && !role.empty()) o = role_operand(role, p);
+    return operand_config(st, p, o);
+  }, "recipe"_a = nb::none(), "pass_"_a = "", "role"_a = "", "operand"_a = "", "format"_a = nb::none(),
+     "block"_a = nb::none(), "scale"_a = nb::none(), "tile2d"_a = nb::none(), "rht"_a = nb::none(),
+     "rht_signs"_a = nb::none(), "rht_signs_te"_a = false, "rht_seed"_a = nb::none(), "rht_bf16"_a = nb::none(),
+     "rounding"_a = nb::none(), "seed"_a = nb::none(), "stream"_a = nb::none(),
+        "Quantiser settings of one operand: the recipe's, then the settings given on top (docs/spec.md's rules).");
+  // The settings fp4lab.config takes on top of a recipe, in the order the command line's help lists them.
+  m.attr("SETTINGS") = nb::make_tuple("format", "block", "scale", "tile2d", "rht", "rht_signs", "rht_seed",
+                                      "rht_bf16", "rounding", "seed", "stream");
   m.def("training_seed", &training_seed, "seed"_a, "step"_a);
   // The scale codecs of scale.hpp, element-wise, so tests can hold them against independent implementations.
   using F1 = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;

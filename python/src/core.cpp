@@ -4,7 +4,7 @@
 // No arithmetic lives here: every call goes to the same C++ functions the command line calls
 // (fp4lab::operand_config for the knobs, fp4lab::quantize, fp4lab::gemm, fp4lab::cuda::*), so results are
 // bit-identical to the CLI by construction. Errors keep the C++ one-line messages: std::invalid_argument
-// (and fp4lab::KnobError) and the file reader's and writer's fp4lab::io::Error arrive in Python as ValueError.
+// (and fp4lab::SettingsError) and the file reader's and writer's fp4lab::io::Error arrive in Python as ValueError.
 // analyze() calls the trace analysis library (fp4lab/trace_analysis.hpp) that `fp4lab analyze` calls, and
 // returns the dict its JSON reads as; the safetensors and trace v1 functions are the reader and writer of
 // fp4lab/io/safetensors.hpp, which the command line uses.

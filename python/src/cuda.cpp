@@ -19,7 +19,7 @@
 
 #include "common.hpp"
 #include "fp4lab/gemm.hpp"
-#include "fp4lab/knobs.hpp"
+#include "fp4lab/settings.hpp"
 #include "fp4lab/quantize.hpp"
 #if FP4LAB_PY_CUDA
 #include "fp4lab/cuda/kernels.hpp"

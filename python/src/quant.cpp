@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "fp4lab/gemm.hpp"
-#include "fp4lab/knobs.hpp"
+#include "fp4lab/settings.hpp"
 #include "fp4lab/quantize.hpp"
 #include "fp4lab/rht.hpp"
 #include "fp4lab/scale.hpp"

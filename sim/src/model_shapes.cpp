@@ -8,7 +8,7 @@
 
 #include "fp4lab/io/files.hpp"
 #include "fp4lab/io/safetensors.hpp"  // io::Error
-#include "fp4lab/knobs.hpp"           // shown()
+#include "fp4lab/text.hpp"            // shown()
 
 namespace fp4lab::sim {
 

@@ -13,7 +13,7 @@
 #include <stdexcept>
 #include <tuple>
 
-#include "fp4lab/knobs.hpp"  // shown()
+#include "fp4lab/text.hpp"  // shown()
 
 namespace fp4lab::sim {
 

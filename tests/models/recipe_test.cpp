@@ -13,6 +13,7 @@
 #include "fp4lab/philox.hpp"
 #include "fp4lab/recipe.hpp"
 #include "fp4lab/rht.hpp"
+#include "fp4lab/settings.hpp"
 #include "test_util.hpp"
 
 namespace fp4lab::test {
@@ -251,6 +252,68 @@ TEST(TrainingSeed, IsTheDocumentedPhiloxDerivation) {
       seen.insert(training_seed(seed, step));
     }
   EXPECT_EQ(seen.size(), 15u);
+}
+
+// The typed settings on top of a recipe (settings.hpp): what each one sets, and the combination rules' messages
+// (the command line's text is read into these by cli/knobs.cpp; tests/cli checks that reading).
+TEST(OperandSettings, SetOnTopOfTheRecipe) {
+  const QuantConfig base = Recipe::preset("nvfp4").operand(Pass::bwd_dw, Operand::a, 0);
+  OperandSettings s;
+  s.recipe = "nvfp4";
+  EXPECT_EQ(operand_config(s, Pass::bwd_dw, Operand::a).label(), base.label());
+  s.format = parse_format("int4");
+  s.rht = 32;
+  s.rht_seed = 7;
+  s.seed = 3;
+  s.stream = 2;
+  const QuantConfig c = operand_config(s, Pass::bwd_dw, Operand::a);
+  EXPECT_EQ(std::string(c.format.name), "int4");
+  EXPECT_EQ(c.rht, 32);
+  EXPECT_EQ(c.rht_signs, rht_signs_from_seed(32, 7));
+  EXPECT_EQ(c.scale, base.scale);
+  EXPECT_EQ(c.seed, 3u);
+  EXPECT_EQ(c.stream, 2u * 8 + uint32_t(Pass::bwd_dw) * 2 + uint32_t(Operand::a));
+  OperandSettings te;
+  te.rht_signs_te = true;  // no size given: Transformer Engine's 16
+  EXPECT_EQ(operand_config(te, Pass::fwd_y, Operand::a).rht_signs, rht_signs_te(16));
+}
+
+TEST(OperandSettings, CombinationFaultsAreOneLine) {
+  const auto fault = [](const OperandSettings& s) {
+    try {
+      operand_config(s, Pass::fwd_y, Operand::a);
+    } catch (const SettingsError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  OperandSettings a;
+  a.rht = 16;
+  a.rht_signs = std::vector<float>{1, -1};
+  EXPECT_EQ(fault(a), "--rht-signs gives 2 signs but the RHT size is 16");
+  a.rht_signs = std::vector<float>(16, 0.5f);
+  EXPECT_EQ(fault(a), "--rht-signs: sign 1 is '0.5', not +1 or -1");
+  a.rht_seed = 1;
+  EXPECT_EQ(fault(a), "give --rht-signs or --rht-seed, not both");
+  OperandSettings b;
+  b.rht = 24;
+  EXPECT_EQ(fault(b), "--rht: " + rht_size_fault(24) + " (none or 0: RHT off)");
+  b.rht = 32;
+  EXPECT_NE(fault(b).find("needs --rht-signs or --rht-seed"), std::string::npos);
+  b.rht_signs_te = true;
+  EXPECT_NE(fault(b).find("--rht-signs te: "), std::string::npos);
+  OperandSettings c;
+  c.rht_bf16 = true;
+  EXPECT_EQ(fault(c), "--rht-bf16 needs an RHT (--rht D)");
+  c = OperandSettings{};
+  c.tile2d = true;
+  c.block = 32;
+  EXPECT_EQ(fault(c), "--tile2d (16x16 scale tiles) needs block 16, not 32");
+  c = OperandSettings{};
+  c.recipe = "nvfp5";
+  EXPECT_EQ(fault(c).rfind("unknown recipe 'nvfp5'", 0), 0u);
+  EXPECT_EQ(role_operand("fwd_w", Pass::fwd_y), Operand::b);
+  EXPECT_EQ(role_pass("bwd_dy"), Pass::bwd_dx);
 }
 
 }  // namespace

@@ -198,7 +198,8 @@ class Recipe:
                     if bad in k:
                         raise ValueError(f"{bad} is set by the training step, not by the recipe")
                 k = _fp._knobs("Recipe", None if name == "custom" else name, None, None, k)
-                made.append(_core.operand_config(k, p, o))
+                k["pass_"] = p
+                made.append(_core.operand_config(**k, operand=o))
             cfgs = tuple(made)
         else:
             cfgs = base

@@ -68,8 +68,7 @@ OWN_KNOBS = ({}, {"seed": 7, "stream": 3}, {"rounding": "sr"}, {"rht": 16}, {"rh
 
 def per_pass_config(name, pass_, operand, knobs):
     base, per_pass = PER_PASS_DEFINITION[name]
-    k = fp4lab._knobs("config", base, pass_, None, {**per_pass.get(pass_, {}), **knobs})
-    return fp4lab._core.operand_config(k, pass_, operand)
+    return fp4lab.config(base, pass_=pass_, operand=operand, **{**per_pass.get(pass_, {}), **knobs})
 
 
 @pytest.mark.parametrize("name", list(PER_PASS_DEFINITION))

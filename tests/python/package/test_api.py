@@ -210,7 +210,8 @@ def test_nonfinite_input():
     (["--rht", "24"], dict(rht=24)),
     (["--rht-signs", "+1,0"], dict(rht_signs=[1, 0])),
     (["--tile2d", "--block", "32"], dict(tile2d=True, block=32)),
-    (["--seed", "-1"], dict(seed="-1")),
+    (["--seed", "-1"], dict(seed=-1)),
+    (["--stream", "4294967296"], dict(stream=2**32)),
 ])
 def test_bad_knobs_carry_the_cli_message(args, knobs, tmp_path):
     src = str(tmp_path / "x.safetensors")
@@ -220,6 +221,14 @@ def test_bad_knobs_carry_the_cli_message(args, knobs, tmp_path):
     with pytest.raises(ValueError) as e:
         fp4lab.quantize(np.ones((16, 64), np.float32), knobs.pop("recipe", None), **knobs)
     assert str(e.value) == want
+
+
+@pytest.mark.parametrize("knobs", [dict(seed="7"), dict(block="16"), dict(rht="16"), dict(tile2d="true"),
+                                   dict(rht_signs="+1,-1"), dict(format=3)])
+def test_knob_values_are_typed_not_text(knobs):
+    # The command line reads option text; the package takes ints, bools, sequences and names.
+    with pytest.raises(TypeError, match="knob "):
+        fp4lab.quantize(np.ones((16, 64), np.float32), **knobs)
 
 
 def test_unknown_knob_is_a_type_error():

@@ -181,5 +181,7 @@ def test_analyze_faults_carry_their_exit_codes(tmp_path):
         fp4lab.analyze(str(tmp_path / "missing"))
     f = str(tmp_path / "t.safetensors")
     write_record(f, "g", (16, 16, 16))
-    with pytest.raises(fp4lab._files.UsageError, match="--block: 'x' is not an integer"):
-        fp4lab.analyze(f, block="x")
+    with pytest.raises(fp4lab._files.UsageError, match="--block: '4294967296' is not an integer"):
+        fp4lab.analyze(f, block=2**32)
+    with pytest.raises(TypeError, match="analyze\\(\\): block must be an int, not str"):
+        fp4lab.analyze(f, block="16")  # numbers are read from text by the command line only

@@ -17,8 +17,8 @@ LAYER = 1234
 def golden_config(name: str, knobs: dict, seed: int, step: int, pass_: str, operand: str):
     # The recipe's settings for the operand with the SR key (seed, step, layer) as the training step sets it
     # (docs/spec.md §12), built through the package's own config(), not the layer's recipe.
-    return fp4lab.config(name, pass_=pass_, operand=operand, seed=str(fp4lab._core.training_seed(seed, step)),
-                         stream=str(LAYER), **knobs)
+    return fp4lab.config(name, pass_=pass_, operand=operand, seed=fp4lab._core.training_seed(seed, step),
+                         stream=LAYER, **knobs)
 
 
 def pad_k(x: np.ndarray, multiple: int) -> np.ndarray:

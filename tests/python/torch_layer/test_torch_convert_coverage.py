@@ -174,7 +174,7 @@ def golden_dw(name, seed, layer, dy, x, multiple):
         out[:, :t.shape[1]] = t
         return out
     cfg = lambda o: fp4lab.config(name, pass_="bwd_dw", operand=o,  # noqa: E731
-                                  seed=str(fp4lab._core.training_seed(seed, 0)), stream=str(layer))
+                                  seed=fp4lab._core.training_seed(seed, 0), stream=layer)
     qa, qb = fp4lab.quantize_with(pad(dy), cfg("a")), fp4lab.quantize_with(pad(x), cfg("b"))
     return torch.from_numpy(fp4lab.gemm(qa, qb))
 

@@ -1,12 +1,11 @@
-#include "fp4lab/knobs.hpp"
+#include "knobs.hpp"
 
-#include <algorithm>
 #include <cerrno>
 #include <climits>
-#include <cstdio>
 #include <cstdlib>
 
 #include "fp4lab/rht.hpp"
+#include "fp4lab/text.hpp"
 
 namespace fp4lab {
 
@@ -18,23 +17,9 @@ const KnobValue* get(const Knobs& k, const char* name) {
 }
 
 // A value as an error message echoes it (shown() for text).
-std::string shown_number(float x) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%g", double(x));
-  return b;
-}
 std::string shown_value(const KnobValue& v) {
   if (const auto* s = std::get_if<std::string>(&v)) return shown(*s);
   if (const auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
-  if (const auto* u = std::get_if<uint64_t>(&v)) return std::to_string(*u);
-  if (const auto* l = std::get_if<std::vector<float>>(&v)) {
-    std::string r;
-    for (size_t i = 0; i < l->size(); ++i) {
-      if (i) r += ',';
-      r += shown_number((*l)[i]);
-    }
-    return shown(r);
-  }
   return std::get<bool>(v) ? "true" : "false";
 }
 std::string int_fault(const std::string& option, const std::string& value) {
@@ -69,10 +54,6 @@ uint64_t uint_of(const KnobValue& v, const std::string& option, uint64_t max) {
     if (*i < 0 || uint64_t(*i) > max) fail(uint_fault(option, shown_value(v), max));
     return uint64_t(*i);
   }
-  if (const auto* u = std::get_if<uint64_t>(&v)) {
-    if (*u > max) fail(uint_fault(option, shown_value(v), max));
-    return *u;
-  }
   if (!std::holds_alternative<std::string>(v)) fail(uint_fault(option, shown_value(v), max));
   return parse_uint(std::get<std::string>(v), option, max);
 }
@@ -88,28 +69,7 @@ int rht_of(const KnobValue& v, const std::string& option) {
       fail("--" + option + ": " + rht_size_fault(*i < 0 || *i > INT_MAX ? -1 : int(*i)) + " (none or 0: RHT off)");
     return int(*i);
   }
-  if (std::holds_alternative<uint64_t>(v)) fail("--" + option + ": " + rht_size_fault(-1) + " (none or 0: RHT off)");
   return parse_rht(text_of(v, option), option);
-}
-// rht-signs: its text (parse_rht_signs), or its entries, each +1 or -1; d signs where d is not 0.
-std::vector<float> signs_of(const KnobValue& v, int d) {
-  const auto* l = std::get_if<std::vector<float>>(&v);
-  if (!l) return parse_rht_signs(text_of(v, "rht-signs"), d);
-  for (size_t i = 0; i < l->size(); ++i)
-    if ((*l)[i] != 1.0f && (*l)[i] != -1.0f)
-      fail("--rht-signs: sign " + std::to_string(i + 1) + " is '" + shown_number((*l)[i]) + "', not +1 or -1");
-  if (d != 0 && int(l->size()) != d)
-    fail("--rht-signs gives " + std::to_string(l->size()) + " signs but the RHT size is " + std::to_string(d));
-  return *l;
-}
-
-std::vector<std::string> role_names() {
-  std::vector<std::string> roles;
-  for (Pass p : kPasses)
-    for (Operand o : {Operand::a, Operand::b})
-      if (std::find(roles.begin(), roles.end(), operand_role(p, o)) == roles.end())
-        roles.push_back(operand_role(p, o));
-  return roles;
 }
 }  // namespace
 
@@ -123,51 +83,6 @@ const std::vector<std::string>& knob_names(bool with_role) {
     return v;
   }();
   return with_role ? with : without;
-}
-
-std::string knob_choices(const std::string& knob, const std::string& sep) {
-  std::vector<std::string> names;
-  if (knob == "format")
-    for (const ElemFormat& f : kAllFormats) names.push_back(f.name);
-  else if (knob == "scale")
-    for (ScaleKind s : kAllScales) names.push_back(scale_name(s));
-  else if (knob == "rounding")
-    for (Rounding r : kRoundings) names.push_back(rounding_name(r));
-  else if (knob == "pass")
-    for (Pass p : kPasses) names.push_back(pass_name(p));
-  else if (knob == "role")
-    names = role_names();
-  else if (knob == "recipe")
-    names = Recipe::names();
-  else
-    throw std::logic_error("knob_choices: knob '" + knob + "' has no list of names");
-  std::string r;
-  for (const std::string& n : names) r.append(r.empty() ? "" : sep).append(n);
-  return r;
-}
-
-ElemFormat parse_format(const std::string& name) {
-  for (const ElemFormat& f : kAllFormats)
-    if (name == f.name) return f;
-  fail("unknown format '" + shown(name) + "' (known: " + knob_choices("format", ", ") + ")");
-}
-
-ScaleKind parse_scale(const std::string& name) {
-  for (ScaleKind s : kAllScales)
-    if (name == scale_name(s)) return s;
-  fail("unknown scale '" + shown(name) + "' (known: " + knob_choices("scale", ", ") + ")");
-}
-
-Rounding parse_rounding(const std::string& name) {
-  for (Rounding r : kRoundings)
-    if (name == rounding_name(r)) return r;
-  fail("unknown rounding '" + shown(name) + "' (known: " + knob_choices("rounding", ", ") + ")");
-}
-
-Pass parse_pass(const std::string& name) {
-  for (Pass p : kPasses)
-    if (name == pass_name(p)) return p;
-  fail("unknown pass '" + shown(name) + "' (known: " + knob_choices("pass", ", ") + ")");
 }
 
 uint64_t parse_uint(const std::string& text, const std::string& option, uint64_t max) {
@@ -230,109 +145,55 @@ std::vector<float> parse_rht_signs(const std::string& text, int d) {
   return s;
 }
 
-std::string signs_string(const std::vector<float>& s) {
-  std::string r;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (i) r += ',';
-    r += s[i] < 0 ? "-1" : "+1";
-  }
-  return r;
-}
-
 Pass selected_pass(const Knobs& k) {
   if (const std::string* p = get_text(k, "pass")) return parse_pass(*p);
-  if (const std::string* r = get_text(k, "role"); r && *r == "bwd_dy") return Pass::bwd_dx;
+  if (const std::string* r = get_text(k, "role")) return role_pass(*r);
   return Pass::fwd_y;
 }
 
 Operand selected_operand(const Knobs& k, Pass pass) {
   const std::string* r = get_text(k, "role");
-  if (!r) return Operand::a;
-  const std::string& role = *r;
-  const std::vector<std::string> roles = role_names();
-  if (std::find(roles.begin(), roles.end(), role) == roles.end())
-    fail("unknown role '" + shown(role) + "' (known: " + knob_choices("role", ", ") + ")");
-  for (Operand o : {Operand::a, Operand::b})
-    if (role == operand_role(pass, o)) return o;
-  fail("role " + role + " is not an operand of pass " + pass_name(pass) + " (A = " + operand_role(pass, Operand::a) +
-       ", B = " + operand_role(pass, Operand::b) + ")");
+  return r ? role_operand(*r, pass) : Operand::a;
 }
 
-QuantConfig operand_config(const Knobs& k, Pass pass, Operand operand) {
+OperandSettings settings_of(const Knobs& k) {
   for (const auto& [name, value] : k) {
     (void)value;
     bool known = false;
     for (const auto& n : knob_names(true)) known = known || n == name;
     if (!known) fail("unknown knob '" + shown(name) + "'");
   }
-  Recipe base;  // "custom": e1m2, block 16, fp32, no RHT, RTNE
+  OperandSettings s;
   if (const std::string* r = get_text(k, "recipe")) {
     try {
-      base = Recipe::preset(*r);
+      (void)Recipe::preset(*r);  // its fault before the values' (the order the options are documented in)
     } catch (const std::invalid_argument& e) {
       fail(e.what());
     }
+    s.recipe = *r;
   }
-  if (const KnobValue* s = get(k, "seed")) base.seed = uint_of(*s, "seed", UINT64_MAX);
-  const KnobValue* st = get(k, "stream");
-  const uint32_t stream = st ? uint32_t(uint_of(*st, "stream", UINT32_MAX)) : 0u;
-  QuantConfig c = base.operand(pass, operand, stream);
-
-  if (const std::string* v = get_text(k, "format")) c.format = parse_format(*v);
-  if (const KnobValue* v = get(k, "block")) c.block = int_of(*v, "block");
-  if (const std::string* v = get_text(k, "scale")) c.scale = parse_scale(*v);
-  if (const KnobValue* v = get(k, "tile2d")) c.tile2d = bool_of(*v, "tile2d");
-  if (const std::string* v = get_text(k, "rounding")) c.rounding = parse_rounding(*v);
-
-  // RHT: "rht" D sets the size (0 turns it off); signs come from rht-signs, rht-seed, the recipe (when the
-  // size matches) or, for d = 16, Transformer Engine's vector.
-  const KnobValue* rht = get(k, "rht");
-  if (rht) {
-    c.rht = rht_of(*rht, "rht");
-    if (int(c.rht_signs.size()) != c.rht) c.rht_signs.clear();
-  }
-  const KnobValue* signs = get(k, "rht-signs");
+  if (const KnobValue* v = get(k, "seed")) s.seed = uint_of(*v, "seed", UINT64_MAX);
+  if (const KnobValue* v = get(k, "stream")) s.stream = uint32_t(uint_of(*v, "stream", UINT32_MAX));
+  if (const std::string* v = get_text(k, "format")) s.format = parse_format(*v);
+  if (const KnobValue* v = get(k, "block")) s.block = int_of(*v, "block");
+  if (const std::string* v = get_text(k, "scale")) s.scale = parse_scale(*v);
+  if (const KnobValue* v = get(k, "tile2d")) s.tile2d = bool_of(*v, "tile2d");
+  if (const std::string* v = get_text(k, "rounding")) s.rounding = parse_rounding(*v);
+  if (const KnobValue* v = get(k, "rht")) s.rht = rht_of(*v, "rht");
+  const std::string* signs = get_text(k, "rht-signs");
   const KnobValue* rseed = get(k, "rht-seed");
   if (signs && rseed) fail("give --rht-signs or --rht-seed, not both");
-  if (signs) {
-    if (c.rht == 0 && rht) fail("--rht-signs given with --rht 0");
-    const auto* text = std::get_if<std::string>(signs);
-    if (c.rht == 0 && !(text && *text == "te")) {
-      c.rht_signs = signs_of(*signs, 0);  // the count gives the size
-      c.rht = int(c.rht_signs.size());
-    } else {
-      if (c.rht == 0) c.rht = 16;
-      c.rht_signs = signs_of(*signs, c.rht);
-    }
-  } else if (rseed) {
-    if (c.rht == 0) fail("--rht-seed needs an RHT size (--rht D)");
-    if (!rht_size_ok(c.rht)) fail(rht_size_fault(c.rht));
-    c.rht_signs = rht_signs_from_seed(c.rht, uint_of(*rseed, "rht-seed", UINT64_MAX));
-  }
-  if (c.rht != 0 && int(c.rht_signs.size()) != c.rht) {
-    if (c.rht != 16)
-      fail("--rht " + std::to_string(c.rht) +
-           " needs --rht-signs or --rht-seed (Transformer Engine's vector is defined for d = 16 only)");
-    c.rht_signs = rht_signs_te(16);
-  }
-  if (c.rht == 0) {
-    c.rht_signs.clear();
-    c.rht_bf16 = false;
-  }
-  if (const KnobValue* v = get(k, "rht-bf16")) {
-    c.rht_bf16 = bool_of(*v, "rht-bf16");
-    if (c.rht_bf16 && c.rht == 0) fail("--rht-bf16 needs an RHT (--rht D)");
-  }
+  if (signs && *signs == "te")
+    s.rht_signs_te = true;
+  else if (signs)
+    s.rht_signs = parse_rht_signs(*signs, 0);  // the count is checked against the size with the settings
+  if (rseed) s.rht_seed = uint_of(*rseed, "rht-seed", UINT64_MAX);
+  if (const KnobValue* v = get(k, "rht-bf16")) s.rht_bf16 = bool_of(*v, "rht-bf16");
+  return s;
+}
 
-  if (c.tile2d && c.block != 16) fail("--tile2d (16x16 scale tiles) needs block 16, not " + std::to_string(c.block));
-  // The knob checks of the model's own validate(), on a shape every valid knob accepts (16 rows for 2-D
-  // tiles, 128 columns for every block and RHT size): what fails here is the knobs, not the data.
-  try {
-    validate(c, 16, 128);
-  } catch (const std::invalid_argument& e) {
-    fail(e.what());
-  }
-  return c;
+QuantConfig operand_config(const Knobs& k, Pass pass, Operand operand) {
+  return operand_config(settings_of(k), pass, operand);
 }
 
 }  // namespace fp4lab
