@@ -82,10 +82,10 @@ def analyze(trace: Any, *, formats: Any = None, rht: Any = None, rht_signs: Any 
             seed: Optional[int] = None, json: Any = None) -> Optional[dict]:
     """The analyses of docs/spec.md §6 on a trace folder or file (or a list of them, as ``--trace DIR DIR``): the
     same dict ``fp4lab analyze --json`` writes, from the same C++ library, with ``config.command`` the command line
-    that writes it (each option in the command line's spelling). ``formats``, ``rht`` and ``recipe`` take lists or
-    comma-separated strings; ``formats`` entries are fp4lab.Format members or their names, ``scale`` an fp4lab.Scale
-    or its name, ``rht`` entries None or 0 mean no rotation, ``rht_signs`` is "te" or +1/-1 entries; the options
-    reach the library typed. A bad option raises UsageError, a bad trace DataError (both ValueErrors, with the command
+    that writes it (each option in the command line's spelling). ``formats`` and ``recipe`` take lists or
+    comma-separated names; ``formats`` entries are fp4lab.Format members or their names, ``scale`` an fp4lab.Scale
+    or its name, ``rht`` a size or a list of them (ints; None, 0 or "none" mean no rotation), ``rht_signs`` "te" or
+    +1/-1 entries, the others ints; the options reach the library typed (a number given as text is a TypeError). A bad option raises UsageError, a bad trace DataError (both ValueErrors, with the command
     line's one-line message and exit code); a path of another type than str or os.PathLike of str is a TypeError.
 
     With ``json=PATH`` the document is written to that file instead, byte for byte as ``fp4lab analyze --json
