@@ -126,6 +126,9 @@ struct QuantWorkspace {
   Buffer<float> transposed;  // X^T as FP32, for the transposed quantiser's unfused and RHT-64/128 paths
   void keep() { block_amax.keep(), tensor_amax.keep(), nonfinite.keep(), rotated.keep(), transposed.keep(); }
 };
+// Each workspace's keep() names its buffers one by one: its size says how many there are, so a buffer added to
+// the struct and not to keep() stops the build here (every Buffer<T> has one size).
+static_assert(sizeof(QuantWorkspace) == 5 * sizeof(Buffer<float>), "QuantWorkspace::keep() lists every buffer");
 
 // Fused: one pass rotates (RHT-16/32), scales and rounds in registers. Unfused: an RHT pass writes the rotated
 // FP32 tensor, then the plain quantiser reads it back (what the paper compares against). RHT sizes 64 and 128
@@ -206,6 +209,8 @@ struct OperandStatsWorkspace {
   Buffer<uint8_t> partials;
   void keep() { partials.keep(); }
 };
+static_assert(sizeof(OperandStatsWorkspace) == sizeof(Buffer<uint8_t>),
+              "OperandStatsWorkspace::keep() lists every buffer");
 void operand_stats(const float* d_x, const float* d_ref, const float* d_dq, const uint8_t* d_codes, int64_t n,
                    unsigned saturated_codes, double* d_out, OperandStatsWorkspace& ws, cudaStream_t stream = nullptr);
 
@@ -241,6 +246,9 @@ struct GemmWorkspace {
     fused_ok.keep();
   }
 };
+// 11 buffers and the flag, which takes one alignment unit.
+static_assert(sizeof(GemmWorkspace) == 11 * sizeof(Buffer<int>) + alignof(Buffer<int>),
+              "GemmWorkspace::keep() lists every buffer");
 // Fast kernel on the int8 tensor cores (mma.sync m16n8k16 for block 16, m16n8k32 for block 32): each mma
 // gives one block's exact int32 dot product; the block scaling and the FP32 accumulation in ascending block
 // order run on the CUDA cores with the golden contract_scale_add, or with contract_scale_add_magic (the same bits)
