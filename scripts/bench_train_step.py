@@ -4,7 +4,8 @@
 The model (d 1024, 8 layers, 16 heads, FFN 2816, sequence 1024, batch 8, BF16 weights, AdamW) is the one
 docs/spec.md §12 gives reference timings for. Every linear layer of the blocks runs under the recipe
 (fp4lab.torch.convert); the embedding and the output head stay BF16. For each recipe and GEMM mode it prints the
-median step time over --steps timed steps (CUDA events, after --warmup steps), the ratio to BF16, and the loss at
+median step time over --steps timed steps (CUDA events, after --warmup steps), the host's time to queue an eager
+step (below the step time: the GPU is the bound), the ratio to BF16, and the loss at
 the first and the last step on a learnable synthetic token stream (so a recipe that breaks training shows).
 --size small|large times the models of fp4lab.study (fp4lab-train) instead, and --recipes takes its recipe
 names (the presets and the ablations of docs/training.md).
@@ -62,8 +63,12 @@ def train_step(model, x, vocab, opt, device, check=False):
     loss.backward()
     opt.step()
     if device.type != "cuda":
-        return loss.item(), (time.perf_counter() - t0) * 1e3
+        train_step.host_ms = (time.perf_counter() - t0) * 1e3
+        return loss.item(), train_step.host_ms
     end.record()
+    # The host's share: the wall time until every kernel of the step is queued. Below the GPU time, the step waits
+    # for the GPU (device-bound); near it, for Python and launches (host-bound).
+    train_step.host_ms = (time.perf_counter() - t0) * 1e3
     end.synchronize()
     if check:
         ft.check_finite()
@@ -84,7 +89,7 @@ def setup(args, recipe, mode, device, capturable=False):
 
 def run(args, recipe, mode, device, profile=False, compiled=False, monitor_every=0, steps=None):
     model, opt, data = setup(args, recipe, mode, device)
-    times, losses = [], []
+    times, losses, host = [], [], []
     prof = None
     mon = None
     steps = steps or args.steps
@@ -100,6 +105,7 @@ def run(args, recipe, mode, device, profile=False, compiled=False, monitor_every
         losses.append(loss)
         if step >= args.warmup:
             times.append(ms)
+            host.append(train_step.host_ms)
     if prof is not None:
         prof.__exit__(None, None, None)
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18), flush=True)
@@ -110,7 +116,8 @@ def run(args, recipe, mode, device, profile=False, compiled=False, monitor_every
         ([f"monitor/{monitor_every}"] if monitor_every else [])
     label = "+".join(parts) or "-"
     row = {"recipe": recipe, "mode": label, "median_ms": statistics.median(times), "mean_ms": statistics.mean(times),
-           "min_ms": min(times), "max_ms": max(times), "loss_first": losses[0], "loss_last": losses[-1],
+           "min_ms": min(times), "max_ms": max(times), "host_ms": statistics.median(host),
+           "loss_first": losses[0], "loss_last": losses[-1],
            "block_params": params, "steps_timed": len(times),
            "tokens_per_s": args.batch * args.seq / (statistics.median(times) / 1e3)}
     if mon is not None:
@@ -343,8 +350,9 @@ def main():
                     rows.append(row)
                 for row in rows[first:]:
                     print(f"{r:18s} {row['mode']:24s} {row['median_ms']:9.2f} ms/step (mean {row['mean_ms']:.2f}, "
-                          f"min {row['min_ms']:.2f}, max {row['max_ms']:.2f})  loss {row['loss_first']:.3f} -> "
-                          f"{row['loss_last']:.3f}", flush=True)
+                          f"min {row['min_ms']:.2f}, max {row['max_ms']:.2f})"
+                          + (f", host {row['host_ms']:.2f} ms queuing it" if "host_ms" in row else "")
+                          + f"  loss {row['loss_first']:.3f} -> {row['loss_last']:.3f}", flush=True)
     finally:
         shutil.rmtree(args.tmp, ignore_errors=True)
     base = rows[0]["median_ms"]
