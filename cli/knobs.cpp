@@ -156,7 +156,7 @@ Operand selected_operand(const Knobs& k, Pass pass) {
   return r ? role_operand(*r, pass) : Operand::a;
 }
 
-OperandSettings settings_of(const Knobs& k) {
+OperandSettings settings_of(const Knobs& k, Pass pass, Operand operand) {
   for (const auto& [name, value] : k) {
     (void)value;
     bool known = false;
@@ -182,18 +182,24 @@ OperandSettings settings_of(const Knobs& k) {
   if (const KnobValue* v = get(k, "rht")) s.rht = rht_of(*v, "rht");
   const std::string* signs = get_text(k, "rht-signs");
   const KnobValue* rseed = get(k, "rht-seed");
+  // The combination faults come before the values' text is read, as operand_config orders its rules.
   if (signs && rseed) fail("give --rht-signs or --rht-seed, not both");
+  if (signs && s.rht && *s.rht == 0) fail("--rht-signs given with --rht 0");
   if (signs && *signs == "te")
     s.rht_signs_te = true;
   else if (signs)
     s.rht_signs = parse_rht_signs(*signs, 0);  // the count is checked against the size with the settings
-  if (rseed) s.rht_seed = uint_of(*rseed, "rht-seed", UINT64_MAX);
+  if (rseed) {
+    const int d = s.rht ? *s.rht : (s.recipe ? Recipe::preset(*s.recipe) : Recipe()).operand(pass, operand, 0).rht;
+    if (d == 0) fail("--rht-seed needs an RHT size (--rht D)");
+    s.rht_seed = uint_of(*rseed, "rht-seed", UINT64_MAX);
+  }
   if (const KnobValue* v = get(k, "rht-bf16")) s.rht_bf16 = bool_of(*v, "rht-bf16");
   return s;
 }
 
 QuantConfig operand_config(const Knobs& k, Pass pass, Operand operand) {
-  return operand_config(settings_of(k), pass, operand);
+  return operand_config(settings_of(k, pass, operand), pass, operand);
 }
 
 }  // namespace fp4lab

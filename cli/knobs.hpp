@@ -40,9 +40,10 @@ std::vector<float> parse_rht_signs(const std::string& text, int d);
 Pass selected_pass(const Knobs& k);                      // "pass", default from "role", else fwd_y
 Operand selected_operand(const Knobs& k, Pass pass);     // from "role", default operand A
 
-// The knobs read into typed settings (unknown names and values that do not read are KnobErrors).
-OperandSettings settings_of(const Knobs& k);
-// operand_config(settings_of(k), pass, operand).
+// The knobs read into typed settings for one operand of the pass (unknown names and values that do not read are
+// KnobErrors; a combination fault is reported before the text of the values it combines is read).
+OperandSettings settings_of(const Knobs& k, Pass pass, Operand operand);
+// operand_config(settings_of(k, pass, operand), pass, operand).
 QuantConfig operand_config(const Knobs& k, Pass pass, Operand operand);
 
 }  // namespace fp4lab

@@ -851,6 +851,13 @@ TEST_F(Cli, TypedKnobValuesMeanWhatTheirTextMeans) {
   EXPECT_EQ(fault({{"block", true}}), fault({{"block", "true"}}));
   EXPECT_EQ(fault({{"tile2d", int64_t(2)}}), fault({{"tile2d", "2"}}));
   EXPECT_EQ(fault({{"format", int64_t(4)}}), "--format: '4' is not text");
+  // A combination fault comes before the text of the values it combines is read.
+  EXPECT_EQ(fault({{"rht", "0"}, {"rht-signs", "x"}}), "--rht-signs given with --rht 0");
+  EXPECT_EQ(fault({{"rht-seed", "x"}}), "--rht-seed needs an RHT size (--rht D)");
+  EXPECT_EQ(fault({{"recipe", "ufp4"}, {"rht", "0"}, {"rht-seed", "-1"}}), "--rht-seed needs an RHT size (--rht D)");
+  EXPECT_EQ(fault({{"recipe", "ufp4"}, {"rht-seed", "-1"}}),  // ufp4's fwd_y operand A has RHT-16: the seed is read
+            "--rht-seed: '-1' is not an integer from 0 to 18446744073709551615");
+  EXPECT_EQ(fault({{"rht-signs", "+1"}, {"rht-seed", "x"}}), "give --rht-signs or --rht-seed, not both");
 }
 
 // --help lists each knob's names and an unknown name is answered with the same list; README.md, kernels/README.md
