@@ -1,6 +1,7 @@
-// Quantiser kernels: plain, fused RHT + quantise, the unfused RHT pass, amax passes, and the device<->golden
-// layout helpers. All arithmetic is the golden model's (rht_block, round_to_bf16, nvfp4_global_encode,
-// block_scale, scale_element, round_rtne, round_sr, random_bits), called from device code.
+// Quantiser host entries over the kernels of quantize_kernels.cuh (plain, fused RHT + quantise; instantiated in the
+// generated quantize_part files), the unfused RHT pass, amax passes, and the device<->golden layout helpers. All
+// arithmetic is the golden model's (rht_block, round_to_bf16, nvfp4_global_encode, block_scale, scale_element,
+// round_rtne, round_sr, random_bits), called from device code.
 #include "quantize_kernels.cuh"
 
 namespace fp4lab::cuda {

@@ -57,9 +57,13 @@ void launch_quantize_fmt(int block, int d, const QArgs& a, cudaStream_t s);
   X(float, 0, true) X(float, 1, true) X(float, 2, true) X(float, 3, true) \
   X(uint16_t, 0, false) X(uint16_t, 1, false) X(uint16_t, 2, false) X(uint16_t, 3, false) \
   X(uint16_t, 0, true) X(uint16_t, 1, true) X(uint16_t, 2, true) X(uint16_t, 3, true)
-#define FP4LAB_QUANTIZE_EXTERN(T, F, TR) extern template void launch_quantize_fmt<T, F, TR>(int, int, const QArgs&, cudaStream_t);
+#define FP4LAB_QUANTIZE_EXTERN(T, F, TR) \
+  extern template void launch_quantize_fmt<T, F, TR>(int, int, const QArgs&, cudaStream_t);
 FP4LAB_QUANTIZE_PARTS(FP4LAB_QUANTIZE_EXTERN)
 #undef FP4LAB_QUANTIZE_EXTERN
+// The four format indices of the list above, of quantize.cu's dispatch and of kernels/CMakeLists.txt's `F RANGE 3`.
+static_assert(sizeof(kAllFormats) / sizeof(kAllFormats[0]) == 4,
+              "one quantise part per format: update the three lists");
 
 }  // namespace fp4lab::cuda::detail
 
@@ -502,7 +506,7 @@ __global__ void __launch_bounds__(kThreads) rht_kernel(const RhtArgs a) {
 
 // ---- dispatch -----------------------------------------------------------------------------------------------
 // TR: the transposed kernels (a.rows x a.cols is X^T's shape).
-dim3 transposed_grid(int64_t rows, int64_t cols, int G) {
+inline dim3 transposed_grid(int64_t rows, int64_t cols, int G) {
   return dim3(unsigned((rows + 63) / 64), unsigned((cols / G + kTRows - 1) / kTRows));
 }
 

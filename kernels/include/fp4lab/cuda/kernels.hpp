@@ -126,8 +126,8 @@ struct QuantWorkspace {
   Buffer<float> transposed;  // X^T as FP32, for the transposed quantiser's unfused and RHT-64/128 paths
   void keep() { block_amax.keep(), tensor_amax.keep(), nonfinite.keep(), rotated.keep(), transposed.keep(); }
 };
-// Each workspace's keep() names its buffers one by one: its size says how many there are, so a buffer added to
-// the struct and not to keep() stops the build here (every Buffer<T> has one size).
+// Each workspace's keep() names its buffers one by one. These count them (every Buffer<T> has one size): a buffer
+// added to a workspace stops the build here until the count, and keep() beside it, are brought up to date.
 static_assert(sizeof(QuantWorkspace) == 5 * sizeof(Buffer<float>), "QuantWorkspace::keep() lists every buffer");
 
 // Fused: one pass rotates (RHT-16/32), scales and rounds in registers. Unfused: an RHT pass writes the rotated
