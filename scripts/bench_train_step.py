@@ -63,8 +63,7 @@ def train_step(model, x, vocab, opt, device, check=False):
     loss.backward()
     opt.step()
     if device.type != "cuda":
-        train_step.host_ms = (time.perf_counter() - t0) * 1e3
-        return loss.item(), train_step.host_ms
+        return loss.item(), (time.perf_counter() - t0) * 1e3
     end.record()
     # The host's share: the wall time until every kernel of the step is queued. Below the GPU time, the step waits
     # for the GPU (device-bound); near it, for Python and launches (host-bound).
@@ -105,7 +104,8 @@ def run(args, recipe, mode, device, profile=False, compiled=False, monitor_every
         losses.append(loss)
         if step >= args.warmup:
             times.append(ms)
-            host.append(train_step.host_ms)
+            if device.type == "cuda":
+                host.append(train_step.host_ms)
     if prof is not None:
         prof.__exit__(None, None, None)
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18), flush=True)
@@ -116,12 +116,13 @@ def run(args, recipe, mode, device, profile=False, compiled=False, monitor_every
         ([f"monitor/{monitor_every}"] if monitor_every else [])
     label = "+".join(parts) or "-"
     row = {"recipe": recipe, "mode": label, "median_ms": statistics.median(times), "mean_ms": statistics.mean(times),
-           "min_ms": min(times), "max_ms": max(times), "host_ms": statistics.median(host),
-           "loss_first": losses[0], "loss_last": losses[-1],
+           "min_ms": min(times), "max_ms": max(times), "loss_first": losses[0], "loss_last": losses[-1],
            "block_params": params, "steps_timed": len(times),
            "tokens_per_s": args.batch * args.seq / (statistics.median(times) / 1e3)}
     if mon is not None:
         row["monitor_records"] = mon.records
+    if host:
+        row["host_ms"] = statistics.median(host)
     if steps != args.steps:
         row["step_ms"] = times  # a monitor row and its baseline, step by step (the steps after the warm-up)
     return row
