@@ -53,7 +53,8 @@ def _import_core():
 _core = _import_core()
 from ._core import Format, QTensor, QuantConfig, Rounding, Scale  # noqa: E402
 from ._base import analyze, cli_path, recipes  # noqa: E402  (re-exported: fp4lab.analyze etc.)
-from ._base import check_signs as _signs, is_int as _is_int, one_line_errors as _one_line_errors  # noqa: E402
+from ._base import INT_RANGES as _INT_RANGES, check_signs as _signs, int_setting as _int_setting  # noqa: E402
+from ._base import is_int as _is_int, one_line_errors as _one_line_errors, rht_size as _rht_size  # noqa: E402
 
 __version__: str = _core.__version__
 __all__ = ["ABLATIONS", "Ablation", "Format", "QTensor", "QuantConfig", "Rounding", "Scale", "analyze", "config", "decide", "formats", "gemm",
@@ -62,9 +63,6 @@ __all__ = ["ABLATIONS", "Ablation", "Format", "QTensor", "QuantConfig", "Roundin
 
 # The settings a keyword sets on top of a recipe (fp4lab/settings.hpp), in the command line's order.
 _KNOBS = _core.SETTINGS
-# Integer settings: (lowest, highest, unsigned): out of range is the command line's message for that option.
-_INTS = {"block": (-2**31, 2**31 - 1, False), "rht_seed": (0, 2**64 - 1, True), "seed": (0, 2**64 - 1, True),
-         "stream": (0, 2**32 - 1, True)}
 _NAMED = {"format": Format, "scale": Scale, "rounding": Rounding}
 
 
@@ -77,13 +75,8 @@ def _setting(name: str, value: Any) -> dict:
         if isinstance(value, (str, _NAMED[name])):
             return {name: value}  # a name is looked up in its table (fp4lab/settings.hpp), with its message
         raise TypeError(f"knob {name}: an fp4lab.{_NAMED[name].__name__} or its name, not {type(value).__name__}")
-    if name in _INTS:
-        if not _is_int(value):
-            raise TypeError(f"knob {name}: an int, not {type(value).__name__}")
-        lo, hi, unsigned = _INTS[name]
-        if not lo <= int(value) <= hi:
-            raise ValueError(f"--{opt}: '{int(value)}' is not an integer" + (f" from 0 to {hi}" if unsigned else ""))
-        return {name: int(value)}
+    if name in _INT_RANGES:
+        return {name: _int_setting(f"knob {name}", name, value)}
     if name in ("tile2d", "rht_bf16"):
         if isinstance(value, (bool, np.bool_)):
             return {name: bool(value)}
@@ -91,11 +84,7 @@ def _setting(name: str, value: Any) -> dict:
             raise ValueError(f"--{opt}: '{int(value)}' is not true or false")
         raise TypeError(f"knob {name}: a bool, not {type(value).__name__}")
     if name == "rht":
-        if value is None or (isinstance(value, str) and value == "none"):
-            return {"rht": 0}  # no rotation, as the command line's --rht none
-        if not _is_int(value):
-            raise TypeError(f"knob rht: an RHT size (an int; 0, None or 'none': off), not {type(value).__name__}")
-        return {"rht": int(value) if -2**31 <= int(value) < 2**31 else -1}  # -1: the size rule's message
+        return {"rht": _rht_size("knob rht", value)}  # None or 'none': no rotation, as --rht none
     if name == "rht_signs":
         if isinstance(value, str):
             if value == "te":

@@ -85,8 +85,9 @@ def analyze(trace: Any, *, formats: Any = None, rht: Any = None, rht_signs: Any 
     that writes it (each option in the command line's spelling). ``formats`` and ``recipe`` take lists or
     comma-separated names; ``formats`` entries are fp4lab.Format members or their names, ``scale`` an fp4lab.Scale
     or its name, ``rht`` a size or a list of them (ints; None, 0 or "none" mean no rotation), ``rht_signs`` "te" or
-    +1/-1 entries, the others ints; the options reach the library typed (a number given as text is a TypeError). A bad option raises UsageError, a bad trace DataError (both ValueErrors, with the command
-    line's one-line message and exit code); a path of another type than str or os.PathLike of str is a TypeError.
+    +1/-1 entries, the others ints; the options reach the library typed (a number given as text is a TypeError).
+    A bad option raises UsageError, a bad trace DataError (both ValueErrors, with the command line's one-line
+    message and exit code); a path of another type than str or os.PathLike of str is a TypeError.
 
     With ``json=PATH`` the document is written to that file instead, byte for byte as ``fp4lab analyze --json
     PATH`` writes it (through a temporary name, renamed when complete; refused before any work if PATH is an input
@@ -108,7 +109,7 @@ def analyze(trace: Any, *, formats: Any = None, rht: Any = None, rht_signs: Any 
         opts["formats"] = [f if isinstance(f, _core.Format) else _core.format_named(_name("formats", f))
                            for f in _entries(formats)]
     if rht is not None:
-        opts["rht"] = [_rht(d) for d in _entries(rht)]
+        opts["rht"] = [rht_size("analyze(): an rht entry", d) for d in _entries(rht)]
     if recipe is not None:
         if isinstance(recipe, str) and recipe == "all":
             opts["all_recipes"] = True
@@ -125,15 +126,9 @@ def analyze(trace: Any, *, formats: Any = None, rht: Any = None, rht_signs: Any 
                 if x not in (1.0, -1.0):
                     raise UsageError(f"--rht-signs: sign {i + 1} is '{x:g}', not +1 or -1")
             opts["rht_signs"] = signs
-    for opt, v, lo, hi in (("rht_seed", rht_seed, 0, 2**64 - 1), ("block", block, -2**31, 2**31 - 1),
-                           ("seed", seed, 0, 2**64 - 1)):
+    for opt, v in (("rht_seed", rht_seed), ("block", block), ("seed", seed)):
         if v is not None:
-            if not is_int(v):
-                raise TypeError(f"analyze(): {opt} must be an int, not {type(v).__name__}")
-            if not lo <= v <= hi:
-                raise UsageError(f"--{opt.replace('_', '-')}: '{int(v)}' is not an integer"
-                                 + (f" from 0 to {hi}" if lo == 0 else ""))
-            opts[opt] = int(v)
+            opts[opt] = int_setting(f"analyze(): {opt}", opt, v, UsageError)
     if scale is not None:
         opts["scale"] = scale if isinstance(scale, _core.Scale) else _core.scale_named(_name("scale", scale))
     if json is None:
@@ -151,13 +146,31 @@ def _entries(v: Any) -> list:
     return [v]
 
 
-def _rht(d: Any) -> int:
-    """An RHT setting: an integer (0: none), None or 'none'."""
+# The integer settings' ranges (the command line's: --block an int, the seeds and the stream unsigned).
+INT_RANGES = {"block": (-2**31, 2**31 - 1), "rht_seed": (0, 2**64 - 1), "seed": (0, 2**64 - 1),
+              "stream": (0, 2**32 - 1)}
+
+
+def int_setting(what: str, name: str, v: Any, fault: type = ValueError) -> int:
+    """An integer setting of config()/analyze(): an int (numpy's too, not a bool; text is a TypeError, reading it
+    is the command line's job) within INT_RANGES[name], else ``fault`` with the command line's one-line message."""
+    if not is_int(v):
+        raise TypeError(f"{what} must be an int, not {type(v).__name__}")
+    lo, hi = INT_RANGES[name]
+    if not lo <= int(v) <= hi:
+        raise fault(f"--{name.replace('_', '-')}: '{int(v)}' is not an integer"
+                    + (f" from 0 to {hi}" if lo == 0 else ""))
+    return int(v)
+
+
+def rht_size(what: str, d: Any) -> int:
+    """An RHT setting: an int (0: none), None or 'none'; past 32 bits -1, which the size rule refuses with the
+    command line's message."""
     if d is None or (isinstance(d, str) and d == "none"):
         return 0
     if not is_int(d):
-        raise TypeError(f"analyze(): rht entries are RHT sizes (ints; 0, None or 'none': off), not {type(d).__name__}")
-    return int(d) if -2**31 <= d < 2**31 else -1  # -1: the size rule's message, as the command line's
+        raise TypeError(f"{what} must be an RHT size (an int; 0, None or 'none': off), not {type(d).__name__}")
+    return int(d) if -2**31 <= d < 2**31 else -1
 
 
 def _name(opt: str, v: Any) -> str:
