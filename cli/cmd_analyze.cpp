@@ -124,6 +124,7 @@ AnalysisOptions analysis_options(const po::variables_map& vm) {
     const std::string& t = vm["recipe"].as<std::string>();
     o.recipes = t == "all" ? Recipe::preset_names() : split_list(t);
     if (!o.recipes->empty()) o.seed = uint_option(vm, "seed", UINT64_MAX);
+    if (!o.recipes->empty()) o.sr_draw = parse_sr_draw(vm["sr-draw"].as<std::string>());
   }
   return o;
 }
@@ -198,7 +199,9 @@ int cmd_analyze(const Invocation& inv) {
       ("recipe", po::value<std::string>()->value_name("R,..|all"),
        ("also run the three GEMMs under these training recipes (" + knob_choices("recipe", ", ") +
         "; all: the presets)").c_str())
-      ("seed", po::value<std::string>()->default_value("0")->value_name("S"), "stochastic-rounding seed of recipe runs");
+      ("seed", po::value<std::string>()->default_value("0")->value_name("S"), "stochastic-rounding seed of recipe runs")
+      ("sr-draw", po::value<std::string>()->default_value(sr_draw_name(AnalysisOptions{}.sr_draw))->value_name("D"),
+       (knob_choices("sr_draw", "|") + ": how the recipe runs' SR draws its words (docs/spec.md §4)").c_str());
   add_common_options(desc);
   po::variables_map vm;
   if (!parse_args(inv, desc, "[--trace DIR] [--formats e2m1,e1m2] [--rht none,16] [--recipe R,..] [--json FILE|-]", vm))

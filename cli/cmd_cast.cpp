@@ -23,7 +23,9 @@ int cmd_cast(const Invocation& inv) {
        knob_choices("rounding", "|").c_str())
       ("seed", po::value<std::string>()->default_value("0")->value_name("S"), "stochastic-rounding seed")
       ("stream", po::value<std::string>()->default_value("0")->value_name("N"),
-       "SR stream; element i draws random_bits(seed, stream, i)")
+       "SR stream; element i draws sr_word(D, seed, stream, i)")
+      ("sr-draw", po::value<std::string>()->default_value(sr_draw_name(QuantConfig{}.sr_draw))->value_name("D"),
+       (knob_choices("sr_draw", "|") + ": SR's random words, one Philox block per element or per four").c_str())
       ("out", po::value<std::string>()->required()->value_name("FILE"), "output .safetensors file");
   add_common_options(desc);
   po::variables_map vm;
@@ -37,6 +39,7 @@ int cmd_cast(const Invocation& inv) {
   const Rounding rounding = parse_rounding(vm["rounding"].as<std::string>());
   const uint64_t seed = uint_option(vm, "seed", UINT64_MAX);
   const uint32_t stream = uint32_t(uint_option(vm, "stream", UINT32_MAX));
+  const SrDraw draw = parse_sr_draw(vm["sr-draw"].as<std::string>());
   const std::string in = vm["in"].as<std::string>(), name = vm["tensor"].as<std::string>();
   const std::string out = vm["out"].as<std::string>();
   check_outputs(vm, {out}, {in});
@@ -48,7 +51,7 @@ int cmd_cast(const Invocation& inv) {
   int64_t saturated = 0;
   for (int64_t i = 0; i < n; ++i) {
     const float v = x.v[size_t(i)];
-    codes[size_t(i)] = rounding == Rounding::rtne ? round_rtne(f, v) : round_sr(f, v, random_bits(seed, stream, uint64_t(i)));
+    codes[size_t(i)] = rounding == Rounding::rtne ? round_rtne(f, v) : round_sr(f, v, sr_word(draw, seed, stream, uint64_t(i)));
     dq[size_t(i)] = decode(f, codes[size_t(i)]);
     saturated += std::fabs(v) > f.gmax();
   }
@@ -59,7 +62,8 @@ int cmd_cast(const Invocation& inv) {
                                              {"fp4lab.format", f.name},
                                              {"fp4lab.rounding", rname},
                                              {"fp4lab.seed", std::to_string(seed)},
-                                             {"fp4lab.stream", std::to_string(stream)}};
+                                             {"fp4lab.stream", std::to_string(stream)},
+                                             {"fp4lab.sr_draw", sr_draw_name(draw)}};
   io::AtomicFile out_file(out);  // renamed into place after the JSON is written
   io::write_safetensors(out_file, {io::make_u8(name + ".codes", x.shape, codes), io::make_f32(name + ".dequant", x.shape, dq)},
                         meta);
@@ -76,6 +80,7 @@ int cmd_cast(const Invocation& inv) {
               {"rounding", rname},
               {"seed", seed},
               {"stream", stream},
+              {"sr_draw", sr_draw_name(draw)},
               {"count", n},
               {"saturated", saturated},
               {"out", out}});

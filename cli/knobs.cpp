@@ -75,8 +75,8 @@ int rht_of(const KnobValue& v, const std::string& option) {
 
 const std::vector<std::string>& knob_names(bool with_role) {
   static const std::vector<std::string> with = {"recipe", "pass", "role", "format", "block", "scale", "tile2d",
-                                                "rht", "rht-signs", "rht-seed", "rht-bf16", "rounding", "seed",
-                                                "stream"};
+                                                "rht", "rht-signs", "rht-seed", "rht-bf16", "rounding", "sr-draw",
+                                                "seed", "stream"};
   static const std::vector<std::string> without = [] {
     std::vector<std::string> v = with;
     v.erase(v.begin() + 2);
@@ -179,6 +179,7 @@ OperandSettings settings_of(const Knobs& k, Pass pass, Operand operand) {
   if (const std::string* v = get_text(k, "scale")) s.scale = parse_scale(*v);
   if (const KnobValue* v = get(k, "tile2d")) s.tile2d = bool_of(*v, "tile2d");
   if (const std::string* v = get_text(k, "rounding")) s.rounding = parse_rounding(*v);
+  if (const std::string* v = get_text(k, "sr-draw")) s.sr_draw = parse_sr_draw(*v);
   if (const KnobValue* v = get(k, "rht")) s.rht = rht_of(*v, "rht");
   const std::string* signs = get_text(k, "rht-signs");
   const KnobValue* rseed = get(k, "rht-seed");

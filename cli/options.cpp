@@ -256,6 +256,7 @@ auto knob(F&& f) -> decltype(f()) {
 ElemFormat parse_format(const std::string& name) { return knob([&] { return fp4lab::parse_format(name); }); }
 ScaleKind parse_scale(const std::string& name) { return knob([&] { return fp4lab::parse_scale(name); }); }
 Rounding parse_rounding(const std::string& name) { return knob([&] { return fp4lab::parse_rounding(name); }); }
+SrDraw parse_sr_draw(const std::string& name) { return knob([&] { return fp4lab::parse_sr_draw(name); }); }
 Pass parse_pass(const std::string& name) { return knob([&] { return fp4lab::parse_pass(name); }); }
 uint64_t parse_uint(const std::string& text, const std::string& option, uint64_t max) {
   return knob([&] { return fp4lab::parse_uint(text, option, max); });
@@ -303,6 +304,9 @@ void add_recipe_options(po::options_description& desc, bool with_role) {
        "round rotated values to BF16 before the amax (Transformer Engine)")
       ("rounding", po::value<std::string>()->value_name("R"),
        (knob_choices("rounding", "|") + " (default " + rounding_name(plain.rounding) + ")").c_str())
+      ("sr-draw", po::value<std::string>()->value_name("D"),
+       (knob_choices("sr_draw", "|") + ": SR's random words, one Philox block per element or per four (default " +
+        sr_draw_name(plain.sr_draw) + "; docs/spec.md §4)").c_str())
       ("seed", po::value<std::string>()->value_name("S"), "stochastic-rounding seed (default 0)")
       ("stream", po::value<std::string>()->value_name("N"),
        "GEMM id in the SR counter; an operand's stream is N*8 + pass*2 + operand (default 0)");
@@ -341,6 +345,7 @@ Json config_json(const QuantConfig& c) {
           {"rht_signs", signs_string(c.rht_signs)},
           {"rht_bf16", c.rht_bf16},
           {"rounding", rounding_name(c.rounding)},
+          {"sr_draw", sr_draw_name(c.sr_draw)},
           {"seed", c.seed},
           {"stream", c.stream}};
 }

@@ -115,6 +115,7 @@ Operand selected_operand(const po::variables_map& vm, Pass pass);  // from --rol
 ElemFormat parse_format(const std::string& name);
 ScaleKind parse_scale(const std::string& name);
 Rounding parse_rounding(const std::string& name);
+SrDraw parse_sr_draw(const std::string& name);
 Pass parse_pass(const std::string& name);
 // An unsigned decimal integer <= max; `option` (without dashes) names it in the usage error.
 uint64_t parse_uint(const std::string& text, const std::string& option, uint64_t max);

@@ -113,10 +113,13 @@ Json config_json(const AnalysisResult& r, const std::string& command) {
     settings.push_back({{"format", s.format.name}, {"rht", s.rht}, {"rht_signs", signs_string(s.rht_signs)}});
   Json recipes = Json::array();
   for (const auto& rc : r.plan.recipes) recipes.push_back(rc.name);
-  return {{"trace", r.traces.size() > 1 ? Json(r.traces) : Json(r.traces.front())},
-          {"block", r.plan.block}, {"scale", scale_name(r.plan.scale)}, {"rounding", "rtne"},
-          {"settings", settings}, {"recipes", recipes}, {"command", command},
-          {"seconds", r.seconds}, {"elements", r.elements}};
+  Json c = {{"trace", r.traces.size() > 1 ? Json(r.traces) : Json(r.traces.front())},
+            {"block", r.plan.block}, {"scale", scale_name(r.plan.scale)}, {"rounding", "rtne"},
+            {"settings", settings}, {"recipes", recipes}, {"command", command},
+            {"seconds", r.seconds}, {"elements", r.elements}};
+  // The recipe runs' SR draw (docs/spec.md §4); analyses written before it existed drew philox1.
+  if (!r.plan.recipes.empty()) c["sr_draw"] = sr_draw_name(r.plan.recipes.front().sr_draw);
+  return c;
 }
 Json decay_json(const AnalysisResult& r) {
   Json decay = Json::object();

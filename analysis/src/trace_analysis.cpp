@@ -104,6 +104,7 @@ AnalysisPlan plan_analysis(const AnalysisOptions& o) {
         usage_fault(std::string("--recipe: ") + e.what());
       }
       plan.recipes.back().seed = o.seed;
+      plan.recipes.back().sr_draw = o.sr_draw;
     }
   // Knob combinations are usage faults, found on a shape every valid knob accepts (as operand_config does).
   for (const AnalysisSetting& s : plan.settings) {

@@ -22,6 +22,7 @@ std::string QuantConfig::label() const {
   std::string s = std::string(format.name) + "_b" + std::to_string(block) + (tile2d ? "x16" : "") + "_" +
                   scale_name(scale) + "scale_rht" + std::to_string(rht) + "_" +
                   rounding_name(rounding);
+  if (rounding == Rounding::sr) s += std::string("-") + sr_draw_name(sr_draw);
   return s;
 }
 
@@ -252,9 +253,17 @@ void round_block(const Fmt& fmt, const float* __restrict y, int n, const BlockSc
 #pragma omp simd simdlen(16)
       for (int j = 0; j < n; ++j) codes[j] = fmt.rtne(scale_element(kind, y[j], b));
     }
+  } else if (cfg.sr_draw == SrDraw::philox4 && base % 4 == 0 && n % 4 == 0) {
+    // One block per four elements (base is a multiple of the block size, so the groups are the contract's).
+    for (int j = 0; j < n; j += 4) {
+      uint32_t w[4];
+      sr_words4(cfg.seed, cfg.stream, uint64_t(base + j) >> 2, w);
+      for (int e = 0; e < 4; ++e) codes[j + e] = round_sr(f, scale_element(cfg.scale, y[j + e], b), w[e]);
+    }
   } else
     for (int j = 0; j < n; ++j)
-      codes[j] = round_sr(f, scale_element(cfg.scale, y[j], b), random_bits(cfg.seed, cfg.stream, uint64_t(base + j)));
+      codes[j] = round_sr(f, scale_element(cfg.scale, y[j], b), sr_word(cfg.sr_draw, cfg.seed, cfg.stream,
+                                                                         uint64_t(base + j)));
 }
 
 }  // namespace

@@ -139,6 +139,7 @@ QuantConfig Recipe::operand(Pass p, Operand o, uint32_t stream) const {
   }
   c.rounding = rounding[size_t(p)][size_t(o)];
   c.seed = seed;
+  c.sr_draw = sr_draw;
   c.stream = stream * 8u + uint32_t(p) * 2u + uint32_t(o);
   return c;
 }

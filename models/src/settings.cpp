@@ -43,6 +43,8 @@ std::string knob_choices(const std::string& knob, const std::string& sep) {
     for (ScaleKind s : kAllScales) names.push_back(scale_name(s));
   else if (knob == "rounding")
     for (Rounding r : kRoundings) names.push_back(rounding_name(r));
+  else if (knob == "sr_draw")
+    for (SrDraw d : kSrDraws) names.push_back(sr_draw_name(d));
   else if (knob == "pass")
     for (Pass p : kPasses) names.push_back(pass_name(p));
   else if (knob == "role")
@@ -72,6 +74,12 @@ Rounding parse_rounding(const std::string& name) {
   for (Rounding r : kRoundings)
     if (name == rounding_name(r)) return r;
   fail("unknown rounding '" + shown(name) + "' (known: " + knob_choices("rounding", ", ") + ")");
+}
+
+SrDraw parse_sr_draw(const std::string& name) {
+  for (SrDraw d : kSrDraws)
+    if (name == sr_draw_name(d)) return d;
+  fail("unknown SR draw '" + shown(name) + "' (known: " + knob_choices("sr_draw", ", ") + ")");
 }
 
 Pass parse_pass(const std::string& name) {
@@ -129,6 +137,7 @@ QuantConfig operand_config(const OperandSettings& s, Pass pass, Operand operand)
   if (s.scale) c.scale = *s.scale;
   if (s.tile2d) c.tile2d = *s.tile2d;
   if (s.rounding) c.rounding = *s.rounding;
+  if (s.sr_draw) c.sr_draw = *s.sr_draw;
 
   // RHT: rht D sets the size (0 turns it off); the signs follow (see OperandSettings).
   if (s.rht) {

@@ -51,19 +51,19 @@ def _import_core():
 
 
 _core = _import_core()
-from ._core import Format, QTensor, QuantConfig, Rounding, Scale  # noqa: E402
+from ._core import Format, QTensor, QuantConfig, Rounding, Scale, SrDraw  # noqa: E402
 from ._base import analyze, cli_path, recipes  # noqa: E402  (re-exported: fp4lab.analyze etc.)
 from ._base import INT_RANGES as _INT_RANGES, check_signs as _signs, int_setting as _int_setting  # noqa: E402
 from ._base import is_int as _is_int, one_line_errors as _one_line_errors, rht_size as _rht_size  # noqa: E402
 
 __version__: str = _core.__version__
-__all__ = ["ABLATIONS", "Ablation", "Format", "QTensor", "QuantConfig", "Rounding", "Scale", "analyze", "config", "decide", "formats", "gemm",
+__all__ = ["ABLATIONS", "Ablation", "Format", "QTensor", "QuantConfig", "Rounding", "Scale", "SrDraw", "analyze", "config", "decide", "formats", "gemm",
            "model_shapes",
            "quantize", "recipes", "__version__"]
 
 # The settings a keyword sets on top of a recipe (fp4lab/settings.hpp), in the command line's order.
 _KNOBS = _core.SETTINGS
-_NAMED = {"format": Format, "scale": Scale, "rounding": Rounding}
+_NAMED = {"format": Format, "scale": Scale, "rounding": Rounding, "sr_draw": SrDraw}
 
 
 def _setting(name: str, value: Any) -> dict:
@@ -193,7 +193,8 @@ def quantize(x: np.ndarray, recipe: Optional[str] = None, *, pass_: Optional[str
     ``pass_`` and ``role`` apply; knobs named
     as the CLI's options (``format``, ``block``, ``scale``, ``tile2d``, ``rht`` (a size, or 0 or None: no
     rotation, as ``--rht none``), ``rht_signs`` (list or "te"),
-    ``rht_seed``, ``rht_bf16``, ``rounding``, ``seed``, ``stream``) override it. Returns a QTensor with
+    ``rht_seed``, ``rht_bf16``, ``rounding``, ``sr_draw`` ("philox4" or "philox1", docs/spec.md §4), ``seed``,
+    ``stream``) override it. Returns a QTensor with
     ``codes`` (uint8 [rows, K]), ``scales`` (float32 [rows, K/B]), ``scale_codes`` (uint8 or None),
     ``global_scale`` and ``dequantize()``.
     """

@@ -79,12 +79,13 @@ def path_arg(func: str, name: str, value: Any) -> str:
 @one_line_errors
 def analyze(trace: Any, *, formats: Any = None, rht: Any = None, rht_signs: Any = None, rht_seed: Any = None,
             recipe: Any = None, block: Optional[int] = None, scale: Optional[str] = None,
-            seed: Optional[int] = None, json: Any = None) -> Optional[dict]:
+            seed: Optional[int] = None, sr_draw: Any = None, json: Any = None) -> Optional[dict]:
     """The analyses of docs/spec.md §6 on a trace folder or file (or a list of them, as ``--trace DIR DIR``): the
     same dict ``fp4lab analyze --json`` writes, from the same C++ library, with ``config.command`` the command line
     that writes it (each option in the command line's spelling). ``formats`` and ``recipe`` take lists or
     comma-separated names; ``formats`` entries are fp4lab.Format members or their names, ``scale`` an fp4lab.Scale
-    or its name, ``rht`` a size or a list of them (ints; None, 0 or "none" mean no rotation), ``rht_signs`` "te" or
+    or its name, ``sr_draw`` an fp4lab.SrDraw or its name (how the recipe runs' stochastic rounding draws
+    its words, docs/spec.md §4), ``rht`` a size or a list of them (ints; None, 0 or "none" mean no rotation), ``rht_signs`` "te" or
     +1/-1 entries, the others ints; the options reach the library typed (a number given as text is a TypeError).
     A bad option raises UsageError, a bad trace DataError (both ValueErrors, with the command line's one-line
     message and exit code); a path of another type than str or os.PathLike of str is a TypeError.
@@ -131,6 +132,9 @@ def analyze(trace: Any, *, formats: Any = None, rht: Any = None, rht_signs: Any 
             opts[opt] = int_setting(f"analyze(): {opt}", opt, v, UsageError)
     if scale is not None:
         opts["scale"] = scale if isinstance(scale, _core.Scale) else _core.scale_named(_name("scale", scale))
+    if sr_draw is not None:
+        opts["sr_draw"] = (sr_draw if isinstance(sr_draw, _core.SrDraw)
+                           else _core.sr_draw_named(_name("sr_draw", sr_draw)))
     if json is None:
         return _core.analyze(traces, **opts)
     return _core.analyze(traces, **opts, json_path=path_arg("analyze", "json", json))

@@ -124,6 +124,7 @@ struct PyAnalysisOptions {
   std::optional<int> block;
   std::optional<ScaleKind> scale;
   std::optional<uint64_t> seed;
+  std::optional<SrDraw> sr_draw;
 };
 
 std::string joined(const std::vector<std::string>& v) {
@@ -160,6 +161,7 @@ std::string analysis_command(const std::vector<std::string>& traces, const std::
   if (p.block) add("block", std::to_string(*p.block));
   if (p.scale) add("scale", scale_name(*p.scale));
   if (p.seed) add("seed", std::to_string(*p.seed));
+  if (p.sr_draw) add("sr-draw", sr_draw_name(*p.sr_draw));
   return c;
 }
 
@@ -196,6 +198,7 @@ nb::object analyze(const std::vector<std::string>& traces, const PyAnalysisOptio
   if (p.all_recipes) o.recipes = Recipe::preset_names();
   else if (p.recipes) o.recipes = *p.recipes;
   if (o.recipes && !o.recipes->empty() && p.seed) o.seed = *p.seed;
+  if (o.recipes && !o.recipes->empty() && p.sr_draw) o.sr_draw = *p.sr_draw;
   nlohmann::ordered_json j;
   std::atomic<bool> stop{false};
   const AnalysisProgress progress = [&stop](size_t, size_t, const std::string&) {
@@ -246,13 +249,14 @@ void bind_analyze(nb::module_& m) {
                        std::optional<std::vector<int>> rht, bool rht_signs_te,
                        std::optional<std::vector<float>> rht_signs, std::optional<uint64_t> rht_seed,
                        bool all_recipes, std::optional<std::vector<std::string>> recipes, std::optional<int> block,
-                       std::optional<ScaleKind> scale, std::optional<uint64_t> seed,
+                       std::optional<ScaleKind> scale, std::optional<uint64_t> seed, std::optional<SrDraw> sr_draw,
                        const std::optional<std::string>& json_path) {
     return analyze(traces, {std::move(formats), std::move(rht), rht_signs_te, std::move(rht_signs), rht_seed,
-                            all_recipes, std::move(recipes), block, scale, seed}, json_path);
+                            all_recipes, std::move(recipes), block, scale, seed, sr_draw}, json_path);
   }, "traces"_a, nb::kw_only(), "formats"_a = nb::none(), "rht"_a = nb::none(), "rht_signs_te"_a = false,
      "rht_signs"_a = nb::none(), "rht_seed"_a = nb::none(), "all_recipes"_a = false, "recipes"_a = nb::none(),
-     "block"_a = nb::none(), "scale"_a = nb::none(), "seed"_a = nb::none(), "json_path"_a = nb::none(),
+     "block"_a = nb::none(), "scale"_a = nb::none(), "seed"_a = nb::none(), "sr_draw"_a = nb::none(),
+     "json_path"_a = nb::none(),
         "The docs/spec.md §6 analyses of trace folders or files under typed options (None: the default): the dict "
         "`fp4lab analyze --json` writes, or with json_path that document written to the file (None returned).");
   // Names of table entries (a format, a scale): the one lookup of each, with its message, as a UsageError.
@@ -266,6 +270,13 @@ void bind_analyze(nb::module_& m) {
   m.def("scale_named", [](const std::string& t) {
     try {
       return parse_scale(t);
+    } catch (const std::invalid_argument& e) {
+      raise_fault(true, e.what());
+    }
+  }, "name"_a);
+  m.def("sr_draw_named", [](const std::string& t) {
+    try {
+      return parse_sr_draw(t);
     } catch (const std::invalid_argument& e) {
       raise_fault(true, e.what());
     }

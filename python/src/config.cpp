@@ -45,6 +45,11 @@ Rounding rounding_of(nb::handle h) {
   if (nb::isinstance<nb::str>(h)) return parse_rounding(nb::cast<std::string>(h));
   throw nb::type_error("QuantConfig(): rounding must be an fp4lab.Rounding or its name (str)");
 }
+SrDraw sr_draw_of(nb::handle h) {
+  if (nb::isinstance<SrDraw>(h)) return nb::cast<SrDraw>(h);
+  if (nb::isinstance<nb::str>(h)) return parse_sr_draw(nb::cast<std::string>(h));
+  throw nb::type_error("QuantConfig(): sr_draw must be an fp4lab.SrDraw or its name (str)");
+}
 
 // rht_signs as given: None (Transformer Engine's vector for d = 16; no signs without RHT), "te", or a sequence of
 // +1/-1 entries.
@@ -92,7 +97,7 @@ QuantConfig checked(QuantConfig c) {
 }
 
 QuantConfig make_config(nb::handle format, int block, nb::handle scale, bool tile2d, int rht, nb::handle rht_signs,
-                        bool rht_bf16, nb::handle rounding, uint64_t seed, uint32_t stream) {
+                        bool rht_bf16, nb::handle rounding, uint64_t seed, uint32_t stream, nb::handle sr_draw) {
   QuantConfig c;
   c.format = format_of(format);
   c.block = block;
@@ -104,6 +109,7 @@ QuantConfig make_config(nb::handle format, int block, nb::handle scale, bool til
   c.rounding = rounding_of(rounding);
   c.seed = seed;
   c.stream = stream;
+  c.sr_draw = sr_draw_of(sr_draw);
   return checked(std::move(c));
 }
 
@@ -119,21 +125,26 @@ std::string config_repr(const QuantConfig& c) {
          ", scale='" + scale_name(c.scale) + "', tile2d=" + (c.tile2d ? "True" : "False") +
          ", rht=" + std::to_string(c.rht) + ", rht_signs=" + signs + ", rht_bf16=" + (c.rht_bf16 ? "True" : "False") +
          ", rounding='" + rounding_name(c.rounding) + "', seed=" + std::to_string(c.seed) +
-         ", stream=" + std::to_string(c.stream) + ")";
+         ", stream=" + std::to_string(c.stream) + ", sr_draw='" + sr_draw_name(c.sr_draw) + "')";
 }
 
 // Pickling state: every field of QuantConfig::fields(), in that order, formats, scales and roundings by the names
 // the knobs parse, so copies, torch.save and multiprocessing work.
 using ConfigState = std::tuple<std::string, int, bool, std::string, int, std::vector<float>, bool, std::string,
-                               uint64_t, uint32_t>;
+                               uint64_t, uint32_t, std::string>;
+// The state pickled before sr_draw existed: those configs drew SR under philox1, and load as such.
+using ConfigState10 = std::tuple<std::string, int, bool, std::string, int, std::vector<float>, bool, std::string,
+                                 uint64_t, uint32_t>;
 std::string state_of(const ElemFormat& f) { return f.name; }
 std::string state_of(ScaleKind k) { return scale_name(k); }
 std::string state_of(Rounding r) { return rounding_name(r); }
+std::string state_of(SrDraw d) { return sr_draw_name(d); }
 template <class T>
 const T& state_of(const T& v) { return v; }
 void from_state(ElemFormat& f, const std::string& s) { f = parse_format(s); }
 void from_state(ScaleKind& k, const std::string& s) { k = parse_scale(s); }
 void from_state(Rounding& r, const std::string& s) { r = parse_rounding(s); }
+void from_state(SrDraw& d, const std::string& s) { d = parse_sr_draw(s); }
 template <class T>
 void from_state(T& v, const T& s) { v = s; }
 
@@ -150,6 +161,9 @@ QuantConfig config_of_state(const ConfigState& s, std::index_sequence<I...>) {
 QuantConfig config_of_state(const ConfigState& s) {
   return config_of_state(s, std::make_index_sequence<std::tuple_size_v<ConfigState>>());
 }
+QuantConfig config_of_state(const ConfigState10& s) {
+  return config_of_state(std::tuple_cat(s, std::make_tuple(std::string(sr_draw_name(SrDraw::philox1)))));
+}
 
 nb::dict config_dict(const QuantConfig& c) {
   nb::dict d;
@@ -164,6 +178,7 @@ nb::dict config_dict(const QuantConfig& c) {
   d["rounding"] = rounding_name(c.rounding);
   d["seed"] = c.seed;
   d["stream"] = c.stream;
+  d["sr_draw"] = sr_draw_name(c.sr_draw);
   return d;
 }
 
@@ -206,6 +221,10 @@ void bind_config(nb::module_& m) {
   for (size_t i = 0; i < scale_members.size(); ++i) sc.value(scale_members[i].c_str(), kAllScales[i]);
   nb::enum_<Rounding> rd(m, "Rounding", "Rounding of a scaled element: round to nearest even, or stochastic.");
   for (Rounding r : kRoundings) rd.value(rounding_name(r), r);
+  nb::enum_<SrDraw> sd(m, "SrDraw", "How stochastic rounding draws its random words (docs/spec.md §4): philox1, one "
+                                    "Philox4x32-10 block per element (the original draw); philox4, one per four "
+                                    "consecutive elements (the default).");
+  for (SrDraw d : kSrDraws) sd.value(sr_draw_name(d), d);
 
   nb::class_<QuantConfig>(m, "QuantConfig",
       "The quantiser settings of one operand, typed. ``fp4lab.QuantConfig(format=\"e1m2\", block=16, scale=\"fp32\", "
@@ -213,10 +232,13 @@ void bind_config(nb::module_& m) {
       "``fp4lab.config(recipe, pass_=..., operand=...)`` gives a recipe's. Immutable, compared and hashed by value; "
       "``replace(**changes)`` gives a changed copy; its repr is the call that builds it.")
       .def("__init__", [](QuantConfig* self, nb::handle format, int block, nb::handle scale, bool tile2d, int rht,
-                          nb::handle rht_signs, bool rht_bf16, nb::handle rounding, uint64_t seed, uint32_t stream) {
-        new (self) QuantConfig(make_config(format, block, scale, tile2d, rht, rht_signs, rht_bf16, rounding, seed, stream));
+                          nb::handle rht_signs, bool rht_bf16, nb::handle rounding, uint64_t seed, uint32_t stream,
+                          nb::handle sr_draw) {
+        new (self) QuantConfig(
+            make_config(format, block, scale, tile2d, rht, rht_signs, rht_bf16, rounding, seed, stream, sr_draw));
       }, nb::kw_only(), "format"_a = "e1m2", "block"_a = 16, "scale"_a = "fp32", "tile2d"_a = false, "rht"_a = 0,
          "rht_signs"_a = nb::none(), "rht_bf16"_a = false, "rounding"_a = "rtne", "seed"_a = 0, "stream"_a = 0,
+         "sr_draw"_a = sr_draw_name(QuantConfig{}.sr_draw),
          "rht_signs: None (Transformer Engine's vector for rht=16), 'te', or rht entries of +1/-1. A setting the "
          "quantiser cannot take raises ValueError with the reason.")
       .def_prop_ro("format", [](const QuantConfig& c) { return format_id(c.format); })
@@ -234,6 +256,7 @@ void bind_config(nb::module_& m) {
       .def_prop_ro("rounding", [](const QuantConfig& c) { return c.rounding; })
       .def_prop_ro("seed", [](const QuantConfig& c) { return c.seed; })
       .def_prop_ro("stream", [](const QuantConfig& c) { return c.stream; })
+      .def_prop_ro("sr_draw", [](const QuantConfig& c) { return c.sr_draw; })
       .def_prop_ro("label", &QuantConfig::label)
       .def_prop_ro_static("FIELDS", [](nb::handle) {
         nb::list l;
@@ -259,7 +282,8 @@ void bind_config(nb::module_& m) {
                            nb::cast<bool>(get("rht_bf16", nb::bool_(c.rht_bf16))),
                            get("rounding", nb::str(rounding_name(c.rounding))),
                            nb::cast<uint64_t>(get("seed", nb::cast(c.seed))),
-                           nb::cast<uint32_t>(get("stream", nb::cast(c.stream))));
+                           nb::cast<uint32_t>(get("stream", nb::cast(c.stream))),
+                           get("sr_draw", nb::str(sr_draw_name(c.sr_draw))));
       }, "A copy with the given settings changed (as dataclasses.replace).")
       .def("to_dict", &config_dict)
       .def("__eq__", [](const QuantConfig& a, nb::handle b) {
@@ -269,6 +293,7 @@ void bind_config(nb::module_& m) {
       .def("__getstate__", &config_state)
       // A pickle is data: its settings obey the constructor's rules, or the load fails with the reason.
       .def("__setstate__", [](QuantConfig& c, const ConfigState& s) { new (&c) QuantConfig(checked(config_of_state(s))); })
+      .def("__setstate__", [](QuantConfig& c, const ConfigState10& s) { new (&c) QuantConfig(checked(config_of_state(s))); })
       .def("__repr__", &config_repr)
       // A training step's settings from its layer's: only the SR key changes from step to step (docs/spec.md §12),
       // and a copy is cheaper than parsing the knobs again, hundreds of times a step.
@@ -290,7 +315,7 @@ void bind_config(nb::module_& m) {
                              nb::handle scale, std::optional<bool> tile2d, std::optional<int> rht,
                              std::optional<std::vector<float>> rht_signs, bool rht_signs_te,
                              std::optional<uint64_t> rht_seed, std::optional<bool> rht_bf16, nb::handle rounding,
-                             std::optional<uint64_t> seed, std::optional<uint32_t> stream) {
+                             std::optional<uint64_t> seed, std::optional<uint32_t> stream, nb::handle sr_draw) {
     OperandSettings st;
     st.recipe = std::move(recipe);
     if (!format.is_none()) st.format = format_of(format);
@@ -305,6 +330,7 @@ void bind_config(nb::module_& m) {
     if (!rounding.is_none()) st.rounding = rounding_of(rounding);
     st.seed = seed;
     st.stream = stream;
+    if (!sr_draw.is_none()) st.sr_draw = sr_draw_of(sr_draw);
     const Pass p = !pass.empty() ? parse_pass(pass) : !role.empty() ? role_pass(role) : Pass::fwd_y;
     Operand o = Operand::a;
     if (operand == "b") o = Operand::b;
@@ -314,11 +340,11 @@ void bind_config(nb::module_& m) {
   }, "recipe"_a = nb::none(), "pass_"_a = "", "role"_a = "", "operand"_a = "", "format"_a = nb::none(),
      "block"_a = nb::none(), "scale"_a = nb::none(), "tile2d"_a = nb::none(), "rht"_a = nb::none(),
      "rht_signs"_a = nb::none(), "rht_signs_te"_a = false, "rht_seed"_a = nb::none(), "rht_bf16"_a = nb::none(),
-     "rounding"_a = nb::none(), "seed"_a = nb::none(), "stream"_a = nb::none(),
+     "rounding"_a = nb::none(), "seed"_a = nb::none(), "stream"_a = nb::none(), "sr_draw"_a = nb::none(),
         "Quantiser settings of one operand: the recipe's, then the settings given on top (docs/spec.md's rules).");
   // The settings fp4lab.config takes on top of a recipe, in the order the command line's help lists them.
   m.attr("SETTINGS") = nb::make_tuple("format", "block", "scale", "tile2d", "rht", "rht_signs", "rht_seed",
-                                      "rht_bf16", "rounding", "seed", "stream");
+                                      "rht_bf16", "rounding", "sr_draw", "seed", "stream");
   m.def("training_seed", &training_seed, "seed"_a, "step"_a);
   // The scale codecs of scale.hpp, element-wise, so tests can hold them against independent implementations.
   using F1 = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;

@@ -513,7 +513,7 @@ TEST_F(Cli, ConfigFileSharesOptionsAndCommandLineWins) {
   const io::SafetensorsFile f(path("q.safetensors"));
   EXPECT_EQ(tensor_bytes(f, "x.codes", io::DType::U8, {kRows, kCols}), q.codes);
   EXPECT_EQ(tensor_bytes(f, "x.scale_codes", io::DType::U8, {kRows, kCols / 16}), q.scale_codes);
-  EXPECT_EQ(f.metadata().at("fp4lab.config"), "e2m1_b16_ue4m3scale_rht16_sr");
+  EXPECT_EQ(f.metadata().at("fp4lab.config"), "e2m1_b16_ue4m3scale_rht16_sr-philox4");
   EXPECT_EQ(f.metadata().at("fp4lab.config.seed"), "9");
 
   // Without the command-line --format, the config file's int4 applies.
@@ -524,7 +524,7 @@ TEST_F(Cli, ConfigFileSharesOptionsAndCommandLineWins) {
   const QTensor q2 = quantize(x_.data(), kRows, kCols, c);
   const io::SafetensorsFile f2(path("q2.safetensors"));
   EXPECT_EQ(tensor_bytes(f2, "x.codes", io::DType::U8, {kRows, kCols}), q2.codes);
-  EXPECT_EQ(f2.metadata().at("fp4lab.config"), "int4_b16_ue4m3scale_rht16_sr");
+  EXPECT_EQ(f2.metadata().at("fp4lab.config"), "int4_b16_ue4m3scale_rht16_sr-philox4");
 
   // The same options as a JSON object (cli/option_file.hpp) give the same bytes.
   std::ofstream(path("q.json")) << R"({"recipe": "nvfp4", "pass": "bwd_dw", "role": "bwd_dy", "seed": 9,
@@ -561,17 +561,25 @@ TEST_F(Cli, CastRtneE2M1LiteralCodes) {
 TEST_F(Cli, CastEveryFormatAndSrEqualModel) {
   const std::vector<float> v = normal(4096, 3, 3.0f);
   io::write_safetensors(path("v.safetensors"), {io::make_f32("v", {64, 64}, v)});
+  // "sr" with the default draw (philox4: word i mod 4 of the block at i / 4), and with --sr-draw philox1.
   for (const ElemFormat& fm : kAllFormats)
-    for (const char* rounding : {"rtne", "sr"}) {
+    for (const char* rounding : {"rtne", "sr", "sr1"}) {
       SCOPED_TRACE(std::string(fm.name) + " " + rounding);
-      const Result r = run({"cast", "--in", path("v.safetensors"), "--tensor", "v", "--format", fm.name,
-                            "--rounding", rounding, "--seed", "1234567890123", "--stream", "6", "--out",
-                            path("c.safetensors")});
+      const bool sr1 = std::string(rounding) == "sr1";
+      std::vector<std::string> args = {"cast", "--in", path("v.safetensors"), "--tensor", "v", "--format", fm.name,
+                                       "--rounding", sr1 ? "sr" : rounding, "--seed", "1234567890123", "--stream", "6",
+                                       "--out", path("c.safetensors")};
+      if (sr1) args.insert(args.end(), {"--sr-draw", "philox1"});
+      const Result r = run(args);
       ASSERT_EQ(r.code, 0) << r.err;
       std::vector<uint8_t> want(v.size());
-      for (size_t i = 0; i < v.size(); ++i)
-        want[i] = std::string(rounding) == "rtne" ? round_rtne(fm, v[i])
-                                                  : round_sr(fm, v[i], random_bits(1234567890123ull, 6, i));
+      const uint32_t k[2] = {uint32_t(1234567890123ull), uint32_t(1234567890123ull >> 32)};
+      for (size_t i = 0; i < v.size(); ++i) {
+        const uint32_t c[4] = {uint32_t(sr1 ? i : i / 4), 0u, 6u, 0u};
+        uint32_t o[4];
+        Philox4x32::generate(c, k, o);
+        want[i] = std::string(rounding) == "rtne" ? round_rtne(fm, v[i]) : round_sr(fm, v[i], o[sr1 ? 0 : i % 4]);
+      }
       const io::SafetensorsFile f(path("c.safetensors"));
       EXPECT_EQ(tensor_bytes(f, "v.codes", io::DType::U8, {64, 64}), want);
     }

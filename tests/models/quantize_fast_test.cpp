@@ -187,7 +187,7 @@ QTensor slow_quantize(const std::vector<float>& x_in, int64_t rows, int64_t cols
         const int64_t i = r * cols + b * cfg.block + j;
         const float v = scale_element(cfg.scale, x[i], bs);
         q.codes[i] = cfg.rounding == Rounding::rtne ? round_rtne(cfg.format, v)
-                                                    : round_sr(cfg.format, v, random_bits(cfg.seed, cfg.stream, uint64_t(i)));
+                                                    : round_sr(cfg.format, v, sr_word(cfg.sr_draw, cfg.seed, cfg.stream, uint64_t(i)));
       }
     }
   return q;
@@ -241,6 +241,11 @@ TEST(QuantizeFast, MatchesStepByStepQuantiserBits) {
                 cfg.stream = 3;
                 checked += expect_same_quantisation(x, rows, cols, cfg);
                 ++configs;
+                if (rnd == Rounding::sr) {  // the original draw too (philox4 is the default)
+                  cfg.sr_draw = SrDraw::philox1;
+                  checked += expect_same_quantisation(x, rows, cols, cfg);
+                  ++configs;
+                }
               }
   omp_set_num_threads(threads);
   EXPECT_GT(configs, 100);
@@ -261,6 +266,8 @@ TEST(QuantizeFast, ThreadedPassesMatchStepByStepQuantiserBits) {
     cfg.rht_signs = rht_signs_te(16);
     checked += expect_same_quantisation(x, rows, cols, cfg);
     cfg.rounding = Rounding::sr;
+    checked += expect_same_quantisation(x, rows, cols, cfg);
+    cfg.sr_draw = SrDraw::philox1;
     checked += expect_same_quantisation(x, rows, cols, cfg);
   }
   EXPECT_GT(checked, 0);

@@ -432,7 +432,9 @@ TEST(QuantConfigLabel, CarriesTheConfiguration) {
   c = config(kE2M1, ScaleKind::ue4m3, 16);
   c.tile2d = true;
   c.rounding = Rounding::sr;
-  EXPECT_EQ(c.label(), "e2m1_b16x16_ue4m3scale_rht0_sr");
+  EXPECT_EQ(c.label(), "e2m1_b16x16_ue4m3scale_rht0_sr-philox4");
+  c.sr_draw = SrDraw::philox1;
+  EXPECT_EQ(c.label(), "e2m1_b16x16_ue4m3scale_rht0_sr-philox1");
   EXPECT_EQ(config(kE2M1, ScaleKind::ue8m0_ceil, 32).label(), "e2m1_b32_ue8m0-ceilscale_rht0_rtne");
 }
 

@@ -23,7 +23,8 @@ struct ThreadGuard {
 
 class SrStats : public ::testing::TestWithParam<Golden> {};
 
-// N = 2^20 (> 10^6) draws of round_sr at a fixed x, words random_bits(seed, stream, 0..N-1).
+// N = 2^20 (> 10^6) draws of round_sr at a fixed x, words sr_word(d, seed, stream, 0..N-1), under either draw
+// (philox4 takes the four words of each block in turn).
 // Each draw rounds up with probability P = ceil(frac * 2^24) / 2^24 (frac <= P < frac + 2^-24), so the
 // number of ups is Binomial(N, P) and the mean error (q - x) = gap * (ups/N - frac) has
 // standard deviation sigma = gap * sqrt(P (1 - P) / N). Bounds, 5 sigma (two-sided p ~ 6e-7 per check) plus
@@ -37,8 +38,10 @@ TEST_P(SrStats, UnbiasedAndPUpEqualsFrac) {
   const int intervals[] = {0, (g.num_levels - 1) / 2, g.num_levels - 2};
   int positions = 0;
   uint32_t stream = 100;
-  for (int i : intervals)
+  for (int k = 0; k < 6; ++k)  // both draws at each of the three intervals
     for (double frac_target : {0.125, 0.3, 0.5, 0.875}) {
+      const SrDraw d = kSrDraws[k / 3];
+      const int i = intervals[k % 3];
       const double lo = g.levels[i], hi = g.levels[i + 1], gap = hi - lo;
       const float x = float(lo + frac_target * gap);
       const double frac = (double(x) - lo) / gap;  // the exact fraction of the FP32 input
@@ -46,7 +49,7 @@ TEST_P(SrStats, UnbiasedAndPUpEqualsFrac) {
       double err = 0.0;
       ++stream;  // an independent stream for every position
       for (int64_t n = 0; n < N; ++n) {
-        const uint8_t c = round_sr(g.f, x, random_bits(0x5EED, stream, uint64_t(n)));
+        const uint8_t c = round_sr(g.f, x, sr_word(d, 0x5EED, stream, uint64_t(n)));
         const int idx = code_index(c);
         ASSERT_TRUE(idx == i || idx == i + 1) << "SR left the two neighbours of " << x;
         ASSERT_FALSE(code_negative(c));
@@ -55,12 +58,13 @@ TEST_P(SrStats, UnbiasedAndPUpEqualsFrac) {
       }
       const double sd = std::sqrt(frac * (1 - frac) / double(N));
       const double p_up = double(ups) / double(N);
-      EXPECT_LE(std::fabs(p_up - frac), 5 * sd + 0x1p-24) << "x " << x << " frac " << frac << " P(up) " << p_up;
+      EXPECT_LE(std::fabs(p_up - frac), 5 * sd + 0x1p-24)
+          << sr_draw_name(d) << " x " << x << " frac " << frac << " P(up) " << p_up;
       EXPECT_LE(std::fabs(err / double(N)), gap * (5 * sd + 0x1p-24))
-          << "x " << x << " frac " << frac << " mean error " << err / double(N);
+          << sr_draw_name(d) << " x " << x << " frac " << frac << " mean error " << err / double(N);
       ++positions;
     }
-  EXPECT_EQ(positions, 12);
+  EXPECT_EQ(positions, 24);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllFormats, SrStats, ::testing::ValuesIn(kGolden),
@@ -120,25 +124,76 @@ TEST(SrQuantize, ReproducibleAndIndependentOfThreadCount) {
   EXPECT_EQ(configs, 24);
 }
 
-// The quantiser draws element (r, c)'s word at index r*K + c of its stream (docs/datapath.md section 2).
+// The word docs/spec.md §4 gives element `index` of a stream, spelled out from the generator (whose outputs
+// philox_test pins to the published known answers): philox1, the first word of the block at counter (index,
+// stream); philox4, word index mod 4 of the block at counter (index / 4, stream).
+uint32_t spec_word(SrDraw d, uint64_t seed, uint32_t stream, uint64_t index) {
+  const uint64_t ctr = d == SrDraw::philox1 ? index : index / 4;
+  const uint32_t k[2] = {uint32_t(seed), uint32_t(seed >> 32)};
+  const uint32_t c[4] = {uint32_t(ctr), uint32_t(ctr >> 32), stream, 0u};
+  uint32_t o[4];
+  Philox4x32::generate(c, k, o);
+  return o[d == SrDraw::philox1 ? 0 : index % 4];
+}
+
+// The quantiser draws element (r, c)'s word at index r*K + c of its stream (docs/datapath.md section 2), under
+// either draw; the two draws give different codes.
 TEST(SrQuantize, DrawsTheContractsWordPerElement) {
   Rng rng(12);
   const int64_t rows = 8, cols = 64;
   const auto x = rng.normals(size_t(rows * cols));
-  const QuantConfig cfg = sr_config(kE1M2, ScaleKind::fp32, 0);
-  const QTensor q = quantize(x.data(), rows, cols, cfg);
-  int64_t checked = 0, differs_from_rtne = 0;
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      const float dec = q.scales[r * q.kblocks() + c / 16];
-      const float v = x[r * cols + c] / dec;  // fp32 scale: v = y / dec
-      const uint8_t want = round_sr(kE1M2, v, random_bits(cfg.seed, cfg.stream, uint64_t(r * cols + c)));
-      EXPECT_EQ(q.codes[r * cols + c], want) << "element (" << r << ", " << c << ")";
-      differs_from_rtne += want != round_rtne(kE1M2, v);
-      ++checked;
+  std::vector<uint8_t> codes[2];
+  for (SrDraw d : kSrDraws) {
+    SCOPED_TRACE(sr_draw_name(d));
+    QuantConfig cfg = sr_config(kE1M2, ScaleKind::fp32, 0);
+    cfg.sr_draw = d;
+    const QTensor q = quantize(x.data(), rows, cols, cfg);
+    int64_t checked = 0, differs_from_rtne = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const uint64_t i = uint64_t(r * cols + c);
+        const float dec = q.scales[r * q.kblocks() + c / 16];
+        const float v = x[r * cols + c] / dec;  // fp32 scale: v = y / dec
+        EXPECT_EQ(sr_word(d, cfg.seed, cfg.stream, i), spec_word(d, cfg.seed, cfg.stream, i));
+        const uint8_t want = round_sr(kE1M2, v, spec_word(d, cfg.seed, cfg.stream, i));
+        EXPECT_EQ(q.codes[r * cols + c], want) << "element (" << r << ", " << c << ")";
+        differs_from_rtne += want != round_rtne(kE1M2, v);
+        ++checked;
+      }
+    EXPECT_EQ(checked, rows * cols);
+    EXPECT_GT(differs_from_rtne, 0);
+    codes[int(d)] = q.codes;
+  }
+  EXPECT_NE(codes[0], codes[1]);
+}
+
+// philox4's four words of a block feed four neighbouring elements, so beyond each word's uniformity (SrStats) the
+// rounding decisions of two elements of a group must be independent. N = 2^20 groups at a fixed fraction f: for
+// each pair of positions (j, k) of a group, the count of both-up has mean N f^2 and, under independence, standard
+// deviation sqrt(N f^2 (1 - f^2)); we require it within 5 sigma (p ~ 6e-7 per check) plus the 2^-24 of P(up).
+TEST(SrQuantize, Philox4WordsOfAGroupAreIndependent) {
+  const int64_t N = int64_t(1) << 20;
+  const float x = 0.3f;  // e1m2 levels 0.25 and 0.5: frac = 0.2 exactly
+  const double f = (double(x) - 0.25) / 0.25;
+  int64_t both[4][4] = {}, ups[4] = {};
+  for (int64_t g = 0; g < N; ++g) {
+    bool up[4];
+    for (int j = 0; j < 4; ++j) {
+      up[j] = code_index(round_sr(kE1M2, x, sr_word(SrDraw::philox4, 0xC0FFEE, 9, uint64_t(4 * g + j)))) == 2;
+      ups[j] += up[j];
     }
-  EXPECT_EQ(checked, rows * cols);
-  EXPECT_GT(differs_from_rtne, 0);
+    for (int j = 0; j < 4; ++j)
+      for (int k = j + 1; k < 4; ++k) both[j][k] += up[j] && up[k];
+  }
+  for (int j = 0; j < 4; ++j) {
+    EXPECT_LE(std::fabs(double(ups[j]) / double(N) - f), 5 * std::sqrt(f * (1 - f) / double(N)) + 0x1p-24)
+        << "position " << j;
+    for (int k = j + 1; k < 4; ++k) {
+      const double mean = double(N) * f * f, sd = std::sqrt(double(N) * f * f * (1 - f * f));
+      EXPECT_LE(std::fabs(double(both[j][k]) - mean), 5 * sd + double(N) * 0x1p-23)
+          << "positions " << j << " and " << k << ": " << both[j][k] << " both up, expected " << mean;
+    }
+  }
 }
 
 // A whole SR-quantised tensor is unbiased: with v_i the scaled input, gap_i its interval and f_i its

@@ -39,7 +39,7 @@ RtlQuant rtl_quantize(Dut<Vfp4_quant_unit>& dut, const float* y, int64_t rows, i
     if (cfg.rounding == Rounding::sr)
       for (int j = 0; j < 16; ++j) {
         const uint64_t idx = uint64_t(r * cols + sb * 16 + j);
-        const uint64_t rb = random_bits(cfg.seed, cfg.stream, idx) >> 8;
+        const uint64_t rb = sr_word(cfg.sr_draw, cfg.seed, cfg.stream, idx) >> 8;
         const int bit = 24 * j;
         words[bit / 32] |= uint32_t(rb << (bit % 32));
         if (bit % 32 > 8) words[bit / 32 + 1] |= uint32_t(rb >> (32 - bit % 32));

@@ -74,4 +74,36 @@ FP4LAB_HD inline uint32_t random_bits_in_group(uint64_t seed, uint32_t stream, u
   return o[0];
 }
 
+// How stochastic rounding draws its random words (docs/spec.md §4). Both are part of the contract, by name, so
+// that every result made under either reproduces bit for bit:
+//  - philox1: one Philox4x32-10 block per element, its first word: counter (index low, index high, stream, 0).
+//    The original definition; 3 of every 4 words a block computes go unused.
+//  - philox4: one block per four consecutive elements, word j for element 4g + j: counter (g low, g high,
+//    stream, 0) with g = index / 4 (index = row * K + column; K is a multiple of 16, so a group never spans
+//    two rows). Each word is uniform, as before, so P(up) is unchanged; a quarter of the Philox work.
+enum class SrDraw : uint8_t { philox1, philox4 };
+inline constexpr SrDraw kSrDraws[] = {SrDraw::philox1, SrDraw::philox4};
+FP4LAB_HD constexpr const char* sr_draw_name(SrDraw d) { return d == SrDraw::philox1 ? "philox1" : "philox4"; }
+// Elements per Philox block.
+FP4LAB_HD constexpr int sr_draw_width(SrDraw d) { return d == SrDraw::philox1 ? 1 : 4; }
+
+// The contract's random word for element `index` of tensor `stream` under `seed` and draw `d`.
+FP4LAB_HD inline uint32_t sr_word(SrDraw d, uint64_t seed, uint32_t stream, uint64_t index) {
+  if (d == SrDraw::philox1) return random_bits(seed, stream, index);
+  const uint64_t g = index >> 2;
+  const uint32_t k[2] = {uint32_t(seed), uint32_t(seed >> 32)};
+  const uint32_t c[4] = {uint32_t(g), uint32_t(g >> 32), stream, 0u};
+  uint32_t o[4];
+  Philox4x32::generate(c, k, o);
+  return o[index & 3];
+}
+
+// The four words of group g under philox4 (elements 4g .. 4g + 3), for code that rounds a group at once.
+template <bool kWide = true>
+FP4LAB_HD inline void sr_words4(uint64_t seed, uint32_t stream, uint64_t g, uint32_t out[4]) {
+  const uint32_t k[2] = {uint32_t(seed), uint32_t(seed >> 32)};
+  const uint32_t c[4] = {uint32_t(g), uint32_t(g >> 32), stream, 0u};
+  Philox4x32::generate<kWide>(c, k, out);
+}
+
 }  // namespace fp4lab

@@ -15,6 +15,7 @@
 
 #include "fp4lab/buffer.hpp"
 #include "fp4lab/format.hpp"
+#include "fp4lab/philox.hpp"
 #include "fp4lab/scale.hpp"
 
 namespace fp4lab {
@@ -98,16 +99,21 @@ struct QuantConfig {
   Rounding rounding = Rounding::rtne;
   uint64_t seed = 0;              // stochastic rounding key
   uint32_t stream = 0;            // tensor id in the SR counter
+  SrDraw sr_draw = SrDraw::philox4;  // how SR draws its words (philox.hpp); last, so older pickles still load
 
-  std::string label() const;      // e.g. "e1m2_b16_fp32scale_rht16_rtne"
+  std::string label() const;      // e.g. "e1m2_b16_fp32scale_rht16_rtne", "..._sr-philox4"
 
   // Every setting, once, in declaration order (and kFieldNames their names, as the Python keywords spell them):
   // equality and the Python binding's pickling walk this list, so a field added later cannot be left out of
   // either without a compile error (kFieldNames' size is checked against it).
-  auto fields() { return std::tie(format, block, tile2d, scale, rht, rht_signs, rht_bf16, rounding, seed, stream); }
-  auto fields() const { return std::tie(format, block, tile2d, scale, rht, rht_signs, rht_bf16, rounding, seed, stream); }
-  static constexpr std::array<const char*, 10> kFieldNames = {"format", "block", "tile2d", "scale", "rht", "rht_signs",
-                                                              "rht_bf16", "rounding", "seed", "stream"};
+  auto fields() {
+    return std::tie(format, block, tile2d, scale, rht, rht_signs, rht_bf16, rounding, seed, stream, sr_draw);
+  }
+  auto fields() const {
+    return std::tie(format, block, tile2d, scale, rht, rht_signs, rht_bf16, rounding, seed, stream, sr_draw);
+  }
+  static constexpr std::array<const char*, 11> kFieldNames = {"format", "block", "tile2d", "scale",  "rht",    "rht_signs",
+                                                              "rht_bf16", "rounding", "seed", "stream", "sr_draw"};
 };
 
 namespace detail {

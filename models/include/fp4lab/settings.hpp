@@ -1,7 +1,7 @@
 // The quantiser settings of one operand as a library user gives them, typed: a recipe, then each setting given
 // explicitly on top (operand_config). The command line reads its option text into these (cli/knobs.hpp); the
 // Python package its keywords (python/src/config.cpp). The names each setting takes come from the tables that
-// define them (kAllFormats, kAllScales, kRoundings, kPasses, Recipe::names()), looked up here with one message.
+// define them (kAllFormats, kAllScales, kRoundings, kSrDraws, kPasses, Recipe::names()), looked up here with one message.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +21,7 @@ struct SettingsError : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
-// The names a setting takes ("format", "scale", "rounding", "pass", "role" or "recipe"), joined by `sep`: the one
+// The names a setting takes ("format", "scale", "rounding", "sr_draw", "pass", "role" or "recipe"), joined by `sep`: the one
 // list that --help texts and error messages print.
 std::string knob_choices(const std::string& knob, const std::string& sep);
 
@@ -29,6 +29,7 @@ std::string knob_choices(const std::string& knob, const std::string& sep);
 ElemFormat parse_format(const std::string& name);
 ScaleKind parse_scale(const std::string& name);
 Rounding parse_rounding(const std::string& name);
+SrDraw parse_sr_draw(const std::string& name);
 Pass parse_pass(const std::string& name);
 
 // The operand roles by name (fwd_x, fwd_w, bwd_dy, ...), each the A or B operand of some pass.
@@ -52,6 +53,7 @@ struct OperandSettings {
   std::optional<ScaleKind> scale;
   std::optional<bool> tile2d;
   std::optional<Rounding> rounding;
+  std::optional<SrDraw> sr_draw;              // how SR draws its words (philox.hpp); RTNE operands ignore it
   std::optional<int> rht;                     // the RHT size; 0 turns it off
   std::optional<std::vector<float>> rht_signs;  // D entries, each +1 or -1 (their count gives the size without rht)
   bool rht_signs_te = false;                  // Transformer Engine's vector (size 16 where none is given)

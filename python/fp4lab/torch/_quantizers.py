@@ -39,7 +39,7 @@ def shard_quantizer(shard, inner, amax_marks=None):
     def quantize(x, cfg, pass_, operand):
         token_rows = pass_ in ("fwd_y", "bwd_dx") and operand == "a"
         token_cols = pass_ == "bwd_dw" and not expert  # an expert's tokens of a rank are no whole blocks
-        if not (token_rows or token_cols) or not cfg.label.endswith("_sr"):
+        if not (token_rows or token_cols) or cfg.rounding != _core.Rounding.sr:
             return inner(x, cfg, pass_, operand)
         if expert:
             index = shard.idx

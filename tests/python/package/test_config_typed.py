@@ -147,7 +147,7 @@ def test_the_field_list_is_every_keyword_and_each_takes_part_in_equality_pickle_
     c = QuantConfig(format="e2m1", block=16, scale="ue8m0", tile2d=False, rht=32, rht_signs=signs, rht_bf16=True,
                     rounding="sr", seed=5, stream=3)
     other = {"format": "e1m2", "block": 32, "scale": "fp32", "tile2d": True, "rht": 16, "rht_signs": [-1, 1] * 16,
-             "rht_bf16": False, "rounding": "rtne", "seed": 6, "stream": 4}
+             "rht_bf16": False, "rounding": "rtne", "seed": 6, "stream": 4, "sr_draw": "philox1"}
     assert sorted(FIELDS) == sorted(other) == sorted(set(c.to_dict()) - {"label"})
     assert len(c.__getstate__()) == len(FIELDS)
     assert QuantConfig(**{f: getattr(c, f) for f in FIELDS}) == c
@@ -155,3 +155,32 @@ def test_the_field_list_is_every_keyword_and_each_takes_part_in_equality_pickle_
         d = c.replace(**{f: v})
         assert d != c and getattr(d, f) != getattr(c, f), f
         assert eval(repr(d), {"fp4lab": fp4lab}) == d and loads(pickle.dumps(d)) == d, f
+
+
+def test_the_sr_draw_is_a_named_setting_and_older_pickles_load_as_the_original_draw():
+    """docs/spec.md §4: philox4 is the default and the presets' draw; philox1 (the original) is selectable by name
+    everywhere a setting is, and a QuantConfig pickled before sr_draw existed (ten fields) loads as philox1, the
+    draw it was made under."""
+    from fp4lab import SrDraw
+    assert QuantConfig().sr_draw is SrDraw.philox4 and fp4lab.config("ufp4", role="bwd_dy").sr_draw is SrDraw.philox4
+    old = fp4lab.config("ufp4", role="bwd_dy", sr_draw="philox1")
+    assert old.sr_draw is SrDraw.philox1 and old == QuantConfig(**{**{f: getattr(old, f) for f in FIELDS},
+                                                                  "sr_draw": SrDraw.philox1})
+    assert old.label.endswith("_sr-philox1") and old.to_dict()["sr_draw"] == "philox1"
+    # The two draws give different codes under SR, the same under RTNE.
+    x = np.random.default_rng(3).standard_normal((16, 64)).astype(np.float32)
+    new = old.replace(sr_draw="philox4")
+    assert not np.array_equal(fp4lab.quantize_with(x, old).codes, fp4lab.quantize_with(x, new).codes)
+    rtne = fp4lab.config("ufp4")
+    assert np.array_equal(fp4lab.quantize_with(x, rtne).codes,
+                          fp4lab.quantize_with(x, rtne.replace(sr_draw="philox1")).codes)
+    # The ten-field state of before: loads, as philox1.
+    state = old.__getstate__()
+    assert len(state) == 11 and state[-1] == "philox1"
+    legacy = QuantConfig.__new__(QuantConfig)
+    legacy.__setstate__(tuple(new.__getstate__()[:10]))
+    assert legacy == old
+    with pytest.raises(ValueError, match="unknown SR draw 'philox2' \\(known: philox1, philox4\\)"):
+        fp4lab.config("ufp4", sr_draw="philox2")
+    with pytest.raises(TypeError, match="sr_draw"):
+        fp4lab.config("ufp4", sr_draw=4)

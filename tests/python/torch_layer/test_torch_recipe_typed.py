@@ -179,3 +179,17 @@ def test_configs_take_only_operands_and_quant_configs():
         with pytest.raises(err) as e:
             ft.Recipe(**kw)
         assert str(e.value).startswith(text) and "\n" not in str(e.value), str(e.value)
+
+
+def test_the_original_sr_draw_is_a_recipe_knob_its_key_spells_and_its_bits_follow():
+    """docs/spec.md §4: the presets draw SR under philox4; sr_draw="philox1" (the draw of every run before it)
+    reaches every operand, its key reads back, and a training step's SR operands (dY under ufp4) change bits while
+    the forward, all RTNE, does not."""
+    new, old = ft.Recipe("ufp4", seed=5), ft.Recipe("ufp4", seed=5, sr_draw="philox1")
+    assert all(c.sr_draw is fp4lab.SrDraw.philox4 for _, c in new.configs)
+    assert all(c.sr_draw is fp4lab.SrDraw.philox1 for _, c in old.configs)
+    assert new != old and "sr_draw='philox1'" in old.key and recipe_of_key(old.key) == old
+    y_new, dx_new, dw_new = step_bits(new)
+    y_old, dx_old, dw_old = step_bits(old)
+    assert torch.equal(y_new, y_old)
+    assert not torch.equal(dx_new, dx_old) and not torch.equal(dw_new, dw_old)
