@@ -61,7 +61,7 @@ std::string mismatch_line(const fc::Mismatch& m) {
 int cmd_cuda_check(const Invocation& inv) {
   po::options_description desc("fp4lab cuda check options");
   std::vector<std::string> traces;
-  std::string recipe_name = "ufp4", gemm_kind = "both";
+  std::string recipe_name = "ufp4", gemm_kind = "both", sr_draw = sr_draw_name(fp4lab::Recipe{}.sr_draw);
   int show = 5, limit = 0;
   uint64_t seed = 0;
   bool native = false;
@@ -69,6 +69,8 @@ int cmd_cuda_check(const Invocation& inv) {
       "trace", po::value(&traces)->multitoken()->required(), "trace folders or files (docs/spec.md §7), e.g. several steps")(
       "recipe", po::value(&recipe_name)->default_value("ufp4"), ("one of " + knob_choices("recipe", ", ")).c_str())(
       "seed", po::value(&seed)->default_value(0), "stochastic-rounding seed")(
+      "sr-draw", po::value(&sr_draw)->default_value(sr_draw),
+      (knob_choices("sr_draw", "|") + ": how SR draws its words (docs/spec.md §4)").c_str())(
       "gemm", po::value(&gemm_kind)->default_value("both"), "GPU GEMM kernels to check: fast, reference or both")(
       "native", po::bool_switch(&native), "also run the SM100 tcgen05 path (sm_100 device only) within its tolerance")(
       "show", po::value(&show)->default_value(5), "mismatches printed per category")(
@@ -82,6 +84,7 @@ int cmd_cuda_check(const Invocation& inv) {
     usage_error("--gemm must be fast, reference or both, not '" + gemm_kind + "'");
   fp4lab::Recipe recipe = gpu::preset(recipe_name);
   recipe.seed = seed;
+  recipe.sr_draw = cli::parse_sr_draw(sr_draw);
   // Every rank opens every header (cheap, no tensor data): a bad trace is reported before the device is looked at.
   std::vector<std::unique_ptr<fp4lab::io::Trace>> trs;
   for (const std::string& t : traces) {

@@ -32,7 +32,7 @@ int cmd_cuda_qbench(const Invocation& inv) {
                      "operand shapes RxC (default: the 103M model's 8192x1024 8192x2816 1024x8192 2816x1024 1024x1024)")(
       "recipe", po::value(&recipes)->multitoken(), "recipes (default: ufp4 e2m1-ref nvfp4 mxfp4)")(
       "reps", po::value(&reps)->default_value(15), "timed repetitions (median reported)")(
-      "variant", po::value(&only_variant), "only this variant: plain, rht16 or sr")(
+      "variant", po::value(&only_variant), "only this variant: plain, rht16, sr (philox4) or sr1 (philox1)")(
       "layout", po::value(&only_layout), "only this layout: row-wise, transposed or copy+row");
   cli::add_common_options(desc);
   po::variables_map vm;
@@ -76,7 +76,7 @@ int cmd_cuda_qbench(const Invocation& inv) {
       const fc::CopyTime copy = bench.copy(T, bytes, reps);
       const double t_copy = copy.us, copy_gbs = copy.gbs;
       for (auto [vname, cfg] : {std::pair<const char*, const fp4lab::QuantConfig*>{"plain", &v.plain},
-                                {"rht16", &v.rht16}, {"sr", &v.sr}}) {
+                                {"rht16", &v.rht16}, {"sr", &v.sr}, {"sr1", &v.sr1}}) {
         for (auto [layout, lay] : {std::pair<const char*, fc::Bf16Layout>{"row-wise", fc::Bf16Layout::row_wise},
                                    {"transposed", fc::Bf16Layout::transposed},
                                    {"copy+row", fc::Bf16Layout::copy_row}}) {

@@ -260,6 +260,7 @@ void quantize_pass(const T* x, int d, int fmt, int64_t rows, int64_t cols, const
   a.cols = cols;
   a.scale = cfg.scale;
   a.rounding = cfg.rounding;
+  a.sr_draw = cfg.sr_draw;
   a.rht_bf16 = d > 0 && cfg.rht_bf16;
   a.seed = cfg.seed;
   a.seed_dev = d_seed;

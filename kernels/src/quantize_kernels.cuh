@@ -34,6 +34,7 @@ struct QArgs {
   int* nonfinite;          // bit 0: an input is NaN or Inf; bit 1: its RHT overflowed FP32; null = not checked
   ScaleKind scale;
   Rounding rounding;
+  SrDraw sr_draw;          // SR's draw (philox.hpp): one Philox block per element or per four
   bool rht_bf16;
   uint64_t seed;
   const uint64_t* seed_dev; // non-null: the seed is read here on the device (a captured step's key)
@@ -129,17 +130,49 @@ __device__ __forceinline__ void rotate_group(float (&y)[G], const float* signs, 
 }
 
 // Scales and rounds block b of the thread's values into packed nibbles (element e -> bits 4(e%8) of word e/8).
-// WIDE: Philox's products as widening multiplies (philox.hpp); the same bits either way.
+// WIDE: Philox's products as widening multiplies (philox.hpp); the same bits either way. SR takes its words four
+// elements at a time: under philox4 one Philox block gives them; under philox1 (the original draw, one block per
+// element) a rolled loop computes the four blocks one after the other, so that the kernel holds one generator body
+// for it and not one per element.
 template <int F, int B, bool FP32, bool RTNE, bool WIDE, int G>
 __device__ __forceinline__ void round_block(const float (&y)[G], int b, const BlockScale& bs, ScaleKind kind,
                                             const QArgs& a, uint64_t seed, int64_t base, uint32_t (&packed)[G / 8]) {
+  if constexpr (RTNE) {
 #pragma unroll
-  for (int j = 0; j < B; ++j) {
-    const int e = b * B + j;
-    const float v = scale_element(FP32 ? ScaleKind::fp32 : kind, y[e], bs);
-    const uint8_t c = RTNE ? detail::round_rtne_fast<F>(v)
-                           : detail::round_sr_fast<F>(v, random_bits_in_group<WIDE>(seed, a.stream, uint64_t(base), uint32_t(e)));
-    packed[e / 8] |= uint32_t(c) << (4 * (e % 8));
+    for (int j = 0; j < B; ++j) {
+      const int e = b * B + j;
+      const float v = scale_element(FP32 ? ScaleKind::fp32 : kind, y[e], bs);
+      packed[e / 8] |= uint32_t(detail::round_rtne_fast<F>(v)) << (4 * (e % 8));
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < B; j += 4) {
+      const int e0 = b * B + j;
+      uint32_t w[4];
+      if (a.sr_draw == SrDraw::philox4) {
+        sr_words4<WIDE>(seed, a.stream, uint64_t(base + e0) >> 2, w);
+      } else {
+        uint32_t w0 = 0, w1 = 0, w2 = 0, w3 = 0;  // shifted in, so that no register array is indexed at run time
+#pragma unroll 1
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t r = random_bits_in_group<WIDE>(seed, a.stream, uint64_t(base), uint32_t(e0 + i));
+          w0 = w1;
+          w1 = w2;
+          w2 = w3;
+          w3 = r;
+        }
+        w[0] = w0;
+        w[1] = w1;
+        w[2] = w2;
+        w[3] = w3;
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int e = e0 + i;
+        const float v = scale_element(FP32 ? ScaleKind::fp32 : kind, y[e], bs);
+        packed[e / 8] |= uint32_t(detail::round_sr_fast<F>(v, w[i])) << (4 * (e % 8));
+      }
+    }
   }
 }
 

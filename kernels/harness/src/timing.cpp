@@ -162,6 +162,9 @@ Bf16Variants bf16_variants(const Recipe& rec) {
   v.rht16.rht_signs = rht_signs_te(16);
   v.rht16.rht_bf16 = rec.rht_bf16;
   v.sr.rounding = Rounding::sr;
+  v.sr.sr_draw = SrDraw::philox4;
+  v.sr1 = v.sr;
+  v.sr1.sr_draw = SrDraw::philox1;
   return v;
 }
 
