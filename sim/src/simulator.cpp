@@ -158,7 +158,10 @@ class Plan {
     t.rd[t.nrd++] = {k, bytes};
   }
   void add_quant(Token& t, const OperandPlan& p, int64_t elems) {
-    (p.sr ? t.q_sr_elems : t.q_elems) += elems;
+    if (!p.sr)
+      t.q_elems += elems;
+    else
+      (p.q.sr_draw == SrDraw::philox4 ? t.q_sr4_elems : t.q_sr_elems) += elems;
   }
   void add_rht(Token& t, const OperandPlan& p, int64_t elems) {
     t.rht_elems += elems;
@@ -442,7 +445,7 @@ JobCache& job_cache() {
 
 // Everything a timing-only job's cycles, stalls, busy shares and bytes depend on: the configuration less the keys
 // that only price it (energy.*, area.*), its name, and mac.kind (the model sees it only as `native`); the job's
-// kind, shape and operand formats (not its SR seeds or RHT signs: timing never reads values); and the cycle it
+// kind, shape and operand formats and SR draws (not its SR seeds or RHT signs: timing never reads values); and the cycle it
 // starts at.
 std::string timing_key(const Config& cfg, const GemmJob& job, bool native, int64_t t0) {
   nlohmann::json c = cfg.to_json();
@@ -457,7 +460,7 @@ std::string timing_key(const Config& cfg, const GemmJob& job, bool native, int64
   o << c.dump() << '|' << native << '|' << t0 << '|' << int(job.kind) << '|' << job.M << 'x' << job.N << 'x' << job.K;
   for (const QuantConfig* q : {&job.a, &job.b})
     o << '|' << q->format.name << ',' << q->block << ',' << q->tile2d << ',' << int(q->scale) << ',' << q->rht << ','
-      << q->rht_bf16 << ',' << int(q->rounding);
+      << q->rht_bf16 << ',' << int(q->rounding) << ',' << int(q->sr_draw);
   return o.str();
 }
 }  // namespace
@@ -572,7 +575,7 @@ void Simulator::price(JobReport& r, const JobCounters& k) const {
   r.energy_pj = {{"mac", k.blocks * kMacWidth * mac_pj},
                  {"acc", k.acc_ops * e.acc_op},
                  {"rht", k.rht_ops * e.rht_add},
-                 {"quant", (k.q_elems + k.sr_elems) * e.quant_elem + k.sr_elems * e.sr_elem},
+                 {"quant", (k.q_elems + k.sr_elems) * e.quant_elem + k.sr_draws * e.sr_elem},
                  {"dram", (k.dram_read + k.dram_write) * e.dram_byte},
                  {"l2", (k.l2_read + k.l2_write) * e.l2_byte},
                  {"buffer", (k.buf_read + k.buf_write) * e.buffer_byte}};
@@ -691,7 +694,7 @@ JobReport Simulator::run_impl(const GemmJob& job, const QTensor* qa, const QTens
 
   const double T = double(slot_.tcus), cyc = double(std::max<int64_t>(r.cycles, 1));
   double fetch = 0, rht = 0, quant = 0, mac = 0, acc = 0, wb = 0;
-  double rht_ops = 0, q_elems = 0, sr_elems = 0, acc_ops = 0, blocks = 0;
+  double rht_ops = 0, q_elems = 0, sr_elems = 0, sr_draws = 0, acc_ops = 0, blocks = 0;
   for (const std::string& s : stall_categories()) r.stalls[s] = 0;
   for (auto& t : m.tcus) {
     fetch += double(t->fetch->busy);
@@ -703,6 +706,7 @@ JobReport Simulator::run_impl(const GemmJob& job, const QTensor* qa, const QTens
     rht_ops += double(t->rht->ops);
     q_elems += double(t->quant->elems);
     sr_elems += double(t->quant->sr_elems);
+    sr_draws += double(t->quant->sr_draws);
     acc_ops += double(t->acc->ops);
     blocks += double(t->mac->blocks);
     const MacArray& a = *t->mac;
@@ -726,7 +730,7 @@ JobReport Simulator::run_impl(const GemmJob& job, const QTensor* qa, const QTens
   r.bytes = {{"dram_read", m.mem->dram_read},      {"dram_write", m.mem->dram_write},
              {"l2_read", m.mem->l2_read},          {"l2_write", m.mem->l2_write},
              {"buffer_read", plan.counters.buf_read}, {"buffer_write", plan.counters.buf_write}};
-  const JobCounters work{blocks, acc_ops, rht_ops, q_elems, sr_elems, m.mem->dram_read, m.mem->dram_write,
+  const JobCounters work{blocks, acc_ops, rht_ops, q_elems, sr_elems, sr_draws, m.mem->dram_read, m.mem->dram_write,
                          m.mem->l2_read, m.mem->l2_write, plan.counters.buf_read, plan.counters.buf_write};
   price(r, work);
   if (cache_key) job_cache().store(*cache_key, r, work);

@@ -361,5 +361,23 @@ TEST(Timing, TeachingPassWorkItemsReachEveryTcu) {
   EXPECT_EQ(sim.run(kernel_job(JobKind::quantize, 16, 16, 64, plain(16))).cycles, 94);
 }
 
+// SR's Philox calls (docs/spec.md §4): quant.sr_lanes calls per cycle serve that many SR elements under philox1 and
+// four times as many under philox4 (up to quant.lanes); energy.sr_pj is charged per call.
+TEST(Timing, TeachingSrDrawSetsThePhiloxRateAndEnergy) {
+  Simulator sim(config("teaching", {"quant.lanes=4", "quant.sr_lanes=1"}));
+  QuantConfig q = plain();
+  q.rounding = Rounding::sr;
+  const JobReport r4 = sim.run(job(16, 16, 1024, q));
+  q.sr_draw = SrDraw::philox1;
+  const JobReport r1 = sim.run(job(16, 16, 1024, q));
+  // philox4 at 4 calls' worth per cycle is the RTNE rate: TeachingQuantiserBound's 8713 cycles.
+  EXPECT_EQ(r4.cycles, 8713);
+  // philox1: 2048 / 1 = 2048 quantiser cycles per step instead of 512, the MAC waiting on every step.
+  EXPECT_GT(r1.cycles, 3 * r4.cycles);
+  EXPECT_GT(r1.stalls.at("quant"), 15 * 1536);
+  // Both operands' 16 x 1024 elements each under SR: 32768 calls under philox1, 8192 under philox4.
+  EXPECT_DOUBLE_EQ(r1.energy_pj.at("quant") - r4.energy_pj.at("quant"), (32768 - 8192) * 14.0);
+}
+
 }  // namespace
 }  // namespace fp4lab::sim::test

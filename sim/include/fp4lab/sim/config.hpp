@@ -60,7 +60,7 @@ struct Energy {
   double acc_op = 0;         // per block scale-and-accumulate (two FP32 multiplies and one add)
   double rht_add = 0;        // per FP32 add or subtract in the butterfly
   double quant_elem = 0;     // per element quantised (amax compare, scale, round)
-  double sr_elem = 0;        // extra per stochastically rounded element (its share of a Philox4x32-10)
+  double sr_elem = 0;        // extra per Philox4x32-10 block SR draws (one per element, or per four: philox4)
   double dram_byte = 0, l2_byte = 0, buffer_byte = 0;  // per byte moved at each level
   double leak_mw_per_mm2 = 0;  // static (leakage) power per mm^2 of built units, paid for the whole run time
   bool operator==(const Energy&) const = default;
