@@ -80,7 +80,8 @@ def setup(args, recipe, mode, device, capturable=False):
     cfg = {"d": args.d, "layers": args.layers, "heads": args.heads, "ffn": args.ffn, "seq": args.seq}
     model = build_model(cfg, args.vocab).to(device, torch.bfloat16)
     if recipe != "bf16":
-        ft.convert(model, make_recipe(recipe, mode, seed=0), include=r"^blocks\.")
+        name, _, draw = recipe.partition("@")  # ufp4@philox1: the recipe under the original SR draw
+        ft.convert(model, make_recipe(name, mode, seed=0, sr_draw=draw or "philox4"), include=r"^blocks\.")
     fused = device.type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=fused, **({"capturable": True} if capturable else {}))
     return model, opt, batches(args.vocab, args.batch, args.seq, device, seed=1)
@@ -257,7 +258,8 @@ def main():
             print(table(json.load(open(path))) + "\n")
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--recipes", default="bf16,ufp4,nvfp4")
+    ap.add_argument("--recipes", default="bf16,ufp4,nvfp4",
+                    help="comma-separated; NAME@philox1 runs a recipe under the original SR draw (docs/spec.md §4)")
     ap.add_argument("--modes", default="fast,exact")
     ap.add_argument("--size", choices=sorted(SIZES),
                     help="take the shape of this model of fp4lab.study (byte vocabulary, 256) instead of "
@@ -294,7 +296,8 @@ def main():
     for k in SHAPE_KEYS:
         if getattr(args, k) is None:
             setattr(args, k, shape[k])
-    unknown = [r for r in args.recipes.split(",") if r not in RECIPES]
+    unknown = [r for r in args.recipes.split(",")
+               if r.partition("@")[0] not in RECIPES or r.partition("@")[2] not in ("", "philox1", "philox4")]
     if unknown:
         ap.error(f"unknown recipe {', '.join(unknown)}; known: {', '.join(RECIPES)}")
     device = torch.device(args.device)

@@ -45,6 +45,9 @@ def build_parser(prog: str = "fp4lab-train", defaults=None, description: str = D
     t.add_argument("--recipe", choices=sorted(RECIPES), default="bf16")
     t.add_argument("--mode", choices=["exact", "fast"], default="exact")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--sr-draw", choices=["philox4", "philox1"], default="philox4",
+                   help="how stochastic rounding draws its words (docs/spec.md §4): philox4, the presets' (default), "
+                        "or philox1, the original draw, to reproduce runs made before it")
     t.add_argument("--steps", type=int, default=2000)
     t.add_argument("--seq", type=int)
     t.add_argument("--batch", type=int)

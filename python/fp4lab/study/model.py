@@ -19,11 +19,13 @@ RECIPES.update((n, _WHAT[n]) for n in _core.recipe_names())
 RECIPES.update((n, _WHAT[n]) for n in ABLATIONS if n not in RECIPES)
 
 
-def make_recipe(name: str, mode: str, seed: int):
+def make_recipe(name: str, mode: str, seed: int, sr_draw: str = "philox4"):
+    """The run's fp4lab.torch.Recipe; sr_draw other than the presets' philox4 is set on every operand."""
     import fp4lab.torch as ft
     if name == "bf16":
         return ft.Recipe("bf16")
-    return ft.Recipe(name, mode=mode, seed=seed, check_finite="deferred")
+    knobs = {} if sr_draw == "philox4" else {"sr_draw": sr_draw}
+    return ft.Recipe(name, mode=mode, seed=seed, check_finite="deferred", **knobs)
 
 
 def build_model(cfg: dict, vocab: int = 256):

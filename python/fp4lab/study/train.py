@@ -34,11 +34,14 @@ def use_deterministic_algorithms() -> None:
     torch.use_deterministic_algorithms(True)
 
 
-def run_name(size: str, recipe: str, mode: str, seed, steps, corpus: str = DEFAULT_CORPUS) -> str:
+def run_name(size: str, recipe: str, mode: str, seed, steps, corpus: str = DEFAULT_CORPUS,
+             sr_draw: str = "philox4") -> str:
     """A run's name (its JSON, log and checkpoint files): scripts/train_study.sh names runs through `name`. Runs on
     any corpus but the first carry its name, so runs of the same settings on two corpora never share a name (a
-    report keeps one run per name)."""
+    report keeps one run per name); runs under the original SR draw carry "-philox1"."""
     tail = "" if corpus == DEFAULT_CORPUS else "-" + re.sub(r"[^A-Za-z0-9._-]+", "_", corpus)
+    if sr_draw != "philox4" and recipe != "bf16":
+        tail += "-" + sr_draw
     return f"{size}-{recipe}-{'bf16' if recipe == 'bf16' else mode}-s{seed}-{steps}{tail}"
 
 
@@ -253,7 +256,8 @@ def cmd_train(args):
 
     train_data, val_data = _load(args.data, "train.bin"), _load(args.data, "val.bin")
     corpus = corpus_name(args.data)
-    args.name = args.name or run_name(args.size, args.recipe, args.mode, args.seed, args.steps, corpus)
+    sr_draw = getattr(args, "sr_draw", "philox4")
+    args.name = args.name or run_name(args.size, args.recipe, args.mode, args.seed, args.steps, corpus, sr_draw)
     if len(train_data) < 100 * (seq + 1) or len(val_data) < batch * seq + 1:
         raise DataError(f"{args.data}: too little text for sequence {seq} and batch {batch} (train.bin needs "
                         f"{100 * (seq + 1):,} bytes, val.bin {batch * seq + 1:,})")
@@ -262,7 +266,7 @@ def cmd_train(args):
 
     torch.manual_seed(args.seed)
     model = build_model(cfg).to(device)
-    recipe = make_recipe(args.recipe, args.mode, args.seed)
+    recipe = make_recipe(args.recipe, args.mode, args.seed, sr_draw)
     if args.recipe != "bf16":
         ft.convert(model, recipe, include=r"^blocks\.")
         fault = _token_fault(model, batch * seq)
@@ -313,12 +317,13 @@ def cmd_train(args):
     # A run may span several invocations (--time-limit, --checkpoint): the checkpoint holds everything the next
     # step depends on, so a resumed run continues bit for bit where it stopped (on a GPU, with --deterministic).
     key = {"size": args.size, "recipe": args.recipe, "mode": args.mode, "seed": args.seed, "steps": args.steps,
-           "cfg": cfg, "deterministic": args.deterministic, "corpus": corpus}
+           "cfg": cfg, "deterministic": args.deterministic, "corpus": corpus, "sr_draw": sr_draw}
     concurrent = args.concurrent
     if args.checkpoint and os.path.exists(args.checkpoint):
         ck = load_checkpoint(args.checkpoint, device)
         ck["key"].setdefault("deterministic", False)  # checkpoints written before the option existed
         ck["key"].setdefault("corpus", DEFAULT_CORPUS)  # ... and before a second corpus
+        ck["key"].setdefault("sr_draw", "philox1")  # ... and before the philox4 draw: those runs drew philox1
         if ck["key"] != key:
             raise DataError(f"{args.checkpoint}: a checkpoint of another run ({str(ck['key'])[:300]}), not of this one")
         start, parts = ck["step"], ck.get("concurrent", 1)  # checkpoints before --concurrent existed: one run
@@ -433,7 +438,7 @@ def cmd_train(args):
     run = {
         "name": args.name, "model": args.size, "params": params, "block_params": block_params,
         "corpus": corpus, "recipe": args.recipe, "recipe_detail": RECIPES[args.recipe],
-        "gemm_mode": "bf16" if args.recipe == "bf16" else args.mode, "seed": args.seed,
+        "gemm_mode": "bf16" if args.recipe == "bf16" else args.mode, "seed": args.seed, "sr_draw": sr_draw,
         "steps": list(range(1, done + 1)), "train_loss": [float(v) for v in losses[:done].cpu().tolist()],
         "val_steps": val_steps, "val_loss": val_loss,
         "tokens_per_s": done * batch * seq / train_time,

@@ -1,0 +1,73 @@
+"""The paired check of the SR draw revision (docs/spec.md §4): does drawing one Philox block per four elements
+(philox4) instead of one per element (philox1) change how a model trains?
+
+    python3 -m fp4lab_lab.sr_draw_check RUN.json ... [--json OUT]
+
+RUN.json are fp4lab-train runs of one recipe, mode, size, corpus and step count, each seed once under each draw
+(`fp4lab-train train ... --sr-draw philox1` beside the default): every pair shares its initial weights and its
+batches, so the per-seed difference philox4 - philox1 isolates the draw. Prints, for the final validation loss and
+the mean training loss over the last 10% of steps, the differences per seed, their mean with a 95% t-interval
+(fp4lab.paired) and the verdict, in nats and in percent of the philox1 loss.
+"""
+import argparse
+import json
+import sys
+
+from fp4lab._files import write_atomic
+from fp4lab.paired import paired_stats
+
+
+def _measures(run: dict) -> dict:
+    train = run["train_loss"]
+    tail = train[len(train) - max(1, len(train) // 10):]
+    return {"val": run["val_loss"][-1], "train": sum(tail) / len(tail)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m fp4lab_lab.sr_draw_check", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", help="fp4lab-train run JSONs")
+    ap.add_argument("--json", help="also write the figures here")
+    args = ap.parse_args(argv)
+    runs = [json.load(open(p)) for p in args.runs]
+    settings = {(r["recipe"], r["gemm_mode"], r["model"], r.get("corpus"), len(r["steps"])) for r in runs}
+    if len(settings) != 1:
+        ap.error(f"the runs differ in more than seed and draw: {sorted(settings)}")
+    by = {}
+    for p, r in zip(args.runs, runs):
+        k = (r["seed"], r.get("sr_draw", "philox1"))
+        if k in by:
+            ap.error(f"{p}: a second run of seed {k[0]} under {k[1]}")
+        if r.get("diverged"):
+            ap.error(f"{p}: diverged ({r['diverged']})")
+        by[k] = _measures(r)
+    seeds = sorted(s for s, d in by if d == "philox4" and (s, "philox1") in by)
+    if len(seeds) < 2:
+        ap.error("fewer than two seeds with a run under each draw")
+    recipe, mode, size, corpus, steps = settings.pop()
+    out = {"recipe": recipe, "mode": mode, "size": size, "corpus": corpus, "steps": steps, "seeds": seeds}
+    print(f"{recipe} ({mode}), {size} model, {corpus}, {steps} steps, seeds {', '.join(map(str, seeds))}: "
+          f"philox4 - philox1, paired by seed")
+    for m, what in (("val", "final validation loss"), ("train", "training loss over the last 10%")):
+        d = [by[(s, "philox4")][m] - by[(s, "philox1")][m] for s in seeds]
+        pct = [100 * x / by[(s, "philox1")][m] for x, s in zip(d, seeds)]
+        st, sp = paired_stats(d), paired_stats(pct)
+        verdict = ("no difference detectable" if st.low <= 0 <= st.high
+                   else "philox4 higher" if st.low > 0 else "philox4 lower")
+        print(f"  {what}: {st.mean:+.5f} nats ({sp.mean:+.3f}%), 95% interval {st.low:+.5f} to {st.high:+.5f} "
+              f"({sp.low:+.3f}% to {sp.high:+.3f}%), t with {st.n - 1} df; per seed "
+              + ", ".join(f"{x:+.5f}" for x in d) + f": {verdict}")
+        for s in seeds:
+            print(f"    seed {s}: philox1 {by[(s, 'philox1')][m]:.5f}, philox4 {by[(s, 'philox4')][m]:.5f}")
+        # For scale: how far runs of one draw spread from seed to seed (other weights, batches and SR words).
+        spread = {d: paired_stats([by[(s, d)][m] for s in seeds]).sd for d in ("philox1", "philox4")}
+        print(f"    seed-to-seed SD of the loss: philox1 {spread['philox1']:.5f}, philox4 {spread['philox4']:.5f}")
+        out[m] = {"diffs": d, "percent": pct, **st.as_dict(), "verdict": verdict, "seed_sd": spread,
+                  "philox1": [by[(s, "philox1")][m] for s in seeds], "philox4": [by[(s, "philox4")][m] for s in seeds]}
+    if args.json:
+        write_atomic(args.json, (json.dumps(out, indent=1) + "\n").encode(), args.runs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
