@@ -585,6 +585,27 @@ TEST_F(Cli, CastEveryFormatAndSrEqualModel) {
     }
 }
 
+// An SR draw that is not one is a usage error in one line naming the known draws, before anything is written; the
+// same option in every command that takes it.
+TEST_F(Cli, UnknownSrDrawIsAUsageErrorInOneLine) {
+  io::write_safetensors(path("v.safetensors"), {io::make_f32("v", {16, 64}, normal(1024, 4, 1.0f))});
+  const std::vector<std::vector<std::string>> cmds = {
+      {"cast", "--in", path("v.safetensors"), "--tensor", "v", "--format", "e1m2", "--rounding", "sr", "--out",
+       path("c.safetensors")},
+      {"quantize", "--in", path("v.safetensors"), "--tensor", "v", "--rounding", "sr", "--out", path("q.safetensors")},
+      {"analyze", "--trace", FP4LAB_SOURCE_DIR "/workloads/tiny-lm/step_005000", "--recipe", "ufp4", "--json",
+       path("a.json")}};
+  for (std::vector<std::string> args : cmds) {
+    args.insert(args.end(), {"--sr-draw", "philox2"});
+    const Result r = run(args);
+    SCOPED_TRACE(args[0]);
+    EXPECT_EQ(r.code, cli::kExitUsage) << r.err;
+    EXPECT_NE(r.err.find("unknown SR draw 'philox2' (known: philox1, philox4)"), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+  for (const char* f : {"c.safetensors", "q.safetensors", "a.json"}) EXPECT_FALSE(std::filesystem::exists(path(f))) << f;
+}
+
 // ---- gemm: C equals reference::gemm_contract of the model's operands --------------------------------------
 struct GCase {
   const char* name;

@@ -195,6 +195,12 @@ def test_training_runs_reproducible_with_the_documented_json(data, tmp_path):
     d = train(data, tmp_path / "d.json", "ufp4", 0, 12, "--deterministic")
     assert d["deterministic"] is True and a["deterministic"] is False
     assert d["train_loss"] == a["train_loss"] and d["val_loss"] == a["val_loss"]
+    # --sr-draw philox1, the original SR draw (docs/spec.md §4): recorded, named, and only the SR operands' bits
+    # differ, so the first forward (no SR) is the same and the training losses then part.
+    o = train(data, tmp_path / "o.json", "ufp4", 0, 12, "--sr-draw", "philox1")
+    assert o["sr_draw"] == "philox1" and a["sr_draw"] == "philox4"
+    assert o["name"] == f"test-ufp4-exact-s0-12-{here}-philox1"
+    assert o["train_loss"][0] == a["train_loss"][0] and o["train_loss"] != a["train_loss"]
     bf = train(data, tmp_path / "bf.json", "bf16")
     # Same initialisation and batches: the first forward differs only by the recipe's quantisation.
     assert abs(bf["train_loss"][0] - a["train_loss"][0]) < 0.05 and bf["train_loss"] != a["train_loss"]
