@@ -285,6 +285,19 @@ def test_a_run_stopped_at_its_time_limit_resumes_bit_for_bit(data, tmp_path):
     r = py(*[a if a != "ufp4" else "nvfp4" for a in args[:-4]], "--out", str(tmp_path / "o.json"), "--checkpoint",
            str(ck))
     assert r.returncode != 0 and str(ck) in r.stderr and "another run" in r.stderr
+    # ... and so is one under the other SR draw; a checkpoint written before the draw existed (no sr_draw in its
+    # key) was made under philox1 and resumes under that draw alone.
+    r = py(*args[:-4], "--sr-draw", "philox1", "--out", str(tmp_path / "o.json"), "--checkpoint", str(ck))
+    assert r.returncode != 0 and str(ck) in r.stderr and "another run" in r.stderr
+    import torch
+    state = torch.load(ck, weights_only=True)
+    del state["key"]["sr_draw"]
+    torch.save(state, ck)
+    r = py(*args[:-4], "--out", str(tmp_path / "o.json"), "--checkpoint", str(ck))
+    assert r.returncode != 0 and str(ck) in r.stderr and "another run" in r.stderr
+    r = py(*args[:-4], "--sr-draw", "philox1", "--out", str(tmp_path / "o.json"), "--checkpoint", str(ck),
+           "--stop-at", "2", env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == st.EXIT_CONTINUE and "resumed at step 1" in r.stdout, r.stdout + r.stderr
     # ... and so is one of the same settings on another corpus (the same text under another corpus's name).
     other = tmp_path / "python-doc"
     shutil.copytree(data, other)
