@@ -114,6 +114,7 @@ AnalysisOptions analysis_options(const po::variables_map& vm) {
   o.block = vm["block"].as<int>();
   o.scale = parse_scale(vm["scale"].as<std::string>());
   o.rht_seed = uint_option(vm, "rht-seed", UINT64_MAX);
+  o.sr_draw = parse_sr_draw(vm["sr-draw"].as<std::string>());  // a name, checked even where no recipe runs
   const bool rotates = std::any_of(o.rht.begin(), o.rht.end(), [](int d) { return d != 0; });
   if (vm.count("rht-signs") && rotates) {
     const std::string& t = vm["rht-signs"].as<std::string>();
@@ -124,7 +125,6 @@ AnalysisOptions analysis_options(const po::variables_map& vm) {
     const std::string& t = vm["recipe"].as<std::string>();
     o.recipes = t == "all" ? Recipe::preset_names() : split_list(t);
     if (!o.recipes->empty()) o.seed = uint_option(vm, "seed", UINT64_MAX);
-    if (!o.recipes->empty()) o.sr_draw = parse_sr_draw(vm["sr-draw"].as<std::string>());
   }
   return o;
 }

@@ -33,6 +33,7 @@ import fp4lab.torch as ft
 
 # The decoder and the recipes of docs/training.md.
 from fp4lab.study import RECIPES, SIZES, build_model, make_recipe
+from fp4lab.study.model import DEFAULT_SR_DRAW, SR_DRAWS
 from fp4lab.study.train import use_deterministic_algorithms
 
 SHAPE_KEYS = ("d", "layers", "heads", "ffn", "seq", "batch", "vocab")
@@ -81,7 +82,7 @@ def setup(args, recipe, mode, device, capturable=False):
     model = build_model(cfg, args.vocab).to(device, torch.bfloat16)
     if recipe != "bf16":
         name, _, draw = recipe.partition("@")  # ufp4@philox1: the recipe under the original SR draw
-        ft.convert(model, make_recipe(name, mode, seed=0, sr_draw=draw or "philox4"), include=r"^blocks\.")
+        ft.convert(model, make_recipe(name, mode, seed=0, sr_draw=draw or DEFAULT_SR_DRAW), include=r"^blocks\.")
     fused = device.type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=fused, **({"capturable": True} if capturable else {}))
     return model, opt, batches(args.vocab, args.batch, args.seq, device, seed=1)
@@ -297,9 +298,11 @@ def main():
         if getattr(args, k) is None:
             setattr(args, k, shape[k])
     unknown = [r for r in args.recipes.split(",")
-               if r.partition("@")[0] not in RECIPES or r.partition("@")[2] not in ("", "philox1", "philox4")]
+               if r.partition("@")[0] not in RECIPES
+               or "@" in r and (r.startswith("bf16@") or r.partition("@")[2] not in SR_DRAWS)]
     if unknown:
-        ap.error(f"unknown recipe {', '.join(unknown)}; known: {', '.join(RECIPES)}")
+        ap.error(f"unknown recipe {', '.join(unknown)}; known: {', '.join(RECIPES)} (NAME@{'|'.join(SR_DRAWS)}: a "
+                 "recipe other than bf16 under that SR draw)")
     device = torch.device(args.device)
     if args.deterministic:
         use_deterministic_algorithms()

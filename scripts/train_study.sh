@@ -5,7 +5,8 @@
 #
 #   DATA=data/linux-doc LOGS=out PER_GPU=2 scripts/train_study.sh SIZE:RECIPE:MODE:SEED:STEPS[:EXTRA ARGS] ...
 #
-# EXTRA ARGS (split on spaces) go to that run alone, e.g. its trace capture options; TRAIN_ARGS go to every run
+# EXTRA ARGS (split on spaces) go to that run alone, e.g. its trace capture options or `--sr-draw philox1` (a run's
+# SR draw belongs there, where its name sees it: docs/spec.md §4); TRAIN_ARGS go to every run
 # (e.g. --deterministic, for runs that repeat bit for bit on the GPU; run names do not say so, so give such runs
 # their own LOGS).
 # PREFIX may name a folder holding headers the machine lacks (Eigen, nlohmann-json, nanobind). CORE may name the

@@ -13,8 +13,9 @@ import argparse
 import json
 import sys
 
-from fp4lab._files import write_atomic
+from fp4lab._files import DataError, console_main, read_json, write_atomic
 from fp4lab.paired import paired_stats
+from fp4lab.study.report import check_run, sr_draw_of
 
 
 def _measures(run: dict) -> dict:
@@ -29,25 +30,36 @@ def main(argv=None) -> int:
     ap.add_argument("runs", nargs="+", help="fp4lab-train run JSONs")
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args(argv)
-    runs = [json.load(open(p)) for p in args.runs]
-    settings = {(r["recipe"], r["gemm_mode"], r["model"], r.get("corpus"), len(r["steps"])) for r in runs}
+    runs = []
+    for p in args.runs:
+        r = read_json(p)
+        check_run(r, p)  # a file that is no run JSON: one line naming it
+        runs.append(r)
+    # Everything but the seed and the draw must be the same, or a difference is not the draw's.
+    settings = {(r["recipe"], r["gemm_mode"], r["model"], r.get("corpus"), len(r["steps"]),
+                 json.dumps(r["config"], sort_keys=True), r.get("deterministic")) for r in runs}
     if len(settings) != 1:
-        ap.error(f"the runs differ in more than seed and draw: {sorted(settings)}")
+        raise DataError(f"the runs differ in more than seed and SR draw ({len(settings)} settings among them)")
     by = {}
     for p, r in zip(args.runs, runs):
-        k = (r["seed"], r.get("sr_draw", "philox1"))
+        k = (r["seed"], sr_draw_of(r))
+        if k[1] is None:
+            raise DataError(f"{p}: a BF16 run has no SR draw")
         if k in by:
-            ap.error(f"{p}: a second run of seed {k[0]} under {k[1]}")
+            raise DataError(f"{p}: a second run of seed {k[0]} under {k[1]}")
         if r.get("diverged"):
-            ap.error(f"{p}: diverged ({r['diverged']})")
+            raise DataError(f"{p}: diverged ({r['diverged']})")
         by[k] = _measures(r)
     seeds = sorted(s for s, d in by if d == "philox4" and (s, "philox1") in by)
+    unpaired = sorted(f"seed {s} ({d})" for s, d in by if s not in seeds)
     if len(seeds) < 2:
-        ap.error("fewer than two seeds with a run under each draw")
-    recipe, mode, size, corpus, steps = settings.pop()
-    out = {"recipe": recipe, "mode": mode, "size": size, "corpus": corpus, "steps": steps, "seeds": seeds}
+        raise DataError("fewer than two seeds with a run under each draw"
+                        + (f" (unpaired: {', '.join(unpaired)})" if unpaired else ""))
+    recipe, mode, size, corpus, steps, _, _ = settings.pop()
+    out = {"recipe": recipe, "mode": mode, "size": size, "corpus": corpus, "steps": steps, "seeds": seeds,
+           "unpaired": unpaired}
     print(f"{recipe} ({mode}), {size} model, {corpus}, {steps} steps, seeds {', '.join(map(str, seeds))}: "
-          f"philox4 - philox1, paired by seed")
+          f"philox4 - philox1, paired by seed" + (f"; not paired: {', '.join(unpaired)}" if unpaired else ""))
     for m, what in (("val", "final validation loss"), ("train", "training loss over the last 10%")):
         d = [by[(s, "philox4")][m] - by[(s, "philox1")][m] for s in seeds]
         pct = [100 * x / by[(s, "philox1")][m] for x, s in zip(d, seeds)]
@@ -70,4 +82,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console_main("python3 -m fp4lab_lab.sr_draw_check", main))

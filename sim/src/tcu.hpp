@@ -387,10 +387,10 @@ class Quantiser : public Stage {
 
  protected:
   // quant.sr_lanes is the Philox-limited rate at one block per element; a block per four elements quadruples it, up
-  // to the RTNE rate.
+  // to the RTNE rate (never below philox1's, where a configuration makes SR the faster).
   int64_t occupancy(const Token& t) const override {
     return cycles_for(t.q_elems, lanes_ * t.share) + cycles_for(t.q_sr_elems, sr_lanes_ * t.share) +
-           cycles_for(t.q_sr4_elems, std::min(lanes_, 4 * sr_lanes_) * t.share);
+           cycles_for(t.q_sr4_elems, std::max(sr_lanes_, std::min(lanes_, 4 * sr_lanes_)) * t.share);
   }
   int64_t latency(const Token&) const override { return lat_; }
   void work(Token& t) override {

@@ -835,6 +835,9 @@ TEST_F(Cli, KnobListsAreWhatTheParsersTake) {
   const std::vector<std::string> roundings = split_list(knob_choices("rounding", ", "));
   EXPECT_EQ(roundings, (std::vector<std::string>{"rtne", "sr"}));
   for (const std::string& n : roundings) EXPECT_EQ(rounding_name(parse_rounding(n)), n);
+  const std::vector<std::string> draws = split_list(knob_choices("sr_draw", ", "));
+  EXPECT_EQ(draws, (std::vector<std::string>{"philox1", "philox4"}));  // docs/spec.md §4
+  for (const std::string& n : draws) EXPECT_EQ(sr_draw_name(parse_sr_draw(n)), n);
   const std::vector<std::string> passes = split_list(knob_choices("pass", ", "));
   EXPECT_EQ(passes.size(), std::size(kPasses));
   for (const std::string& n : passes) EXPECT_EQ(pass_name(parse_pass(n)), n);
@@ -913,6 +916,8 @@ TEST_F(Cli, KnobListsInHelpErrorsAndDocsAreTheTables) {
   for (const char* knob : {"format", "scale", "rounding"})
     EXPECT_NE(readme.find(std::string("`--") + knob + " " + knob_choices(knob, "|") + "`"), std::string::npos)
         << "README.md's list of --" << knob;
+  EXPECT_NE(readme.find("`--sr-draw " + knob_choices("sr_draw", "|") + "`"), std::string::npos)
+      << "README.md's list of --sr-draw";
   EXPECT_NE(slurp(FP4LAB_SOURCE_DIR "/kernels/README.md").find("[--recipe " + knob_choices("recipe", "|") + "]"),
             std::string::npos)
       << "kernels/README.md's list of cuda check --recipe";

@@ -25,7 +25,7 @@ import sys
 from fp4lab._files import UsageError, console_main
 from fp4lab.study import cli
 from fp4lab.study.corpus import CORPORA, DEFAULT_CORPUS, corpus_name
-from fp4lab.study.model import RECIPES, SIZES
+from fp4lab.study.model import DEFAULT_SR_DRAW, RECIPES, SIZES, SR_DRAWS
 from fp4lab.study.train import run_name
 
 from .corpus import cmd_corpus
@@ -88,4 +88,10 @@ def _name(spec: str, data) -> str:
                             ("STEPS", f[4], f[4].isascii() and f[4].isdigit())):
         if not ok:
             raise UsageError(f"{spec}: {what} {value!r} is not one `fp4lab-train train` takes")
-    return run_name(*f[:5], corpus=corpus_name(data) if data else DEFAULT_CORPUS)
+    # The run's SR draw, where its EXTRA ARGS give one (train then names the run by it; TRAIN_ARGS, for every run
+    # of a batch, are not seen here: give the draw per run).
+    extra = f[5].split() if len(f) > 5 else []
+    draw = extra[extra.index("--sr-draw") + 1] if "--sr-draw" in extra[:-1] else DEFAULT_SR_DRAW
+    if draw not in SR_DRAWS:
+        raise UsageError(f"{spec}: --sr-draw {draw!r} is none of {', '.join(SR_DRAWS)}")
+    return run_name(*f[:5], corpus=corpus_name(data) if data else DEFAULT_CORPUS, sr_draw=draw)

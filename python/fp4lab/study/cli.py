@@ -11,7 +11,7 @@ import sys
 
 from .._files import ArgumentParser, console_main
 from . import __doc__ as DOC
-from .model import RECIPES, SIZES
+from .model import DEFAULT_SR_DRAW, RECIPES, SIZES, SR_DRAWS
 from .proxy_study import RESAMPLES, SEED, cmd_proxy_study
 from .report import PRESETS, cmd_proxy, cmd_report
 from .train import EXIT_CONTINUE, cmd_train
@@ -45,9 +45,9 @@ def build_parser(prog: str = "fp4lab-train", defaults=None, description: str = D
     t.add_argument("--recipe", choices=sorted(RECIPES), default="bf16")
     t.add_argument("--mode", choices=["exact", "fast"], default="exact")
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--sr-draw", choices=["philox4", "philox1"], default="philox4",
-                   help="how stochastic rounding draws its words (docs/spec.md §4): philox4, the presets' (default), "
-                        "or philox1, the original draw, to reproduce runs made before it")
+    t.add_argument("--sr-draw", choices=SR_DRAWS, default=DEFAULT_SR_DRAW,
+                   help=f"how stochastic rounding draws its words (docs/spec.md §4; default {DEFAULT_SR_DRAW}, the "
+                        "presets'): philox1 reproduces runs made before philox4")
     t.add_argument("--steps", type=int, default=2000)
     t.add_argument("--seq", type=int)
     t.add_argument("--batch", type=int)

@@ -19,12 +19,17 @@ RECIPES.update((n, _WHAT[n]) for n in _core.recipe_names())
 RECIPES.update((n, _WHAT[n]) for n in ABLATIONS if n not in RECIPES)
 
 
-def make_recipe(name: str, mode: str, seed: int, sr_draw: str = "philox4"):
-    """The run's fp4lab.torch.Recipe; sr_draw other than the presets' philox4 is set on every operand."""
+# The SR draws (docs/spec.md §4) by name, and the presets' (QuantConfig's default).
+SR_DRAWS = tuple(_core.SrDraw.__members__)
+DEFAULT_SR_DRAW = _core.QuantConfig().sr_draw.name
+
+
+def make_recipe(name: str, mode: str, seed: int, sr_draw: str = DEFAULT_SR_DRAW):
+    """The run's fp4lab.torch.Recipe; another SR draw than the presets' is set on every operand."""
     import fp4lab.torch as ft
     if name == "bf16":
         return ft.Recipe("bf16")
-    knobs = {} if sr_draw == "philox4" else {"sr_draw": sr_draw}
+    knobs = {} if sr_draw == DEFAULT_SR_DRAW else {"sr_draw": sr_draw}
     return ft.Recipe(name, mode=mode, seed=seed, check_finite="deferred", **knobs)
 
 

@@ -3,12 +3,13 @@ import io
 import json
 import math
 import os
+from typing import Optional
 
 from .. import ABLATIONS as _ABLATIONS
 from .. import paired as pm
 from .._files import DataError, UsageError, check_outputs, read_json, read_text
 from .corpus import DEFAULT_CORPUS, write_atomic
-from .model import SIZES
+from .model import SIZES, SR_DRAWS
 
 CORE = ["bf16", "nvfp4", "mxfp4", "e2m1-ref", "ufp4"]
 ABLATIONS = list(_ABLATIONS)  # the paper's ablation study, ufp4 among them (fp4lab.ABLATIONS)
@@ -437,6 +438,14 @@ def check_run(r, where: str) -> None:
             raise bad(f"{k!r} is not a {kind.__name__}")
     if r.get("corpus") == "":
         raise bad("an empty 'corpus'")
+    if r.get("sr_draw") is not None and r["sr_draw"] not in SR_DRAWS:
+        raise bad(f"'sr_draw' is none of {', '.join(SR_DRAWS)}")
+
+
+def sr_draw_of(run) -> Optional[str]:
+    """The SR draw a run trained under (docs/spec.md §4): runs recorded before the draw existed drew philox1;
+    BF16 runs none."""
+    return None if run["recipe"] == "bf16" else run.get("sr_draw", "philox1")
 
 
 def _runs_of(path: str) -> list:
@@ -467,6 +476,12 @@ def cmd_report(args):
             if r["name"] not in seen:
                 runs.append(r)
                 seen.add(r["name"])
+    # A study pairs runs of one SR draw: a report of runs under two would compare draws as if they were recipes,
+    # and a merge would let runs of one draw replace the other's of the same name.
+    draws = sorted({d for d in map(sr_draw_of, runs) if d is not None})
+    if len(draws) > 1:
+        raise DataError(f"the runs trained under {' and '.join(draws)} (SR draws, docs/spec.md §4): a report "
+                        f"pairs runs of one draw; report each draw's runs into its own --json")
     text = read_text(args.doc) if args.doc else None  # before anything is written
     if not runs:  # never replace a results file with an empty one
         raise DataError(f"no runs to write to {args.json} (give run JSONs, or --merge to redo the report "

@@ -12,7 +12,7 @@ import time
 
 from .._files import DataError, UsageError, check_output_folder, check_outputs, read_bytes
 from .corpus import CORPORA, DEFAULT_CORPUS, check_folder_outputs, corpus_name, write_atomic
-from .model import RECIPES, SIZES, build_model, make_recipe
+from .model import DEFAULT_SR_DRAW, RECIPES, SIZES, build_model, make_recipe
 
 EXIT_CONTINUE = 75  # the run stopped at --time-limit with its state in --checkpoint: run the same command again
 MIN_STEPS = 10  # the metric averages the last 10% of the steps
@@ -35,12 +35,12 @@ def use_deterministic_algorithms() -> None:
 
 
 def run_name(size: str, recipe: str, mode: str, seed, steps, corpus: str = DEFAULT_CORPUS,
-             sr_draw: str = "philox4") -> str:
+             sr_draw: str = DEFAULT_SR_DRAW) -> str:
     """A run's name (its JSON, log and checkpoint files): scripts/train_study.sh names runs through `name`. Runs on
     any corpus but the first carry its name, so runs of the same settings on two corpora never share a name (a
     report keeps one run per name); runs under the original SR draw carry "-philox1"."""
     tail = "" if corpus == DEFAULT_CORPUS else "-" + re.sub(r"[^A-Za-z0-9._-]+", "_", corpus)
-    if sr_draw != "philox4" and recipe != "bf16":
+    if sr_draw != DEFAULT_SR_DRAW and recipe != "bf16":
         tail += "-" + sr_draw
     return f"{size}-{recipe}-{'bf16' if recipe == 'bf16' else mode}-s{seed}-{steps}{tail}"
 
@@ -256,7 +256,8 @@ def cmd_train(args):
 
     train_data, val_data = _load(args.data, "train.bin"), _load(args.data, "val.bin")
     corpus = corpus_name(args.data)
-    sr_draw = getattr(args, "sr_draw", "philox4")
+    # BF16 runs round nothing stochastically: no draw (None) in their key, record or name.
+    sr_draw = None if args.recipe == "bf16" else getattr(args, "sr_draw", DEFAULT_SR_DRAW)
     args.name = args.name or run_name(args.size, args.recipe, args.mode, args.seed, args.steps, corpus, sr_draw)
     if len(train_data) < 100 * (seq + 1) or len(val_data) < batch * seq + 1:
         raise DataError(f"{args.data}: too little text for sequence {seq} and batch {batch} (train.bin needs "
@@ -323,7 +324,8 @@ def cmd_train(args):
         ck = load_checkpoint(args.checkpoint, device)
         ck["key"].setdefault("deterministic", False)  # checkpoints written before the option existed
         ck["key"].setdefault("corpus", DEFAULT_CORPUS)  # ... and before a second corpus
-        ck["key"].setdefault("sr_draw", "philox1")  # ... and before the philox4 draw: those runs drew philox1
+        # ... and before the philox4 draw: those runs drew philox1 (BF16 runs none)
+        ck["key"].setdefault("sr_draw", None if args.recipe == "bf16" else "philox1")
         if ck["key"] != key:
             raise DataError(f"{args.checkpoint}: a checkpoint of another run ({str(ck['key'])[:300]}), not of this one")
         start, parts = ck["step"], ck.get("concurrent", 1)  # checkpoints before --concurrent existed: one run

@@ -5,15 +5,18 @@ import json
 
 import pytest
 
+from fp4lab._files import DataError
 from fp4lab_lab import sr_draw_check  # lab/ on PYTHONPATH (tests/python/CMakeLists.txt)
 
 
 def run(seed, draw, val, train_tail, steps=20, recipe="ufp4"):
     """A fp4lab-train run JSON with the fields the check reads; its last 10% of steps (2 of 20) at train_tail."""
     train = [3.0] * (steps - 2) + [train_tail] * 2
-    return {"recipe": recipe, "gemm_mode": "exact", "model": "test", "corpus": "python-doc", "seed": seed,
-            "sr_draw": draw, "steps": list(range(1, steps + 1)), "train_loss": train, "val_steps": [steps],
-            "val_loss": [val], "diverged": None}
+    return {"name": f"test-{recipe}-exact-s{seed}-{steps}-{draw}", "recipe": recipe, "gemm_mode": "exact",
+            "model": "test", "corpus": "python-doc", "seed": seed, "sr_draw": draw, "params": 1000,
+            "block_params": 800, "tokens_per_s": 1.0, "steps": list(range(1, steps + 1)), "train_loss": train,
+            "val_steps": [steps], "val_loss": [val], "diverged": None, "deterministic": False,
+            "config": {"d": 64, "layers": 2, "seq": 128, "batch": 16, "steps": steps}}
 
 
 def write(tmp_path, runs):
@@ -44,12 +47,19 @@ def test_pairs_by_seed_and_reports_the_t_interval(tmp_path, capsys):
 
 def test_runs_that_cannot_be_paired_are_refused(tmp_path):
     one_seed = [run(0, "philox1", 2.0, 2.5), run(0, "philox4", 2.1, 2.5)]
-    with pytest.raises(SystemExit):
-        sr_draw_check.main(write(tmp_path, one_seed))
+    with pytest.raises(DataError, match=r"fewer than two seeds .* \(unpaired: seed 1 \(philox1\)\)"):
+        sr_draw_check.main(write(tmp_path, one_seed + [run(1, "philox1", 2.0, 2.5)]))
     mixed = one_seed + [run(1, "philox1", 2.0, 2.5), run(1, "philox4", 2.1, 2.5, recipe="nvfp4")]
-    with pytest.raises(SystemExit):
+    with pytest.raises(DataError, match="differ in more than seed and SR draw"):
         sr_draw_check.main(write(tmp_path, mixed))
+    other = one_seed + [run(1, "philox1", 2.0, 2.5), run(1, "philox4", 2.1, 2.5)]
+    other[3]["config"]["batch"] = 32  # another batch size: another experiment
+    with pytest.raises(DataError, match="differ in more than seed and SR draw"):
+        sr_draw_check.main(write(tmp_path, other))
     twice = one_seed + [run(1, "philox1", 2.0, 2.5), run(1, "philox4", 2.1, 2.5)]
     paths = write(tmp_path, twice)
-    with pytest.raises(SystemExit):
+    with pytest.raises(DataError, match="a second run of seed 0 under philox1"):
         sr_draw_check.main(paths + [paths[0]])
+    (tmp_path / "junk.json").write_text("[1, 2]")
+    with pytest.raises(DataError, match="junk.json: no run name"):
+        sr_draw_check.main(paths + [str(tmp_path / "junk.json")])

@@ -489,3 +489,29 @@ def test_bench_train_step_times_the_training_models_and_recipes(tmp_path):
     s = bench_train_step().SPEC_SHAPE
     assert (f"d {s['d']}, {s['layers']} layers, {s['heads']} heads, FFN {s['ffn']}, sequence {s['seq']}, batch "
             f"{s['batch']}") in spec
+
+
+def test_a_report_pairs_runs_of_one_sr_draw_and_names_runs_by_theirs(tmp_path):
+    """docs/spec.md §4: runs under philox1 (recorded before the draw existed, or given --sr-draw philox1) and under
+    philox4 are not paired in one report; the run-spec names of scripts/train_study.sh carry a run's draw."""
+    def run(name, recipe, **extra):
+        r = {"name": name, "model": "test", "recipe": recipe, "gemm_mode": "exact", "seed": 0, "params": 10,
+             "block_params": 8, "tokens_per_s": 1.0, "steps": [1, 2], "train_loss": [3.0, 2.0], "val_steps": [2],
+             "val_loss": [2.5], "config": {"d": 64, "layers": 2, "seq": 64, "batch": 4, "steps": 2}, **extra}
+        p = tmp_path / f"{name}.json"
+        p.write_text(json.dumps(r))
+        return str(p)
+    old = run("a", "ufp4")  # no sr_draw: recorded before it existed, philox1
+    new = run("b", "e2m1-ref", sr_draw="philox4")
+    bf = run("c", "bf16", sr_draw=None)
+    out = ["--json", str(tmp_path / "t.json"), "--doc", "", "--figures", ""]
+    r = py("report", old, new, bf, *out)
+    assert r.returncode == 1 and "trained under philox1 and philox4" in r.stderr and r.stderr.count("\n") == 1
+    assert not (tmp_path / "t.json").exists()
+    assert py("report", new, bf, *out).returncode == 0
+    bad = run("d", "ufp4", sr_draw="philox2")
+    r = py("report", bad, *out)
+    assert r.returncode == 1 and "'sr_draw' is none of philox1, philox4" in r.stderr
+    names = lab("name", "test:ufp4:exact:0:12:--sr-draw philox1", "test:ufp4:exact:0:12", "test:bf16:exact:0:12")
+    assert names.stdout.split() == ["test-ufp4-exact-s0-12-philox1", "test-ufp4-exact-s0-12", "test-bf16-bf16-s0-12"]
+    assert lab("name", "test:ufp4:exact:0:12:--sr-draw philox9").returncode == 2

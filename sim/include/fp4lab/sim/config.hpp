@@ -123,7 +123,7 @@ struct Config {
   double rht_lanes = 0;      // elements per cycle through the d-point butterfly (fractional: a rate)
   int rht_stage_latency = 1; // cycles per butterfly stage (latency = (log2 d + 1) stages, the last the 1/sqrt(d))
   double quant_lanes = 0;    // elements per cycle (amax, scale, RTNE)
-  double quant_sr_lanes = 0; // elements per cycle when rounding stochastically (Philox limited)
+  double quant_sr_lanes = 0; // Philox calls per cycle: SR elements per cycle under philox1 (x4 under philox4)
   int quant_latency = 0;
 
   int mac_units = 0;         // block dot-product units per TCU, kMacWidth MACs a cycle each
