@@ -228,7 +228,8 @@ template <const ElemFormat* F>
 struct Round16<FixedFormat<F>> : std::true_type {};
 #endif
 
-// Scales and rounds the n values of one block; SR draws the word for element index base + j.
+// Scales and rounds the n values of one block (n the block size, base a multiple of it); SR draws the word for
+// element index base + j.
 template <class Fmt>
 void round_block(const Fmt& fmt, const float* __restrict y, int n, const BlockScale& bs, const QuantConfig& cfg,
                  int64_t base, uint8_t* __restrict codes) {
@@ -253,17 +254,18 @@ void round_block(const Fmt& fmt, const float* __restrict y, int n, const BlockSc
 #pragma omp simd simdlen(16)
       for (int j = 0; j < n; ++j) codes[j] = fmt.rtne(scale_element(kind, y[j], b));
     }
-  } else if (cfg.sr_draw == SrDraw::philox4 && base % 4 == 0 && n % 4 == 0) {
-    // One block per four elements (base is a multiple of the block size, so the groups are the contract's).
+  } else if (cfg.sr_draw == SrDraw::philox4) {
+    // One Philox block per four elements: a block of 16 or 32 starts at a multiple of its size, so its groups of
+    // four are the contract's (sr_word).
     for (int j = 0; j < n; j += 4) {
       uint32_t w[4];
       sr_words4(cfg.seed, cfg.stream, uint64_t(base + j) >> 2, w);
       for (int e = 0; e < 4; ++e) codes[j + e] = round_sr(f, scale_element(cfg.scale, y[j + e], b), w[e]);
     }
-  } else
+  } else {
     for (int j = 0; j < n; ++j)
-      codes[j] = round_sr(f, scale_element(cfg.scale, y[j], b), sr_word(cfg.sr_draw, cfg.seed, cfg.stream,
-                                                                         uint64_t(base + j)));
+      codes[j] = round_sr(f, scale_element(cfg.scale, y[j], b), random_bits(cfg.seed, cfg.stream, uint64_t(base + j)));
+  }
 }
 
 }  // namespace

@@ -259,28 +259,20 @@ void bind_analyze(nb::module_& m) {
      "json_path"_a = nb::none(),
         "The docs/spec.md §6 analyses of trace folders or files under typed options (None: the default): the dict "
         "`fp4lab analyze --json` writes, or with json_path that document written to the file (None returned).");
-  // Names of table entries (a format, a scale): the one lookup of each, with its message, as a UsageError.
-  m.def("format_named", [](const std::string& t) {
-    try {
-      return format_id(parse_format(t));
-    } catch (const std::invalid_argument& e) {
-      raise_fault(true, e.what());
-    }
-  }, "name"_a);
-  m.def("scale_named", [](const std::string& t) {
-    try {
-      return parse_scale(t);
-    } catch (const std::invalid_argument& e) {
-      raise_fault(true, e.what());
-    }
-  }, "name"_a);
-  m.def("sr_draw_named", [](const std::string& t) {
-    try {
-      return parse_sr_draw(t);
-    } catch (const std::invalid_argument& e) {
-      raise_fault(true, e.what());
-    }
-  }, "name"_a);
+  // Names of table entries (a format, a scale, an SR draw): the one lookup of each, with its message, as a
+  // UsageError.
+  const auto named = [](auto parse) {
+    return [parse](const std::string& t) {
+      try {
+        return parse(t);
+      } catch (const std::invalid_argument& e) {
+        raise_fault(true, e.what());
+      }
+    };
+  };
+  m.def("format_named", named([](const std::string& t) { return format_id(parse_format(t)); }), "name"_a);
+  m.def("scale_named", named([](const std::string& t) { return parse_scale(t); }), "name"_a);
+  m.def("sr_draw_named", named([](const std::string& t) { return parse_sr_draw(t); }), "name"_a);
   m.def("split_list", &split_list, "text"_a, "A comma-separated list's entries, empty ones left out.");
   // A model's training-step GEMMs from its Hugging Face config.json: the rule `fp4lab sim --model` replays.
   m.attr("max_shape_dim") = int64_t(sim::kMaxShapeDim);

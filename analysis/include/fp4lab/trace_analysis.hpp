@@ -50,7 +50,7 @@ struct AnalysisOptions {
   // Also the three GEMMs under these training recipes (Recipe::preset names, in order), SR seeded by `seed`.
   std::optional<std::vector<std::string>> recipes;
   uint64_t seed = 0;  // stochastic-rounding seed of the recipe runs
-  SrDraw sr_draw = SrDraw::philox4;  // how the recipe runs' SR draws its words (docs/spec.md §4)
+  SrDraw sr_draw = kDefaultSrDraw;  // how the recipe runs' SR draws its words (docs/spec.md §4)
 };
 
 // The options resolved: every (grid, RHT) setting, in the order formats x rht, and the recipes. Throws

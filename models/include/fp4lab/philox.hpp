@@ -83,20 +83,9 @@ FP4LAB_HD inline uint32_t random_bits_in_group(uint64_t seed, uint32_t stream, u
 //    two rows). Each word is uniform, as before, so P(up) is unchanged; a quarter of the Philox work.
 enum class SrDraw : uint8_t { philox1, philox4 };
 inline constexpr SrDraw kSrDraws[] = {SrDraw::philox1, SrDraw::philox4};
+// The draw every setting takes where none is given: QuantConfig, Recipe (so every preset) and the analyses.
+inline constexpr SrDraw kDefaultSrDraw = SrDraw::philox4;
 FP4LAB_HD constexpr const char* sr_draw_name(SrDraw d) { return d == SrDraw::philox1 ? "philox1" : "philox4"; }
-// Elements per Philox block.
-FP4LAB_HD constexpr int sr_draw_width(SrDraw d) { return d == SrDraw::philox1 ? 1 : 4; }
-
-// The contract's random word for element `index` of tensor `stream` under `seed` and draw `d`.
-FP4LAB_HD inline uint32_t sr_word(SrDraw d, uint64_t seed, uint32_t stream, uint64_t index) {
-  if (d == SrDraw::philox1) return random_bits(seed, stream, index);
-  const uint64_t g = index >> 2;
-  const uint32_t k[2] = {uint32_t(seed), uint32_t(seed >> 32)};
-  const uint32_t c[4] = {uint32_t(g), uint32_t(g >> 32), stream, 0u};
-  uint32_t o[4];
-  Philox4x32::generate(c, k, o);
-  return o[index & 3];
-}
 
 // The four words of group g under philox4 (elements 4g .. 4g + 3), for code that rounds a group at once.
 template <bool kWide = true>
@@ -104,6 +93,14 @@ FP4LAB_HD inline void sr_words4(uint64_t seed, uint32_t stream, uint64_t g, uint
   const uint32_t k[2] = {uint32_t(seed), uint32_t(seed >> 32)};
   const uint32_t c[4] = {uint32_t(g), uint32_t(g >> 32), stream, 0u};
   Philox4x32::generate<kWide>(c, k, out);
+}
+
+// The contract's random word for element `index` of tensor `stream` under `seed` and draw `d`.
+FP4LAB_HD inline uint32_t sr_word(SrDraw d, uint64_t seed, uint32_t stream, uint64_t index) {
+  if (d == SrDraw::philox1) return random_bits(seed, stream, index);
+  uint32_t w[4];
+  sr_words4(seed, stream, index >> 2, w);
+  return w[index & 3];
 }
 
 }  // namespace fp4lab

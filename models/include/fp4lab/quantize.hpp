@@ -99,7 +99,7 @@ struct QuantConfig {
   Rounding rounding = Rounding::rtne;
   uint64_t seed = 0;              // stochastic rounding key
   uint32_t stream = 0;            // tensor id in the SR counter
-  SrDraw sr_draw = SrDraw::philox4;  // how SR draws its words (philox.hpp); last, so older pickles still load
+  SrDraw sr_draw = kDefaultSrDraw;  // how SR draws its words (philox.hpp); last, so older pickles still load
 
   std::string label() const;      // e.g. "e1m2_b16_fp32scale_rht16_rtne", "..._sr-philox4"
 

@@ -42,7 +42,7 @@ struct Recipe {
                          {Rounding::rtne, Rounding::rtne},
                          {Rounding::rtne, Rounding::rtne}}};
   uint64_t seed = 0;
-  SrDraw sr_draw = SrDraw::philox4;           // how its SR operands draw their words (docs/spec.md §4)
+  SrDraw sr_draw = kDefaultSrDraw;           // how its SR operands draw their words (docs/spec.md §4)
 
   // A named recipe of recipe_table(): a preset or an ablation. Throws std::invalid_argument on any other name.
   static Recipe preset(const std::string& name);
