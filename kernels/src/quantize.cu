@@ -58,6 +58,27 @@ __global__ void rtne_selftest_kernel(unsigned long long* count, unsigned* first,
   if ((threadIdx.x & 31) == 0) atomicAdd(evaluated, 64ull * 32);  // 32 lanes x 64 patterns
 }
 
+// Every FP32 bit pattern x through the quantiser's fp32-scale step (scale_fp32_by_reciprocal, the reciprocal
+// computed here on the device as the kernels compute it) and through scale_element's division, at one scale.
+__global__ void fp32_step_selftest_kernel(float dec, unsigned long long* count, unsigned* first,
+                                          unsigned long long* evaluated) {
+  const uint64_t t = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  BlockScale b;
+  b.dec = dec;
+  const float recip = 1.0f / dec;
+  unsigned long long bad = 0;
+  for (uint64_t i = t * 64; i < t * 64 + 64; ++i) {
+    const float x = __uint_as_float(uint32_t(i));
+    if (__float_as_uint(scale_fp32_by_reciprocal(x, b, recip)) !=
+        __float_as_uint(scale_element(ScaleKind::fp32, x, b))) {
+      ++bad;
+      atomicMin(first, uint32_t(i));
+    }
+  }
+  if (bad) atomicAdd(count, bad);
+  if ((threadIdx.x & 31) == 0) atomicAdd(evaluated, 64ull * 32);
+}
+
 // Every FP32 bit pattern through golden round_sr and round_sr_fast at four random words: 0, all ones, and the
 // two either side of the fast path's threshold ceil(t) (both roundings are step functions of r >> 8, so agreeing
 // at the two words next to the step means the same step, and at 0 / all ones the same level below and above).
@@ -446,6 +467,20 @@ uint64_t count_rtne_fast_mismatches(const ElemFormat& f, uint32_t* first_bad, ui
     default: rtne_selftest_kernel<3><<<grid, kThreads>>>(count.data(), first.data(), seen.data()); break;
   }
   check_launch("rtne_selftest_kernel", true);
+  if (first_bad) *first_bad = first.to_host()[0];
+  if (evaluated) *evaluated = seen.to_host()[0];
+  return count.to_host()[0];
+}
+
+uint64_t count_fp32_step_mismatches(float dec, uint32_t* first_bad, uint64_t* evaluated) {
+  Buffer<unsigned long long> count(1), seen(1);
+  count.fill_bytes(0);
+  seen.fill_bytes(0);
+  Buffer<unsigned> first(1);
+  first.fill_bytes(0xFF);
+  const unsigned grid = unsigned((uint64_t(1) << 32) / 64 / kThreads);
+  fp32_step_selftest_kernel<<<grid, kThreads>>>(dec, count.data(), first.data(), seen.data());
+  check_launch("fp32_step_selftest_kernel", true);
   if (first_bad) *first_bad = first.to_host()[0];
   if (evaluated) *evaluated = seen.to_host()[0];
   return count.to_host()[0];

@@ -137,11 +137,13 @@ __device__ __forceinline__ void rotate_group(float (&y)[G], const float* signs, 
 template <int F, int B, bool FP32, bool RTNE, bool WIDE, int G>
 __device__ __forceinline__ void round_block(const float (&y)[G], int b, const BlockScale& bs, ScaleKind kind,
                                             const QArgs& a, uint64_t seed, int64_t base, uint32_t (&packed)[G / 8]) {
+  // fp32 scales: one division per block instead of one per element (scale_fp32_by_reciprocal: the same bits).
+  const float recip = FP32 ? 1.0f / bs.dec : 0.0f;
   if constexpr (RTNE) {
 #pragma unroll
     for (int j = 0; j < B; ++j) {
       const int e = b * B + j;
-      const float v = scale_element(FP32 ? ScaleKind::fp32 : kind, y[e], bs);
+      const float v = FP32 ? scale_fp32_by_reciprocal(y[e], bs, recip) : scale_element(kind, y[e], bs);
       packed[e / 8] |= uint32_t(detail::round_rtne_fast<F>(v)) << (4 * (e % 8));
     }
   } else {
@@ -169,7 +171,7 @@ __device__ __forceinline__ void round_block(const float (&y)[G], int b, const Bl
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int e = e0 + i;
-        const float v = scale_element(FP32 ? ScaleKind::fp32 : kind, y[e], bs);
+        const float v = FP32 ? scale_fp32_by_reciprocal(y[e], bs, recip) : scale_element(kind, y[e], bs);
         packed[e / 8] |= uint32_t(detail::round_sr_fast<F>(v, w[i])) << (4 * (e % 8));
       }
     }

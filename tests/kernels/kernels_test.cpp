@@ -769,6 +769,22 @@ TEST(QuantizeFastRounding, EqualsGoldenRoundRtneForAll2To32Inputs) {
   }
 }
 
+// The quantiser's fp32-scale step (one division per block, then a multiply and two FMAs per element) against the
+// golden division, every FP32 x, at scales inside its range (edge significands, the range's ends, typical activation
+// and gradient scales) and outside it (the division itself then: zero, subnormal, huge, infinite scales).
+TEST(QuantizeFastRounding, Fp32StepEqualsTheDivisionForAll2To32Inputs) {
+  SKIP_WITHOUT_GPU();
+  const float decs[] = {1.0f,      1.99999988f, 1.00000012f, 1.5f,   1.0f / 6.0f, 0x1p-60f, 0x1p60f, 1.1e-10f,
+                        3.7e4f,    0x1.fffffep-61f, 0x1p61f,  0.0f,   1e-45f,      1.2e-38f, 3.4e38f, INFINITY};
+  for (float dec : decs) {
+    uint32_t first = 0;
+    uint64_t seen = 0;
+    const uint64_t bad = fc::count_fp32_step_mismatches(dec, &first, &seen);
+    EXPECT_EQ(seen, uint64_t(1) << 32) << "dec " << dec << ": not every input was run";
+    EXPECT_EQ(bad, 0u) << "dec " << dec << ": first disagreement at x bits " << first;
+  }
+}
+
 // ---- GEMM tests -----------------------------------------------------------------------------------------------
 struct GCase {
   ElemFormat fa, fb;

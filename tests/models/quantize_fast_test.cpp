@@ -273,5 +273,65 @@ TEST(QuantizeFast, ThreadedPassesMatchStepByStepQuantiserBits) {
   EXPECT_GT(checked, 0);
 }
 
+// scale_fp32_by_reciprocal (the quantiser kernels' fp32-scale step) against scale_element's division, as bit
+// patterns. Inside its range the result depends only on the significands of x and the scale (a power-of-two
+// scaling of either is exact there), so every significand of x is checked against scales with edge significands
+// (all ones, 1, 1 + ulp, the midpoint) and random ones, at both signs; then random bit patterns of x and scale over
+// every float (zero, subnormal, huge, infinite, NaN), and the edges of the range.
+uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float float_of(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+int64_t step_mismatches(float x, float dec) {
+  BlockScale b;
+  b.dec = dec;
+  const float want = scale_element(ScaleKind::fp32, x, b);
+  const float got = scale_fp32_by_reciprocal(x, b, 1.0f / dec);
+  return bits_of(want) != bits_of(got);
+}
+
+TEST(QuantizeStep, ReciprocalStepIsTheDivisionForEverySignificandOfX) {
+  std::vector<uint32_t> dec_mant = {0x7FFFFF, 0, 1, 0x400000, 0x7FFFFE, 0x2AAAAB, 0x555555};
+  std::mt19937 rng(7);
+  while (dec_mant.size() < 16) dec_mant.push_back(rng() >> 9);
+  const int exps[] = {127 - 60, 127, 127 + 59};  // the range's ends and 1
+  int64_t bad = 0, n = 0;
+  for (size_t k = 0; k < dec_mant.size(); ++k) {
+    const float dec = float_of(uint32_t(exps[k % 3]) << 23 | dec_mant[k]);
+#pragma omp parallel for reduction(+ : bad, n)
+    for (int64_t m = 0; m < (int64_t(1) << 23); ++m) {
+      const float x = float_of(127u << 23 | uint32_t(m));
+      bad += step_mismatches(x, dec) + step_mismatches(-x, dec);
+      n += 2;
+    }
+  }
+  EXPECT_EQ(bad, 0) << "of " << n;
+}
+
+TEST(QuantizeStep, ReciprocalStepIsTheDivisionOnEveryKindOfFloat) {
+  std::mt19937 rng(11);
+  int64_t bad = 0;
+  for (int i = 0; i < (1 << 22); ++i) bad += step_mismatches(float_of(rng()), float_of(rng() & 0x7FFFFFFFu));
+  // The range's edges, with x and the quotient on both sides of them.
+  const float edges[] = {0x1p-60f, 0x1p60f, 0x1p-61f, 0x1p61f, -0x1p-60f, -0x1p60f, 0x1p-90f, 0x1p90f, 0.0f, -0.0f,
+                         1e-45f, 1.17549435e-38f, 3.40282347e+38f, INFINITY, -INFINITY, NAN, 1.0f, 6.0f, 3.5f};
+  for (float x : edges) {
+    for (float d : edges) {
+      if (!(d >= 0.0f)) continue;  // block scales are amax / gmax: never negative
+      for (int ulp = -2; ulp <= 2; ++ulp) {
+        bad += step_mismatches(float_of(bits_of(x) + uint32_t(ulp)), d);
+        bad += step_mismatches(x, float_of(bits_of(d) + uint32_t(ulp)));
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
 }  // namespace
 }  // namespace fp4lab

@@ -80,6 +80,21 @@ FP4LAB_HD inline float scale_element(ScaleKind kind, float x, const BlockScale& 
   return x * b.enc;
 }
 
+// scale_element for fp32 scales, bit for bit, without a division per element: `recip` is 1 / b.dec, computed
+// once per block. q = x * recip is within an ulp of x / dec, the residual x - q * dec is exact as one FMA, and
+// q + residual * recip rounded once is x / dec correctly rounded (Markstein's theorem: the reciprocal correctly
+// rounded, nothing under- or overflowing on the way, which the ranges below keep). Any other x or scale (zero,
+// tiny, huge, non-finite) takes scale_element itself. The quantiser kernels use it; the models' tests hold it to
+// scale_element (QuantizeStep.*).
+FP4LAB_HD inline float scale_fp32_by_reciprocal(float x, const BlockScale& b, float recip) {
+  const float ax = x < 0.0f ? -x : x;
+  if (b.dec >= 0x1p-60f && b.dec <= 0x1p60f && ax >= 0x1p-60f && ax <= 0x1p60f) {
+    const float q = x * recip;
+    return fmaf(fmaf(-q, b.dec, x), recip, q);
+  }
+  return scale_element(ScaleKind::fp32, x, b);
+}
+
 // A quantised element's value: (grid value * block scale) * global_dec, two FP32 products in that order (the
 // dequantiser and the fake quantiser, host and device, all compute it here).
 FP4LAB_HD inline float dequant_value(float grid, float block_scale, float global_dec) {

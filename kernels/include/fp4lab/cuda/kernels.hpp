@@ -224,6 +224,11 @@ uint64_t count_rtne_fast_mismatches(const ElemFormat& f, uint32_t* first_bad = n
 // for all 2^32 FP32 inputs, each at the four random words that decide it (kernels/src/round_fast.cuh).
 uint64_t count_sr_fast_mismatches(const ElemFormat& f, uint32_t* first_bad = nullptr, uint64_t* evaluated = nullptr);
 
+// The quantiser's fp32-scale step without a division per element (fp4lab::scale_fp32_by_reciprocal) against
+// scale_element's division x / dec, for all 2^32 FP32 x at one scale dec, both on the GPU: the count of results
+// whose bits differ (and the smallest such x, and how many were run); the cuda tests require 0.
+uint64_t count_fp32_step_mismatches(float dec, uint32_t* first_bad = nullptr, uint64_t* evaluated = nullptr);
+
 // Golden layout (one code per byte) <-> device layout.
 QTensor to_host(const DQTensor& d);
 void upload(const QTensor& q, DQTensor& d);
