@@ -2,9 +2,10 @@
 // copy of the same bytes in the same run. Variants per recipe: plain (the recipe's grid, block and scale, RTNE),
 // rht16 (fused RHT-16 with the recipe's BF16 rounding), sr (stochastic rounding); each row-wise (quantise
 // [R, C] along C) and transposed (quantise X^T, [C, R] along R, reading X [R, C] in place), and for the
-// transposed case the route it replaces: a copy of X (the cheapest transposed copy) then the row-wise pass.
-// Bytes = BF16 in + packed codes + FP32 decoded scales (+ scale codes); the copy moves the same total (half read,
-// half written). Inputs rotate through buffers over 4x the L2; calls run as CUDA-graph batches.
+// transposed case the route it replaces: a copy of X (the cheapest transposed copy) then the row-wise pass; and
+// the fake quantiser a training step's fast GEMMs run (fake-row, fake-transposed: BF16 dequantised values out).
+// Bytes = BF16 in + packed codes + FP32 decoded scales (+ scale codes), or BF16 in + BF16 out for the fake
+// layouts; the copy moves the same total (half read, half written). Inputs rotate through buffers over 4x the L2; calls run as CUDA-graph batches.
 // The options are checked in every build, before any device is looked at.
 #include <cstdint>
 #include <string>
@@ -33,7 +34,8 @@ int cmd_cuda_qbench(const Invocation& inv) {
       "recipe", po::value(&recipes)->multitoken(), "recipes (default: ufp4 e2m1-ref nvfp4 mxfp4)")(
       "reps", po::value(&reps)->default_value(15), "timed repetitions (median reported)")(
       "variant", po::value(&only_variant), "only this variant: plain, rht16, sr (philox4) or sr1 (philox1)")(
-      "layout", po::value(&only_layout), "only this layout: row-wise, transposed or copy+row");
+      "layout", po::value(&only_layout),
+      "only this layout: row-wise, transposed, copy+row, fake-row or fake-transposed");
   cli::add_common_options(desc);
   po::variables_map vm;
   if (!cli::parse_args(inv, desc,
@@ -42,6 +44,14 @@ int cmd_cuda_qbench(const Invocation& inv) {
     return kExitOk;
   const cli::JsonOut json(vm);
   if (reps < 3) usage_error("--reps must be >= 3");
+  const auto one_of = [](const std::string& v, std::initializer_list<const char*> names, const char* opt) {
+    if (v.empty()) return;
+    for (const char* n : names)
+      if (v == n) return;
+    usage_error(std::string(opt) + " " + v + ": unknown (see --help)");
+  };
+  one_of(only_variant, {"plain", "rht16", "sr", "sr1"}, "--variant");
+  one_of(only_layout, {"row-wise", "transposed", "copy+row", "fake-row", "fake-transposed"}, "--layout");
   if (shapes.empty()) shapes = {"8192x1024", "8192x2816", "1024x8192", "2816x1024", "1024x1024"};
   if (recipes.empty()) recipes = fp4lab::Recipe::preset_names();
   std::vector<std::vector<int64_t>> slist;
@@ -64,7 +74,7 @@ int cmd_cuda_qbench(const Invocation& inv) {
   std::cout << "fp4lab cuda qbench on " << dev.name << " (" << dev.sms << " SMs, L2 " << dev.l2_bytes / (1 << 20)
             << " MiB); BF16 in; median of " << reps << "; copy = cudaMemcpyAsync device-to-device of the same bytes"
             << " (read + written), same run\n";
-  std::cout << pad("shape", 11) << pad("recipe", 10) << pad("variant", 9) << pad("layout", 12) << pad("us", 9)
+  std::cout << pad("shape", 11) << pad("recipe", 10) << pad("variant", 9) << pad("layout", 16) << pad("us", 9)
             << pad("GB/s", 8) << pad("copy us", 9) << pad("copy GB/s", 10) << pad("%copy", 7) << "\n";
   Json rows = Json::array();
   for (const auto& sh : slist) {
@@ -72,21 +82,23 @@ int cmd_cuda_qbench(const Invocation& inv) {
     fc::Bf16QuantBench bench(dev, R, C);
     for (const fp4lab::Recipe& rec : rlist) {
       const fc::Bf16Variants v = fc::bf16_variants(rec);
-      const double bytes = bench.bytes(v.plain);
-      const fc::CopyTime copy = bench.copy(T, bytes, reps);
-      const double t_copy = copy.us, copy_gbs = copy.gbs;
       for (auto [vname, cfg] : {std::pair<const char*, const fp4lab::QuantConfig*>{"plain", &v.plain},
                                 {"rht16", &v.rht16}, {"sr", &v.sr}, {"sr1", &v.sr1}}) {
         for (auto [layout, lay] : {std::pair<const char*, fc::Bf16Layout>{"row-wise", fc::Bf16Layout::row_wise},
                                    {"transposed", fc::Bf16Layout::transposed},
-                                   {"copy+row", fc::Bf16Layout::copy_row}}) {
+                                   {"copy+row", fc::Bf16Layout::copy_row},
+                                   {"fake-row", fc::Bf16Layout::fake_row},
+                                   {"fake-transposed", fc::Bf16Layout::fake_transposed}}) {
           const std::string l = layout;
           if (l == "copy+row" && std::string(vname) != "plain") continue;
           if ((!only_variant.empty() && only_variant != vname) || (!only_layout.empty() && only_layout != l)) continue;
+          const double bytes = bench.bytes(v.plain, lay);
+          const fc::CopyTime copy = bench.copy(T, bytes, reps);
+          const double t_copy = copy.us, copy_gbs = copy.gbs;
           const double us = bench.time(T, *cfg, lay, reps);
           const double gbs = bytes / us / 1e3;
           std::cout << pad(std::to_string(R) + "x" + std::to_string(C), 11) << pad(rec.name, 10) << pad(vname, 9)
-                    << pad(layout, 12) << pad(fixed(us, 2), 9) << pad(fixed(gbs, 0), 8) << pad(fixed(t_copy, 2), 9)
+                    << pad(layout, 16) << pad(fixed(us, 2), 9) << pad(fixed(gbs, 0), 8) << pad(fixed(t_copy, 2), 9)
                     << pad(fixed(copy_gbs, 0), 10) << pad(fixed(100 * gbs / copy_gbs, 0), 7) << "\n";
           rows.push_back({{"rows", R}, {"cols", C}, {"recipe", rec.name}, {"variant", vname}, {"layout", layout},
                           {"config", cfg->label()}, {"us", us}, {"gbs", gbs}, {"bytes", bytes}, {"copy_us", t_copy},

@@ -65,7 +65,7 @@ __global__ void fp32_step_selftest_kernel(float dec, unsigned long long* count, 
   const uint64_t t = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   BlockScale b;
   b.dec = dec;
-  const float recip = 1.0f / dec;
+  const float recip = fp32_step_reciprocal(b);
   unsigned long long bad = 0;
   for (uint64_t i = t * 64; i < t * 64 + 64; ++i) {
     const float x = __uint_as_float(uint32_t(i));
@@ -73,6 +73,25 @@ __global__ void fp32_step_selftest_kernel(float dec, unsigned long long* count, 
         __float_as_uint(scale_element(ScaleKind::fp32, x, b))) {
       ++bad;
       atomicMin(first, uint32_t(i));
+    }
+  }
+  if (bad) atomicAdd(count, bad);
+  if ((threadIdx.x & 31) == 0) atomicAdd(evaluated, 64ull * 32);
+}
+
+// Every FP32 bit pattern through bf16x2_rn (in both halves) and golden f32_to_bf16; NaN inputs, for which the
+// golden function is not defined, are skipped (and counted as run).
+__global__ void bf16_pack_selftest_kernel(unsigned long long* count, unsigned* first, unsigned long long* evaluated) {
+  const uint64_t t = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  unsigned long long bad = 0;
+  for (uint64_t i = t * 64; i < t * 64 + 64; i += 2) {
+    const float lo = __uint_as_float(uint32_t(i)), hi = __uint_as_float(uint32_t(i + 1));
+    const uint32_t p = detail::bf16x2_rn(lo, hi);
+    const bool bad_lo = !isnan(lo) && uint16_t(p & 0xFFFFu) != f32_to_bf16(lo);
+    const bool bad_hi = !isnan(hi) && uint16_t(p >> 16) != f32_to_bf16(hi);
+    if (bad_lo || bad_hi) {
+      bad += unsigned(bad_lo) + unsigned(bad_hi);
+      atomicMin(first, uint32_t(bad_lo ? i : i + 1));
     }
   }
   if (bad) atomicAdd(count, bad);
@@ -452,58 +471,56 @@ void flag_nonfinite(const void* d_y, bool bf16, int64_t n, int* d_flag, int bit,
   check_launch("flag_nonfinite_kernel");
 }
 
-uint64_t count_rtne_fast_mismatches(const ElemFormat& f, uint32_t* first_bad, uint64_t* evaluated) {
-  const int fmt = detail::format_index(f);
+// The exhaustive self-tests: counters zeroed, the smallest failing input at all ones, the kernel launched over all
+// 2^32 inputs (64 a thread) by launch(grid, count, first, evaluated), then the counts read back.
+template <class Launch>
+uint64_t run_selftest(const char* name, Launch launch, uint32_t* first_bad, uint64_t* evaluated) {
   Buffer<unsigned long long> count(1), seen(1);
+  count.fill_bytes(0);
   seen.fill_bytes(0);
   Buffer<unsigned> first(1);
-  count.fill_bytes(0);
   first.fill_bytes(0xFF);
-  const unsigned grid = unsigned((uint64_t(1) << 32) / 64 / kThreads);
-  switch (fmt) {
-    case 0: rtne_selftest_kernel<0><<<grid, kThreads>>>(count.data(), first.data(), seen.data()); break;
-    case 1: rtne_selftest_kernel<1><<<grid, kThreads>>>(count.data(), first.data(), seen.data()); break;
-    case 2: rtne_selftest_kernel<2><<<grid, kThreads>>>(count.data(), first.data(), seen.data()); break;
-    default: rtne_selftest_kernel<3><<<grid, kThreads>>>(count.data(), first.data(), seen.data()); break;
-  }
-  check_launch("rtne_selftest_kernel", true);
+  launch(unsigned((uint64_t(1) << 32) / 64 / kThreads), count.data(), first.data(), seen.data());
+  check_launch(name, true);
   if (first_bad) *first_bad = first.to_host()[0];
   if (evaluated) *evaluated = seen.to_host()[0];
   return count.to_host()[0];
 }
 
+uint64_t count_rtne_fast_mismatches(const ElemFormat& f, uint32_t* first_bad, uint64_t* evaluated) {
+  const int fmt = detail::format_index(f);
+  return run_selftest("rtne_selftest_kernel", [fmt](unsigned grid, auto* count, auto* first, auto* seen) {
+    switch (fmt) {
+      case 0: rtne_selftest_kernel<0><<<grid, kThreads>>>(count, first, seen); break;
+      case 1: rtne_selftest_kernel<1><<<grid, kThreads>>>(count, first, seen); break;
+      case 2: rtne_selftest_kernel<2><<<grid, kThreads>>>(count, first, seen); break;
+      default: rtne_selftest_kernel<3><<<grid, kThreads>>>(count, first, seen); break;
+    }
+  }, first_bad, evaluated);
+}
+
 uint64_t count_fp32_step_mismatches(float dec, uint32_t* first_bad, uint64_t* evaluated) {
-  Buffer<unsigned long long> count(1), seen(1);
-  count.fill_bytes(0);
-  seen.fill_bytes(0);
-  Buffer<unsigned> first(1);
-  first.fill_bytes(0xFF);
-  const unsigned grid = unsigned((uint64_t(1) << 32) / 64 / kThreads);
-  fp32_step_selftest_kernel<<<grid, kThreads>>>(dec, count.data(), first.data(), seen.data());
-  check_launch("fp32_step_selftest_kernel", true);
-  if (first_bad) *first_bad = first.to_host()[0];
-  if (evaluated) *evaluated = seen.to_host()[0];
-  return count.to_host()[0];
+  return run_selftest("fp32_step_selftest_kernel", [dec](unsigned grid, auto* count, auto* first, auto* seen) {
+    fp32_step_selftest_kernel<<<grid, kThreads>>>(dec, count, first, seen);
+  }, first_bad, evaluated);
+}
+
+uint64_t count_bf16_pack_mismatches(uint32_t* first_bad, uint64_t* evaluated) {
+  return run_selftest("bf16_pack_selftest_kernel", [](unsigned grid, auto* count, auto* first, auto* seen) {
+    bf16_pack_selftest_kernel<<<grid, kThreads>>>(count, first, seen);
+  }, first_bad, evaluated);
 }
 
 uint64_t count_sr_fast_mismatches(const ElemFormat& f, uint32_t* first_bad, uint64_t* evaluated) {
   const int fmt = detail::format_index(f);
-  Buffer<unsigned long long> count(1), seen(1);
-  seen.fill_bytes(0);
-  Buffer<unsigned> first(1);
-  count.fill_bytes(0);
-  first.fill_bytes(0xFF);
-  const unsigned grid = unsigned((uint64_t(1) << 32) / 64 / kThreads);
-  switch (fmt) {
-    case 0: sr_selftest_kernel<0><<<grid, kThreads>>>(count.data(), first.data(), seen.data()); break;
-    case 1: sr_selftest_kernel<1><<<grid, kThreads>>>(count.data(), first.data(), seen.data()); break;
-    case 2: sr_selftest_kernel<2><<<grid, kThreads>>>(count.data(), first.data(), seen.data()); break;
-    default: sr_selftest_kernel<3><<<grid, kThreads>>>(count.data(), first.data(), seen.data()); break;
-  }
-  check_launch("sr_selftest_kernel", true);
-  if (first_bad) *first_bad = first.to_host()[0];
-  if (evaluated) *evaluated = seen.to_host()[0];
-  return count.to_host()[0];
+  return run_selftest("sr_selftest_kernel", [fmt](unsigned grid, auto* count, auto* first, auto* seen) {
+    switch (fmt) {
+      case 0: sr_selftest_kernel<0><<<grid, kThreads>>>(count, first, seen); break;
+      case 1: sr_selftest_kernel<1><<<grid, kThreads>>>(count, first, seen); break;
+      case 2: sr_selftest_kernel<2><<<grid, kThreads>>>(count, first, seen); break;
+      default: sr_selftest_kernel<3><<<grid, kThreads>>>(count, first, seen); break;
+    }
+  }, first_bad, evaluated);
 }
 
 namespace {
@@ -523,7 +540,7 @@ inline __device__ void store8(float* out, const float (&v)[8]) {
 inline __device__ void store8(uint16_t* out, const float (&v)[8]) {
   uint32_t w[4];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) w[j] = uint32_t(f32_to_bf16(v[2 * j])) | (uint32_t(f32_to_bf16(v[2 * j + 1])) << 16);
+  for (int j = 0; j < 4; ++j) w[j] = detail::bf16x2_rn(v[2 * j], v[2 * j + 1]);
   *reinterpret_cast<uint4*>(out) = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
@@ -531,13 +548,14 @@ inline __device__ void store8(uint16_t* out, const float (&v)[8]) {
 template <class Out>
 __global__ void __launch_bounds__(kThreads) dequantize_kernel(const DequantArgs a, Out* out) {
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const float* table = shared_decode_table(a.value);
   if (t >= a.words) return;
   const int64_t e0 = t * 8, row = e0 / a.cols, col = e0 - row * a.cols;
   const float s = a.scales[row * a.kb + col / a.block], g = *a.global_dec;
   const uint32_t w = a.codes[t];
   float v[8];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) v[j] = dequant_value(a.value[(w >> (4 * j)) & 15u], s, g);
+  for (int j = 0; j < 8; ++j) v[j] = dequant_value(table[(w >> (4 * j)) & 15u], s, g);
   store8(out + e0, v);
 }
 

@@ -138,7 +138,7 @@ template <int F, int B, bool FP32, bool RTNE, bool WIDE, int G>
 __device__ __forceinline__ void round_block(const float (&y)[G], int b, const BlockScale& bs, ScaleKind kind,
                                             const QArgs& a, uint64_t seed, int64_t base, uint32_t (&packed)[G / 8]) {
   // fp32 scales: one division per block instead of one per element (scale_fp32_by_reciprocal: the same bits).
-  const float recip = FP32 ? 1.0f / bs.dec : 0.0f;
+  const float recip = FP32 ? fp32_step_reciprocal(bs) : 0.0f;
   if constexpr (RTNE) {
 #pragma unroll
     for (int j = 0; j < B; ++j) {
@@ -178,6 +178,18 @@ __device__ __forceinline__ void round_block(const float (&y)[G], int b, const Bl
   }
 }
 
+// The decode table (decode(format, code), 16 words) in shared memory, for the lookups of the fake quantiser and the
+// dequantiser. Indexed by each lane's own code, the kernel parameter itself compiles to an indexed constant load,
+// which the hardware serialises over the distinct addresses of a warp (up to 16); shared memory serves 16 distinct
+// words in one access. Every thread of the block calls it (a barrier), before any returns.
+__device__ __forceinline__ const float* shared_decode_table(const float (&value)[16]) {
+  __shared__ float table[16];
+  const unsigned t = threadIdx.x + threadIdx.y * blockDim.x;
+  if (t < 16) table[t] = value[t];
+  __syncthreads();
+  return table;
+}
+
 // One element, widened to FP32 (the transpose kernel's loads).
 __device__ __forceinline__ float load1(const float* p) { return __ldg(p); }
 __device__ __forceinline__ float load1(const uint16_t* p) { return bf16_to_f32(__ldg(p)); }
@@ -200,9 +212,10 @@ __device__ __forceinline__ void split_index(int64_t g, int64_t per_row, bool sma
 // row-wise and the transposed kernel, so both run the same golden arithmetic on the same values.
 // IDX: a.row_index is set (a template parameter, so that the default kernels are compiled as they were, with their
 // registers and speed; the indexed ones are instantiated beside them).
+// dtab: shared_decode_table(a.value) where a.deq is set.
 template <int F, int B, int D, int G, bool WIDE = true, bool IDX = false>
 __device__ __forceinline__ void quantize_group(float (&y)[G], int64_t row, int64_t col0, const QArgs& a,
-                                               float s_enc) {
+                                               float s_enc, const float* dtab) {
   constexpr ElemFormat f = kAllFormats[F];
   flag_nonfinite<G>(y, a.nonfinite, 1);
   rotate_group<G, D>(y, a.signs, a.rht_bf16);
@@ -269,9 +282,9 @@ __device__ __forceinline__ void quantize_group(float (&y)[G], int64_t row, int64
     uint32_t w[G / 2];
 #pragma unroll
     for (int e = 0; e < G; e += 2) {
-      const float lo = dequant_value(a.value[(packed[e / 8] >> (4 * (e % 8))) & 15u], s_dec[e / B], g_dec);
-      const float hi = dequant_value(a.value[(packed[e / 8] >> (4 * (e % 8 + 1))) & 15u], s_dec[e / B], g_dec);
-      w[e / 2] = uint32_t(f32_to_bf16(lo)) | (uint32_t(f32_to_bf16(hi)) << 16);
+      const float lo = dequant_value(dtab[(packed[e / 8] >> (4 * (e % 8))) & 15u], s_dec[e / B], g_dec);
+      const float hi = dequant_value(dtab[(packed[e / 8] >> (4 * (e % 8 + 1))) & 15u], s_dec[e / B], g_dec);
+      w[e / 2] = detail::bf16x2_rn(lo, hi);
     }
     uint4* o = reinterpret_cast<uint4*>(a.deq + base);
 #pragma unroll
@@ -382,6 +395,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const QArgs a) {
   constexpr int G = B > D ? B : D;
   const int64_t groups_per_row = a.cols / G, n = a.rows * groups_per_row;
   const int64_t g = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  const float* dtab = a.deq ? shared_decode_table(a.value) : nullptr;  // a.deq is the same for the whole grid
   if (g >= n) return;
   RawGroup<T, G> raw;
   load_raw(static_cast<const T*>(a.x) + g * G, raw);  // row * cols + col0 == g * G
@@ -389,7 +403,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const QArgs a) {
   widen(raw, y);
   int64_t row, cg;
   split_index(g, groups_per_row, n < (int64_t(1) << 32), row, cg);
-  quantize_group<F, B, D, G, true, IDX>(y, row, cg * G, a, tensor_encode<F>(a));
+  quantize_group<F, B, D, G, true, IDX>(y, row, cg * G, a, tensor_encode<F>(a), dtab);
 }
 
 // Transposed: quantises X^T for X [a.cols, a.rows] row-major (a.rows x a.cols is the output's shape), without
@@ -407,6 +421,7 @@ __global__ void __launch_bounds__(32 * kTRows) quantize_t_kernel(const QArgs a) 
   const int64_t xcols = a.rows, ngroups = a.cols / G;  // X's row length; groups down a column
   const int64_t j = (int64_t(blockIdx.x) * 32 + threadIdx.y * 4 + (threadIdx.x >> 3)) * 2;
   const int64_t gr = int64_t(blockIdx.y) * kTRows + (threadIdx.x & 7);
+  const float* dtab = a.deq ? shared_decode_table(a.value) : nullptr;
   if (j >= xcols || gr >= ngroups) return;
   const bool two = j + 1 < xcols;
   RawPairs<T, G> raw;
@@ -418,8 +433,8 @@ __global__ void __launch_bounds__(32 * kTRows) quantize_t_kernel(const QArgs a) 
   // over the 128 that hold two blocks per SM, and ran 0.69-0.75x as fast on an H200 (mxfp4, 8192x1024 and
   // 8192x2816); the groups of 16 and the row-wise kernels gain from them (kernels/README.md).
   constexpr bool kWide = G != 32;
-  quantize_group<F, B, D, G, kWide, IDX>(y0, j, gr * G, a, s_enc);
-  if (two) quantize_group<F, B, D, G, kWide, IDX>(y1, j + 1, gr * G, a, s_enc);
+  quantize_group<F, B, D, G, kWide, IDX>(y0, j, gr * G, a, s_enc, dtab);
+  if (two) quantize_group<F, B, D, G, kWide, IDX>(y1, j + 1, gr * G, a, s_enc, dtab);
 }
 
 struct AmaxArgs {

@@ -1512,7 +1512,7 @@ TEST_F(Cli, CudaWithoutCudaOrDeviceSaysSoInOneLine) {
   const std::vector<std::vector<std::string>> runs = {
       {"cuda", "check", "--trace", kBundledTrace, "--limit", "1"},
       {"cuda", "bench", "--size", "256", "--reps", "3"},
-      {"cuda", "qbench", "--shape", "32x32", "--recipe", "ufp4", "--variant", "plain", "--layout", "row-wise",
+      {"cuda", "qbench", "--shape", "32x32", "--recipe", "ufp4", "--variant", "plain", "--layout", "fake-row",
        "--reps", "3"},
       {"cuda", "timings", "--copy", "4096", "--reps", "3"},
   };
@@ -1551,6 +1551,8 @@ TEST_F(Cli, CudaArgumentErrorsComeBeforeTheDevice) {
       {{"cuda", "bench", "--size", "100"}, 2, {"--size"}},
       {{"cuda", "qbench", "--shape", "100x100"}, 2, {"--shape 100x100", "multiples of 32"}},
       {{"cuda", "qbench", "--recipe", "fp8"}, 2, {"unknown recipe 'fp8'"}},
+      {{"cuda", "qbench", "--layout", "fake"}, 2, {"--layout fake", "unknown"}},
+      {{"cuda", "qbench", "--variant", "sr2"}, 2, {"--variant sr2", "unknown"}},
       {{"cuda", "timings", "--quant", "12x"}, 2, {"--quant '12x'"}},
       {{"cuda", "timings", "--gemm-recipe", "fp8"}, 2, {"unknown recipe 'fp8'"}},
       {{"cuda", "timings", "--reps", "1"}, 2, {"--reps"}},

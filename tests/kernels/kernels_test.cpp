@@ -785,6 +785,17 @@ TEST(QuantizeFastRounding, Fp32StepEqualsTheDivisionForAll2To32Inputs) {
   }
 }
 
+// The fake quantiser's and the dequantiser's packed BF16 conversion against golden f32_to_bf16: every FP32 input
+// but NaN (including infinities, subnormals and the values that round up to infinity), in both halves.
+TEST(QuantizeFastRounding, Bf16PackEqualsGoldenForAll2To32Inputs) {
+  SKIP_WITHOUT_GPU();
+  uint32_t first = 0;
+  uint64_t seen = 0;
+  const uint64_t bad = fc::count_bf16_pack_mismatches(&first, &seen);
+  EXPECT_EQ(seen, uint64_t(1) << 32) << "not every input was run";
+  EXPECT_EQ(bad, 0u) << "first disagreement at input bits " << first;
+}
+
 // ---- GEMM tests -----------------------------------------------------------------------------------------------
 struct GCase {
   ElemFormat fa, fb;

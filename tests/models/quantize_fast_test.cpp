@@ -292,7 +292,7 @@ int64_t step_mismatches(float x, float dec) {
   BlockScale b;
   b.dec = dec;
   const float want = scale_element(ScaleKind::fp32, x, b);
-  const float got = scale_fp32_by_reciprocal(x, b, 1.0f / dec);
+  const float got = scale_fp32_by_reciprocal(x, b, fp32_step_reciprocal(b));
   return bits_of(want) != bits_of(got);
 }
 

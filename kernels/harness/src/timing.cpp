@@ -183,7 +183,8 @@ Bf16QuantBench::Bf16QuantBench(const DeviceInfo& dev, int64_t R, int64_t C) : R_
   batch_ = std::max(nbuf_, int(std::clamp(3000.0 / std::max(double(in_bytes) / 4e3 * 2, 1.0), 1.0, 200.0)));
 }
 
-double Bf16QuantBench::bytes(const QuantConfig& cfg) const {
+double Bf16QuantBench::bytes(const QuantConfig& cfg, Bf16Layout layout) const {
+  if (layout == Bf16Layout::fake_row || layout == Bf16Layout::fake_transposed) return double(R_ * C_) * 4.0;
   return double(R_ * C_) * (2.0 + 0.5 + 4.0 / cfg.block + (cfg.scale == ScaleKind::fp32 ? 0.0 : 1.0 / cfg.block)) + 4;
 }
 
@@ -210,6 +211,9 @@ double Bf16QuantBench::time(Timer& T, const QuantConfig& cfg, Bf16Layout layout,
           quantize_bf16(x(i), R, C, cfg, q_, ws_, s, RhtPath::fused, false);
         } else if (layout == Bf16Layout::transposed) {
           quantize_transposed_bf16(x(i), R, C, cfg, q_, ws_, s, RhtPath::fused, false);
+        } else if (layout == Bf16Layout::fake_row || layout == Bf16Layout::fake_transposed) {
+          fake_quantize(x(i), true, layout == Bf16Layout::fake_transposed, R, C, cfg, xt_.data(), nullptr, ws_, s,
+                        RhtPath::fused, false);
         } else {
           check(cudaMemcpyAsync(xt_.data(), x(i), in_bytes, cudaMemcpyDeviceToDevice, s), "copy");
           quantize_bf16(xt_.data(), C, R, cfg, q_, ws_, s, RhtPath::fused, false);

@@ -80,8 +80,11 @@ FP4LAB_HD inline float scale_element(ScaleKind kind, float x, const BlockScale& 
   return x * b.enc;
 }
 
-// scale_element for fp32 scales, bit for bit, without a division per element: `recip` is 1 / b.dec, computed
-// once per block. q = x * recip is within an ulp of x / dec, the residual x - q * dec is exact as one FMA, and
+// The reciprocal scale_fp32_by_reciprocal takes, once per block: 1 / dec, correctly rounded.
+FP4LAB_HD inline float fp32_step_reciprocal(const BlockScale& b) { return 1.0f / b.dec; }
+
+// scale_element for fp32 scales, bit for bit, without a division per element: `recip` is
+// fp32_step_reciprocal(b), computed once per block. q = x * recip is within an ulp of x / dec, the residual x - q * dec is exact as one FMA, and
 // q + residual * recip rounded once is x / dec correctly rounded (Markstein's theorem: the reciprocal correctly
 // rounded, nothing under- or overflowing on the way, which the ranges below keep). Any other x or scale (zero,
 // tiny, huge, non-finite) takes scale_element itself. The quantiser kernels use it; the models' tests hold it to

@@ -229,6 +229,11 @@ uint64_t count_sr_fast_mismatches(const ElemFormat& f, uint32_t* first_bad = nul
 // whose bits differ (and the smallest such x, and how many were run); the cuda tests require 0.
 uint64_t count_fp32_step_mismatches(float dec, uint32_t* first_bad = nullptr, uint64_t* evaluated = nullptr);
 
+// The fake quantiser's and the dequantiser's BF16 conversion (one cvt.rn.bf16x2.f32 per two values) against
+// fp4lab::f32_to_bf16, for all 2^32 FP32 inputs but NaNs (the golden function is defined for the others), each
+// in both halves of the pair: the count of values whose bits differ; the cuda tests require 0.
+uint64_t count_bf16_pack_mismatches(uint32_t* first_bad = nullptr, uint64_t* evaluated = nullptr);
+
 // Golden layout (one code per byte) <-> device layout.
 QTensor to_host(const DQTensor& d);
 void upload(const QTensor& q, DQTensor& d);

@@ -145,8 +145,10 @@ struct Bf16Variants {
 };
 Bf16Variants bf16_variants(const Recipe& r);
 // How the operand X [R, C] is quantised: along C (row-wise), X^T along R read in place (transposed), or the route
-// the transposed read replaces: a copy of X, then the row-wise quantiser on it (copy_row).
-enum class Bf16Layout { row_wise, transposed, copy_row };
+// the transposed read replaces: a copy of X, then the row-wise quantiser on it (copy_row). fake_row and
+// fake_transposed: the fake quantiser of a training step's fast GEMMs (fake_quantize), BF16 dequantised values
+// out instead of codes and scales.
+enum class Bf16Layout { row_wise, transposed, copy_row, fake_row, fake_transposed };
 
 // One BF16 operand shape [R, C]: its inputs rotated through buffers over 4x the L2 (at least two), and the batch
 // every timing runs in (as a CUDA graph).
@@ -155,8 +157,9 @@ class Bf16QuantBench {
   Bf16QuantBench(const DeviceInfo& dev, int64_t R, int64_t C);
   int batch() const { return batch_; }
   int buffers() const { return nbuf_; }
-  // Bytes a quantiser moves under cfg: BF16 in, packed codes, FP32 decoded scales (and scale codes) out, + 4.
-  double bytes(const QuantConfig& cfg) const;
+  // Bytes a quantiser moves under cfg: BF16 in, packed codes, FP32 decoded scales (and scale codes) out, + 4; for
+  // the fake layouts BF16 in and BF16 out.
+  double bytes(const QuantConfig& cfg, Bf16Layout layout = Bf16Layout::row_wise) const;
   // The copy that moves the bytes of a quantiser call: `bytes` rounded down to a multiple of 16, half read and half
   // written (bytes / 2 copied device to device from the rotating inputs); measured once per byte count.
   CopyTime copy(Timer& T, double bytes, int reps);
@@ -166,7 +169,7 @@ class Bf16QuantBench {
   int64_t R_, C_;
   int nbuf_, batch_;
   std::vector<Buffer<uint16_t>> xs_;
-  Buffer<uint16_t> xt_;  // the copy of the replaced transposed route
+  Buffer<uint16_t> xt_;  // the copy of the replaced transposed route; the fake layouts' output
   Buffer<uint8_t> dst_;
   DQTensor q_;
   QuantWorkspace ws_;
