@@ -64,6 +64,54 @@ TEST(RoundRtneBranchFree, MatchesWalkAroundEveryMidpointAndLevel) {
   EXPECT_GT(checked, 0);
 }
 
+// round_sr_fixed (the golden quantiser's SR on the named grids) against round_sr, around every level and midpoint
+// of the grid (300 ulps either side, both signs), on infinities, NaNs, zeros and 200,000 random bit patterns, each
+// at the words that decide it: 0, all ones, the two either side of its threshold (the rounding is a step function
+// of r >> 8 at ceil(frac * 2^24)) and a random one.
+template <const ElemFormat* F>
+int64_t sr_fixed_mismatches(int64_t& checked) {
+  constexpr ElemFormat f = *F;
+  std::vector<float> values = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 1e-45f, FLT_MAX};
+  const float k = std::ldexp(1.0f, -f.int_shift());  // integer view -> value
+  for (int i = 0; i <= f.max_index; ++i) {
+    std::vector<float> c = {float(f.int_level(i)) * k};
+    if (i < f.max_index) c.push_back(0.5f * float(f.int_level(i) + f.int_level(i + 1)) * k);
+    for (float x : c)
+      for (float s : {1.0f, -1.0f})
+        for (int d = -300; d <= 300; ++d) values.push_back(f32_from_bits(uint32_t(int64_t(f32_bits(x * s)) + d)));
+  }
+  std::mt19937 g(13);
+  for (int i = 0; i < 200000; ++i) values.push_back(f32_from_bits(g()));
+  int64_t bad = 0;
+  for (float v : values) {
+    // The threshold from the walk up the levels (round_sr's own definition of the level below).
+    const float u = int_view_of(f, v);
+    int i = 0;
+    while (i < f.max_index && float(f.int_level(i + 1)) <= u) ++i;
+    double t = 0.0;
+    if (i < f.max_index && u == u)
+      t = double(u - float(f.int_level(i))) / double(f.int_level(i + 1) - f.int_level(i)) * 16777216.0;
+    const uint32_t step = uint32_t(std::min(std::ceil(t), 16777215.0));
+    const uint32_t words[] = {0u, 0xFFFFFFFFu, step << 8, step ? ((step - 1) << 8) | 0xFFu : 0u,
+                              std::min(step + 1, 16777215u) << 8, uint32_t(g())};
+    for (uint32_t r : words) {
+      ++checked;
+      if (round_sr_fixed<F>(v, r) != round_sr(f, v, r) && bad++ < 5)
+        ADD_FAILURE() << f.name << " v = " << v << " bits " << std::hex << f32_bits(v) << " r " << r << std::dec;
+    }
+  }
+  return bad;
+}
+
+TEST(RoundSrFixed, MatchesRoundSrAroundEveryLevelAndThreshold) {
+  int64_t checked = 0;
+  EXPECT_EQ(sr_fixed_mismatches<&kE2M1>(checked), 0);
+  EXPECT_EQ(sr_fixed_mismatches<&kE1M2>(checked), 0);
+  EXPECT_EQ(sr_fixed_mismatches<&kInt4>(checked), 0);
+  EXPECT_EQ(sr_fixed_mismatches<&kE2M1Max2>(checked), 0);
+  EXPECT_GT(checked, 4 * 6 * 200000);
+}
+
 // quantize()'s block rounding (AVX-512: 16 elements per register) against round_rtne, around every midpoint and
 // level of every grid: each block of 16 starts with gmax, so its FP32 scale is gmax / gmax = 1 and the values
 // reach the rounding unchanged; the rest are the values within 300 ulps of each level and midpoint, both signs,

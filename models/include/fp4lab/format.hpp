@@ -153,4 +153,31 @@ FP4LAB_HD inline uint8_t round_sr(const ElemFormat& f, float v, uint32_t r) {
   return make_code(std::signbit(v), i);
 }
 
+// round_sr on a named grid (host), with the level below u found by flooring u at the grid's spacing, as
+// round_rtne_fixed finds the nearest one, instead of round_sr's walk up the levels (a loop whose exit the data
+// decide). The spacing is the gap and a power of two, so (u - lo) / gap is the exact fraction either way; the
+// comparison with r is round_sr's. The same code as round_sr for every v and r (tests/models: around every level
+// and midpoint, at the words either side of each threshold).
+template <const ElemFormat* F>
+inline uint8_t round_sr_fixed(float v, uint32_t r) {
+  constexpr ElemFormat f = *F;
+  const float u = int_view_of(f, v);
+  float lo, gap;
+  int i;
+  if constexpr (f.int_max() == f.max_index) {
+    gap = 1.0f;
+    lo = std::floor(u);
+    i = u == u ? int(lo) : 0;  // NaN: the walk stops at index 0 and never rounds up
+  } else if constexpr (same_grid(f, kE2M1)) {
+    gap = u < 4.0f ? 1.0f : u < 8.0f ? 2.0f : 4.0f;  // levels 0..4, 6, 8, 12
+    lo = std::floor(u / gap) * gap;
+    i = !(u == u) ? 0 : lo <= 4.0f ? int(lo) : lo <= 8.0f ? int(lo * 0.5f + 2.0f) : 7;
+  } else {
+    return round_sr(f, v, r);
+  }
+  if (i >= f.max_index) return make_code(std::signbit(v), f.max_index);
+  const float frac = (u - lo) / gap;
+  return make_code(std::signbit(v), i + int(float(r >> 8) < frac * 16777216.0f));
+}
+
 }  // namespace fp4lab
