@@ -3,9 +3,10 @@
 // rht16 (fused RHT-16 with the recipe's BF16 rounding), sr (stochastic rounding); each row-wise (quantise
 // [R, C] along C) and transposed (quantise X^T, [C, R] along R, reading X [R, C] in place), and for the
 // transposed case the route it replaces: a copy of X (the cheapest transposed copy) then the row-wise pass; and
-// the fake quantiser a training step's fast GEMMs run (fake-row, fake-transposed: BF16 dequantised values out).
+// the fake quantiser a training step's fast GEMMs run (fake-row, fake-transposed: BF16 dequantised values out;
+// fake-both: both from one read, fake_quantize_both, as the step takes X and X^T, dY and dY^T).
 // Bytes = BF16 in + packed codes + FP32 decoded scales (+ scale codes), or BF16 in + BF16 out for the fake
-// layouts; the copy moves the same total (half read, half written). Inputs rotate through buffers over 4x the L2; calls run as CUDA-graph batches.
+// layouts (twice out for fake-both); the copy moves the same total (half read, half written). Inputs rotate through buffers over 4x the L2; calls run as CUDA-graph batches.
 // The options are checked in every build, before any device is looked at.
 #include <cstdint>
 #include <string>
@@ -35,7 +36,7 @@ int cmd_cuda_qbench(const Invocation& inv) {
       "reps", po::value(&reps)->default_value(15), "timed repetitions (median reported)")(
       "variant", po::value(&only_variant), "only this variant: plain, rht16, sr (philox4) or sr1 (philox1)")(
       "layout", po::value(&only_layout),
-      "only this layout: row-wise, transposed, copy+row, fake-row or fake-transposed");
+      "only this layout: row-wise, transposed, copy+row, fake-row, fake-transposed or fake-both");
   cli::add_common_options(desc);
   po::variables_map vm;
   if (!cli::parse_args(inv, desc,
@@ -51,7 +52,8 @@ int cmd_cuda_qbench(const Invocation& inv) {
     usage_error(std::string(opt) + " " + v + ": unknown (see --help)");
   };
   one_of(only_variant, {"plain", "rht16", "sr", "sr1"}, "--variant");
-  one_of(only_layout, {"row-wise", "transposed", "copy+row", "fake-row", "fake-transposed"}, "--layout");
+  one_of(only_layout, {"row-wise", "transposed", "copy+row", "fake-row", "fake-transposed", "fake-both"},
+         "--layout");
   if (shapes.empty()) shapes = {"8192x1024", "8192x2816", "1024x8192", "2816x1024", "1024x1024"};
   if (recipes.empty()) recipes = fp4lab::Recipe::preset_names();
   std::vector<std::vector<int64_t>> slist;
@@ -88,7 +90,8 @@ int cmd_cuda_qbench(const Invocation& inv) {
                                    {"transposed", fc::Bf16Layout::transposed},
                                    {"copy+row", fc::Bf16Layout::copy_row},
                                    {"fake-row", fc::Bf16Layout::fake_row},
-                                   {"fake-transposed", fc::Bf16Layout::fake_transposed}}) {
+                                   {"fake-transposed", fc::Bf16Layout::fake_transposed},
+                                   {"fake-both", fc::Bf16Layout::fake_both}}) {
           const std::string l = layout;
           if (l == "copy+row" && std::string(vname) != "plain") continue;
           if ((!only_variant.empty() && only_variant != vname) || (!only_layout.empty() && only_layout != l)) continue;

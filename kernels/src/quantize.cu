@@ -270,14 +270,33 @@ unsigned bits_of(float v) {
   return u;
 }
 
-// The quantise pass over x (T: float or BF16 bits), rotated in registers by RHT-d (d = 0: x is already rotated
-// or the configuration has no RHT), after the amax pass the scale kind needs. rows x cols is the output's shape;
-// tr: x is [cols, rows] and the output is its transpose's quantisation.
+// The flag a pass's kernels report non-finite inputs to: with check_finite the workspace's, cleared first; without
+// it the caller's (null: not checked).
+int* nonfinite_flag_of(QuantWorkspace& ws, cudaStream_t s, bool check_finite, int* d_nonfinite_flag) {
+  if (!check_finite) return d_nonfinite_flag;
+  ws.nonfinite.resize(1);
+  check(cudaMemsetAsync(ws.nonfinite.data(), 0, sizeof(int), s), "cudaMemsetAsync");
+  return ws.nonfinite.data();
+}
+
+// check_finite's end of a pass: waits for the stream and throws the fault the kernels flagged.
+void raise_nonfinite(QuantWorkspace& ws, cudaStream_t s) {
+  int bad = 0;
+  check(cudaMemcpyAsync(&bad, ws.nonfinite.data(), sizeof(int), cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(s), "quantize");
+  if (bad & 1) throw std::invalid_argument("input tensor holds NaN or Inf (4-bit grids have no such codes)");
+  if (bad & 2) throw std::invalid_argument("RHT overflows FP32 (a rotated value is Inf or NaN; 4-bit grids have no such codes)");
+  if (bad & 4) throw std::invalid_argument("a row index is negative");
+}
+
+// The launch arguments of a quantise pass over x (T: float or BF16 bits), rotated in registers by RHT-d (d = 0: x
+// is already rotated or the configuration has no RHT), with the amax pass the scale kind needs enqueued first.
+// rows x cols is the output's shape; tr: x is [cols, rows] and the output is its transpose's quantisation;
+// nonfinite: nonfinite_flag_of's.
 template <class T>
-void quantize_pass(const T* x, int d, int fmt, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor* out,
-                   uint16_t* deq, QuantWorkspace& ws, cudaStream_t s, bool check_finite, int* d_nonfinite_flag,
-                   bool tr, const uint64_t* d_seed, const int64_t* d_row_index = nullptr,
-                   const float* amax = nullptr) {
+QArgs pass_args(const T* x, int d, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor* out,
+                uint16_t* deq, QuantWorkspace& ws, cudaStream_t s, int* nonfinite, bool tr, const uint64_t* d_seed,
+                const int64_t* d_row_index, const float* amax, bool amax_in_ws = false) {
   QArgs a{};
   if (out) {
     out->meta() = OperandMeta::of(cfg, rows, cols);
@@ -306,11 +325,14 @@ void quantize_pass(const T* x, int d, int fmt, int64_t rows, int64_t cols, const
   a.seed_dev = d_seed;
   a.stream = cfg.stream;
   a.row_index = d_row_index;
+  a.nonfinite = nonfinite;
   copy_signs(a.signs, 32, cfg);
 
   // A given amax stands in for the tensor's (the pass still runs for 16x16 tiles, whose blocks need it).
   const bool given = amax && cfg.scale == ScaleKind::ue4m3;
-  if ((cfg.scale == ScaleKind::ue4m3 && !given) || cfg.tile2d) {
+  if (amax_in_ws && cfg.scale == ScaleKind::ue4m3 && !cfg.tile2d) {
+    a.tensor_amax = ws.tensor_amax.data();  // ws.tensor_amax already holds it (fake_quantize_both's one read)
+  } else if ((cfg.scale == ScaleKind::ue4m3 && !given) || cfg.tile2d) {
     amax_pass(x, rows, cols, cfg, d, ws, cfg.tile2d, s, tr);
     a.tensor_amax = ws.tensor_amax.data();
     if (cfg.tile2d) a.block_amax = ws.block_amax.data();
@@ -322,26 +344,23 @@ void quantize_pass(const T* x, int d, int fmt, int64_t rows, int64_t cols, const
     check_launch("set_bits_kernel");
     a.tensor_amax = ws.tensor_amax.data();
   }
-  if (check_finite) {
-    ws.nonfinite.resize(1);
-    check(cudaMemsetAsync(ws.nonfinite.data(), 0, sizeof(int), s), "cudaMemsetAsync");
-    a.nonfinite = ws.nonfinite.data();
-  } else {
-    a.nonfinite = d_nonfinite_flag;
-  }
+  return a;
+}
+
+// The quantise pass over x: pass_args, the launch, and check_finite's fault.
+template <class T>
+void quantize_pass(const T* x, int d, int fmt, int64_t rows, int64_t cols, const QuantConfig& cfg, DQTensor* out,
+                   uint16_t* deq, QuantWorkspace& ws, cudaStream_t s, bool check_finite, int* d_nonfinite_flag,
+                   bool tr, const uint64_t* d_seed, const int64_t* d_row_index = nullptr,
+                   const float* amax = nullptr) {
+  int* flag = nonfinite_flag_of(ws, s, check_finite, d_nonfinite_flag);
+  const QArgs a = pass_args(x, d, rows, cols, cfg, out, deq, ws, s, flag, tr, d_seed, d_row_index, amax);
   if (tr)
     launch_quantize_any<T, true>(fmt, cfg.block, d, a, s);
   else
     launch_quantize_any<T, false>(fmt, cfg.block, d, a, s);
   check_launch("quantize_kernel");
-  if (check_finite) {
-    int bad = 0;
-    check(cudaMemcpyAsync(&bad, ws.nonfinite.data(), sizeof(int), cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
-    check(cudaStreamSynchronize(s), "quantize");
-    if (bad & 1) throw std::invalid_argument("input tensor holds NaN or Inf (4-bit grids have no such codes)");
-    if (bad & 2) throw std::invalid_argument("RHT overflows FP32 (a rotated value is Inf or NaN; 4-bit grids have no such codes)");
-    if (bad & 4) throw std::invalid_argument("a row index is negative");
-  }
+  if (check_finite) raise_nonfinite(ws, s);
 }
 
 // rows x cols: the output's shape; tr: d_x is [cols, rows] and is quantised as its transpose.
@@ -424,6 +443,51 @@ void fake_quantize(const void* d_x, bool x_bf16, bool transposed, int64_t rows, 
   else
     quantize_impl(static_cast<const float*>(d_x), r, c, cfg, q, d_out, ws, s, path, check_finite,
                   d_nonfinite_flag, transposed, d_seed);
+}
+
+bool fake_quantize_both_fused(bool x_bf16, const QuantConfig& cfg, const QuantConfig& cfg_t, RhtPath path) {
+  const auto fits = [](const QuantConfig& c) { return c.block == 16 && !c.tile2d && (c.rht == 0 || c.rht == 16); };
+  return x_bf16 && path == RhtPath::fused && fits(cfg) && fits(cfg_t) &&
+         detail::format_index(cfg.format) == detail::format_index(cfg_t.format);
+}
+
+void fake_quantize_both(const void* d_x, bool x_bf16, int64_t rows, int64_t cols, const QuantConfig& cfg,
+                        uint16_t* d_out, const QuantConfig& cfg_t, uint16_t* d_out_t, QuantWorkspace& ws,
+                        QuantWorkspace& ws_t, cudaStream_t s, RhtPath path, bool check_finite, int* d_nonfinite_flag,
+                        const uint64_t* d_seed) {
+  if (!d_out || !d_out_t) throw std::invalid_argument("fake_quantize_both(): no output");
+  if (!fake_quantize_both_fused(x_bf16, cfg, cfg_t, path)) {
+    fake_quantize(d_x, x_bf16, false, rows, cols, cfg, d_out, nullptr, ws, s, path, check_finite, d_nonfinite_flag,
+                  d_seed);
+    fake_quantize(d_x, x_bf16, true, rows, cols, cfg_t, d_out_t, nullptr, ws_t, s, path, check_finite,
+                  d_nonfinite_flag, d_seed);
+    return;
+  }
+  validate(cfg, rows, cols);
+  validate(cfg_t, cols, rows);
+  const auto* x = static_cast<const uint16_t*>(d_x);
+  int* flag = nonfinite_flag_of(ws, s, check_finite, d_nonfinite_flag);
+  // Both per-tensor (ue4m3) scales: both amaxes from one read as well.
+  const bool both_amax = cfg.scale == ScaleKind::ue4m3 && cfg_t.scale == ScaleKind::ue4m3;
+  if (both_amax) {
+    ws.tensor_amax.resize(1);
+    ws_t.tensor_amax.resize(1);
+    check(cudaMemsetAsync(ws.tensor_amax.data(), 0, sizeof(unsigned), s), "cudaMemsetAsync");
+    check(cudaMemsetAsync(ws_t.tensor_amax.data(), 0, sizeof(unsigned), s), "cudaMemsetAsync");
+    float sr[16], st[16];
+    copy_signs(sr, 16, cfg);
+    copy_signs(st, 16, cfg_t);
+    detail::launch_amax_both(x, rows, cols, cfg.rht, cfg_t.rht, sr, cfg.rht_bf16, st, cfg_t.rht_bf16,
+                             ws.tensor_amax.data(), ws_t.tensor_amax.data(), s);
+    check_launch("amax_both_kernel");
+  }
+  const QArgs ar = pass_args(x, cfg.rht, rows, cols, cfg, nullptr, d_out, ws, s, flag, false, d_seed, nullptr,
+                             nullptr, both_amax);
+  const QArgs at = pass_args(x, cfg_t.rht, cols, rows, cfg_t, nullptr, d_out_t, ws_t, s, flag, true, d_seed,
+                             nullptr, nullptr, both_amax);
+  detail::launch_quantize_both(detail::format_index(cfg.format), cfg.rht, cfg_t.rht, ar, at, s);
+  check_launch("quantize_both_kernel");
+  if (check_finite) raise_nonfinite(ws, s);
 }
 
 namespace {

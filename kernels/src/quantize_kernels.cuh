@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -51,6 +52,16 @@ struct QArgs {
 // launch_quantize_bd below, instantiated once per combination in its own translation unit.
 template <class T, int F, bool TR>
 void launch_quantize_fmt(int block, int d, const QArgs& a, cudaStream_t s);
+
+// Both orientations of one BF16 tensor x [ar.rows, ar.cols] from one read (quantize_both.cu): ar describes the
+// row-wise pass (output [rows, cols]), at the transposed one (output [cols, rows], at.x == ar.x); block 16, fused
+// RHT dr (row-wise) and dt (transposed) each 0 or 16, format index fmt for both.
+void launch_quantize_both(int fmt, int dr, int dt, const QArgs& ar, const QArgs& at, cudaStream_t s);
+// The tensor amaxes both ue4m3 passes of it take, from one read too: FP32 bits of max |RHT-dr(x)| over rows into
+// *amax_r and of max |RHT-dt(x^T)| into *amax_t (both zeroed by the caller); signs and BF16 rounding per pass.
+void launch_amax_both(const uint16_t* x, int64_t rows, int64_t cols, int dr, int dt, const float* signs_r,
+                      bool bf16_r, const float* signs_t, bool bf16_t, unsigned* amax_r, unsigned* amax_t,
+                      cudaStream_t s);
 
 // X(T, F, TR) for every instance: extern declarations here, definitions in the generated files.
 #define FP4LAB_QUANTIZE_PARTS(X) \
@@ -106,13 +117,13 @@ __device__ __forceinline__ void load_group(const uint16_t* p, float (&y)[G]) {
   }
 }
 
-template <int G>
-__device__ __forceinline__ void flag_nonfinite(const float (&y)[G], int* flag, int bit) {
-  if (!flag) return;
-  bool bad = false;
-#pragma unroll
-  for (int j = 0; j < G; ++j) bad |= !isfinite(y[j]);
-  if (bad) atomicOr(flag, bit);
+// max(a, b) that returns NaN when either is NaN (PTX max.NaN, one instruction like fmaxf): the block amax then
+// says, in the same instruction, whether any of its values is NaN or Inf (the fault check of quantize_group).
+// On other values it is fmaxf, so the amax is the golden one.
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
 }
 
 // Step 1 of the contract (docs/datapath.md section 2) on the thread's G values: RHT-D per D consecutive
@@ -129,7 +140,8 @@ __device__ __forceinline__ void rotate_group(float (&y)[G], const float* signs, 
   }
 }
 
-// Scales and rounds block b of the thread's values into packed nibbles (element e -> bits 4(e%8) of word e/8).
+// Scales and rounds block b of the thread's values into packed nibbles (element e -> bits 4(e%8) of word e/8): two
+// registers for 16 codes (the kernels' speed follows their occupancy, so the registers they hold matter).
 // WIDE: Philox's products as widening multiplies (philox.hpp); the same bits either way. SR takes its words four
 // elements at a time: under philox4 one Philox block gives them; under philox1 (the original draw, one block per
 // element) a rolled loop computes the four blocks one after the other, so that the kernel holds one generator body
@@ -217,10 +229,14 @@ template <int F, int B, int D, int G, bool WIDE = true, bool IDX = false>
 __device__ __forceinline__ void quantize_group(float (&y)[G], int64_t row, int64_t col0, const QArgs& a,
                                                float s_enc, const float* dtab) {
   constexpr ElemFormat f = kAllFormats[F];
-  flag_nonfinite<G>(y, a.nonfinite, 1);
+  // Under RHT, whether the input itself holds NaN or Inf (the fault report's bit 0), one max.NaN per element; the
+  // rotated values' block amaxes below say whether they do.
+  float in_max = 0.0f;
+  if constexpr (D > 0) {
+#pragma unroll
+    for (int j = 0; j < G; ++j) in_max = fmax_nan(in_max, fabsf(y[j]));
+  }
   rotate_group<G, D>(y, a.signs, a.rht_bf16);
-  // As fp4lab::quantize: finite inputs near FLT_MAX can rotate to Inf/NaN, which has no code.
-  if constexpr (D > 0) flag_nonfinite<G>(y, a.nonfinite, 2);
   const int64_t base = row * a.cols + col0;  // a multiple of G: G divides cols and col0 (the SR groups)
   // The element index SR draws at: the larger tensor's where the row is one of its rows.
   int64_t sr_base = base;
@@ -238,16 +254,17 @@ __device__ __forceinline__ void quantize_group(float (&y)[G], int64_t row, int64
 #pragma unroll
   for (int w = 0; w < G / 8; ++w) packed[w] = 0;
   float s_dec[G / B];
+  bool nonfinite = false;
 #pragma unroll
   for (int b = 0; b < G / B; ++b) {
     const int64_t sidx = row * kb + col0 / B + b;
-    float amax = 0.0f;
-    if (a.block_amax) {
-      amax = a.block_amax[sidx];
-    } else {
+    float local = 0.0f;
 #pragma unroll
-      for (int j = 0; j < B; ++j) amax = fmaxf(amax, fabsf(y[b * B + j]));
-    }
+    for (int j = 0; j < B; ++j) local = fmax_nan(local, fabsf(y[b * B + j]));
+    // NaN or Inf among the (rotated) values: a NaN or Inf input, or, as fp4lab::quantize says, finite inputs near
+    // FLT_MAX that rotate to Inf/NaN. Neither has a code.
+    nonfinite |= !(local <= FLT_MAX);
+    const float amax = a.block_amax ? a.block_amax[sidx] : local;
     const BlockScale bs = block_scale(f, a.scale, amax, s_enc);
     s_dec[b] = bs.dec;
     if (a.scales) a.scales[sidx] = bs.dec;
@@ -265,6 +282,10 @@ __device__ __forceinline__ void quantize_group(float (&y)[G], int64_t row, int64
         round_block<F, B, false, false, WIDE>(y, b, bs, a.scale, a, seed, sr_base, packed);
     }
   }
+  if (nonfinite && a.nonfinite) {
+    // Bit 0: the input holds NaN or Inf; bit 1: its rotation does (set with bit 0 when the input does).
+    atomicOr(a.nonfinite, D == 0 ? 1 : (in_max <= FLT_MAX ? 2 : 3));
+  }
   if (a.codes) {
     uint8_t* out = a.codes + base / 2;
     if constexpr (G == 16) {
@@ -279,11 +300,15 @@ __device__ __forceinline__ void quantize_group(float (&y)[G], int64_t row, int64
   if (a.deq) {
     // The dequantiser's arithmetic (dequantize_kernel), on the codes still in registers: fake quantisation reads
     // the input once and writes BF16 once, instead of writing codes and scales and reading them back.
+    // Without a tensor-level scale (g_dec == 1) the product by it is left out: dequant_value_unit_global.
+    const bool unit = a.scale != ScaleKind::ue4m3;
     uint32_t w[G / 2];
 #pragma unroll
     for (int e = 0; e < G; e += 2) {
-      const float lo = dequant_value(dtab[(packed[e / 8] >> (4 * (e % 8))) & 15u], s_dec[e / B], g_dec);
-      const float hi = dequant_value(dtab[(packed[e / 8] >> (4 * (e % 8 + 1))) & 15u], s_dec[e / B], g_dec);
+      const float glo = dtab[(packed[e / 8] >> (4 * (e % 8))) & 15u];
+      const float ghi = dtab[(packed[e / 8] >> (4 * (e % 8 + 1))) & 15u];
+      const float lo = unit ? dequant_value_unit_global(glo, s_dec[e / B]) : dequant_value(glo, s_dec[e / B], g_dec);
+      const float hi = unit ? dequant_value_unit_global(ghi, s_dec[e / B]) : dequant_value(ghi, s_dec[e / B], g_dec);
       w[e / 2] = detail::bf16x2_rn(lo, hi);
     }
     uint4* o = reinterpret_cast<uint4*>(a.deq + base);

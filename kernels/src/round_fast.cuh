@@ -63,13 +63,16 @@ __device__ __forceinline__ void sr_split(float v, int& index, float& t) {
     inv = in ? 1.0f / float(1 << (k - 1)) : inv;
     offset = in ? (k - 1) << M : offset;
   }
-  const float q = floorf(__fmul_rn(u, inv));  // u / sp is exact: a power-of-two scaling of u >= 1 (or sp = 1)
-  const float lo = __fmul_rn(q, sp);          // int_level(index), exact
+  // A grid of one exponent field past the subnormals (KMAX < 2: E1M2, INT4) has sp = inv = 1, and the products
+  // by 1 are left out: x * 1 is x for every x but NaN, and a NaN u gives index 0 and a NaN t either way.
+  const float q = floorf(KMAX >= 2 ? __fmul_rn(u, inv) : u);  // u / sp is exact: a power-of-two scaling of u >= 1
+  const float lo = KMAX >= 2 ? __fmul_rn(q, sp) : q;          // int_level(index), exact
   const int i = int(q) + offset;
   const bool top = i >= f.max_index;
   // NaN (never produced from finite inputs): the golden walk stops at index 0 and never rounds up.
   index = u == u ? (top ? f.max_index : i) : 0;
-  t = top ? 0.0f : __fmul_rn(__fmul_rn(__fsub_rn(u, lo), inv), 16777216.0f);
+  const float frac = KMAX >= 2 ? __fmul_rn(__fsub_rn(u, lo), inv) : __fsub_rn(u, lo);
+  t = top ? 0.0f : __fmul_rn(frac, 16777216.0f);
 }
 
 template <int F>

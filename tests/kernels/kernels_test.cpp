@@ -577,6 +577,123 @@ TEST_P(FakeQuantize, EqualsGoldenDequantisationInBf16) {
 INSTANTIATE_TEST_SUITE_P(AllRecipesAndKnobs, FakeQuantize, ::testing::ValuesIn(quant_cases()),
                          [](const ::testing::TestParamInfo<QCase>& i) { return i.param.name(); });
 
+// Both orientations from one read (fake_quantize_both): x [rows, cols] BF16 -> the golden dequantisation of
+// quantize(x, cfg) and of quantize(x^T, cfg_t), in BF16, on shapes whose sides are and are not multiples of the
+// fused kernel's 64 x 128 tile. Returns the number of values compared.
+size_t expect_both_golden(const QuantConfig& cfg, const QuantConfig& cfg_t, int64_t rows, int64_t cols,
+                          uint64_t seed, const std::string& what) {
+  std::vector<float> t = random_input(seed, rows, cols);
+  const std::vector<uint16_t> tb = to_bf16(t);
+  fc::Buffer<uint16_t> dx;
+  dx.upload(tb);
+  fc::Buffer<uint16_t> out(size_t(rows * cols)), out_t(size_t(rows * cols));
+  out.fill_bytes(0xFF);  // poisoned: an unwritten element cannot pass
+  out_t.fill_bytes(0xFF);
+  fc::QuantWorkspace ws, ws_t;
+  fc::fake_quantize_both(dx.data(), true, rows, cols, cfg, out.data(), cfg_t, out_t.data(), ws, ws_t);
+  size_t compared = 0;
+  for (bool tr : {false, true}) {
+    const std::vector<float> src = tr ? transposed(t, rows, cols) : t;
+    const std::vector<float> deq =
+        fp4lab::quantize(src.data(), tr ? cols : rows, tr ? rows : cols, tr ? cfg_t : cfg).dequantize();
+    const std::vector<uint16_t> got = (tr ? out_t : out).to_host();
+    int bad = 0;
+    for (size_t i = 0; i < deq.size(); ++i, ++compared)
+      if (got[i] != fp4lab::f32_to_bf16(deq[i]) && bad++ < 8)
+        ADD_FAILURE() << what << (tr ? " transposed" : " row-wise") << " " << rows << "x" << cols << ": element "
+                      << i << " golden " << fp4lab::f32_to_bf16(deq[i]) << " gpu " << got[i];
+  }
+  return compared;
+}
+
+// Whole tiles, then sides that are not multiples of the tile's (and, last, not of 32).
+const std::pair<int64_t, int64_t> kBothShapes[] = {{64, 128}, {96, 160}, {224, 352}, {1056, 416}, {48, 80}};
+bool both_fit(const QuantConfig& cfg, const QuantConfig& cfg_t, int64_t rows, int64_t cols) {
+  return cols % std::max(cfg.block, cfg.rht) == 0 && rows % std::max(cfg_t.block, cfg_t.rht) == 0 &&
+         (!cfg.tile2d || rows % 16 == 0) && (!cfg_t.tile2d || cols % 16 == 0);
+}
+
+// Every knob of quant_cases(), the same configuration for both orientations, and the transposed one with the other
+// rounding, RHT toggled and its own stream (the fused kernel takes the two passes' settings separately).
+TEST_P(FakeQuantize, BothOrientationsFromOneReadEqualGolden) {
+  SKIP_WITHOUT_GPU();
+  const QuantConfig& cfg = GetParam().cfg;
+  QuantConfig other = cfg;
+  other.rounding = cfg.rounding == Rounding::sr ? Rounding::rtne : Rounding::sr;
+  other.rht = cfg.rht == 0 ? 16 : 0;
+  other.rht_signs = other.rht ? fp4lab::rht_signs_te(16) : std::vector<float>{};
+  other.rht_bf16 = other.rht != 0 && cfg.rht_bf16;
+  other.stream = cfg.stream + 1;
+  size_t compared = 0;
+  uint64_t seed = 301;
+  // Partial tiles in both dimensions, and whole ones for RHT-64/128 (the preset pairs below take every shape).
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{96, 160}, {48, 80}, {128, 256}}) {
+    if (both_fit(cfg, cfg, rows, cols)) compared += expect_both_golden(cfg, cfg, rows, cols, seed++, "same config");
+    if (both_fit(cfg, other, rows, cols))
+      compared += expect_both_golden(cfg, other, rows, cols, seed++, "other transposed config");
+  }
+  EXPECT_GT(compared, size_t(0)) << "checked nothing";
+}
+
+// The pairs a training step takes of one tensor, under every preset: X for fwd_y (A) and X^T for bwd_dw (B); dY for
+// bwd_dx (A) and dY^T for bwd_dw (A); W for fwd_y (B) and W^T for bwd_dx (B). UFP4's and NVFP4's activations and
+// gradients read x once (fake_quantize_both_fused); the others take the two passes, with the same result.
+TEST(FakeQuantizeBoth, TrainingStepPairsOfEveryPresetEqualGolden) {
+  SKIP_WITHOUT_GPU();
+  using fp4lab::Operand, fp4lab::Pass;
+  struct Pair {
+    Pass p;
+    Operand o;
+    Pass pt;
+    Operand ot;
+  };
+  const Pair pairs[] = {{Pass::fwd_y, Operand::a, Pass::bwd_dw, Operand::b},
+                        {Pass::bwd_dx, Operand::a, Pass::bwd_dw, Operand::a},
+                        {Pass::fwd_y, Operand::b, Pass::bwd_dx, Operand::b}};
+  int fused = 0;
+  for (const std::string& name : fp4lab::Recipe::preset_names()) {
+    fp4lab::Recipe rec = fp4lab::Recipe::preset(name);
+    rec.seed = 0xfeed'beefULL;
+    for (const Pair& pr : pairs) {
+      const QuantConfig cfg = rec.operand(pr.p, pr.o, 40 + int(pr.p) * 2 + int(pr.o));
+      const QuantConfig cfg_t = rec.operand(pr.pt, pr.ot, 40 + int(pr.pt) * 2 + int(pr.ot));
+      const bool one_read = fc::fake_quantize_both_fused(true, cfg, cfg_t);
+      fused += one_read;
+      if ((name == "ufp4" || name == "nvfp4") && !(name == "nvfp4" && pr.p == Pass::fwd_y && pr.o == Operand::b)) {
+        EXPECT_TRUE(one_read) << name << " " << fp4lab::pass_name(pr.p) << ": expected the one-read kernel";
+      }
+      const std::string what = name + " " + fp4lab::pass_name(pr.p) + (pr.o == Operand::a ? "A" : "B") + "+" +
+                               fp4lab::pass_name(pr.pt) + (pr.ot == Operand::a ? "A" : "B");
+      for (auto [rows, cols] : kBothShapes)
+        if (both_fit(cfg, cfg_t, rows, cols)) expect_both_golden(cfg, cfg_t, rows, cols, 17 + uint64_t(rows), what);
+    }
+  }
+  EXPECT_GE(fused, 5);
+}
+
+// Faults: NaN in x is refused under check_finite and flagged (bit 0) without it, by the one-read kernel too.
+TEST(FakeQuantizeBoth, FlagsNonFiniteInputs) {
+  SKIP_WITHOUT_GPU();
+  fp4lab::Recipe rec = fp4lab::Recipe::preset("ufp4");
+  const QuantConfig cfg = rec.operand(fp4lab::Pass::fwd_y, fp4lab::Operand::a, 1);
+  const QuantConfig cfg_t = rec.operand(fp4lab::Pass::bwd_dw, fp4lab::Operand::b, 2);
+  ASSERT_TRUE(fc::fake_quantize_both_fused(true, cfg, cfg_t));
+  const int64_t rows = 224, cols = 352;
+  std::vector<float> t = random_input(5, rows, cols);
+  t[size_t(200 * cols + 340)] = NAN;  // in the last, partial tile
+  fc::Buffer<uint16_t> dx;
+  dx.upload(to_bf16(t));
+  fc::Buffer<uint16_t> out(size_t(rows * cols)), out_t(size_t(rows * cols));
+  fc::QuantWorkspace ws, ws_t;
+  EXPECT_THROW(fc::fake_quantize_both(dx.data(), true, rows, cols, cfg, out.data(), cfg_t, out_t.data(), ws, ws_t),
+               std::invalid_argument);
+  fc::Buffer<int> flag(1);
+  flag.fill_bytes(0);
+  fc::fake_quantize_both(dx.data(), true, rows, cols, cfg, out.data(), cfg_t, out_t.data(), ws, ws_t, nullptr,
+                         fc::RhtPath::fused, false, flag.data());
+  EXPECT_EQ(flag.to_host()[0] & 1, 1);
+}
+
 // The monitor's one-pass statistics: counts and amax exact, the FP64 sums within FP64 summation order of the host's
 // (each term is the same FP64 value; only the order of additions differs), and the same bits on a repeat.
 TEST(OperandStats, AgreeWithTheHostAndRepeatBitForBit) {
@@ -717,6 +834,66 @@ TEST(QuantizeErrors, TransposedRejectsNonFiniteInputAndBadShapes) {
   EXPECT_EQ(q.cols, kCols);
   // X^T's rows (X's columns) must hold whole blocks: X [248, 64] gives X^T [64, 248].
   EXPECT_THROW(fc::quantize_transposed(dx.data(), kCols - 8, kRows, cfg, q, ws), std::invalid_argument);
+}
+
+// Which fault the flag names (bit 0: the input holds NaN or Inf; bit 1: its RHT does), in the row-wise, the
+// transposed and the one-read kernels alike: a NaN input sets both under RHT and bit 0 alone without it; finite
+// values whose 16-point Hadamard sum passes FLT_MAX set bit 1 alone. The synchronous check raises the matching
+// message.
+TEST(QuantizeErrors, TheFlagNamesInputAndRotationFaults) {
+  SKIP_WITHOUT_GPU();
+  const int64_t rows = 64, cols = 128;
+  QuantConfig rot;
+  rot.format = fp4lab::kE1M2;
+  rot.rht = 16;
+  rot.rht_signs = std::vector<float>(16, 1.0f);  // all +1: a block of equal values sums to 4x each
+  QuantConfig plain = rot;
+  plain.rht = 0;
+  plain.rht_signs.clear();
+  struct Case {
+    float v;
+    int64_t at;
+    const QuantConfig* cfg;
+    int want;
+  };
+  std::vector<float> base = random_input(9, rows, cols);
+  const Case cases[] = {{NAN, 130, &rot, 3}, {INFINITY, 2000, &plain, 1}, {NAN, 7000, &plain, 1},
+                        {3e38f, -1, &rot, 2}, {3e38f, -1, &plain, 0}};
+  for (const Case& c : cases) {
+    std::vector<float> x = base;
+    if (c.at >= 0) {
+      x[size_t(c.at)] = c.v;
+    } else {
+      for (int64_t r = 0; r < 16; ++r)  // a 16x16 square: one row-wise and one transposed block of 3e38s
+        for (int64_t k = 0; k < 16; ++k) x[size_t((32 + r) * cols + 48 + k)] = c.v;
+    }
+    fc::Buffer<uint16_t> dx;
+    dx.upload(to_bf16(x));
+    fc::Buffer<uint16_t> out(size_t(rows * cols)), out_t(size_t(rows * cols));
+    fc::QuantWorkspace ws, ws_t;
+    fc::Buffer<int> flag(1);
+    const QuantConfig& cfg = *c.cfg;
+    const std::string what = std::to_string(c.v) + (cfg.rht ? " rht16" : " plain");
+    for (int kernel = 0; kernel < 3; ++kernel) {
+      flag.fill_bytes(0);
+      if (kernel < 2)
+        fc::fake_quantize(dx.data(), true, kernel == 1, kernel == 1 ? cols : rows, kernel == 1 ? rows : cols, cfg,
+                          out.data(), nullptr, ws, nullptr, fc::RhtPath::fused, false, flag.data());
+      else
+        fc::fake_quantize_both(dx.data(), true, rows, cols, cfg, out.data(), cfg, out_t.data(), ws, ws_t, nullptr,
+                               fc::RhtPath::fused, false, flag.data());
+      EXPECT_EQ(flag.to_host()[0], c.want) << what << " kernel " << kernel;
+    }
+    if (c.want == 0) continue;
+    try {
+      fc::fake_quantize(dx.data(), true, false, rows, cols, cfg, out.data(), nullptr, ws);
+      ADD_FAILURE() << what << ": no fault raised";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(c.want & 1 ? "input tensor holds NaN or Inf" : "RHT overflows FP32"),
+                std::string::npos)
+          << what << ": " << e.what();
+    }
+  }
 }
 
 TEST(QuantizeErrors, RejectsNonFiniteInputAndBadConfigurations) {

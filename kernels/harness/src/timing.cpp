@@ -172,19 +172,25 @@ Bf16QuantBench::Bf16QuantBench(const DeviceInfo& dev, int64_t R, int64_t C) : R_
   const int64_t n = R * C;
   const size_t in_bytes = size_t(n) * 2;
   nbuf_ = int(std::clamp<size_t>((4 * dev.l2_bytes + in_bytes - 1) / in_bytes, 2, 256));
-  xs_.push_back(device_random_bf16(n, 7));
-  for (int i = 1; i < nbuf_; ++i) {
-    xs_.emplace_back(static_cast<size_t>(n));
-    check(cudaMemcpy(xs_.back().data(), xs_[0].data(), in_bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy D2D");
+  // Each input buffer holds 1.5 x the input: the copy that moves fake_both's bytes (6 per element, 3 read) reads
+  // past the input's own 2.
+  const size_t cap = size_t(n) + size_t(n) / 2 + 8;
+  const Buffer<uint16_t> random = device_random_bf16(n, 7);
+  for (int i = 0; i < nbuf_; ++i) {
+    xs_.emplace_back(cap);
+    check(cudaMemcpy(xs_.back().data(), random.data(), in_bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy D2D");
+    check(cudaMemset(xs_.back().data() + n, 0, (cap - size_t(n)) * 2), "cudaMemset");
   }
   check(cudaDeviceSynchronize(), "cudaMemcpy D2D");  // legacy-stream copies, before the timer's stream reads them
   xt_.resize(static_cast<size_t>(n));
-  dst_.resize(in_bytes);
+  xt2_.resize(static_cast<size_t>(n));
+  dst_.resize(size_t(n) * 3 + 16);  // the largest copy: fake_both's 6 bytes per element, half of them written
   batch_ = std::max(nbuf_, int(std::clamp(3000.0 / std::max(double(in_bytes) / 4e3 * 2, 1.0), 1.0, 200.0)));
 }
 
 double Bf16QuantBench::bytes(const QuantConfig& cfg, Bf16Layout layout) const {
   if (layout == Bf16Layout::fake_row || layout == Bf16Layout::fake_transposed) return double(R_ * C_) * 4.0;
+  if (layout == Bf16Layout::fake_both) return double(R_ * C_) * 6.0;
   return double(R_ * C_) * (2.0 + 0.5 + 4.0 / cfg.block + (cfg.scale == ScaleKind::fp32 ? 0.0 : 1.0 / cfg.block)) + 4;
 }
 
@@ -214,6 +220,8 @@ double Bf16QuantBench::time(Timer& T, const QuantConfig& cfg, Bf16Layout layout,
         } else if (layout == Bf16Layout::fake_row || layout == Bf16Layout::fake_transposed) {
           fake_quantize(x(i), true, layout == Bf16Layout::fake_transposed, R, C, cfg, xt_.data(), nullptr, ws_, s,
                         RhtPath::fused, false);
+        } else if (layout == Bf16Layout::fake_both) {
+          fake_quantize_both(x(i), true, R, C, cfg, xt_.data(), cfg, xt2_.data(), ws_, ws_t_, s, RhtPath::fused, false);
         } else {
           check(cudaMemcpyAsync(xt_.data(), x(i), in_bytes, cudaMemcpyDeviceToDevice, s), "copy");
           quantize_bf16(xt_.data(), C, R, cfg, q_, ws_, s, RhtPath::fused, false);

@@ -103,6 +103,9 @@ FP4LAB_HD inline float scale_fp32_by_reciprocal(float x, const BlockScale& b, fl
 FP4LAB_HD inline float dequant_value(float grid, float block_scale, float global_dec) {
   return grid * block_scale * global_dec;
 }
+// The same where global_dec is 1 (every scale but ue4m3): the product by 1 changes no finite value (nor an
+// infinity), so it is left out; only a NaN product (from no finite input) may differ in its payload.
+FP4LAB_HD inline float dequant_value_unit_global(float grid, float block_scale) { return grid * block_scale; }
 
 // ---- whole-tensor quantiser (golden model) --------------------------------------------------------
 

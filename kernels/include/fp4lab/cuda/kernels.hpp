@@ -183,6 +183,21 @@ void fake_quantize(const void* d_x, bool x_bf16, bool transposed, int64_t rows, 
                    const QuantConfig& cfg, uint16_t* d_out, DQTensor* q, QuantWorkspace& ws,
                    cudaStream_t stream = nullptr, RhtPath path = RhtPath::fused, bool check_finite = true,
                    int* d_nonfinite_flag = nullptr, const uint64_t* d_seed = nullptr);
+// Fake quantisation of a tensor in both orientations, the two operands a training step takes of one tensor (X for
+// the forward GEMM and X^T for the weight gradient; dY and dY^T for the two backward GEMMs): d_out [rows, cols]
+// receives exactly what fake_quantize(d_x, x_bf16, false, rows, cols, cfg, d_out) writes and d_out_t [cols, rows]
+// what fake_quantize(d_x, x_bf16, true, rows, cols, cfg_t, d_out_t) writes. Where fake_quantize_both_fused() says
+// so, one kernel reads x once for both; otherwise the two calls run. ws serves cfg's pass and ws_t cfg_t's (their
+// amax passes); check_finite, d_nonfinite_flag and d_seed serve both. Arguments otherwise as fake_quantize().
+void fake_quantize_both(const void* d_x, bool x_bf16, int64_t rows, int64_t cols, const QuantConfig& cfg,
+                        uint16_t* d_out, const QuantConfig& cfg_t, uint16_t* d_out_t, QuantWorkspace& ws,
+                        QuantWorkspace& ws_t, cudaStream_t stream = nullptr, RhtPath path = RhtPath::fused,
+                        bool check_finite = true, int* d_nonfinite_flag = nullptr, const uint64_t* d_seed = nullptr);
+// Whether fake_quantize_both reads x once: BF16 input, the fused RHT path, one format, blocks of 16 without 16x16
+// tiles and RHT 0 or 16 in both configurations (NVFP4's and UFP4's activations and gradients; MXFP4's blocks of 32
+// and NVFP4's tiled weights take the two passes).
+bool fake_quantize_both_fused(bool x_bf16, const QuantConfig& cfg, const QuantConfig& cfg_t,
+                              RhtPath path = RhtPath::fused);
 // Dequantised values of q, (grid value * block scale) * global scale in that FP32 order as QTensor::dequant
 // computes them, into d_out [rows, cols] as FP32, or rounded to BF16 (RTNE) as bit patterns.
 void dequantize(const DQTensor& q, float* d_out, cudaStream_t stream = nullptr);

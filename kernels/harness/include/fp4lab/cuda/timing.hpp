@@ -147,8 +147,8 @@ Bf16Variants bf16_variants(const Recipe& r);
 // How the operand X [R, C] is quantised: along C (row-wise), X^T along R read in place (transposed), or the route
 // the transposed read replaces: a copy of X, then the row-wise quantiser on it (copy_row). fake_row and
 // fake_transposed: the fake quantiser of a training step's fast GEMMs (fake_quantize), BF16 dequantised values
-// out instead of codes and scales.
-enum class Bf16Layout { row_wise, transposed, copy_row, fake_row, fake_transposed };
+// out instead of codes and scales; fake_both: both of them from one read (fake_quantize_both, the same config).
+enum class Bf16Layout { row_wise, transposed, copy_row, fake_row, fake_transposed, fake_both };
 
 // One BF16 operand shape [R, C]: its inputs rotated through buffers over 4x the L2 (at least two), and the batch
 // every timing runs in (as a CUDA graph).
@@ -158,7 +158,7 @@ class Bf16QuantBench {
   int batch() const { return batch_; }
   int buffers() const { return nbuf_; }
   // Bytes a quantiser moves under cfg: BF16 in, packed codes, FP32 decoded scales (and scale codes) out, + 4; for
-  // the fake layouts BF16 in and BF16 out.
+  // the fake layouts BF16 in and BF16 out (out twice for fake_both).
   double bytes(const QuantConfig& cfg, Bf16Layout layout = Bf16Layout::row_wise) const;
   // The copy that moves the bytes of a quantiser call: `bytes` rounded down to a multiple of 16, half read and half
   // written (bytes / 2 copied device to device from the rotating inputs); measured once per byte count.
@@ -170,9 +170,10 @@ class Bf16QuantBench {
   int nbuf_, batch_;
   std::vector<Buffer<uint16_t>> xs_;
   Buffer<uint16_t> xt_;  // the copy of the replaced transposed route; the fake layouts' output
+  Buffer<uint16_t> xt2_;  // fake_both's transposed output
   Buffer<uint8_t> dst_;
   DQTensor q_;
-  QuantWorkspace ws_;
+  QuantWorkspace ws_, ws_t_;
   std::map<size_t, double> copy_us_;
 };
 

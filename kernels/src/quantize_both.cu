@@ -1,0 +1,190 @@
+// The fused quantiser of a tensor and its transpose (fp4lab::cuda::fake_quantize_both): one read of x serves both
+// GEMM operands a training step takes of it (X for the forward and X^T for the weight gradient; dY and dY^T for the
+// two backward GEMMs), where the two separate kernels of quantize_kernels.cuh read it twice, the transposed one by
+// 4-byte column pairs. Each group goes through the same quantize_group as in those kernels, at the same output
+// coordinates, so the bits are theirs.
+#include "quantize_kernels.cuh"
+
+namespace fp4lab::cuda {
+namespace {
+
+// A thread block's tile of x: 64 rows x 128 columns of BF16, 256 threads. Row-wise, each thread quantises two
+// groups of 16 (rows t / 8 and t / 8 + 32); transposed, each thread quantises two adjacent columns of 16 rows
+// (lane & 3: which 16 rows; warp * 8 + lane / 4: which column pair), the transposed kernel's unit.
+constexpr int kBothRows = 64, kBothCols = 128, kBothThreads = 256;
+// The tile in shared memory as 32-bit words (column pairs): row r starts at word r * 64 + (r / 16) * 8. The skew of
+// 8 words per 16 rows puts the 32 lanes of a transposed read (4 row groups x 8 column pairs) in 32 distinct banks.
+constexpr int kBothWords = kBothRows * (kBothCols / 2) + (kBothRows / 16) * 8;
+__device__ __forceinline__ int tile_word(int r, int pair) { return r * (kBothCols / 2) + (r >> 4) * 8 + pair; }
+
+template <int F, int DR, int DT>
+__global__ void __launch_bounds__(kBothThreads, 4) quantize_both_kernel(const QArgs ar, const QArgs at) {
+  constexpr int G = 16;
+  __shared__ __align__(16) uint32_t tile[kBothWords];
+  __shared__ float tab_r[16], tab_t[16];  // the two passes' decode tables (shared_decode_table's reason)
+  const int t = threadIdx.x;
+  const int64_t rows = ar.rows, cols = ar.cols, r0 = int64_t(blockIdx.y) * kBothRows,
+                c0 = int64_t(blockIdx.x) * kBothCols;
+  const uint16_t* x = static_cast<const uint16_t*>(ar.x);
+  if (t < 16) {
+    tab_r[t] = ar.value[t];
+    tab_t[t] = at.value[t];
+  }
+  // Both groups loaded first (four 16-byte loads in flight) into the tile; each thread then quantises its row-wise
+  // groups from the tile (kept in registers across the loop, they would go to local memory).
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int q = t + k * kBothThreads, lr = q >> 3, lg = q & 7;
+    const int64_t row = r0 + lr, col = c0 + lg * G;
+    RawGroup<uint16_t, G> raw;
+    if (row < rows && col < cols) {  // cols is a multiple of 16: a group is wholly in or out
+      load_raw(x + row * cols + col, raw);
+    } else {
+      raw.v[0] = raw.v[1] = make_uint4(0, 0, 0, 0);
+    }
+    uint4* dst = reinterpret_cast<uint4*>(tile + tile_word(lr, lg * (G / 2)));
+    dst[0] = raw.v[0];
+    dst[1] = raw.v[1];
+  }
+  __syncthreads();  // the tables and the tile
+  const float s_enc_r = tensor_encode<F>(ar);
+#pragma unroll 1
+  for (int k = 0; k < 2; ++k) {
+    const int q = t + k * kBothThreads, lr = q >> 3, lg = q & 7;
+    const int64_t row = r0 + lr, col = c0 + lg * G;
+    if (row >= rows || col >= cols) continue;
+    RawGroup<uint16_t, G> raw;
+    const uint4* src = reinterpret_cast<const uint4*>(tile + tile_word(lr, lg * (G / 2)));
+    raw.v[0] = src[0];
+    raw.v[1] = src[1];
+    float y[G];
+    widen(raw, y);
+    quantize_group<F, 16, DR, G, true, false>(y, row, col, ar, s_enc_r, tab_r);
+  }
+  // Transposed: output row j (a column of x), its elements r0 + 16 * rg .. + 15.
+  const int lane = t & 31, rg = lane & 3, pair = (t >> 5) * 8 + (lane >> 2);
+  const int64_t j = c0 + 2 * pair, gr0 = r0 + rg * G;
+  if (j >= cols || gr0 >= rows) return;  // rows is a multiple of 16 too
+  const float s_enc_t = tensor_encode<F>(at);
+  // One column at a time, each read from the tile (holding both columns' values would take 16 more registers).
+#pragma unroll 1
+  for (int h = 0; h < 2; ++h) {
+    float y[G];
+#pragma unroll
+    for (int i = 0; i < G; ++i) y[i] = bf16_to_f32(uint16_t(tile[tile_word(rg * G + i, pair)] >> (16 * h)));
+    quantize_group<F, 16, DT, G, true, false>(y, j + h, gr0, at, s_enc_t, tab_t);
+  }
+}
+
+struct AmaxBothArgs {
+  const uint16_t* x;
+  int64_t rows, cols;
+  float signs_r[16], signs_t[16];
+  bool bf16_r, bf16_t;
+  unsigned *amax_r, *amax_t;
+};
+
+// The quantise kernel's tile and thread layout, rotations and maxima in place of the quantiser.
+template <int DR, int DT>
+__global__ void __launch_bounds__(kBothThreads) amax_both_kernel(const AmaxBothArgs a) {
+  constexpr int G = 16;
+  __shared__ __align__(16) uint32_t tile[kBothWords];
+  const int t = threadIdx.x;
+  const int64_t r0 = int64_t(blockIdx.y) * kBothRows, c0 = int64_t(blockIdx.x) * kBothCols;
+  float mr = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int q = t + k * kBothThreads, lr = q >> 3, lg = q & 7;
+    const int64_t row = r0 + lr, col = c0 + lg * G;
+    RawGroup<uint16_t, G> raw;
+    if (row < a.rows && col < a.cols) {
+      load_raw(a.x + row * a.cols + col, raw);
+    } else {
+      raw.v[0] = raw.v[1] = make_uint4(0, 0, 0, 0);  // zeros: no effect on a maximum of magnitudes
+    }
+    uint4* dst = reinterpret_cast<uint4*>(tile + tile_word(lr, lg * (G / 2)));
+    dst[0] = raw.v[0];
+    dst[1] = raw.v[1];
+    float y[G];
+    widen(raw, y);
+    rotate_group<G, DR>(y, a.signs_r, a.bf16_r);
+#pragma unroll
+    for (int j = 0; j < G; ++j) mr = fmaxf(mr, fabsf(y[j]));
+  }
+  __syncthreads();
+  const int lane = t & 31, rg = lane & 3, pair = (t >> 5) * 8 + (lane >> 2);
+  float mt = 0.0f;
+  if (c0 + 2 * pair < a.cols && r0 + rg * G < a.rows) {
+    float y0[G], y1[G];
+#pragma unroll
+    for (int i = 0; i < G; ++i) {
+      const uint32_t w = tile[tile_word(rg * G + i, pair)];
+      y0[i] = bf16_to_f32(uint16_t(w & 0xFFFFu));
+      y1[i] = bf16_to_f32(uint16_t(w >> 16));
+    }
+    rotate_group<G, DT>(y0, a.signs_t, a.bf16_t);
+    rotate_group<G, DT>(y1, a.signs_t, a.bf16_t);
+#pragma unroll
+    for (int i = 0; i < G; ++i) mt = fmaxf(mt, fmaxf(fabsf(y0[i]), fabsf(y1[i])));
+  }
+  block_max_to(a.amax_r, mr);
+  __syncthreads();  // block_max_to's shared words, reused
+  block_max_to(a.amax_t, mt);
+}
+
+template <int F, int DR, int DT>
+void launch_both(const QArgs& ar, const QArgs& at, cudaStream_t s) {
+  const dim3 grid(unsigned((ar.cols + kBothCols - 1) / kBothCols), unsigned((ar.rows + kBothRows - 1) / kBothRows));
+  quantize_both_kernel<F, DR, DT><<<grid, kBothThreads, 0, s>>>(ar, at);
+}
+template <int F>
+void launch_both_d(int dr, int dt, const QArgs& ar, const QArgs& at, cudaStream_t s) {
+  if (dr == 0 && dt == 0) return launch_both<F, 0, 0>(ar, at, s);
+  if (dr == 0 && dt == 16) return launch_both<F, 0, 16>(ar, at, s);
+  if (dr == 16 && dt == 0) return launch_both<F, 16, 0>(ar, at, s);
+  if (dr == 16 && dt == 16) return launch_both<F, 16, 16>(ar, at, s);
+  throw std::logic_error("quantize_both: fused RHT must be 0 or 16");
+}
+
+template <int DR, int DT>
+void launch_amax_both_d(const AmaxBothArgs& a, cudaStream_t s) {
+  const dim3 grid(unsigned((a.cols + kBothCols - 1) / kBothCols), unsigned((a.rows + kBothRows - 1) / kBothRows));
+  amax_both_kernel<DR, DT><<<grid, kBothThreads, 0, s>>>(a);
+}
+
+}  // namespace
+
+void detail::launch_amax_both(const uint16_t* x, int64_t rows, int64_t cols, int dr, int dt, const float* signs_r,
+                              bool bf16_r, const float* signs_t, bool bf16_t, unsigned* amax_r, unsigned* amax_t,
+                              cudaStream_t s) {
+  AmaxBothArgs a{};
+  a.x = x;
+  a.rows = rows;
+  a.cols = cols;
+  for (int j = 0; j < 16; ++j) {
+    a.signs_r[j] = signs_r[j];
+    a.signs_t[j] = signs_t[j];
+  }
+  a.bf16_r = dr > 0 && bf16_r;
+  a.bf16_t = dt > 0 && bf16_t;
+  a.amax_r = amax_r;
+  a.amax_t = amax_t;
+  if (dr == 0 && dt == 0) return launch_amax_both_d<0, 0>(a, s);
+  if (dr == 0 && dt == 16) return launch_amax_both_d<0, 16>(a, s);
+  if (dr == 16 && dt == 0) return launch_amax_both_d<16, 0>(a, s);
+  if (dr == 16 && dt == 16) return launch_amax_both_d<16, 16>(a, s);
+  throw std::logic_error("amax_both: fused RHT must be 0 or 16");
+}
+
+void detail::launch_quantize_both(int fmt, int dr, int dt, const QArgs& ar, const QArgs& at, cudaStream_t s) {
+  static_assert(sizeof(kAllFormats) / sizeof(kAllFormats[0]) == 4, "one case per format");
+  switch (fmt) {
+    case 0: return launch_both_d<0>(dr, dt, ar, at, s);
+    case 1: return launch_both_d<1>(dr, dt, ar, at, s);
+    case 2: return launch_both_d<2>(dr, dt, ar, at, s);
+    case 3: return launch_both_d<3>(dr, dt, ar, at, s);
+  }
+  throw std::logic_error("format index out of range");
+}
+
+}  // namespace fp4lab::cuda
