@@ -42,6 +42,7 @@ using CudaOut = nb::ndarray<float, nb::ndim<2>, nb::c_contig, nb::device::cuda>;
 // freeing device memory at exit races the driver, and torch keeps a bounded pool of streams per device.
 struct Workspaces {
   fc::QuantWorkspace quant;
+  fc::QuantWorkspace quant_t;  // the transposed pass of cuda_fake_quantize_both (its own amax)
   fc::GemmWorkspace gemm;
   fc::OperandStatsWorkspace stats;
 };
@@ -85,7 +86,7 @@ Workspaces& workspaces(int device, cudaStream_t stream, const CaptureSafe& captu
     if (!slot) slot = std::make_unique<Workspaces>();
     w = slot.get();
   }
-  if (capture.capturing()) w->quant.keep(), w->gemm.keep(), w->stats.keep();
+  if (capture.capturing()) w->quant.keep(), w->quant_t.keep(), w->gemm.keep(), w->stats.keep();
   w->gemm.fused_epilogue = g_fused_epilogue;
   return *w;
 }
@@ -331,6 +332,27 @@ void bind_cuda(nb::module_& m) {
      "path"_a = "fused", "check_finite"_a = true, "nonfinite_flag"_a = 0, "q"_a = nb::none(), "seed"_a = 0,
      "Fake quantisation in one pass: out (BF16, [rows, cols], or [cols, rows] when transposed) receives what "
      "cuda_dequantize would write in BF16 for the operand cuda_quantize makes of x; q, when given, receives it too.");
+  // Both operands a training step takes of one tensor, from one read where the kernels can (fake_quantize_both):
+  // out [rows, cols] as cuda_fake_quantize(x, config) writes it, out_t [cols, rows] as cuda_fake_quantize(x^T,
+  // config_t) does.
+  m.def("cuda_fake_quantize_both", [](int device, uintptr_t stream, uintptr_t x, int64_t rows, int64_t cols,
+                                      bool bf16, const QuantConfig& cfg, uintptr_t out, const QuantConfig& cfg_t,
+                                      uintptr_t out_t, bool check_finite, uintptr_t flag, uintptr_t seed) {
+    OnDevice on(device);
+    const cudaStream_t st = as_stream(stream);
+    CaptureSafe capture(st);
+    Workspaces& w = workspaces(device, st, capture);
+    fc::fake_quantize_both(device_ptr<const void>(x), bf16, rows, cols, cfg, device_ptr<uint16_t>(out), cfg_t,
+                           device_ptr<uint16_t>(out_t), w.quant, w.quant_t, st, fc::RhtPath::fused, check_finite,
+                           device_ptr<int>(flag), device_ptr<const uint64_t>(seed));
+  }, "device"_a, "stream"_a, "x"_a, "rows"_a, "cols"_a, "bf16"_a, "config"_a, "out"_a, "config_t"_a, "out_t"_a,
+     "check_finite"_a = true, "nonfinite_flag"_a = 0, "seed"_a = 0,
+     "Fake quantisation of x [rows, cols] and of its transpose from one read where the kernels can: out receives "
+     "what cuda_fake_quantize gives for x under config, out_t ([cols, rows]) what it gives for x^T under config_t.");
+  m.def("cuda_fake_quantize_both_fused", [](bool bf16, const QuantConfig& cfg, const QuantConfig& cfg_t) {
+    return fc::fake_quantize_both_fused(bf16, cfg, cfg_t);
+  }, "bf16"_a, "config"_a, "config_t"_a,
+     "Whether cuda_fake_quantize_both reads x once for these configurations (else it runs the two passes).");
   m.def("cuda_flag_nonfinite", [](int device, uintptr_t stream, uintptr_t y, int64_t n, bool bf16, uintptr_t flag,
                                   int bit) {
     OnDevice on(device);

@@ -21,7 +21,7 @@ where the golden GEMM is the faster one, exact's product).
     ft.convert(model, "ufp4", exclude=r"lm_head")     # every other nn.Linear now trains under UFP4
 """
 from .recipe import ABLATIONS, RECIPES, Recipe
-from .ops import QTensorCUDA, check_finite, dequantize, fake_quantize, gemm, product, quantize
+from .ops import QTensorCUDA, check_finite, dequantize, fake_quantize, fake_quantize_both, gemm, product, quantize
 from .ops import dequantize_as as _dequantize
 from .linear import Conv1D, Linear, layer_id_of
 from .attention import MultiheadAttention
@@ -31,5 +31,5 @@ from .monitor import monitor
 from .distributed import reduce_amax, sr_shard
 
 __all__ = ["Recipe", "Linear", "Conv1D", "MultiheadAttention", "Experts", "Router", "convert", "ConvertReport", "ConvertEntry", "layer_id_of",
-           "set_step", "export_state_dict", "load_steps", "quantize", "fake_quantize", "gemm", "product", "dequantize", "QTensorCUDA", "check_finite", "RECIPES",
+           "set_step", "export_state_dict", "load_steps", "quantize", "fake_quantize", "fake_quantize_both", "gemm", "product", "dequantize", "QTensorCUDA", "check_finite", "RECIPES",
            "ABLATIONS", "monitor", "sr_shard", "reduce_amax"]

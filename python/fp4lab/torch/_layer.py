@@ -17,7 +17,7 @@ from torch import nn
 from fp4lab import _core
 from fp4lab._files import DataError
 
-from .ops import INSTANCE_MARK, check_finite_once, column_sum, qmatmul, take_step
+from .ops import INSTANCE_MARK, check_finite_once, column_sum, fast_pair, qmatmul, take_step
 from .recipe import Recipe, as_recipe, whole
 
 __all__ = ["ID_BITS", "ROOT_ID", "layer_id_of", "in_backward", "shape_fault", "check_shapes",
@@ -32,13 +32,23 @@ class _LinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, step, recipe: Recipe, layer: int, label: str, cache: Optional[dict], owner):
         x2 = x.reshape(-1, x.shape[-1])
-        y = qmatmul(x2, weight, step, recipe, layer, "fwd_y", label, cache, owner, x.dtype)
+        # In fast mode each tensor two GEMMs take is read once for both (fast_pair): X now for the forward and,
+        # kept in place of X, Xᵀ for the weight gradient; W and Wᵀ for the input gradient likewise.
+        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        px = pw = None
+        if need_dw:
+            px = fast_pair(x2, step, recipe, layer, ("fwd_y", "a"), ("bwd_dw", "b"), label, cache, owner)
+        if need_dx:
+            pw = fast_pair(weight, step, recipe, layer, ("fwd_y", "b"), ("bwd_dx", "b"), label, cache, owner)
+        y = qmatmul(x2, weight, step, recipe, layer, "fwd_y", label, cache, owner, x.dtype,
+                    pre=(px[0] if px else None, pw[0] if pw else None))
         y = y.to(x.dtype)
         if bias is not None:
             y = y + bias.to(x.dtype)
-        ctx.save_for_backward(x, weight, step)
+        ctx.save_for_backward(None if px else x, weight, step, px[1] if px else None, pw[1] if pw else None)
         ctx.recipe, ctx.layer, ctx.label, ctx.cache, ctx.has_bias = recipe, layer, label, cache, bias is not None
         ctx.owner = owner
+        ctx.x_meta = (x.shape, x.dtype) if px else None  # X itself is not kept then (eager mode only)
         return y.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
@@ -48,18 +58,25 @@ class _LinearFn(torch.autograd.Function):
             # backward would silently lack the quantisers' part.
             raise RuntimeError(f"{ctx.label}: double backward (create_graph=True) through an fp4lab Linear "
                                "is not supported")
-        x, weight, step = ctx.saved_tensors
+        x, weight, step, xt, wt = ctx.saved_tensors  # xt, wt: forward's fast_pair operands (x is then None)
         recipe, layer, label, cache, owner = ctx.recipe, ctx.layer, ctx.label, ctx.cache, ctx.owner
-        x2 = x.reshape(-1, x.shape[-1])
+        x_shape, x_dtype = ctx.x_meta if x is None else (x.shape, x.dtype)
+        x2 = None if x is None else x.reshape(-1, x.shape[-1])
         dy2 = dy.reshape(-1, dy.shape[-1])
+        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        pdy = None
+        if need_dx and need_dw:
+            pdy = fast_pair(dy2, step, recipe, layer, ("bwd_dx", "a"), ("bwd_dw", "a"), label, cache, owner)
         dx = dw = db = None
-        if ctx.needs_input_grad[0]:
+        if need_dx:
             # dgrad: dX = dY · W, reduced over out: A = dY [tokens, out], B = Wᵀ [in, out].
-            dx = qmatmul(dy2, weight.t(), step, recipe, layer, "bwd_dx", label, cache, owner, x.dtype)
-            dx = dx.to(x.dtype).reshape(x.shape)
-        if ctx.needs_input_grad[1]:
+            dx = qmatmul(dy2, weight.t(), step, recipe, layer, "bwd_dx", label, cache, owner, x_dtype,
+                         pre=(pdy[0] if pdy else None, wt))
+            dx = dx.to(x_dtype).reshape(x_shape)
+        if need_dw:
             # wgrad: dW = dYᵀ · X, reduced over tokens: A = dYᵀ [out, tokens], B = Xᵀ [in, tokens].
-            dw = qmatmul(dy2.t(), x2.t(), step, recipe, layer, "bwd_dw", label, cache, owner, weight.dtype)
+            dw = qmatmul(dy2.t(), None if x2 is None else x2.t(), step, recipe, layer, "bwd_dw", label, cache, owner,
+                         weight.dtype, pre=(pdy[1] if pdy else None, xt))
             dw = dw.to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = column_sum(dy2)

@@ -16,7 +16,8 @@ from fp4lab._base import one_line_errors
 from ._quantizers import amax_quantizer, join_empty, shard_quantizer
 from .recipe import Recipe, recipe_of_key
 
-__all__ = ["quantize", "fake_quantize", "gemm", "product", "dequantize", "QTensorCUDA", "check_finite"]
+__all__ = ["quantize", "fake_quantize", "fake_quantize_both", "gemm", "product", "dequantize", "QTensorCUDA",
+           "check_finite"]
 
 
 # ---- operations on tensors ------------------------------------------------------------------------------------
@@ -256,6 +257,39 @@ def fake_quantize(x: torch.Tensor, cfg: "_core.QuantConfig", *, out: Optional[QT
                              rht_path, check_finite == "sync", _flag_ptr(dev) if check_finite == "deferred" else 0,
                              None if out is None else out._h, _seed_ptr(device_seed, x))
     return y
+
+
+def fake_quantize_both(x: torch.Tensor, cfg: "_core.QuantConfig", cfg_t: "_core.QuantConfig", *,
+                       check_finite: str = "sync", device_seed: Optional[torch.Tensor] = None
+                       ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``fake_quantize(x, cfg)`` and ``fake_quantize(x.t(), cfg_t)`` together, for a 2-D CUDA tensor: the two operands
+    a training step takes of one tensor (X for the forward GEMM and Xᵀ for the weight gradient; dY and dYᵀ for the
+    two backward GEMMs). For BF16 x under blocks of 16 with RHT 0 or 16 (UFP4's and NVFP4's activations and
+    gradients) one kernel reads x once for both; otherwise the two passes run. The bits are the same either way.
+
+    Args:
+        x: a 2-D CUDA tensor [rows, cols] (float32, bfloat16 or float16).
+        cfg: the QuantConfig of x, quantised along cols.
+        cfg_t: the QuantConfig of xᵀ, quantised along rows.
+        check_finite, device_seed: as in ``quantize``.
+
+    Returns:
+        (x's BF16 values [rows, cols], xᵀ's BF16 values [cols, rows]).
+    """
+    if x.dim() != 2:
+        raise ValueError(f"fake_quantize_both(): x must be 2-D, not {x.dim()}-D")
+    if not x.is_cuda:
+        raise ValueError("fake_quantize_both(): x must be a CUDA tensor")
+    x = x.detach()
+    x = x.contiguous() if x.dtype == torch.bfloat16 else x.to(torch.float32).contiguous()
+    rows, cols = x.shape
+    y = torch.empty((rows, cols), dtype=torch.bfloat16, device=x.device)
+    yt = torch.empty((cols, rows), dtype=torch.bfloat16, device=x.device)
+    dev, stream = launch(x)
+    _core.cuda_fake_quantize_both(dev, stream, x.data_ptr(), rows, cols, x.dtype == torch.bfloat16, cfg, y.data_ptr(),
+                                  cfg_t, yt.data_ptr(), check_finite == "sync",
+                                  _flag_ptr(dev) if check_finite == "deferred" else 0, _seed_ptr(device_seed, x))
+    return y, yt
 
 
 def _seed_ptr(seed: Optional[torch.Tensor], x: torch.Tensor) -> int:
@@ -727,13 +761,17 @@ def _qmatmul_observed(a, b, step, recipe: Recipe, layer: int, pass_: str, label:
 
 def qmatmul(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: Recipe, layer: int, pass_: str,
             label: str, cache: Optional[dict] = None, owner: Any = None,
-            out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            out_dtype: torch.dtype = torch.float32, pre: Tuple[Optional[torch.Tensor], ...] = (None, None)
+            ) -> torch.Tensor:
     """A [M, K] · B [N, K]ᵀ, both operands quantised along K under the recipe's settings for ``pass_`` with the SR
     key (seed, ``step``, ``layer``), in the recipe's mode, through the fp4lab operators; a K that is not a multiple
     of ``recipe.k_multiple[pass_]`` is zero-padded to one first. ``cache`` (eager mode) lets
     CUDA operands go through the kernels' device buffers instead; there an ``exact`` product the caller keeps in
     BF16 (``out_dtype``) comes out of the GEMM's epilogue as BF16, without an FP32 pass and a conversion. Other
-    paths may return FP32 whatever ``out_dtype`` says: the caller converts."""
+    paths may return FP32 whatever ``out_dtype`` says: the caller converts. ``pre``: operands already in hand as
+    ``fast_pair`` gave them (BF16 fake-quantised A and B, or None for one this call quantises)."""
+    if pre[0] is not None or pre[1] is not None:
+        return _qmatmul_pre(a, b, step, recipe, layer, pass_, label, cache, owner, pre)
     # A K the blocks (or RHT) do not divide ends in a partial block: defined as zero-padded to the next multiple
     # (docs/spec.md, the block-scaled GEMM), which the quantisers and GEMMs below then take whole.
     pad = -a.shape[-1] % recipe.k_multiple[pass_]
@@ -750,12 +788,7 @@ def qmatmul(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: Recipe
         fake = recipe.mode == "fast"
         # While a step is captured in a CUDA graph the kernels read the SR seed from the module's device buffer,
         # which set_step() writes before each replay.
-        seed = None
-        if torch.cuda.is_current_stream_capturing():
-            if owner is None:
-                raise RuntimeError(f"{label}: qmatmul captured in a CUDA graph needs the layer (owner) whose device SR "
-                                   "key it reads")
-            seed = getattr(owner, "owner", owner)._seed_dev
+        seed = _capture_seed(owner, label)
         try:
             qa = _quantize_operand(a, cfg("a"), pass_, "a", recipe, cache, fake, seed)
             qb = _quantize_operand(b, cfg("b"), pass_, "b", recipe, cache, fake, seed)
@@ -766,3 +799,51 @@ def qmatmul(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: Recipe
         return product(qa, qb, recipe.mode, recipe.check_finite, out_dtype)
     op = torch.ops.fp4lab.qgemm if recipe.mode == "exact" else torch.ops.fp4lab.fast_qmatmul
     return op(a, b, step, recipe.key, layer, pass_, label)
+
+
+def _capture_seed(owner: Any, label: str) -> Optional[torch.Tensor]:
+    """The device SR seed a CUDA-graph capture reads (set_step() writes it before each replay); None outside one."""
+    if not torch.cuda.is_current_stream_capturing():
+        return None
+    if owner is None:
+        raise RuntimeError(f"{label}: qmatmul captured in a CUDA graph needs the layer (owner) whose device SR key it "
+                           "reads")
+    return getattr(owner, "owner", owner)._seed_dev
+
+
+def fast_pair(x: torch.Tensor, step: torch.Tensor, recipe: Recipe, layer: int, first: Tuple[str, str],
+              second: Tuple[str, str], label: str, cache: Optional[dict], owner: Any
+              ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """The two ``fast`` operands a step takes of one tensor x [rows, cols]: x along cols as GEMM operand ``first``
+    (pass, operand) and xᵀ along rows as ``second``, each what qmatmul would make of it, from one read of x
+    (``fake_quantize_both``); pass them to qmatmul as ``pre``. None where qmatmul takes another path for these
+    operands (a compiled step, ``exact`` mode, the CPU, a numerics monitor, sr_shard, reduce_amax, a K to pad, an
+    input that is not contiguous BF16): the caller then leaves both to qmatmul."""
+    if (cache is None or not x.is_cuda or recipe.mode != "fast" or x.dtype != torch.bfloat16 or x.dim() != 2
+            or x.numel() == 0 or not x.is_contiguous()):
+        return None
+    if x.shape[1] % recipe.k_multiple[first[0]] or x.shape[0] % recipe.k_multiple[second[0]]:
+        return None
+    if owner is not None and (getattr(owner, "_sr_shard", None) is not None or (observers and _observed(owner, step))
+                              or getattr(getattr(owner, "owner", owner), "_amax_reduce", None) is not None):
+        return None
+    seed = _capture_seed(owner, label)
+    s = int(step)
+    cfg, cfg_t = (recipe.config(p, o, layer=layer, step=s) for p, o in (first, second))
+    try:
+        return fake_quantize_both(x, cfg, cfg_t, check_finite=recipe.check_finite, device_seed=seed)
+    except ValueError as e:
+        raise ValueError(f"{label}: {first[0]} operand {first[1]} and {second[0]} operand {second[1]} "
+                         f"{list(x.shape)}: {e}") from None
+
+
+def _qmatmul_pre(a, b, step, recipe: Recipe, layer: int, pass_: str, label: str, cache, owner, pre):
+    """qmatmul's ``fast`` GEMM with one or both operands from fast_pair; the other quantised as qmatmul does."""
+    cfg = lambda o: recipe.config(pass_, o, layer=layer, step=int(step))  # noqa: E731
+    seed = _capture_seed(owner, label)
+    try:
+        qa = pre[0] if pre[0] is not None else _quantize_operand(a, cfg("a"), pass_, "a", recipe, cache, True, seed)
+        qb = pre[1] if pre[1] is not None else _quantize_operand(b, cfg("b"), pass_, "b", recipe, cache, True, seed)
+    except ValueError as e:
+        raise ValueError(f"{label}: {e}") from None
+    return _fast_matmul(qa, qb, recipe.check_finite)

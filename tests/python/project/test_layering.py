@@ -331,6 +331,7 @@ CUDA_HEADERS = re.compile(r"^(cuda[\w.]*\.h|cuda\.h|fp4lab/cuda/kernels\.hpp|.*\
 CUDA_RUNTIME = re.compile(r"\bcuda[A-Z]\w*")
 # The kernels of fp4lab/cuda/kernels.hpp, called through a name of the namespace fp4lab::cuda.
 CUDA_KERNELS = ("quantize", "quantize_bf16", "quantize_transposed", "quantize_transposed_bf16", "fake_quantize",
+                "fake_quantize_both",
                 "dequantize", "dequantize_bf16", "rht", "tensor_amax", "flag_nonfinite", "operand_stats",
                 "gemm_reference", "gemm_fast", "gemm_fast_prepare", "gemm_fast_run", "gemm_native_sm100")
 COMMENTS_AND_STRINGS = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)

@@ -399,6 +399,57 @@ def test_cuda_fast_layer_is_the_product_of_dequantised_operands(recipe):
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
+@pytest.mark.parametrize("recipe", QUANT_RECIPES)
+def test_cuda_fake_quantize_both_is_both_fake_quantisations(recipe):
+    # One read for both orientations gives what the two fake_quantize calls give, bit for bit: BF16 and FP32
+    # inputs, a shape that is not a multiple of the fused kernel's 64 x 128 tile, the step's operand pairs.
+    g = torch.Generator().manual_seed(11)
+    pairs = [(("fwd_y", "a"), ("bwd_dw", "b")), (("bwd_dx", "a"), ("bwd_dw", "a")), (("fwd_y", "b"), ("bwd_dx", "b"))]
+    for dt in (torch.bfloat16, torch.float32):
+        x = torch.randn(224, 352, generator=g).to(dt).cuda()
+        for first, second in pairs:
+            cfg = fp4lab.config(recipe, pass_=first[0], operand=first[1])
+            cfg_t = fp4lab.config(recipe, pass_=second[0], operand=second[1])
+            y, yt = ft.fake_quantize_both(x, cfg, cfg_t)
+            assert torch.equal(y.view(torch.int16), ft.fake_quantize(x, cfg).view(torch.int16)), (first, dt)
+            assert torch.equal(yt.view(torch.int16), ft.fake_quantize(x.t(), cfg_t).view(torch.int16)), (second, dt)
+    with pytest.raises(ValueError, match="must be 2-D"):
+        ft.fake_quantize_both(torch.zeros(2, 16, 16).cuda(), cfg, cfg_t)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
+@pytest.mark.parametrize("recipe", ["ufp4", "nvfp4"])
+def test_cuda_fast_layer_reads_x_w_and_dy_once_for_both_gemms(recipe, monkeypatch):
+    # A BF16 fast layer quantises X and Xᵀ, W and Wᵀ, dY and dYᵀ in three fake_quantize_both calls, and its
+    # outputs and gradients are those of the path that quantises each operand on its own (fast_pair turned off).
+    import fp4lab.torch._layer as layer_mod
+    import fp4lab.torch.ops as ops
+    calls = []
+    real = ops.fake_quantize_both
+    monkeypatch.setattr(ops, "fake_quantize_both", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+
+    def run(pairs_on):
+        layer = make_layer(recipe, mode="fast").cuda().to(torch.bfloat16)
+        g = torch.Generator().manual_seed(5)
+        x = torch.randn(2, 64, 64, generator=g).to(torch.bfloat16).cuda().requires_grad_(True)
+        dy = torch.randn(2, 64, 96, generator=g).to(torch.bfloat16).cuda()
+        if not pairs_on:
+            monkeypatch.setattr(layer_mod, "fast_pair", lambda *a, **k: None)
+        y = layer(x)
+        y.backward(dy)
+        monkeypatch.setattr(layer_mod, "fast_pair", ops.fast_pair)
+        return y, x.grad, layer.weight.grad
+
+    fused = run(True)
+    assert calls == [torch.Size([128, 64]), torch.Size([96, 64]), torch.Size([128, 96])]
+    calls.clear()
+    single = run(False)
+    assert calls == []
+    for a, b, what in zip(fused, single, ("y", "dx", "dw")):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), what
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
 def test_cuda_deferred_finite_check_raises_at_the_next_step():
     layer = make_layer("ufp4").cuda()
     assert layer.recipe.check_finite == "deferred"
