@@ -284,6 +284,10 @@ def main():
     ap.add_argument("--gemm-variant", type=int, default=None, metavar="V",
                     help="also time every exact row (eager, and captured where --graph asks) with the fast GEMM's "
                          "tile variant V forced (fp4lab cuda bench lists them; the same bits): one beside the default")
+    ap.add_argument("--separate-operands", default="", metavar="RECIPES",
+                    help="also time these recipes' fast rows (eager, and captured where --graph asks) with each "
+                         "operand quantised on its own, as before fast_pair read X, W and dY once for both of their "
+                         "GEMMs (the same bits): what the one read saves")
     ap.add_argument("--launch-cost", action="store_true",
                     help="first print the host time per call of the layer's CUDA launch path (no training)")
     ap.add_argument("--deterministic", action="store_true",
@@ -338,6 +342,19 @@ def main():
                         fp4lab._core.cuda_gemm_fused_epilogue(was)
                     row["mode"] += "+unfused-epilogue"
                     rows.append(row)
+                if r in args.separate_operands.split(",") and mode == "fast" and device.type == "cuda":
+                    import fp4lab.torch._layer as layer_mod
+                    was = layer_mod.fast_pair
+                    layer_mod.fast_pair = lambda *a, **k: None
+                    try:
+                        separate = [run(args, r, mode, device)]
+                        if r in args.graph.split(","):
+                            separate.append(run_graph(args, r, mode, device))
+                    finally:
+                        layer_mod.fast_pair = was
+                    for row in separate:
+                        row["mode"] += "+separate-operands"
+                    rows.extend(separate)
                 if args.gemm_variant is not None and mode == "exact" and device.type == "cuda":
                     was = fp4lab._core.cuda_gemm_variant(args.gemm_variant)
                     try:
