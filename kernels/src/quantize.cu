@@ -456,7 +456,9 @@ void fake_quantize_both(const void* d_x, bool x_bf16, int64_t rows, int64_t cols
                         QuantWorkspace& ws_t, cudaStream_t s, RhtPath path, bool check_finite, int* d_nonfinite_flag,
                         const uint64_t* d_seed) {
   if (!d_out || !d_out_t) throw std::invalid_argument("fake_quantize_both(): no output");
-  if (!fake_quantize_both_fused(x_bf16, cfg, cfg_t, path)) {
+  // The one-read kernels' grid holds a tile of 64 rows per y index (at most 65535).
+  const bool grid_fits = (rows + 63) / 64 <= 65535;
+  if (!fake_quantize_both_fused(x_bf16, cfg, cfg_t, path) || !grid_fits) {
     fake_quantize(d_x, x_bf16, false, rows, cols, cfg, d_out, nullptr, ws, s, path, check_finite, d_nonfinite_flag,
                   d_seed);
     fake_quantize(d_x, x_bf16, true, rows, cols, cfg_t, d_out_t, nullptr, ws_t, s, path, check_finite,

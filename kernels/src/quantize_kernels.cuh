@@ -282,10 +282,12 @@ __device__ __forceinline__ void quantize_group(float (&y)[G], int64_t row, int64
         round_block<F, B, false, false, WIDE>(y, b, bs, a.scale, a, seed, sr_base, packed);
     }
   }
-  if (nonfinite && a.nonfinite) {
-    // Bit 0: the input holds NaN or Inf; bit 1: its rotation does (set with bit 0 when the input does).
-    atomicOr(a.nonfinite, D == 0 ? 1 : (in_max <= FLT_MAX ? 2 : 3));
-  }
+  // Bit 0: the input holds NaN or Inf; bit 1: its rotation does. Under RHT the input's own test decides bit 0:
+  // the BF16 rounding of the rotated values (rht_bf16) turns the canonical NaN into -0, so a NaN input can leave
+  // every rotated value finite.
+  const bool input_bad = D > 0 ? !(in_max <= FLT_MAX) : nonfinite;
+  const bool rotated_bad = D > 0 && nonfinite;
+  if ((input_bad || rotated_bad) && a.nonfinite) atomicOr(a.nonfinite, (input_bad ? 1 : 0) | (rotated_bad ? 2 : 0));
   if (a.codes) {
     uint8_t* out = a.codes + base / 2;
     if constexpr (G == 16) {

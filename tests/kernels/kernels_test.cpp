@@ -850,6 +850,10 @@ TEST(QuantizeErrors, TheFlagNamesInputAndRotationFaults) {
   QuantConfig plain = rot;
   plain.rht = 0;
   plain.rht_signs.clear();
+  QuantConfig rot_bf16 = rot;  // NVFP4's wgrad operands: the rotated values rounded to BF16, where NaN becomes -0
+  rot_bf16.format = fp4lab::kE2M1;
+  rot_bf16.scale = ScaleKind::ue4m3;
+  rot_bf16.rht_bf16 = true;
   struct Case {
     float v;
     int64_t at;
@@ -857,8 +861,9 @@ TEST(QuantizeErrors, TheFlagNamesInputAndRotationFaults) {
     int want;
   };
   std::vector<float> base = random_input(9, rows, cols);
-  const Case cases[] = {{NAN, 130, &rot, 3}, {INFINITY, 2000, &plain, 1}, {NAN, 7000, &plain, 1},
-                        {3e38f, -1, &rot, 2}, {3e38f, -1, &plain, 0}};
+  const Case cases[] = {{NAN, 130, &rot, 3},      {INFINITY, 2000, &plain, 1}, {NAN, 7000, &plain, 1},
+                        {3e38f, -1, &rot, 2},     {3e38f, -1, &plain, 0},      {NAN, 130, &rot_bf16, 1},
+                        {INFINITY, 130, &rot_bf16, 3}};
   for (const Case& c : cases) {
     std::vector<float> x = base;
     if (c.at >= 0) {
