@@ -445,24 +445,35 @@ void fake_quantize(const void* d_x, bool x_bf16, bool transposed, int64_t rows, 
                   d_nonfinite_flag, transposed, d_seed);
 }
 
-bool fake_quantize_both_fused(bool x_bf16, const QuantConfig& cfg, const QuantConfig& cfg_t, RhtPath path) {
+bool fake_quantize_both_fused(bool x_bf16, const QuantConfig& cfg, const QuantConfig& cfg_t, RhtPath path,
+                              int64_t rows) {
   const auto fits = [](const QuantConfig& c) { return c.block == 16 && !c.tile2d && (c.rht == 0 || c.rht == 16); };
+  // The one-read kernel's grid holds a tile of 64 rows per y index (at most 65535).
   return x_bf16 && path == RhtPath::fused && fits(cfg) && fits(cfg_t) &&
-         detail::format_index(cfg.format) == detail::format_index(cfg_t.format);
+         detail::format_index(cfg.format) == detail::format_index(cfg_t.format) && (rows + 63) / 64 <= 65535;
+}
+
+int64_t fake_quantize_both_bound_words(int64_t rows, int64_t cols) {
+  if (rows < 0 || cols < 0) throw std::invalid_argument("fake_quantize_both_bound_words(): negative shape");
+  return ((rows + 63) / 64) * ((cols + 127) / 128);  // quantize_both.cu's tiles (kBothRows x kBothCols)
 }
 
 void fake_quantize_both(const void* d_x, bool x_bf16, int64_t rows, int64_t cols, const QuantConfig& cfg,
                         uint16_t* d_out, const QuantConfig& cfg_t, uint16_t* d_out_t, QuantWorkspace& ws,
                         QuantWorkspace& ws_t, cudaStream_t s, RhtPath path, bool check_finite, int* d_nonfinite_flag,
-                        const uint64_t* d_seed) {
+                        const uint64_t* d_seed, float* d_bound, float* d_bound_t) {
   if (!d_out || !d_out_t) throw std::invalid_argument("fake_quantize_both(): no output");
-  // The one-read kernels' grid holds a tile of 64 rows per y index (at most 65535).
-  const bool grid_fits = (rows + 63) / 64 <= 65535;
-  if (!fake_quantize_both_fused(x_bf16, cfg, cfg_t, path) || !grid_fits) {
+  if (!d_bound != !d_bound_t) throw std::invalid_argument("fake_quantize_both(): give both bounds or neither");
+  if (!fake_quantize_both_fused(x_bf16, cfg, cfg_t, path, rows)) {
     fake_quantize(d_x, x_bf16, false, rows, cols, cfg, d_out, nullptr, ws, s, path, check_finite, d_nonfinite_flag,
                   d_seed);
     fake_quantize(d_x, x_bf16, true, rows, cols, cfg_t, d_out_t, nullptr, ws_t, s, path, check_finite,
                   d_nonfinite_flag, d_seed);
+    if (d_bound) {  // all ones: NaN, no bound (the output checks scan)
+      const size_t bytes = size_t(fake_quantize_both_bound_words(rows, cols)) * sizeof(float);
+      check(cudaMemsetAsync(d_bound, 0xFF, bytes, s), "cudaMemsetAsync");
+      check(cudaMemsetAsync(d_bound_t, 0xFF, bytes, s), "cudaMemsetAsync");
+    }
     return;
   }
   validate(cfg, rows, cols);
@@ -483,10 +494,12 @@ void fake_quantize_both(const void* d_x, bool x_bf16, int64_t rows, int64_t cols
                              ws.tensor_amax.data(), ws_t.tensor_amax.data(), s);
     check_launch("amax_both_kernel");
   }
-  const QArgs ar = pass_args(x, cfg.rht, rows, cols, cfg, nullptr, d_out, ws, s, flag, false, d_seed, nullptr,
-                             nullptr, both_amax);
-  const QArgs at = pass_args(x, cfg_t.rht, cols, rows, cfg_t, nullptr, d_out_t, ws_t, s, flag, true, d_seed,
-                             nullptr, nullptr, both_amax);
+  QArgs ar = pass_args(x, cfg.rht, rows, cols, cfg, nullptr, d_out, ws, s, flag, false, d_seed, nullptr, nullptr,
+                       both_amax);
+  QArgs at = pass_args(x, cfg_t.rht, cols, rows, cfg_t, nullptr, d_out_t, ws_t, s, flag, true, d_seed, nullptr,
+                       nullptr, both_amax);
+  ar.bound = d_bound;
+  at.bound = d_bound_t;
   detail::launch_quantize_both(detail::format_index(cfg.format), cfg.rht, cfg_t.rht, ar, at, s);
   check_launch("quantize_both_kernel");
   if (check_finite) raise_nonfinite(ws, s);
@@ -500,8 +513,7 @@ __device__ __forceinline__ bool word_nonfinite(uint32_t w, bool bf16) {
 
 // Grid-stride over 16-byte words (torch's allocations are 256-byte aligned; a misaligned start takes the scalar
 // loop), then the elements past the last whole word.
-__global__ void __launch_bounds__(kThreads) flag_nonfinite_kernel(const void* y, bool bf16, int64_t n, int* flag,
-                                                                   int bit, bool vec) {
+__device__ __forceinline__ void scan_nonfinite(const void* y, bool bf16, int64_t n, int* flag, int bit, bool vec) {
   const int esize = bf16 ? 2 : 4;
   const int64_t stride = int64_t(gridDim.x) * kThreads, tid = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   bool bad = false;
@@ -523,6 +535,47 @@ __global__ void __launch_bounds__(kThreads) flag_nonfinite_kernel(const void* y,
   }
   if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(flag, bit);
 }
+
+__global__ void __launch_bounds__(kThreads) flag_nonfinite_kernel(const void* y, bool bf16, int64_t n, int* flag,
+                                                                   int bit, bool vec) {
+  scan_nonfinite(y, bf16, n, flag, bit, vec);
+}
+
+// Each block first reduces both operands' bounds (a few thousand words, from L2) and leaves the scan out where
+// they prove the product finite; the decision is the same in every block.
+__global__ void __launch_bounds__(kThreads) flag_nonfinite_product_kernel(const void* y, bool bf16, int64_t n,
+                                                                           int* flag, int bit, bool vec,
+                                                                           const float* ba, int64_t na,
+                                                                           const float* bb, int64_t nb, double k) {
+  __shared__ float warp_max[2][kThreads / 32];
+  __shared__ bool proven;
+  float ma = 0.0f, mb = 0.0f;
+  for (int64_t i = threadIdx.x; i < na; i += kThreads) ma = fmax_nan(ma, __ldg(ba + i));
+  for (int64_t i = threadIdx.x; i < nb; i += kThreads) mb = fmax_nan(mb, __ldg(bb + i));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    ma = fmax_nan(ma, __shfl_xor_sync(0xFFFFFFFFu, ma, o));
+    mb = fmax_nan(mb, __shfl_xor_sync(0xFFFFFFFFu, mb, o));
+  }
+  if ((threadIdx.x & 31) == 0) {
+    warp_max[0][threadIdx.x >> 5] = ma;
+    warp_max[1][threadIdx.x >> 5] = mb;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) {
+      ma = fmax_nan(ma, warp_max[0][w]);
+      mb = fmax_nan(mb, warp_max[1][w]);
+    }
+    // |a| <= (1 + 2^-8) max a (the bounds precede the operands' BF16 rounding), likewise b, so
+    // |c| <= (1 + 2^-24)^k (1 + 2^-8)^2 k max a max b < 2.8 * 2^125 < 2^127 (FP32 products and sums, k <= 2^24):
+    // finite in FP32 and in BF16. The test's product is FP64 (no overflow); a NaN bound fails it.
+    proven = k <= 0x1p24 && k * double(ma) * double(mb) <= 0x1p125;
+  }
+  __syncthreads();
+  if (proven) return;
+  scan_nonfinite(y, bf16, n, flag, bit, vec);
+}
 }  // namespace
 
 void flag_nonfinite(const void* d_y, bool bf16, int64_t n, int* d_flag, int bit, cudaStream_t s) {
@@ -535,6 +588,22 @@ void flag_nonfinite(const void* d_y, bool bf16, int64_t n, int* d_flag, int bit,
   const unsigned blocks = std::min(detail::blocks_for(units, kThreads), 1024u);
   flag_nonfinite_kernel<<<blocks, kThreads, 0, s>>>(d_y, bf16, n, d_flag, bit, vec);
   check_launch("flag_nonfinite_kernel");
+}
+
+void flag_nonfinite_product(const void* d_y, bool bf16, int64_t n, int* d_flag, int bit, const float* d_bound_a,
+                            int64_t na, const float* d_bound_b, int64_t nb, int64_t k, cudaStream_t s) {
+  if (n < 0 || na < 0 || nb < 0 || k < 0) throw std::invalid_argument("flag_nonfinite_product(): negative size");
+  if (!d_flag) throw std::invalid_argument("flag_nonfinite_product(): no flag");
+  if ((na && !d_bound_a) || (nb && !d_bound_b)) throw std::invalid_argument("flag_nonfinite_product(): no bound");
+  if (n == 0) return;
+  if (na == 0 || nb == 0) return flag_nonfinite(d_y, bf16, n, d_flag, bit, s);  // nothing to prove it with
+  const bool vec = (reinterpret_cast<uintptr_t>(d_y) & 15u) == 0;
+  const int64_t units = vec ? std::max<int64_t>(n * (bf16 ? 2 : 4) / 16, 1) : n;
+  // Fewer blocks than the plain scan: each reads the bounds first (the scan itself is the rare path).
+  const unsigned blocks = std::min(detail::blocks_for(units, kThreads), 256u);
+  flag_nonfinite_product_kernel<<<blocks, kThreads, 0, s>>>(d_y, bf16, n, d_flag, bit, vec, d_bound_a, na,
+                                                             d_bound_b, nb, double(k));
+  check_launch("flag_nonfinite_product_kernel");
 }
 
 // The exhaustive self-tests: counters zeroed, the smallest failing input at all ones, the kernel launched over all

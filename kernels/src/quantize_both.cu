@@ -17,6 +17,16 @@ constexpr int kBothRows = 64, kBothCols = 128, kBothThreads = 256;
 constexpr int kBothWords = kBothRows * (kBothCols / 2) + (kBothRows / 16) * 8;
 __device__ __forceinline__ int tile_word(int r, int pair) { return r * (kBothCols / 2) + (r >> 4) * 8 + pair; }
 
+// The tile's magnitude bound (QArgs::bound, word blockIdx.y * gridDim.x + blockIdx.x, which thread 0 zeroed before
+// the block's barrier) raised to v: one atomic per warp, of the maximum over the lanes here (redux.sync). As FP32
+// bits, non-negative values and NaN order as unsigned integers. A lane that arrives apart from the others raises it
+// on its own: the result is the same.
+__device__ __forceinline__ void raise_bound(float* bound, float v) {
+  const unsigned here = __activemask(), m = __reduce_max_sync(here, __float_as_uint(v));
+  if ((threadIdx.x & 31) == unsigned(__ffs(here) - 1))
+    atomicMax(reinterpret_cast<unsigned*>(bound + int64_t(blockIdx.y) * gridDim.x + blockIdx.x), m);
+}
+
 template <int F, int DR, int DT>
 __global__ void __launch_bounds__(kBothThreads, 4) quantize_both_kernel(const QArgs ar, const QArgs at) {
   constexpr int G = 16;
@@ -29,6 +39,10 @@ __global__ void __launch_bounds__(kBothThreads, 4) quantize_both_kernel(const QA
   if (t < 16) {
     tab_r[t] = ar.value[t];
     tab_t[t] = at.value[t];
+  }
+  if (t == 0 && ar.bound) {  // the tile's bounds, raised by its warps after the barrier below
+    ar.bound[int64_t(blockIdx.y) * gridDim.x + blockIdx.x] = 0.0f;
+    at.bound[int64_t(blockIdx.y) * gridDim.x + blockIdx.x] = 0.0f;
   }
   // Both groups loaded first (four 16-byte loads in flight) into the tile; each thread then quantises its row-wise
   // groups from the tile (kept in registers across the loop, they would go to local memory).
@@ -48,6 +62,10 @@ __global__ void __launch_bounds__(kBothThreads, 4) quantize_both_kernel(const QA
   }
   __syncthreads();  // the tables and the tile
   const float s_enc_r = tensor_encode<F>(ar);
+  // Each thread's bound in shared memory rather than in a register across the quantiser (the kernel has none to
+  // spare: one more spills).
+  __shared__ float thread_bound[kBothThreads];
+  thread_bound[t] = 0.0f;
 #pragma unroll 1
   for (int k = 0; k < 2; ++k) {
     const int q = t + k * kBothThreads, lr = q >> 3, lg = q & 7;
@@ -59,21 +77,26 @@ __global__ void __launch_bounds__(kBothThreads, 4) quantize_both_kernel(const QA
     raw.v[1] = src[1];
     float y[G];
     widen(raw, y);
-    quantize_group<F, 16, DR, G, true, false>(y, row, col, ar, s_enc_r, tab_r);
+    const float b = quantize_group<F, 16, DR, G, true, false>(y, row, col, ar, s_enc_r, tab_r);
+    thread_bound[t] = fmax_nan(thread_bound[t], b);
   }
+  if (ar.bound) raise_bound(ar.bound, thread_bound[t]);  // the caller sets both bounds or neither
   // Transposed: output row j (a column of x), its elements r0 + 16 * rg .. + 15.
   const int lane = t & 31, rg = lane & 3, pair = (t >> 5) * 8 + (lane >> 2);
   const int64_t j = c0 + 2 * pair, gr0 = r0 + rg * G;
   if (j >= cols || gr0 >= rows) return;  // rows is a multiple of 16 too
   const float s_enc_t = tensor_encode<F>(at);
+  thread_bound[t] = 0.0f;
   // One column at a time, each read from the tile (holding both columns' values would take 16 more registers).
 #pragma unroll 1
   for (int h = 0; h < 2; ++h) {
     float y[G];
 #pragma unroll
     for (int i = 0; i < G; ++i) y[i] = bf16_to_f32(uint16_t(tile[tile_word(rg * G + i, pair)] >> (16 * h)));
-    quantize_group<F, 16, DT, G, true, false>(y, j + h, gr0, at, s_enc_t, tab_t);
+    const float b = quantize_group<F, 16, DT, G, true, false>(y, j + h, gr0, at, s_enc_t, tab_t);
+    thread_bound[t] = fmax_nan(thread_bound[t], b);
   }
+  if (at.bound) raise_bound(at.bound, thread_bound[t]);
 }
 
 struct AmaxBothArgs {

@@ -45,6 +45,8 @@ struct QArgs {
   float value[16];         // decode(format, code), for deq
   const int64_t* row_index; // output row r is row row_index[r] of a larger tensor (SR draws at its element
                             // indices; a negative one sets bit 2 of nonfinite); null: row r is row r
+  float* bound;             // fake quantisation (quantize_both_kernel): per thread block, a bound on the magnitude
+                            // of every value it writes (fp4lab::cuda::fake_quantize_both's d_bound); null = none
 };
 
 // The quantise kernels' launch for format index F (kAllFormats), input T (float, or BF16 bits as uint16_t) and
@@ -225,8 +227,12 @@ __device__ __forceinline__ void split_index(int64_t g, int64_t per_row, bool sma
 // IDX: a.row_index is set (a template parameter, so that the default kernels are compiled as they were, with their
 // registers and speed; the indexed ones are instantiated beside them).
 // dtab: shared_decode_table(a.value) where a.deq is set.
+// Returns, where a.deq is set, a bound on the magnitudes of the dequantised values it writes: the largest block's
+// dequant_value of the grid's largest level, in FP32 (every code's is at most that; the BF16 values written are at
+// most its BF16 rounding, within a factor 1 + 2^-8); NaN where a block scale is. Callers that do not use it pay
+// nothing (the function is inlined).
 template <int F, int B, int D, int G, bool WIDE = true, bool IDX = false>
-__device__ __forceinline__ void quantize_group(float (&y)[G], int64_t row, int64_t col0, const QArgs& a,
+__device__ __forceinline__ float quantize_group(float (&y)[G], int64_t row, int64_t col0, const QArgs& a,
                                                float s_enc, const float* dtab) {
   constexpr ElemFormat f = kAllFormats[F];
   // Under RHT, whether the input itself holds NaN or Inf (the fault report's bit 0), one max.NaN per element; the
@@ -299,6 +305,7 @@ __device__ __forceinline__ void quantize_group(float (&y)[G], int64_t row, int64
             make_uint4(packed[4 * w], packed[4 * w + 1], packed[4 * w + 2], packed[4 * w + 3]);
     }
   }
+  float bound = 0.0f;
   if (a.deq) {
     // The dequantiser's arithmetic (dequantize_kernel), on the codes still in registers: fake quantisation reads
     // the input once and writes BF16 once, instead of writing codes and scales and reading them back.
@@ -316,7 +323,14 @@ __device__ __forceinline__ void quantize_group(float (&y)[G], int64_t row, int64
     uint4* o = reinterpret_cast<uint4*>(a.deq + base);
 #pragma unroll
     for (int i = 0; i < G / 8; ++i) o[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+    // After the stores, so that it holds no register while they are formed. The largest level,
+    // decode(format, max_index), is an immediate.
+#pragma unroll
+    for (int b = 0; b < G / B; ++b)
+      bound = fmax_nan(bound, unit ? dequant_value_unit_global(f.gmax(), s_dec[b])
+                                   : dequant_value(f.gmax(), s_dec[b], g_dec));
   }
+  return bound;
 }
 
 // The tensor-level half of ue4m3 (S_enc from amax(tensor)), as fp4lab::quantize computes it.

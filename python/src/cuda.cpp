@@ -337,28 +337,48 @@ void bind_cuda(nb::module_& m) {
   // config_t) does.
   m.def("cuda_fake_quantize_both", [](int device, uintptr_t stream, uintptr_t x, int64_t rows, int64_t cols,
                                       bool bf16, const QuantConfig& cfg, uintptr_t out, const QuantConfig& cfg_t,
-                                      uintptr_t out_t, bool check_finite, uintptr_t flag, uintptr_t seed) {
+                                      uintptr_t out_t, bool check_finite, uintptr_t flag, uintptr_t seed,
+                                      uintptr_t bound, uintptr_t bound_t) {
     OnDevice on(device);
     const cudaStream_t st = as_stream(stream);
     CaptureSafe capture(st);
     Workspaces& w = workspaces(device, st, capture);
     fc::fake_quantize_both(device_ptr<const void>(x), bf16, rows, cols, cfg, device_ptr<uint16_t>(out), cfg_t,
                            device_ptr<uint16_t>(out_t), w.quant, w.quant_t, st, fc::RhtPath::fused, check_finite,
-                           device_ptr<int>(flag), device_ptr<const uint64_t>(seed));
+                           device_ptr<int>(flag), device_ptr<const uint64_t>(seed), device_ptr<float>(bound),
+                           device_ptr<float>(bound_t));
   }, "device"_a, "stream"_a, "x"_a, "rows"_a, "cols"_a, "bf16"_a, "config"_a, "out"_a, "config_t"_a, "out_t"_a,
-     "check_finite"_a = true, "nonfinite_flag"_a = 0, "seed"_a = 0,
+     "check_finite"_a = true, "nonfinite_flag"_a = 0, "seed"_a = 0, "bound"_a = 0, "bound_t"_a = 0,
      "Fake quantisation of x [rows, cols] and of its transpose from one read where the kernels can: out receives "
-     "what cuda_fake_quantize gives for x under config, out_t ([cols, rows]) what it gives for x^T under config_t.");
-  m.def("cuda_fake_quantize_both_fused", [](bool bf16, const QuantConfig& cfg, const QuantConfig& cfg_t) {
-    return fc::fake_quantize_both_fused(bf16, cfg, cfg_t);
-  }, "bf16"_a, "config"_a, "config_t"_a,
-     "Whether cuda_fake_quantize_both reads x once for these configurations (else it runs the two passes).");
+     "what cuda_fake_quantize gives for x under config, out_t ([cols, rows]) what it gives for x^T under config_t; "
+     "bound and bound_t (both or neither, cuda_fake_quantize_both_bound_words FP32 words each) the magnitude bounds "
+     "cuda_flag_nonfinite_product reads (NaN where the two passes ran).");
+  m.def("cuda_fake_quantize_both_bound_words", [](int64_t rows, int64_t cols) {
+    return fc::fake_quantize_both_bound_words(rows, cols);
+  }, "rows"_a, "cols"_a, "The FP32 words of each of cuda_fake_quantize_both's bounds for x [rows, cols].");
+  m.def("cuda_fake_quantize_both_fused", [](bool bf16, const QuantConfig& cfg, const QuantConfig& cfg_t,
+                                            int64_t rows) {
+    return fc::fake_quantize_both_fused(bf16, cfg, cfg_t, fc::RhtPath::fused, rows);
+  }, "bf16"_a, "config"_a, "config_t"_a, "rows"_a = 0,
+     "Whether cuda_fake_quantize_both reads x [rows, cols] once for these configurations (else it runs the two "
+     "passes).");
   m.def("cuda_flag_nonfinite", [](int device, uintptr_t stream, uintptr_t y, int64_t n, bool bf16, uintptr_t flag,
                                   int bit) {
     OnDevice on(device);
     fc::flag_nonfinite(device_ptr<const void>(y), bf16, n, device_ptr<int>(flag), bit, as_stream(stream));
   }, "device"_a, "stream"_a, "y"_a, "n"_a, "bf16"_a, "flag"_a, "bit"_a,
      "ORs bit into the int at flag when any of the n FP32 (or BF16) values at y is NaN or Inf.");
+  m.def("cuda_flag_nonfinite_product", [](int device, uintptr_t stream, uintptr_t y, int64_t n, bool bf16,
+                                          uintptr_t flag, int bit, uintptr_t bound_a, int64_t na, uintptr_t bound_b,
+                                          int64_t nb, int64_t k) {
+    OnDevice on(device);
+    fc::flag_nonfinite_product(device_ptr<const void>(y), bf16, n, device_ptr<int>(flag), bit,
+                               device_ptr<const float>(bound_a), na, device_ptr<const float>(bound_b), nb, k,
+                               as_stream(stream));
+  }, "device"_a, "stream"_a, "y"_a, "n"_a, "bf16"_a, "flag"_a, "bit"_a, "bound_a"_a, "na"_a, "bound_b"_a, "nb"_a,
+     "k"_a,
+     "cuda_flag_nonfinite of a product C = A·B^T over k whose operands' magnitudes the bounds at bound_a (na words) "
+     "and bound_b (nb) hold (cuda_fake_quantize_both's): the scan is left out where they prove C finite.");
   // The quantiser's rotation alone (its first step), FP32 in and out: the numerics monitor's reference on the GPU.
   m.def("cuda_rotate", [](nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cuda> x, CudaOut out,
                           const QuantConfig& cfg, uintptr_t stream) {

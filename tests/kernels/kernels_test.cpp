@@ -590,18 +590,50 @@ size_t expect_both_golden(const QuantConfig& cfg, const QuantConfig& cfg_t, int6
   out.fill_bytes(0xFF);  // poisoned: an unwritten element cannot pass
   out_t.fill_bytes(0xFF);
   fc::QuantWorkspace ws, ws_t;
-  fc::fake_quantize_both(dx.data(), true, rows, cols, cfg, out.data(), cfg_t, out_t.data(), ws, ws_t);
+  // The magnitude bounds too (poisoned with zeros: an unwritten bound cannot pass).
+  const int64_t words = fc::fake_quantize_both_bound_words(rows, cols);
+  fc::Buffer<float> bound(static_cast<size_t>(words)), bound_t(static_cast<size_t>(words));
+  bound.fill_bytes(0);
+  bound_t.fill_bytes(0);
+  fc::fake_quantize_both(dx.data(), true, rows, cols, cfg, out.data(), cfg_t, out_t.data(), ws, ws_t, nullptr,
+                         fc::RhtPath::fused, true, nullptr, nullptr, bound.data(), bound_t.data());
+  const bool one_read = fc::fake_quantize_both_fused(true, cfg, cfg_t);
   size_t compared = 0;
   for (bool tr : {false, true}) {
     const std::vector<float> src = tr ? transposed(t, rows, cols) : t;
-    const std::vector<float> deq =
-        fp4lab::quantize(src.data(), tr ? cols : rows, tr ? rows : cols, tr ? cfg_t : cfg).dequantize();
+    const QTensor q = fp4lab::quantize(src.data(), tr ? cols : rows, tr ? rows : cols, tr ? cfg_t : cfg);
+    const std::vector<float> deq = q.dequantize();
     const std::vector<uint16_t> got = (tr ? out_t : out).to_host();
     int bad = 0;
     for (size_t i = 0; i < deq.size(); ++i, ++compared)
       if (got[i] != fp4lab::f32_to_bf16(deq[i]) && bad++ < 8)
         ADD_FAILURE() << what << (tr ? " transposed" : " row-wise") << " " << rows << "x" << cols << ": element "
                       << i << " golden " << fp4lab::f32_to_bf16(deq[i]) << " gpu " << got[i];
+    // Tile (ti, tj) of x, rows 64 ti.. and columns 128 tj..: its bound is the largest of its blocks' dequantised
+    // largest level (golden scales), and no value written there is larger than the bound rounded to BF16. Two
+    // passes: NaN, no bound.
+    const std::vector<float> b = (tr ? bound_t : bound).to_host();
+    const int64_t tiles_c = (cols + 127) / 128, qcols = tr ? rows : cols;
+    const float gmax = fp4lab::decode(q.format, uint8_t(q.format.max_index));
+    for (int64_t w = 0; w < words; ++w) {
+      const int64_t r0 = (w / tiles_c) * 64, c0 = (w % tiles_c) * 128;
+      float expect = 0.0f, largest = 0.0f;
+      for (int64_t r = r0; r < std::min(r0 + 64, rows); ++r)
+        for (int64_t c = c0; c < std::min(c0 + 128, cols); ++c) {
+          const int64_t qr = tr ? c : r, qc = tr ? r : c;  // the element's place in q
+          expect = std::max(expect, fp4lab::dequant_value(gmax, q.scales[size_t(qr * q.kblocks() + qc / q.block)],
+                                                          q.global_dec));
+          largest = std::max(largest, std::fabs(fp4lab::bf16_to_f32(got[size_t(qr * qcols + qc)])));
+        }
+      if (!one_read) {
+        EXPECT_TRUE(std::isnan(b[size_t(w)])) << what << " tile " << w << ": two passes leave no bound";
+      } else {
+        EXPECT_EQ(bits(b[size_t(w)]), bits(expect)) << what << (tr ? " transposed" : " row-wise") << " tile " << w;
+        // The bound is the FP32 value before the BF16 rounding, which is monotone: no value exceeds its rounding.
+        EXPECT_LE(largest, fp4lab::bf16_to_f32(fp4lab::f32_to_bf16(b[size_t(w)])))
+            << what << (tr ? " transposed" : " row-wise") << " tile " << w;
+      }
+    }
   }
   return compared;
 }
@@ -671,6 +703,17 @@ TEST(FakeQuantizeBoth, TrainingStepPairsOfEveryPresetEqualGolden) {
   EXPECT_GE(fused, 5);
 }
 
+// The one-read kernel's grid holds at most 65535 tiles of 64 rows: past that fake_quantize_both_fused says no (and
+// fake_quantize_both runs the two passes).
+TEST(FakeQuantizeBoth, OneReadOnlyWhereItsGridFits) {
+  fp4lab::Recipe rec = fp4lab::Recipe::preset("ufp4");
+  const QuantConfig cfg = rec.operand(fp4lab::Pass::fwd_y, fp4lab::Operand::a, 1);
+  const QuantConfig cfg_t = rec.operand(fp4lab::Pass::bwd_dw, fp4lab::Operand::b, 2);
+  EXPECT_TRUE(fc::fake_quantize_both_fused(true, cfg, cfg_t, fc::RhtPath::fused, int64_t(65535) * 64));
+  EXPECT_FALSE(fc::fake_quantize_both_fused(true, cfg, cfg_t, fc::RhtPath::fused, int64_t(65535) * 64 + 1));
+  EXPECT_FALSE(fc::fake_quantize_both_fused(false, cfg, cfg_t, fc::RhtPath::fused, 64));
+}
+
 // Faults: NaN in x is refused under check_finite and flagged (bit 0) without it, by the one-read kernel too.
 TEST(FakeQuantizeBoth, FlagsNonFiniteInputs) {
   SKIP_WITHOUT_GPU();
@@ -692,6 +735,37 @@ TEST(FakeQuantizeBoth, FlagsNonFiniteInputs) {
   fc::fake_quantize_both(dx.data(), true, rows, cols, cfg, out.data(), cfg_t, out_t.data(), ws, ws_t, nullptr,
                          fc::RhtPath::fused, false, flag.data());
   EXPECT_EQ(flag.to_host()[0] & 1, 1);
+}
+
+// The product's output check: where the operands' bounds prove every element of C finite the scan is left out (a
+// poisoned C stays unflagged); a bound too large, a NaN bound, k past 2^24 or no bounds at all scan, and see it.
+TEST(FlagNonfinite, ProductBoundsLeaveTheScanOutOnlyWhereTheyProveItFinite) {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 4099;
+  std::vector<uint16_t> y(size_t(n), uint16_t(0x3F80));  // 1.0
+  y[size_t(n - 2)] = 0x7F80;                             // +Inf: what an overflowed product would hold
+  fc::Buffer<uint16_t> dy;
+  dy.upload(y);
+  const auto flagged = [&](std::vector<float> ba, std::vector<float> bb, int64_t k) {
+    fc::Buffer<float> da, db;
+    da.upload(ba);
+    db.upload(bb);
+    fc::Buffer<int> flag(1);
+    flag.fill_bytes(0);
+    fc::flag_nonfinite_product(dy.data(), true, n, flag.data(), 4, da.data(), int64_t(ba.size()), db.data(),
+                               int64_t(bb.size()), k);
+    return flag.to_host()[0] == 4;
+  };
+  const float big = 0x1p60f;
+  EXPECT_FALSE(flagged({1.0f, 3.0f, 2.0f}, {4.0f}, 4096));       // proven: 4096 * 3 * 4
+  EXPECT_FALSE(flagged({big, 1.0f}, {0x1p53f}, 4096));           // 2^12 2^60 2^53 = 2^125: still proven
+  EXPECT_TRUE(flagged({big, 1.0f}, {0x1p54f}, 4096));            // 2^126: scanned
+  EXPECT_TRUE(flagged({1.0f, NAN, 2.0f}, {4.0f}, 4096));         // a NaN bound: scanned
+  EXPECT_TRUE(flagged({1.0f}, {1.0f}, (int64_t(1) << 24) + 1));  // k past 2^24: scanned
+  fc::Buffer<int> flag(1);
+  flag.fill_bytes(0);
+  fc::flag_nonfinite_product(dy.data(), true, n, flag.data(), 4, nullptr, 0, nullptr, 0, 16);  // no bounds
+  EXPECT_EQ(flag.to_host()[0], 4);
 }
 
 // The monitor's one-pass statistics: counts and amax exact, the FP64 sums within FP64 summation order of the host's

@@ -184,6 +184,8 @@ Bf16QuantBench::Bf16QuantBench(const DeviceInfo& dev, int64_t R, int64_t C) : R_
   check(cudaDeviceSynchronize(), "cudaMemcpy D2D");  // legacy-stream copies, before the timer's stream reads them
   xt_.resize(static_cast<size_t>(n));
   xt2_.resize(static_cast<size_t>(n));
+  bound_.resize(static_cast<size_t>(fake_quantize_both_bound_words(R_, C_)));
+  bound_t_.resize(static_cast<size_t>(fake_quantize_both_bound_words(R_, C_)));
   dst_.resize(size_t(n) * 3 + 16);  // the largest copy: fake_both's 6 bytes per element, half of them written
   batch_ = std::max(nbuf_, int(std::clamp(3000.0 / std::max(double(in_bytes) / 4e3 * 2, 1.0), 1.0, 200.0)));
 }
@@ -221,7 +223,8 @@ double Bf16QuantBench::time(Timer& T, const QuantConfig& cfg, Bf16Layout layout,
           fake_quantize(x(i), true, layout == Bf16Layout::fake_transposed, R, C, cfg, xt_.data(), nullptr, ws_, s,
                         RhtPath::fused, false);
         } else if (layout == Bf16Layout::fake_both) {
-          fake_quantize_both(x(i), true, R, C, cfg, xt_.data(), cfg, xt2_.data(), ws_, ws_t_, s, RhtPath::fused, false);
+          fake_quantize_both(x(i), true, R, C, cfg, xt_.data(), cfg, xt2_.data(), ws_, ws_t_, s, RhtPath::fused, false,
+                             nullptr, nullptr, bound_.data(), bound_t_.data());
         } else {
           check(cudaMemcpyAsync(xt_.data(), x(i), in_bytes, cudaMemcpyDeviceToDevice, s), "copy");
           quantize_bf16(xt_.data(), C, R, cfg, q_, ws_, s, RhtPath::fused, false);

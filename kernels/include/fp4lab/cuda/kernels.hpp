@@ -189,15 +189,22 @@ void fake_quantize(const void* d_x, bool x_bf16, bool transposed, int64_t rows, 
 // what fake_quantize(d_x, x_bf16, true, rows, cols, cfg_t, d_out_t) writes. Where fake_quantize_both_fused() says
 // so, one kernel reads x once for both; otherwise the two calls run. ws serves cfg's pass and ws_t cfg_t's (their
 // amax passes); check_finite, d_nonfinite_flag and d_seed serve both. Arguments otherwise as fake_quantize().
+// d_bound and d_bound_t (both or neither; fake_quantize_both_bound_words(rows, cols) FP32 words each) receive
+// bounds on the magnitudes of d_out's and d_out_t's values (in FP32, before their BF16 rounding, which is monotone), one
+// per tile of the one-read kernel, for flag_nonfinite_product; where the two calls run instead they are NaN (no
+// bound).
 void fake_quantize_both(const void* d_x, bool x_bf16, int64_t rows, int64_t cols, const QuantConfig& cfg,
                         uint16_t* d_out, const QuantConfig& cfg_t, uint16_t* d_out_t, QuantWorkspace& ws,
                         QuantWorkspace& ws_t, cudaStream_t stream = nullptr, RhtPath path = RhtPath::fused,
-                        bool check_finite = true, int* d_nonfinite_flag = nullptr, const uint64_t* d_seed = nullptr);
-// Whether fake_quantize_both reads x once: BF16 input, the fused RHT path, one format, blocks of 16 without 16x16
-// tiles and RHT 0 or 16 in both configurations (NVFP4's and UFP4's activations and gradients; MXFP4's blocks of 32
-// and NVFP4's tiled weights take the two passes).
+                        bool check_finite = true, int* d_nonfinite_flag = nullptr, const uint64_t* d_seed = nullptr,
+                        float* d_bound = nullptr, float* d_bound_t = nullptr);
+// The words of each of fake_quantize_both's bounds for x [rows, cols]: one per 64 x 128 tile of x.
+int64_t fake_quantize_both_bound_words(int64_t rows, int64_t cols);
+// Whether fake_quantize_both reads x [rows, cols] once: BF16 input, the fused RHT path, one format, blocks of 16
+// without 16x16 tiles and RHT 0 or 16 in both configurations (NVFP4's and UFP4's activations and gradients; MXFP4's
+// blocks of 32 and NVFP4's tiled weights take the two passes), and at most 65535 tiles of 64 rows (the grid's).
 bool fake_quantize_both_fused(bool x_bf16, const QuantConfig& cfg, const QuantConfig& cfg_t,
-                              RhtPath path = RhtPath::fused);
+                              RhtPath path = RhtPath::fused, int64_t rows = 0);
 // Dequantised values of q, (grid value * block scale) * global scale in that FP32 order as QTensor::dequant
 // computes them, into d_out [rows, cols] as FP32, or rounded to BF16 (RTNE) as bit patterns.
 void dequantize(const DQTensor& q, float* d_out, cudaStream_t stream = nullptr);
@@ -213,6 +220,12 @@ void tensor_amax(const float* d_x, int64_t rows, int64_t cols, const QuantConfig
 // deferred overflow check of a training GEMM's output, without a synchronisation (the torch layer reads the flag
 // once a step). One atomic per thread block that saw a non-finite value.
 void flag_nonfinite(const void* d_y, bool bf16, int64_t n, int* d_flag, int bit, cudaStream_t stream = nullptr);
+// flag_nonfinite of a product C = A·Bᵀ over k (d_y, its n values) whose operands' magnitudes are bounded by the na
+// words at d_bound_a and the nb at d_bound_b (fake_quantize_both's): where k·max(bound_a)·max(bound_b) ≤ 2^125 every
+// |c| (FP32 accumulation, BF16 or FP32 output) is below 2^127 and finite, and the scan is left out; otherwise (a NaN
+// bound among them, k > 2^24) it runs.
+void flag_nonfinite_product(const void* d_y, bool bf16, int64_t n, int* d_flag, int bit, const float* d_bound_a,
+                            int64_t na, const float* d_bound_b, int64_t nb, int64_t k, cudaStream_t stream = nullptr);
 
 // The numerics monitor's statistics of one quantised operand, in one pass and a fixed summation order (the same
 // bits on every run): d_out[0..4] = Σ ref², Σ (ref − dq)² (each term in FP64 from the FP32 values, as the host's

@@ -171,6 +171,7 @@ class Bf16QuantBench {
   std::vector<Buffer<uint16_t>> xs_;
   Buffer<uint16_t> xt_;  // the copy of the replaced transposed route; the fake layouts' output
   Buffer<uint16_t> xt2_;  // fake_both's transposed output
+  Buffer<float> bound_, bound_t_;  // fake_both's magnitude bounds, as the torch layer asks for them
   Buffer<uint8_t> dst_;
   DQTensor q_;
   QuantWorkspace ws_, ws_t_;
