@@ -30,11 +30,16 @@ class _LinearFn(torch.autograd.Function):
     traces it, forward and backward, into one graph."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, step, recipe: Recipe, layer: int, label: str, cache: Optional[dict], owner):
+    def forward(ctx, x, weight, bias, step, recipe: Recipe, layer: int, label: str, cache: Optional[dict], owner,
+                grad: bool):
         x2 = x.reshape(-1, x.shape[-1])
         # In fast mode each tensor two GEMMs take is read once for both (fast_pair): X now for the forward and,
-        # kept in place of X, Xᵀ for the weight gradient; W and Wᵀ for the input gradient likewise.
-        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        # kept in place of X, Xᵀ for the weight gradient; W and Wᵀ for the input gradient likewise. ``grad``: the
+        # caller's grad mode (needs_input_grad says only what requires grad), so that no backward operand is
+        # quantised under torch.no_grad().
+        need_dx, need_dw = grad and ctx.needs_input_grad[0], grad and ctx.needs_input_grad[1]
+        ctx.recipe, ctx.layer, ctx.label, ctx.cache, ctx.has_bias = recipe, layer, label, cache, bias is not None
+        ctx.owner = owner
         px = pw = None
         if need_dw:
             px = fast_pair(x2, step, recipe, layer, ("fwd_y", "a"), ("bwd_dw", "b"), label, cache, owner)
@@ -46,9 +51,7 @@ class _LinearFn(torch.autograd.Function):
         if bias is not None:
             y = y + bias.to(x.dtype)
         ctx.save_for_backward(None if px else x, weight, step, px[1] if px else None, pw[1] if pw else None)
-        ctx.recipe, ctx.layer, ctx.label, ctx.cache, ctx.has_bias = recipe, layer, label, cache, bias is not None
-        ctx.owner = owner
-        ctx.x_meta = (x.shape, x.dtype) if px else None  # X itself is not kept then (eager mode only)
+        ctx.x_meta = (x.shape, x.dtype) if px else None  # X itself is not kept then
         return y.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
@@ -80,7 +83,7 @@ class _LinearFn(torch.autograd.Function):
             dw = dw.to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = column_sum(dy2)
-        return dx, dw, db, None, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None, None
 
 
 ID_BITS = 29  # the SR stream of an operand is id·8 + pass·2 + operand, a uint32
@@ -285,7 +288,8 @@ def apply_gemm(gemm, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
         # a step no forward of this module took (activation checkpointing in a compiled graph) from another
         # module's of the same name, such as a copy's.
         label = f"{label}{INSTANCE_MARK}{getattr(gemm, 'owner', gemm)._instance}"
-    args = (step, gemm.recipe, gemm.layer_id, label, gemm._qcache if eager else None, gemm if eager else None)
+    args = (step, gemm.recipe, gemm.layer_id, label, gemm._qcache if eager else None, gemm if eager else None,
+            torch.is_grad_enabled())
     dev = x.device.type
     if torch.is_autocast_enabled(dev):
         # As F.linear under autocast: the operands are cast to the autocast dtype first (FP32 master weights

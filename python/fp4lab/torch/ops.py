@@ -127,18 +127,27 @@ def check_finite() -> None:
             raise ValueError(f"cuda:{i}: the output of a quantised GEMM overflowed since the last check")
 
 
-def _check_output(y: torch.Tensor, check_finite: str = "sync") -> torch.Tensor:
+def _check_output(y: torch.Tensor, check_finite: str = "sync",
+                  operands: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
     """An output past FP32 (or BF16, fast mode's CUDA product) is a data fault, not a result: the golden GEMM refuses
     it, and so do the CUDA kernels and fast mode here. With check_finite='deferred' a CUDA output is only scanned on
-    the device, which sets the flag check_finite() reads (one kernel, no synchronisation)."""
+    the device, which sets the flag check_finite() reads (one kernel, no synchronisation). ``operands``: y = A·Bᵀ of
+    these two; where both came from fake_quantize_both, the kernel first reads their magnitude bounds and leaves the
+    scan out when they prove every element finite."""
     if y.is_cuda and check_finite == "deferred":
         if y.numel():
             z = y  # the kernel reads dense BF16 or FP32 (the products are one or the other)
             if z.dtype not in (torch.bfloat16, torch.float32) or not z.is_contiguous():
                 z = z.contiguous().float()
             dev, stream = launch(z)
-            _core.cuda_flag_nonfinite(dev, stream, z.data_ptr(), z.numel(), z.dtype == torch.bfloat16, _flag_ptr(dev),
-                                      _OUTPUT)
+            bounds = None if operands is None else [_bounds_of(t) for t in operands]
+            if bounds and bounds[0] and bounds[1]:
+                _core.cuda_flag_nonfinite_product(dev, stream, z.data_ptr(), z.numel(), z.dtype == torch.bfloat16,
+                                                  _flag_ptr(dev), _OUTPUT, *bounds[0], *bounds[1],
+                                                  operands[0].shape[1])
+            else:
+                _core.cuda_flag_nonfinite(dev, stream, z.data_ptr(), z.numel(), z.dtype == torch.bfloat16,
+                                          _flag_ptr(dev), _OUTPUT)
         return y
     bad = torch.isfinite(y).logical_not()
     if bool(bad.any()):
@@ -283,13 +292,34 @@ def fake_quantize_both(x: torch.Tensor, cfg: "_core.QuantConfig", cfg_t: "_core.
     x = x.detach()
     x = x.contiguous() if x.dtype == torch.bfloat16 else x.to(torch.float32).contiguous()
     rows, cols = x.shape
-    y = torch.empty((rows, cols), dtype=torch.bfloat16, device=x.device)
-    yt = torch.empty((cols, rows), dtype=torch.bfloat16, device=x.device)
+    # Where one kernel reads x for both, each output's storage holds, past its values, the kernel's bounds on their
+    # magnitudes (FP32 words): what a fast GEMM's deferred output check reads instead of scanning the product
+    # (_bounds_of, _check_output). The two passes give none (they would be NaN: the check would scan anyway).
+    bf16 = x.dtype == torch.bfloat16
+    one_read = _core.cuda_fake_quantize_both_fused(bf16, cfg, cfg_t, rows)
+    n = rows * cols
+    words = _core.cuda_fake_quantize_both_bound_words(rows, cols) if one_read else 0
+    y = torch.empty(n + 2 * words, dtype=torch.bfloat16, device=x.device)
+    yt = torch.empty(n + 2 * words, dtype=torch.bfloat16, device=x.device)
     dev, stream = launch(x)
-    _core.cuda_fake_quantize_both(dev, stream, x.data_ptr(), rows, cols, x.dtype == torch.bfloat16, cfg, y.data_ptr(),
-                                  cfg_t, yt.data_ptr(), check_finite == "sync",
-                                  _flag_ptr(dev) if check_finite == "deferred" else 0, _seed_ptr(device_seed, x))
-    return y, yt
+    _core.cuda_fake_quantize_both(dev, stream, x.data_ptr(), rows, cols, bf16, cfg, y.data_ptr(), cfg_t,
+                                  yt.data_ptr(), check_finite == "sync",
+                                  _flag_ptr(dev) if check_finite == "deferred" else 0, _seed_ptr(device_seed, x),
+                                  y.data_ptr() + 2 * n if words else 0, yt.data_ptr() + 2 * n if words else 0)
+    return y[:n].view(rows, cols), yt[:n].view(cols, rows)
+
+
+def _bounds_of(t: torch.Tensor) -> Optional[Tuple[int, int]]:
+    """(address, words) of the magnitude bounds fake_quantize_both keeps past a tensor's values in its storage; None
+    for any other tensor: one whose storage ends with its values, or holds more than a whole output of it and its
+    bounds (a slice of one would find values where the bounds should be)."""
+    if t.dtype != torch.bfloat16 or t.dim() != 2 or t.storage_offset() or not t.is_contiguous():
+        return None
+    extra, (r, c) = t.untyped_storage().nbytes() - 2 * t.numel(), t.shape
+    words = _core.cuda_fake_quantize_both_bound_words(r, c), _core.cuda_fake_quantize_both_bound_words(c, r)
+    if extra not in (4 * words[0], 4 * words[1]) or extra == 0:
+        return None
+    return t.data_ptr() + 2 * t.numel(), extra // 4
 
 
 def _seed_ptr(seed: Optional[torch.Tensor], x: torch.Tensor) -> int:
@@ -586,7 +616,7 @@ def _(codes, scales, global_scale, recipe, pass_, operand):
 
 
 def _fast_matmul(da: torch.Tensor, db: torch.Tensor, check_finite: str) -> torch.Tensor:
-    return _check_output(torch.matmul(da, db.t()), check_finite)
+    return _check_output(torch.matmul(da, db.t()), check_finite, (da, db))
 
 
 @torch.library.custom_op("fp4lab::qgemm", mutates_args=(), device_types="cpu")
@@ -770,16 +800,16 @@ def qmatmul(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: Recipe
     BF16 (``out_dtype``) comes out of the GEMM's epilogue as BF16, without an FP32 pass and a conversion. Other
     paths may return FP32 whatever ``out_dtype`` says: the caller converts. ``pre``: operands already in hand as
     ``fast_pair`` gave them (BF16 fake-quantised A and B, or None for one this call quantises)."""
-    if pre[0] is not None or pre[1] is not None:
-        return _qmatmul_pre(a, b, step, recipe, layer, pass_, label, cache, owner, pre)
+    given = pre[0] is not None or pre[1] is not None  # fast_pair's operands: no K to pad, no monitor, no shard
     # A K the blocks (or RHT) do not divide ends in a partial block: defined as zero-padded to the next multiple
     # (docs/spec.md, the block-scaled GEMM), which the quantisers and GEMMs below then take whole.
-    pad = -a.shape[-1] % recipe.k_multiple[pass_]
+    pad = 0 if given else -a.shape[-1] % recipe.k_multiple[pass_]
     if pad:
         a, b = torch.nn.functional.pad(a, (0, pad)), torch.nn.functional.pad(b, (0, pad))
     shard = getattr(owner, "_sr_shard", None)  # fp4lab.torch.sr_shard: a micro-batch of a global batch
-    if owner is not None and (shard is not None or (observers and _observed(owner, step))
-                              or getattr(getattr(owner, "owner", owner), "_amax_reduce", None) is not None):
+    if not given and owner is not None and (shard is not None or (observers and _observed(owner, step))
+                                            or getattr(getattr(owner, "owner", owner), "_amax_reduce", None)
+                                            is not None):
         return _qmatmul_observed(a, b, step, recipe, layer, pass_, label, cache, owner, shard)
     if cache is not None and a.is_cuda:
         cfg = lambda o: recipe.config(pass_, o, layer=layer, step=int(step))  # noqa: E731
@@ -790,8 +820,8 @@ def qmatmul(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: Recipe
         # which set_step() writes before each replay.
         seed = _capture_seed(owner, label)
         try:
-            qa = _quantize_operand(a, cfg("a"), pass_, "a", recipe, cache, fake, seed)
-            qb = _quantize_operand(b, cfg("b"), pass_, "b", recipe, cache, fake, seed)
+            qa = pre[0] if pre[0] is not None else _quantize_operand(a, cfg("a"), pass_, "a", recipe, cache, fake, seed)
+            qb = pre[1] if pre[1] is not None else _quantize_operand(b, cfg("b"), pass_, "b", recipe, cache, fake, seed)
         except ValueError as e:
             raise ValueError(f"{label}: {e}") from None
         if fake:
@@ -835,15 +865,3 @@ def fast_pair(x: torch.Tensor, step: torch.Tensor, recipe: Recipe, layer: int, f
     except ValueError as e:
         raise ValueError(f"{label}: {first[0]} operand {first[1]} and {second[0]} operand {second[1]} "
                          f"{list(x.shape)}: {e}") from None
-
-
-def _qmatmul_pre(a, b, step, recipe: Recipe, layer: int, pass_: str, label: str, cache, owner, pre):
-    """qmatmul's ``fast`` GEMM with one or both operands from fast_pair; the other quantised as qmatmul does."""
-    cfg = lambda o: recipe.config(pass_, o, layer=layer, step=int(step))  # noqa: E731
-    seed = _capture_seed(owner, label)
-    try:
-        qa = pre[0] if pre[0] is not None else _quantize_operand(a, cfg("a"), pass_, "a", recipe, cache, True, seed)
-        qb = pre[1] if pre[1] is not None else _quantize_operand(b, cfg("b"), pass_, "b", recipe, cache, True, seed)
-    except ValueError as e:
-        raise ValueError(f"{label}: {e}") from None
-    return _fast_matmul(qa, qb, recipe.check_finite)

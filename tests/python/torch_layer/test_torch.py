@@ -450,6 +450,56 @@ def test_cuda_fast_layer_reads_x_w_and_dy_once_for_both_gemms(recipe, monkeypatc
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
+def test_cuda_fast_layer_under_no_grad_quantises_only_the_forward_operands(monkeypatch):
+    # Without grad mode no backward follows: a fast layer whose input and weight require grad quantises X and W for
+    # the forward only (two fake_quantize calls, no Xᵀ or Wᵀ), and gives the output it gives with grad enabled.
+    import fp4lab.torch.ops as ops
+    both, single = [], []
+    real_both, real_single = ops.fake_quantize_both, ops.fake_quantize
+    monkeypatch.setattr(ops, "fake_quantize_both", lambda *a, **k: both.append(a[0].shape) or real_both(*a, **k))
+    monkeypatch.setattr(ops, "fake_quantize", lambda *a, **k: single.append(a[0].shape) or real_single(*a, **k))
+    layer = make_layer("ufp4", mode="fast").cuda().to(torch.bfloat16)
+    x = torch.randn(2, 64, 64).to(torch.bfloat16).cuda().requires_grad_(True)
+    ft.set_step(layer, 4)
+    with torch.no_grad():
+        y0 = layer(x)
+    assert both == [] and single == [torch.Size([128, 64]), torch.Size([96, 64])]
+    ft.set_step(layer, 4)
+    y1 = layer(x)
+    assert len(both) == 2 and len(single) == 2
+    assert torch.equal(y0.view(torch.int16), y1.detach().view(torch.int16))
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
+def test_cuda_fast_layer_output_checks_read_the_operands_bounds(monkeypatch):
+    # A fast layer's deferred output checks read the magnitude bounds fake_quantize_both leaves with the operands:
+    # the three GEMMs of a step take the product check (no plain scan), and an output that does overflow BF16 is
+    # still found (its bounds prove nothing, so it is scanned) and reported at the next check.
+    import fp4lab.torch.ops as ops
+    seen = []
+    real_p, real_s = ops._core.cuda_flag_nonfinite_product, ops._core.cuda_flag_nonfinite
+    monkeypatch.setattr(ops._core, "cuda_flag_nonfinite_product", lambda *a: seen.append("product") or real_p(*a))
+    monkeypatch.setattr(ops._core, "cuda_flag_nonfinite", lambda *a: seen.append("scan") or real_s(*a))
+    layer = make_layer("ufp4", mode="fast").cuda().to(torch.bfloat16)
+    assert layer.recipe.check_finite == "deferred"
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(2, 64, 64, generator=g).to(torch.bfloat16).cuda()
+    dy = torch.randn(2, 64, 96, generator=g).to(torch.bfloat16).cuda()  # dense: (a sum's is a strided view)
+    layer(x.clone().requires_grad_(True)).backward(dy)
+    assert seen == ["product"] * 3
+    ft.check_finite()  # nothing flagged
+    with torch.no_grad():
+        layer.weight.mul_(1e20)
+    seen.clear()
+    y = layer((x * 1e20).requires_grad_(True))  # |y| up to about 64 * 1e40: past BF16's largest, 3.4e38
+    assert not bool(torch.isfinite(y).all())
+    y.backward(dy)
+    assert seen == ["product"] * 3
+    with pytest.raises(ValueError, match="output of a quantised GEMM overflowed"):
+        ft.check_finite()
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
 def test_cuda_deferred_finite_check_raises_at_the_next_step():
     layer = make_layer("ufp4").cuda()
     assert layer.recipe.check_finite == "deferred"

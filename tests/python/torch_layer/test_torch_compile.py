@@ -146,6 +146,37 @@ def test_cuda_training_step_compiles_whole_and_matches_eager_bit_for_bit(recipe)
     check_compiled_training(lambda: MLP().cuda(), x, t, recipe)
 
 
+@pytest.mark.skipif(not (torch.cuda.is_available() and ft.ops._core.cuda_built),
+                    reason="needs a CUDA GPU and a CUDA build of fp4lab")
+@pytest.mark.parametrize("recipe", ["ufp4", "nvfp4"])
+def test_cuda_fast_bf16_step_compiles_to_eager_bits(recipe):
+    # A BF16 fast model: eager mode reads X, W and dY once for both of their GEMMs (fast_pair) and checks the GEMM
+    # outputs from the operands' bounds; the compiled graph quantises each operand in its own operator
+    # (fp4lab::fast_qmatmul). The losses, gradients and parameters are the same bits. aot_eager runs the traced
+    # forward and backward graphs on eager kernels (inductor would compute the BF16 loss in an order of its own).
+    torch.manual_seed(0)
+    eager = ft.convert(MLP().cuda().to(torch.bfloat16), ft.Recipe(recipe, mode="fast"))
+    model = copy.deepcopy(eager)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    x = torch.randn(64, 32, device="cuda").to(torch.bfloat16).requires_grad_(True)
+    t = torch.randn(64, 32, device="cuda").to(torch.bfloat16)
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2)
+    opt_c = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for step in range(3):
+        seen = []
+        for m, opt in ((eager, opt_e), (compiled, opt_c)):
+            x.grad = None
+            (loss,) = train_steps(m, opt, x, t, 1)
+            seen.append((loss, x.grad.clone()))
+        (le, ge), (lc, gc) = seen
+        assert torch.equal(le.view(torch.int16), lc.view(torch.int16)), (step, le, lc)
+        assert torch.equal(ge.view(torch.int16), gc.view(torch.int16)), step
+        for (n, p), q in zip(eager.named_parameters(), model.parameters()):
+            assert torch.equal(p.grad.view(torch.int16), q.grad.view(torch.int16)), (step, n)
+            assert torch.equal(p.view(torch.int16), q.view(torch.int16)), (step, n)
+    ft.check_finite()
+
+
 def test_fast_mode_compiles_whole():
     torch.manual_seed(0)
     x = torch.randn(64, 32)
