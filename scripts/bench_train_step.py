@@ -11,7 +11,8 @@ the first and the last step on a learnable synthetic token stream (so a recipe t
 names (the presets and the ablations of docs/training.md).
 
     python3 scripts/bench_train_step.py [--size small] [--recipes bf16,ufp4,nvfp4] [--modes fast,exact]
-        [--compile bf16,ufp4] [--graph bf16,ufp4] [--unfused-epilogue nvfp4] [--gemm-variant 3] [--monitor 100] [--launch-cost]
+        [--compile bf16,ufp4] [--graph bf16,ufp4] [--unfused-epilogue nvfp4] [--gemm-variant 3] [--monitor 100]
+        [--separate-operands ufp4] [--plain-output-check ufp4] [--profile ufp4:fast] [--host-profile ufp4:fast] [--launch-cost]
         [--json out.json]
     python3 scripts/bench_train_step.py table RESULTS.json...   (markdown tables of measured results)
 """
@@ -110,7 +111,7 @@ def run(args, recipe, mode, device, profile=False, compiled=False, monitor_every
                 host.append(train_step.host_ms)
     if prof is not None:
         prof.__exit__(None, None, None)
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18), flush=True)
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.profile_rows), flush=True)
     if mon is not None:
         mon.close()
     params = sum(p.numel() for n, p in model.named_parameters() if n.startswith("blocks."))
@@ -128,6 +129,43 @@ def run(args, recipe, mode, device, profile=False, compiled=False, monitor_every
     if steps != args.steps:
         row["step_ms"] = times  # a monitor row and its baseline, step by step (the steps after the warm-up)
     return row
+
+
+def host_profile(args, device):
+    """Three steps (after the warm-up) of --host-profile's recipe under cProfile: the functions by their own time."""
+    import cProfile
+    import pstats
+    recipe, _, mode = args.host_profile.partition(":")
+    compiled = mode.endswith("+compile")
+    model, opt, data = setup(args, recipe, mode.removesuffix("+compile"), device)
+    train_model = torch.compile(model, fullgraph=True) if compiled else model
+    for _ in range(args.warmup):
+        train_step(train_model, next(data), args.vocab, opt, device, check=recipe != "bf16")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(3):
+        train_step(train_model, next(data), args.vocab, opt, device, check=recipe != "bf16")
+    prof.disable()
+    print(f"host profile, {recipe} {mode}, 3 steps:", flush=True)
+    pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile_rows)
+
+
+def patched_rows(args, recipe, mode, device, patches, suffix):
+    """run's rows for the recipe (eager; captured where --graph asks) with each (obj, name, value) of patches set
+    meanwhile, their mode marked by suffix: a path beside the default one."""
+    was = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+    for obj, name, value in patches:
+        setattr(obj, name, value)
+    try:
+        rows = [run(args, recipe, mode, device)]
+        if recipe in args.graph.split(","):
+            rows.append(run_graph(args, recipe, mode, device))
+    finally:
+        for obj, name, value in was:
+            setattr(obj, name, value)
+    for row in rows:
+        row["mode"] += suffix
+    return rows
 
 
 def run_graph(args, recipe, mode, device):
@@ -272,7 +310,12 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--profile", metavar="RECIPE:MODE", help="also profile two steps of this run: top CUDA kernels")
+    ap.add_argument("--profile", metavar="RECIPE:MODE",
+                    help="also profile two steps of this run (MODE+compile: of its compiled run): top CUDA kernels")
+    ap.add_argument("--profile-rows", type=int, default=18, help="rows of the profile's table")
+    ap.add_argument("--host-profile", metavar="RECIPE:MODE",
+                    help="also run three steps of this recipe under cProfile (MODE+compile: compiled) and print the "
+                         "Python functions by their own time: where an eager step's host time goes")
     ap.add_argument("--compile", default="", metavar="RECIPES",
                     help="also time these recipes (e.g. bf16,ufp4) under torch.compile(model, fullgraph=True)")
     ap.add_argument("--graph", default="", metavar="RECIPES",
@@ -288,6 +331,10 @@ def main():
                     help="also time these recipes' fast rows (eager, and captured where --graph asks) with each "
                          "operand quantised on its own, as before fast_pair read X, W and dY once for both of their "
                          "GEMMs (the same bits): what the one read saves")
+    ap.add_argument("--plain-output-check", default="", metavar="RECIPES",
+                    help="also time these recipes' fast rows (eager, and captured where --graph asks) with every "
+                         "GEMM output scanned for NaN/Inf, as before the checks read the operands' magnitude bounds "
+                         "(the same bits): what the bounds save")
     ap.add_argument("--launch-cost", action="store_true",
                     help="first print the host time per call of the layer's CUDA launch path (no training)")
     ap.add_argument("--deterministic", action="store_true",
@@ -320,6 +367,8 @@ def main():
             ap.error(f"--gemm-variant {args.gemm_variant}: this device's fast GEMM has variants 0 to {n - 1}")
     if args.launch_cost and device.type == "cuda":
         launch_cost(device)
+    if args.host_profile:
+        host_profile(args, device)
     rows = []
     names = args.recipes.split(",")
     if "bf16" not in names:
@@ -330,8 +379,8 @@ def main():
             for mode in (["-"] if r == "bf16" else args.modes.split(",")):
                 first = len(rows)
                 for compiled in [False] + ([True] if r in args.compile.split(",") else []):
-                    rows.append(run(args, r, mode, device, profile=args.profile == f"{r}:{mode}" and not compiled,
-                                    compiled=compiled))
+                    want = f"{r}:{mode}" + ("+compile" if compiled else "")
+                    rows.append(run(args, r, mode, device, profile=args.profile == want, compiled=compiled))
                 if r in args.graph.split(","):
                     rows.append(run_graph(args, r, mode, device))
                 if r in args.unfused_epilogue.split(",") and mode == "exact" and device.type == "cuda":
@@ -344,17 +393,12 @@ def main():
                     rows.append(row)
                 if r in args.separate_operands.split(",") and mode == "fast" and device.type == "cuda":
                     import fp4lab.torch._layer as layer_mod
-                    was = layer_mod.fast_pair
-                    layer_mod.fast_pair = lambda *a, **k: None
-                    try:
-                        separate = [run(args, r, mode, device)]
-                        if r in args.graph.split(","):
-                            separate.append(run_graph(args, r, mode, device))
-                    finally:
-                        layer_mod.fast_pair = was
-                    for row in separate:
-                        row["mode"] += "+separate-operands"
-                    rows.extend(separate)
+                    rows.extend(patched_rows(args, r, mode, device, [(layer_mod, "fast_pair", lambda *a, **k: None)],
+                                             "+separate-operands"))
+                if r in args.plain_output_check.split(",") and mode == "fast" and device.type == "cuda":
+                    from fp4lab.torch import ops
+                    rows.extend(patched_rows(args, r, mode, device, [(ops, "_bounds_of", lambda t: None)],
+                                             "+plain-output-check"))
                 if args.gemm_variant is not None and mode == "exact" and device.type == "cuda":
                     was = fp4lab._core.cuda_gemm_variant(args.gemm_variant)
                     try:
