@@ -590,11 +590,12 @@ size_t expect_both_golden(const QuantConfig& cfg, const QuantConfig& cfg_t, int6
   out.fill_bytes(0xFF);  // poisoned: an unwritten element cannot pass
   out_t.fill_bytes(0xFF);
   fc::QuantWorkspace ws, ws_t;
-  // The magnitude bounds too (poisoned with zeros: an unwritten bound cannot pass).
+  // The magnitude bounds too, poisoned with a large finite value: an unwritten bound, or one the kernel raised
+  // without zeroing it first, cannot pass.
   const int64_t words = fc::fake_quantize_both_bound_words(rows, cols);
   fc::Buffer<float> bound(static_cast<size_t>(words)), bound_t(static_cast<size_t>(words));
-  bound.fill_bytes(0);
-  bound_t.fill_bytes(0);
+  bound.fill_bytes(0x7F);
+  bound_t.fill_bytes(0x7F);
   fc::fake_quantize_both(dx.data(), true, rows, cols, cfg, out.data(), cfg_t, out_t.data(), ws, ws_t, nullptr,
                          fc::RhtPath::fused, true, nullptr, nullptr, bound.data(), bound_t.data());
   const bool one_read = fc::fake_quantize_both_fused(true, cfg, cfg_t);
@@ -761,6 +762,8 @@ TEST(FlagNonfinite, ProductBoundsLeaveTheScanOutOnlyWhereTheyProveItFinite) {
   EXPECT_FALSE(flagged({big, 1.0f}, {0x1p53f}, 4096));           // 2^12 2^60 2^53 = 2^125: still proven
   EXPECT_TRUE(flagged({big, 1.0f}, {0x1p54f}, 4096));            // 2^126: scanned
   EXPECT_TRUE(flagged({1.0f, NAN, 2.0f}, {4.0f}, 4096));         // a NaN bound: scanned
+  EXPECT_TRUE(flagged({1.0f}, {2.0f, NAN}, 4096));               // in b too
+  EXPECT_TRUE(flagged({1.0f, INFINITY}, {4.0f}, 4096));          // an infinite bound: scanned
   EXPECT_TRUE(flagged({1.0f}, {1.0f}, (int64_t(1) << 24) + 1));  // k past 2^24: scanned
   fc::Buffer<int> flag(1);
   flag.fill_bytes(0);

@@ -295,8 +295,9 @@ def fake_quantize_both(x: torch.Tensor, cfg: "_core.QuantConfig", cfg_t: "_core.
     # Where one kernel reads x for both, each output's storage holds, past its values, the kernel's bounds on their
     # magnitudes (FP32 words): what a fast GEMM's deferred output check reads instead of scanning the product
     # (_bounds_of, _check_output). The two passes give none (they would be NaN: the check would scan anyway).
+    # Only the deferred check reads them (a synchronous one scans the product on the host's request).
     bf16 = x.dtype == torch.bfloat16
-    one_read = _core.cuda_fake_quantize_both_fused(bf16, cfg, cfg_t, rows)
+    one_read = check_finite == "deferred" and _core.cuda_fake_quantize_both_fused(bf16, cfg, cfg_t, rows)
     n = rows * cols
     words = _core.cuda_fake_quantize_both_bound_words(rows, cols) if one_read else 0
     y = torch.empty(n + 2 * words, dtype=torch.bfloat16, device=x.device)
@@ -310,16 +311,19 @@ def fake_quantize_both(x: torch.Tensor, cfg: "_core.QuantConfig", cfg_t: "_core.
 
 
 def _bounds_of(t: torch.Tensor) -> Optional[Tuple[int, int]]:
-    """(address, words) of the magnitude bounds fake_quantize_both keeps past a tensor's values in its storage; None
-    for any other tensor: one whose storage ends with its values, or holds more than a whole output of it and its
-    bounds (a slice of one would find values where the bounds should be)."""
-    if t.dtype != torch.bfloat16 or t.dim() != 2 or t.storage_offset() or not t.is_contiguous():
+    """(address, words) of the magnitude bounds fake_quantize_both keeps past a tensor's values; None for any other
+    tensor. Its outputs are whole 2-D views of a 1-D BF16 buffer that holds exactly their values and then the
+    words: a slice or a view of anything else, whose storage could hold values where the words would be, is not."""
+    base = t._base
+    if (base is None or base.dim() != 1 or base.dtype != torch.bfloat16 or t.dtype != torch.bfloat16
+            or t.dim() != 2 or t.storage_offset() or base.storage_offset() or not t.is_contiguous()):
         return None
-    extra, (r, c) = t.untyped_storage().nbytes() - 2 * t.numel(), t.shape
-    words = _core.cuda_fake_quantize_both_bound_words(r, c), _core.cuda_fake_quantize_both_bound_words(c, r)
-    if extra not in (4 * words[0], 4 * words[1]) or extra == 0:
+    r, c = t.shape
+    extra = base.numel() - t.numel()  # BF16 elements past the values: two a word
+    if extra <= 0 or extra not in (2 * _core.cuda_fake_quantize_both_bound_words(r, c),
+                                   2 * _core.cuda_fake_quantize_both_bound_words(c, r)):
         return None
-    return t.data_ptr() + 2 * t.numel(), extra // 4
+    return t.data_ptr() + 2 * t.numel(), extra // 2
 
 
 def _seed_ptr(seed: Optional[torch.Tensor], x: torch.Tensor) -> int:
@@ -827,6 +831,8 @@ def qmatmul(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: Recipe
         if fake:
             return _fast_matmul(qa, qb, recipe.check_finite)
         return product(qa, qb, recipe.mode, recipe.check_finite, out_dtype)
+    if given:  # fast_pair gives operands only where the branch above takes them (eager CUDA, fast mode)
+        raise RuntimeError(f"{label}: qmatmul was given fast_pair's operands outside eager CUDA fast mode")
     op = torch.ops.fp4lab.qgemm if recipe.mode == "exact" else torch.ops.fp4lab.fast_qmatmul
     return op(a, b, step, recipe.key, layer, pass_, label)
 
