@@ -448,14 +448,8 @@ void fake_quantize(const void* d_x, bool x_bf16, bool transposed, int64_t rows, 
 bool fake_quantize_both_fused(bool x_bf16, const QuantConfig& cfg, const QuantConfig& cfg_t, RhtPath path,
                               int64_t rows) {
   const auto fits = [](const QuantConfig& c) { return c.block == 16 && !c.tile2d && (c.rht == 0 || c.rht == 16); };
-  // The one-read kernel's grid holds a tile of 64 rows per y index (at most 65535).
   return x_bf16 && path == RhtPath::fused && fits(cfg) && fits(cfg_t) &&
-         detail::format_index(cfg.format) == detail::format_index(cfg_t.format) && (rows + 63) / 64 <= 65535;
-}
-
-int64_t fake_quantize_both_bound_words(int64_t rows, int64_t cols) {
-  if (rows < 0 || cols < 0) throw std::invalid_argument("fake_quantize_both_bound_words(): negative shape");
-  return ((rows + 63) / 64) * ((cols + 127) / 128);  // quantize_both.cu's tiles (kBothRows x kBothCols)
+         detail::format_index(cfg.format) == detail::format_index(cfg_t.format) && detail::both_grid_fits(rows);
 }
 
 void fake_quantize_both(const void* d_x, bool x_bf16, int64_t rows, int64_t cols, const QuantConfig& cfg,
@@ -580,15 +574,26 @@ __global__ void __launch_bounds__(kThreads) flag_nonfinite_product_kernel(const 
 }
 }  // namespace
 
+namespace {
+// The scans' launch: 16-byte words where d_y is aligned to them, and the thread blocks for them (at most max_blocks).
+struct ScanLaunch {
+  bool vec;
+  unsigned blocks;
+};
+ScanLaunch scan_launch(const void* d_y, bool bf16, int64_t n, unsigned max_blocks) {
+  const bool vec = (reinterpret_cast<uintptr_t>(d_y) & 15u) == 0;
+  const int64_t units = vec ? std::max<int64_t>(n * (bf16 ? 2 : 4) / 16, 1) : n;
+  return {vec, std::min(detail::blocks_for(units, kThreads), max_blocks)};
+}
+}  // namespace
+
 void flag_nonfinite(const void* d_y, bool bf16, int64_t n, int* d_flag, int bit, cudaStream_t s) {
   if (n < 0) throw std::invalid_argument("flag_nonfinite(): negative element count");
   if (!d_flag) throw std::invalid_argument("flag_nonfinite(): no flag");
   if (n == 0) return;
-  const bool vec = (reinterpret_cast<uintptr_t>(d_y) & 15u) == 0;
-  const int64_t units = vec ? std::max<int64_t>(n * (bf16 ? 2 : 4) / 16, 1) : n;
   // At most 1024 blocks (several per SM); the threads stride over the rest.
-  const unsigned blocks = std::min(detail::blocks_for(units, kThreads), 1024u);
-  flag_nonfinite_kernel<<<blocks, kThreads, 0, s>>>(d_y, bf16, n, d_flag, bit, vec);
+  const ScanLaunch l = scan_launch(d_y, bf16, n, 1024u);
+  flag_nonfinite_kernel<<<l.blocks, kThreads, 0, s>>>(d_y, bf16, n, d_flag, bit, l.vec);
   check_launch("flag_nonfinite_kernel");
 }
 
@@ -599,12 +604,10 @@ void flag_nonfinite_product(const void* d_y, bool bf16, int64_t n, int* d_flag, 
   if ((na && !d_bound_a) || (nb && !d_bound_b)) throw std::invalid_argument("flag_nonfinite_product(): no bound");
   if (n == 0) return;
   if (na == 0 || nb == 0) return flag_nonfinite(d_y, bf16, n, d_flag, bit, s);  // nothing to prove it with
-  const bool vec = (reinterpret_cast<uintptr_t>(d_y) & 15u) == 0;
-  const int64_t units = vec ? std::max<int64_t>(n * (bf16 ? 2 : 4) / 16, 1) : n;
   // Fewer blocks than the plain scan: each reads the bounds first (the scan itself is the rare path).
-  const unsigned blocks = std::min(detail::blocks_for(units, kThreads), 256u);
-  flag_nonfinite_product_kernel<<<blocks, kThreads, 0, s>>>(d_y, bf16, n, d_flag, bit, vec, d_bound_a, na,
-                                                             d_bound_b, nb, double(k));
+  const ScanLaunch l = scan_launch(d_y, bf16, n, 256u);
+  flag_nonfinite_product_kernel<<<l.blocks, kThreads, 0, s>>>(d_y, bf16, n, d_flag, bit, l.vec, d_bound_a, na,
+                                                               d_bound_b, nb, double(k));
   check_launch("flag_nonfinite_product_kernel");
 }
 

@@ -16,15 +16,17 @@ constexpr int kBothRows = 64, kBothCols = 128, kBothThreads = 256;
 // 8 words per 16 rows puts the 32 lanes of a transposed read (4 row groups x 8 column pairs) in 32 distinct banks.
 constexpr int kBothWords = kBothRows * (kBothCols / 2) + (kBothRows / 16) * 8;
 __device__ __forceinline__ int tile_word(int r, int pair) { return r * (kBothCols / 2) + (r >> 4) * 8 + pair; }
+// The block's tile, as an index into the QArgs::bound words (fake_quantize_both_bound_words of them).
+__device__ __forceinline__ int64_t tile_index() { return int64_t(blockIdx.y) * gridDim.x + blockIdx.x; }
 
-// The tile's magnitude bound (QArgs::bound, word blockIdx.y * gridDim.x + blockIdx.x, which thread 0 zeroed before
+// The tile's magnitude bound (QArgs::bound, word tile_index(), which thread 0 zeroed before
 // the block's barrier) raised to v: one atomic per warp, of the maximum over the lanes here (redux.sync). As FP32
 // bits, non-negative values and NaN order as unsigned integers. A lane that arrives apart from the others raises it
 // on its own: the result is the same.
 __device__ __forceinline__ void raise_bound(float* bound, float v) {
   const unsigned here = __activemask(), m = __reduce_max_sync(here, __float_as_uint(v));
   if ((threadIdx.x & 31) == unsigned(__ffs(here) - 1))
-    atomicMax(reinterpret_cast<unsigned*>(bound + int64_t(blockIdx.y) * gridDim.x + blockIdx.x), m);
+    atomicMax(reinterpret_cast<unsigned*>(bound + tile_index()), m);
 }
 
 template <int F, int DR, int DT>
@@ -41,8 +43,8 @@ __global__ void __launch_bounds__(kBothThreads, 4) quantize_both_kernel(const QA
     tab_t[t] = at.value[t];
   }
   if (t == 0 && ar.bound) {  // the tile's bounds, raised by its warps after the barrier below
-    ar.bound[int64_t(blockIdx.y) * gridDim.x + blockIdx.x] = 0.0f;
-    at.bound[int64_t(blockIdx.y) * gridDim.x + blockIdx.x] = 0.0f;
+    ar.bound[tile_index()] = 0.0f;
+    at.bound[tile_index()] = 0.0f;
   }
   // Both groups loaded first (four 16-byte loads in flight) into the tile; each thread then quantises its row-wise
   // groups from the tile (kept in registers across the loop, they would go to local memory).
@@ -157,7 +159,7 @@ __global__ void __launch_bounds__(kBothThreads) amax_both_kernel(const AmaxBothA
 
 template <int F, int DR, int DT>
 void launch_both(const QArgs& ar, const QArgs& at, cudaStream_t s) {
-  const dim3 grid(unsigned((ar.cols + kBothCols - 1) / kBothCols), unsigned((ar.rows + kBothRows - 1) / kBothRows));
+  const dim3 grid = detail::both_grid(ar.rows, ar.cols);
   quantize_both_kernel<F, DR, DT><<<grid, kBothThreads, 0, s>>>(ar, at);
 }
 template <int F>
@@ -171,11 +173,23 @@ void launch_both_d(int dr, int dt, const QArgs& ar, const QArgs& at, cudaStream_
 
 template <int DR, int DT>
 void launch_amax_both_d(const AmaxBothArgs& a, cudaStream_t s) {
-  const dim3 grid(unsigned((a.cols + kBothCols - 1) / kBothCols), unsigned((a.rows + kBothRows - 1) / kBothRows));
+  const dim3 grid = detail::both_grid(a.rows, a.cols);
   amax_both_kernel<DR, DT><<<grid, kBothThreads, 0, s>>>(a);
 }
 
 }  // namespace
+
+dim3 detail::both_grid(int64_t rows, int64_t cols) {
+  return dim3(unsigned((cols + kBothCols - 1) / kBothCols), unsigned((rows + kBothRows - 1) / kBothRows));
+}
+
+bool detail::both_grid_fits(int64_t rows) { return (rows + kBothRows - 1) / kBothRows <= 65535; }
+
+// One bound word per tile of the grid.
+int64_t fake_quantize_both_bound_words(int64_t rows, int64_t cols) {
+  if (rows < 0 || cols < 0) throw std::invalid_argument("fake_quantize_both_bound_words(): negative shape");
+  return ((cols + kBothCols - 1) / kBothCols) * ((rows + kBothRows - 1) / kBothRows);
+}
 
 void detail::launch_amax_both(const uint16_t* x, int64_t rows, int64_t cols, int dr, int dt, const float* signs_r,
                               bool bf16_r, const float* signs_t, bool bf16_t, unsigned* amax_r, unsigned* amax_t,

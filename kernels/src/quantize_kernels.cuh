@@ -59,6 +59,9 @@ void launch_quantize_fmt(int block, int d, const QArgs& a, cudaStream_t s);
 // row-wise pass (output [rows, cols]), at the transposed one (output [cols, rows], at.x == ar.x); block 16, fused
 // RHT dr (row-wise) and dt (transposed) each 0 or 16, format index fmt for both.
 void launch_quantize_both(int fmt, int dr, int dt, const QArgs& ar, const QArgs& at, cudaStream_t s);
+// Its grid over x [rows, cols]: tiles along cols (x) and rows (y), and whether rows fit the y dimension (65535).
+dim3 both_grid(int64_t rows, int64_t cols);
+bool both_grid_fits(int64_t rows);
 // The tensor amaxes both ue4m3 passes of it take, from one read too: FP32 bits of max |RHT-dr(x)| over rows into
 // *amax_r and of max |RHT-dt(x^T)| into *amax_t (both zeroed by the caller); signs and BF16 rounding per pass.
 void launch_amax_both(const uint16_t* x, int64_t rows, int64_t cols, int dr, int dt, const float* signs_r,
