@@ -564,7 +564,7 @@ __global__ void __launch_bounds__(kThreads) flag_nonfinite_product_kernel(const 
     // |a| <= (1 + 2^-8) max a (the bounds precede the operands' BF16 rounding), likewise b, so
     // |c| <= (1 + 2^-24)^k (1 + 2^-8)^2 k max a max b < 2.8 * 2^125 < 2^127 (FP32 products and sums, k <= 2^24):
     // finite in FP32 and in BF16. A GEMM that reduces split-K partial sums in BF16 (cuBLAS may, by torch's
-    // default) rounds each up by at most 2^-8: the margin to 2^128 holds about 48 such roundings. The test's product
+    // default) rounds each up by at most 2^-8: the margin below 2^127 holds about 48 such roundings. The test's product
     // is FP64 (no overflow); a NaN bound fails it.
     proven = k <= 0x1p24 && k * double(ma) * double(mb) <= 0x1p125;
   }
