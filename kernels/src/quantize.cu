@@ -41,7 +41,8 @@ DeviceInfo device_info() {
 
 namespace {
 
-// Every FP32 bit pattern through both roundings; counts disagreements and keeps the smallest failing pattern.
+// Every FP32 bit pattern through both roundings, and the fake quantiser's level (rtne_level_fast) against the
+// decode of the golden code; counts disagreements and keeps the smallest failing pattern.
 template <int F>
 __global__ void rtne_selftest_kernel(unsigned long long* count, unsigned* first, unsigned long long* evaluated) {
   constexpr ElemFormat f = kAllFormats[F];
@@ -49,7 +50,10 @@ __global__ void rtne_selftest_kernel(unsigned long long* count, unsigned* first,
   unsigned long long bad = 0;
   for (uint64_t i = t * 64; i < t * 64 + 64; ++i) {
     const float v = __uint_as_float(uint32_t(i));
-    if (round_rtne(f, v) != detail::round_rtne_fast<F>(v)) {
+    const uint8_t code = round_rtne(f, v);
+    // The code, and the fake quantiser's level: decode(format, code), bit for bit (sign of zero included).
+    if (code != detail::round_rtne_fast<F>(v) ||
+        __float_as_uint(decode(f, code)) != __float_as_uint(detail::rtne_level_fast<F>(v))) {
       ++bad;
       atomicMin(first, uint32_t(i));
     }
@@ -98,9 +102,10 @@ __global__ void bf16_pack_selftest_kernel(unsigned long long* count, unsigned* f
   if ((threadIdx.x & 31) == 0) atomicAdd(evaluated, 64ull * 32);
 }
 
-// Every FP32 bit pattern through golden round_sr and round_sr_fast at four random words: 0, all ones, and the
-// two either side of the fast path's threshold ceil(t) (both roundings are step functions of r >> 8, so agreeing
-// at the two words next to the step means the same step, and at 0 / all ones the same level below and above).
+// Every FP32 bit pattern through golden round_sr, round_sr_fast and the fake quantiser's sr_level_fast (against the
+// decode of the golden code) at four random words: 0, all ones, and the two either side of the fast path's
+// threshold ceil(t) (all three are step functions of r >> 8, so agreeing at the two words next to the step means the
+// same step, and at 0 / all ones the same level below and above).
 template <int F>
 __global__ void sr_selftest_kernel(unsigned long long* count, unsigned* first, unsigned long long* evaluated) {
   constexpr ElemFormat f = kAllFormats[F];
@@ -120,7 +125,11 @@ __global__ void sr_selftest_kernel(unsigned long long* count, unsigned* first, u
     }
     bool ok = true;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) ok &= round_sr(f, v, rs[k]) == detail::round_sr_fast<F>(v, rs[k]);
+    for (int k = 0; k < 4; ++k) {
+      const uint8_t code = round_sr(f, v, rs[k]);
+      ok &= code == detail::round_sr_fast<F>(v, rs[k]) &&
+            __float_as_uint(decode(f, code)) == __float_as_uint(detail::sr_level_fast<F>(v, rs[k]));
+    }
     if (!ok) {
       ++bad;
       atomicMin(first, uint32_t(i));

@@ -15,7 +15,10 @@ constexpr int kBothRows = 64, kBothCols = 128, kBothThreads = 256;
 // The tile in shared memory as 32-bit words (column pairs): row r starts at word r * 64 + (r / 16) * 8. The skew of
 // 8 words per 16 rows puts the 32 lanes of a transposed read (4 row groups x 8 column pairs) in 32 distinct banks.
 constexpr int kBothWords = kBothRows * (kBothCols / 2) + (kBothRows / 16) * 8;
-__device__ __forceinline__ int tile_word(int r, int pair) { return r * (kBothCols / 2) + (r >> 4) * 8 + pair; }
+constexpr int kSkewRows = 16;  // rows that share one skew: one transposed group of 16
+__device__ __forceinline__ int tile_word(int r, int pair) {
+  return r * (kBothCols / 2) + (r / kSkewRows) * 8 + pair;
+}
 // The block's tile, as an index into the QArgs::bound words (fake_quantize_both_bound_words of them).
 __device__ __forceinline__ int64_t tile_index() { return int64_t(blockIdx.y) * gridDim.x + blockIdx.x; }
 
@@ -33,15 +36,10 @@ template <int F, int DR, int DT>
 __global__ void __launch_bounds__(kBothThreads, 4) quantize_both_kernel(const QArgs ar, const QArgs at) {
   constexpr int G = 16;
   __shared__ __align__(16) uint32_t tile[kBothWords];
-  __shared__ float tab_r[16], tab_t[16];  // the two passes' decode tables (shared_decode_table's reason)
   const int t = threadIdx.x;
   const int64_t rows = ar.rows, cols = ar.cols, r0 = int64_t(blockIdx.y) * kBothRows,
                 c0 = int64_t(blockIdx.x) * kBothCols;
   const uint16_t* x = static_cast<const uint16_t*>(ar.x);
-  if (t < 16) {
-    tab_r[t] = ar.value[t];
-    tab_t[t] = at.value[t];
-  }
   if (t == 0 && ar.bound) {  // the tile's bounds, raised by its warps after the barrier below
     ar.bound[tile_index()] = 0.0f;
     at.bound[tile_index()] = 0.0f;
@@ -62,7 +60,7 @@ __global__ void __launch_bounds__(kBothThreads, 4) quantize_both_kernel(const QA
     dst[0] = raw.v[0];
     dst[1] = raw.v[1];
   }
-  __syncthreads();  // the tables and the tile
+  __syncthreads();  // the tile
   const float s_enc_r = tensor_encode<F>(ar);
   // Each thread's bound in shared memory rather than in a register across the quantiser (the kernel has none to
   // spare: one more spills).
@@ -79,7 +77,8 @@ __global__ void __launch_bounds__(kBothThreads, 4) quantize_both_kernel(const QA
     raw.v[1] = src[1];
     float y[G];
     widen(raw, y);
-    const float b = quantize_group<F, 16, DR, G, true, false>(y, row, col, ar, s_enc_r, tab_r);
+    // Fake quantisation only (no codes): quantize_group's LEVELS path, which reads no decode table.
+    const float b = quantize_group<F, 16, DR, G, true, false, true>(y, row, col, ar, s_enc_r, nullptr);
     thread_bound[t] = fmax_nan(thread_bound[t], b);
   }
   if (ar.bound) raise_bound(ar.bound, thread_bound[t]);  // the caller sets both bounds or neither
@@ -89,13 +88,16 @@ __global__ void __launch_bounds__(kBothThreads, 4) quantize_both_kernel(const QA
   if (j >= cols || gr0 >= rows) return;  // rows is a multiple of 16 too
   const float s_enc_t = tensor_encode<F>(at);
   thread_bound[t] = 0.0f;
-  // One column at a time, each read from the tile (holding both columns' values would take 16 more registers).
+  // One column at a time, each read from the tile (holding both columns' values would take 16 more registers). The
+  // group's 16 rows share one skew, so its words lie whole rows apart (immediate offsets, not 16 address registers).
+  static_assert(G == kSkewRows, "a transposed group's rows share one skew");
+  const uint32_t* column = tile + tile_word(rg * G, pair);
 #pragma unroll 1
   for (int h = 0; h < 2; ++h) {
     float y[G];
 #pragma unroll
-    for (int i = 0; i < G; ++i) y[i] = bf16_to_f32(uint16_t(tile[tile_word(rg * G + i, pair)] >> (16 * h)));
-    const float b = quantize_group<F, 16, DT, G, true, false>(y, j + h, gr0, at, s_enc_t, tab_t);
+    for (int i = 0; i < G; ++i) y[i] = bf16_to_f32(uint16_t(column[i * (kBothCols / 2)] >> (16 * h)));
+    const float b = quantize_group<F, 16, DT, G, true, false, true>(y, j + h, gr0, at, s_enc_t, nullptr);
     thread_bound[t] = fmax_nan(thread_bound[t], b);
   }
   if (at.bound) raise_bound(at.bound, thread_bound[t]);
@@ -142,8 +144,9 @@ __global__ void __launch_bounds__(kBothThreads) amax_both_kernel(const AmaxBothA
   if (c0 + 2 * pair < a.cols && r0 + rg * G < a.rows) {
     float y0[G], y1[G];
 #pragma unroll
+    const uint32_t* column = tile + tile_word(rg * G, pair);  // one skew for the group's 16 rows
     for (int i = 0; i < G; ++i) {
-      const uint32_t w = tile[tile_word(rg * G + i, pair)];
+      const uint32_t w = column[i * (kBothCols / 2)];
       y0[i] = bf16_to_f32(uint16_t(w & 0xFFFFu));
       y1[i] = bf16_to_f32(uint16_t(w >> 16));
     }

@@ -145,12 +145,33 @@ __device__ __forceinline__ void rotate_group(float (&y)[G], const float* signs, 
   }
 }
 
+// The four SR words of elements e0 .. e0 + 3 (e0 a multiple of 4) of the group at element index base.
+// WIDE: Philox's products as widening multiplies (philox.hpp); the same bits either way. Under philox4 one Philox
+// block gives them; under philox1 (the original draw, one block per element) a rolled loop computes the four blocks
+// one after the other, so that the kernel holds one generator body for it and not one per element.
+template <bool WIDE>
+__device__ __forceinline__ void sr_draw4(const QArgs& a, uint64_t seed, int64_t base, int e0, uint32_t (&w)[4]) {
+  if (a.sr_draw == SrDraw::philox4) {
+    sr_words4<WIDE>(seed, a.stream, uint64_t(base + e0) >> 2, w);
+  } else {
+    uint32_t w0 = 0, w1 = 0, w2 = 0, w3 = 0;  // shifted in, so that no register array is indexed at run time
+#pragma unroll 1
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t r = random_bits_in_group<WIDE>(seed, a.stream, uint64_t(base), uint32_t(e0 + i));
+      w0 = w1;
+      w1 = w2;
+      w2 = w3;
+      w3 = r;
+    }
+    w[0] = w0;
+    w[1] = w1;
+    w[2] = w2;
+    w[3] = w3;
+  }
+}
+
 // Scales and rounds block b of the thread's values into packed nibbles (element e -> bits 4(e%8) of word e/8): two
 // registers for 16 codes (the kernels' speed follows their occupancy, so the registers they hold matter).
-// WIDE: Philox's products as widening multiplies (philox.hpp); the same bits either way. SR takes its words four
-// elements at a time: under philox4 one Philox block gives them; under philox1 (the original draw, one block per
-// element) a rolled loop computes the four blocks one after the other, so that the kernel holds one generator body
-// for it and not one per element.
 template <int F, int B, bool FP32, bool RTNE, bool WIDE, int G>
 __device__ __forceinline__ void round_block(const float (&y)[G], int b, const BlockScale& bs, ScaleKind kind,
                                             const QArgs& a, uint64_t seed, int64_t base, uint32_t (&packed)[G / 8]) {
@@ -168,23 +189,7 @@ __device__ __forceinline__ void round_block(const float (&y)[G], int b, const Bl
     for (int j = 0; j < B; j += 4) {
       const int e0 = b * B + j;
       uint32_t w[4];
-      if (a.sr_draw == SrDraw::philox4) {
-        sr_words4<WIDE>(seed, a.stream, uint64_t(base + e0) >> 2, w);
-      } else {
-        uint32_t w0 = 0, w1 = 0, w2 = 0, w3 = 0;  // shifted in, so that no register array is indexed at run time
-#pragma unroll 1
-        for (int i = 0; i < 4; ++i) {
-          const uint32_t r = random_bits_in_group<WIDE>(seed, a.stream, uint64_t(base), uint32_t(e0 + i));
-          w0 = w1;
-          w1 = w2;
-          w2 = w3;
-          w3 = r;
-        }
-        w[0] = w0;
-        w[1] = w1;
-        w[2] = w2;
-        w[3] = w3;
-      }
+      sr_draw4<WIDE>(a, seed, base, e0, w);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int e = e0 + i;
@@ -192,6 +197,58 @@ __device__ __forceinline__ void round_block(const float (&y)[G], int b, const Bl
         packed[e / 8] |= uint32_t(detail::round_sr_fast<F>(v, w[i])) << (4 * (e % 8));
       }
     }
+  }
+}
+
+// The fake quantiser's form of round_block: block b of y scaled, rounded to its level (the decode of the code
+// round_block would pack: rtne_level_fast / sr_level_fast) and dequantised (deq: level -> value), two values to a
+// BF16 pair in w (element e -> half e % 2 of w[e / 2]); no code is formed. Each pair is packed as soon as it is
+// known, so the block holds no more registers than its inputs. scaled(x): the element's value in grid units.
+template <int F, int B, bool RTNE, bool WIDE, int G, class Scaled, class Deq>
+__device__ __forceinline__ void levels_of_block(const float (&y)[G], int b, const QArgs& a, uint64_t seed,
+                                                int64_t base, Scaled scaled, Deq deq, uint32_t (&w)[G / 2]) {
+  if constexpr (RTNE) {
+#pragma unroll
+    for (int j = 0; j < B; j += 2) {
+      const int e = b * B + j;
+      w[e / 2] = detail::bf16x2_rn(deq(detail::rtne_level_fast<F>(scaled(y[e]))),
+                                   deq(detail::rtne_level_fast<F>(scaled(y[e + 1]))));
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < B; j += 4) {
+      const int e0 = b * B + j;
+      uint32_t r[4];
+      sr_draw4<WIDE>(a, seed, base, e0, r);
+#pragma unroll
+      for (int i = 0; i < 4; i += 2)
+        w[(e0 + i) / 2] = detail::bf16x2_rn(deq(detail::sr_level_fast<F>(scaled(y[e0 + i]), r[i])),
+                                            deq(detail::sr_level_fast<F>(scaled(y[e0 + i + 1]), r[i + 1])));
+    }
+  }
+}
+// Under fp32 scales a block whose scale and magnitudes (lo .. hi) lie in fp32_step_in_range takes the reciprocal
+// without a test per element; any other block, scale_fp32_by_reciprocal's test per element. The values are the
+// dequantiser's (dequant_value, or dequant_value_unit_global without a tensor-level scale).
+template <int F, int B, bool FP32, bool RTNE, bool WIDE, int G>
+__device__ __forceinline__ void level_block(const float (&y)[G], int b, const BlockScale& bs, ScaleKind kind,
+                                            const QArgs& a, uint64_t seed, int64_t base, float lo, float hi,
+                                            float g_dec, uint32_t (&w)[G / 2]) {
+  const float s = bs.dec;
+  if constexpr (FP32) {  // fp32 scales have no tensor-level scale
+    const auto deq = [s](float l) { return dequant_value_unit_global(l, s); };
+    const float recip = fp32_step_reciprocal(bs);
+    if (fp32_step_in_range(bs, lo, hi))
+      levels_of_block<F, B, RTNE, WIDE>(
+          y, b, a, seed, base, [&](float x) { return scale_fp32_in_range(x, bs, recip); }, deq, w);
+    else
+      levels_of_block<F, B, RTNE, WIDE>(
+          y, b, a, seed, base, [&](float x) { return scale_fp32_by_reciprocal(x, bs, recip); }, deq, w);
+  } else {
+    const bool unit = kind != ScaleKind::ue4m3;
+    levels_of_block<F, B, RTNE, WIDE>(
+        y, b, a, seed, base, [&](float x) { return scale_element(kind, x, bs); },
+        [=](float l) { return unit ? dequant_value_unit_global(l, s) : dequant_value(l, s, g_dec); }, w);
   }
 }
 
@@ -229,12 +286,16 @@ __device__ __forceinline__ void split_index(int64_t g, int64_t per_row, bool sma
 // row-wise and the transposed kernel, so both run the same golden arithmetic on the same values.
 // IDX: a.row_index is set (a template parameter, so that the default kernels are compiled as they were, with their
 // registers and speed; the indexed ones are instantiated beside them).
-// dtab: shared_decode_table(a.value) where a.deq is set.
+// LEVELS: the caller fakes quantisation only (a.deq set, a.codes null: the one-read kernel), and each value goes to
+// its level and dequantised value without a code (level_block); otherwise codes are formed and looked up. A
+// template parameter: compiled into every kernel, the second path doubled their code and the one-read kernel
+// has no register to spare for both.
+// dtab: shared_decode_table(a.value) where a.deq is set and codes are formed (not read under LEVELS).
 // Returns, where a.deq is set, a bound on the magnitudes of the dequantised values it writes: the largest block's
 // dequant_value of the grid's largest level, in FP32 (every code's is at most that; the BF16 values written are at
 // most its BF16 rounding, within a factor 1 + 2^-8); NaN where a block scale is. Callers that do not use it pay
 // nothing (the function is inlined).
-template <int F, int B, int D, int G, bool WIDE = true, bool IDX = false>
+template <int F, int B, int D, int G, bool WIDE = true, bool IDX = false, bool LEVELS = false>
 __device__ __forceinline__ float quantize_group(float (&y)[G], int64_t row, int64_t col0, const QArgs& a,
                                                float s_enc, const float* dtab) {
   constexpr ElemFormat f = kAllFormats[F];
@@ -264,12 +325,20 @@ __device__ __forceinline__ float quantize_group(float (&y)[G], int64_t row, int6
   for (int w = 0; w < G / 8; ++w) packed[w] = 0;
   float s_dec[G / B];
   bool nonfinite = false;
+  // Fake quantisation without codes: each value goes to its level and its dequantised BF16 value (level_block,
+  // into deq); no code is packed or looked up.
+  constexpr bool levels = LEVELS;
+  uint32_t deq[G / 2];
 #pragma unroll
   for (int b = 0; b < G / B; ++b) {
     const int64_t sidx = row * kb + col0 / B + b;
-    float local = 0.0f;
+    float local = 0.0f, lo = FLT_MAX;
+    const bool fp32 = a.scale == ScaleKind::fp32;
 #pragma unroll
-    for (int j = 0; j < B; ++j) local = fmax_nan(local, fabsf(y[b * B + j]));
+    for (int j = 0; j < B; ++j) {
+      local = fmax_nan(local, fabsf(y[b * B + j]));
+      if (levels && fp32) lo = fminf(lo, fabsf(y[b * B + j]));  // fp32_step_in_range's lo
+    }
     // NaN or Inf among the (rotated) values: a NaN or Inf input, or, as fp4lab::quantize says, finite inputs near
     // FLT_MAX that rotate to Inf/NaN. Neither has a code.
     nonfinite |= !(local <= FLT_MAX);
@@ -279,16 +348,24 @@ __device__ __forceinline__ float quantize_group(float (&y)[G], int64_t row, int6
     if (a.scales) a.scales[sidx] = bs.dec;
     if (a.scale_codes) a.scale_codes[sidx] = bs.code;
     // Unswitched by hand so that neither the division of fp32 scales nor Philox runs where it is not needed.
-    if (a.scale == ScaleKind::fp32) {
-      if (a.rounding == Rounding::rtne)
-        round_block<F, B, true, true, WIDE>(y, b, bs, ScaleKind::fp32, a, seed, base, packed);
-      else
-        round_block<F, B, true, false, WIDE>(y, b, bs, ScaleKind::fp32, a, seed, sr_base, packed);
+    const bool rtne = a.rounding == Rounding::rtne;
+    const int64_t at = rtne ? base : sr_base;
+    if constexpr (levels) {
+      if (fp32) {
+        if (rtne) level_block<F, B, true, true, WIDE>(y, b, bs, ScaleKind::fp32, a, seed, at, lo, local, g_dec, deq);
+        else level_block<F, B, true, false, WIDE>(y, b, bs, ScaleKind::fp32, a, seed, at, lo, local, g_dec, deq);
+      } else {
+        if (rtne) level_block<F, B, false, true, WIDE>(y, b, bs, a.scale, a, seed, at, lo, local, g_dec, deq);
+        else level_block<F, B, false, false, WIDE>(y, b, bs, a.scale, a, seed, at, lo, local, g_dec, deq);
+      }
     } else {
-      if (a.rounding == Rounding::rtne)
-        round_block<F, B, false, true, WIDE>(y, b, bs, a.scale, a, seed, base, packed);
-      else
-        round_block<F, B, false, false, WIDE>(y, b, bs, a.scale, a, seed, sr_base, packed);
+      if (fp32) {
+        if (rtne) round_block<F, B, true, true, WIDE>(y, b, bs, ScaleKind::fp32, a, seed, at, packed);
+        else round_block<F, B, true, false, WIDE>(y, b, bs, ScaleKind::fp32, a, seed, at, packed);
+      } else {
+        if (rtne) round_block<F, B, false, true, WIDE>(y, b, bs, a.scale, a, seed, at, packed);
+        else round_block<F, B, false, false, WIDE>(y, b, bs, a.scale, a, seed, at, packed);
+      }
     }
   }
   // Bit 0: the input holds NaN or Inf; bit 1: its rotation does. Under RHT the input's own test decides bit 0:
@@ -297,7 +374,7 @@ __device__ __forceinline__ float quantize_group(float (&y)[G], int64_t row, int6
   const bool input_bad = D > 0 ? !(in_max <= FLT_MAX) : nonfinite;
   const bool rotated_bad = D > 0 && nonfinite;
   if ((input_bad || rotated_bad) && a.nonfinite) atomicOr(a.nonfinite, (input_bad ? 1 : 0) | (rotated_bad ? 2 : 0));
-  if (a.codes) {
+  if (!levels && a.codes) {
     uint8_t* out = a.codes + base / 2;
     if constexpr (G == 16) {
       *reinterpret_cast<uint2*>(out) = make_uint2(packed[0], packed[1]);
@@ -310,19 +387,22 @@ __device__ __forceinline__ float quantize_group(float (&y)[G], int64_t row, int6
   }
   float bound = 0.0f;
   if (a.deq) {
-    // The dequantiser's arithmetic (dequantize_kernel), on the codes still in registers: fake quantisation reads
-    // the input once and writes BF16 once, instead of writing codes and scales and reading them back.
-    // Without a tensor-level scale (g_dec == 1) the product by it is left out: dequant_value_unit_global.
+    // The dequantiser's arithmetic (dequantize_kernel), on the codes still in registers (level_block has done it
+    // already where no codes are formed): fake quantisation reads the input once and writes BF16 once, instead of
+    // writing codes and scales and reading them back. Without a tensor-level scale (g_dec == 1) the product by it is
+    // left out: dequant_value_unit_global.
     const bool unit = a.scale != ScaleKind::ue4m3;
-    uint32_t w[G / 2];
+    if constexpr (!levels) {
 #pragma unroll
-    for (int e = 0; e < G; e += 2) {
-      const float glo = dtab[(packed[e / 8] >> (4 * (e % 8))) & 15u];
-      const float ghi = dtab[(packed[e / 8] >> (4 * (e % 8 + 1))) & 15u];
-      const float lo = unit ? dequant_value_unit_global(glo, s_dec[e / B]) : dequant_value(glo, s_dec[e / B], g_dec);
-      const float hi = unit ? dequant_value_unit_global(ghi, s_dec[e / B]) : dequant_value(ghi, s_dec[e / B], g_dec);
-      w[e / 2] = detail::bf16x2_rn(lo, hi);
+      for (int e = 0; e < G; e += 2) {
+        const float glo = dtab[(packed[e / 8] >> (4 * (e % 8))) & 15u];
+        const float ghi = dtab[(packed[e / 8] >> (4 * (e % 8 + 1))) & 15u];
+        const float lo = unit ? dequant_value_unit_global(glo, s_dec[e / B]) : dequant_value(glo, s_dec[e / B], g_dec);
+        const float hi = unit ? dequant_value_unit_global(ghi, s_dec[e / B]) : dequant_value(ghi, s_dec[e / B], g_dec);
+        deq[e / 2] = detail::bf16x2_rn(lo, hi);
+      }
     }
+    const uint32_t* w = deq;
     uint4* o = reinterpret_cast<uint4*>(a.deq + base);
 #pragma unroll
     for (int i = 0; i < G / 8; ++i) o[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);

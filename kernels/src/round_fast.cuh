@@ -83,6 +83,63 @@ __device__ __forceinline__ uint8_t round_sr_fast(float v, uint32_t r) {
   return make_code(std::signbit(v), i + int(float(r >> 8) < t));
 }
 
+// The fake quantiser's levels: what decode(format, code) gives for the code round_rtne_fast / round_sr_fast pick,
+// sign included, computed without the code (no index, no packing, no table lookup, no conversion instruction).
+// Scaling the integer view's search by 2^-int_shift changes no rounding (powers of two, far from under- and
+// overflow), so the level comes out in grid units directly: |v| saturated at gmax, rounded at its field's spacing.
+// count_rtne_level_mismatches / count_sr_level_mismatches check them against decode(round_rtne) and
+// decode(round_sr) for all 2^32 FP32 inputs (the SR one at the words either side of each threshold).
+template <int F>
+__device__ __forceinline__ constexpr float grid_unit() {  // the integer view's 1, in grid units: 2^-int_shift
+  constexpr int S = kAllFormats[F].int_shift();
+  return S >= 0 ? 1.0f / float(1 << S) : float(1 << -S);
+}
+
+template <int F>
+__device__ __forceinline__ float rtne_level_fast(float v) {
+  constexpr ElemFormat f = kAllFormats[F];
+  constexpr int M = f.mbits;
+  constexpr int KMAX = f.max_index >> M;
+  constexpr float unit = grid_unit<F>();
+  // fminf takes the number where v is NaN: gmax, where the golden search of a NaN ends (max_index).
+  const float a = fminf(fabsf(v), f.gmax());
+  float magic = 12582912.0f * unit;  // 1.5 * 2^23 spacings: rounds to the spacing of fields 0 and 1
+#pragma unroll
+  for (int k = 2; k <= KMAX; ++k) {
+    const bool in = a >= float(1 << (M + k - 1)) * unit;
+    magic = in ? 12582912.0f * float(1 << (k - 1)) * unit : magic;
+  }
+  const float lvl = __fsub_rn(__fadd_rn(a, magic), magic);  // exact: both sums stay in magic's binade
+  return __uint_as_float(__float_as_uint(lvl) | (__float_as_uint(v) & 0x80000000u));
+}
+
+// SR: the level below is a rounded down at its field's spacing (one addition in round-down mode), the fraction of
+// the gap times 2^24 is (a - lo) times a power of two (exact, as sr_split's), and the element takes the level
+// above iff float(r >> 8) < t, as round_sr_fast decides.
+template <int F>
+__device__ __forceinline__ float sr_level_fast(float v, uint32_t r) {
+  constexpr ElemFormat f = kAllFormats[F];
+  constexpr int M = f.mbits;
+  constexpr int KMAX = f.max_index >> M;
+  constexpr float unit = grid_unit<F>();
+  float a = fabsf(v);
+  a = a > f.gmax() ? f.gmax() : a;  // a NaN stays NaN: the golden walk stops at index 0 (below)
+  float sp = unit, magic = 12582912.0f * unit, scale = 16777216.0f / unit;
+#pragma unroll
+  for (int k = 2; k <= KMAX; ++k) {  // field k: spacing 2^(k-1) in the integer view
+    const bool in = a >= float(1 << (M + k - 1)) * unit;
+    sp = in ? float(1 << (k - 1)) * unit : sp;
+    magic = in ? 12582912.0f * float(1 << (k - 1)) * unit : magic;
+    scale = in ? 16777216.0f / (float(1 << (k - 1)) * unit) : scale;
+  }
+  const float lo = __fsub_rn(__fadd_rd(a, magic), magic);
+  const float t = __fmul_rn(__fsub_rn(a, lo), scale);  // 0 at gmax (a multiple of the top spacing): never up
+  const float up = __fadd_rn(lo, sp);
+  // fmaxf takes 0 where lo is NaN: the golden level of a NaN (index 0).
+  const float lvl = fmaxf(float(r >> 8) < t ? up : lo, 0.0f);
+  return __uint_as_float(__float_as_uint(lvl) | (__float_as_uint(v) & 0x80000000u));
+}
+
 // Two FP32 values to BF16, RTNE, packed (lo in bits 0-15): one cvt.rn.bf16x2.f32 instead of fp4lab::f32_to_bf16's
 // four integer instructions per value. The same bits for every input that is not a NaN (both round the bit pattern
 // to nearest, ties to even, overflowing to infinity); for a NaN the instruction gives the canonical NaN where

@@ -79,13 +79,14 @@ std::vector<float> random_input(uint64_t seed, int64_t rows = kRows, int64_t col
 
 // Rows built to land on the rounding decisions: exact midpoints between levels (blocks whose amax is gmax, so
 // fp32 and MX scales are 1) and one FP32 ulp either side, zeros of both signs, subnormals, values near the top
-// of FP32 (kept where a 16-point Hadamard sum stays finite), one outlier per block, constant blocks.
+// of FP32 (kept where a 16-point Hadamard sum stays finite), one outlier per block, constant blocks, blocks at and
+// past the ends of the fp32 step's reciprocal range.
 std::vector<float> adversarial_input(const ElemFormat& f, uint64_t seed) {
   std::vector<float> x = random_input(seed);
   auto row = [&](int r) { return x.data() + r * kCols; };
   std::vector<float> mids;
   for (int i = 0; i < f.max_index; ++i) mids.push_back(0.5f * (f.level(i) + f.level(i + 1)));
-  for (int r = 0; r < 12; ++r) {
+  for (int r = 0; r < 14; ++r) {
     float* p = row(r);
     for (int64_t c = 0; c < kCols; ++c) {
       const float m = mids[size_t(c) % mids.size()];
@@ -103,6 +104,10 @@ std::vector<float> adversarial_input(const ElemFormat& f, uint64_t seed) {
         case 9: p[c] = c % 2 ? -f.gmax() : f.gmax(); break;
         case 10: p[c] = sign * std::ldexp(1.0f, int(c % 40) - 20); break;  // powers of two
         case 11: p[c] = c % 32 == 31 ? 7.0f : sign * 0.5f * m; break;  // 1x32 and 1x16 amax differ
+        // Blocks that leave the fp32 step's reciprocal range (fp32_step_in_range) by one element: one value below
+        // 2^-60 or a signed zero among ordinary ones; and blocks at the range's two ends.
+        case 12: p[c] = c % 16 == 3 ? sign * 0x1p-70f : c % 16 == 9 ? -0.0f : sign * float(1 + c % 7) * 0.25f; break;
+        case 13: p[c] = sign * (c % 2 ? 0x1p60f : 0x1p-60f); break;
       }
     }
   }
@@ -579,10 +584,11 @@ INSTANTIATE_TEST_SUITE_P(AllRecipesAndKnobs, FakeQuantize, ::testing::ValuesIn(q
 
 // Both orientations from one read (fake_quantize_both): x [rows, cols] BF16 -> the golden dequantisation of
 // quantize(x, cfg) and of quantize(x^T, cfg_t), in BF16, on shapes whose sides are and are not multiples of the
-// fused kernel's 64 x 128 tile. Returns the number of values compared.
+// fused kernel's 64 x 128 tile; x is random_input(seed), or `input` where given. Returns the number of values
+// compared.
 size_t expect_both_golden(const QuantConfig& cfg, const QuantConfig& cfg_t, int64_t rows, int64_t cols,
-                          uint64_t seed, const std::string& what) {
-  std::vector<float> t = random_input(seed, rows, cols);
+                          uint64_t seed, const std::string& what, const std::vector<float>* input = nullptr) {
+  std::vector<float> t = input ? *input : random_input(seed, rows, cols);
   const std::vector<uint16_t> tb = to_bf16(t);
   fc::Buffer<uint16_t> dx;
   dx.upload(tb);
@@ -665,6 +671,15 @@ TEST_P(FakeQuantize, BothOrientationsFromOneReadEqualGolden) {
     if (both_fit(cfg, other, rows, cols))
       compared += expect_both_golden(cfg, other, rows, cols, seed++, "other transposed config");
   }
+  // The rounding decisions' edge rows (ties, zeros of both signs, subnormals, huge values, blocks past the fp32
+  // step's range), in both orientations: the one-read kernel forms levels, not codes, so the quantiser suites' own
+  // adversarial runs do not reach it.
+  const std::vector<float> adv = adversarial_input(cfg.format, 307);
+  const QuantConfig* const transposed_cfgs[] = {&cfg, &other};
+  for (const QuantConfig* ct : transposed_cfgs)
+    if (both_fit(cfg, *ct, kRows, kCols))
+      compared += expect_both_golden(cfg, *ct, kRows, kCols, 0, ct == &cfg ? "adversarial" : "adversarial, other",
+                                     &adv);
   EXPECT_GT(compared, size_t(0)) << "checked nothing";
 }
 

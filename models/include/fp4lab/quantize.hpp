@@ -89,12 +89,18 @@ FP4LAB_HD inline float fp32_step_reciprocal(const BlockScale& b) { return 1.0f /
 // rounded, nothing under- or overflowing on the way, which the ranges below keep). Any other x or scale (zero,
 // tiny, huge, non-finite) takes scale_element itself. The quantiser kernels use it; the models' tests hold it to
 // scale_element (QuantizeStep.*).
+// The range inside which it takes the reciprocal, for a scale and magnitudes from lo to hi: a quantiser that knows
+// a block's smallest and largest magnitude tests the block once and calls scale_fp32_in_range for each element.
+FP4LAB_HD inline bool fp32_step_in_range(const BlockScale& b, float lo, float hi) {
+  return b.dec >= 0x1p-60f && b.dec <= 0x1p60f && lo >= 0x1p-60f && hi <= 0x1p60f;
+}
+FP4LAB_HD inline float scale_fp32_in_range(float x, const BlockScale& b, float recip) {
+  const float q = x * recip;
+  return fmaf(fmaf(-q, b.dec, x), recip, q);
+}
 FP4LAB_HD inline float scale_fp32_by_reciprocal(float x, const BlockScale& b, float recip) {
   const float ax = x < 0.0f ? -x : x;
-  if (b.dec >= 0x1p-60f && b.dec <= 0x1p60f && ax >= 0x1p-60f && ax <= 0x1p60f) {
-    const float q = x * recip;
-    return fmaf(fmaf(-q, b.dec, x), recip, q);
-  }
+  if (fp32_step_in_range(b, ax, ax)) return scale_fp32_in_range(x, b, recip);
   return scale_element(ScaleKind::fp32, x, b);
 }
 

@@ -243,13 +243,14 @@ void operand_stats(const float* d_x, const float* d_ref, const float* d_dq, cons
                    unsigned saturated_codes, double* d_out, OperandStatsWorkspace& ws, cudaStream_t stream = nullptr);
 
 // The quantiser's RTNE hot path finds the level with one FP32 addition instead of the golden model's search over
-// midpoints (kernels/src/round_fast.cuh). Runs both over all 2^32 FP32 bit patterns on the GPU and returns how
-// many disagree (and the smallest such pattern, and how many patterns were run); the cuda tests require 0 for every
-// format.
+// midpoints (kernels/src/round_fast.cuh); the fake quantiser computes the level's value itself (rtne_level_fast).
+// Runs them and the golden rounding over all 2^32 FP32 bit patterns on the GPU and returns how many disagree in the
+// code or in the level (against decode of the golden code, bit for bit), the smallest such pattern, and how many
+// patterns were run; the cuda tests require 0 for every format.
 uint64_t count_rtne_fast_mismatches(const ElemFormat& f, uint32_t* first_bad = nullptr, uint64_t* evaluated = nullptr);
 
-// The same for stochastic rounding: round_sr_fast (no walk over the levels, no division) against fp4lab::round_sr
-// for all 2^32 FP32 inputs, each at the four random words that decide it (kernels/src/round_fast.cuh).
+// The same for stochastic rounding: round_sr_fast (no walk over the levels, no division) and sr_level_fast against
+// fp4lab::round_sr for all 2^32 FP32 inputs, each at the four random words that decide it (kernels/src/round_fast.cuh).
 uint64_t count_sr_fast_mismatches(const ElemFormat& f, uint32_t* first_bad = nullptr, uint64_t* evaluated = nullptr);
 
 // The quantiser's fp32-scale step without a division per element (fp4lab::scale_fp32_by_reciprocal) against
