@@ -165,6 +165,9 @@ Bf16Variants bf16_variants(const Recipe& rec) {
   v.sr.sr_draw = SrDraw::philox4;
   v.sr1 = v.sr;
   v.sr1.sr_draw = SrDraw::philox1;
+  v.rht16_sr = v.rht16;
+  v.rht16_sr.rounding = Rounding::sr;
+  v.rht16_sr.sr_draw = SrDraw::philox4;
   return v;
 }
 
