@@ -242,6 +242,7 @@ def launch_cost(device):
     cfg = r.config("fwd_y", "a", layer=3, step=5)
     step = torch.tensor(5)
     new_step = iter(range(10**9))
+    bound = torch.full((8,), 1.0, device=device)  # magnitude bounds that prove the product finite (no scan)
     for what, f, n in (
             ("fake_quantize (one operand)", lambda: ops.fake_quantize(x, cfg, check_finite="deferred"), 2000),
             ("torch.matmul alone (BF16, cuBLAS)", lambda: torch.matmul(x, w.t()), 500),
@@ -250,6 +251,10 @@ def launch_cost(device):
              lambda: ops.qmatmul(x, w, step, r, 3, "fwd_y", "L", {}, None), 500),
             ("one fast GEMM, the compiled path's operator (fp4lab::fast_qmatmul)",
              lambda: torch.ops.fp4lab.fast_qmatmul(x, w, step, r.key, 3, "fwd_y", "L"), 500),
+            ("one tensor's two fast operands, compiled (fp4lab::fast_pair)",
+             lambda: torch.ops.fp4lab.fast_pair(x, step, r.key, 3, "fwd_y.a,bwd_dw.b", "L"), 500),
+            ("one fast GEMM of two pairs' operands, compiled (fp4lab::fast_mm)",
+             lambda: torch.ops.fp4lab.fast_mm(x, w, bound, bound, r.key), 500),
             ("Recipe.config at a new step", lambda: r.config("fwd_y", "a", layer=3, step=next(new_step)), 2000)):
         print(f"{what:70s} {host_us(f, n):8.1f} us of host a call", flush=True)
 

@@ -50,7 +50,10 @@ class _LinearFn(torch.autograd.Function):
         y = y.to(x.dtype)
         if bias is not None:
             y = y + bias.to(x.dtype)
-        ctx.save_for_backward(None if px else x, weight, step, px[1] if px else None, pw[1] if pw else None)
+        # fast_pair's second operands, (values, bounds) each: the bounds are tensors only in a compiled graph.
+        ctx.save_for_backward(None if px else x, weight, step, *(px[1] if px else (None, None)),
+                              *(pw[1] if pw else (None, None)))
+        ctx.pre = (px is not None, pw is not None)
         ctx.x_meta = (x.shape, x.dtype) if px else None  # X itself is not kept then
         return y.reshape(*x.shape[:-1], weight.shape[0])
 
@@ -61,7 +64,9 @@ class _LinearFn(torch.autograd.Function):
             # backward would silently lack the quantisers' part.
             raise RuntimeError(f"{ctx.label}: double backward (create_graph=True) through an fp4lab Linear "
                                "is not supported")
-        x, weight, step, xt, wt = ctx.saved_tensors  # xt, wt: forward's fast_pair operands (x is then None)
+        x, weight, step, xt, bxt, wt, bwt = ctx.saved_tensors  # forward's fast_pair operands (x is then None)
+        xt = (xt, bxt) if ctx.pre[0] else None
+        wt = (wt, bwt) if ctx.pre[1] else None
         recipe, layer, label, cache, owner = ctx.recipe, ctx.layer, ctx.label, ctx.cache, ctx.owner
         x_shape, x_dtype = ctx.x_meta if x is None else (x.shape, x.dtype)
         x2 = None if x is None else x.reshape(-1, x.shape[-1])

@@ -1,7 +1,7 @@
 """The quantiser, the contract GEMM and the dequantiser on torch tensors: the golden model on CPU tensors, the
 CUDA kernels on CUDA tensors; and the same as torch.library operators (``torch.ops.fp4lab.quantize``, ``gemm``,
-``dequantize``, ``qgemm``, ``fake_quantize``, ``fast_qmatmul``, with ``take_step`` and ``column_sum``), through which
-the training path runs so that torch.compile traces it."""
+``dequantize``, ``qgemm``, ``fake_quantize``, ``fast_qmatmul``, ``fast_pair``, ``fast_mm``, with ``take_step`` and
+``column_sum``), through which the training path runs so that torch.compile traces it."""
 from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
@@ -128,22 +128,27 @@ def check_finite() -> None:
 
 
 def _check_output(y: torch.Tensor, check_finite: str = "sync",
-                  operands: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+                  operands: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+                  bounds: Optional[Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]] = None) -> torch.Tensor:
     """An output past FP32 (or BF16, fast mode's CUDA product) is a data fault, not a result: the golden GEMM refuses
     it, and so do the CUDA kernels and fast mode here. With check_finite='deferred' a CUDA output is only scanned on
     the device, which sets the flag check_finite() reads (one kernel, no synchronisation). ``operands``: y = A·Bᵀ of
     these two; where both came from fake_quantize_both, the kernel first reads their magnitude bounds and leaves the
-    scan out when they prove every element finite."""
+    scan out when they prove every element finite. ``bounds``: the two operands' bounds as tensors of their own
+    (_fake_both's ``apart``), in place of those inside their buffers; None or empty for an operand without."""
     if y.is_cuda and check_finite == "deferred":
         if y.numel():
             z = y  # the kernel reads dense BF16 or FP32 (the products are one or the other)
             if z.dtype not in (torch.bfloat16, torch.float32) or not z.is_contiguous():
                 z = z.contiguous().float()
             dev, stream = launch(z)
-            bounds = None if operands is None else [_bounds_of(t) for t in operands]
-            if bounds and bounds[0] and bounds[1]:
+            if bounds is not None:
+                found = [(b.data_ptr(), b.numel()) if b is not None and b.numel() else None for b in bounds]
+            else:
+                found = None if operands is None else [_bounds_of(t) for t in operands]
+            if found and found[0] and found[1]:
                 _core.cuda_flag_nonfinite_product(dev, stream, z.data_ptr(), z.numel(), z.dtype == torch.bfloat16,
-                                                  _flag_ptr(dev), _OUTPUT, *bounds[0], *bounds[1],
+                                                  _flag_ptr(dev), _OUTPUT, *found[0], *found[1],
                                                   operands[0].shape[1])
             else:
                 _core.cuda_flag_nonfinite(dev, stream, z.data_ptr(), z.numel(), z.dtype == torch.bfloat16,
@@ -285,6 +290,24 @@ def fake_quantize_both(x: torch.Tensor, cfg: "_core.QuantConfig", cfg_t: "_core.
     Returns:
         (x's BF16 values [rows, cols], xᵀ's BF16 values [cols, rows]).
     """
+    y, yt, _, _ = _fake_both(x, cfg, cfg_t, check_finite, device_seed, apart=False)
+    return y, yt
+
+
+def _bound_words(bf16: bool, cfg, cfg_t, check_finite: str, rows: int, cols: int) -> int:
+    """The FP32 words of each bound _fake_both gives: one per tile where one kernel reads x for both under the
+    deferred check, else none."""
+    one_read = check_finite == "deferred" and _core.cuda_fake_quantize_both_fused(bf16, cfg, cfg_t, rows)
+    return _core.cuda_fake_quantize_both_bound_words(rows, cols) if one_read else 0
+
+
+def _fake_both(x: torch.Tensor, cfg, cfg_t, check_finite: str, device_seed: Optional[torch.Tensor], apart: bool):
+    """fake_quantize_both's work: (y, yt, bound of y, bound of yt). Where one kernel reads x for both under the
+    deferred check, the kernel also writes its bounds on the two outputs' magnitudes (one FP32 word per tile), which
+    a fast GEMM's output check reads instead of scanning the product (_check_output). ``apart``: the bounds are two
+    FP32 tensors of their own (torch.compile's operator, whose outputs are fresh tensors; empty where there are
+    none); else the outputs are whole 2-D views of 1-D buffers that hold the bounds past the values (_bounds_of), and
+    the bounds returned are None."""
     if x.dim() != 2:
         raise ValueError(f"fake_quantize_both(): x must be 2-D, not {x.dim()}-D")
     if not x.is_cuda:
@@ -292,22 +315,29 @@ def fake_quantize_both(x: torch.Tensor, cfg: "_core.QuantConfig", cfg_t: "_core.
     x = x.detach()
     x = x.contiguous() if x.dtype == torch.bfloat16 else x.to(torch.float32).contiguous()
     rows, cols = x.shape
-    # Where one kernel reads x for both, each output's storage holds, past its values, the kernel's bounds on their
-    # magnitudes (FP32 words): what a fast GEMM's deferred output check reads instead of scanning the product
-    # (_bounds_of, _check_output). The two passes give none (they would be NaN: the check would scan anyway).
-    # Only the deferred check reads them (a synchronous one scans the product on the host's request).
+    # Only the deferred check reads the bounds (a synchronous one scans the product on the host's request). The two
+    # passes give none.
     bf16 = x.dtype == torch.bfloat16
-    one_read = check_finite == "deferred" and _core.cuda_fake_quantize_both_fused(bf16, cfg, cfg_t, rows)
+    deferred = check_finite == "deferred"
     n = rows * cols
-    words = _core.cuda_fake_quantize_both_bound_words(rows, cols) if one_read else 0
-    y = torch.empty(n + 2 * words, dtype=torch.bfloat16, device=x.device)
-    yt = torch.empty(n + 2 * words, dtype=torch.bfloat16, device=x.device)
+    words = _bound_words(bf16, cfg, cfg_t, check_finite, rows, cols)
+    by = byt = None
+    if apart:  # tensors of their own: an operator's outputs may not be views
+        y = torch.empty((rows, cols), dtype=torch.bfloat16, device=x.device)
+        yt = torch.empty((cols, rows), dtype=torch.bfloat16, device=x.device)
+        by, byt = (torch.empty(words, dtype=torch.float32, device=x.device) for _ in range(2))
+        at, at_t = (by.data_ptr(), byt.data_ptr()) if words else (0, 0)
+    else:
+        y = torch.empty(n + 2 * words, dtype=torch.bfloat16, device=x.device)
+        yt = torch.empty(n + 2 * words, dtype=torch.bfloat16, device=x.device)
+        at, at_t = (y.data_ptr() + 2 * n, yt.data_ptr() + 2 * n) if words else (0, 0)
     dev, stream = launch(x)
     _core.cuda_fake_quantize_both(dev, stream, x.data_ptr(), rows, cols, bf16, cfg, y.data_ptr(), cfg_t,
                                   yt.data_ptr(), check_finite == "sync",
-                                  _flag_ptr(dev) if check_finite == "deferred" else 0, _seed_ptr(device_seed, x),
-                                  y.data_ptr() + 2 * n if words else 0, yt.data_ptr() + 2 * n if words else 0)
-    return y[:n].view(rows, cols), yt[:n].view(cols, rows)
+                                  _flag_ptr(dev) if deferred else 0, _seed_ptr(device_seed, x), at, at_t)
+    if apart:
+        return y, yt, by, byt
+    return y[:n].view(rows, cols), yt[:n].view(cols, rows), by, byt
 
 
 def _bounds_of(t: torch.Tensor) -> Optional[Tuple[int, int]]:
@@ -619,8 +649,9 @@ def _(codes, scales, global_scale, recipe, pass_, operand):
     return codes.new_empty(codes.shape, dtype=torch.float32)
 
 
-def _fast_matmul(da: torch.Tensor, db: torch.Tensor, check_finite: str) -> torch.Tensor:
-    return _check_output(torch.matmul(da, db.t()), check_finite, (da, db))
+def _fast_matmul(da: torch.Tensor, db: torch.Tensor, check_finite: str,
+                 bounds: Optional[Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]] = None) -> torch.Tensor:
+    return _check_output(torch.matmul(da, db.t()), check_finite, (da, db), bounds)
 
 
 @torch.library.custom_op("fp4lab::qgemm", mutates_args=(), device_types="cpu")
@@ -697,6 +728,66 @@ def _fast_qmatmul_cuda(a, b, step, recipe, layer, pass_, label):
 @fast_qmatmul_op.register_fake
 def _(a, b, step, recipe, layer, pass_, label):
     return a.new_empty((a.shape[0], b.shape[0]), dtype=torch.bfloat16 if a.is_cuda else torch.float32)
+
+
+def _pair_of(operands: str) -> Tuple[Tuple[str, str], Tuple[str, str]]:
+    """fast_pair's ``operands`` ("fwd_y.a,bwd_dw.b") -> (("fwd_y", "a"), ("bwd_dw", "b"))."""
+    first, second = (tuple(t.split(".")) for t in operands.split(","))
+    return first, second  # type: ignore[return-value]
+
+
+@torch.library.custom_op("fp4lab::fast_pair", mutates_args=(), device_types="cuda")
+def fast_pair_op(x: torch.Tensor, step: torch.Tensor, recipe: str, layer: int, operands: str, label: str
+                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The two ``fast`` operands a step takes of one BF16 tensor x [rows, cols], from one read of x
+    (``fake_quantize_both``): x along cols as the GEMM operand named first in ``operands`` ("pass.operand,
+    pass.operand") and xᵀ along rows as the second, each the BF16 values ``fp4lab::fake_quantize`` gives; then their
+    magnitude bounds as FP32 tensors, which ``fp4lab::fast_mm`` reads to check its output (empty under the
+    synchronous check). torch.compile's form of the eager layers' fast_pair: one operator a tensor, not one an
+    operand."""
+    _refuse_capture("the fp4lab operators (torch.compile's path; they read the SR step on the host)")
+    r = recipe_of_key(recipe)
+    pair = _pair_of(operands)
+    for p, o in pair:
+        if o == "a":
+            _check_recompute(int(step), recipe, layer, p, label)
+    cfg, cfg_t = (_config(recipe, step, layer, p, o) for p, o in pair)
+    try:
+        y, yt, by, byt = _fake_both(x, cfg, cfg_t, r.check_finite, None, apart=True)
+    except ValueError as e:
+        raise ValueError(f"{label.split(INSTANCE_MARK)[0]}: {pair[0][0]} operand {pair[0][1]} and {pair[1][0]} "
+                         f"operand {pair[1][1]} {list(x.shape)}: {e}") from None
+    return y, yt, by, byt
+
+
+@fast_pair_op.register_fake
+def _(x, step, recipe, layer, operands, label):
+    rows, cols = x.shape
+    r = recipe_of_key(recipe)
+    if isinstance(rows, int) and isinstance(cols, int):
+        # Whether one kernel reads x, and so the bounds' size, follows the grid, block and RHT of the two configs,
+        # the same at every step and layer.
+        cfg, cfg_t = (r.config(p, o, layer=0, step=0) for p, o in _pair_of(operands))
+        words = _bound_words(x.dtype == torch.bfloat16, cfg, cfg_t, r.check_finite, rows, cols)
+    else:  # a symbolic shape (a dynamic-shape graph): a size of its own
+        words = torch.library.get_ctx().new_dynamic_size()
+    return (x.new_empty((rows, cols), dtype=torch.bfloat16), x.new_empty((cols, rows), dtype=torch.bfloat16),
+            x.new_empty((words,), dtype=torch.float32), x.new_empty((words,), dtype=torch.float32))
+
+
+@torch.library.custom_op("fp4lab::fast_mm", mutates_args=(), device_types="cuda")
+def fast_mm_op(a: torch.Tensor, b: torch.Tensor, bound_a: torch.Tensor, bound_b: torch.Tensor, recipe: str
+               ) -> torch.Tensor:
+    """A [M, K] · B [N, K]ᵀ of two BF16 ``fast`` operands (``fp4lab::fast_pair``'s or ``fp4lab::fake_quantize``'s)
+    by cuBLAS into BF16, the output checked under the recipe's check: from the operands' bounds where both are given
+    (non-empty) and prove it finite, else by a scan. What ``fp4lab::fast_qmatmul`` multiplies, bit for bit."""
+    _refuse_capture("the fp4lab operators (torch.compile's path; they read the SR step on the host)")
+    return _fast_matmul(a, b, recipe_of_key(recipe).check_finite, (bound_a, bound_b))
+
+
+@fast_mm_op.register_fake
+def _(a, b, bound_a, bound_b, recipe):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=torch.bfloat16)
 
 
 @torch.library.custom_op("fp4lab::take_step", mutates_args=("counter",))
@@ -795,15 +886,15 @@ def _qmatmul_observed(a, b, step, recipe: Recipe, layer: int, pass_: str, label:
 
 def qmatmul(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: Recipe, layer: int, pass_: str,
             label: str, cache: Optional[dict] = None, owner: Any = None,
-            out_dtype: torch.dtype = torch.float32, pre: Tuple[Optional[torch.Tensor], ...] = (None, None)
-            ) -> torch.Tensor:
+            out_dtype: torch.dtype = torch.float32, pre: Tuple[Any, Any] = (None, None)) -> torch.Tensor:
     """A [M, K] · B [N, K]ᵀ, both operands quantised along K under the recipe's settings for ``pass_`` with the SR
     key (seed, ``step``, ``layer``), in the recipe's mode, through the fp4lab operators; a K that is not a multiple
     of ``recipe.k_multiple[pass_]`` is zero-padded to one first. ``cache`` (eager mode) lets
     CUDA operands go through the kernels' device buffers instead; there an ``exact`` product the caller keeps in
     BF16 (``out_dtype``) comes out of the GEMM's epilogue as BF16, without an FP32 pass and a conversion. Other
     paths may return FP32 whatever ``out_dtype`` says: the caller converts. ``pre``: operands already in hand as
-    ``fast_pair`` gave them (BF16 fake-quantised A and B, or None for one this call quantises)."""
+    ``fast_pair`` gave them ((values, bounds) of the BF16 fake-quantised A and B, or None for one this call
+    quantises)."""
     given = pre[0] is not None or pre[1] is not None  # fast_pair's operands: no K to pad, no monitor, no shard
     # A K the blocks (or RHT) do not divide ends in a partial block: defined as zero-padded to the next multiple
     # (docs/spec.md, the block-scaled GEMM), which the quantisers and GEMMs below then take whole.
@@ -815,6 +906,12 @@ def qmatmul(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: Recipe
                                             or getattr(getattr(owner, "owner", owner), "_amax_reduce", None)
                                             is not None):
         return _qmatmul_observed(a, b, step, recipe, layer, pass_, label, cache, owner, shard)
+    if given and cache is None:  # a compiled graph: fast_pair's operators, the other operand quantised alone
+        (qa, ba), (qb, bb) = (p if p is not None else
+                              (torch.ops.fp4lab.fake_quantize(x, step, recipe.key, layer, pass_, o, label), None)
+                              for p, x, o in ((pre[0], a, "a"), (pre[1], b, "b")))
+        none = qa.new_empty((0,), dtype=torch.float32)
+        return torch.ops.fp4lab.fast_mm(qa, qb, none if ba is None else ba, none if bb is None else bb, recipe.key)
     if cache is not None and a.is_cuda:
         cfg = lambda o: recipe.config(pass_, o, layer=layer, step=int(step))  # noqa: E731
         # fast: one pass per operand writes its BF16 dequantised values, and cuBLAS multiplies them (what product()
@@ -824,15 +921,17 @@ def qmatmul(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: Recipe
         # which set_step() writes before each replay.
         seed = _capture_seed(owner, label)
         try:
-            qa = pre[0] if pre[0] is not None else _quantize_operand(a, cfg("a"), pass_, "a", recipe, cache, fake, seed)
-            qb = pre[1] if pre[1] is not None else _quantize_operand(b, cfg("b"), pass_, "b", recipe, cache, fake, seed)
+            qa = pre[0][0] if pre[0] is not None else _quantize_operand(a, cfg("a"), pass_, "a", recipe, cache, fake,
+                                                                         seed)
+            qb = pre[1][0] if pre[1] is not None else _quantize_operand(b, cfg("b"), pass_, "b", recipe, cache, fake,
+                                                                         seed)
         except ValueError as e:
             raise ValueError(f"{label}: {e}") from None
         if fake:
             return _fast_matmul(qa, qb, recipe.check_finite)
         return product(qa, qb, recipe.mode, recipe.check_finite, out_dtype)
-    if given:  # fast_pair gives operands only where the branch above takes them (eager CUDA, fast mode)
-        raise RuntimeError(f"{label}: qmatmul was given fast_pair's operands outside eager CUDA fast mode")
+    if given:  # fast_pair gives operands only where the branches above take them (CUDA, fast mode)
+        raise RuntimeError(f"{label}: qmatmul was given fast_pair's operands outside CUDA fast mode")
     op = torch.ops.fp4lab.qgemm if recipe.mode == "exact" else torch.ops.fp4lab.fast_qmatmul
     return op(a, b, step, recipe.key, layer, pass_, label)
 
@@ -849,17 +948,25 @@ def _capture_seed(owner: Any, label: str) -> Optional[torch.Tensor]:
 
 def fast_pair(x: torch.Tensor, step: torch.Tensor, recipe: Recipe, layer: int, first: Tuple[str, str],
               second: Tuple[str, str], label: str, cache: Optional[dict], owner: Any
-              ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+              ) -> Optional[Tuple[Tuple[torch.Tensor, Optional[torch.Tensor]], Tuple[torch.Tensor, Optional[torch.Tensor]]]]:
     """The two ``fast`` operands a step takes of one tensor x [rows, cols]: x along cols as GEMM operand ``first``
     (pass, operand) and xᵀ along rows as ``second``, each what qmatmul would make of it, from one read of x
-    (``fake_quantize_both``); pass them to qmatmul as ``pre``. None where qmatmul takes another path for these
-    operands (a compiled step, ``exact`` mode, the CPU, a numerics monitor, sr_shard, reduce_amax, a K to pad, an
-    input that is not contiguous BF16): the caller then leaves both to qmatmul."""
-    if (cache is None or not x.is_cuda or recipe.mode != "fast" or x.dtype != torch.bfloat16 or x.dim() != 2
+    (``fake_quantize_both``), as (values, bounds) each; pass them to qmatmul as ``pre``. In eager mode (``cache``
+    given) the bounds ride in the values' buffers and are None here; in a compiled graph (no ``cache``) the operator
+    ``fp4lab::fast_pair`` gives them as tensors of their own. None where qmatmul takes another path for these
+    operands (``exact`` mode, the CPU, a numerics monitor, sr_shard, reduce_amax, a K to pad, an input that is not
+    contiguous BF16): the caller then leaves both to qmatmul."""
+    if (not x.is_cuda or recipe.mode != "fast" or x.dtype != torch.bfloat16 or x.dim() != 2
             or x.numel() == 0 or not x.is_contiguous()):
         return None
     if x.shape[1] % recipe.k_multiple[first[0]] or x.shape[0] % recipe.k_multiple[second[0]]:
         return None
+    if cache is None:
+        if not torch.compiler.is_compiling():
+            return None  # the operators' eager callers (no layer buffers) take qmatmul's own path
+        y, yt, by, byt = torch.ops.fp4lab.fast_pair(x, step, recipe.key, layer, f"{'.'.join(first)},"
+                                                    f"{'.'.join(second)}", label)
+        return (y, by), (yt, byt)
     if owner is not None and (getattr(owner, "_sr_shard", None) is not None or (observers and _observed(owner, step))
                               or getattr(getattr(owner, "owner", owner), "_amax_reduce", None) is not None):
         return None
@@ -867,7 +974,8 @@ def fast_pair(x: torch.Tensor, step: torch.Tensor, recipe: Recipe, layer: int, f
     s = int(step)
     cfg, cfg_t = (recipe.config(p, o, layer=layer, step=s) for p, o in (first, second))
     try:
-        return fake_quantize_both(x, cfg, cfg_t, check_finite=recipe.check_finite, device_seed=seed)
+        y, yt = fake_quantize_both(x, cfg, cfg_t, check_finite=recipe.check_finite, device_seed=seed)
     except ValueError as e:
         raise ValueError(f"{label}: {first[0]} operand {first[1]} and {second[0]} operand {second[1]} "
                          f"{list(x.shape)}: {e}") from None
+    return (y, None), (yt, None)

@@ -151,13 +151,15 @@ def test_cuda_training_step_compiles_whole_and_matches_eager_bit_for_bit(recipe)
 @pytest.mark.parametrize("recipe", ["ufp4", "nvfp4"])
 def test_cuda_fast_bf16_step_compiles_to_eager_bits(recipe):
     # A BF16 fast model: eager mode reads X, W and dY once for both of their GEMMs (fast_pair) and checks the GEMM
-    # outputs from the operands' bounds; the compiled graph quantises each operand in its own operator
-    # (fp4lab::fast_qmatmul). The losses, gradients and parameters are the same bits. aot_eager runs the traced
-    # forward and backward graphs on eager kernels (inductor would compute the BF16 loss in an order of its own).
+    # outputs from the operands' bounds; so does the compiled graph, through its own operators (fp4lab::fast_pair,
+    # one a tensor, and fp4lab::fast_mm, one a GEMM). The losses, gradients and parameters are the same bits. The
+    # traced forward and backward graphs run on eager kernels (aot_eager's; inductor would compute the BF16 loss in
+    # an order of its own).
     torch.manual_seed(0)
     eager = ft.convert(MLP().cuda().to(torch.bfloat16), ft.Recipe(recipe, mode="fast"))
     model = copy.deepcopy(eager)
-    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    graphs = []
+    compiled = torch.compile(model, fullgraph=True, backend=recording_aot_eager(graphs))
     x = torch.randn(64, 32, device="cuda").to(torch.bfloat16).requires_grad_(True)
     t = torch.randn(64, 32, device="cuda").to(torch.bfloat16)
     opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2)
@@ -175,6 +177,69 @@ def test_cuda_fast_bf16_step_compiles_to_eager_bits(recipe):
             assert torch.equal(p.grad.view(torch.int16), q.grad.view(torch.int16)), (step, n)
             assert torch.equal(p.view(torch.int16), q.view(torch.int16)), (step, n)
     ft.check_finite()
+    # Forward: X and W of both layers, each read once for its two GEMMs; backward: dY of both layers. No operand is
+    # quantised alone, and six GEMMs take the pairs' operands.
+    fwd, bwd = graphs
+    assert ops_in(fwd) == {"fast_pair": 4, "fast_mm": 2}, fwd
+    assert ops_in(bwd) == {"fast_pair": 2, "fast_mm": 4}, bwd
+
+
+def recording_aot_eager(graphs: list):
+    """aot_eager's backend (the traced forward and backward graphs run on eager kernels) that keeps each graph's
+    code in ``graphs``."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    def keep(gm, _inputs):
+        graphs.append(gm.code)
+        return gm
+    return aot_autograd(fw_compiler=keep, bw_compiler=keep)
+
+
+def ops_in(code: str) -> dict:
+    """How often each fp4lab operator is called in a graph's code."""
+    import re
+    found: dict = {}
+    for name in re.findall(r"torch\.ops\.fp4lab\.(\w+)\.default", code):
+        found[name] = found.get(name, 0) + 1
+    found.pop("take_step", None)
+    found.pop("column_sum", None)
+    return found
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and ft.ops._core.cuda_built),
+                    reason="needs a CUDA GPU and a CUDA build of fp4lab")
+def test_cuda_compiled_fast_output_checks_read_the_pairs_bounds(monkeypatch):
+    # The compiled graph's GEMM output checks read the bounds fp4lab::fast_pair gives beside its operands: a step's
+    # three GEMMs take the product check (no plain scan), and an output that does overflow BF16 is still found and
+    # reported at the next check. An operand quantised alone has no bounds, and its GEMM is scanned: with an input
+    # that needs no gradient, W (no Wᵀ to make) in the forward and dYᵀ (no dY) in the backward.
+    import fp4lab.torch.ops as ops
+    seen = []
+    real_p, real_s = ops._core.cuda_flag_nonfinite_product, ops._core.cuda_flag_nonfinite
+    monkeypatch.setattr(ops._core, "cuda_flag_nonfinite_product", lambda *a: seen.append("product") or real_p(*a))
+    monkeypatch.setattr(ops._core, "cuda_flag_nonfinite", lambda *a: seen.append("scan") or real_s(*a))
+    torch.manual_seed(0)
+    layer = ft.convert(nn.Linear(64, 96).cuda().to(torch.bfloat16), ft.Recipe("ufp4", mode="fast"))
+    assert layer.recipe.check_finite == "deferred"
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(2, 64, 64, generator=g).to(torch.bfloat16).cuda()
+    dy = torch.randn(2, 64, 96, generator=g).to(torch.bfloat16).cuda()
+    compiled(x.clone().requires_grad_(True)).backward(dy)
+    assert seen == ["product"] * 3
+    seen.clear()
+    compiled(x).backward(dy)
+    assert seen == ["scan", "scan"]
+    ft.check_finite()  # nothing flagged
+    with torch.no_grad():
+        layer.weight.mul_(1e20)
+    seen.clear()
+    y = compiled((x * 1e20).requires_grad_(True))  # |y| up to about 64 * 1e40: past BF16's largest, 3.4e38
+    assert not bool(torch.isfinite(y).all())
+    y.backward(dy)
+    assert seen == ["product"] * 3
+    with pytest.raises(ValueError, match="output of a quantised GEMM overflowed"):
+        ft.check_finite()
 
 
 def test_fast_mode_compiles_whole():
@@ -220,7 +285,56 @@ def test_operators_pass_torch_library_checks():
                        bits(ft.product(ha, hb, "fast")))
 
 
+@pytest.mark.skipif(not (torch.cuda.is_available() and ft.ops._core.cuda_built),
+                    reason="needs a CUDA GPU and a CUDA build of fp4lab")
+@pytest.mark.parametrize("recipe", ["ufp4", "nvfp4", "mxfp4"])
+def test_cuda_pair_operators_pass_torch_library_checks_and_give_eager_bits(recipe):
+    # fp4lab::fast_pair gives fake_quantize_both's two operands (one read where the grid fits, two passes otherwise:
+    # MXFP4's blocks of 32), and fp4lab::fast_mm multiplies them as fp4lab::fast_qmatmul does.
+    r = ft.Recipe(recipe, mode="fast")
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(128, 64, generator=g).to(torch.bfloat16).cuda()
+    w = torch.randn(96, 64, generator=g).to(torch.bfloat16).cuda()
+    step = torch.tensor(5)
+    pairs = {}
+    for name, t, ops in (("x", x, "fwd_y.a,bwd_dw.b"), ("w", w, "fwd_y.b,bwd_dx.b")):
+        args = (t, step, r.key, 3, ops, name)
+        torch.library.opcheck(torch.ops.fp4lab.fast_pair.default, args)
+        pairs[name] = torch.ops.fp4lab.fast_pair(*args)
+    (xa, xt, bx, bxt), (wb, wt, bw, bwt) = pairs["x"], pairs["w"]
+    cfg = lambda p, o: r.config(p, o, layer=3, step=5)  # noqa: E731
+    for (y, yt), t, c, ct in (((xa, xt), x, cfg("fwd_y", "a"), cfg("bwd_dw", "b")),
+                              ((wb, wt), w, cfg("fwd_y", "b"), cfg("bwd_dx", "b"))):
+        ey, eyt = ft.fake_quantize_both(t, c, ct, check_finite="deferred")
+        assert torch.equal(y.view(torch.int16), ey.view(torch.int16))
+        assert torch.equal(yt.view(torch.int16), eyt.view(torch.int16))
+    # Bounds where one kernel read the tensor for both (one FP32 word per 64x128 tile), none where the two passes ran
+    # (MXFP4's blocks of 32; NVFP4's W, in 16x16 tiles).
+    assert bx.dtype == bw.dtype == torch.float32
+    assert bx.numel() == bxt.numel() == (0 if recipe == "mxfp4" else 2)
+    assert bw.numel() == bwt.numel() == (2 if recipe == "ufp4" else 0)
+    args = (xa, wb, bx, bw, r.key)
+    torch.library.opcheck(torch.ops.fp4lab.fast_mm.default, args)
+    assert torch.equal(torch.ops.fp4lab.fast_mm(*args).view(torch.int16),
+                       torch.ops.fp4lab.fast_qmatmul(x, w, step, r.key, 3, "fwd_y", "x").view(torch.int16))
+    ft.check_finite()
+
+
 def test_operator_faults_name_the_layer_and_operand():
     r = ft.Recipe("nvfp4")
     with pytest.raises(ValueError, match=r"^blocks\.0\.fc1: fwd_y operand a \[16, 20\]: "):
         torch.ops.fp4lab.quantize(torch.randn(16, 20), torch.tensor(0), r.key, 0, "fwd_y", "a", "blocks.0.fc1")
+
+
+def test_the_operator_table_lists_every_operator():
+    # docs/python.md's table of the operators names each registered fp4lab operator once, with its arguments.
+    import re
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "python.md").read_text()
+    listed = re.findall(r"^\| `fp4lab::(\w+)\(([^)]*)\)` \|", doc, re.M)
+    registered = {n.split("::")[1].split(".")[0] for n in torch._C._dispatch_get_all_op_names()
+                  if n.startswith("fp4lab::")}
+    assert sorted(name for name, _ in listed) == sorted(registered)
+    for name, args in listed:
+        schema = getattr(torch.ops.fp4lab, name).default._schema
+        assert [a.strip() for a in args.split(",")] == [a.name for a in schema.arguments], name
