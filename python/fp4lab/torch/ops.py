@@ -4,6 +4,7 @@ CUDA kernels on CUDA tensors; and the same as torch.library operators (``torch.o
 ``column_sum``), through which the training path runs so that torch.compile traces it."""
 from __future__ import annotations
 
+import functools
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
@@ -77,6 +78,11 @@ def _flag_ptr(device: int) -> int:
         _flags[device] = torch.zeros(1, dtype=torch.int32, device=torch.device("cuda", device))
         p = _flag_ptrs[device] = _flags[device].data_ptr()
     return p
+
+
+def _need_cuda_build() -> None:
+    if not _core.cuda_built:
+        raise RuntimeError("this fp4lab was built without CUDA")
 
 
 def _refuse_capture(what: str) -> None:
@@ -294,11 +300,37 @@ def fake_quantize_both(x: torch.Tensor, cfg: "_core.QuantConfig", cfg_t: "_core.
     return y, yt
 
 
-def _bound_words(bf16: bool, cfg, cfg_t, check_finite: str, rows: int, cols: int) -> int:
+def _bound_words(bf16: bool, cfg, cfg_t, check_finite: str, rows: Any, cols: Any) -> Any:
     """The FP32 words of each bound _fake_both gives: one per tile where one kernel reads x for both under the
-    deferred check, else none."""
-    one_read = check_finite == "deferred" and _core.cuda_fake_quantize_both_fused(bf16, cfg, cfg_t, rows)
-    return _core.cuda_fake_quantize_both_bound_words(rows, cols) if one_read else 0
+    deferred check, else none. ``rows`` and ``cols`` may be symbolic sizes (a dynamic-shape graph's fake tensors):
+    the count is then the same arithmetic on them, with the tile and the most rows read off the kernels' own
+    functions (_bound_tile), and a guard on the rows."""
+    if check_finite != "deferred":
+        return 0
+    if isinstance(rows, int) and isinstance(cols, int):
+        one_read = _core.cuda_fake_quantize_both_fused(bf16, cfg, cfg_t, rows)
+        return _core.cuda_fake_quantize_both_bound_words(rows, cols) if one_read else 0
+    if not _core.cuda_fake_quantize_both_fused(bf16, cfg, cfg_t, 1):
+        return 0
+    tile_rows, tile_cols, most_rows = _bound_tile(cfg, cfg_t)
+    if rows > most_rows:
+        return 0
+    return ((cols + tile_cols - 1) // tile_cols) * ((rows + tile_rows - 1) // tile_rows)
+
+
+@functools.lru_cache(maxsize=None)
+def _bound_tile(cfg, cfg_t) -> Tuple[int, int, int]:
+    """(rows, cols) of x one bound word covers, and the most rows of x one kernel reads for both under cfg and cfg_t
+    (configurations it takes), found by asking cuda_fake_quantize_both_bound_words and cuda_fake_quantize_both_fused
+    themselves: no second statement of the kernel's tile here."""
+    words = _core.cuda_fake_quantize_both_bound_words
+    tile_rows = next(n for n in range(1, 1 << 20) if words(n + 1, 1) > 1)
+    tile_cols = next(n for n in range(1, 1 << 20) if words(1, n + 1) > 1)
+    lo, hi = 1, 1 << 40  # the fused kernel takes lo rows, not hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if _core.cuda_fake_quantize_both_fused(True, cfg, cfg_t, mid) else (lo, mid)
+    return tile_rows, tile_cols, lo
 
 
 def _fake_both(x: torch.Tensor, cfg, cfg_t, check_finite: str, device_seed: Optional[torch.Tensor], apart: bool):
@@ -772,15 +804,14 @@ _lib.impl("fast_pair", fast_pair_op, "CUDA")
 
 @torch.library.register_fake("fp4lab::fast_pair", lib=_lib)
 def _(x, step, recipe, layer, operands, label):
+    _need_cuda_build()
     rows, cols = x.shape
     r = recipe_of_key(recipe)
-    if isinstance(rows, int) and isinstance(cols, int):
-        # Whether one kernel reads x, and so the bounds' size, follows the grid, block and RHT of the two configs,
-        # the same at every step and layer.
-        cfg, cfg_t = (r.config(p, o, layer=0, step=0) for p, o in _pair_of(operands))
-        words = _bound_words(x.dtype == torch.bfloat16, cfg, cfg_t, r.check_finite, rows, cols)
-    else:  # a symbolic shape (a dynamic-shape graph): a size of its own
-        words = torch.library.get_ctx().new_dynamic_size()
+    # Whether one kernel reads x, and so the bounds' size, follows the grid, block and RHT of the two configs, the
+    # same at every step and layer; with symbolic sizes the words are an expression of them, never a size of their
+    # own (an unbacked size that only the backward reads stops a whole-graph compile).
+    cfg, cfg_t = (r.config(p, o, layer=0, step=0) for p, o in _pair_of(operands))
+    words = _bound_words(x.dtype == torch.bfloat16, cfg, cfg_t, r.check_finite, rows, cols)
     return (x.new_empty((rows, cols), dtype=torch.bfloat16), x.new_empty((cols, rows), dtype=torch.bfloat16),
             x.new_empty((words,), dtype=torch.float32), x.new_empty((words,), dtype=torch.float32))
 

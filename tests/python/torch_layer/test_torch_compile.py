@@ -320,6 +320,77 @@ def test_cuda_pair_operators_pass_torch_library_checks_and_give_eager_bits(recip
     ft.check_finite()
 
 
+@pytest.mark.skipif(not (torch.cuda.is_available() and ft.ops._core.cuda_built),
+                    reason="needs a CUDA GPU and a CUDA build of fp4lab")
+def test_cuda_compiled_fast_layer_takes_new_token_counts_whole():
+    # A second and third token count make torch.compile trace the layer with symbolic sizes (automatic dynamic
+    # shapes): fullgraph=True still compiles it whole, once more, and each step gives eager's bits. The pair
+    # operator's fake sizes its bounds by the kernels' own tile (_bound_tile), which equals their word count.
+    import fp4lab.torch.ops as ops
+    r = ft.Recipe("ufp4", mode="fast")
+    cfg, cfg_t = (r.config(p, o, layer=0, step=0) for p, o in (("fwd_y", "a"), ("bwd_dw", "b")))
+    tr, tc, most = ops._bound_tile(cfg, cfg_t)
+    for rows, cols in ((1, 1), (64, 128), (65, 129), (8192, 2816), (most, 16), (most + 1, 16)):
+        want = ops._core.cuda_fake_quantize_both_bound_words(rows, cols)
+        assert want == -(-cols // tc) * -(-rows // tr), (rows, cols)
+        assert ops._core.cuda_fake_quantize_both_fused(True, cfg, cfg_t, rows) == (rows <= most)
+    torch.manual_seed(0)
+    eager = ft.convert(nn.Linear(64, 96).cuda().to(torch.bfloat16), r)
+    model = copy.deepcopy(eager)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    torch._dynamo.reset()
+    for n in (128, 256, 384):
+        x = torch.randn(n, 64, device="cuda").to(torch.bfloat16)
+        for m in (eager, compiled):
+            m.zero_grad() if m is eager else model.zero_grad()
+        ye, yc = eager(x.clone().requires_grad_(True)), compiled(x.clone().requires_grad_(True))
+        assert torch.equal(ye.view(torch.int16), yc.view(torch.int16)), n
+        ye.float().square().sum().backward()
+        yc.float().square().sum().backward()
+        for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+            assert torch.equal(p.grad.view(torch.int16), q.grad.view(torch.int16)), (n, name)
+    ft.check_finite()
+
+
+def test_pair_fake_sizes_its_bounds_from_symbolic_shapes(monkeypatch):
+    # A dynamic-shape graph (a second token count under torch.compile) traces fp4lab::fast_pair's fake with symbolic
+    # sizes: the bounds' words must be an expression of them (a size of their own that only the backward reads stops
+    # a whole-graph compile), equal at each concrete shape to what the kernels' functions give. The CUDA-only
+    # functions stand in here as kernels.hpp defines them: one word per 64x128 tile of x, one read for at most 65535
+    # tiles of rows.
+    import sympy
+    from torch.fx.experimental.proxy_tensor import make_fx
+    import fp4lab.torch.ops as ops
+    words = lambda r, c: -(-c // 128) * -(-r // 64)  # noqa: E731
+    monkeypatch.setattr(ops._core, "cuda_built", True, raising=False)
+    monkeypatch.setattr(ops._core, "cuda_fake_quantize_both_bound_words", words, raising=False)
+    monkeypatch.setattr(ops._core, "cuda_fake_quantize_both_fused",
+                        lambda bf16, c, ct, rows: bf16 and -(-rows // 64) <= 65535, raising=False)
+    ops._bound_tile.cache_clear()
+    r = ft.Recipe("ufp4", mode="fast")
+
+    def pair(x, step):
+        return torch.ops.fp4lab.fast_pair(x, step, r.key, 3, "fwd_y.a,bwd_dw.b", "L")
+
+    try:
+        gm = make_fx(pair, tracing_mode="symbolic")(torch.empty(128, 64, dtype=torch.bfloat16), torch.tensor(5))
+        out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        y, yt, by, byt = (n.meta["val"] for n in out)
+        rows, cols = y.shape
+        assert tuple(yt.shape) == (cols, rows)
+        expr = by.shape[0].node.expr
+        assert by.shape[0].node.expr == byt.shape[0].node.expr
+        names = {str(v) for v in expr.free_symbols}
+        assert names == {str(rows.node.expr), str(cols.node.expr)}, expr  # no symbol of its own
+        for rv, cv in ((128, 64), (8192, 1024), (100, 130), (64 * 65535, 16)):
+            got = expr.subs({rows.node.expr: rv, cols.node.expr: cv})
+            assert got == sympy.Integer(words(rv, cv)), (rv, cv, got)
+        assert ops._bound_tile(*(r.config(p, o, layer=0, step=0) for p, o in (("fwd_y", "a"), ("bwd_dw", "b")))) \
+            == (64, 128, 64 * 65535)
+    finally:
+        ops._bound_tile.cache_clear()
+
+
 def test_operator_faults_name_the_layer_and_operand():
     r = ft.Recipe("nvfp4")
     with pytest.raises(ValueError, match=r"^blocks\.0\.fc1: fwd_y operand a \[16, 20\]: "):
