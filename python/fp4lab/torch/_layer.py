@@ -312,6 +312,19 @@ _apply_eager = torch._dynamo.disable(apply_gemm, reason="fp4lab reduce_amax / sr
 
 _instances = itertools.count()
 
+# The 0-d int64 tensors forwards return as their step, one per value: every layer of a training step takes the same
+# step, and the tensor is only read (saved for the backward, passed to the operators).
+_step_tensors: dict = {}
+
+
+def _step_tensor(step: int) -> torch.Tensor:
+    t = _step_tensors.get(step)
+    if t is None:
+        if len(_step_tensors) > 256:
+            _step_tensors.clear()
+        t = _step_tensors[step] = torch.tensor(step, dtype=torch.int64)
+    return t
+
 
 def step_of_state(key: str, state: Any) -> int:
     """The SR step a state dict's ``key`` holds (what get_extra_state writes: a 0-d int64 tensor; any 0-d integer
@@ -443,15 +456,17 @@ class Stepped(nn.Module):
         if replay is not None or inside_backward:
             for region, _, _ in regions[:replay]:  # regions the recomputation enters anew log what it takes
                 _log_of(region, self)[0].append(step)
-            return torch.tensor(step, dtype=torch.int64), False
+            return _step_tensor(step), False
         records = records or any(r[2] for r in regions)  # a reentrant forward runs without a graph, its recomputation
-        step = self._last_step = self.step
-        self._last_advanced = records and self.training
-        if self._last_advanced:
-            self.step += 1
+        step = int(self._step)
+        advanced = records and self.training
+        # Plain attributes, set past nn.Module.__setattr__'s checks (a forward's host time bounds eager steps).
+        self.__dict__.update(_last_step=step, _last_advanced=advanced)
+        if advanced:
+            self.step = step + 1
         for region, _, _ in regions:
             _log_of(region, self)[0].append(step)
-        return torch.tensor(step, dtype=torch.int64), records
+        return _step_tensor(step), records
 
     def __getstate__(self):
         state = super().__getstate__()
