@@ -60,10 +60,14 @@ def train_step(model, x, vocab, opt, device, check=False):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
     t0 = time.perf_counter()
-    loss = F.cross_entropy(model(x[:, :-1]).float().view(-1, vocab), x[:, 1:].reshape(-1))
+    # The phases are named for --profile's account of the GPU's idle time (record_function costs ~1 µs unprofiled).
+    with torch.profiler.record_function("step:forward"):
+        loss = F.cross_entropy(model(x[:, :-1]).float().view(-1, vocab), x[:, 1:].reshape(-1))
     opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
+    with torch.profiler.record_function("step:backward"):
+        loss.backward()
+    with torch.profiler.record_function("step:optimizer"):
+        opt.step()
     if device.type != "cuda":
         return loss.item(), (time.perf_counter() - t0) * 1e3
     end.record()
@@ -112,6 +116,7 @@ def run(args, recipe, mode, device, profile=False, compiled=False, monitor_every
     if prof is not None:
         prof.__exit__(None, None, None)
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.profile_rows), flush=True)
+        idle_report(prof, args.tmp)
     if mon is not None:
         mon.close()
     params = sum(p.numel() for n, p in model.named_parameters() if n.startswith("blocks."))
@@ -129,6 +134,48 @@ def run(args, recipe, mode, device, profile=False, compiled=False, monitor_every
     if steps != args.steps:
         row["step_ms"] = times  # a monitor row and its baseline, step by step (the steps after the warm-up)
     return row
+
+
+def idle_report(prof, tmp: str) -> None:
+    """Where the GPU waits for the host in the profiled steps: the time between the step's GPU work (kernels, copies,
+    fills), each gap charged to the phase whose host code launched the work that ended it (the time a step cannot
+    lose to the GPU; a captured step has none), and to that work's name."""
+    path = os.path.join(tmp, "profile-trace.json")
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    os.remove(path)
+    spans = [e for e in events if e.get("ph") == "X"]
+    phases = sorted((e["ts"], e["ts"] + e["dur"], e["name"].removeprefix("step:")) for e in spans
+                    if e.get("cat") == "user_annotation" and e["name"].startswith("step:"))
+    launched = {e["args"]["correlation"]: e["ts"] for e in spans
+                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    work = sorted((e["ts"], e["ts"] + e["dur"], e["name"], launched.get(e.get("args", {}).get("correlation")))
+                  for e in spans if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+
+    def phase_of(t):
+        return next((name for a, b, name in phases if t is not None and a <= t <= b), None)
+
+    by_phase, by_work, busy, end, first = {}, {}, 0.0, None, None
+    for a, b, name, t in work:
+        ph = phase_of(t)
+        if ph is None:
+            continue  # launched between the steps (the loss read, the next batch): not in a step's time
+        if end is not None and a > end:
+            by_phase[ph] = by_phase.get(ph, 0.0) + (a - end)
+            short = name.split("(")[0].split("<")[0][-60:]
+            by_work[short] = by_work.get(short, 0.0) + (a - end)
+        busy += max(0.0, b - max(a, end if end is not None else a))
+        end = b if end is None else max(end, b)
+        first = a if first is None else first
+    steps = sum(1 for _, _, name in phases if name == "forward") or 1
+    idle = sum(by_phase.values())
+    print(f"GPU idle inside the profiled steps: {idle / steps / 1e3:.2f} ms a step (busy {busy / steps / 1e3:.2f} "
+          f"ms), by the phase that launched the waiting work: "
+          + ", ".join(f"{k} {v / steps / 1e3:.2f}" for k, v in sorted(by_phase.items(), key=lambda kv: -kv[1])),
+          flush=True)
+    for name, us in sorted(by_work.items(), key=lambda kv: -kv[1])[:8]:
+        print(f"  {us / steps / 1e3:7.3f} ms a step before {name}", flush=True)
 
 
 def host_profile(args, device):
@@ -256,6 +303,22 @@ def launch_cost(device):
             ("one fast GEMM of two pairs' operands, compiled (fp4lab::fast_mm)",
              lambda: torch.ops.fp4lab.fast_mm(x, w, bound, bound, r.key), 500),
             ("Recipe.config at a new step", lambda: r.config("fwd_y", "a", layer=3, step=next(new_step)), 2000)):
+        print(f"{what:70s} {host_us(f, n):8.1f} us of host a call", flush=True)
+    # A whole eager layer on 64 tokens, whose kernels take a few µs: the host's time alone. The first layer of a step
+    # reads the deferred check (a synchronisation); a second, in eval mode, keeps that step and its graph.
+    first, lin = (ft.Linear(1024, 1024, bias=False, recipe=r).to(device, torch.bfloat16) for _ in range(2))
+    xs = torch.randn(64, 1024, device=device, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(64, 1024, device=device, dtype=torch.bfloat16)
+    first(xs)
+    lin.eval()
+    cfg_t = r.config("bwd_dw", "b", layer=3, step=5)
+    xd, ws = xs.detach(), w[:64]
+    for what, f, n in (("fake_quantize_both, 64x1024 (one read)",
+                        lambda: ops.fake_quantize_both(xd, cfg, cfg_t, check_finite="deferred"), 1000),
+                       ("torch.matmul alone, 64 tokens", lambda: torch.matmul(xd, ws.t()), 1000),
+                       ("matmul + deferred output check, 64 tokens", lambda: ops._fast_matmul(xd, ws, "deferred"), 1000),
+                       ("one fast Linear's forward, eager, 64 tokens", lambda: lin(xs), 1000),
+                       ("one fast Linear's forward and backward, eager, 64 tokens", lambda: lin(xs).backward(dy), 1000)):
         print(f"{what:70s} {host_us(f, n):8.1f} us of host a call", flush=True)
 
 

@@ -491,6 +491,32 @@ def test_bench_train_step_times_the_training_models_and_recipes(tmp_path):
             f"{s['batch']}") in spec
 
 
+def test_bench_idle_report_charges_each_gap_to_the_phase_that_launched_the_work_after_it(tmp_path, capsys):
+    """--profile's account of the GPU's idle time in a step, on a trace whose gaps are known: a gap is charged to the
+    phase whose host code launched the work that ended it; overlapping work leaves no gap; work launched between
+    steps (the loss read) counts neither as busy nor idle."""
+    def x(cat, name, ts, dur, corr=None):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, **({"args": {"correlation": corr}}
+                                                                              if corr is not None else {})}
+    events = [x("user_annotation", "step:forward", 0, 100), x("user_annotation", "step:backward", 100, 200)]
+    for corr, (launch, start, dur, name) in enumerate([(10, 20, 30, "k1(int)"), (15, 25, 10, "k5"),
+                                                       (60, 70, 10, "void k2<1>(float)"), (150, 160, 40, "k3"),
+                                                       (400, 410, 10, "k4")]):
+        events += [x("cuda_runtime", "cudaLaunchKernel", launch, 1, corr), x("kernel", name, start, dur, corr)]
+
+    class Prof:
+        def export_chrome_trace(self, path):
+            with open(path, "w") as f:
+                json.dump({"traceEvents": events}, f)
+    bench_train_step().idle_report(Prof(), str(tmp_path))
+    out = capsys.readouterr().out.splitlines()
+    # Busy: k1 (20-50, k5 inside it) 30 µs, k2 10, k3 40; idle: 20 before k2 (forward), 80 before k3 (backward).
+    assert out[0] == ("GPU idle inside the profiled steps: 0.10 ms a step (busy 0.08 ms), by the phase that launched "
+                      "the waiting work: backward 0.08, forward 0.02")
+    assert out[1:] == ["    0.080 ms a step before k3", "    0.020 ms a step before void k2"]
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_report_pairs_runs_of_one_sr_draw_and_names_runs_by_theirs(tmp_path):
     """docs/spec.md §4: runs under philox1 (recorded before the draw existed, or given --sr-draw philox1) and under
     philox4 are not paired in one report; the run-spec names of scripts/train_study.sh carry a run's draw."""
