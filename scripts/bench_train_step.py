@@ -60,7 +60,7 @@ def train_step(model, x, vocab, opt, device, check=False):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
     t0 = time.perf_counter()
-    # The phases are named for --profile's account of the GPU's idle time (record_function costs ~1 µs unprofiled).
+    # The phases are named for --profile's account of the GPU's idle time.
     with torch.profiler.record_function("step:forward"):
         loss = F.cross_entropy(model(x[:, :-1]).float().view(-1, vocab), x[:, 1:].reshape(-1))
     opt.zero_grad(set_to_none=True)
@@ -148,15 +148,18 @@ def idle_report(prof, tmp: str) -> None:
     spans = [e for e in events if e.get("ph") == "X"]
     phases = sorted((e["ts"], e["ts"] + e["dur"], e["name"].removeprefix("step:")) for e in spans
                     if e.get("cat") == "user_annotation" and e["name"].startswith("step:"))
+    # Kernels are launched through the runtime (cudaLaunchKernel) or the driver (cuLaunchKernelEx: cuBLAS).
     launched = {e["args"]["correlation"]: e["ts"] for e in spans
-                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     work = sorted((e["ts"], e["ts"] + e["dur"], e["name"], launched.get(e.get("args", {}).get("correlation")))
                   for e in spans if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
 
     def phase_of(t):
-        return next((name for a, b, name in phases if t is not None and a <= t <= b), None)
+        if t is None:
+            return "launch not in the trace"  # still GPU work of the step: its time is busy, not idle
+        return next((name for a, b, name in phases if a <= t <= b), None)
 
-    by_phase, by_work, busy, end, first = {}, {}, 0.0, None, None
+    by_phase, by_work, busy, end = {}, {}, 0.0, None
     for a, b, name, t in work:
         ph = phase_of(t)
         if ph is None:
@@ -167,7 +170,6 @@ def idle_report(prof, tmp: str) -> None:
             by_work[short] = by_work.get(short, 0.0) + (a - end)
         busy += max(0.0, b - max(a, end if end is not None else a))
         end = b if end is None else max(end, b)
-        first = a if first is None else first
     steps = sum(1 for _, _, name in phases if name == "forward") or 1
     idle = sum(by_phase.values())
     print(f"GPU idle inside the profiled steps: {idle / steps / 1e3:.2f} ms a step (busy {busy / steps / 1e3:.2f} "

@@ -493,8 +493,9 @@ def test_bench_train_step_times_the_training_models_and_recipes(tmp_path):
 
 def test_bench_idle_report_charges_each_gap_to_the_phase_that_launched_the_work_after_it(tmp_path, capsys):
     """--profile's account of the GPU's idle time in a step, on a trace whose gaps are known: a gap is charged to the
-    phase whose host code launched the work that ended it; overlapping work leaves no gap; work launched between
-    steps (the loss read) counts neither as busy nor idle."""
+    phase whose host code launched the work that ended it (through the runtime or the driver); overlapping work
+    leaves no gap; work launched between steps (the loss read) counts neither as busy nor idle, and work whose launch
+    is missing is busy."""
     def x(cat, name, ts, dur, corr=None):
         return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, **({"args": {"correlation": corr}}
                                                                               if corr is not None else {})}
@@ -503,6 +504,9 @@ def test_bench_idle_report_charges_each_gap_to_the_phase_that_launched_the_work_
                                                        (60, 70, 10, "void k2<1>(float)"), (150, 160, 40, "k3"),
                                                        (400, 410, 10, "k4")]):
         events += [x("cuda_runtime", "cudaLaunchKernel", launch, 1, corr), x("kernel", name, start, dur, corr)]
+    # A cuBLAS kernel launched through the driver in the backward, and a kernel whose launch is missing.
+    events += [x("cuda_driver", "cuLaunchKernelEx", 202, 1, 7), x("kernel", "gemm", 205, 15, 7),
+               x("kernel", "orphan", 230, 10, 8)]
 
     class Prof:
         def export_chrome_trace(self, path):
@@ -510,10 +514,12 @@ def test_bench_idle_report_charges_each_gap_to_the_phase_that_launched_the_work_
                 json.dump({"traceEvents": events}, f)
     bench_train_step().idle_report(Prof(), str(tmp_path))
     out = capsys.readouterr().out.splitlines()
-    # Busy: k1 (20-50, k5 inside it) 30 µs, k2 10, k3 40; idle: 20 before k2 (forward), 80 before k3 (backward).
-    assert out[0] == ("GPU idle inside the profiled steps: 0.10 ms a step (busy 0.08 ms), by the phase that launched "
-                      "the waiting work: backward 0.08, forward 0.02")
-    assert out[1:] == ["    0.080 ms a step before k3", "    0.020 ms a step before void k2"]
+    # Busy: k1 (20-50, k5 inside it) 30 µs, k2 10, k3 40, gemm 15, orphan 10; idle: 20 before k2 (forward), 80
+    # before k3 and 5 before gemm (backward), 10 before orphan.
+    assert out[0] == ("GPU idle inside the profiled steps: 0.12 ms a step (busy 0.10 ms), by the phase that launched "
+                      "the waiting work: backward 0.09, forward 0.02, launch not in the trace 0.01")
+    assert out[1:] == ["    0.080 ms a step before k3", "    0.020 ms a step before void k2",
+                       "    0.010 ms a step before orphan", "    0.005 ms a step before gemm"]
     assert os.listdir(tmp_path) == []
 
 
