@@ -318,9 +318,11 @@ def launch_cost(device):
     for what, f, n in (("fake_quantize_both, 64x1024 (one read)",
                         lambda: ops.fake_quantize_both(xd, cfg, cfg_t, check_finite="deferred"), 1000),
                        ("torch.matmul alone, 64 tokens", lambda: torch.matmul(xd, ws.t()), 1000),
-                       ("matmul + deferred output check, 64 tokens", lambda: ops._fast_matmul(xd, ws, "deferred"), 1000),
+                       ("matmul + deferred output check, 64 tokens",
+                        lambda: ops._fast_matmul(xd, ws, "deferred"), 1000),
                        ("one fast Linear's forward, eager, 64 tokens", lambda: lin(xs), 1000),
-                       ("one fast Linear's forward and backward, eager, 64 tokens", lambda: lin(xs).backward(dy), 1000)):
+                       ("one fast Linear's forward and backward, eager, 64 tokens",
+                        lambda: lin(xs).backward(dy), 1000)):
         print(f"{what:70s} {host_us(f, n):8.1f} us of host a call", flush=True)
 
 
