@@ -469,7 +469,7 @@ def main():
                                              "+separate-operands"))
                 if r in args.plain_output_check.split(",") and mode == "fast" and device.type == "cuda":
                     from fp4lab.torch import ops
-                    rows.extend(patched_rows(args, r, mode, device, [(ops, "_bounds_of", lambda t: None)],
+                    rows.extend(patched_rows(args, r, mode, device, [(ops, "_product_bounds", lambda b: None)],
                                              "+plain-output-check"))
                 if args.gemm_variant is not None and mode == "exact" and device.type == "cuda":
                     was = fp4lab._core.cuda_gemm_variant(args.gemm_variant)

@@ -50,7 +50,7 @@ class _LinearFn(torch.autograd.Function):
         y = y.to(x.dtype)
         if bias is not None:
             y = y + bias.to(x.dtype)
-        # fast_pair's second operands, (values, bounds) each: the bounds are tensors only in a compiled graph.
+        # fast_pair's second operands, (values, bounds) each.
         ctx.save_for_backward(None if px else x, weight, step, *(px[1] if px else (None, None)),
                               *(pw[1] if pw else (None, None)))
         ctx.pre = (px is not None, pw is not None)

@@ -133,29 +133,23 @@ def check_finite() -> None:
             raise ValueError(f"cuda:{i}: the output of a quantised GEMM overflowed since the last check")
 
 
-def _check_output(y: torch.Tensor, check_finite: str = "sync",
-                  operands: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+def _check_output(y: torch.Tensor, check_finite: str = "sync", k: int = 0,
                   bounds: Optional[Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]] = None) -> torch.Tensor:
     """An output past FP32 (or BF16, fast mode's CUDA product) is a data fault, not a result: the golden GEMM refuses
     it, and so do the CUDA kernels and fast mode here. With check_finite='deferred' a CUDA output is only scanned on
-    the device, which sets the flag check_finite() reads (one kernel, no synchronisation). ``operands``: y = A·Bᵀ of
-    these two; where both came from fake_quantize_both, the kernel first reads their magnitude bounds and leaves the
-    scan out when they prove every element finite. ``bounds``: the two operands' bounds as tensors of their own
-    (_fake_both's ``apart``), in place of those inside their buffers; None or empty for an operand without."""
+    the device, which sets the flag check_finite() reads (one kernel, no synchronisation). ``bounds``: where y = A·Bᵀ
+    (over ``k``) of two operands fake_quantize_both made, their magnitude bounds (_fake_both's): the kernel first
+    reads them and leaves the scan out when they prove every element finite; None or empty for an operand without."""
     if y.is_cuda and check_finite == "deferred":
         if y.numel():
             z = y  # the kernel reads dense BF16 or FP32 (the products are one or the other)
             if z.dtype not in (torch.bfloat16, torch.float32) or not z.is_contiguous():
                 z = z.contiguous().float()
             dev, stream = launch(z)
-            if bounds is not None:
-                found = [(b.data_ptr(), b.numel()) if b is not None and b.numel() else None for b in bounds]
-            else:
-                found = None if operands is None else [_bounds_of(t) for t in operands]
-            if found and found[0] and found[1]:
+            found = _product_bounds(bounds)
+            if found:
                 _core.cuda_flag_nonfinite_product(dev, stream, z.data_ptr(), z.numel(), z.dtype == torch.bfloat16,
-                                                  _flag_ptr(dev), _OUTPUT, *found[0], *found[1],
-                                                  operands[0].shape[1])
+                                                  _flag_ptr(dev), _OUTPUT, *found, k)
             else:
                 _core.cuda_flag_nonfinite(dev, stream, z.data_ptr(), z.numel(), z.dtype == torch.bfloat16,
                                           _flag_ptr(dev), _OUTPUT)
@@ -165,6 +159,13 @@ def _check_output(y: torch.Tensor, check_finite: str = "sync",
         r, c = (int(v) for v in bad.nonzero()[0])
         raise ValueError(f"GEMM output overflows {'BF16' if y.dtype == torch.bfloat16 else 'FP32'} at C[{r}, {c}]")
     return y
+
+
+def _product_bounds(bounds) -> Optional[Tuple[int, int, int, int]]:
+    """(address, words) of both operands' bounds for cuda_flag_nonfinite_product, or None where one has none."""
+    if bounds is None or bounds[0] is None or bounds[1] is None or not bounds[0].numel() or not bounds[1].numel():
+        return None
+    return bounds[0].data_ptr(), bounds[0].numel(), bounds[1].data_ptr(), bounds[1].numel()
 
 
 # The step and the layer of the last check_finite_once().
@@ -296,7 +297,7 @@ def fake_quantize_both(x: torch.Tensor, cfg: "_core.QuantConfig", cfg_t: "_core.
     Returns:
         (x's BF16 values [rows, cols], xᵀ's BF16 values [cols, rows]).
     """
-    y, yt, _, _ = _fake_both(x, cfg, cfg_t, check_finite, device_seed, apart=False)
+    y, yt, _, _ = _fake_both(x, cfg, cfg_t, check_finite, device_seed)
     return y, yt
 
 
@@ -333,13 +334,11 @@ def _bound_tile(cfg, cfg_t) -> Tuple[int, int, int]:
     return tile_rows, tile_cols, lo
 
 
-def _fake_both(x: torch.Tensor, cfg, cfg_t, check_finite: str, device_seed: Optional[torch.Tensor], apart: bool):
+def _fake_both(x: torch.Tensor, cfg, cfg_t, check_finite: str, device_seed: Optional[torch.Tensor]):
     """fake_quantize_both's work: (y, yt, bound of y, bound of yt). Where one kernel reads x for both under the
-    deferred check, the kernel also writes its bounds on the two outputs' magnitudes (one FP32 word per tile), which
-    a fast GEMM's output check reads instead of scanning the product (_check_output). ``apart``: the bounds are two
-    FP32 tensors of their own (torch.compile's operator, whose outputs are fresh tensors; empty where there are
-    none); else the outputs are whole 2-D views of 1-D buffers that hold the bounds past the values (_bounds_of), and
-    the bounds returned are None."""
+    deferred check, the kernel also writes its bounds on the two outputs' magnitudes (one FP32 word per tile, FP32
+    tensors of their own), which a fast GEMM's output check reads instead of scanning the product (_check_output);
+    elsewhere the bounds are empty."""
     if x.dim() != 2:
         raise ValueError(f"fake_quantize_both(): x must be 2-D, not {x.dim()}-D")
     if not x.is_cuda:
@@ -351,41 +350,17 @@ def _fake_both(x: torch.Tensor, cfg, cfg_t, check_finite: str, device_seed: Opti
     # passes give none.
     bf16 = x.dtype == torch.bfloat16
     deferred = check_finite == "deferred"
-    n = rows * cols
     words = _bound_words(bf16, cfg, cfg_t, check_finite, rows, cols)
-    by = byt = None
-    if apart:  # tensors of their own: an operator's outputs may not be views
-        y = torch.empty((rows, cols), dtype=torch.bfloat16, device=x.device)
-        yt = torch.empty((cols, rows), dtype=torch.bfloat16, device=x.device)
-        by, byt = (torch.empty(words, dtype=torch.float32, device=x.device) for _ in range(2))
-        at, at_t = (by.data_ptr(), byt.data_ptr()) if words else (0, 0)
-    else:
-        y = torch.empty(n + 2 * words, dtype=torch.bfloat16, device=x.device)
-        yt = torch.empty(n + 2 * words, dtype=torch.bfloat16, device=x.device)
-        at, at_t = (y.data_ptr() + 2 * n, yt.data_ptr() + 2 * n) if words else (0, 0)
+    # Four tensors of their own: an operator's outputs (fp4lab::fast_pair) may alias neither its inputs nor each other.
+    y = torch.empty((rows, cols), dtype=torch.bfloat16, device=x.device)
+    yt = torch.empty((cols, rows), dtype=torch.bfloat16, device=x.device)
+    by, byt = (torch.empty(words, dtype=torch.float32, device=x.device) for _ in range(2))
     dev, stream = launch(x)
     _core.cuda_fake_quantize_both(dev, stream, x.data_ptr(), rows, cols, bf16, cfg, y.data_ptr(), cfg_t,
-                                  yt.data_ptr(), check_finite == "sync",
-                                  _flag_ptr(dev) if deferred else 0, _seed_ptr(device_seed, x), at, at_t)
-    if apart:
-        return y, yt, by, byt
-    return y[:n].view(rows, cols), yt[:n].view(cols, rows), by, byt
-
-
-def _bounds_of(t: torch.Tensor) -> Optional[Tuple[int, int]]:
-    """(address, words) of the magnitude bounds fake_quantize_both keeps past a tensor's values; None for any other
-    tensor. Its outputs are whole 2-D views of a 1-D BF16 buffer that holds exactly their values and then the
-    words: a slice or a view of anything else, whose storage could hold values where the words would be, is not."""
-    base = t._base
-    if (base is None or base.dim() != 1 or base.dtype != torch.bfloat16 or t.dtype != torch.bfloat16
-            or t.dim() != 2 or t.storage_offset() or base.storage_offset() or not t.is_contiguous()):
-        return None
-    r, c = t.shape
-    extra = base.numel() - t.numel()  # BF16 elements past the values: two a word
-    if extra <= 0 or extra not in (2 * _core.cuda_fake_quantize_both_bound_words(r, c),
-                                   2 * _core.cuda_fake_quantize_both_bound_words(c, r)):
-        return None
-    return t.data_ptr() + 2 * t.numel(), extra // 2
+                                  yt.data_ptr(), check_finite == "sync", _flag_ptr(dev) if deferred else 0,
+                                  _seed_ptr(device_seed, x), by.data_ptr() if words else 0,
+                                  byt.data_ptr() if words else 0)
+    return y, yt, by, byt
 
 
 def _seed_ptr(seed: Optional[torch.Tensor], x: torch.Tensor) -> int:
@@ -683,7 +658,7 @@ def _(codes, scales, global_scale, recipe, pass_, operand):
 
 def _fast_matmul(da: torch.Tensor, db: torch.Tensor, check_finite: str,
                  bounds: Optional[Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]] = None) -> torch.Tensor:
-    return _check_output(torch.matmul(da, db.t()), check_finite, (da, db), bounds)
+    return _check_output(torch.matmul(da, db.t()), check_finite, da.shape[1], bounds)
 
 
 @torch.library.custom_op("fp4lab::qgemm", mutates_args=(), device_types="cpu")
@@ -793,7 +768,7 @@ def fast_pair_op(x: torch.Tensor, step: torch.Tensor, recipe: str, layer: int, o
             _check_recompute(s, recipe, layer, p, label)
     cfg, cfg_t = (r.config(p, o, layer=layer, step=s) for p, o in pair)
     try:
-        return _fake_both(x, cfg, cfg_t, r.check_finite, None, apart=True)
+        return _fake_both(x, cfg, cfg_t, r.check_finite, None)
     except ValueError as e:
         raise ValueError(f"{label.split(INSTANCE_MARK)[0]}: {pair[0][0]} operand {pair[0][1]} and {pair[1][0]} "
                          f"operand {pair[1][1]} {list(x.shape)}: {e}") from None
@@ -965,14 +940,13 @@ def qmatmul(a: torch.Tensor, b: torch.Tensor, step: torch.Tensor, recipe: Recipe
         # which set_step() writes before each replay.
         seed = _capture_seed(owner, label)
         try:
-            qa = pre[0][0] if pre[0] is not None else _quantize_operand(a, cfg("a"), pass_, "a", recipe, cache, fake,
-                                                                         seed)
-            qb = pre[1][0] if pre[1] is not None else _quantize_operand(b, cfg("b"), pass_, "b", recipe, cache, fake,
-                                                                         seed)
+            (qa, ba), (qb, bb) = (p if p is not None else
+                                  (_quantize_operand(x, cfg(o), pass_, o, recipe, cache, fake, seed), None)
+                                  for p, x, o in ((pre[0], a, "a"), (pre[1], b, "b")))
         except ValueError as e:
             raise ValueError(f"{label}: {e}") from None
         if fake:
-            return _fast_matmul(qa, qb, recipe.check_finite)
+            return _fast_matmul(qa, qb, recipe.check_finite, (ba, bb))
         return product(qa, qb, recipe.mode, recipe.check_finite, out_dtype)
     if given:  # fast_pair gives operands only where the branches above take them (CUDA, fast mode)
         raise RuntimeError(f"{label}: qmatmul was given fast_pair's operands outside CUDA fast mode")
@@ -996,8 +970,8 @@ def fast_pair(x: torch.Tensor, step: torch.Tensor, recipe: Recipe, layer: int, f
     """The two ``fast`` operands a step takes of one tensor x [rows, cols]: x along cols as GEMM operand ``first``
     (pass, operand) and xᵀ along rows as ``second``, each what qmatmul would make of it, from one read of x
     (``fake_quantize_both``), as (values, bounds) each; pass them to qmatmul as ``pre``. In eager mode (``cache``
-    given) the bounds ride in the values' buffers and are None here; in a compiled graph (no ``cache``) the operator
-    ``fp4lab::fast_pair`` gives them as tensors of their own. None where qmatmul takes another path for these
+    given) they come from _fake_both, in a compiled graph (no ``cache``) from the operator ``fp4lab::fast_pair``.
+    None where qmatmul takes another path for these
     operands (``exact`` mode, the CPU, a numerics monitor, sr_shard, reduce_amax, a K to pad, an input that is not
     contiguous BF16): the caller then leaves both to qmatmul."""
     if (not x.is_cuda or recipe.mode != "fast" or x.dtype != torch.bfloat16 or x.dim() != 2
@@ -1018,8 +992,8 @@ def fast_pair(x: torch.Tensor, step: torch.Tensor, recipe: Recipe, layer: int, f
     s = int(step)
     cfg, cfg_t = (recipe.config(p, o, layer=layer, step=s) for p, o in (first, second))
     try:
-        y, yt = fake_quantize_both(x, cfg, cfg_t, check_finite=recipe.check_finite, device_seed=seed)
+        y, yt, by, byt = _fake_both(x, cfg, cfg_t, recipe.check_finite, seed)
     except ValueError as e:
         raise ValueError(f"{label}: {first[0]} operand {first[1]} and {second[0]} operand {second[1]} "
                          f"{list(x.shape)}: {e}") from None
-    return (y, None), (yt, None)
+    return (y, by), (yt, byt)
