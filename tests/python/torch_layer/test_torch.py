@@ -420,13 +420,14 @@ def test_cuda_fake_quantize_both_is_both_fake_quantisations(recipe):
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
 @pytest.mark.parametrize("recipe", ["ufp4", "nvfp4"])
 def test_cuda_fast_layer_reads_x_w_and_dy_once_for_both_gemms(recipe, monkeypatch):
-    # A BF16 fast layer quantises X and Xᵀ, W and Wᵀ, dY and dYᵀ in three fake_quantize_both calls, and its
-    # outputs and gradients are those of the path that quantises each operand on its own (fast_pair turned off).
+    # A BF16 fast layer quantises X and Xᵀ, W and Wᵀ, dY and dYᵀ in three calls of fake_quantize_both's body
+    # (_fake_both), and its outputs and gradients are those of the path that quantises each operand on its own
+    # (fast_pair turned off).
     import fp4lab.torch._layer as layer_mod
     import fp4lab.torch.ops as ops
     calls = []
-    real = ops.fake_quantize_both
-    monkeypatch.setattr(ops, "fake_quantize_both", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    real = ops._fake_both
+    monkeypatch.setattr(ops, "_fake_both", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
 
     def run(pairs_on):
         layer = make_layer(recipe, mode="fast").cuda().to(torch.bfloat16)
@@ -452,11 +453,11 @@ def test_cuda_fast_layer_reads_x_w_and_dy_once_for_both_gemms(recipe, monkeypatc
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
 def test_cuda_fast_layer_under_no_grad_quantises_only_the_forward_operands(monkeypatch):
     # Without grad mode no backward follows: a fast layer whose input and weight require grad quantises X and W for
-    # the forward only (two fake_quantize calls, no Xᵀ or Wᵀ), and gives the output it gives with grad enabled.
+    # the forward only (two fake_quantize calls, no Xᵀ or Wᵀ from _fake_both), and gives the output it gives with grad enabled.
     import fp4lab.torch.ops as ops
     both, single = [], []
-    real_both, real_single = ops.fake_quantize_both, ops.fake_quantize
-    monkeypatch.setattr(ops, "fake_quantize_both", lambda *a, **k: both.append(a[0].shape) or real_both(*a, **k))
+    real_both, real_single = ops._fake_both, ops.fake_quantize
+    monkeypatch.setattr(ops, "_fake_both", lambda *a, **k: both.append(a[0].shape) or real_both(*a, **k))
     monkeypatch.setattr(ops, "fake_quantize", lambda *a, **k: single.append(a[0].shape) or real_single(*a, **k))
     layer = make_layer("ufp4", mode="fast").cuda().to(torch.bfloat16)
     x = torch.randn(2, 64, 64).to(torch.bfloat16).cuda().requires_grad_(True)
