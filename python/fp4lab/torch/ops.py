@@ -971,9 +971,8 @@ def fast_pair(x: torch.Tensor, step: torch.Tensor, recipe: Recipe, layer: int, f
     (pass, operand) and xᵀ along rows as ``second``, each what qmatmul would make of it, from one read of x
     (``fake_quantize_both``), as (values, bounds) each; pass them to qmatmul as ``pre``. In eager mode (``cache``
     given) they come from _fake_both, in a compiled graph (no ``cache``) from the operator ``fp4lab::fast_pair``.
-    None where qmatmul takes another path for these
-    operands (``exact`` mode, the CPU, a numerics monitor, sr_shard, reduce_amax, a K to pad, an input that is not
-    contiguous BF16): the caller then leaves both to qmatmul."""
+    None where qmatmul takes another path for these operands (``exact`` mode, the CPU, a numerics monitor, sr_shard,
+    reduce_amax, a K to pad, an input that is not contiguous BF16): the caller then leaves both to qmatmul."""
     if (not x.is_cuda or recipe.mode != "fast" or x.dtype != torch.bfloat16 or x.dim() != 2
             or x.numel() == 0 or not x.is_contiguous()):
         return None

@@ -453,7 +453,8 @@ def test_cuda_fast_layer_reads_x_w_and_dy_once_for_both_gemms(recipe, monkeypatc
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
 def test_cuda_fast_layer_under_no_grad_quantises_only_the_forward_operands(monkeypatch):
     # Without grad mode no backward follows: a fast layer whose input and weight require grad quantises X and W for
-    # the forward only (two fake_quantize calls, no Xᵀ or Wᵀ from _fake_both), and gives the output it gives with grad enabled.
+    # the forward only (two fake_quantize calls, no Xᵀ or Wᵀ from _fake_both), and gives the output it gives with
+    # grad enabled.
     import fp4lab.torch.ops as ops
     both, single = [], []
     real_both, real_single = ops._fake_both, ops.fake_quantize
