@@ -17,6 +17,7 @@ names (the presets and the ablations of docs/training.md).
     python3 scripts/bench_train_step.py table RESULTS.json...   (markdown tables of measured results)
 """
 import argparse
+import bisect
 import json
 import math
 import os
@@ -138,8 +139,8 @@ def run(args, recipe, mode, device, profile=False, compiled=False, monitor_every
 
 def idle_report(prof, tmp: str) -> None:
     """Where the GPU waits for the host in the profiled steps: the time between the step's GPU work (kernels, copies,
-    fills), each gap charged to the phase whose host code launched the work that ended it (the time a step cannot
-    lose to the GPU; a captured step has none), and to that work's name."""
+    fills) and from the step's start to its first work, each gap charged to the phase whose host code launched the
+    work that ended it (the time a step cannot lose to the GPU; a captured step has none), and to that work's name."""
     path = os.path.join(tmp, "profile-trace.json")
     prof.export_chrome_trace(path)
     with open(path) as f:
@@ -154,19 +155,26 @@ def idle_report(prof, tmp: str) -> None:
     work = sorted((e["ts"], e["ts"] + e["dur"], e["name"], launched.get(e.get("args", {}).get("correlation")))
                   for e in spans if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
 
+    starts = [a for a, _, name in phases if name == "forward"]  # where each step begins on the host
+
     def phase_of(t):
         if t is None:
             return "launch not in the trace"  # still GPU work of the step: its time is busy, not idle
         return next((name for a, b, name in phases if a <= t <= b), None)
 
-    by_phase, by_work, busy, end = {}, {}, 0.0, None
+    by_phase, by_work, busy, end, step = {}, {}, 0.0, None, None
     for a, b, name, t in work:
         ph = phase_of(t)
         if ph is None:
             continue  # launched between the steps (the loss read, the next batch): not in a step's time
+        s = step if t is None else bisect.bisect_right(starts, t) - 1
+        if s != step and s >= 0:
+            # A step's first gap runs from where the step begins (or the last step's work ends, if later), not
+            # from the last step's work: the time between steps is not a step's.
+            step, end = s, starts[s] if end is None else max(end, starts[s])
         if end is not None and a > end:
             by_phase[ph] = by_phase.get(ph, 0.0) + (a - end)
-            short = name.split("(")[0].split("<")[0][-60:]
+            short = name.replace("(anonymous namespace)::", "").split("(")[0].split("<")[0][-60:]
             by_work[short] = by_work.get(short, 0.0) + (a - end)
         busy += max(0.0, b - max(a, end if end is not None else a))
         end = b if end is None else max(end, b)

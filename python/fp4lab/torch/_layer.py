@@ -13,6 +13,7 @@ from typing import Any, Optional, Tuple
 import numpy as np
 import torch
 from torch import nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from fp4lab import _core
 from fp4lab._files import DataError
@@ -318,11 +319,16 @@ _step_tensors: dict = {}
 
 
 def _step_tensor(step: int) -> torch.Tensor:
+    if _current_dispatch_mode() is not None:  # a fake or traced tensor would be no tensor to keep
+        return torch.tensor(step, dtype=torch.int64, device="cpu")
     t = _step_tensors.get(step)
     if t is None:
         if len(_step_tensors) > 256:
             _step_tensors.clear()
-        t = _step_tensors[step] = torch.tensor(step, dtype=torch.int64)
+        # A normal tensor whatever mode the first forward at this step ran in: one made under inference_mode
+        # could not be saved for a training forward's backward.
+        with torch.inference_mode(False):
+            t = _step_tensors[step] = torch.tensor(step, dtype=torch.int64, device="cpu")
     return t
 
 

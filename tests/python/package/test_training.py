@@ -492,17 +492,20 @@ def test_bench_train_step_times_the_training_models_and_recipes(tmp_path):
 
 
 def test_bench_idle_report_charges_each_gap_to_the_phase_that_launched_the_work_after_it(tmp_path, capsys):
-    """--profile's account of the GPU's idle time in a step, on a trace whose gaps are known: a gap is charged to the
-    phase whose host code launched the work that ended it (through the runtime or the driver); overlapping work
-    leaves no gap; work launched between steps (the loss read) counts neither as busy nor idle, and work whose launch
-    is missing is busy."""
-    def x(cat, name, ts, dur, corr=None):
-        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, **({"args": {"correlation": corr}}
-                                                                              if corr is not None else {})}
-    events = [x("user_annotation", "step:forward", 0, 100), x("user_annotation", "step:backward", 100, 200)]
+    """--profile's account of the GPU's idle time in a step, on a trace of two steps whose gaps are known: a gap is
+    charged to the phase whose host code launched the work that ended it (through the runtime or the driver); a
+    step's first gap runs from the step's start, not from the last step's work; overlapping work leaves no gap; work
+    launched between steps (the loss read) counts neither as busy nor idle, and work whose launch is missing is
+    busy."""
+    def x(cat, name, ts, dur, corr=None):  # times in units of 100 µs
+        return {"ph": "X", "cat": cat, "name": name, "ts": 100 * ts, "dur": 100 * dur,
+                **({"args": {"correlation": corr}} if corr is not None else {})}
+    events = [x("user_annotation", "step:forward", 0, 100), x("user_annotation", "step:backward", 100, 200),
+              x("user_annotation", "step:forward", 1000, 100)]
+    k3 = "void fp4lab::cuda::(anonymous namespace)::k3<16>(fp4lab::cuda::Args)"
     for corr, (launch, start, dur, name) in enumerate([(10, 20, 30, "k1(int)"), (15, 25, 10, "k5"),
-                                                       (60, 70, 10, "void k2<1>(float)"), (150, 160, 40, "k3"),
-                                                       (400, 410, 10, "k4")]):
+                                                       (60, 70, 10, "void k2<1>(float)"), (150, 160, 40, k3),
+                                                       (400, 410, 10, "k4"), (1010, 1040, 10, "k6")]):
         events += [x("cuda_runtime", "cudaLaunchKernel", launch, 1, corr), x("kernel", name, start, dur, corr)]
     # A cuBLAS kernel launched through the driver in the backward, and a kernel whose launch is missing.
     events += [x("cuda_driver", "cuLaunchKernelEx", 202, 1, 7), x("kernel", "gemm", 205, 15, 7),
@@ -514,12 +517,14 @@ def test_bench_idle_report_charges_each_gap_to_the_phase_that_launched_the_work_
                 json.dump({"traceEvents": events}, f)
     bench_train_step().idle_report(Prof(), str(tmp_path))
     out = capsys.readouterr().out.splitlines()
-    # Busy: k1 (20-50, k5 inside it) 30 µs, k2 10, k3 40, gemm 15, orphan 10; idle: 20 before k2 (forward), 80
-    # before k3 and 5 before gemm (backward), 10 before orphan.
-    assert out[0] == ("GPU idle inside the profiled steps: 0.12 ms a step (busy 0.10 ms), by the phase that launched "
-                      "the waiting work: backward 0.09, forward 0.02, launch not in the trace 0.01")
-    assert out[1:] == ["    0.080 ms a step before k3", "    0.020 ms a step before void k2",
-                       "    0.010 ms a step before orphan", "    0.005 ms a step before gemm"]
+    # Busy: k1 (20-50, k5 inside it) 30, k2 10, k3 40, gemm 15, orphan 10, k6 10: 115, 57.5 a step. Idle: 20 from
+    # the first step's start to k1 and 20 before k2 (forward); 80 before k3 and 5 before gemm (backward); 10 before
+    # orphan; 40 from the second step's start to k6 (forward; k4, between the steps, ends at 420): 175, 87.5 a step.
+    assert out[0] == ("GPU idle inside the profiled steps: 8.75 ms a step (busy 5.75 ms), by the phase that launched "
+                      "the waiting work: backward 4.25, forward 4.00, launch not in the trace 0.50")
+    assert out[1:] == ["    4.000 ms a step before void fp4lab::cuda::k3", "    2.000 ms a step before k6",
+                       "    1.000 ms a step before k1", "    1.000 ms a step before void k2",
+                       "    0.500 ms a step before orphan", "    0.250 ms a step before gemm"]
     assert os.listdir(tmp_path) == []
 
 

@@ -515,6 +515,23 @@ def test_cuda_deferred_output_check_in_the_gemm_epilogue():
         ft.check_finite()  # the flag was cleared
 
 
+def test_a_training_step_after_an_inference_mode_eval_at_its_step_trains():
+    # Forwards share one step tensor per step value: an eval under torch.inference_mode at step s (which does not
+    # advance the step) must not leave an inference tensor that the training forward at s then saves for backward.
+    lin = make_layer("ufp4")
+    x = torch.randn(32, 64)
+    ft.set_step(lin, 987_654_321)  # a step no other test has reached
+    lin.eval()
+    with torch.inference_mode():
+        y0 = lin(x)
+    lin.train()
+    xg = x.clone().requires_grad_(True)
+    y1 = lin(xg)
+    y1.sum().backward()
+    assert torch.equal(y0, y1.detach()) and xg.grad is not None and lin.weight.grad is not None
+    assert lin.step == 987_654_322
+
+
 def test_capture_rules_refuse_what_a_replay_cannot_repeat():
     # The checks a forward captured in a CUDA graph runs (_layer.check_capture), on a CPU layer standing in for a
     # CUDA one: the device SR key must exist, a sync finite check cannot be captured, and a layer takes one step
