@@ -257,12 +257,18 @@ void round_block(const Fmt& fmt, const float* __restrict y, int n, const BlockSc
     }
   } else {
     // The block's words first, then the rounding in one loop without calls, so that it vectorises. philox4: one
-    // Philox block per four elements (a block of 16 or 32 starts at a multiple of its size, so its groups of four
-    // are the contract's, sr_word).
+    // Philox block per four elements, philox16 per sixteen (a block of 16 or 32 starts at a multiple of its size,
+    // so its groups are the contract's, sr_word).
     uint32_t w[32];
     if (n > 32) throw std::logic_error("round_block: a block has 16 or 32 elements");
     if (cfg.sr_draw == SrDraw::philox4) {
       for (int j = 0; j < n; j += 4) sr_words4(cfg.seed, cfg.stream, uint64_t(base + j) >> 2, w + j);
+    } else if (cfg.sr_draw == SrDraw::philox16) {
+      for (int j = 0; j < n; j += 16) {
+        uint32_t g[4];
+        sr_words4(cfg.seed, cfg.stream, uint64_t(base + j) >> 4, g);
+        for (int e = 0; e < 16; ++e) w[j + e] = sr_byte_word(g[e >> 2], e & 3);
+      }
     } else {
       for (int j = 0; j < n; ++j) w[j] = random_bits(cfg.seed, cfg.stream, uint64_t(base + j));
     }

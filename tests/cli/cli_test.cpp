@@ -561,24 +561,29 @@ TEST_F(Cli, CastRtneE2M1LiteralCodes) {
 TEST_F(Cli, CastEveryFormatAndSrEqualModel) {
   const std::vector<float> v = normal(4096, 3, 3.0f);
   io::write_safetensors(path("v.safetensors"), {io::make_f32("v", {64, 64}, v)});
-  // "sr" with the default draw (philox4: word i mod 4 of the block at i / 4), and with --sr-draw philox1.
+  // "sr" with the default draw (philox4: word i mod 4 of the block at i / 4), with --sr-draw philox1 (the first word
+  // of the block at i) and with --sr-draw philox16 (byte i mod 4 of word (i / 4) mod 4 of the block at i / 16, as
+  // the word byte << 24 | 2^23).
   for (const ElemFormat& fm : kAllFormats)
-    for (const char* rounding : {"rtne", "sr", "sr1"}) {
+    for (const char* rounding : {"rtne", "sr", "sr1", "sr16"}) {
       SCOPED_TRACE(std::string(fm.name) + " " + rounding);
-      const bool sr1 = std::string(rounding) == "sr1";
+      const std::string rd = rounding;
+      const bool sr1 = rd == "sr1", sr16 = rd == "sr16";
       std::vector<std::string> args = {"cast", "--in", path("v.safetensors"), "--tensor", "v", "--format", fm.name,
-                                       "--rounding", sr1 ? "sr" : rounding, "--seed", "1234567890123", "--stream", "6",
-                                       "--out", path("c.safetensors")};
+                                       "--rounding", rd == "rtne" ? "rtne" : "sr", "--seed", "1234567890123",
+                                       "--stream", "6", "--out", path("c.safetensors")};
       if (sr1) args.insert(args.end(), {"--sr-draw", "philox1"});
+      if (sr16) args.insert(args.end(), {"--sr-draw", "philox16"});
       const Result r = run(args);
       ASSERT_EQ(r.code, 0) << r.err;
       std::vector<uint8_t> want(v.size());
       const uint32_t k[2] = {uint32_t(1234567890123ull), uint32_t(1234567890123ull >> 32)};
       for (size_t i = 0; i < v.size(); ++i) {
-        const uint32_t c[4] = {uint32_t(sr1 ? i : i / 4), 0u, 6u, 0u};
+        const uint32_t c[4] = {uint32_t(sr1 ? i : sr16 ? i / 16 : i / 4), 0u, 6u, 0u};
         uint32_t o[4];
         Philox4x32::generate(c, k, o);
-        want[i] = std::string(rounding) == "rtne" ? round_rtne(fm, v[i]) : round_sr(fm, v[i], o[sr1 ? 0 : i % 4]);
+        const uint32_t w = sr1 ? o[0] : sr16 ? (((o[i / 4 % 4] >> (8 * (i % 4))) & 0xFFu) << 24) | 0x800000u : o[i % 4];
+        want[i] = rd == "rtne" ? round_rtne(fm, v[i]) : round_sr(fm, v[i], w);
       }
       const io::SafetensorsFile f(path("c.safetensors"));
       EXPECT_EQ(tensor_bytes(f, "v.codes", io::DType::U8, {64, 64}), want);
@@ -600,7 +605,7 @@ TEST_F(Cli, UnknownSrDrawIsAUsageErrorInOneLine) {
     const Result r = run(args);
     SCOPED_TRACE(args[0]);
     EXPECT_EQ(r.code, cli::kExitUsage) << r.err;
-    EXPECT_NE(r.err.find("unknown SR draw 'philox2' (known: philox1, philox4)"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("unknown SR draw 'philox2' (known: philox1, philox4, philox16)"), std::string::npos) << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   }
   for (const char* f : {"c.safetensors", "q.safetensors", "a.json"}) EXPECT_FALSE(std::filesystem::exists(path(f))) << f;
@@ -836,7 +841,7 @@ TEST_F(Cli, KnobListsAreWhatTheParsersTake) {
   EXPECT_EQ(roundings, (std::vector<std::string>{"rtne", "sr"}));
   for (const std::string& n : roundings) EXPECT_EQ(rounding_name(parse_rounding(n)), n);
   const std::vector<std::string> draws = split_list(knob_choices("sr_draw", ", "));
-  EXPECT_EQ(draws, (std::vector<std::string>{"philox1", "philox4"}));  // docs/spec.md §4
+  EXPECT_EQ(draws, (std::vector<std::string>{"philox1", "philox4", "philox16"}));  // docs/spec.md §4
   for (const std::string& n : draws) EXPECT_EQ(sr_draw_name(parse_sr_draw(n)), n);
   const std::vector<std::string> passes = split_list(knob_choices("pass", ", "));
   EXPECT_EQ(passes.size(), std::size(kPasses));

@@ -289,11 +289,13 @@ TEST(QuantizeFast, MatchesStepByStepQuantiserBits) {
                 cfg.stream = 3;
                 checked += expect_same_quantisation(x, rows, cols, cfg);
                 ++configs;
-                if (rnd == Rounding::sr) {  // the original draw too (philox4 is the default)
-                  cfg.sr_draw = SrDraw::philox1;
-                  checked += expect_same_quantisation(x, rows, cols, cfg);
-                  ++configs;
-                }
+                if (rnd == Rounding::sr)  // the other draws too (philox4 is the default)
+                  for (SrDraw d : kSrDraws)
+                    if (d != kDefaultSrDraw) {
+                      cfg.sr_draw = d;
+                      checked += expect_same_quantisation(x, rows, cols, cfg);
+                      ++configs;
+                    }
               }
   omp_set_num_threads(threads);
   EXPECT_GT(configs, 100);
@@ -316,6 +318,8 @@ TEST(QuantizeFast, ThreadedPassesMatchStepByStepQuantiserBits) {
     cfg.rounding = Rounding::sr;
     checked += expect_same_quantisation(x, rows, cols, cfg);
     cfg.sr_draw = SrDraw::philox1;
+    checked += expect_same_quantisation(x, rows, cols, cfg);
+    cfg.sr_draw = SrDraw::philox16;
     checked += expect_same_quantisation(x, rows, cols, cfg);
   }
   EXPECT_GT(checked, 0);

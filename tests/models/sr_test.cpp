@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <cstdint>
 #include <vector>
 
@@ -23,28 +25,50 @@ struct ThreadGuard {
 
 class SrStats : public ::testing::TestWithParam<Golden> {};
 
-// N = 2^20 (> 10^6) draws of round_sr at a fixed x, words sr_word(d, seed, stream, 0..N-1), under either draw
-// (philox4 takes the four words of each block in turn).
-// Each draw rounds up with probability P = ceil(frac * 2^24) / 2^24 (frac <= P < frac + 2^-24), so the
-// number of ups is Binomial(N, P) and the mean error (q - x) = gap * (ups/N - frac) has
-// standard deviation sigma = gap * sqrt(P (1 - P) / N). Bounds, 5 sigma (two-sided p ~ 6e-7 per check) plus
-// the documented 2^-24 quantisation of P:
-//   |ups/N - frac|      <= 5 sqrt(frac (1 - frac) / N) + 2^-24
-//   |mean(q - x)|       <= gap * (5 sqrt(frac (1 - frac) / N) + 2^-24)
+// P(up) of a draw at the exact fraction frac of an input (docs/spec.md §4): philox1 and philox4 compare 24 random
+// bits, P = ceil(frac 2^24) / 2^24 (frac <= P < frac + 2^-24); philox16 compares 8 bits and a midpoint,
+// P = ceil(256 frac - 1/2) / 256 (|P - frac| <= 2^-9). Both are exact in double for an FP32 fraction.
+double p_up(SrDraw d, double frac) {
+  if (d == SrDraw::philox16) return std::max(0.0, std::ceil(256.0 * frac - 0.5)) / 256.0;
+  return std::ceil(frac * 0x1p24) / 0x1p24;
+}
+// The documented bound on |P - frac| of a draw.
+double p_up_bound(SrDraw d) { return d == SrDraw::philox16 ? 0x1p-9 : 0x1p-24; }
+
+TEST(SrPUp, OfEachDrawIsWithinItsBound) {
+  for (SrDraw d : kSrDraws)
+    for (int i = 0; i <= 4096; ++i) {
+      const double f = i / 4096.0;
+      EXPECT_LE(std::fabs(p_up(d, f) - f), p_up_bound(d)) << sr_draw_name(d) << " frac " << f;
+    }
+  EXPECT_EQ(p_up(SrDraw::philox16, 0.3), 77 / 256.0);  // 76.8 - 0.5 rounds up to 77 of the 256 bytes
+  EXPECT_EQ(p_up(SrDraw::philox16, 1 / 512.0), 0.0);   // at the midpoint of the first byte: never up
+  EXPECT_EQ(p_up(SrDraw::philox16, 1 / 512.0 + 0x1p-20), 1 / 256.0);
+}
+
+// N = 2^20 (> 10^6) draws of round_sr at a fixed x, words sr_word(d, seed, stream, 0..N-1), under every draw
+// (philox4 takes the four words of each block in turn, philox16 the sixteen bytes).
+// Each draw rounds up with probability P = p_up(d, frac), so the number of ups is Binomial(N, P) and the mean
+// error (q - x) = gap * (ups/N - frac) has standard deviation sigma = gap * sqrt(P (1 - P) / N). Bounds, 5 sigma
+// (two-sided p ~ 6e-7 per check):
+//   |ups/N - P|                     <= 5 sqrt(P (1 - P) / N), and P within the draw's bound of frac (above)
+//   |mean(q - x) - gap (P - frac)|  <= gap * 5 sqrt(P (1 - P) / N)
 // Positions: the first, a middle and the last interval of the grid, at frac 1/8, 0.3, 1/2 and 7/8.
 TEST_P(SrStats, UnbiasedAndPUpEqualsFrac) {
   const Golden& g = GetParam();
   const int64_t N = int64_t(1) << 20;
   const int intervals[] = {0, (g.num_levels - 1) / 2, g.num_levels - 2};
+  constexpr int kDraws = int(std::size(kSrDraws));
   int positions = 0;
   uint32_t stream = 100;
-  for (int k = 0; k < 6; ++k)  // both draws at each of the three intervals
+  for (int k = 0; k < 3 * kDraws; ++k)  // every draw at each of the three intervals
     for (double frac_target : {0.125, 0.3, 0.5, 0.875}) {
       const SrDraw d = kSrDraws[k / 3];
       const int i = intervals[k % 3];
       const double lo = g.levels[i], hi = g.levels[i + 1], gap = hi - lo;
       const float x = float(lo + frac_target * gap);
       const double frac = (double(x) - lo) / gap;  // the exact fraction of the FP32 input
+      const double P = p_up(d, frac);
       int64_t ups = 0;
       double err = 0.0;
       ++stream;  // an independent stream for every position
@@ -56,15 +80,16 @@ TEST_P(SrStats, UnbiasedAndPUpEqualsFrac) {
         ups += idx == i + 1;
         err += double(decode(g.f, c)) - double(x);
       }
-      const double sd = std::sqrt(frac * (1 - frac) / double(N));
-      const double p_up = double(ups) / double(N);
-      EXPECT_LE(std::fabs(p_up - frac), 5 * sd + 0x1p-24)
-          << sr_draw_name(d) << " x " << x << " frac " << frac << " P(up) " << p_up;
-      EXPECT_LE(std::fabs(err / double(N)), gap * (5 * sd + 0x1p-24))
+      const double sd = std::sqrt(P * (1 - P) / double(N));
+      const double p_hat = double(ups) / double(N);
+      EXPECT_LE(std::fabs(p_hat - P), 5 * sd) << sr_draw_name(d) << " x " << x << " frac " << frac << " P(up) " << p_hat
+                                              << " expected " << P;
+      EXPECT_LE(std::fabs(P - frac), p_up_bound(d)) << sr_draw_name(d) << " frac " << frac;
+      EXPECT_LE(std::fabs(err / double(N) - gap * (P - frac)), gap * 5 * sd)
           << sr_draw_name(d) << " x " << x << " frac " << frac << " mean error " << err / double(N);
       ++positions;
     }
-  EXPECT_EQ(positions, 24);
+  EXPECT_EQ(positions, 12 * kDraws);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllFormats, SrStats, ::testing::ValuesIn(kGolden),
@@ -126,23 +151,27 @@ TEST(SrQuantize, ReproducibleAndIndependentOfThreadCount) {
 
 // The word docs/spec.md §4 gives element `index` of a stream, spelled out from the generator (whose outputs
 // philox_test pins to the published known answers): philox1, the first word of the block at counter (index,
-// stream); philox4, word index mod 4 of the block at counter (index / 4, stream).
+// stream); philox4, word index mod 4 of the block at counter (index / 4, stream); philox16, byte index mod 4 of
+// word (index / 4) mod 4 of the block at counter (index / 16, stream), as the word (byte << 24) | 2^23.
 uint32_t spec_word(SrDraw d, uint64_t seed, uint32_t stream, uint64_t index) {
-  const uint64_t ctr = d == SrDraw::philox1 ? index : index / 4;
+  const uint64_t ctr = d == SrDraw::philox1 ? index : d == SrDraw::philox4 ? index / 4 : index / 16;
   const uint32_t k[2] = {uint32_t(seed), uint32_t(seed >> 32)};
   const uint32_t c[4] = {uint32_t(ctr), uint32_t(ctr >> 32), stream, 0u};
   uint32_t o[4];
   Philox4x32::generate(c, k, o);
-  return o[d == SrDraw::philox1 ? 0 : index % 4];
+  if (d == SrDraw::philox1) return o[0];
+  if (d == SrDraw::philox4) return o[index % 4];
+  const uint32_t byte = (o[(index / 4) % 4] >> (8 * (index % 4))) & 0xFFu;
+  return byte << 24 | 0x00800000u;
 }
 
 // The quantiser draws element (r, c)'s word at index r*K + c of its stream (docs/datapath.md section 2), under
-// either draw; the two draws give different codes.
+// every draw; the draws give different codes.
 TEST(SrQuantize, DrawsTheContractsWordPerElement) {
   Rng rng(12);
   const int64_t rows = 8, cols = 64;
   const auto x = rng.normals(size_t(rows * cols));
-  std::vector<uint8_t> codes[2];
+  std::vector<uint8_t> codes[std::size(kSrDraws)];
   for (SrDraw d : kSrDraws) {
     SCOPED_TRACE(sr_draw_name(d));
     QuantConfig cfg = sr_config(kE1M2, ScaleKind::fp32, 0);
@@ -165,66 +194,78 @@ TEST(SrQuantize, DrawsTheContractsWordPerElement) {
     codes[int(d)] = q.codes;
   }
   EXPECT_NE(codes[0], codes[1]);
+  EXPECT_NE(codes[1], codes[2]);
+  EXPECT_NE(codes[0], codes[2]);
 }
 
-// philox4's four words of a block feed four neighbouring elements, so beyond each word's uniformity (SrStats) the
-// rounding decisions of two elements of a group must be independent. N = 2^20 groups at a fixed fraction f: for
-// each pair of positions (j, k) of a group, the count of both-up has mean N f^2 and, under independence, standard
-// deviation sqrt(N f^2 (1 - f^2)); we require it within 5 sigma (p ~ 6e-7 per check) plus the 2^-24 of P(up).
-TEST(SrQuantize, Philox4WordsOfAGroupAreIndependent) {
+// philox4's four words of a block feed four neighbouring elements, philox16's sixteen bytes sixteen, so beyond each
+// element's P(up) (SrStats) the rounding decisions of two elements of a group must be independent. N = 2^20 groups
+// at a fixed fraction f with P = p_up(d, f): for each pair of positions (j, k) of a group, the count of both-up has
+// mean N P^2 and, under independence, standard deviation sqrt(N P^2 (1 - P^2)); we require it within 5 sigma
+// (p ~ 6e-7 per check).
+TEST(SrQuantize, WordsOfAGroupAreIndependent) {
   const int64_t N = int64_t(1) << 20;
   const float x = 0.3f;  // e1m2 levels 0.25 and 0.5: frac = 0.2 exactly
   const double f = (double(x) - 0.25) / 0.25;
-  int64_t both[4][4] = {}, ups[4] = {};
-  for (int64_t g = 0; g < N; ++g) {
-    bool up[4];
-    for (int j = 0; j < 4; ++j) {
-      up[j] = code_index(round_sr(kE1M2, x, sr_word(SrDraw::philox4, 0xC0FFEE, 9, uint64_t(4 * g + j)))) == 2;
-      ups[j] += up[j];
+  for (SrDraw d : {SrDraw::philox4, SrDraw::philox16}) {
+    SCOPED_TRACE(sr_draw_name(d));
+    const int G = sr_draw_group(d);
+    const double P = p_up(d, f);
+    std::vector<int64_t> both(static_cast<size_t>(G * G)), ups(static_cast<size_t>(G));
+    std::vector<char> up(static_cast<size_t>(G));
+    for (int64_t g = 0; g < N; ++g) {
+      for (int j = 0; j < G; ++j) {
+        up[j] = code_index(round_sr(kE1M2, x, sr_word(d, 0xC0FFEE, 9, uint64_t(G * g + j)))) == 2;
+        ups[j] += up[j];
+      }
+      for (int j = 0; j < G; ++j)
+        for (int k = j + 1; k < G; ++k) both[j * G + k] += up[j] && up[k];
     }
-    for (int j = 0; j < 4; ++j)
-      for (int k = j + 1; k < 4; ++k) both[j][k] += up[j] && up[k];
-  }
-  for (int j = 0; j < 4; ++j) {
-    EXPECT_LE(std::fabs(double(ups[j]) / double(N) - f), 5 * std::sqrt(f * (1 - f) / double(N)) + 0x1p-24)
-        << "position " << j;
-    for (int k = j + 1; k < 4; ++k) {
-      const double mean = double(N) * f * f, sd = std::sqrt(double(N) * f * f * (1 - f * f));
-      EXPECT_LE(std::fabs(double(both[j][k]) - mean), 5 * sd + double(N) * 0x1p-23)
-          << "positions " << j << " and " << k << ": " << both[j][k] << " both up, expected " << mean;
+    for (int j = 0; j < G; ++j) {
+      EXPECT_LE(std::fabs(double(ups[j]) / double(N) - P), 5 * std::sqrt(P * (1 - P) / double(N))) << "position " << j;
+      for (int k = j + 1; k < G; ++k) {
+        const double mean = double(N) * P * P, sd = std::sqrt(double(N) * P * P * (1 - P * P));
+        EXPECT_LE(std::fabs(double(both[j * G + k]) - mean), 5 * sd)
+            << "positions " << j << " and " << k << ": " << both[j * G + k] << " both up, expected " << mean;
+      }
     }
   }
 }
 
-// A whole SR-quantised tensor is unbiased: with v_i the scaled input, gap_i its interval and f_i its
-// fraction, sum_i (q_i - v_i) has mean ~0 (|bias| <= n * gap_max * 2^-24) and variance
-// sum_i gap_i^2 f_i (1 - f_i); we require |sum| <= 5 sqrt(variance) + n * gap_max * 2^-24.
+// A whole SR-quantised tensor is unbiased to its draw's P(up): with v_i the scaled input, gap_i its interval, f_i
+// its fraction and P_i = p_up(d, f_i), sum_i (q_i - v_i) has mean sum_i gap_i (P_i - f_i) (within n * gap_max * 2^-24
+// of 0 under philox1 and philox4, 2^-9 under philox16) and variance sum_i gap_i^2 P_i (1 - P_i); we require the sum
+// within 5 sqrt(variance) of its mean, under every draw.
 TEST(SrQuantize, TensorErrorSumIsUnbiased) {
   Rng rng(13);
   const int64_t rows = 1024, cols = 1024;
   const auto x = rng.normals(size_t(rows * cols));
-  for (const Golden& g : kGolden) {
-    SCOPED_TRACE(g.name);
-    QuantConfig cfg = sr_config(g.f, ScaleKind::fp32, 0);
-    const QTensor q = quantize(x.data(), rows, cols, cfg);
-    double sum = 0, var = 0, gap_max = 0;
-    int64_t n = 0;
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c) {
-        const float dec = q.scales[r * q.kblocks() + c / 16];
-        const double v = std::fabs(double(x[r * cols + c] / dec));
-        int i = 0;
-        while (i + 1 < g.num_levels && g.levels[i + 1] <= v) ++i;
-        if (i + 1 == g.num_levels) continue;  // at gmax (the block max): no randomness
-        const double gap = g.levels[i + 1] - g.levels[i], f = (v - g.levels[i]) / gap;
-        sum += std::fabs(double(decode(g.f, q.codes[r * cols + c]))) - v;
-        var += gap * gap * f * (1 - f);
-        gap_max = std::max(gap_max, gap);
-        ++n;
-      }
-    ASSERT_GT(n, rows * cols / 2);
-    EXPECT_LE(std::fabs(sum), 5 * std::sqrt(var) + double(n) * gap_max * 0x1p-24) << "n " << n << " var " << var;
-  }
+  for (const Golden& g : kGolden)
+    for (SrDraw d : kSrDraws) {
+      SCOPED_TRACE(std::string(g.name) + " " + sr_draw_name(d));
+      QuantConfig cfg = sr_config(g.f, ScaleKind::fp32, 0);
+      cfg.sr_draw = d;
+      const QTensor q = quantize(x.data(), rows, cols, cfg);
+      double sum = 0, mean = 0, var = 0, gap_max = 0;
+      int64_t n = 0;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) {
+          const float dec = q.scales[r * q.kblocks() + c / 16];
+          const double v = std::fabs(double(x[r * cols + c] / dec));
+          int i = 0;
+          while (i + 1 < g.num_levels && g.levels[i + 1] <= v) ++i;
+          if (i + 1 == g.num_levels) continue;  // at gmax (the block max): no randomness
+          const double gap = g.levels[i + 1] - g.levels[i], f = (v - g.levels[i]) / gap, P = p_up(d, f);
+          sum += std::fabs(double(decode(g.f, q.codes[r * cols + c]))) - v;
+          mean += gap * (P - f);
+          var += gap * gap * P * (1 - P);
+          gap_max = std::max(gap_max, gap);
+          ++n;
+        }
+      ASSERT_GT(n, rows * cols / 2);
+      EXPECT_LE(std::fabs(mean), double(n) * gap_max * p_up_bound(d));
+      EXPECT_LE(std::fabs(sum - mean), 5 * std::sqrt(var)) << "n " << n << " var " << var << " mean " << mean;
+    }
 }
 
 }  // namespace

@@ -69,11 +69,14 @@ TEST(Quant, AllFormatsScalesRoundings) {
         cfg.stream = uint32_t(rng());
         run_config(dut, chk, rng, cfg, 32, 64, 0.1, 0.1);
         ++configs;
-        if (r == Rounding::sr) {  // the original draw too (cfg.sr_draw is philox4 by default)
-          cfg.sr_draw = SrDraw::philox1;
-          run_config(dut, chk, rng, cfg, 32, 64, 0.1, 0.1);
-          cfg.sr_draw = SrDraw::philox4;
-          ++configs;
+        if (r == Rounding::sr) {  // the other draws too (cfg.sr_draw is philox4 by default)
+          for (SrDraw d : kSrDraws)
+            if (d != kDefaultSrDraw) {
+              cfg.sr_draw = d;
+              run_config(dut, chk, rng, cfg, 32, 64, 0.1, 0.1);
+              ++configs;
+            }
+          cfg.sr_draw = kDefaultSrDraw;
         }
         // OCP MX 1x32 blocks (ue4m3 is block 16 only) and 16x16 tiles (block 16).
         if (s != ScaleKind::ue4m3) {

@@ -74,20 +74,31 @@ FP4LAB_HD inline uint32_t random_bits_in_group(uint64_t seed, uint32_t stream, u
   return o[0];
 }
 
-// How stochastic rounding draws its random words (docs/spec.md §4). Both are part of the contract, by name, so
-// that every result made under either reproduces bit for bit:
+// How stochastic rounding draws its random words (docs/spec.md §4). Each is part of the contract, by name, so
+// that every result made under any of them reproduces bit for bit:
 //  - philox1: one Philox4x32-10 block per element, its first word: counter (index low, index high, stream, 0).
 //    The original definition; 3 of every 4 words a block computes go unused.
 //  - philox4: one block per four consecutive elements, word j for element 4g + j: counter (g low, g high,
 //    stream, 0) with g = index / 4 (index = row * K + column; K is a multiple of 16, so a group never spans
 //    two rows). Each word is uniform, as before, so P(up) is unchanged; a quarter of the Philox work.
-enum class SrDraw : uint8_t { philox1, philox4 };
-inline constexpr SrDraw kSrDraws[] = {SrDraw::philox1, SrDraw::philox4};
+//  - philox16: one block per sixteen consecutive elements, 8 random bits each, as a hardware SR unit dithers:
+//    element 16g + e takes byte e % 4 (from the least significant) of word e / 4 of the block at counter (g low,
+//    g high, stream, 0), as the word (byte << 24) | 2^23, so that the rounding (format.hpp: up iff (r >> 8) <
+//    frac * 2^24) is the same comparison as the other draws'. P(up) = ceil(256 frac - 1/2) / 256: within 2^-9 of
+//    frac, the midpoint term centring the error. A sixteenth of philox1's Philox work.
+enum class SrDraw : uint8_t { philox1, philox4, philox16 };
+inline constexpr SrDraw kSrDraws[] = {SrDraw::philox1, SrDraw::philox4, SrDraw::philox16};
 // The draw every setting takes where none is given: QuantConfig, Recipe (so every preset) and the analyses.
 inline constexpr SrDraw kDefaultSrDraw = SrDraw::philox4;
-FP4LAB_HD constexpr const char* sr_draw_name(SrDraw d) { return d == SrDraw::philox1 ? "philox1" : "philox4"; }
+FP4LAB_HD constexpr const char* sr_draw_name(SrDraw d) {
+  return d == SrDraw::philox1 ? "philox1" : d == SrDraw::philox4 ? "philox4" : "philox16";
+}
+// Consecutive elements that share one Philox block under draw d.
+FP4LAB_HD constexpr int sr_draw_group(SrDraw d) { return d == SrDraw::philox1 ? 1 : d == SrDraw::philox4 ? 4 : 16; }
 
-// The four words of group g under philox4 (elements 4g .. 4g + 3), for code that rounds a group at once.
+// The four words of the block at counter (g low, g high, stream, 0): under philox4 the words of elements
+// 4g .. 4g + 3, under philox16 the bytes of elements 16g .. 16g + 15 (sr_byte_word), for code that rounds a
+// group at once.
 template <bool kWide = true>
 FP4LAB_HD inline void sr_words4(uint64_t seed, uint32_t stream, uint64_t g, uint32_t out[4]) {
   const uint32_t k[2] = {uint32_t(seed), uint32_t(seed >> 32)};
@@ -95,12 +106,19 @@ FP4LAB_HD inline void sr_words4(uint64_t seed, uint32_t stream, uint64_t g, uint
   Philox4x32::generate<kWide>(c, k, out);
 }
 
+// philox16: the rounding word of the element that takes byte j (0..3, from the least significant) of word w.
+FP4LAB_HD constexpr uint32_t sr_byte_word(uint32_t w, int j) { return ((w >> (8 * j)) << 24) | 0x00800000u; }
+
 // The contract's random word for element `index` of tensor `stream` under `seed` and draw `d`.
 FP4LAB_HD inline uint32_t sr_word(SrDraw d, uint64_t seed, uint32_t stream, uint64_t index) {
   if (d == SrDraw::philox1) return random_bits(seed, stream, index);
   uint32_t w[4];
-  sr_words4(seed, stream, index >> 2, w);
-  return w[index & 3];
+  if (d == SrDraw::philox4) {
+    sr_words4(seed, stream, index >> 2, w);
+    return w[index & 3];
+  }
+  sr_words4(seed, stream, index >> 4, w);
+  return sr_byte_word(w[(index >> 2) & 3], int(index & 3));
 }
 
 }  // namespace fp4lab
