@@ -161,7 +161,7 @@ class Plan {
     if (!p.sr)
       t.q_elems += elems;
     else
-      (p.q.sr_draw == SrDraw::philox4 ? t.q_sr4_elems : t.q_sr_elems) += elems;
+      t.q_sr_elems[int(p.q.sr_draw)] += elems;
   }
   void add_rht(Token& t, const OperandPlan& p, int64_t elems) {
     t.rht_elems += elems;

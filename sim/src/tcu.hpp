@@ -65,8 +65,8 @@ struct Token {
   int64_t rht_elems = 0, rht_ops = 0;  // elements through the butterfly; adds/subtracts (+ scale multiplies)
   double share = 1;                    // the unit rates this token gets, in the slot's own lanes (see Plan::share)
   int rht_stages = 0;                  // log2 d + 1
-  int64_t q_elems = 0, q_sr_elems = 0; // elements quantised with RTNE (or amax-scanned) / with SR under philox1
-  int64_t q_sr4_elems = 0;             // with SR under philox4: one Philox block per four elements
+  int64_t q_elems = 0;                 // elements quantised with RTNE (or amax-scanned)
+  int64_t q_sr_elems[3] = {};          // with SR, by draw (SrDraw): one Philox block per sr_draw_group elements
   int64_t beats = 0;                   // block dot products of kMacWidth elements (unit beats)
   int64_t acc_ops = 0;                 // block scale-and-accumulates (+ the final multiplies on the last k-step)
   bool fused = false;                  // both operands' block scales are UE4M3 or UE8M0: acc.fused_lanes apply
@@ -386,17 +386,24 @@ class Quantiser : public Stage {
   void reset() override { Stage::reset(); elems = sr_elems = sr_draws = 0; }
 
  protected:
-  // quant.sr_lanes is the Philox-limited rate at one block per element; a block per four elements quadruples it, up
-  // to the RTNE rate (never below philox1's, where a configuration makes SR the faster).
+  // quant.sr_lanes is the Philox-limited rate at one block per element; a block per G elements (sr_draw_group)
+  // multiplies it by G, up to the RTNE rate (never below philox1's, where a configuration makes SR the faster).
   int64_t occupancy(const Token& t) const override {
-    return cycles_for(t.q_elems, lanes_ * t.share) + cycles_for(t.q_sr_elems, sr_lanes_ * t.share) +
-           cycles_for(t.q_sr4_elems, std::max(sr_lanes_, std::min(lanes_, 4 * sr_lanes_)) * t.share);
+    int64_t c = cycles_for(t.q_elems, lanes_ * t.share);
+    for (SrDraw d : kSrDraws) {
+      const double g = sr_draw_group(d);
+      c += cycles_for(t.q_sr_elems[int(d)], std::max(sr_lanes_, std::min(lanes_, g * sr_lanes_)) * t.share);
+    }
+    return c;
   }
   int64_t latency(const Token&) const override { return lat_; }
   void work(Token& t) override {
     elems += t.q_elems;
-    sr_elems += t.q_sr_elems + t.q_sr4_elems;
-    sr_draws += t.q_sr_elems + (t.q_sr4_elems + 3) / 4;
+    for (SrDraw d : kSrDraws) {
+      const int64_t n = t.q_sr_elems[int(d)], g = sr_draw_group(d);
+      sr_elems += n;
+      sr_draws += (n + g - 1) / g;
+    }
   }
 
  private:

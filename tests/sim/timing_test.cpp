@@ -361,8 +361,9 @@ TEST(Timing, TeachingPassWorkItemsReachEveryTcu) {
   EXPECT_EQ(sim.run(kernel_job(JobKind::quantize, 16, 16, 64, plain(16))).cycles, 94);
 }
 
-// SR's Philox calls (docs/spec.md §4): quant.sr_lanes calls per cycle serve that many SR elements under philox1 and
-// four times as many under philox4 (up to quant.lanes); energy.sr_pj is charged per call.
+// SR's Philox calls (docs/spec.md §4): quant.sr_lanes calls per cycle serve that many SR elements under philox1,
+// four times as many under philox4 and sixteen times under philox16 (up to quant.lanes); energy.sr_pj is charged per
+// call.
 TEST(Timing, TeachingSrDrawSetsThePhiloxRateAndEnergy) {
   Simulator sim(config("teaching", {"quant.lanes=4", "quant.sr_lanes=1"}));
   QuantConfig q = plain();
@@ -377,6 +378,27 @@ TEST(Timing, TeachingSrDrawSetsThePhiloxRateAndEnergy) {
   EXPECT_GT(r1.stalls.at("quant"), 15 * 1536);
   // Both operands' 16 x 1024 elements each under SR: 32768 calls under philox1, 8192 under philox4.
   EXPECT_DOUBLE_EQ(r1.energy_pj.at("quant") - r4.energy_pj.at("quant"), (32768 - 8192) * 14.0);
+  // philox16: 2048 calls; at quant.lanes=4 the rate is capped at RTNE's, the cycles philox4's.
+  q.sr_draw = SrDraw::philox16;
+  const JobReport r16 = sim.run(job(16, 16, 1024, q));
+  EXPECT_EQ(r16.cycles, 8713);
+  EXPECT_DOUBLE_EQ(r4.energy_pj.at("quant") - r16.energy_pj.at("quant"), (8192 - 2048) * 14.0);
+}
+
+// With quant.lanes=16 and one Philox call per cycle: philox16 (sixteen elements a call) keeps the RTNE rate, philox4
+// runs at four elements a cycle and the MAC waits on it.
+TEST(Timing, TeachingPhilox16KeepsTheRtneRateWhereSixteenLanesShareACall) {
+  Simulator sim(config("teaching", {"quant.lanes=16", "quant.sr_lanes=1"}));
+  QuantConfig q = plain();
+  const JobReport rtne = sim.run(job(16, 16, 1024, q));
+  q.rounding = Rounding::sr;
+  q.sr_draw = SrDraw::philox16;
+  const JobReport r16 = sim.run(job(16, 16, 1024, q));
+  q.sr_draw = SrDraw::philox4;
+  const JobReport r4 = sim.run(job(16, 16, 1024, q));
+  EXPECT_EQ(r16.cycles, rtne.cycles);
+  EXPECT_GT(r4.cycles, r16.cycles);
+  EXPECT_GT(r4.stalls.at("quant"), r16.stalls.at("quant"));
 }
 
 }  // namespace

@@ -60,7 +60,7 @@ struct Energy {
   double acc_op = 0;         // per block scale-and-accumulate (two FP32 multiplies and one add)
   double rht_add = 0;        // per FP32 add or subtract in the butterfly
   double quant_elem = 0;     // per element quantised (amax compare, scale, round)
-  double sr_elem = 0;        // extra per Philox4x32-10 block SR draws (one per element, or per four: philox4)
+  double sr_elem = 0;        // extra per Philox4x32-10 block SR draws (one per 1, 4 or 16 elements: sr_draw_group)
   double dram_byte = 0, l2_byte = 0, buffer_byte = 0;  // per byte moved at each level
   double leak_mw_per_mm2 = 0;  // static (leakage) power per mm^2 of built units, paid for the whole run time
   bool operator==(const Energy&) const = default;
@@ -123,7 +123,7 @@ struct Config {
   double rht_lanes = 0;      // elements per cycle through the d-point butterfly (fractional: a rate)
   int rht_stage_latency = 1; // cycles per butterfly stage (latency = (log2 d + 1) stages, the last the 1/sqrt(d))
   double quant_lanes = 0;    // elements per cycle (amax, scale, RTNE)
-  double quant_sr_lanes = 0; // Philox calls per cycle: SR elements per cycle under philox1 (x4 under philox4)
+  double quant_sr_lanes = 0; // Philox calls per cycle: SR elements per cycle under philox1 (x4 philox4, x16 philox16)
   int quant_latency = 0;
 
   int mac_units = 0;         // block dot-product units per TCU, kMacWidth MACs a cycle each

@@ -27,7 +27,7 @@ struct Model;
 // The work a simulated job did, from which its energy is priced (Simulator::price).
 struct JobCounters {
   double blocks = 0, acc_ops = 0, rht_ops = 0, q_elems = 0, sr_elems = 0;
-  double sr_draws = 0;  // Philox4x32-10 blocks: one per SR element under philox1, one per four under philox4
+  double sr_draws = 0;  // Philox4x32-10 blocks: one per 1, 4 or 16 SR elements (philox1, philox4, philox16)
   double dram_read = 0, dram_write = 0, l2_read = 0, l2_write = 0, buf_read = 0, buf_write = 0;
 };
 
