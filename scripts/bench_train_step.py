@@ -87,7 +87,7 @@ def setup(args, recipe, mode, device, capturable=False):
     cfg = {"d": args.d, "layers": args.layers, "heads": args.heads, "ffn": args.ffn, "seq": args.seq}
     model = build_model(cfg, args.vocab).to(device, torch.bfloat16)
     if recipe != "bf16":
-        name, _, draw = recipe.partition("@")  # ufp4@philox1: the recipe under the original SR draw
+        name, _, draw = recipe.partition("@")  # ufp4@philox16: the recipe under another SR draw
         ft.convert(model, make_recipe(name, mode, seed=0, sr_draw=draw or DEFAULT_SR_DRAW), include=r"^blocks\.")
     fused = device.type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=fused, **({"capturable": True} if capturable else {}))
@@ -378,7 +378,8 @@ def main():
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--recipes", default="bf16,ufp4,nvfp4",
-                    help="comma-separated; NAME@philox1 runs a recipe under the original SR draw (docs/spec.md §4)")
+                    help="comma-separated; NAME@DRAW runs a recipe under another SR draw (philox1, the original; "
+                         "philox16, 8 bits an element: docs/spec.md §4)")
     ap.add_argument("--modes", default="fast,exact")
     ap.add_argument("--size", choices=sorted(SIZES),
                     help="take the shape of this model of fp4lab.study (byte vocabulary, 256) instead of "

@@ -1,18 +1,20 @@
-"""The paired check of the SR draw revision (docs/spec.md §4): does drawing one Philox block per four elements
-(philox4) instead of one per element (philox1) change how a model trains?
+"""The paired check of an SR draw revision (docs/spec.md §4): does drawing one Philox block per four elements
+(philox4) instead of one per element (philox1), or per sixteen elements with 8 bits each (philox16) instead of
+philox4, change how a model trains?
 
     python3 -m fp4lab_lab.sr_draw_check RUN.json ... [--json OUT]
 
-RUN.json are fp4lab-train runs of one recipe, mode, size, corpus and step count, each seed once under each draw
-(`fp4lab-train train ... --sr-draw philox1` beside the default): every pair shares its initial weights and its
-batches, so the per-seed difference philox4 - philox1 isolates the draw. Prints, for the final validation loss and
-the mean training loss over the last 10% of steps, the differences per seed, their mean with a 95% t-interval
-(fp4lab.paired) and the verdict, in nats and in percent of the philox1 loss.
+RUN.json are fp4lab-train runs of one recipe, mode, size, corpus and step count under two draws, each seed once
+under each (`fp4lab-train train ... --sr-draw D`): every pair shares its initial weights and its batches, so the
+per-seed difference NEW - BASE isolates the draw (NEW the later draw of fp4lab.SrDraw's order, BASE the earlier).
+Prints, for the final validation loss and the mean training loss over the last 10% of steps, the differences per
+seed, their mean with a 95% t-interval (fp4lab.paired) and the verdict, in nats and in percent of the BASE loss.
 """
 import argparse
 import json
 import sys
 
+from fp4lab import SrDraw
 from fp4lab._files import DataError, console_main, read_json, write_atomic
 from fp4lab.paired import paired_stats
 from fp4lab.study.report import check_run, sr_draw_of
@@ -50,32 +52,37 @@ def main(argv=None) -> int:
         if r.get("diverged"):
             raise DataError(f"{p}: diverged ({r['diverged']})")
         by[k] = _measures(r)
-    seeds = sorted(s for s, d in by if d == "philox4" and (s, "philox1") in by)
+    order = list(SrDraw.__members__)
+    draws = sorted({d for _, d in by}, key=order.index)
+    if len(draws) != 2:
+        raise DataError(f"the runs are under {len(draws)} SR draw(s) ({', '.join(draws)}): a check pairs two")
+    base, new = draws
+    seeds = sorted(s for s, d in by if d == new and (s, base) in by)
     unpaired = sorted(f"seed {s} ({d})" for s, d in by if s not in seeds)
     if len(seeds) < 2:
         raise DataError("fewer than two seeds with a run under each draw"
                         + (f" (unpaired: {', '.join(unpaired)})" if unpaired else ""))
     recipe, mode, size, corpus, steps, _, _ = settings.pop()
     out = {"recipe": recipe, "mode": mode, "size": size, "corpus": corpus, "steps": steps, "seeds": seeds,
-           "unpaired": unpaired}
+           "unpaired": unpaired, "new": new, "base": base}
     print(f"{recipe} ({mode}), {size} model, {corpus}, {steps} steps, seeds {', '.join(map(str, seeds))}: "
-          f"philox4 - philox1, paired by seed" + (f"; not paired: {', '.join(unpaired)}" if unpaired else ""))
+          f"{new} - {base}, paired by seed" + (f"; not paired: {', '.join(unpaired)}" if unpaired else ""))
     for m, what in (("val", "final validation loss"), ("train", "training loss over the last 10%")):
-        d = [by[(s, "philox4")][m] - by[(s, "philox1")][m] for s in seeds]
-        pct = [100 * x / by[(s, "philox1")][m] for x, s in zip(d, seeds)]
+        d = [by[(s, new)][m] - by[(s, base)][m] for s in seeds]
+        pct = [100 * x / by[(s, base)][m] for x, s in zip(d, seeds)]
         st, sp = paired_stats(d), paired_stats(pct)
         verdict = ("no difference detectable" if st.low <= 0 <= st.high
-                   else "philox4 higher" if st.low > 0 else "philox4 lower")
+                   else f"{new} higher" if st.low > 0 else f"{new} lower")
         print(f"  {what}: {st.mean:+.5f} nats ({sp.mean:+.3f}%), 95% interval {st.low:+.5f} to {st.high:+.5f} "
               f"({sp.low:+.3f}% to {sp.high:+.3f}%), t with {st.n - 1} df; per seed "
               + ", ".join(f"{x:+.5f}" for x in d) + f": {verdict}")
         for s in seeds:
-            print(f"    seed {s}: philox1 {by[(s, 'philox1')][m]:.5f}, philox4 {by[(s, 'philox4')][m]:.5f}")
+            print(f"    seed {s}: {base} {by[(s, base)][m]:.5f}, {new} {by[(s, new)][m]:.5f}")
         # For scale: how far runs of one draw spread from seed to seed (other weights, batches and SR words).
-        spread = {d: paired_stats([by[(s, d)][m] for s in seeds]).sd for d in ("philox1", "philox4")}
-        print(f"    seed-to-seed SD of the loss: philox1 {spread['philox1']:.5f}, philox4 {spread['philox4']:.5f}")
+        spread = {d: paired_stats([by[(s, d)][m] for s in seeds]).sd for d in (base, new)}
+        print(f"    seed-to-seed SD of the loss: {base} {spread[base]:.5f}, {new} {spread[new]:.5f}")
         out[m] = {"diffs": d, "percent": pct, **st.as_dict(), "verdict": verdict, "seed_sd": spread,
-                  "philox1": [by[(s, "philox1")][m] for s in seeds], "philox4": [by[(s, "philox4")][m] for s in seeds]}
+                  base: [by[(s, base)][m] for s in seeds], new: [by[(s, new)][m] for s in seeds]}
     if args.json:
         write_atomic(args.json, (json.dumps(out, indent=1) + "\n").encode(), args.runs)
     return 0

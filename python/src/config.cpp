@@ -223,7 +223,8 @@ void bind_config(nb::module_& m) {
   for (Rounding r : kRoundings) rd.value(rounding_name(r), r);
   nb::enum_<SrDraw> sd(m, "SrDraw", "How stochastic rounding draws its random words (docs/spec.md §4): philox1, one "
                                     "Philox4x32-10 block per element (the original draw); philox4, one per four "
-                                    "consecutive elements (the default).");
+                                    "consecutive elements (the default); philox16, one per sixteen, 8 random bits "
+                                    "an element.");
   for (SrDraw d : kSrDraws) sd.value(sr_draw_name(d), d);
 
   nb::class_<QuantConfig>(m, "QuantConfig",

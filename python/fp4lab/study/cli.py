@@ -47,7 +47,7 @@ def build_parser(prog: str = "fp4lab-train", defaults=None, description: str = D
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--sr-draw", choices=SR_DRAWS, default=DEFAULT_SR_DRAW,
                    help=f"how stochastic rounding draws its words (docs/spec.md §4; default {DEFAULT_SR_DRAW}, the "
-                        "presets'): philox1 reproduces runs made before philox4")
+                        "presets'): philox1 reproduces runs made before philox4; philox16 draws 8 bits an element")
     t.add_argument("--steps", type=int, default=2000)
     t.add_argument("--seq", type=int)
     t.add_argument("--batch", type=int)

@@ -63,3 +63,19 @@ def test_runs_that_cannot_be_paired_are_refused(tmp_path):
     (tmp_path / "junk.json").write_text("[1, 2]")
     with pytest.raises(DataError, match="junk.json: no run name"):
         sr_draw_check.main(paths + [str(tmp_path / "junk.json")])
+
+
+def test_the_later_draw_is_compared_with_the_earlier_and_three_draws_are_refused(tmp_path, capsys):
+    # philox16 beside philox4, given in either order: the differences are philox16 - philox4 (+0.2, +0.1, 0.0).
+    runs = [run(0, "philox16", 2.2, 2.5), run(0, "philox4", 2.0, 2.5), run(1, "philox4", 2.0, 2.5),
+            run(1, "philox16", 2.1, 2.5), run(2, "philox16", 2.0, 2.5), run(2, "philox4", 2.0, 2.5)]
+    out = tmp_path / "check.json"
+    assert sr_draw_check.main(write(tmp_path, runs) + ["--json", str(out)]) == 0
+    got = json.load(open(out))
+    assert (got["new"], got["base"]) == ("philox16", "philox4")
+    assert got["val"]["diffs"] == pytest.approx([0.2, 0.1, 0.0])
+    assert got["val"]["philox4"] == [2.0, 2.0, 2.0]
+    assert "philox16 - philox4, paired by seed" in capsys.readouterr().out
+    third = runs + [run(0, "philox1", 2.0, 2.5)]
+    with pytest.raises(DataError, match=r"under 3 SR draw\(s\) \(philox1, philox4, philox16\): a check pairs two"):
+        sr_draw_check.main(write(tmp_path, third))

@@ -171,6 +171,10 @@ def test_the_sr_draw_is_a_named_setting_and_older_pickles_load_as_the_original_d
     x = np.random.default_rng(3).standard_normal((16, 64)).astype(np.float32)
     new = old.replace(sr_draw="philox4")
     assert not np.array_equal(fp4lab.quantize_with(x, old).codes, fp4lab.quantize_with(x, new).codes)
+    # philox16 (8 bits an element) is a third, named draw: other codes again, its name in the label.
+    d16 = old.replace(sr_draw="philox16")
+    assert d16.sr_draw is SrDraw.philox16 and d16.label.endswith("_sr-philox16")
+    assert not np.array_equal(fp4lab.quantize_with(x, d16).codes, fp4lab.quantize_with(x, new).codes)
     rtne = fp4lab.config("ufp4")
     assert np.array_equal(fp4lab.quantize_with(x, rtne).codes,
                           fp4lab.quantize_with(x, rtne.replace(sr_draw="philox1")).codes)
@@ -180,7 +184,7 @@ def test_the_sr_draw_is_a_named_setting_and_older_pickles_load_as_the_original_d
     legacy = QuantConfig.__new__(QuantConfig)
     legacy.__setstate__(tuple(new.__getstate__()[:10]))
     assert legacy == old
-    with pytest.raises(ValueError, match="unknown SR draw 'philox2' \\(known: philox1, philox4\\)"):
+    with pytest.raises(ValueError, match="unknown SR draw 'philox2' \\(known: philox1, philox4, philox16\\)"):
         fp4lab.config("ufp4", sr_draw="philox2")
     with pytest.raises(TypeError, match="sr_draw"):
         fp4lab.config("ufp4", sr_draw=4)
