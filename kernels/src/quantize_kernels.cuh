@@ -35,7 +35,7 @@ struct QArgs {
   int* nonfinite;          // bit 0: an input is NaN or Inf; bit 1: its RHT overflowed FP32; null = not checked
   ScaleKind scale;
   Rounding rounding;
-  SrDraw sr_draw;          // SR's draw (philox.hpp): one Philox block per element or per four
+  SrDraw sr_draw;          // SR's draw (philox.hpp): one Philox block per 1, 4 or 16 elements
   bool rht_bf16;
   uint64_t seed;
   const uint64_t* seed_dev; // non-null: the seed is read here on the device (a captured step's key)
@@ -170,6 +170,54 @@ __device__ __forceinline__ void sr_draw4(const QArgs& a, uint64_t seed, int64_t 
   }
 }
 
+// The SR words of block elements e0 .. e0 + B - 1 (e0 = b * B, the block's first element: a multiple of 16), four
+// elements at a time: round4(e, w) rounds elements e .. e + 3 with words w. The draw is chosen once for the block,
+// so each path holds its own registers only, at the cost of a copy of round4 per path. Under philox16 one Philox
+// block serves sixteen elements, its word q giving elements 4q .. 4q + 3 their bytes (sr_byte_word).
+template <int B, bool WIDE, class Round4>
+__device__ __forceinline__ void sr_block(const QArgs& a, uint64_t seed, int64_t base, int e0, Round4 round4) {
+  if (a.sr_draw == SrDraw::philox16) {
+#pragma unroll
+    for (int j = 0; j < B; j += 16) {
+      uint32_t g[4];
+      sr_words4<WIDE>(seed, a.stream, uint64_t(base + e0 + j) >> 4, g);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        uint32_t w[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) w[i] = sr_byte_word(g[q], i);
+        round4(e0 + j + 4 * q, w);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < B; j += 4) {
+      uint32_t w[4];
+      sr_draw4<WIDE>(a, seed, base, e0 + j, w);
+      round4(e0 + j, w);
+    }
+  }
+}
+
+// round_block's form of sr_block: the words of elements e0 .. e0 + 3, asked for in order from the block's first
+// element (a multiple of 16), with the philox16 block drawn at each multiple of 16 and kept. The rounding code is
+// then held once for every draw; the code-forming kernels spill no more for it (ptxas, sm_90a), where the one-read
+// fake quantiser, whose levels_of_block takes sr_block, would.
+template <bool WIDE>
+struct SrWords {
+  uint32_t g[4];
+  __device__ __forceinline__ void next4(const QArgs& a, uint64_t seed, int64_t base, int e0, uint32_t (&w)[4]) {
+    if (a.sr_draw == SrDraw::philox16) {
+      if (e0 % 16 == 0) sr_words4<WIDE>(seed, a.stream, uint64_t(base + e0) >> 4, g);
+      const uint32_t x = g[(e0 / 4) % 4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) w[i] = sr_byte_word(x, i);
+    } else {
+      sr_draw4<WIDE>(a, seed, base, e0, w);
+    }
+  }
+};
+
 // Scales and rounds block b of the thread's values into packed nibbles (element e -> bits 4(e%8) of word e/8): two
 // registers for 16 codes (the kernels' speed follows their occupancy, so the registers they hold matter).
 template <int F, int B, bool FP32, bool RTNE, bool WIDE, int G>
@@ -185,11 +233,12 @@ __device__ __forceinline__ void round_block(const float (&y)[G], int b, const Bl
       packed[e / 8] |= uint32_t(detail::round_rtne_fast<F>(v)) << (4 * (e % 8));
     }
   } else {
+    SrWords<WIDE> words;
 #pragma unroll
     for (int j = 0; j < B; j += 4) {
       const int e0 = b * B + j;
       uint32_t w[4];
-      sr_draw4<WIDE>(a, seed, base, e0, w);
+      words.next4(a, seed, base, e0, w);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int e = e0 + i;
@@ -215,16 +264,12 @@ __device__ __forceinline__ void levels_of_block(const float (&y)[G], int b, cons
                                    deq(detail::rtne_level_fast<F>(scaled(y[e + 1]))));
     }
   } else {
-#pragma unroll
-    for (int j = 0; j < B; j += 4) {
-      const int e0 = b * B + j;
-      uint32_t r[4];
-      sr_draw4<WIDE>(a, seed, base, e0, r);
+    sr_block<B, WIDE>(a, seed, base, b * B, [&](int e0, const uint32_t(&r)[4]) {
 #pragma unroll
       for (int i = 0; i < 4; i += 2)
         w[(e0 + i) / 2] = detail::bf16x2_rn(deq(detail::sr_level_fast<F>(scaled(y[e0 + i]), r[i])),
                                             deq(detail::sr_level_fast<F>(scaled(y[e0 + i + 1]), r[i + 1])));
-    }
+    });
   }
 }
 // Under fp32 scales a block whose scale and magnitudes (lo .. hi) lie in fp32_step_in_range takes the reciprocal

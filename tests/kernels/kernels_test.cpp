@@ -152,10 +152,12 @@ std::vector<QCase> quant_cases() {
             c.cfg.seed = 0x1234'5678'9abcULL;
             c.cfg.stream = 5;
             v.push_back(c);
-            if (r == Rounding::sr) {  // both SR draws (docs/spec.md §4): philox4 above, the original philox1 here
-              c.cfg.sr_draw = fp4lab::SrDraw::philox1;
-              v.push_back(c);
-            }
+            if (r == Rounding::sr)  // every SR draw (docs/spec.md §4): the default above, the others here
+              for (fp4lab::SrDraw d : fp4lab::kSrDraws)
+                if (d != fp4lab::kDefaultSrDraw) {
+                  c.cfg.sr_draw = d;
+                  v.push_back(c);
+                }
           }
   // Larger rotations (seeded signs): 32 runs fused, 64 and 128 through the unfused pass.
   for (int rht : {32, 64, 128})
@@ -171,10 +173,12 @@ std::vector<QCase> quant_cases() {
         c.cfg.rounding = r;
         c.cfg.seed = 7;
         v.push_back(c);
-        if (r == Rounding::sr) {
-          c.cfg.sr_draw = fp4lab::SrDraw::philox1;
-          v.push_back(c);
-        }
+        if (r == Rounding::sr)
+          for (fp4lab::SrDraw d : fp4lab::kSrDraws)
+            if (d != fp4lab::kDefaultSrDraw) {
+              c.cfg.sr_draw = d;
+              v.push_back(c);
+            }
       }
   return v;
 }

@@ -168,6 +168,10 @@ Bf16Variants bf16_variants(const Recipe& rec) {
   v.rht16_sr = v.rht16;
   v.rht16_sr.rounding = Rounding::sr;
   v.rht16_sr.sr_draw = SrDraw::philox4;
+  v.sr16 = v.sr;
+  v.sr16.sr_draw = SrDraw::philox16;
+  v.rht16_sr16 = v.rht16_sr;
+  v.rht16_sr16.sr_draw = SrDraw::philox16;
   return v;
 }
 

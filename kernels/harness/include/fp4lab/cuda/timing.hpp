@@ -139,9 +139,10 @@ QuantTimes time_quantize(Timer& T, const DeviceInfo& dev, double copy_gbs, int64
 // ---- the BF16 quantiser ---------------------------------------------------------------------------------------------
 // The variants qbench times per recipe: plain (the recipe's grid, block and scale, RTNE), rht16 (fused RHT-16 with
 // the recipe's BF16 rounding), sr (stochastic rounding, philox4), sr1 (the same under philox1, the original
-// draw: one Philox block per element) and rht16-sr (both: a training step's dY under ufp4).
+// draw: one Philox block per element), sr16 (under philox16: a block per sixteen elements, 8 bits each), rht16-sr
+// (both: a training step's dY under ufp4) and rht16-sr16 (the same under philox16).
 struct Bf16Variants {
-  QuantConfig plain, rht16, sr, sr1, rht16_sr;
+  QuantConfig plain, rht16, sr, sr1, rht16_sr, sr16, rht16_sr16;
 };
 Bf16Variants bf16_variants(const Recipe& r);
 // How the operand X [R, C] is quantised: along C (row-wise), X^T along R read in place (transposed), or the route
