@@ -18,6 +18,8 @@ import fp4lab.torch as ft
 from fp4lab import _core
 
 QUANT_RECIPES = ["ufp4", "e2m1-ref", "nvfp4", "mxfp4"]
+# The CUDA layer against the CPU's bits under the other SR draws too (the presets draw philox4).
+DRAW_CASES = QUANT_RECIPES + ["ufp4@philox1", "ufp4@philox16", "nvfp4@philox16"]
 CUDA = torch.cuda.is_available() and _core.cuda_built
 
 
@@ -35,8 +37,11 @@ def golden(a, b, recipe, p, layer, step, seed=0):
 
 
 def make_layer(recipe, in_f=64, out_f=96, layer_id=3, seed=0, mode="exact"):
+    """recipe: a preset's name, or NAME@DRAW for the preset under another SR draw (docs/spec.md §4)."""
     torch.manual_seed(seed)
-    lin = ft.Linear(in_f, out_f, bias=False, recipe=ft.Recipe(recipe, mode=mode), layer_id=layer_id)
+    name, _, draw = recipe.partition("@")
+    kw = {"sr_draw": draw} if draw else {}
+    lin = ft.Linear(in_f, out_f, bias=False, recipe=ft.Recipe(name, mode=mode, **kw), layer_id=layer_id)
     return lin
 
 
@@ -249,7 +254,7 @@ def test_small_model_learns(recipe):
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
-@pytest.mark.parametrize("recipe", QUANT_RECIPES)
+@pytest.mark.parametrize("recipe", DRAW_CASES)
 def test_cuda_linear_bit_identical_to_cpu(recipe):
     # FP32 and BF16 layers: a BF16 layer's exact GEMMs write BF16 C in the kernel's epilogue (and check it there),
     # which must be the CPU's FP32 contract values rounded to BF16.
@@ -376,7 +381,7 @@ def test_cuda_transposed_views_and_fake_quantisation_match_the_row_major_operand
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
-@pytest.mark.parametrize("recipe", QUANT_RECIPES)
+@pytest.mark.parametrize("recipe", DRAW_CASES)
 def test_cuda_fast_layer_is_the_product_of_dequantised_operands(recipe):
     # fast mode's fused path gives what product(…, "fast") makes of the quantised operands, bit for bit, in all
     # three GEMMs (the backward ones from transposed views).

@@ -193,3 +193,15 @@ def test_the_original_sr_draw_is_a_recipe_knob_its_key_spells_and_its_bits_follo
     y_old, dx_old, dw_old = step_bits(old)
     assert torch.equal(y_new, y_old)
     assert not torch.equal(dx_new, dx_old) and not torch.equal(dw_new, dw_old)
+
+
+def test_the_philox16_draw_reaches_every_operand_and_moves_only_the_sr_operands_bits():
+    """docs/spec.md §4: sr_draw="philox16" (8 bits an element, a Philox block per sixteen) is a third recipe knob,
+    spelled in the key; a training step's dY (SR under ufp4) changes bits against philox4, the forward does not."""
+    base, d16 = ft.Recipe("ufp4", seed=5), ft.Recipe("ufp4", seed=5, sr_draw="philox16")
+    assert all(c.sr_draw is fp4lab.SrDraw.philox16 for _, c in d16.configs)
+    assert "sr_draw='philox16'" in d16.key and recipe_of_key(d16.key) == d16
+    y4, dx4, dw4 = step_bits(base)
+    y16, dx16, dw16 = step_bits(d16)
+    assert torch.equal(y4, y16)
+    assert not torch.equal(dx4, dx16) and not torch.equal(dw4, dw16)
