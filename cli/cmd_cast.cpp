@@ -25,7 +25,7 @@ int cmd_cast(const Invocation& inv) {
       ("stream", po::value<std::string>()->default_value("0")->value_name("N"),
        "SR stream; element i draws sr_word(D, seed, stream, i)")
       ("sr-draw", po::value<std::string>()->default_value(sr_draw_name(QuantConfig{}.sr_draw))->value_name("D"),
-       (knob_choices("sr_draw", "|") + ": SR's random words, one Philox block per element or per four").c_str())
+       (knob_choices("sr_draw", "|") + ": SR's random words, one Philox block per 1, 4 or 16 elements").c_str())
       ("out", po::value<std::string>()->required()->value_name("FILE"), "output .safetensors file");
   add_common_options(desc);
   po::variables_map vm;

@@ -1,9 +1,9 @@
 // fp4lab cuda qbench: the quantiser on BF16 operands at training shapes, every variant beside a device-to-device
 // copy of the same bytes in the same run. Variants per recipe: plain (the recipe's grid, block and scale, RTNE),
-// rht16 (fused RHT-16 with the recipe's BF16 rounding), sr (stochastic rounding), sr1 (SR under philox1), sr16 (SR
-// under philox16), rht16-sr (both, a step's dY under ufp4) and rht16-sr16 (the same under philox16); each row-wise (quantise [R, C] along C) and transposed (quantise X^T,
-// [C, R] along R, reading X [R, C] in place), and for the
-// transposed case the route it replaces: a copy of X (the cheapest transposed copy) then the row-wise pass; and
+// rht16 (fused RHT-16 with the recipe's BF16 rounding), sr (stochastic rounding), sr1 (SR under philox1), sr16
+// (SR under philox16), rht16-sr (both, a step's dY under ufp4) and rht16-sr16 (the same under philox16); each
+// row-wise (quantise [R, C] along C) and transposed (quantise X^T, [C, R] along R, reading X [R, C] in place), and for
+// the transposed case the route it replaces: a copy of X (the cheapest transposed copy) then the row-wise pass; and
 // the fake quantiser a training step's fast GEMMs run (fake-row, fake-transposed: BF16 dequantised values out;
 // fake-both: both from one read, fake_quantize_both, as the step takes X and X^T, dY and dY^T).
 // Bytes = BF16 in + packed codes + FP32 decoded scales (+ scale codes), or BF16 in + BF16 out for the fake
@@ -35,7 +35,8 @@ int cmd_cuda_qbench(const Invocation& inv) {
                      "operand shapes RxC (default: the 103M model's 8192x1024 8192x2816 1024x8192 2816x1024 1024x1024)")(
       "recipe", po::value(&recipes)->multitoken(), "recipes (default: ufp4 e2m1-ref nvfp4 mxfp4)")(
       "reps", po::value(&reps)->default_value(15), "timed repetitions (median reported)")(
-      "variant", po::value(&only_variant), "only this variant: plain, rht16, sr (philox4), sr1 (philox1), sr16 (philox16), rht16-sr or rht16-sr16")(
+      "variant", po::value(&only_variant),
+      "only this variant: plain, rht16, sr (philox4), sr1 (philox1), sr16 (philox16), rht16-sr or rht16-sr16")(
       "layout", po::value(&only_layout),
       "only this layout: row-wise, transposed, copy+row, fake-row, fake-transposed or fake-both");
   cli::add_common_options(desc);

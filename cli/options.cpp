@@ -305,7 +305,7 @@ void add_recipe_options(po::options_description& desc, bool with_role) {
       ("rounding", po::value<std::string>()->value_name("R"),
        (knob_choices("rounding", "|") + " (default " + rounding_name(plain.rounding) + ")").c_str())
       ("sr-draw", po::value<std::string>()->value_name("D"),
-       (knob_choices("sr_draw", "|") + ": SR's random words, one Philox block per element or per four (default " +
+       (knob_choices("sr_draw", "|") + ": SR's random words, one Philox block per 1, 4 or 16 elements (default " +
         sr_draw_name(plain.sr_draw) + "; docs/spec.md §4)").c_str())
       ("seed", po::value<std::string>()->value_name("S"), "stochastic-rounding seed (default 0)")
       ("stream", po::value<std::string>()->value_name("N"),

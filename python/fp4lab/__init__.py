@@ -193,8 +193,8 @@ def quantize(x: np.ndarray, recipe: Optional[str] = None, *, pass_: Optional[str
     ``pass_`` and ``role`` apply; knobs named
     as the CLI's options (``format``, ``block``, ``scale``, ``tile2d``, ``rht`` (a size, or 0 or None: no
     rotation, as ``--rht none``), ``rht_signs`` (list or "te"),
-    ``rht_seed``, ``rht_bf16``, ``rounding``, ``sr_draw`` ("philox4", "philox1" or "philox16", docs/spec.md §4), ``seed``,
-    ``stream``) override it. Returns a QTensor with
+    ``rht_seed``, ``rht_bf16``, ``rounding``, ``sr_draw`` ("philox4", "philox1" or "philox16", docs/spec.md §4),
+    ``seed``, ``stream``) override it. Returns a QTensor with
     ``codes`` (uint8 [rows, K]), ``scales`` (float32 [rows, K/B]), ``scale_codes`` (uint8 or None),
     ``global_scale`` and ``dequantize()``.
     """

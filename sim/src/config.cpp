@@ -109,7 +109,8 @@ const std::vector<ConfigKey>& config_keys() {
     {"quant.lanes",            member<&C::quant_lanes>,            kRequired, per_slot(C::kMinLanes, C::kMaxUnits),
      "quantiser elements per cycle (RTNE)"},
     {"quant.sr_lanes",         member<&C::quant_sr_lanes>,         kDefault,  per_slot(C::kMinLanes, C::kMaxUnits),
-     "Philox calls per cycle: SR elements per cycle under philox1, x4 under philox4, x16 under philox16 (to quant.lanes; 0 = quant.lanes)"},
+     "Philox calls per cycle: SR elements per cycle under philox1, x4 under philox4, x16 under philox16 "
+     "(to quant.lanes; 0 = quant.lanes)"},
     {"quant.latency",          member<&C::quant_latency>,          kRequired, {0, C::kMaxLatency},
      "quantiser latency, cycles"},
     {"mac.units",              member<&C::mac_units>,              kRequired, {1, C::kMaxUnits},

@@ -66,7 +66,7 @@ struct Token {
   double share = 1;                    // the unit rates this token gets, in the slot's own lanes (see Plan::share)
   int rht_stages = 0;                  // log2 d + 1
   int64_t q_elems = 0;                 // elements quantised with RTNE (or amax-scanned)
-  int64_t q_sr_elems[3] = {};          // with SR, by draw (SrDraw): one Philox block per sr_draw_group elements
+  int64_t q_sr_elems[std::size(kSrDraws)] = {};  // with SR, by draw (SrDraw): a Philox block per sr_draw_group
   int64_t beats = 0;                   // block dot products of kMacWidth elements (unit beats)
   int64_t acc_ops = 0;                 // block scale-and-accumulates (+ the final multiplies on the last k-step)
   bool fused = false;                  // both operands' block scales are UE4M3 or UE8M0: acc.fused_lanes apply

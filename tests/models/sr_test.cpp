@@ -51,9 +51,10 @@ TEST(SrPUp, OfEachDrawIsWithinItsBound) {
 // Each draw rounds up with probability P = p_up(d, frac), so the number of ups is Binomial(N, P) and the mean
 // error (q - x) = gap * (ups/N - frac) has standard deviation sigma = gap * sqrt(P (1 - P) / N). Bounds, 5 sigma
 // (two-sided p ~ 6e-7 per check):
-//   |ups/N - P|                     <= 5 sqrt(P (1 - P) / N), and P within the draw's bound of frac (above)
+//   |ups/N - P|                     <= 5 sqrt(P (1 - P) / N)
 //   |mean(q - x) - gap (P - frac)|  <= gap * 5 sqrt(P (1 - P) / N)
-// Positions: the first, a middle and the last interval of the grid, at frac 1/8, 0.3, 1/2 and 7/8.
+// Positions: the first, a middle and the last interval of the grid, at frac 1/8, 0.3, 0.45, 1/2 and 7/8 (at 0.45,
+// 256 frac = 115.2: philox16's midpoint term makes P 115/256, where a draw without it would give 116/256, 8 sigma off).
 TEST_P(SrStats, UnbiasedAndPUpEqualsFrac) {
   const Golden& g = GetParam();
   const int64_t N = int64_t(1) << 20;
@@ -62,7 +63,7 @@ TEST_P(SrStats, UnbiasedAndPUpEqualsFrac) {
   int positions = 0;
   uint32_t stream = 100;
   for (int k = 0; k < 3 * kDraws; ++k)  // every draw at each of the three intervals
-    for (double frac_target : {0.125, 0.3, 0.5, 0.875}) {
+    for (double frac_target : {0.125, 0.3, 0.45, 0.5, 0.875}) {
       const SrDraw d = kSrDraws[k / 3];
       const int i = intervals[k % 3];
       const double lo = g.levels[i], hi = g.levels[i + 1], gap = hi - lo;
@@ -84,12 +85,11 @@ TEST_P(SrStats, UnbiasedAndPUpEqualsFrac) {
       const double p_hat = double(ups) / double(N);
       EXPECT_LE(std::fabs(p_hat - P), 5 * sd) << sr_draw_name(d) << " x " << x << " frac " << frac << " P(up) " << p_hat
                                               << " expected " << P;
-      EXPECT_LE(std::fabs(P - frac), p_up_bound(d)) << sr_draw_name(d) << " frac " << frac;
       EXPECT_LE(std::fabs(err / double(N) - gap * (P - frac)), gap * 5 * sd)
           << sr_draw_name(d) << " x " << x << " frac " << frac << " mean error " << err / double(N);
       ++positions;
     }
-  EXPECT_EQ(positions, 12 * kDraws);
+  EXPECT_EQ(positions, 15 * kDraws);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllFormats, SrStats, ::testing::ValuesIn(kGolden),
@@ -205,7 +205,7 @@ TEST(SrQuantize, DrawsTheContractsWordPerElement) {
 // (p ~ 6e-7 per check).
 TEST(SrQuantize, WordsOfAGroupAreIndependent) {
   const int64_t N = int64_t(1) << 20;
-  const float x = 0.3f;  // e1m2 levels 0.25 and 0.5: frac = 0.2 exactly
+  const float x = 0.3f;  // e1m2 levels 0.25 and 0.5: frac = 0.20000005 (0.3 in FP32)
   const double f = (double(x) - 0.25) / 0.25;
   for (SrDraw d : {SrDraw::philox4, SrDraw::philox16}) {
     SCOPED_TRACE(sr_draw_name(d));
@@ -233,9 +233,8 @@ TEST(SrQuantize, WordsOfAGroupAreIndependent) {
 }
 
 // A whole SR-quantised tensor is unbiased to its draw's P(up): with v_i the scaled input, gap_i its interval, f_i
-// its fraction and P_i = p_up(d, f_i), sum_i (q_i - v_i) has mean sum_i gap_i (P_i - f_i) (within n * gap_max * 2^-24
-// of 0 under philox1 and philox4, 2^-9 under philox16) and variance sum_i gap_i^2 P_i (1 - P_i); we require the sum
-// within 5 sqrt(variance) of its mean, under every draw.
+// its fraction and P_i = p_up(d, f_i), sum_i (q_i - v_i) has mean sum_i gap_i (P_i - f_i) and variance
+// sum_i gap_i^2 P_i (1 - P_i); we require the sum within 5 sqrt(variance) of its mean, under every draw.
 TEST(SrQuantize, TensorErrorSumIsUnbiased) {
   Rng rng(13);
   const int64_t rows = 1024, cols = 1024;
@@ -246,7 +245,7 @@ TEST(SrQuantize, TensorErrorSumIsUnbiased) {
       QuantConfig cfg = sr_config(g.f, ScaleKind::fp32, 0);
       cfg.sr_draw = d;
       const QTensor q = quantize(x.data(), rows, cols, cfg);
-      double sum = 0, mean = 0, var = 0, gap_max = 0;
+      double sum = 0, mean = 0, var = 0;
       int64_t n = 0;
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < cols; ++c) {
@@ -259,11 +258,9 @@ TEST(SrQuantize, TensorErrorSumIsUnbiased) {
           sum += std::fabs(double(decode(g.f, q.codes[r * cols + c]))) - v;
           mean += gap * (P - f);
           var += gap * gap * P * (1 - P);
-          gap_max = std::max(gap_max, gap);
           ++n;
         }
       ASSERT_GT(n, rows * cols / 2);
-      EXPECT_LE(std::fabs(mean), double(n) * gap_max * p_up_bound(d));
       EXPECT_LE(std::fabs(sum - mean), 5 * std::sqrt(var)) << "n " << n << " var " << var << " mean " << mean;
     }
 }

@@ -478,7 +478,7 @@ def cmd_report(args):
                 seen.add(r["name"])
     # A study pairs runs of one SR draw: a report of runs under two would compare draws as if they were recipes,
     # and a merge would let runs of one draw replace the other's of the same name.
-    draws = sorted({d for d in map(sr_draw_of, runs) if d is not None})
+    draws = sorted({d for d in map(sr_draw_of, runs) if d is not None}, key=SR_DRAWS.index)
     if len(draws) > 1:
         raise DataError(f"the runs trained under {' and '.join(draws)} (SR draws, docs/spec.md §4): a report "
                         f"pairs runs of one draw; report each draw's runs into its own --json")

@@ -38,7 +38,7 @@ def run_name(size: str, recipe: str, mode: str, seed, steps, corpus: str = DEFAU
              sr_draw: str = DEFAULT_SR_DRAW) -> str:
     """A run's name (its JSON, log and checkpoint files): scripts/train_study.sh names runs through `name`. Runs on
     any corpus but the first carry its name, so runs of the same settings on two corpora never share a name (a
-    report keeps one run per name); runs under the original SR draw carry "-philox1"."""
+    report keeps one run per name); runs under an SR draw other than the default carry its name ("-philox1")."""
     tail = "" if corpus == DEFAULT_CORPUS else "-" + re.sub(r"[^A-Za-z0-9._-]+", "_", corpus)
     if sr_draw != DEFAULT_SR_DRAW and recipe != "bf16":
         tail += "-" + sr_draw

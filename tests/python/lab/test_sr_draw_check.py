@@ -1,4 +1,4 @@
-"""python3 -m fp4lab_lab.sr_draw_check: the paired comparison of training runs under the two SR draws
+"""python3 -m fp4lab_lab.sr_draw_check: the paired comparison of training runs under two SR draws
 (docs/spec.md §4) pairs each seed's philox4 run with its philox1 run, computes the differences and their t-interval
 from the runs' own losses, and refuses runs that cannot be paired."""
 import json

@@ -548,7 +548,7 @@ def test_a_report_pairs_runs_of_one_sr_draw_and_names_runs_by_theirs(tmp_path):
     assert py("report", new, bf, *out).returncode == 0
     bad = run("d", "ufp4", sr_draw="philox2")
     r = py("report", bad, *out)
-    assert r.returncode == 1 and "'sr_draw' is none of philox1, philox4" in r.stderr
+    assert r.returncode == 1 and "'sr_draw' is none of philox1, philox4, philox16" in r.stderr
     names = lab("name", "test:ufp4:exact:0:12:--sr-draw philox1", "test:ufp4:exact:0:12", "test:bf16:exact:0:12")
     assert names.stdout.split() == ["test-ufp4-exact-s0-12-philox1", "test-ufp4-exact-s0-12", "test-bf16-bf16-s0-12"]
     assert lab("name", "test:ufp4:exact:0:12:--sr-draw philox9").returncode == 2
