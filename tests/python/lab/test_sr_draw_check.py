@@ -28,13 +28,18 @@ def write(tmp_path, runs):
     return paths
 
 
+def check(tmp_path, runs):
+    """The check's JSON for these runs (written to files), asserting it exits 0."""
+    out = tmp_path / "check.json"
+    assert sr_draw_check.main(write(tmp_path, runs) + ["--json", str(out)]) == 0
+    return json.load(open(out))
+
+
 def test_pairs_by_seed_and_reports_the_t_interval(tmp_path, capsys):
     # Differences philox4 - philox1: +0.1, -0.1, +0.3 (validation); mean 0.1, SD 0.2, t(2 df) 4.302653.
     runs = [run(0, "philox1", 2.0, 2.5), run(0, "philox4", 2.1, 2.5), run(1, "philox1", 2.0, 2.5),
             run(1, "philox4", 1.9, 2.5), run(2, "philox1", 2.0, 2.5), run(2, "philox4", 2.3, 2.5)]
-    out = tmp_path / "check.json"
-    assert sr_draw_check.main(write(tmp_path, runs) + ["--json", str(out)]) == 0
-    got = json.load(open(out))
+    got = check(tmp_path, runs)
     assert got["seeds"] == [0, 1, 2]
     assert got["val"]["diffs"] == pytest.approx([0.1, -0.1, 0.3])
     assert got["val"]["mean"] == pytest.approx(0.1) and got["val"]["sd"] == pytest.approx(0.2)
@@ -69,9 +74,7 @@ def test_the_later_draw_is_compared_with_the_earlier_and_three_draws_are_refused
     # philox16 beside philox4, given in either order: the differences are philox16 - philox4 (+0.2, +0.1, 0.0).
     runs = [run(0, "philox16", 2.2, 2.5), run(0, "philox4", 2.0, 2.5), run(1, "philox4", 2.0, 2.5),
             run(1, "philox16", 2.1, 2.5), run(2, "philox16", 2.0, 2.5), run(2, "philox4", 2.0, 2.5)]
-    out = tmp_path / "check.json"
-    assert sr_draw_check.main(write(tmp_path, runs) + ["--json", str(out)]) == 0
-    got = json.load(open(out))
+    got = check(tmp_path, runs)
     assert (got["new"], got["base"]) == ("philox16", "philox4")
     assert got["val"]["diffs"] == pytest.approx([0.2, 0.1, 0.0])
     assert got["val"]["philox4"] == [2.0, 2.0, 2.0]
