@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 
+#include "fp4lab/cuda/epilogue_bound.hpp"
 #include "fp4lab/cuda/timing.hpp"
 #endif
 
@@ -117,7 +118,6 @@ int cmd_cuda_bench(const Invocation& inv) {
   } catch (const std::exception& e) {
     std::cout << "\ncuBLAS baseline unavailable: " << e.what() << "\n";
   }
-  const double fp32_lanes_per_s = 128.0 * dev.sms * clock_khz * 1e3;
   std::map<std::tuple<int64_t, int64_t, int64_t>, double> cublas_us;  // per shape, measured once
   Json jg = Json::array();
   for (const char* rname : {"ufp4", "nvfp4", "mxfp4"}) {
@@ -125,11 +125,9 @@ int cmd_cuda_bench(const Invocation& inv) {
     // Whether this recipe's scales take the fused epilogue.
     fc::GemmCase probe(gc, 128, 128, 4 * gc.block, stream.get());
     const bool fused = probe.prepare_fused(stream.get());
-    // Bound from the contract's per-block epilogue: 4 FP32 instructions (exact int->float subtraction, two
-    // multiplies, one add) per output per block, on 128 FP32 lanes per SM; 2 fmas where the fused form applies
-    // (contract_scale_add_magic; its one multiply per row scale is not counted).
-    const int epi_ops = fused ? 2 : 4;
-    const double bound_tops = fp32_lanes_per_s / epi_ops * 2.0 * gc.block / 1e12;
+    // Bound from the contract's per-block epilogue (epilogue_bound.hpp), in the form this GEMM takes.
+    const int epi_ops = fc::epilogue_fp32_instructions(fused);
+    const double bound_tops = fc::epilogue_bound_ops_per_s(dev.sms, clock_khz, gc.block, fused) / 1e12;
     std::cout << "\nblock-scaled GEMM " << gc.label() << " (fast kernel: mma.sync on int8 views, or wgmma on F16"
               << " views, + FP32 contract epilogue; 'total' includes the unpack pass) vs cuBLAS BF16 (BF16 in, FP32 out)\n";
     std::cout << "  epilogue bound at this clock: " << fixed(bound_tops, 0) << " TOPS (" << epi_ops

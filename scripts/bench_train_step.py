@@ -13,6 +13,7 @@ names (the presets and the ablations of docs/training.md).
     python3 scripts/bench_train_step.py [--size small] [--recipes bf16,ufp4,nvfp4] [--modes fast,exact]
         [--compile bf16,ufp4] [--graph bf16,ufp4] [--unfused-epilogue nvfp4] [--gemm-variant 3] [--monitor 100]
         [--separate-operands ufp4] [--plain-output-check ufp4] [--profile ufp4:fast] [--host-profile ufp4:fast] [--launch-cost]
+        [--bound ufp4,nvfp4]
         [--json out.json]
     python3 scripts/bench_train_step.py table RESULTS.json...   (markdown tables of measured results)
 """
@@ -188,8 +189,82 @@ def idle_report(prof, tmp: str) -> None:
         print(f"  {us / steps / 1e3:7.3f} ms a step before {name}", flush=True)
 
 
+# The contract GEMM's main kernels (kernels/src/gemm.cu, gemm_sm100.cu): the work the epilogue bound bounds. Their
+# prepare and layout passes stay with the rest of the step. test_training ties the names to the sources.
+CONTRACT_GEMM_KERNELS = ("gemm_mma_kernel", "gemm_wgmma_kernel", "gemm_native_kernel")
+
+
+def kernel_ms(prof, tmp: str, names) -> float:
+    """GPU milliseconds a profiled step spends in the kernels whose names hold one of ``names`` (the steps counted
+    by their forward marks)."""
+    path = os.path.join(tmp, "kernel-trace.json")
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    os.remove(path)
+    spans = [e for e in events if e.get("ph") == "X"]
+    steps = sum(1 for e in spans if e.get("cat") == "user_annotation" and e["name"] == "step:forward") or 1
+    us = sum(e["dur"] for e in spans if e.get("cat") == "kernel" and any(n in e["name"] for n in names))
+    return us / steps / 1e3
+
+
+def gemm_bound_ms(model, tokens: int, device) -> dict:
+    """The step's contract GEMMs at their epilogue bound (fp4lab._core.cuda_gemm_epilogue_bound): each fp4lab layer
+    of the model runs three GEMMs of 2 * tokens * in * out operations (forward, input and weight gradients), each at
+    the rate its operands' configs allow on this device."""
+    ms, ops, forms = 0.0, 0, set()
+    for m in model.modules():
+        if isinstance(m, ft.Linear) and not m.recipe.passthrough:
+            n = 2 * tokens * m.in_features * m.out_features
+            for p in fp4lab._core.PASSES:
+                a, b = (m.recipe.config(p, o, layer=m.layer_id, step=0) for o in ("a", "b"))
+                rate, instructions, sms, khz = fp4lab._core.cuda_gemm_epilogue_bound(device.index or 0, a, b)
+                ms += n / rate * 1e3
+                ops += n
+                forms.add((instructions, a.block, rate))
+    return {"gemm_bound_ms": ms, "gemm_ops": ops, "epilogue_forms": sorted(forms), "sms": sms, "clock_khz": khz}
+
+
+def exact_bound(args, recipe: str, device) -> dict:
+    """Where a recipe's exact step stands against its computed bound: the step with its contract GEMMs (timed in two
+    profiled eager steps, after two more) replaced by the same GEMMs at the epilogue bound. The GEMMs are the same
+    kernels eager and captured, so the bound applies to every row of the recipe's exact mode."""
+    model, opt, data = setup(args, recipe, "exact", device)
+    for _ in range(2):
+        train_step(model, next(data), args.vocab, opt, device, check=True)
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA,
+                                              torch.profiler.ProfilerActivity.CPU])
+    with prof:
+        for _ in range(2):
+            train_step(model, next(data), args.vocab, opt, device, check=True)
+    return dict(gemm_ms=kernel_ms(prof, args.tmp, CONTRACT_GEMM_KERNELS),
+                **gemm_bound_ms(model, args.batch * args.seq, device))
+
+
+def bound_rows(rows: list, bounds: dict, base_ms: float) -> list:
+    """Each exact row of a recipe in ``bounds`` with its bound: bound_ms (the row's step less its contract GEMMs'
+    time plus their time at the bound), bound_vs_bf16 and over_bound (the row's step over its bound, less 1).
+    Returns the lines that say so."""
+    lines = []
+    for row in rows:
+        b = bounds.get(row["recipe"])
+        if b is None or not row["mode"].startswith("exact"):
+            continue
+        bound = row["median_ms"] - b["gemm_ms"] + b["gemm_bound_ms"]
+        row.update(b, bound_ms=bound, bound_vs_bf16=bound / base_ms, over_bound=row["median_ms"] / bound - 1)
+        forms = ", ".join(f"{i} FP32 instructions per output and {blk}-block ({r / 1e12:.0f} TOPS)"
+                          for i, blk, r in b["epilogue_forms"])
+        lines.append(f"{row['recipe']} {row['mode']}: {row['median_ms']:.2f} ms, of which the contract GEMMs "
+                     f"{b['gemm_ms']:.2f}; at the epilogue bound ({forms}) they take {b['gemm_bound_ms']:.2f}, "
+                     f"so the step's bound is {bound:.2f} ms ({bound / base_ms:.2f}x BF16) and the step is "
+                     f"{100 * row['over_bound']:.0f}% above it")
+    return lines
+
+
 def host_profile(args, device):
-    """Three steps (after the warm-up) of --host-profile's recipe under cProfile: the functions by their own time."""
+    """Three steps (after the warm-up) of --host-profile's recipe under cProfile: the functions by their own time.
+    The backward runs on the profiled thread (autograd's device threads are invisible to cProfile), so the layers'
+    backward Python is in the table too."""
     import cProfile
     import pstats
     recipe, _, mode = args.host_profile.partition(":")
@@ -199,12 +274,15 @@ def host_profile(args, device):
     for _ in range(args.warmup):
         train_step(train_model, next(data), args.vocab, opt, device, check=recipe != "bf16")
     prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(3):
-        train_step(train_model, next(data), args.vocab, opt, device, check=recipe != "bf16")
-    prof.disable()
+    with torch.autograd.set_multithreading_enabled(False):
+        prof.enable()
+        for _ in range(3):
+            train_step(train_model, next(data), args.vocab, opt, device, check=recipe != "bf16")
+        prof.disable()
     print(f"host profile, {recipe} {mode}, 3 steps:", flush=True)
-    pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile_rows)
+    stats = pstats.Stats(prof).sort_stats("tottime")
+    stats.print_stats(args.profile_rows)
+    stats.sort_stats("cumulative").print_stats(args.profile_rows)
 
 
 def patched_rows(args, recipe, mode, device, patches, suffix):
@@ -397,8 +475,12 @@ def main():
     ap.add_argument("--host-profile", metavar="RECIPE:MODE",
                     help="also run three steps of this recipe under cProfile (MODE+compile: compiled) and print the "
                          "Python functions by their own time: where an eager step's host time goes")
+    ap.add_argument("--bound", default="", metavar="RECIPES",
+                    help="CUDA: also profile two exact steps of each and report where each of its exact rows stands "
+                         "against its computed bound (the step with the contract GEMMs at their epilogue bound)")
     ap.add_argument("--compile", default="", metavar="RECIPES",
-                    help="also time these recipes (e.g. bf16,ufp4) under torch.compile(model, fullgraph=True)")
+                    help="also time these recipes (e.g. bf16,ufp4; NAME:MODE for one mode, as ufp4:fast) under "
+                         "torch.compile(model, fullgraph=True)")
     ap.add_argument("--graph", default="", metavar="RECIPES",
                     help="also time these recipes with the whole step (forward, backward, AdamW) captured in a CUDA "
                          "graph and replayed")
@@ -436,6 +518,10 @@ def main():
         ap.error(f"unknown recipe {', '.join(unknown)}; known: {', '.join(RECIPES)} (NAME@{'|'.join(SR_DRAWS)}: a "
                  "recipe other than bf16 under that SR draw)")
     device = torch.device(args.device)
+    stray = [r for r in args.bound.split(",") if r and r not in args.recipes.split(",")]
+    if stray or (args.bound and device.type != "cuda"):
+        ap.error(f"--bound {args.bound}: " + (f"{', '.join(stray)} not in --recipes" if stray else
+                                              "the bound is the CUDA GEMM's: it needs a CUDA --device"))
     if args.deterministic:
         use_deterministic_algorithms()
     if args.seq % 64 or args.batch * args.seq % 32:
@@ -454,12 +540,14 @@ def main():
     names = args.recipes.split(",")
     if "bf16" not in names:
         names.insert(0, "bf16")  # the baseline always runs, first, in this process
+    bounds = {}  # --bound's recipes: exact_bound's figures
     args.tmp = tempfile.mkdtemp(prefix="fp4lab-bench-")
     try:
         for r in names:
             for mode in (["-"] if r == "bf16" else args.modes.split(",")):
                 first = len(rows)
-                for compiled in [False] + ([True] if r in args.compile.split(",") else []):
+                wanted = args.compile.split(",")
+                for compiled in [False] + ([True] if r in wanted or f"{r}:{mode}" in wanted else []):
                     want = f"{r}:{mode}" + ("+compile" if compiled else "")
                     rows.append(run(args, r, mode, device, profile=args.profile == want, compiled=compiled))
                 if r in args.graph.split(","):
@@ -491,6 +579,8 @@ def main():
                     for row in forced:
                         row["mode"] += f"+variant{args.gemm_variant}"
                     rows.extend(forced)
+                if r in args.bound.split(",") and mode == "exact" and device.type == "cuda":
+                    bounds[r] = exact_bound(args, r, device)
                 if args.monitor and r != "bf16":
                     # 2N steps with the monitor and, paired, the same 2N steps without it.
                     base = run(args, r, mode, device, steps=2 * args.monitor)
@@ -518,6 +608,8 @@ def main():
         print(f"{row['recipe']:18s} {row['mode']:24s} {row['median_ms']:9.2f} {row['tokens_per_s']:10,.0f} "
               f"{row['vs_bf16']:7.2f}  "
               f"{row['loss_first']:.3f} -> {row['loss_last']:.3f}{extra}")
+    for line in bound_rows(rows, bounds, base):
+        print(line)
     info = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch": torch.__version__, "fp4lab": fp4lab.__version__, "command": " ".join(sys.argv),
             "size": args.size, "deterministic": args.deterministic, "model": {k: getattr(args, k) for k in SHAPE_KEYS},

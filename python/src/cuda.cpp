@@ -22,6 +22,7 @@
 #include "fp4lab/settings.hpp"
 #include "fp4lab/quantize.hpp"
 #if FP4LAB_PY_CUDA
+#include "fp4lab/cuda/epilogue_bound.hpp"
 #include "fp4lab/cuda/kernels.hpp"
 #endif
 
@@ -446,6 +447,18 @@ void bind_cuda(nb::module_& m) {
   m.def("cuda_gemm_fused_epilogue", [](bool on) {
     return std::exchange(g_fused_epilogue, on);
   }, "on"_a);
+  // The contract GEMM's epilogue bound (epilogue_bound.hpp) for operands under configs a and b on a device.
+  m.def("cuda_gemm_epilogue_bound", [](int device, const QuantConfig& a, const QuantConfig& b) {
+    int sms = 0, clock_khz = 0;
+    fc::check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+    fc::check(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device), "cudaDeviceGetAttribute");
+    const bool fused = g_fused_epilogue && fused_form_kinds(a.scale, b.scale);
+    return std::make_tuple(fc::epilogue_bound_ops_per_s(sms, clock_khz, a.block, fused),
+                           fc::epilogue_fp32_instructions(fused), sms, clock_khz);
+  }, "device"_a, "a"_a, "b"_a,
+     "(operations per second, FP32 instructions per output and block, SMs, SM clock in kHz): the rate the contract "
+     "GEMM's epilogue allows for operands under configs a and b on the device (2 operations per product), in the "
+     "fused form where their scale kinds allow it and cuda_gemm_fused_epilogue is on.");
   // How many tile variants the fast GEMM has on this device (fp4lab cuda bench lists them).
   m.def("cuda_gemm_variants", [] { return fc::gemm_fast_variants(); });
   // The fast GEMM's tile variant for every later call (-1: the default per shape; the same bits from each): for

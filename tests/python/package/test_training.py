@@ -5,6 +5,7 @@ analysis."""
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -526,6 +527,44 @@ def test_bench_idle_report_charges_each_gap_to_the_phase_that_launched_the_work_
                        "    1.000 ms a step before k1", "    1.000 ms a step before void k2",
                        "    0.500 ms a step before orphan", "    0.250 ms a step before gemm"]
     assert os.listdir(tmp_path) == []
+
+
+def test_bench_bound_puts_an_exact_step_against_its_contract_gemms_at_the_epilogue_bound(tmp_path, capsys):
+    """--bound: the contract GEMMs' time a profiled step (their main kernels only, per step), and each exact row's
+    bound, the row less that time plus the same GEMMs at the epilogue bound; the kernel names are the sources'."""
+    b = bench_train_step()
+    src = "".join(open(os.path.join(ROOT, "kernels", "src", f)).read() for f in ("gemm.cu", "gemm_sm100.cu"))
+    kernels = set(re.findall(r"__global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(", src))
+    assert set(b.CONTRACT_GEMM_KERNELS) == {k for k in kernels if k.startswith("gemm_") and k != "gemm_reference_kernel"}
+    events = [{"ph": "X", "cat": "user_annotation", "name": "step:forward", "ts": 0, "dur": 10},
+              {"ph": "X", "cat": "user_annotation", "name": "step:forward", "ts": 100, "dur": 10}]
+    for name, dur in (("void fp4lab::cuda::(anonymous namespace)::gemm_mma_kernel<Tile<128> >(FastArgs)", 3000),
+                      ("void fp4lab::cuda::(anonymous namespace)::gemm_wgmma_kernel<16>(FastArgs)", 1000),
+                      ("void fp4lab::cuda::(anonymous namespace)::prepare_kernel(PrepArgs)", 500),
+                      ("sm90_xmma_gemm_bf16bf16", 700)):
+        events.append({"ph": "X", "cat": "kernel", "name": name, "ts": 20, "dur": dur})
+
+    class Prof:
+        def export_chrome_trace(self, path):
+            with open(path, "w") as f:
+                json.dump({"traceEvents": events}, f)
+    assert b.kernel_ms(Prof(), str(tmp_path), b.CONTRACT_GEMM_KERNELS) == 2.0  # 4000 µs over two steps
+    assert os.listdir(tmp_path) == []
+    rows = [{"recipe": "bf16", "mode": "-", "median_ms": 20.0}, {"recipe": "ufp4", "mode": "fast", "median_ms": 25.0},
+            {"recipe": "ufp4", "mode": "exact", "median_ms": 60.0},
+            {"recipe": "ufp4", "mode": "exact+graph", "median_ms": 58.0}]
+    bounds = {"ufp4": {"gemm_ms": 36.0, "gemm_bound_ms": 18.0, "gemm_ops": 5 * 10**12,
+                       "epilogue_forms": [(4, 16, 268e12)], "sms": 132, "clock_khz": 1980000}}
+    lines = b.bound_rows(rows, bounds, 20.0)
+    assert "bound_ms" not in rows[1]
+    assert [(r["bound_ms"], r["bound_vs_bf16"]) for r in rows[2:]] == [(42.0, 2.1), (40.0, 2.0)]
+    assert rows[3]["over_bound"] == 58.0 / 40.0 - 1
+    assert lines[1] == ("ufp4 exact+graph: 58.00 ms, of which the contract GEMMs 36.00; at the epilogue bound "
+                        "(4 FP32 instructions per output and 16-block (268 TOPS)) they take 18.00, so the step's "
+                        "bound is 40.00 ms (2.00x BF16) and the step is 45% above it")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench_train_step.py"), "--recipes", "ufp4",
+                        "--bound", "nvfp4", "--device", "cpu"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and "--bound nvfp4: nvfp4 not in --recipes" in r.stderr
 
 
 def test_a_report_pairs_runs_of_one_sr_draw_and_names_runs_by_theirs(tmp_path):

@@ -357,6 +357,24 @@ def test_cuda_two_streams_at_once_give_the_golden_bits():
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
+def test_cuda_gemm_epilogue_bound_is_the_contract_epilogue_rate_of_the_device():
+    """The bound --bound and `fp4lab cuda bench` report: 4 FP32 instructions per output and block with FP32 scales
+    (ufp4), 2 where both operands' scale kinds allow the fused form (nvfp4's UE4M3, mxfp4's UE8M0) while the fused
+    epilogue is on, on 128 FP32 lanes of each of the device's SMs, 2 * block operations per output and block."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for recipe, want in (("ufp4", 4), ("nvfp4", 2), ("mxfp4", 2)):
+        a, b = (fp4lab.config(recipe, pass_="fwd_y", operand=o) for o in ("a", "b"))
+        rate, instructions, n, khz = fp4lab._core.cuda_gemm_epilogue_bound(0, a, b)
+        assert (instructions, n) == (want, sms) and khz > 0, recipe
+        assert rate == 128 * sms * khz * 1e3 / want * 2 * a.block, recipe
+        was = fp4lab._core.cuda_gemm_fused_epilogue(False)
+        try:
+            assert fp4lab._core.cuda_gemm_epilogue_bound(0, a, b)[1] == 4, recipe
+        finally:
+            fp4lab._core.cuda_gemm_fused_epilogue(was)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
 def test_cuda_transposed_views_and_fake_quantisation_match_the_row_major_operand():
     # The backward GEMMs' operands Wᵀ, dYᵀ and Xᵀ are transposed views: the kernels read them in place, with the
     # bits of the row-major copy; fake quantisation gives the dequantiser's BF16 values of that operand in one pass.
