@@ -15,7 +15,8 @@ names (the presets and the ablations of docs/training.md).
         [--separate-operands ufp4] [--plain-output-check ufp4] [--profile ufp4:fast] [--host-profile ufp4:fast] [--launch-cost]
         [--bound ufp4,nvfp4]
         [--json out.json]
-    python3 scripts/bench_train_step.py table RESULTS.json...   (markdown tables of measured results)
+    python3 scripts/bench_train_step.py table [--by-mode] RESULTS.json...   (markdown tables of measured results;
+        --by-mode: one row per recipe and GEMM mode, eager, compiled and captured side by side)
 """
 import argparse
 import bisect
@@ -449,10 +450,40 @@ def table(info: dict) -> str:
     return "\n".join(lines)
 
 
+def mode_table(info: dict) -> str:
+    """A results JSON of this script as one markdown row per recipe and GEMM mode: eager, compiled and captured
+    steps side by side, each with its ratio to the eager BF16 step (the first row), and for exact rows with a bound
+    (--bound) the bound and how far the captured step (else the eager one) is above it."""
+    base = info["rows"][0]["median_ms"]
+    ways = {}  # (recipe, mode) -> {"eager" | "compile" | "graph": row}
+    for r in info["rows"]:
+        parts = [p for p in r["mode"].split("+") if p != "-"]  # BF16's eager row is "-"
+        mode = "" if r["recipe"] == "bf16" else parts[0]
+        way = "graph" if "graph" in parts else "compile" if "compile" in parts else "eager"
+        if len(parts) - (mode != "") - (way != "eager") == 0:  # other variants (+monitor, +unfused-...) left out
+            ways.setdefault((r["recipe"], mode), {})[way] = r
+    bounded = any("bound_ms" in r for r in info["rows"])
+    head = "| recipe | GEMMs | eager ms | × BF16 | compiled ms | × BF16 | captured ms | × BF16 |"
+    lines = [head + (" bound ms | × BF16 | above bound |" if bounded else ""),
+             "|---|---|" + "---:|" * (6 + 3 * bounded)]
+    for (recipe, mode), w in ways.items():
+        cells = []
+        for way in ("eager", "compile", "graph"):
+            r = w.get(way)
+            cells += [f"{r['median_ms']:.2f}", f"{r['median_ms'] / base:.2f}"] if r else ["–", ""]
+        if bounded:
+            r = w.get("graph", w.get("eager"))
+            cells += ([f"{r['bound_ms']:.2f}", f"{r['bound_vs_bf16']:.2f}", f"{100 * r['over_bound']:.0f}%"]
+                      if r and "bound_ms" in r else ["", "", ""])
+        lines.append(f"| {recipe} | {mode} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main():
     if sys.argv[1:2] == ["table"]:  # print the tables of results already measured
-        for path in sys.argv[2:]:
-            print(table(json.load(open(path))) + "\n")
+        by_mode = sys.argv[2:3] == ["--by-mode"]
+        for path in sys.argv[2 + by_mode:]:
+            print((mode_table if by_mode else table)(json.load(open(path))) + "\n")
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--recipes", default="bf16,ufp4,nvfp4",

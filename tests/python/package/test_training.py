@@ -562,6 +562,15 @@ def test_bench_bound_puts_an_exact_step_against_its_contract_gemms_at_the_epilog
     assert lines[1] == ("ufp4 exact+graph: 58.00 ms, of which the contract GEMMs 36.00; at the epilogue bound "
                         "(4 FP32 instructions per output and 16-block (268 TOPS)) they take 18.00, so the step's "
                         "bound is 40.00 ms (2.00x BF16) and the step is 45% above it")
+    # `table --by-mode`: a row per recipe and GEMM mode, the ways of running side by side, the captured bound.
+    rows[0:1] = [{"recipe": "bf16", "mode": "-", "median_ms": 20.0}, {"recipe": "bf16", "mode": "graph",
+                                                                        "median_ms": 19.0}]
+    assert b.mode_table({"rows": rows}).splitlines() == [
+        "| recipe | GEMMs | eager ms | × BF16 | compiled ms | × BF16 | captured ms | × BF16 | bound ms | × BF16 | "
+        "above bound |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| bf16 |  | 20.00 | 1.00 | – |  | 19.00 | 0.95 |  |  |  |",
+        "| ufp4 | fast | 25.00 | 1.25 | – |  | – |  |  |  |  |",
+        "| ufp4 | exact | 60.00 | 3.00 | – |  | 58.00 | 2.90 | 40.00 | 2.00 | 45% |"]
     r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench_train_step.py"), "--recipes", "ufp4",
                         "--bound", "nvfp4", "--device", "cpu"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and "--bound nvfp4: nvfp4 not in --recipes" in r.stderr
