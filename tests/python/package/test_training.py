@@ -351,6 +351,18 @@ def block(text, marker):
     return text[i:text.index(f"<!-- end of {marker} -->")].strip()
 
 
+def test_the_step_tables_of_the_results_are_generated_from_their_json():
+    """docs/results/train-step-h200.md's tables are what `bench_train_step.py table --by-mode` makes of the JSON each
+    names: nothing in them is typed by hand."""
+    doc = open(os.path.join(ROOT, "docs", "results", "train-step-h200.md")).read()
+    marker = "step table: scripts/bench_train_step.py table --by-mode "
+    paths = re.findall(rf"<!-- {re.escape(marker)}(\S+) -->", doc)
+    assert len(paths) == 4, paths
+    for path in paths:
+        want = bench_train_step().mode_table(json.load(open(os.path.join(ROOT, path))))
+        assert block(doc, marker + path) == want, path
+
+
 def test_docs_training_is_generated_from_the_committed_json(tmp_path):
     """docs/results/training.md's status, tables, throughput tables and proxy tables equal what the report, proxy and
     bench table commands make of the committed results: nothing in them is typed by hand."""
