@@ -564,12 +564,14 @@ def test_bench_bound_puts_an_exact_step_against_its_contract_gemms_at_the_epilog
     assert os.listdir(tmp_path) == []
     rows = [{"recipe": "bf16", "mode": "-", "median_ms": 20.0}, {"recipe": "ufp4", "mode": "fast", "median_ms": 25.0},
             {"recipe": "ufp4", "mode": "exact", "median_ms": 60.0},
-            {"recipe": "ufp4", "mode": "exact+graph", "median_ms": 58.0}]
+            {"recipe": "ufp4", "mode": "exact+graph", "median_ms": 58.0},
+            {"recipe": "ufp4", "mode": "exact+variant3", "median_ms": 59.0}]
     bounds = {"ufp4": {"gemm_ms": 36.0, "gemm_bound_ms": 18.0, "gemm_ops": 5 * 10**12,
                        "epilogue_forms": [(4, 16, 268e12)], "sms": 132, "clock_khz": 1980000}}
     lines = b.bound_rows(rows, bounds, 20.0)
     assert "bound_ms" not in rows[1]
-    assert [(r["bound_ms"], r["bound_vs_bf16"]) for r in rows[2:]] == [(42.0, 2.1), (40.0, 2.0)]
+    assert [(r["bound_ms"], r["bound_vs_bf16"]) for r in rows[2:4]] == [(42.0, 2.1), (40.0, 2.0)]
+    assert "bound_ms" not in rows[4] and len(lines) == 2  # a forced variant's GEMMs are not the ones timed
     assert rows[3]["over_bound"] == 58.0 / 40.0 - 1
     assert lines[1] == ("ufp4 exact+graph: 58.00 ms, of which the contract GEMMs 36.00; at the epilogue bound "
                         "(4 FP32 instructions per output and 16-block (268 TOPS)) they take 18.00, so the step's "
