@@ -190,9 +190,10 @@ def idle_report(prof, tmp: str) -> None:
         print(f"  {us / steps / 1e3:7.3f} ms a step before {name}", flush=True)
 
 
-# The contract GEMM's main kernels (kernels/src/gemm.cu, gemm_sm100.cu): the work the epilogue bound bounds. Their
-# prepare and layout passes stay with the rest of the step. test_training ties the names to the sources.
-CONTRACT_GEMM_KERNELS = ("gemm_mma_kernel", "gemm_wgmma_kernel", "gemm_native_kernel")
+# The contract GEMM's main kernels (kernels/src/gemm.cu): the work the epilogue bound bounds. Their prepare pass stays
+# with the rest of the step; the SM100 native kernel (gemm_sm100.cu) scales inside the tensor core and has no such
+# epilogue. test_training ties the names to the source.
+CONTRACT_GEMM_KERNELS = ("gemm_mma_kernel", "gemm_wgmma_kernel")
 
 
 def kernel_ms(prof, tmp: str, names) -> float:
@@ -214,12 +215,13 @@ def gemm_bound_ms(model, tokens: int, device) -> dict:
     of the model runs three GEMMs of 2 * tokens * in * out operations (forward, input and weight gradients), each at
     the rate its operands' configs allow on this device."""
     ms, ops, forms, sms, khz = 0.0, 0, set(), 0, 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
     for m in model.modules():
         if isinstance(m, ft.Linear) and not m.recipe.passthrough:
             n = 2 * tokens * m.in_features * m.out_features
             for p in fp4lab._core.PASSES:
                 a, b = (m.recipe.config(p, o, layer=m.layer_id, step=0) for o in ("a", "b"))
-                rate, instructions, sms, khz = fp4lab._core.cuda_gemm_epilogue_bound(device.index or 0, a, b)
+                rate, instructions, sms, khz = fp4lab._core.cuda_gemm_epilogue_bound(index, a, b)
                 ms += n / rate * 1e3
                 ops += n
                 forms.add((instructions, a.block, rate))
@@ -265,7 +267,8 @@ def bound_rows(rows: list, bounds: dict, base_ms: float) -> list:
 
 
 def host_profile(args, device):
-    """Three steps (after the warm-up) of --host-profile's recipe under cProfile: the functions by their own time.
+    """Three steps (after the warm-up) of --host-profile's recipe under cProfile: the functions by their own time,
+    then by their cumulative time.
     The backward runs on the profiled thread (autograd's device threads are invisible to cProfile), so the layers'
     backward Python is in the table too."""
     import cProfile
@@ -507,7 +510,8 @@ def main():
     ap.add_argument("--profile-rows", type=int, default=18, help="rows of the profile's table")
     ap.add_argument("--host-profile", metavar="RECIPE:MODE",
                     help="also run three steps of this recipe under cProfile (MODE+compile: compiled) and print the "
-                         "Python functions by their own time: where an eager step's host time goes")
+                         "Python functions by their own and by their cumulative time: where an eager step's host "
+                         "time goes")
     ap.add_argument("--bound", default="", metavar="RECIPES",
                     help="CUDA: also profile two exact steps of each and report where each of its exact rows stands "
                          "against its computed bound (the step with the contract GEMMs at their epilogue bound)")
@@ -552,9 +556,14 @@ def main():
                  "recipe other than bf16 under that SR draw)")
     device = torch.device(args.device)
     stray = [r for r in args.bound.split(",") if r and r not in args.recipes.split(",")]
-    if stray or (args.bound and device.type != "cuda"):
+    if stray or (args.bound and (device.type != "cuda" or "exact" not in args.modes.split(","))):
         ap.error(f"--bound {args.bound}: " + (f"{', '.join(stray)} not in --recipes" if stray else
-                                              "the bound is the CUDA GEMM's: it needs a CUDA --device"))
+                                              "the bound is the CUDA GEMM's: it needs a CUDA --device"
+                                              if device.type != "cuda" else "it bounds exact rows: --modes has none"))
+    odd = [c for c in args.compile.split(",") if ":" in c and (c.partition(":")[0] not in args.recipes.split(",")
+                                                                or c.partition(":")[2] not in args.modes.split(","))]
+    if odd:
+        ap.error(f"--compile {', '.join(odd)}: NAME:MODE names a recipe of --recipes and a mode of --modes")
     if args.deterministic:
         use_deterministic_algorithms()
     if args.seq % 64 or args.batch * args.seq % 32:

@@ -545,9 +545,11 @@ def test_bench_bound_puts_an_exact_step_against_its_contract_gemms_at_the_epilog
     """--bound: the contract GEMMs' time a profiled step (their main kernels only, per step), and each exact row's
     bound, the row less that time plus the same GEMMs at the epilogue bound; the kernel names are the sources'."""
     b = bench_train_step()
-    src = "".join(open(os.path.join(ROOT, "kernels", "src", f)).read() for f in ("gemm.cu", "gemm_sm100.cu"))
+    src = open(os.path.join(ROOT, "kernels", "src", "gemm.cu")).read()
     kernels = set(re.findall(r"__global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(", src))
-    assert set(b.CONTRACT_GEMM_KERNELS) == {k for k in kernels if k.startswith("gemm_") and k != "gemm_reference_kernel"}
+    # gemm.cu's kernels: the reference (one thread per output), the prepare pass and the two tensor-core kernels.
+    assert kernels == {"gemm_reference_kernel", "prepare_kernel", "gemm_mma_kernel", "gemm_wgmma_kernel"}
+    assert b.CONTRACT_GEMM_KERNELS == ("gemm_mma_kernel", "gemm_wgmma_kernel")
     events = [{"ph": "X", "cat": "user_annotation", "name": "step:forward", "ts": 0, "dur": 10},
               {"ph": "X", "cat": "user_annotation", "name": "step:forward", "ts": 100, "dur": 10}]
     for name, dur in (("void fp4lab::cuda::(anonymous namespace)::gemm_mma_kernel<Tile<128> >(FastArgs)", 3000),
@@ -588,6 +590,12 @@ def test_bench_bound_puts_an_exact_step_against_its_contract_gemms_at_the_epilog
     r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench_train_step.py"), "--recipes", "ufp4",
                         "--bound", "nvfp4", "--device", "cpu"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and "--bound nvfp4: nvfp4 not in --recipes" in r.stderr
+    for extra, fault in ((["--bound", "ufp4"], "it needs a CUDA --device"),
+                         (["--bound", "ufp4", "--device", "cuda", "--modes", "fast"], "--modes has none"),
+                         (["--compile", "ufp4:fastt"], "--compile ufp4:fastt: NAME:MODE names")):
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench_train_step.py"), "--recipes", "ufp4",
+                            "--device", "cpu", *extra], capture_output=True, text=True, cwd=ROOT)
+        assert r.returncode == 2 and fault in r.stderr, (extra, r.stderr)
 
 
 def test_a_report_pairs_runs_of_one_sr_draw_and_names_runs_by_theirs(tmp_path):

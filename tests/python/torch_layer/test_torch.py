@@ -367,6 +367,8 @@ def test_cuda_gemm_epilogue_bound_is_the_contract_epilogue_rate_of_the_device():
         rate, instructions, n, khz = fp4lab._core.cuda_gemm_epilogue_bound(0, a, b)
         assert (instructions, n) == (want, sms) and khz > 0, recipe
         assert rate == 128 * sms * khz * 1e3 / want * 2 * a.block, recipe
+        if (sms, khz, recipe) == (132, 1980000, "ufp4"):  # an H100 SXM or H200 at its maximum clock
+            assert rate == 267.63264e12  # kernels/README.md's 268 TOPS for block 16 with FP32 scales
         was = fp4lab._core.cuda_gemm_fused_epilogue(False)
         try:
             assert fp4lab._core.cuda_gemm_epilogue_bound(0, a, b)[1] == 4, recipe
