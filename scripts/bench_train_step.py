@@ -139,16 +139,21 @@ def run(args, recipe, mode, device, profile=False, compiled=False, monitor_every
     return row
 
 
-def idle_report(prof, tmp: str) -> None:
-    """Where the GPU waits for the host in the profiled steps: the time between the step's GPU work (kernels, copies,
-    fills) and from the step's start to its first work, each gap charged to the phase whose host code launched the
-    work that ended it (the time a step cannot lose to the GPU; a captured step has none), and to that work's name."""
+def trace_spans(prof, tmp: str) -> list:
+    """The complete events ("ph": "X") of a profile's Chrome trace, read through a file in tmp that is then removed."""
     path = os.path.join(tmp, "profile-trace.json")
     prof.export_chrome_trace(path)
     with open(path) as f:
         events = json.load(f)["traceEvents"]
     os.remove(path)
-    spans = [e for e in events if e.get("ph") == "X"]
+    return [e for e in events if e.get("ph") == "X"]
+
+
+def idle_report(prof, tmp: str) -> None:
+    """Where the GPU waits for the host in the profiled steps: the time between the step's GPU work (kernels, copies,
+    fills) and from the step's start to its first work, each gap charged to the phase whose host code launched the
+    work that ended it (the time a step cannot lose to the GPU; a captured step has none), and to that work's name."""
+    spans = trace_spans(prof, tmp)
     phases = sorted((e["ts"], e["ts"] + e["dur"], e["name"].removeprefix("step:")) for e in spans
                     if e.get("cat") == "user_annotation" and e["name"].startswith("step:"))
     # Kernels are launched through the runtime (cudaLaunchKernel) or the driver (cuLaunchKernelEx: cuBLAS).
@@ -199,12 +204,7 @@ CONTRACT_GEMM_KERNELS = ("gemm_mma_kernel", "gemm_wgmma_kernel")
 def kernel_ms(prof, tmp: str, names) -> float:
     """GPU milliseconds a profiled step spends in the kernels whose names hold one of ``names`` (the steps counted
     by their forward marks)."""
-    path = os.path.join(tmp, "kernel-trace.json")
-    prof.export_chrome_trace(path)
-    with open(path) as f:
-        events = json.load(f)["traceEvents"]
-    os.remove(path)
-    spans = [e for e in events if e.get("ph") == "X"]
+    spans = trace_spans(prof, tmp)
     steps = sum(1 for e in spans if e.get("cat") == "user_annotation" and e["name"] == "step:forward") or 1
     us = sum(e["dur"] for e in spans if e.get("cat") == "kernel" and any(n in e["name"] for n in names))
     return us / steps / 1e3

@@ -3,8 +3,6 @@
 // (fp4lab._core.cuda_gemm_epilogue_bound) both report against it. Host C++; no CUDA needed.
 #pragma once
 
-#include "fp4lab/gemm.hpp"
-
 namespace fp4lab::cuda {
 
 // FP32 instructions per output per block in the fast kernel's epilogue: 4 (exact int->float subtraction, two
