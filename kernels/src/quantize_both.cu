@@ -32,6 +32,23 @@ __device__ __forceinline__ void raise_bound(float* bound, float v) {
     atomicMax(reinterpret_cast<unsigned*>(bound + tile_index()), m);
 }
 
+// Loads group q (0 .. 2 * kBothThreads - 1: row q / 8, columns (q & 7) * 16 ..) of the block's 64 x 128 tile of x
+// into the tile in shared memory and into raw: zeros outside x, which change neither a quantised group nor a maximum
+// of magnitudes (cols is a multiple of 16: a group is wholly in or out).
+__device__ __forceinline__ void load_tile_group(const uint16_t* x, int64_t rows, int64_t cols, int64_t r0, int64_t c0,
+                                                int q, uint32_t* tile, RawGroup<uint16_t, 16>& raw) {
+  const int lr = q >> 3, lg = q & 7;
+  const int64_t row = r0 + lr, col = c0 + lg * 16;
+  if (row < rows && col < cols) {
+    load_raw(x + row * cols + col, raw);
+  } else {
+    raw.v[0] = raw.v[1] = make_uint4(0, 0, 0, 0);
+  }
+  uint4* dst = reinterpret_cast<uint4*>(tile + tile_word(lr, lg * 8));
+  dst[0] = raw.v[0];
+  dst[1] = raw.v[1];
+}
+
 template <int F, int DR, int DT>
 __global__ void __launch_bounds__(kBothThreads, 4) quantize_both_kernel(const QArgs ar, const QArgs at) {
   constexpr int G = 16;
@@ -48,17 +65,8 @@ __global__ void __launch_bounds__(kBothThreads, 4) quantize_both_kernel(const QA
   // groups from the tile (kept in registers across the loop, they would go to local memory).
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
-    const int q = t + k * kBothThreads, lr = q >> 3, lg = q & 7;
-    const int64_t row = r0 + lr, col = c0 + lg * G;
     RawGroup<uint16_t, G> raw;
-    if (row < rows && col < cols) {  // cols is a multiple of 16: a group is wholly in or out
-      load_raw(x + row * cols + col, raw);
-    } else {
-      raw.v[0] = raw.v[1] = make_uint4(0, 0, 0, 0);
-    }
-    uint4* dst = reinterpret_cast<uint4*>(tile + tile_word(lr, lg * (G / 2)));
-    dst[0] = raw.v[0];
-    dst[1] = raw.v[1];
+    load_tile_group(x, rows, cols, r0, c0, t + k * kBothThreads, tile, raw);
   }
   __syncthreads();  // the tile
   const float s_enc_r = tensor_encode<F>(ar);
@@ -121,17 +129,8 @@ __global__ void __launch_bounds__(kBothThreads) amax_both_kernel(const AmaxBothA
   float mr = 0.0f;
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
-    const int q = t + k * kBothThreads, lr = q >> 3, lg = q & 7;
-    const int64_t row = r0 + lr, col = c0 + lg * G;
     RawGroup<uint16_t, G> raw;
-    if (row < a.rows && col < a.cols) {
-      load_raw(a.x + row * a.cols + col, raw);
-    } else {
-      raw.v[0] = raw.v[1] = make_uint4(0, 0, 0, 0);  // zeros: no effect on a maximum of magnitudes
-    }
-    uint4* dst = reinterpret_cast<uint4*>(tile + tile_word(lr, lg * (G / 2)));
-    dst[0] = raw.v[0];
-    dst[1] = raw.v[1];
+    load_tile_group(a.x, a.rows, a.cols, r0, c0, t + k * kBothThreads, tile, raw);
     float y[G];
     widen(raw, y);
     rotate_group<G, DR>(y, a.signs_r, a.bf16_r);
@@ -143,8 +142,8 @@ __global__ void __launch_bounds__(kBothThreads) amax_both_kernel(const AmaxBothA
   float mt = 0.0f;
   if (c0 + 2 * pair < a.cols && r0 + rg * G < a.rows) {
     float y0[G], y1[G];
-#pragma unroll
     const uint32_t* column = tile + tile_word(rg * G, pair);  // one skew for the group's 16 rows
+#pragma unroll
     for (int i = 0; i < G; ++i) {
       const uint32_t w = column[i * (kBothCols / 2)];
       y0[i] = bf16_to_f32(uint16_t(w & 0xFFFFu));
