@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_
 from fp4lab import _core
 from fp4lab._files import DataError
 
-from .ops import INSTANCE_MARK, check_finite_once, column_sum, fast_pair, qmatmul, take_step
+from .ops import INSTANCE_MARK, check_finite_once, column_sum, fast_pair, qmatmul, sum_columns, take_step
 from .recipe import Recipe, as_recipe, whole
 
 __all__ = ["ID_BITS", "ROOT_ID", "layer_id_of", "in_backward", "shape_fault", "check_shapes",
@@ -88,7 +88,8 @@ class _LinearFn(torch.autograd.Function):
                          weight.dtype, pre=(pdy[1] if pdy else None, xt))
             dw = dw.to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = column_sum(dy2)
+            # Eager layers (a cache) sum directly: the operator's dispatch alone costs more host time than the sum.
+            db = sum_columns(dy2) if cache is not None else column_sum(dy2)
         return dx, dw, db, None, None, None, None, None, None, None
 
 

@@ -825,12 +825,18 @@ def _(counter, advance):
     return torch.empty_like(counter)
 
 
+def sum_columns(dy: torch.Tensor) -> torch.Tensor:
+    """dy.sum(0), the bias gradient, as eager torch adds it up (row-major first: the order of torch's own sum
+    follows the layout). Eager layers call it directly; a compiled graph calls it through ``fp4lab::column_sum``,
+    which keeps the graph from choosing its own order of additions, and the gradient the same bits."""
+    return dy.contiguous().sum(0)
+
+
 @torch.library.custom_op("fp4lab::column_sum", mutates_args=())
 def column_sum(dy: torch.Tensor) -> torch.Tensor:
-    """dy.sum(0), the bias gradient, as eager torch adds it up: a compiled graph would choose its own order of
-    additions, and the gradient would differ from eager's in its last bits. (Row-major first: the order of
-    torch's own sum follows the layout, which a compiled graph may choose too.)"""
-    return dy.contiguous().sum(0)
+    """``sum_columns`` as an operator a compiled graph keeps whole (its own order of additions would differ from
+    eager's in the last bits)."""
+    return sum_columns(dy)
 
 
 @column_sum.register_fake
