@@ -391,6 +391,14 @@ class Stepped(nn.Module):
     """The SR step of a module that runs GEMMs under a recipe: advanced by every forward in training mode that
     records a graph, repeated by an activation-checkpoint recomputation, and saved in the state dict."""
 
+    # Found by plain attribute lookup, as the launch path asks each GEMM (getattr(m, "owner", m), "_sr_shard",
+    # "_amax_reduce"): a name nn.Module.__getattr__ has to refuse raises AttributeError, several µs of host time,
+    # some twenty times a layer and step. The module is its own owner (the module whose step its GEMMs take);
+    # fp4lab.torch.sr_shard and reduce_amax set the other two on the instance.
+    owner = property(lambda self: self)
+    _sr_shard = None
+    _amax_reduce = None
+
     def _init_step(self, recipe: Any) -> None:
         self.recipe = as_recipe(recipe)
         self.name: Optional[str] = None  # the qualified name convert found it at (error messages)
