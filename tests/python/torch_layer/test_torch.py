@@ -648,3 +648,30 @@ def test_cuda_capture_before_any_eager_step_is_refused():
     with pytest.raises(RuntimeError, match="run a step on cuda:0 before capturing one in a CUDA graph"):
         with torch.cuda.graph(graph):
             model(x).sum().backward()
+
+
+def test_a_training_step_asks_no_module_for_an_attribute_it_lacks(monkeypatch):
+    """The launch path asks each GEMM's module for its owner, sr_shard and reduce_amax marks: a name nn.Module's
+    __getattr__ refuses raises AttributeError, several µs of host time, about twenty times a layer and step. Stepped
+    modules answer them as attributes (an unmarked module: itself, None, None); a step of a Linear, a Conv1D and an
+    attention, forward and backward, asks nn.Module for nothing it lacks."""
+    misses = []
+    lookup = nn.Module.__getattr__
+
+    def counting(self, name):
+        try:
+            return lookup(self, name)
+        except AttributeError:
+            misses.append((type(self).__name__, name))
+            raise
+
+    torch.manual_seed(0)
+    r = ft.Recipe("ufp4", mode="fast")
+    lin, conv = ft.Linear(64, 32, recipe=r), ft.Conv1D(32, 64, recipe=r)
+    nn.init.normal_(conv.weight, std=0.02)  # Conv1D's weight starts uninitialised, as Hugging Face's
+    attn = ft.MultiheadAttention(64, 4, recipe=r, batch_first=True)
+    x = torch.randn(2, 16, 64, requires_grad=True)
+    monkeypatch.setattr(nn.Module, "__getattr__", counting)
+    (lin(x).sum() + conv(x).sum() + attn(x, x, x)[0].sum()).backward()
+    assert misses == []
+    assert lin.owner is lin and lin._sr_shard is None and lin._amax_reduce is None
