@@ -393,8 +393,8 @@ class Stepped(nn.Module):
 
     # Found by plain attribute lookup, as the launch path asks each GEMM (getattr(m, "owner", m), "_sr_shard",
     # "_amax_reduce"): a name nn.Module.__getattr__ has to refuse raises AttributeError, several µs of host time,
-    # some twenty times a layer and step. The module is its own owner (the module whose step its GEMMs take);
-    # fp4lab.torch.sr_shard and reduce_amax set the other two on the instance.
+    # thirteen times a layer and step in fast mode. The module is its own owner (the module whose step its GEMMs
+    # take); fp4lab.torch.sr_shard and reduce_amax set the other two on the instance.
     owner = property(lambda self: self)
     _sr_shard = None
     _amax_reduce = None

@@ -652,9 +652,9 @@ def test_cuda_capture_before_any_eager_step_is_refused():
 
 def test_a_training_step_asks_no_module_for_an_attribute_it_lacks(monkeypatch):
     """The launch path asks each GEMM's module for its owner, sr_shard and reduce_amax marks: a name nn.Module's
-    __getattr__ refuses raises AttributeError, several µs of host time, about twenty times a layer and step. Stepped
-    modules answer them as attributes (an unmarked module: itself, None, None); a step of a Linear, a Conv1D and an
-    attention, forward and backward, asks nn.Module for nothing it lacks."""
+    __getattr__ refuses raises AttributeError, several µs of host time, thirteen times a layer and step in fast
+    mode. Stepped modules answer them as attributes (an unmarked module: itself, None, None); a step of a Linear, a
+    Conv1D and an attention, forward and backward, asks nn.Module for nothing it lacks."""
     misses = []
     lookup = nn.Module.__getattr__
 
