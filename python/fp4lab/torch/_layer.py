@@ -288,7 +288,7 @@ def apply_gemm(gemm, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
         else:
             owner._device_seed(x.device)
             if gemm.recipe.check_finite == "deferred":
-                check_finite_once(int(step), gemm)  # the flag of the last step's operands, read once a step
+                check_finite_once(int(step), gemm)  # the flag as copied at an earlier step, read without waiting
     label = gemm._label()
     if not eager:
         # The module's instance number rides on the label (ops.py shows what precedes the mark): the operators tell

@@ -63,10 +63,18 @@ class QTensorCUDA:
 
 
 # The deferred check's flag on each device: one int the kernels OR bits into (1: an input held NaN or Inf; 2: an
-# input's RHT overflowed FP32; 4: a GEMM output was NaN or Inf), read by check_finite().
+# input's RHT overflowed FP32; 4: a GEMM output was NaN or Inf), read by check_finite(). The bits stay until a read
+# finds one set; the layers read them through snapshots (below), check_finite() directly.
 _flags: Dict[int, torch.Tensor] = {}
 _flag_ptrs: Dict[int, int] = {}
 _INPUT, _RHT, _OUTPUT = 1, 2, 4
+# The layers' reads without a synchronisation: at each step's first forward the flag is copied, on the stream, into
+# pinned host memory and an event recorded; a later step reads a copy once its event has passed. _pending[device]
+# holds (event, host word, step of the copy), oldest first; _free the (event, host word) pairs not in use, made with
+# the flag (a pinned allocation synchronises the device: none is made during training).
+_SNAPSHOTS = 2  # copies in flight at most: a third waits for the oldest (the host then runs two steps ahead)
+_pending: Dict[int, list] = {}
+_free: Dict[int, list] = {}
 
 
 def _flag_ptr(device: int) -> int:
@@ -76,6 +84,9 @@ def _flag_ptr(device: int) -> int:
     if p is None:
         _refuse_capture("the first deferred finite check on this device")
         _flags[device] = torch.zeros(1, dtype=torch.int32, device=torch.device("cuda", device))
+        _pending[device] = []
+        _free[device] = [(torch.cuda.Event(), torch.zeros(1, dtype=torch.int32, pin_memory=True))
+                         for _ in range(_SNAPSHOTS + 1)]
         p = _flag_ptrs[device] = _flags[device].data_ptr()
     return p
 
@@ -114,23 +125,38 @@ def launch(t: torch.Tensor) -> Tuple[int, int]:
     return i, _raw_stream(i)
 
 
+def _raise_flag(device: int, v: int, where: str) -> None:
+    """The ValueError of flag bits v on a device."""
+    if v & _INPUT:
+        raise ValueError(f"cuda:{device}: an input tensor of a quantised GEMM held NaN or Inf {where} "
+                         "(4-bit grids have no such codes)")
+    if v & _RHT:
+        raise ValueError(f"cuda:{device}: the RHT of an input of a quantised GEMM overflowed FP32 {where} "
+                         "(4-bit grids have no such codes)")
+    raise ValueError(f"cuda:{device}: the output of a quantised GEMM overflowed {where}")
+
+
+def _clear(device: int) -> None:
+    """Zeroes the device's flag (on the stream) and drops its snapshots, which were taken before."""
+    _flags[device].zero_()
+    for ev, word, _ in _pending[device]:
+        ev.synchronize()  # its copy may still be writing the word (a fault's path: the wait is no cost)
+        _free[device].append((ev, word))
+    _pending[device].clear()
+
+
 def check_finite() -> None:
     """Raises ValueError when a CUDA operand quantised with check_finite='deferred' held NaN or Inf, or a GEMM output
-    overflowed, since the last call (one synchronisation), and clears the flag. The layers call it at the first
-    forward of each training step; a loop may call it at the end of a step to hear of a fault one step sooner."""
+    overflowed, since the last call (one synchronisation), and clears the flag. The layers read the flag at each
+    training step's first forward without a synchronisation (``check_finite_once``); a loop may call this at the end
+    of a step to hear of a fault at once."""
     global _checked_step
     _checked_step = None
     for i in sorted(_flags):
         v = int(_flags[i].item())
         if v:
-            _flags[i].zero_()
-            if v & _INPUT:
-                raise ValueError(f"cuda:{i}: an input tensor of a quantised GEMM held NaN or Inf since the last check "
-                                 "(4-bit grids have no such codes)")
-            if v & _RHT:
-                raise ValueError(f"cuda:{i}: the RHT of an input of a quantised GEMM overflowed FP32 since the last "
-                                 "check (4-bit grids have no such codes)")
-            raise ValueError(f"cuda:{i}: the output of a quantised GEMM overflowed since the last check")
+            _clear(i)
+            _raise_flag(i, v, "since the last check")
 
 
 def _check_output(y: torch.Tensor, check_finite: str = "sync", k: int = 0,
@@ -173,15 +199,37 @@ _checked_step: Optional[int] = None
 _checked_by: Optional[int] = None
 
 
+def _read_snapshots(step: int) -> None:
+    """At a training step's first forward: reads each device's snapshots whose copies have finished (and the oldest
+    one, waiting for it, where _SNAPSHOTS are in flight), raises ValueError on a set bit, then takes the step's own
+    snapshot. No synchronisation while the GPU is at most two steps behind the host."""
+    for i in sorted(_flags):
+        pending, v, seen = _pending[i], 0, None
+        while pending and (pending[0][0].query() or len(pending) >= _SNAPSHOTS):
+            ev, word, at = pending.pop(0)
+            ev.synchronize()  # passed already, unless _SNAPSHOTS copies were in flight
+            v, seen = v | int(word[0]), at
+            _free[i].append((ev, word))
+        if v:
+            _clear(i)
+            _raise_flag(i, v, f"before step {seen}")
+        ev, word = _free[i].pop()
+        word.copy_(_flags[i], non_blocking=True)  # on the flag's device's current stream, as the kernels ran
+        ev.record(torch.cuda.current_stream(i))
+        pending.append((ev, word, step))
+
+
 def check_finite_once(step: int, layer: Any) -> None:
-    """check_finite() once per training step (the layers call it at each forward on CUDA): at a forward whose step
-    differs from the last check's, or by the layer that made it (the first layer of the model). One flag read a step
-    instead of a synchronisation per operand; not while a CUDA graph is being captured."""
+    """The layers' deferred check, once per training step (they call it at each forward on CUDA): at a forward whose
+    step differs from the last check's, or by the layer that made it (the first layer of the model), it reads the flag
+    as copied at an earlier step's first forward, without waiting for the GPU (``_read_snapshots``): a fault in step k
+    raises ValueError at the first forward of step k + 2, or of step k + 3 where the GPU has not finished step k by
+    then. Not while a CUDA graph is being captured."""
     global _checked_step, _checked_by
     if (step != _checked_step or id(layer) == _checked_by) and _flags \
             and not torch.cuda.is_current_stream_capturing():
-        check_finite()
         _checked_step, _checked_by = step, id(layer)
+        _read_snapshots(step)
 
 
 @one_line_errors

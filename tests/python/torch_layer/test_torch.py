@@ -513,16 +513,93 @@ def test_cuda_fast_layer_output_checks_read_the_operands_bounds(output_checks):
     output_checks.overflow_is_reported(layer, layer, x, dy)
 
 
+def test_the_deferred_check_reads_a_landed_copy_and_waits_only_with_two_in_flight(monkeypatch):
+    # The layers' read of the flag (ops._read_snapshots) on a stand-in device: a CPU flag, and events whose copies
+    # land when the test says (or when waited for, which the test counts).
+    import fp4lab.torch.ops as ops
+
+    class Event:
+        waits = 0
+
+        def __init__(self):
+            self.landed = True
+
+        def record(self, stream):
+            self.landed = False
+
+        def query(self):
+            return self.landed
+
+        def synchronize(self):
+            Event.waits += not self.landed
+            self.landed = True
+
+    flag = torch.zeros(1, dtype=torch.int32)
+    monkeypatch.setattr(ops, "_flags", {0: flag})
+    monkeypatch.setattr(ops, "_pending", {0: []})
+    monkeypatch.setattr(ops, "_free", {0: [(Event(), torch.zeros(1, dtype=torch.int32)) for _ in range(3)]})
+    monkeypatch.setattr(ops.torch.cuda, "current_stream", lambda i: None)
+
+    def land_all():
+        for ev, _, _ in ops._pending[0]:
+            ev.landed = True
+
+    ops._read_snapshots(10)  # the copy before the fault
+    flag[0] = ops._INPUT      # step 10's kernels flag an input
+    ops._read_snapshots(11)  # copies the flag; the copy before it has not landed: nothing read, nothing waited
+    assert Event.waits == 0 and [at for _, _, at in ops._pending[0]] == [10, 11]
+    land_all()
+    with pytest.raises(ValueError, match="cuda:0: an input tensor .* NaN or Inf before step 11 "):
+        ops._read_snapshots(12)
+    assert int(flag[0]) == 0 and ops._pending[0] == [] and len(ops._free[0]) == 3 and Event.waits == 0
+    # With the GPU behind (no copy lands), the third step waits for the oldest copy, and the fault of step 20 raises
+    # at step 22, the read of step 21's copy.
+    ops._read_snapshots(20)
+    flag[0] = ops._OUTPUT
+    ops._read_snapshots(21)
+    ops._read_snapshots(22)  # waits for step 20's copy (clean)
+    assert Event.waits == 1 and [at for _, _, at in ops._pending[0]] == [21, 22]
+    with pytest.raises(ValueError, match="output of a quantised GEMM overflowed before step 21$"):
+        ops._read_snapshots(23)  # waits for step 21's, then for step 22's, which the clearing drops
+    assert Event.waits == 3 and int(flag[0]) == 0 and ops._pending[0] == [] and len(ops._free[0]) == 3
+    for s in range(30, 40):  # clean steps, every copy landing at once: no wait, at most one copy in flight
+        ops._read_snapshots(s)
+        assert len(ops._pending[0]) == 1
+        land_all()
+    assert Event.waits == 3
+
+
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
-def test_cuda_deferred_finite_check_raises_at_the_next_step():
+def test_cuda_deferred_finite_check_raises_two_steps_later_without_a_synchronisation():
     layer = make_layer("ufp4").cuda()
     assert layer.recipe.check_finite == "deferred"
-    x = torch.randn(32, 64).cuda()
-    x[3, 5] = float("nan")
-    layer(x.requires_grad_(True)).sum().backward()  # no synchronisation, no error yet
-    with pytest.raises(ValueError, match="NaN or Inf since the last check"):
+    layer(torch.randn(32, 64).cuda().requires_grad_(True)).sum().backward()  # the flag and its snapshots exist
+    ft.check_finite()
+    bad = torch.randn(32, 64).cuda()
+    bad[3, 5] = float("nan")
+    good = torch.randn(32, 64).cuda()  # (a copy from host memory that is not pinned synchronises)
+    torch.cuda.set_sync_debug_mode("error")  # a synchronisation raises RuntimeError
+    try:
+        # Step k holds the fault, and step k + 1's first forward copies the flag: neither waits for the GPU.
+        layer(bad.requires_grad_(True)).sum().backward()
+        layer(good.requires_grad_(True)).sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    k = layer.step - 2
+    torch.cuda.synchronize()  # the copy has landed: step k + 2 reads it
+    with pytest.raises(ValueError, match=f"NaN or Inf before step {k + 1} "):
         layer(torch.randn(32, 64).cuda())
-    layer(torch.randn(32, 64).cuda())  # the flag was cleared
+    for _ in range(3):
+        layer(torch.randn(32, 64).cuda())  # the flag and its copies were cleared
+    # Without the wait, a fault at step m raises at step m + 2 or, with the GPU behind, at step m + 3.
+    layer(bad)
+    raised = []
+    for i in range(1, 4):  # steps m + 1 .. m + 3
+        try:
+            layer(torch.randn(32, 64).cuda())
+        except ValueError:
+            raised.append(i)
+    assert raised in ([2], [3])
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
@@ -583,6 +660,27 @@ def _graph_mlp(recipe, mode):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64))
     return ft.convert(model, ft.Recipe(recipe, mode=mode)).cuda()
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
+@pytest.mark.parametrize("recipe,mode", [("ufp4", "exact"), ("ufp4", "fast"), ("nvfp4", "exact"), ("nvfp4", "fast")])
+def test_cuda_an_eager_training_step_does_not_synchronise(recipe, mode):
+    # Forward, backward and a fused AdamW of an MLP under the deferred check: torch raises at any synchronisation
+    # (a .item(), a blocking copy, a stream or device wait) once the flag and its host words exist (the first step).
+    model = _graph_mlp(recipe, mode)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(256, 64, generator=g).cuda() for _ in range(6)]
+    torch.cuda.synchronize()
+    for i, x in enumerate(xs):
+        torch.cuda.set_sync_debug_mode("error" if i else "default")
+        try:
+            opt.zero_grad(set_to_none=False)
+            (model(x) - x).square().mean().backward()
+            opt.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    ft.check_finite()  # nothing flagged
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
