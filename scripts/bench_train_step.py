@@ -83,6 +83,21 @@ def train_step(model, x, vocab, opt, device, check=False):
     return loss.item(), start.elapsed_time(end)
 
 
+def back_to_back_ms(args, one_step, data):
+    """--pipelined: milliseconds a step over args.steps steps run back to back, timed by CUDA events around all of
+    them, with one synchronisation at the end: the host queues a step while the GPU runs the one before, as a loop
+    that does not read the loss each step runs. one_step(x) runs a step on a batch already on the device."""
+    xs = [next(data) for _ in range(args.steps)]
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for x in xs:
+        one_step(x)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / len(xs)
+
+
 def setup(args, recipe, mode, device, capturable=False):
     """The model (seed 0, blocks under the recipe), its AdamW and the data stream every row of a run starts from."""
     torch.manual_seed(0)
@@ -120,6 +135,16 @@ def run(args, recipe, mode, device, profile=False, compiled=False, monitor_every
         prof.__exit__(None, None, None)
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.profile_rows), flush=True)
         idle_report(prof, args.tmp)
+    pipelined = None
+    if args.pipelined and device.type == "cuda" and prof is None and steps == args.steps:
+        def one_step(x):
+            loss = F.cross_entropy(train_model(x[:, :-1]).float().view(-1, args.vocab), x[:, 1:].reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        pipelined = back_to_back_ms(args, one_step, data)
+        if recipe != "bf16":
+            ft.check_finite()
     if mon is not None:
         mon.close()
     params = sum(p.numel() for n, p in model.named_parameters() if n.startswith("blocks."))
@@ -134,6 +159,8 @@ def run(args, recipe, mode, device, profile=False, compiled=False, monitor_every
         row["monitor_records"] = mon.records
     if host:
         row["host_ms"] = statistics.median(host)
+    if pipelined is not None:
+        row["pipelined_ms"] = pipelined
     if steps != args.steps:
         row["step_ms"] = times  # a monitor row and its baseline, step by step (the steps after the warm-up)
     return row
@@ -353,13 +380,27 @@ def run_graph(args, recipe, mode, device):
         static_x.copy_(next(data))
         if i >= 3 + args.warmup:
             times.append(start.elapsed_time(end))
+    pipelined = None
+    if args.pipelined:
+        later = iter(range(3 + args.warmup + args.steps, 3 + args.warmup + 2 * args.steps))
+
+        def one_step(x):
+            if recipe != "bf16":
+                ft.set_step(model, next(later))
+            opt.zero_grad(set_to_none=False)
+            static_x.copy_(x)
+            graph.replay()
+        pipelined = back_to_back_ms(args, one_step, data)
     if recipe != "bf16":
         ft.check_finite()
     params = sum(p.numel() for n, p in model.named_parameters() if n.startswith("blocks."))
-    return {"recipe": recipe, "mode": "graph" if recipe == "bf16" else mode + "+graph",
-            "median_ms": statistics.median(times), "mean_ms": statistics.mean(times), "min_ms": min(times),
-            "max_ms": max(times), "loss_first": losses[0], "loss_last": losses[-1], "block_params": params,
-            "steps_timed": len(times), "tokens_per_s": args.batch * args.seq / (statistics.median(times) / 1e3)}
+    row = {"recipe": recipe, "mode": "graph" if recipe == "bf16" else mode + "+graph",
+           "median_ms": statistics.median(times), "mean_ms": statistics.mean(times), "min_ms": min(times),
+           "max_ms": max(times), "loss_first": losses[0], "loss_last": losses[-1], "block_params": params,
+           "steps_timed": len(times), "tokens_per_s": args.batch * args.seq / (statistics.median(times) / 1e3)}
+    if pipelined is not None:
+        row["pipelined_ms"] = pipelined
+    return row
 
 
 def launch_cost(device):
@@ -535,6 +576,8 @@ def main():
                     help="also time these recipes' fast rows (eager, and captured where --graph asks) with every "
                          "GEMM output scanned for NaN/Inf, as before the checks read the operands' magnitude bounds "
                          "(the same bits): what the bounds save")
+    ap.add_argument("--pipelined", action="store_true",
+                    help="also time each row's steps back to back, one synchronisation for all of them (CUDA)")
     ap.add_argument("--launch-cost", action="store_true",
                     help="first print the host time per call of the layer's CUDA launch path (no training)")
     ap.add_argument("--deterministic", action="store_true",
@@ -633,6 +676,7 @@ def main():
                     print(f"{r:18s} {row['mode']:24s} {row['median_ms']:9.2f} ms/step (mean {row['mean_ms']:.2f}, "
                           f"min {row['min_ms']:.2f}, max {row['max_ms']:.2f})"
                           + (f", host {row['host_ms']:.2f} ms queuing it" if "host_ms" in row else "")
+                          + (f", back to back {row['pipelined_ms']:.2f}" if "pipelined_ms" in row else "")
                           + f"  loss {row['loss_first']:.3f} -> {row['loss_last']:.3f}", flush=True)
     finally:
         shutil.rmtree(args.tmp, ignore_errors=True)
@@ -652,6 +696,15 @@ def main():
               f"{row['loss_first']:.3f} -> {row['loss_last']:.3f}{extra}")
     for line in bound_rows(rows, bounds, base):
         print(line)
+    if any("pipelined_ms" in row for row in rows):
+        eager = next(r["pipelined_ms"] for r in rows if r["recipe"] == "bf16" and r["mode"] == "-")
+        print(f"\nBack to back ({args.steps} steps, one synchronisation), against BF16 eager back to back "
+              f"({eager:.2f} ms)")
+        for row in rows:
+            if "pipelined_ms" in row:
+                row["pipelined_vs_bf16"] = row["pipelined_ms"] / eager
+                print(f"{row['recipe']:18s} {row['mode']:24s} {row['pipelined_ms']:9.2f} "
+                      f"{row['pipelined_vs_bf16']:7.2f}")
     info = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch": torch.__version__, "fp4lab": fp4lab.__version__, "command": " ".join(sys.argv),
             "size": args.size, "deterministic": args.deterministic, "model": {k: getattr(args, k) for k in SHAPE_KEYS},
