@@ -499,8 +499,8 @@ def table(info: dict) -> str:
 def mode_table(info: dict) -> str:
     """A results JSON of this script as one markdown row per recipe and GEMM mode: eager, compiled and captured
     steps side by side, each with its ratio to the eager BF16 step (the first row), and for exact rows with a bound
-    (--bound) the bound and how far the captured step (else the eager one) is above it."""
-    base = info["rows"][0]["median_ms"]
+    (--bound) the bound and how far the captured step (else the eager one) is above it. A run with --pipelined adds
+    the same table of its back-to-back steps, each against BF16's eager steps back to back."""
     ways = {}  # (recipe, mode) -> {"eager" | "compile" | "graph": row}
     for r in info["rows"]:
         parts = [p for p in r["mode"].split("+") if p != "-"]  # BF16's eager row is "-"
@@ -508,21 +508,30 @@ def mode_table(info: dict) -> str:
         way = "graph" if "graph" in parts else "compile" if "compile" in parts else "eager"
         if len(parts) - (mode != "") - (way != "eager") == 0:  # other variants (+monitor, +unfused-...) left out
             ways.setdefault((r["recipe"], mode), {})[way] = r
-    bounded = any("bound_ms" in r for r in info["rows"])
-    head = "| recipe | GEMMs | eager ms | × BF16 | compiled ms | × BF16 | captured ms | × BF16 |"
-    lines = [head + (" bound ms | × BF16 | above bound |" if bounded else ""),
-             "|---|---|" + "---:|" * (6 + 3 * bounded)]
-    for (recipe, mode), w in ways.items():
-        cells = []
-        for way in ("eager", "compile", "graph"):
-            r = w.get(way)
-            cells += [f"{r['median_ms']:.2f}", f"{r['median_ms'] / base:.2f}"] if r else ["–", ""]
-        if bounded:
-            r = w.get("graph", w.get("eager"))
-            cells += ([f"{r['bound_ms']:.2f}", f"{r['bound_vs_bf16']:.2f}", f"{100 * r['over_bound']:.0f}%"]
-                      if r and "bound_ms" in r else ["", "", ""])
-        lines.append(f"| {recipe} | {mode} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+
+    def lines(key, bounded):
+        base = info["rows"][0][key]
+        head = "| recipe | GEMMs | eager ms | × BF16 | compiled ms | × BF16 | captured ms | × BF16 |"
+        out = [head + (" bound ms | × BF16 | above bound |" if bounded else ""),
+               "|---|---|" + "---:|" * (6 + 3 * bounded)]
+        for (recipe, mode), w in ways.items():
+            cells = []
+            for way in ("eager", "compile", "graph"):
+                r = w.get(way)
+                cells += [f"{r[key]:.2f}", f"{r[key] / base:.2f}"] if r and key in r else ["–", ""]
+            if bounded:
+                r = w.get("graph", w.get("eager"))
+                cells += ([f"{r['bound_ms']:.2f}", f"{r['bound_vs_bf16']:.2f}", f"{100 * r['over_bound']:.0f}%"]
+                          if r and "bound_ms" in r else ["", "", ""])
+            out.append(f"| {recipe} | {mode} | " + " | ".join(cells) + " |")
+        return out
+
+    out = lines("median_ms", any("bound_ms" in r for r in info["rows"]))
+    if "pipelined_ms" in info["rows"][0]:
+        n = info["rows"][0]["steps_timed"]
+        out += ["", f"Back to back ({n} steps, one synchronisation), against BF16's eager steps back to back:", ""]
+        out += lines("pipelined_ms", False)
+    return "\n".join(out)
 
 
 def main():

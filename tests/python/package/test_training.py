@@ -587,6 +587,16 @@ def test_bench_bound_puts_an_exact_step_against_its_contract_gemms_at_the_epilog
         "| bf16 |  | 20.00 | 1.00 | – |  | 19.00 | 0.95 |  |  |  |",
         "| ufp4 | fast | 25.00 | 1.25 | – |  | – |  |  |  |  |",
         "| ufp4 | exact | 60.00 | 3.00 | – |  | 58.00 | 2.90 | 40.00 | 2.00 | 45% |"]
+    # --pipelined: the back-to-back table follows, each row against BF16's eager steps back to back.
+    for r, ms in zip(rows, (16.0, 18.0, 20.0, 48.0, 50.0, 52.0)):
+        r.update(pipelined_ms=ms, steps_timed=10)
+    assert b.mode_table({"rows": rows}).splitlines()[5:] == [
+        "", "Back to back (10 steps, one synchronisation), against BF16's eager steps back to back:", "",
+        "| recipe | GEMMs | eager ms | × BF16 | compiled ms | × BF16 | captured ms | × BF16 |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| bf16 |  | 16.00 | 1.00 | – |  | 18.00 | 1.12 |",
+        "| ufp4 | fast | 20.00 | 1.25 | – |  | – |  |",
+        "| ufp4 | exact | 48.00 | 3.00 | – |  | 50.00 | 3.12 |"]
     r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench_train_step.py"), "--recipes", "ufp4",
                         "--bound", "nvfp4", "--device", "cpu"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and "--bound nvfp4: nvfp4 not in --recipes" in r.stderr
