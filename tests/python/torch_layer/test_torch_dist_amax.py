@@ -138,3 +138,40 @@ def test_compiled_model_reduces_amax_in_eager_mode(tmp_path, monkeypatch):
         assert not torch.equal(bits(marked.fc1.weight.grad), bits(unmarked.fc1.weight.grad))
     finally:
         dist.destroy_process_group()
+
+
+def test_a_model_marked_after_it_was_compiled_takes_the_marks_at_its_next_step(tmp_path, monkeypatch):
+    """reduce_amax and sr_shard on a model already compiled and run: its next step reduces the amax and draws the
+    shard's SR words, as an eager model marked at the same point does (the marks shadow class defaults that the
+    compiled graph read)."""
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        calls = []
+        real = dist.all_reduce
+        monkeypatch.setattr(dist, "all_reduce", lambda t, *a, **k: (calls.append(t.numel()), real(t, *a, **k))[1])
+        for mark in (ft.reduce_amax, lambda m: ft.sr_shard(m, 1, 2)):
+            eager, model = make(), make()
+            compiled = torch.compile(model, backend="aot_eager")
+            for i in range(2):
+                if i == 1:
+                    mark(eager)
+                    mark(model)
+                calls.clear()
+                for m in (eager, compiled):
+                    m.zero_grad(set_to_none=True)
+                    x, t = batch(i)
+                    (m(x) - t).pow(2).mean().backward()
+                # reduce_amax: one all-reduce per operand amax, in each model, once marked (test above).
+                assert calls == ([2] * (2 * (3 * 4 - 1)) if i == 1 and mark is ft.reduce_amax else [])
+                for p, q in zip(eager.parameters(), model.parameters()):
+                    assert torch.equal(bits(p.grad), bits(q.grad))
+            if mark is not ft.reduce_amax:  # (one rank's reduced amax is its own: reduce_amax keeps the bits here)
+                unmarked = make()
+                for i in range(2):
+                    unmarked.zero_grad(set_to_none=True)
+                    x, t = batch(i)
+                    (unmarked(x) - t).pow(2).mean().backward()
+                # The shard's words changed the step's bits: the compiled model did not keep the unmarked graph.
+                assert not torch.equal(bits(unmarked.fc1.weight.grad), bits(model.fc1.weight.grad))
+    finally:
+        dist.destroy_process_group()
