@@ -136,7 +136,7 @@ def run(args, recipe, mode, device, profile=False, compiled=False, monitor_every
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.profile_rows), flush=True)
         idle_report(prof, args.tmp)
     pipelined = None
-    if args.pipelined and device.type == "cuda" and prof is None and steps == args.steps:
+    if args.pipelined and steps == args.steps:  # (a profiled row's profile has ended)
         def one_step(x):
             loss = F.cross_entropy(train_model(x[:, :-1]).float().view(-1, args.vocab), x[:, 1:].reshape(-1))
             opt.zero_grad(set_to_none=True)
@@ -616,6 +616,8 @@ def main():
                                                                 or c.partition(":")[2] not in args.modes.split(","))]
     if odd:
         ap.error(f"--compile {', '.join(odd)}: NAME:MODE names a recipe of --recipes and a mode of --modes")
+    if args.pipelined and device.type != "cuda":
+        ap.error("--pipelined times steps by CUDA events: it needs a CUDA --device")
     if args.deterministic:
         use_deterministic_algorithms()
     if args.seq % 64 or args.batch * args.seq % 32:
@@ -705,8 +707,8 @@ def main():
               f"{row['loss_first']:.3f} -> {row['loss_last']:.3f}{extra}")
     for line in bound_rows(rows, bounds, base):
         print(line)
-    if any("pipelined_ms" in row for row in rows):
-        eager = next(r["pipelined_ms"] for r in rows if r["recipe"] == "bf16" and r["mode"] == "-")
+    if "pipelined_ms" in rows[0]:  # BF16's eager row, always first
+        eager = rows[0]["pipelined_ms"]
         print(f"\nBack to back ({args.steps} steps, one synchronisation), against BF16 eager back to back "
               f"({eager:.2f} ms)")
         for row in rows:

@@ -83,11 +83,10 @@ def _flag_ptr(device: int) -> int:
     p = _flag_ptrs.get(device)
     if p is None:
         _refuse_capture("the first deferred finite check on this device")
-        _flags[device] = torch.zeros(1, dtype=torch.int32, device=torch.device("cuda", device))
-        _pending[device] = []
-        _free[device] = [(torch.cuda.Event(), torch.zeros(1, dtype=torch.int32, pin_memory=True))
-                         for _ in range(_SNAPSHOTS + 1)]
-        p = _flag_ptrs[device] = _flags[device].data_ptr()
+        flag = torch.zeros(1, dtype=torch.int32, device=torch.device("cuda", device))
+        free = [(torch.cuda.Event(), torch.zeros(1, dtype=torch.int32, pin_memory=True)) for _ in range(_SNAPSHOTS + 1)]
+        _pending[device], _free[device], _flags[device] = [], free, flag  # all or nothing
+        p = _flag_ptrs[device] = flag.data_ptr()
     return p
 
 
@@ -126,18 +125,18 @@ def launch(t: torch.Tensor) -> Tuple[int, int]:
 
 
 def _raise_flag(device: int, v: int, where: str) -> None:
-    """The ValueError of flag bits v on a device."""
-    if v & _INPUT:
-        raise ValueError(f"cuda:{device}: an input tensor of a quantised GEMM held NaN or Inf {where} "
-                         "(4-bit grids have no such codes)")
-    if v & _RHT:
-        raise ValueError(f"cuda:{device}: the RHT of an input of a quantised GEMM overflowed FP32 {where} "
-                         "(4-bit grids have no such codes)")
-    raise ValueError(f"cuda:{device}: the output of a quantised GEMM overflowed {where}")
+    """The ValueError of flag bits v on a device: the first fault by the order below, and the others it holds."""
+    faults = [(_INPUT, "an input tensor of a quantised GEMM held NaN or Inf"),
+              (_RHT, "the RHT of an input of a quantised GEMM overflowed FP32"),
+              (_OUTPUT, "the output of a quantised GEMM overflowed")]
+    said = [text for bit, text in faults if v & bit]
+    why = " (4-bit grids have no such codes)" if v & (_INPUT | _RHT) else ""
+    raise ValueError(f"cuda:{device}: {said[0]} {where}{why}" + "".join(f"; also, {t}" for t in said[1:]))
 
 
 def _clear(device: int) -> None:
-    """Zeroes the device's flag (on the stream) and drops its snapshots, which were taken before."""
+    """Zeroes the device's flag (on the stream) and drops its snapshots unread: the caller has read the flag, which
+    holds every bit they hold (the bits stay until a clearing)."""
     _flags[device].zero_()
     for ev, word, _ in _pending[device]:
         ev.synchronize()  # its copy may still be writing the word (a fault's path: the wait is no cost)
@@ -200,36 +199,46 @@ _checked_by: Optional[int] = None
 
 
 def _read_snapshots(step: int) -> None:
-    """At a training step's first forward: reads each device's snapshots whose copies have finished (and the oldest
-    one, waiting for it, where _SNAPSHOTS are in flight), raises ValueError on a set bit, then takes the step's own
-    snapshot. No synchronisation while the GPU is at most two steps behind the host."""
+    """At a training step's first forward: reads each device's snapshots whose copies have finished, raises
+    ValueError on a set bit, and takes the step's own snapshot where it is later than the newest one in flight (a
+    recomputed or repeated forward, or a model behind another, takes none). Taking one where _SNAPSHOTS are in
+    flight first waits for the oldest: no synchronisation while the GPU is less than two steps behind the host."""
     for i in sorted(_flags):
         pending, v, seen = _pending[i], 0, None
-        while pending and (pending[0][0].query() or len(pending) >= _SNAPSHOTS):
+        take = not pending or step > pending[-1][2]
+        while pending and (pending[0][0].query() or (take and len(pending) >= _SNAPSHOTS)):
             ev, word, at = pending.pop(0)
             ev.synchronize()  # passed already, unless _SNAPSHOTS copies were in flight
             v, seen = v | int(word[0]), at
             _free[i].append((ev, word))
         if v:
+            # A fault's path: the flag itself too (one synchronisation), so that a fault after the copy that showed
+            # this one is reported with it rather than cleared unheard.
+            v |= int(_flags[i].item())
             _clear(i)
             _raise_flag(i, v, f"before step {seen}")
-        ev, word = _free[i].pop()
-        word.copy_(_flags[i], non_blocking=True)  # on the flag's device's current stream, as the kernels ran
-        ev.record(torch.cuda.current_stream(i))
-        pending.append((ev, word, step))
+        if take:
+            ev, word = _free[i][-1]
+            word.copy_(_flags[i], non_blocking=True)  # on the flag's device's current stream, as the kernels ran
+            ev.record(torch.cuda.current_stream(i))
+            pending.append(_free[i].pop() + (step,))
 
 
 def check_finite_once(step: int, layer: Any) -> None:
     """The layers' deferred check, once per training step (they call it at each forward on CUDA): at a forward whose
     step differs from the last check's, or by the layer that made it (the first layer of the model), it reads the flag
     as copied at an earlier step's first forward, without waiting for the GPU (``_read_snapshots``): a fault in step k
-    raises ValueError at the first forward of step k + 2, or of step k + 3 where the GPU has not finished step k by
-    then. Not while a CUDA graph is being captured."""
+    raises ValueError at the first forward of step k + 2, or of step k + 3 where the GPU has not yet run what was
+    queued before step k + 1's first forward (a model whose first layer runs twice a step takes two copies a step,
+    and may wait at its second). Not while a CUDA graph is being captured; the last steps of a run are heard only
+    through check_finite(), which a loop calls after its last step."""
     global _checked_step, _checked_by
-    if (step != _checked_step or id(layer) == _checked_by) and _flags \
-            and not torch.cuda.is_current_stream_capturing():
+    if (step != _checked_step or id(layer) == _checked_by) and not torch.cuda.is_current_stream_capturing():
+        # Claimed by the step's first layer even before the flag exists, so that no later layer of that step copies
+        # it in the middle of the step.
         _checked_step, _checked_by = step, id(layer)
-        _read_snapshots(step)
+        if _flags:
+            _read_snapshots(step)
 
 
 @one_line_errors

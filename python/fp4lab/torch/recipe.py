@@ -142,7 +142,8 @@ class Recipe:
         seed: the SR seed, an int from 0 to 2**64 - 1.
         per_pass: {pass: {knob: value}} on top of the knobs, for fwd_y, bwd_dx or bwd_dw.
         per_operand: {(pass, "a" or "b"): {knob: value}} on top of those.
-        check_finite: "deferred" (a device flag the layers read two steps later, without a synchronisation) or "sync" (a check at every CUDA operand).
+        check_finite: "deferred" (a device flag the layers read two or three steps later, without a
+            synchronisation) or "sync" (a check at every CUDA operand).
         configs: {(pass, "a" or "b"): QuantConfig} replacing the named recipe's settings of those operands (not
             with knobs). A config's own seed and stream are not used: the SR key is (seed, step, layer).
         **knobs: the knobs of ``fp4lab.quantize`` (format, block, scale, rht, rounding, ...), for every operand.

@@ -602,7 +602,8 @@ def test_bench_bound_puts_an_exact_step_against_its_contract_gemms_at_the_epilog
     assert r.returncode == 2 and "--bound nvfp4: nvfp4 not in --recipes" in r.stderr
     for extra, fault in ((["--bound", "ufp4"], "it needs a CUDA --device"),
                          (["--bound", "ufp4", "--device", "cuda", "--modes", "fast"], "--modes has none"),
-                         (["--compile", "ufp4:fastt"], "--compile ufp4:fastt: NAME:MODE names")):
+                         (["--compile", "ufp4:fastt"], "--compile ufp4:fastt: NAME:MODE names"),
+                         (["--pipelined"], "--pipelined times steps by CUDA events: it needs a CUDA --device")):
         r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench_train_step.py"), "--recipes", "ufp4",
                             "--device", "cpu", *extra], capture_output=True, text=True, cwd=ROOT)
         assert r.returncode == 2 and fault in r.stderr, (extra, r.stderr)

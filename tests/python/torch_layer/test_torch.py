@@ -544,24 +544,32 @@ def test_the_deferred_check_reads_a_landed_copy_and_waits_only_with_two_in_fligh
         for ev, _, _ in ops._pending[0]:
             ev.landed = True
 
+    def in_flight():
+        return [at for _, _, at in ops._pending[0]]
+
     ops._read_snapshots(10)  # the copy before the fault
     flag[0] = ops._INPUT      # step 10's kernels flag an input
     ops._read_snapshots(11)  # copies the flag; the copy before it has not landed: nothing read, nothing waited
-    assert Event.waits == 0 and [at for _, _, at in ops._pending[0]] == [10, 11]
+    assert Event.waits == 0 and in_flight() == [10, 11]
+    ops._read_snapshots(11)  # the step's first layer again (a recomputed forward): no copy, no wait
+    ops._read_snapshots(9)   # a model behind: no copy, no wait
+    assert Event.waits == 0 and in_flight() == [10, 11]
+    flag[0] |= ops._OUTPUT    # after step 11's copy, an output overflows too
     land_all()
-    with pytest.raises(ValueError, match="cuda:0: an input tensor .* NaN or Inf before step 11 "):
+    with pytest.raises(ValueError, match="cuda:0: an input tensor .* NaN or Inf before step 11 .*; also, the output "
+                                         "of a quantised GEMM overflowed$"):
         ops._read_snapshots(12)
-    assert int(flag[0]) == 0 and ops._pending[0] == [] and len(ops._free[0]) == 3 and Event.waits == 0
+    assert int(flag[0]) == 0 and in_flight() == [] and len(ops._free[0]) == 3 and Event.waits == 0
     # With the GPU behind (no copy lands), the third step waits for the oldest copy, and the fault of step 20 raises
     # at step 22, the read of step 21's copy.
     ops._read_snapshots(20)
     flag[0] = ops._OUTPUT
     ops._read_snapshots(21)
     ops._read_snapshots(22)  # waits for step 20's copy (clean)
-    assert Event.waits == 1 and [at for _, _, at in ops._pending[0]] == [21, 22]
+    assert Event.waits == 1 and in_flight() == [21, 22]
     with pytest.raises(ValueError, match="output of a quantised GEMM overflowed before step 21$"):
         ops._read_snapshots(23)  # waits for step 21's, then for step 22's, which the clearing drops
-    assert Event.waits == 3 and int(flag[0]) == 0 and ops._pending[0] == [] and len(ops._free[0]) == 3
+    assert Event.waits == 3 and int(flag[0]) == 0 and in_flight() == [] and len(ops._free[0]) == 3
     for s in range(30, 40):  # clean steps, every copy landing at once: no wait, at most one copy in flight
         ops._read_snapshots(s)
         assert len(ops._pending[0]) == 1
@@ -569,8 +577,16 @@ def test_the_deferred_check_reads_a_landed_copy_and_waits_only_with_two_in_fligh
     assert Event.waits == 3
 
 
+def event_waits(monkeypatch):
+    """Each torch.cuda.Event.synchronize() call's event, as landed (True) or not yet (False, a real wait): torch's sync
+    debug mode does not count an event wait."""
+    seen, real = [], torch.cuda.Event.synchronize
+    monkeypatch.setattr(torch.cuda.Event, "synchronize", lambda ev: (seen.append(ev.query()), real(ev))[1])
+    return seen
+
+
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
-def test_cuda_deferred_finite_check_raises_two_steps_later_without_a_synchronisation():
+def test_cuda_deferred_finite_check_raises_two_steps_later_under_sync_debug_mode(monkeypatch):
     layer = make_layer("ufp4").cuda()
     assert layer.recipe.check_finite == "deferred"
     layer(torch.randn(32, 64).cuda().requires_grad_(True)).sum().backward()  # the flag and its snapshots exist
@@ -578,6 +594,7 @@ def test_cuda_deferred_finite_check_raises_two_steps_later_without_a_synchronisa
     bad = torch.randn(32, 64).cuda()
     bad[3, 5] = float("nan")
     good = torch.randn(32, 64).cuda()  # (a copy from host memory that is not pinned synchronises)
+    waits = event_waits(monkeypatch)
     torch.cuda.set_sync_debug_mode("error")  # a synchronisation raises RuntimeError
     try:
         # Step k holds the fault, and step k + 1's first forward copies the flag: neither waits for the GPU.
@@ -585,6 +602,7 @@ def test_cuda_deferred_finite_check_raises_two_steps_later_without_a_synchronisa
         layer(good.requires_grad_(True)).sum().backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+    assert False not in waits
     k = layer.step - 2
     torch.cuda.synchronize()  # the copy has landed: step k + 2 reads it
     with pytest.raises(ValueError, match=f"NaN or Inf before step {k + 1} "):
@@ -664,9 +682,14 @@ def _graph_mlp(recipe, mode):
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
 @pytest.mark.parametrize("recipe,mode", [("ufp4", "exact"), ("ufp4", "fast"), ("nvfp4", "exact"), ("nvfp4", "fast")])
-def test_cuda_an_eager_training_step_does_not_synchronise(recipe, mode):
+def test_cuda_an_eager_training_step_passes_sync_debug_mode_and_waits_on_no_event(recipe, mode, monkeypatch):
     # Forward, backward and a fused AdamW of an MLP under the deferred check: torch raises at any synchronisation
-    # (a .item(), a blocking copy, a stream or device wait) once the flag and its host words exist (the first step).
+    # (a .item(), a blocking copy, a stream or device wait) once the flag and its host words exist (the first step),
+    # and this GPU, never two steps behind, makes the layers wait on no copy of the flag, which each step reads.
+    import fp4lab.torch.ops as ops
+    reads, real = [], ops._read_snapshots
+    monkeypatch.setattr(ops, "_read_snapshots", lambda step: (reads.append(step), real(step))[1])
+    waits = event_waits(monkeypatch)
     model = _graph_mlp(recipe, mode)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
     g = torch.Generator().manual_seed(1)
@@ -681,6 +704,25 @@ def test_cuda_an_eager_training_step_does_not_synchronise(recipe, mode):
         finally:
             torch.cuda.set_sync_debug_mode("default")
     ft.check_finite()  # nothing flagged
+    assert len(reads) >= len(xs) - 1 and False not in waits
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
+def test_cuda_the_deferred_check_waits_only_with_the_host_two_steps_ahead(monkeypatch):
+    # Each forward behind 0.1 s of GPU sleep: the GPU falls behind at once. The first two forwards leave two copies
+    # in flight without waiting; the third waits for the oldest, and only for it.
+    layer = make_layer("ufp4").cuda()
+    xs = [torch.randn(32, 64).cuda() for _ in range(4)]
+    layer(xs[0])
+    ft.check_finite()
+    waits = event_waits(monkeypatch)
+    landed = []
+    for x in xs[1:]:
+        torch.cuda._sleep(200_000_000)  # about 0.1 s at 2 GHz
+        layer(x)
+        landed.append(list(waits))
+    torch.cuda.synchronize()
+    assert landed[0] in ([], [True]) and landed[1] == landed[0] and landed[2] == landed[0] + [False]
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of fp4lab")
