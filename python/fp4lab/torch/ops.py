@@ -203,6 +203,7 @@ def _read_snapshots(step: int) -> None:
     ValueError on a set bit, and takes the step's own snapshot where it is later than the newest one in flight (a
     recomputed or repeated forward, or a model behind another, takes none). Taking one where _SNAPSHOTS are in
     flight first waits for the oldest: no synchronisation while the GPU is less than two steps behind the host."""
+    fault = None  # raised after every device is read and copied, so that a fault on one delays no other's
     for i in sorted(_flags):
         pending, v, seen = _pending[i], 0, None
         take = not pending or step > pending[-1][2]
@@ -216,12 +217,14 @@ def _read_snapshots(step: int) -> None:
             # this one is reported with it rather than cleared unheard.
             v |= int(_flags[i].item())
             _clear(i)
-            _raise_flag(i, v, f"before step {seen}")
+            fault = fault or (i, v, f"before step {seen}")
         if take:
             ev, word = _free[i][-1]
             word.copy_(_flags[i], non_blocking=True)  # on the flag's device's current stream, as the kernels ran
             ev.record(torch.cuda.current_stream(i))
             pending.append(_free[i].pop() + (step,))
+    if fault:
+        _raise_flag(*fault)
 
 
 def check_finite_once(step: int, layer: Any) -> None:

@@ -559,7 +559,9 @@ def test_the_deferred_check_reads_a_landed_copy_and_waits_only_with_two_in_fligh
     with pytest.raises(ValueError, match="cuda:0: an input tensor .* NaN or Inf before step 11 .*; also, the output "
                                          "of a quantised GEMM overflowed$"):
         ops._read_snapshots(12)
-    assert int(flag[0]) == 0 and in_flight() == [] and len(ops._free[0]) == 3 and Event.waits == 0
+    # Cleared, and the step's own copy taken before the raise.
+    assert int(flag[0]) == 0 and in_flight() == [12] and len(ops._free[0]) == 2 and Event.waits == 0
+    land_all()
     # With the GPU behind (no copy lands), the third step waits for the oldest copy, and the fault of step 20 raises
     # at step 22, the read of step 21's copy.
     ops._read_snapshots(20)
@@ -569,7 +571,8 @@ def test_the_deferred_check_reads_a_landed_copy_and_waits_only_with_two_in_fligh
     assert Event.waits == 1 and in_flight() == [21, 22]
     with pytest.raises(ValueError, match="output of a quantised GEMM overflowed before step 21$"):
         ops._read_snapshots(23)  # waits for step 21's, then for step 22's, which the clearing drops
-    assert Event.waits == 3 and int(flag[0]) == 0 and in_flight() == [] and len(ops._free[0]) == 3
+    assert Event.waits == 3 and int(flag[0]) == 0 and in_flight() == [23] and len(ops._free[0]) == 2
+    land_all()
     for s in range(30, 40):  # clean steps, every copy landing at once: no wait, at most one copy in flight
         ops._read_snapshots(s)
         assert len(ops._pending[0]) == 1
@@ -712,6 +715,7 @@ def test_cuda_the_deferred_check_waits_only_with_the_host_two_steps_ahead(monkey
     # Each forward behind 0.1 s of GPU sleep: the GPU falls behind at once. The first two forwards leave two copies
     # in flight without waiting; the third waits for the oldest, and only for it.
     layer = make_layer("ufp4").cuda()
+    ft.set_step(layer, 10**9)  # later than any copy an earlier test left in flight: each forward takes one
     xs = [torch.randn(32, 64).cuda() for _ in range(4)]
     layer(xs[0])
     ft.check_finite()
