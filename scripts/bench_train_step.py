@@ -56,14 +56,9 @@ def batches(vocab, batch, seq, device, seed):
         yield x.to(device, non_blocking=True)
 
 
-def train_step(model, x, vocab, opt, device, check=False):
-    """One AdamW step of next-token cross-entropy on the tokens x: (loss as a float, milliseconds), timed by CUDA
-    events on a GPU and by the wall clock on the CPU. check: then read the deferred finite check (fp4lab on CUDA)."""
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-    t0 = time.perf_counter()
-    # The phases are named for --profile's account of the GPU's idle time.
+def step_on(model, x, vocab, opt):
+    """Forward, backward and AdamW of one step of next-token cross-entropy on the tokens x; the loss tensor. The
+    phases are named for --profile's account of the GPU's idle time."""
     with torch.profiler.record_function("step:forward"):
         loss = F.cross_entropy(model(x[:, :-1]).float().view(-1, vocab), x[:, 1:].reshape(-1))
     opt.zero_grad(set_to_none=True)
@@ -71,6 +66,17 @@ def train_step(model, x, vocab, opt, device, check=False):
         loss.backward()
     with torch.profiler.record_function("step:optimizer"):
         opt.step()
+    return loss
+
+
+def train_step(model, x, vocab, opt, device, check=False):
+    """One AdamW step of next-token cross-entropy on the tokens x: (loss as a float, milliseconds), timed by CUDA
+    events on a GPU and by the wall clock on the CPU. check: then read the deferred finite check (fp4lab on CUDA)."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+    t0 = time.perf_counter()
+    loss = step_on(model, x, vocab, opt)
     if device.type != "cuda":
         return loss.item(), (time.perf_counter() - t0) * 1e3
     end.record()
@@ -137,12 +143,7 @@ def run(args, recipe, mode, device, profile=False, compiled=False, monitor_every
         idle_report(prof, args.tmp)
     pipelined = None
     if args.pipelined and steps == args.steps:  # (a profiled row's profile has ended)
-        def one_step(x):
-            loss = F.cross_entropy(train_model(x[:, :-1]).float().view(-1, args.vocab), x[:, 1:].reshape(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        pipelined = back_to_back_ms(args, one_step, data)
+        pipelined = back_to_back_ms(args, lambda x: step_on(train_model, x, args.vocab, opt), data)
         if recipe != "bf16":
             ft.check_finite()
     if mon is not None:
