@@ -186,9 +186,9 @@ void launch_both(const QArgs& ar, const QArgs& at, cudaStream_t s) {
   const int rm = both_round_mode(ar, at);
   // The presets' one-read operands have kernels of their own: ufp4's (E1M2, fp32 scales, RHT-16 both ways) and
   // nvfp4's (E2M1, ue4m3 scales, RHT-16 on the transposed operand or on neither).
-  if constexpr (F == 1 && DR == 16 && DT == 16) {
+  if constexpr (F == format_index(kE1M2) && DR == 16 && DT == 16) {
     if (launch_fixed<F, DR, DT, int(ScaleKind::fp32)>(rm, grid, ar, at, s)) return;
-  } else if constexpr (F == 0 && DR == 0) {
+  } else if constexpr (F == format_index(kE2M1) && DR == 0) {
     if (launch_fixed<F, DR, DT, int(ScaleKind::ue4m3)>(rm, grid, ar, at, s)) return;
   }
   quantize_both_kernel<F, DR, DT><<<grid, kBothThreads, 0, s>>>(ar, at);
