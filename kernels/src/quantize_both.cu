@@ -49,7 +49,7 @@ __device__ __forceinline__ void load_tile_group(const uint16_t* x, int64_t rows,
   dst[1] = raw.v[1];
 }
 
-template <int F, int DR, int DT, int RM = kRoundRuntime, int SC = -1>
+template <int F, int DR, int DT, int RND = -1, int DRAW = -1, int SC = -1>
 __global__ void __launch_bounds__(kBothThreads, 4) quantize_both_kernel(const QArgs ar, const QArgs at) {
   constexpr int G = 16;
   __shared__ __align__(16) uint32_t tile[kBothWords];
@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kBothThreads, 4) quantize_both_kernel(const QA
     float y[G];
     widen(raw, y);
     // Fake quantisation only (no codes): quantize_group's LEVELS path, which reads no decode table.
-    const float b = quantize_group<F, 16, DR, G, true, false, true, RM, SC>(y, row, col, ar, s_enc_r, nullptr);
+    const float b = quantize_group<F, 16, DR, G, true, false, true, RND, DRAW, SC>(y, row, col, ar, s_enc_r, nullptr);
     thread_bound[t] = fmax_nan(thread_bound[t], b);
   }
   if (ar.bound) raise_bound(ar.bound, thread_bound[t]);  // the caller sets both bounds or neither
@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(kBothThreads, 4) quantize_both_kernel(const QA
     float y[G];
 #pragma unroll
     for (int i = 0; i < G; ++i) y[i] = bf16_to_f32(uint16_t(column[i * (kBothCols / 2)] >> (16 * h)));
-    const float b = quantize_group<F, 16, DT, G, true, false, true, RM, SC>(y, j + h, gr0, at, s_enc_t, nullptr);
+    const float b = quantize_group<F, 16, DT, G, true, false, true, RND, DRAW, SC>(y, j + h, gr0, at, s_enc_t, nullptr);
     thread_bound[t] = fmax_nan(thread_bound[t], b);
   }
   if (at.bound) raise_bound(at.bound, thread_bound[t]);
@@ -159,23 +159,24 @@ __global__ void __launch_bounds__(kBothThreads) amax_both_kernel(const AmaxBothA
   block_max_to(a.amax_t, mt);
 }
 
-// The rounding both orientations take, as a kRound* mode; kRoundRuntime where they differ, and under philox1.
-int both_round_mode(const QArgs& ar, const QArgs& at) {
-  if (ar.rounding != at.rounding) return kRoundRuntime;
-  if (ar.rounding == Rounding::rtne) return kRoundRtne;
-  if (ar.sr_draw != at.sr_draw) return kRoundRuntime;
-  return ar.sr_draw == SrDraw::philox4 ? kRoundSr4 : ar.sr_draw == SrDraw::philox16 ? kRoundSr16 : kRoundRuntime;
-}
-
-// The kernel with rounding mode rm and both scale kinds SC fixed at compile time, where they are: it then holds that
-// path's code alone. False where it is not launched.
+// The kernel with the rounding, SR draw and scale kind SC both orientations share fixed at compile time, where they
+// share them (philox1 excepted): it then holds that path's code alone. False where it is not launched.
 template <int F, int DR, int DT, int SC>
-bool launch_fixed(int rm, const dim3& grid, const QArgs& ar, const QArgs& at, cudaStream_t s) {
-  if (ar.scale != ScaleKind(SC) || at.scale != ScaleKind(SC)) return false;
-  switch (rm) {
-    case kRoundRtne: quantize_both_kernel<F, DR, DT, kRoundRtne, SC><<<grid, kBothThreads, 0, s>>>(ar, at); return true;
-    case kRoundSr4: quantize_both_kernel<F, DR, DT, kRoundSr4, SC><<<grid, kBothThreads, 0, s>>>(ar, at); return true;
-    case kRoundSr16: quantize_both_kernel<F, DR, DT, kRoundSr16, SC><<<grid, kBothThreads, 0, s>>>(ar, at); return true;
+bool launch_fixed(const dim3& grid, const QArgs& ar, const QArgs& at, cudaStream_t s) {
+  constexpr int kRtne = int(Rounding::rtne), kSr = int(Rounding::sr);
+  if (ar.scale != ScaleKind(SC) || at.scale != ScaleKind(SC) || ar.rounding != at.rounding) return false;
+  if (ar.rounding == Rounding::rtne) {
+    quantize_both_kernel<F, DR, DT, kRtne, -1, SC><<<grid, kBothThreads, 0, s>>>(ar, at);
+    return true;
+  }
+  if (ar.sr_draw != at.sr_draw) return false;
+  if (ar.sr_draw == SrDraw::philox4) {
+    quantize_both_kernel<F, DR, DT, kSr, int(SrDraw::philox4), SC><<<grid, kBothThreads, 0, s>>>(ar, at);
+    return true;
+  }
+  if (ar.sr_draw == SrDraw::philox16) {
+    quantize_both_kernel<F, DR, DT, kSr, int(SrDraw::philox16), SC><<<grid, kBothThreads, 0, s>>>(ar, at);
+    return true;
   }
   return false;
 }
@@ -183,13 +184,12 @@ bool launch_fixed(int rm, const dim3& grid, const QArgs& ar, const QArgs& at, cu
 template <int F, int DR, int DT>
 void launch_both(const QArgs& ar, const QArgs& at, cudaStream_t s) {
   const dim3 grid = detail::both_grid(ar.rows, ar.cols);
-  const int rm = both_round_mode(ar, at);
   // The presets' one-read operands have kernels of their own: ufp4's (E1M2, fp32 scales, RHT-16 both ways) and
   // nvfp4's (E2M1, ue4m3 scales, RHT-16 on the transposed operand or on neither).
   if constexpr (F == format_index(kE1M2) && DR == 16 && DT == 16) {
-    if (launch_fixed<F, DR, DT, int(ScaleKind::fp32)>(rm, grid, ar, at, s)) return;
+    if (launch_fixed<F, DR, DT, int(ScaleKind::fp32)>(grid, ar, at, s)) return;
   } else if constexpr (F == format_index(kE2M1) && DR == 0) {
-    if (launch_fixed<F, DR, DT, int(ScaleKind::ue4m3)>(rm, grid, ar, at, s)) return;
+    if (launch_fixed<F, DR, DT, int(ScaleKind::ue4m3)>(grid, ar, at, s)) return;
   }
   quantize_both_kernel<F, DR, DT><<<grid, kBothThreads, 0, s>>>(ar, at);
 }

@@ -145,10 +145,6 @@ __device__ __forceinline__ void rotate_group(float (&y)[G], const float* signs, 
   }
 }
 
-// How a kernel learns its rounding and SR draw: from QArgs at run time (one kernel serves every setting), or fixed
-// at compile time by the launcher, which then holds only that path's code and registers.
-enum : int { kRoundRuntime = 0, kRoundRtne = 1, kRoundSr4 = 2, kRoundSr16 = 3 };
-
 // The four SR words of elements e0 .. e0 + 3 (e0 a multiple of 4) of the group at element index base.
 // WIDE: Philox's products as widening multiplies (philox.hpp); the same bits either way. Under philox4 one Philox
 // block gives them; under philox1 (the original draw, one block per element) a rolled loop computes the four blocks
@@ -179,9 +175,10 @@ __device__ __forceinline__ void sr_draw4(const QArgs& a, SrDraw d, uint64_t seed
 // elements at a time: round4(e, w) rounds elements e .. e + 3 with words w. The draw is chosen once for the block,
 // so each path holds its own registers only, at the cost of a copy of round4 per path. Under philox16 one Philox
 // block serves sixteen elements, its word q giving elements 4q .. 4q + 3 their bytes (sr_byte_word).
-template <int B, bool WIDE, int RM, class Round4>
+// DRAW: the SrDraw, fixed at compile time, or -1 for a.sr_draw.
+template <int B, bool WIDE, int DRAW, class Round4>
 __device__ __forceinline__ void sr_block(const QArgs& a, uint64_t seed, int64_t base, int e0, Round4 round4) {
-  const SrDraw d = RM == kRoundSr4 ? SrDraw::philox4 : RM == kRoundSr16 ? SrDraw::philox16 : a.sr_draw;
+  const SrDraw d = DRAW < 0 ? a.sr_draw : SrDraw(DRAW);
   if (d == SrDraw::philox16) {
 #pragma unroll
     for (int j = 0; j < B; j += 16) {
@@ -259,7 +256,7 @@ __device__ __forceinline__ void round_block(const float (&y)[G], int b, const Bl
 // round_block would pack: rtne_level_fast / sr_level_fast) and dequantised (deq: level -> value), two values to a
 // BF16 pair in w (element e -> half e % 2 of w[e / 2]); no code is formed. Each pair is packed as soon as it is
 // known, so the block holds no more registers than its inputs. scaled(x): the element's value in grid units.
-template <int F, int B, bool RTNE, bool WIDE, int RM, int G, class Scaled, class Deq>
+template <int F, int B, bool RTNE, bool WIDE, int DRAW, int G, class Scaled, class Deq>
 __device__ __forceinline__ void levels_of_block(const float (&y)[G], int b, const QArgs& a, uint64_t seed,
                                                 int64_t base, Scaled scaled, Deq deq, uint32_t (&w)[G / 2]) {
   if constexpr (RTNE) {
@@ -270,7 +267,7 @@ __device__ __forceinline__ void levels_of_block(const float (&y)[G], int b, cons
                                    deq(detail::rtne_level_fast<F>(scaled(y[e + 1]))));
     }
   } else {
-    sr_block<B, WIDE, RM>(a, seed, base, b * B, [&](int e0, const uint32_t(&r)[4]) {
+    sr_block<B, WIDE, DRAW>(a, seed, base, b * B, [&](int e0, const uint32_t(&r)[4]) {
 #pragma unroll
       for (int i = 0; i < 4; i += 2)
         w[(e0 + i) / 2] = detail::bf16x2_rn(deq(detail::sr_level_fast<F>(scaled(y[e0 + i]), r[i])),
@@ -281,7 +278,7 @@ __device__ __forceinline__ void levels_of_block(const float (&y)[G], int b, cons
 // Under fp32 scales a block whose scale and magnitudes (lo .. hi) lie in fp32_step_in_range takes the reciprocal
 // without a test per element; any other block, scale_fp32_by_reciprocal's test per element. The values are the
 // dequantiser's (dequant_value, or dequant_value_unit_global without a tensor-level scale).
-template <int F, int B, bool FP32, bool RTNE, bool WIDE, int RM, int G>
+template <int F, int B, bool FP32, bool RTNE, bool WIDE, int DRAW, int G>
 __device__ __forceinline__ void level_block(const float (&y)[G], int b, const BlockScale& bs, ScaleKind kind,
                                             const QArgs& a, uint64_t seed, int64_t base, float lo, float hi,
                                             float g_dec, uint32_t (&w)[G / 2]) {
@@ -290,14 +287,14 @@ __device__ __forceinline__ void level_block(const float (&y)[G], int b, const Bl
     const auto deq = [s](float l) { return dequant_value_unit_global(l, s); };
     const float recip = fp32_step_reciprocal(bs);
     if (fp32_step_in_range(bs, lo, hi))
-      levels_of_block<F, B, RTNE, WIDE, RM>(
+      levels_of_block<F, B, RTNE, WIDE, DRAW>(
           y, b, a, seed, base, [&](float x) { return scale_fp32_in_range(x, bs, recip); }, deq, w);
     else
-      levels_of_block<F, B, RTNE, WIDE, RM>(
+      levels_of_block<F, B, RTNE, WIDE, DRAW>(
           y, b, a, seed, base, [&](float x) { return scale_fp32_by_reciprocal(x, bs, recip); }, deq, w);
   } else {
     const bool unit = kind != ScaleKind::ue4m3;
-    levels_of_block<F, B, RTNE, WIDE, RM>(
+    levels_of_block<F, B, RTNE, WIDE, DRAW>(
         y, b, a, seed, base, [&](float x) { return scale_element(kind, x, bs); },
         [=](float l) { return unit ? dequant_value_unit_global(l, s) : dequant_value(l, s, g_dec); }, w);
   }
@@ -346,8 +343,8 @@ __device__ __forceinline__ void split_index(int64_t g, int64_t per_row, bool sma
 // dequant_value of the grid's largest level, in FP32 (every code's is at most that; the BF16 values written are at
 // most its BF16 rounding, within a factor 1 + 2^-8); NaN where a block scale is. Callers that do not use it pay
 // nothing (the function is inlined).
-template <int F, int B, int D, int G, bool WIDE = true, bool IDX = false, bool LEVELS = false, int RM = kRoundRuntime,
-          int SC = -1>
+template <int F, int B, int D, int G, bool WIDE = true, bool IDX = false, bool LEVELS = false, int RND = -1,
+          int DRAW = -1, int SC = -1>
 __device__ __forceinline__ float quantize_group(float (&y)[G], int64_t row, int64_t col0, const QArgs& a,
                                                float s_enc, const float* dtab) {
   constexpr ElemFormat f = kAllFormats[F];
@@ -367,8 +364,9 @@ __device__ __forceinline__ float quantize_group(float (&y)[G], int64_t row, int6
     if (r < 0 && a.nonfinite) atomicOr(a.nonfinite, 4);
     sr_base = r * a.cols + col0;
   }
-  // RM and SC fix the rounding (and SR draw) and the scale kind at compile time, where the launcher knows them.
-  const bool rtne = RM == kRoundRuntime ? a.rounding == Rounding::rtne : RM == kRoundRtne;
+  // RND, DRAW and SC: the Rounding, SrDraw and ScaleKind fixed at compile time where the launcher knows them (the
+  // kernel then holds that path's code alone), or -1 for QArgs' own.
+  const bool rtne = (RND < 0 ? a.rounding : Rounding(RND)) == Rounding::rtne;
   const ScaleKind scale = SC < 0 ? a.scale : ScaleKind(SC);
   const float g_dec = scale == ScaleKind::ue4m3 ? 1.0f / s_enc : 1.0f;
   if (base == 0 && a.global_dec) *a.global_dec = g_dec;
@@ -407,12 +405,12 @@ __device__ __forceinline__ float quantize_group(float (&y)[G], int64_t row, int6
     if constexpr (levels) {
       if (fp32) {
         if (rtne)
-          level_block<F, B, true, true, WIDE, RM>(y, b, bs, ScaleKind::fp32, a, seed, at, lo, local, g_dec, deq);
+          level_block<F, B, true, true, WIDE, DRAW>(y, b, bs, ScaleKind::fp32, a, seed, at, lo, local, g_dec, deq);
         else
-          level_block<F, B, true, false, WIDE, RM>(y, b, bs, ScaleKind::fp32, a, seed, at, lo, local, g_dec, deq);
+          level_block<F, B, true, false, WIDE, DRAW>(y, b, bs, ScaleKind::fp32, a, seed, at, lo, local, g_dec, deq);
       } else {
-        if (rtne) level_block<F, B, false, true, WIDE, RM>(y, b, bs, scale, a, seed, at, lo, local, g_dec, deq);
-        else level_block<F, B, false, false, WIDE, RM>(y, b, bs, scale, a, seed, at, lo, local, g_dec, deq);
+        if (rtne) level_block<F, B, false, true, WIDE, DRAW>(y, b, bs, scale, a, seed, at, lo, local, g_dec, deq);
+        else level_block<F, B, false, false, WIDE, DRAW>(y, b, bs, scale, a, seed, at, lo, local, g_dec, deq);
       }
     } else {
       if (fp32) {
