@@ -3,6 +3,7 @@
 // arithmetic is the golden model's (rht_block, round_to_bf16, nvfp4_global_encode, block_scale, scale_element,
 // round_rtne, round_sr, random_bits), called from device code.
 #include "quantize_kernels.cuh"
+#include "transpose_bound.cuh"
 
 namespace fp4lab::cuda {
 
@@ -461,12 +462,38 @@ bool fake_quantize_both_fused(bool x_bf16, const QuantConfig& cfg, const QuantCo
          detail::format_index(cfg.format) == detail::format_index(cfg_t.format) && detail::both_grid_fits(rows);
 }
 
+bool fake_quantize_both_mirrored(bool x_bf16, const QuantConfig& cfg, const QuantConfig& cfg_t, int64_t rows) {
+  // 16 x 16 tiles scale an element by its tile's amax and the tensor's, the same in both orientations; RTNE reads
+  // neither the SR key nor its draw, and without RHT nothing else depends on the orientation.
+  QuantConfig same = cfg_t;
+  same.seed = cfg.seed;
+  same.stream = cfg.stream;
+  same.sr_draw = cfg.sr_draw;
+  return x_bf16 && cfg.tile2d && cfg.rht == 0 && cfg.rounding == Rounding::rtne && same == cfg &&
+         detail::both_grid_fits(rows);
+}
+
+bool fake_quantize_both_bounded(bool x_bf16, const QuantConfig& cfg, const QuantConfig& cfg_t, RhtPath path,
+                                int64_t rows) {
+  return fake_quantize_both_fused(x_bf16, cfg, cfg_t, path, rows) ||
+         fake_quantize_both_mirrored(x_bf16, cfg, cfg_t, rows);
+}
+
 void fake_quantize_both(const void* d_x, bool x_bf16, int64_t rows, int64_t cols, const QuantConfig& cfg,
                         uint16_t* d_out, const QuantConfig& cfg_t, uint16_t* d_out_t, QuantWorkspace& ws,
                         QuantWorkspace& ws_t, cudaStream_t s, RhtPath path, bool check_finite, int* d_nonfinite_flag,
                         const uint64_t* d_seed, float* d_bound, float* d_bound_t) {
   if (!d_out || !d_out_t) throw std::invalid_argument("fake_quantize_both(): no output");
   if (!d_bound != !d_bound_t) throw std::invalid_argument("fake_quantize_both(): give both bounds or neither");
+  if (fake_quantize_both_mirrored(x_bf16, cfg, cfg_t, rows)) {
+    validate(cfg, rows, cols);
+    validate(cfg_t, cols, rows);  // before the work, which the second pass it stands for would check
+    fake_quantize(d_x, x_bf16, false, rows, cols, cfg, d_out, nullptr, ws, s, path, check_finite, d_nonfinite_flag,
+                  d_seed);
+    detail::launch_transpose_bound(d_out, rows, cols, d_out_t, d_bound, d_bound_t, s);
+    check_launch("transpose_bound_kernel");
+    return;
+  }
   if (!fake_quantize_both_fused(x_bf16, cfg, cfg_t, path, rows)) {
     fake_quantize(d_x, x_bf16, false, rows, cols, cfg, d_out, nullptr, ws, s, path, check_finite, d_nonfinite_flag,
                   d_seed);

@@ -4,6 +4,7 @@
 // 4-byte column pairs. Each group goes through the same quantize_group as in those kernels, at the same output
 // coordinates, so the bits are theirs.
 #include "quantize_kernels.cuh"
+#include "transpose_bound.cuh"
 
 namespace fp4lab::cuda {
 namespace {
@@ -202,6 +203,43 @@ void launch_both_d(int dr, int dt, const QArgs& ar, const QArgs& at, cudaStream_
   throw std::logic_error("quantize_both: fused RHT must be 0 or 16");
 }
 
+// The mirrored pair's second operand (launch_transpose_bound): one block per tile of the one-read kernel's grid, so
+// that its bound words cover the same elements. The tile is staged as BF16 with a row pitch of 130 halves (65 words):
+// the transposed reads of a warp, 32 consecutive rows of one column, fall in 32 distinct banks.
+constexpr int kPitch = kBothCols + 2;
+__global__ void __launch_bounds__(kBothThreads) transpose_bound_kernel(const uint16_t* y, int64_t rows, int64_t cols,
+                                                                      uint16_t* yt, float* bound, float* bound_t) {
+  __shared__ uint16_t tile[kBothRows * kPitch];
+  __shared__ float warp_max[kBothThreads / 32];
+  const int t = threadIdx.x;
+  const int64_t r0 = int64_t(blockIdx.y) * kBothRows, c0 = int64_t(blockIdx.x) * kBothCols;
+  float m = 0.0f;
+  for (int i = t; i < kBothRows * kBothCols; i += kBothThreads) {
+    const int r = i / kBothCols, c = i % kBothCols;
+    uint16_t v = 0;
+    if (r0 + r < rows && c0 + c < cols) {
+      v = y[(r0 + r) * cols + c0 + c];
+      m = fmax_nan(m, fabsf(bf16_to_f32(v)));
+    }
+    tile[r * kPitch + c] = v;
+  }
+  __syncthreads();
+  for (int i = t; i < kBothRows * kBothCols; i += kBothThreads) {
+    const int c = i / kBothRows, r = i % kBothRows;
+    if (r0 + r < rows && c0 + c < cols) yt[(c0 + c) * rows + r0 + r] = tile[r * kPitch + c];
+  }
+  if (!bound) return;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmax_nan(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+  if ((t & 31) == 0) warp_max[t >> 5] = m;
+  __syncthreads();
+  if (t == 0) {
+    for (int w = 1; w < kBothThreads / 32; ++w) m = fmax_nan(m, warp_max[w]);
+    bound[tile_index()] = m;
+    bound_t[tile_index()] = m;
+  }
+}
+
 template <int DR, int DT>
 void launch_amax_both_d(const AmaxBothArgs& a, cudaStream_t s) {
   const dim3 grid = detail::both_grid(a.rows, a.cols);
@@ -220,6 +258,12 @@ bool detail::both_grid_fits(int64_t rows) { return (rows + kBothRows - 1) / kBot
 int64_t fake_quantize_both_bound_words(int64_t rows, int64_t cols) {
   if (rows < 0 || cols < 0) throw std::invalid_argument("fake_quantize_both_bound_words(): negative shape");
   return ((cols + kBothCols - 1) / kBothCols) * ((rows + kBothRows - 1) / kBothRows);
+}
+
+void detail::launch_transpose_bound(const uint16_t* d_y, int64_t rows, int64_t cols, uint16_t* d_yt, float* d_bound,
+                                    float* d_bound_t, cudaStream_t s) {
+  if (rows == 0 || cols == 0) return;
+  transpose_bound_kernel<<<both_grid(rows, cols), kBothThreads, 0, s>>>(d_y, rows, cols, d_yt, d_bound, d_bound_t);
 }
 
 void detail::launch_amax_both(const uint16_t* x, int64_t rows, int64_t cols, int dr, int dt, const float* signs_r,

@@ -353,7 +353,7 @@ void bind_cuda(nb::module_& m) {
      "Fake quantisation of x [rows, cols] and of its transpose from one read where the kernels can: out receives "
      "what cuda_fake_quantize gives for x under config, out_t ([cols, rows]) what it gives for x^T under config_t; "
      "bound and bound_t (both or neither, cuda_fake_quantize_both_bound_words FP32 words each) the magnitude bounds "
-     "cuda_flag_nonfinite_product reads (NaN where the two passes ran).");
+     "cuda_flag_nonfinite_product reads (NaN where the two passes ran: cuda_fake_quantize_both_bounded says where).");
   m.def("cuda_fake_quantize_both_bound_words", [](int64_t rows, int64_t cols) {
     return fc::fake_quantize_both_bound_words(rows, cols);
   }, "rows"_a, "cols"_a, "The FP32 words of each of cuda_fake_quantize_both's bounds for x [rows, cols].");
@@ -363,6 +363,13 @@ void bind_cuda(nb::module_& m) {
   }, "bf16"_a, "config"_a, "config_t"_a, "rows"_a = 0,
      "Whether cuda_fake_quantize_both reads x [rows, cols] once for these configurations (else it runs the two "
      "passes).");
+  m.def("cuda_fake_quantize_both_bounded", [](bool bf16, const QuantConfig& cfg, const QuantConfig& cfg_t,
+                                              int64_t rows) {
+    return fc::fake_quantize_both_bounded(bf16, cfg, cfg_t, fc::RhtPath::fused, rows);
+  }, "bf16"_a, "config"_a, "config_t"_a, "rows"_a = 0,
+     "Whether cuda_fake_quantize_both gives bounds for x [rows, cols] under these configurations: where it reads x "
+     "once for both (cuda_fake_quantize_both_fused), and where the two outputs hold the same values, one pass and "
+     "a transposing copy (NVFP4's tiled weights).");
   m.def("cuda_flag_nonfinite", [](int device, uintptr_t stream, uintptr_t y, int64_t n, bool bf16, uintptr_t flag,
                                   int bit) {
     OnDevice on(device);

@@ -609,6 +609,8 @@ size_t expect_both_golden(const QuantConfig& cfg, const QuantConfig& cfg_t, int6
   fc::fake_quantize_both(dx.data(), true, rows, cols, cfg, out.data(), cfg_t, out_t.data(), ws, ws_t, nullptr,
                          fc::RhtPath::fused, true, nullptr, nullptr, bound.data(), bound_t.data());
   const bool one_read = fc::fake_quantize_both_fused(true, cfg, cfg_t);
+  const bool mirrored = fc::fake_quantize_both_mirrored(true, cfg, cfg_t);
+  EXPECT_EQ(fc::fake_quantize_both_bounded(true, cfg, cfg_t), one_read || mirrored) << what;
   size_t compared = 0;
   for (bool tr : {false, true}) {
     const std::vector<float> src = tr ? transposed(t, rows, cols) : t;
@@ -621,8 +623,9 @@ size_t expect_both_golden(const QuantConfig& cfg, const QuantConfig& cfg_t, int6
         ADD_FAILURE() << what << (tr ? " transposed" : " row-wise") << " " << rows << "x" << cols << ": element "
                       << i << " golden " << fp4lab::f32_to_bf16(deq[i]) << " gpu " << got[i];
     // Tile (ti, tj) of x, rows 64 ti.. and columns 128 tj..: its bound is the largest of its blocks' dequantised
-    // largest level (golden scales), and no value written there is larger than the bound rounded to BF16. Two
-    // passes: NaN, no bound.
+    // largest level (golden scales), and no value written there is larger than the bound rounded to BF16. The
+    // mirrored pair (one pass and a transposing copy): the largest magnitude written in the tile. Two passes: NaN,
+    // no bound.
     const std::vector<float> b = (tr ? bound_t : bound).to_host();
     const int64_t tiles_c = (cols + 127) / 128, qcols = tr ? rows : cols;
     const float gmax = fp4lab::decode(q.format, uint8_t(q.format.max_index));
@@ -636,7 +639,9 @@ size_t expect_both_golden(const QuantConfig& cfg, const QuantConfig& cfg_t, int6
                                                           q.global_dec));
           largest = std::max(largest, std::fabs(fp4lab::bf16_to_f32(got[size_t(qr * qcols + qc)])));
         }
-      if (!one_read) {
+      if (mirrored) {
+        EXPECT_EQ(bits(b[size_t(w)]), bits(largest)) << what << (tr ? " transposed" : " row-wise") << " tile " << w;
+      } else if (!one_read) {
         EXPECT_TRUE(std::isnan(b[size_t(w)])) << what << " tile " << w << ": two passes leave no bound";
       } else {
         EXPECT_EQ(bits(b[size_t(w)]), bits(expect)) << what << (tr ? " transposed" : " row-wise") << " tile " << w;
@@ -711,9 +716,12 @@ TEST(FakeQuantizeBoth, TrainingStepPairsOfEveryPresetEqualGolden) {
       const QuantConfig cfg_t = rec.operand(pr.pt, pr.ot, 40 + int(pr.pt) * 2 + int(pr.ot));
       const bool one_read = fc::fake_quantize_both_fused(true, cfg, cfg_t);
       fused += one_read;
-      if ((name == "ufp4" || name == "nvfp4") && !(name == "nvfp4" && pr.p == Pass::fwd_y && pr.o == Operand::b)) {
+      const bool tiled_w = name == "nvfp4" && pr.p == Pass::fwd_y && pr.o == Operand::b;
+      if ((name == "ufp4" || name == "nvfp4") && !tiled_w) {
         EXPECT_TRUE(one_read) << name << " " << fp4lab::pass_name(pr.p) << ": expected the one-read kernel";
       }
+      // NVFP4's W in 16x16 tiles, RTNE and no RHT both ways: the same values, one pass and a transposing copy.
+      EXPECT_EQ(fc::fake_quantize_both_mirrored(true, cfg, cfg_t), tiled_w) << name << " " << fp4lab::pass_name(pr.p);
       const std::string what = name + " " + fp4lab::pass_name(pr.p) + (pr.o == Operand::a ? "A" : "B") + "+" +
                                fp4lab::pass_name(pr.pt) + (pr.ot == Operand::a ? "A" : "B");
       for (auto [rows, cols] : kBothShapes)
@@ -732,6 +740,41 @@ TEST(FakeQuantizeBoth, OneReadOnlyWhereItsGridFits) {
   EXPECT_TRUE(fc::fake_quantize_both_fused(true, cfg, cfg_t, fc::RhtPath::fused, int64_t(65535) * 64));
   EXPECT_FALSE(fc::fake_quantize_both_fused(true, cfg, cfg_t, fc::RhtPath::fused, int64_t(65535) * 64 + 1));
   EXPECT_FALSE(fc::fake_quantize_both_fused(false, cfg, cfg_t, fc::RhtPath::fused, 64));
+}
+
+// The mirrored pair is taken only where the two outputs are the same values: 16x16 tiles, RTNE and no RHT in both
+// configurations, which may differ only in what RTNE does not read (the SR key and draw), and BF16 input; and only
+// where the copy's grid (the one-read kernel's) holds the rows.
+TEST(FakeQuantizeBoth, MirroredOnlyWhereBothOutputsHoldTheSameValues) {
+  fp4lab::Recipe rec = fp4lab::Recipe::preset("nvfp4");
+  const QuantConfig cfg = rec.operand(fp4lab::Pass::fwd_y, fp4lab::Operand::b, 1);
+  const QuantConfig cfg_t = rec.operand(fp4lab::Pass::bwd_dx, fp4lab::Operand::b, 2);
+  ASSERT_TRUE(cfg.tile2d && cfg.rht == 0 && cfg.rounding == Rounding::rtne);
+  EXPECT_TRUE(fc::fake_quantize_both_mirrored(true, cfg, cfg_t));
+  EXPECT_TRUE(fc::fake_quantize_both_bounded(true, cfg, cfg_t));
+  EXPECT_FALSE(fc::fake_quantize_both_fused(true, cfg, cfg_t));
+  EXPECT_FALSE(fc::fake_quantize_both_mirrored(false, cfg, cfg_t));  // FP32 input: the two passes
+  EXPECT_TRUE(fc::fake_quantize_both_mirrored(true, cfg, cfg_t, int64_t(65535) * 64));
+  EXPECT_FALSE(fc::fake_quantize_both_mirrored(true, cfg, cfg_t, int64_t(65535) * 64 + 1));
+  QuantConfig other = cfg_t;
+  other.seed ^= 1;
+  other.sr_draw = fp4lab::SrDraw::philox16;
+  EXPECT_TRUE(fc::fake_quantize_both_mirrored(true, cfg, other)) << "the SR key and draw, which RTNE does not read";
+  const auto differs = [&](auto change) {
+    QuantConfig a = cfg, b = cfg_t;
+    change(a, b);
+    return !fc::fake_quantize_both_mirrored(true, a, b);
+  };
+  EXPECT_TRUE(differs([](QuantConfig&, QuantConfig& b) { b.rounding = Rounding::sr; }));
+  EXPECT_TRUE(differs([](QuantConfig& a, QuantConfig& b) { a.rounding = b.rounding = Rounding::sr; }));
+  EXPECT_TRUE(differs([](QuantConfig&, QuantConfig& b) { b.tile2d = false; }));
+  EXPECT_TRUE(differs([](QuantConfig& a, QuantConfig& b) { a.tile2d = b.tile2d = false; }));
+  EXPECT_TRUE(differs([](QuantConfig&, QuantConfig& b) { b.scale = fp4lab::ScaleKind::fp32; }));
+  EXPECT_TRUE(differs([](QuantConfig&, QuantConfig& b) { b.format = fp4lab::kE1M2; }));
+  EXPECT_TRUE(differs([](QuantConfig& a, QuantConfig& b) {
+    a.rht = b.rht = 16;
+    a.rht_signs = b.rht_signs = fp4lab::rht_signs_te(16);
+  }));
 }
 
 // Faults: NaN in x is refused under check_finite and flagged (bit 0) without it, by the one-read kernel too.

@@ -346,7 +346,9 @@ def fake_quantize_both(x: torch.Tensor, cfg: "_core.QuantConfig", cfg_t: "_core.
     """``fake_quantize(x, cfg)`` and ``fake_quantize(x.t(), cfg_t)`` together, for a 2-D CUDA tensor: the two operands
     a training step takes of one tensor (X for the forward GEMM and Xᵀ for the weight gradient; dY and dYᵀ for the
     two backward GEMMs). For BF16 x under blocks of 16 with RHT 0 or 16 (UFP4's and NVFP4's activations and
-    gradients) one kernel reads x once for both; otherwise the two passes run. The bits are the same either way.
+    gradients) one kernel reads x once for both; where the two outputs hold the same values (NVFP4's weights, in 16x16
+    tiles, with RTNE and no RHT) one pass writes the first and a copy transposes it; otherwise the two passes run.
+    The bits are the same in every case.
 
     Args:
         x: a 2-D CUDA tensor [rows, cols] (float32, bfloat16 or float16).
@@ -362,16 +364,17 @@ def fake_quantize_both(x: torch.Tensor, cfg: "_core.QuantConfig", cfg_t: "_core.
 
 
 def _bound_words(bf16: bool, cfg, cfg_t, check_finite: str, rows: Any, cols: Any) -> Any:
-    """The FP32 words of each bound _fake_both gives: one per tile where one kernel reads x for both under the
-    deferred check, else none. ``rows`` and ``cols`` may be symbolic sizes (a dynamic-shape graph's fake tensors):
-    the count is then the same arithmetic on them, with the tile and the most rows read off the kernels' own
-    functions (_bound_tile), and a guard on the rows."""
+    """The FP32 words of each bound _fake_both gives: one per tile where the kernels bound the two outputs (one read
+    of x for both, or NVFP4's tiled weights, one pass and a transposing copy) under the deferred check, else none.
+    ``rows`` and ``cols`` may be symbolic sizes (a dynamic-shape graph's fake tensors): the count is then the same
+    arithmetic on them, with the tile and the most rows read off the kernels' own functions (_bound_tile), and a
+    guard on the rows."""
     if check_finite != "deferred":
         return 0
     if isinstance(rows, int) and isinstance(cols, int):
-        one_read = _core.cuda_fake_quantize_both_fused(bf16, cfg, cfg_t, rows)
-        return _core.cuda_fake_quantize_both_bound_words(rows, cols) if one_read else 0
-    if not _core.cuda_fake_quantize_both_fused(bf16, cfg, cfg_t, 1):
+        bounded = _core.cuda_fake_quantize_both_bounded(bf16, cfg, cfg_t, rows)
+        return _core.cuda_fake_quantize_both_bound_words(rows, cols) if bounded else 0
+    if not _core.cuda_fake_quantize_both_bounded(bf16, cfg, cfg_t, 1):
         return 0
     tile_rows, tile_cols, most_rows = _bound_tile(cfg, cfg_t)
     if rows > most_rows:
@@ -381,24 +384,24 @@ def _bound_words(bf16: bool, cfg, cfg_t, check_finite: str, rows: Any, cols: Any
 
 @functools.lru_cache(maxsize=None)
 def _bound_tile(cfg, cfg_t) -> Tuple[int, int, int]:
-    """(rows, cols) of x one bound word covers, and the most rows of x one kernel reads for both under cfg and cfg_t
-    (configurations it takes), found by asking cuda_fake_quantize_both_bound_words and cuda_fake_quantize_both_fused
-    themselves: no second statement of the kernel's tile here."""
+    """(rows, cols) of x one bound word covers, and the most rows of x the kernels bound both outputs of under cfg and
+    cfg_t (configurations they bound), found by asking cuda_fake_quantize_both_bound_words and
+    cuda_fake_quantize_both_bounded themselves: no second statement of the kernel's tile here."""
     words = _core.cuda_fake_quantize_both_bound_words
     tile_rows = next(n for n in range(1, 1 << 20) if words(n + 1, 1) > 1)
     tile_cols = next(n for n in range(1, 1 << 20) if words(1, n + 1) > 1)
     lo, hi = 1, 1 << 40  # the fused kernel takes lo rows, not hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if _core.cuda_fake_quantize_both_fused(True, cfg, cfg_t, mid) else (lo, mid)
+        lo, hi = (mid, hi) if _core.cuda_fake_quantize_both_bounded(True, cfg, cfg_t, mid) else (lo, mid)
     return tile_rows, tile_cols, lo
 
 
 def _fake_both(x: torch.Tensor, cfg, cfg_t, check_finite: str, device_seed: Optional[torch.Tensor]):
-    """fake_quantize_both's work: (y, yt, bound of y, bound of yt). Where one kernel reads x for both under the
-    deferred check, the kernel also writes its bounds on the two outputs' magnitudes (one FP32 word per tile, FP32
-    tensors of their own), which a fast GEMM's output check reads instead of scanning the product (_check_output);
-    elsewhere the bounds are empty."""
+    """fake_quantize_both's work: (y, yt, bound of y, bound of yt). Where the kernels bound the two outputs under the
+    deferred check (_bound_words), they also write the bounds on the outputs' magnitudes (one FP32 word per tile,
+    FP32 tensors of their own), which a fast GEMM's output check reads instead of scanning the product
+    (_check_output); elsewhere the bounds are empty."""
     if x.dim() != 2:
         raise ValueError(f"fake_quantize_both(): x must be 2-D, not {x.dim()}-D")
     if not x.is_cuda:
@@ -842,8 +845,8 @@ def _(x, step, recipe, layer, operands, label):
     _need_cuda_build()
     rows, cols = x.shape
     r = recipe_of_key(recipe)
-    # Whether one kernel reads x, and so the bounds' size, follows the grid, block and RHT of the two configs, the
-    # same at every step and layer; with symbolic sizes the words are an expression of them, never a size of their
+    # Whether the kernels bound the outputs, and so the bounds' size, follows the grid, block, tiles, rounding and RHT
+    # of the two configs, the same at every step and layer; with symbolic sizes the words are an expression of them, never a size of their
     # own (an unbacked size that only the backward reads stops a whole-graph compile).
     cfg, cfg_t = (r.config(p, o, layer=0, step=0) for p, o in _pair_of(operands))
     words = _bound_words(x.dtype == torch.bfloat16, cfg, cfg_t, r.check_finite, rows, cols)

@@ -296,11 +296,17 @@ def test_cuda_pair_operators_pass_torch_library_checks_and_give_eager_bits(recip
         ey, eyt = ft.fake_quantize_both(t, c, ct, check_finite="deferred")
         assert torch.equal(y.view(torch.int16), ey.view(torch.int16))
         assert torch.equal(yt.view(torch.int16), eyt.view(torch.int16))
-    # Bounds where one kernel read the tensor for both (one FP32 word per 64x128 tile), none where the two passes ran
-    # (MXFP4's blocks of 32; NVFP4's W, in 16x16 tiles).
+    # Bounds where one kernel read the tensor for both, or where one pass and a transposing copy made the two (NVFP4's
+    # W, in 16x16 tiles, the same values both ways): one FP32 word per 64x128 tile; none where the two passes ran
+    # (MXFP4's blocks of 32). The copy's words are the largest magnitude of their tile's values.
     assert bx.dtype == bw.dtype == torch.float32
     assert bx.numel() == bxt.numel() == (0 if recipe == "mxfp4" else 2)
-    assert bw.numel() == bwt.numel() == (2 if recipe == "ufp4" else 0)
+    assert bw.numel() == bwt.numel() == (0 if recipe == "mxfp4" else 2)
+    if recipe == "nvfp4":
+        assert torch.equal(wt.view(torch.int16), wb.t().contiguous().view(torch.int16))
+        tiles = [wb[r:r + 64].abs().float().amax() for r in (0, 64)]
+        assert torch.equal(bw.view(torch.int32), torch.stack(tiles).view(torch.int32))
+        assert torch.equal(bwt.view(torch.int32), bw.view(torch.int32))
     args = (xa, wb, bx, bw, r.key)
     torch.library.opcheck(torch.ops.fp4lab.fast_mm.default, args)
     assert torch.equal(torch.ops.fp4lab.fast_mm(*args).view(torch.int16),
@@ -321,7 +327,7 @@ def test_cuda_compiled_fast_layer_takes_new_token_counts_whole():
     for rows, cols in ((1, 1), (64, 128), (65, 129), (8192, 2816), (most, 16), (most + 1, 16)):
         want = ops._core.cuda_fake_quantize_both_bound_words(rows, cols)
         assert want == -(-cols // tc) * -(-rows // tr), (rows, cols)
-        assert ops._core.cuda_fake_quantize_both_fused(True, cfg, cfg_t, rows) == (rows <= most)
+        assert ops._core.cuda_fake_quantize_both_bounded(True, cfg, cfg_t, rows) == (rows <= most)
     torch.manual_seed(0)
     eager = ft.convert(nn.Linear(64, 96).cuda().to(torch.bfloat16), r)
     model = copy.deepcopy(eager)
@@ -344,7 +350,7 @@ def test_pair_fake_sizes_its_bounds_from_symbolic_shapes(monkeypatch):
     # A dynamic-shape graph (a second token count under torch.compile) traces fp4lab::fast_pair's fake with symbolic
     # sizes: the bounds' words must be an expression of them (a size of their own that only the backward reads stops
     # a whole-graph compile), equal at each concrete shape to what the kernels' functions give. The CUDA-only
-    # functions stand in here as kernels.hpp defines them: one word per 64x128 tile of x, one read for at most 65535
+    # functions stand in here as kernels.hpp defines them: one word per 64x128 tile of x, bounds for at most 65535
     # tiles of rows.
     import sympy
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -352,7 +358,7 @@ def test_pair_fake_sizes_its_bounds_from_symbolic_shapes(monkeypatch):
     words = lambda r, c: -(-c // 128) * -(-r // 64)  # noqa: E731
     monkeypatch.setattr(ops._core, "cuda_built", True, raising=False)
     monkeypatch.setattr(ops._core, "cuda_fake_quantize_both_bound_words", words, raising=False)
-    monkeypatch.setattr(ops._core, "cuda_fake_quantize_both_fused",
+    monkeypatch.setattr(ops._core, "cuda_fake_quantize_both_bounded",
                         lambda bf16, c, ct, rows: bf16 and -(-rows // 64) <= 65535, raising=False)
     ops._bound_tile.cache_clear()
     r = ft.Recipe("ufp4", mode="fast")

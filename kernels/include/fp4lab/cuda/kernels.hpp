@@ -189,10 +189,12 @@ void fake_quantize(const void* d_x, bool x_bf16, bool transposed, int64_t rows, 
 // what fake_quantize(d_x, x_bf16, true, rows, cols, cfg_t, d_out_t) writes. Where fake_quantize_both_fused() says
 // so, one kernel reads x once for both; otherwise the two calls run. ws serves cfg's pass and ws_t cfg_t's (their
 // amax passes); check_finite, d_nonfinite_flag and d_seed serve both. Arguments otherwise as fake_quantize().
-// d_bound and d_bound_t (both or neither; fake_quantize_both_bound_words(rows, cols) FP32 words each) receive
-// bounds on the magnitudes of d_out's and d_out_t's values (in FP32, before their BF16 rounding, which is monotone), one
-// per tile of the one-read kernel, for flag_nonfinite_product; where the two calls run instead they are NaN (no
-// bound).
+// Where fake_quantize_both_mirrored() says the two outputs hold the same values (NVFP4's tiled weights), one pass
+// writes d_out and a transposing copy d_out_t. d_bound and d_bound_t (both or neither;
+// fake_quantize_both_bound_words(rows, cols) FP32 words each) receive bounds on the magnitudes of d_out's and
+// d_out_t's values, one per tile of the one-read kernel, for flag_nonfinite_product: from the one-read kernel, in
+// FP32 before their BF16 rounding (which is monotone); from the mirrored pair, the largest BF16 magnitude of the
+// tile itself; where the two calls run instead they are NaN (no bound).
 void fake_quantize_both(const void* d_x, bool x_bf16, int64_t rows, int64_t cols, const QuantConfig& cfg,
                         uint16_t* d_out, const QuantConfig& cfg_t, uint16_t* d_out_t, QuantWorkspace& ws,
                         QuantWorkspace& ws_t, cudaStream_t stream = nullptr, RhtPath path = RhtPath::fused,
@@ -205,6 +207,13 @@ int64_t fake_quantize_both_bound_words(int64_t rows, int64_t cols);
 // blocks of 32 and NVFP4's tiled weights take the two passes), and at most 65535 tiles of 64 rows (the grid's).
 bool fake_quantize_both_fused(bool x_bf16, const QuantConfig& cfg, const QuantConfig& cfg_t,
                               RhtPath path = RhtPath::fused, int64_t rows = 0);
+// Whether fake_quantize_both's two outputs hold the same values, d_out_t = d_out^T, so that one pass and a transposing
+// copy make them: BF16 input, 16 x 16 tiles, no RHT and RTNE in cfg, and cfg_t the same but for the SR key and draw
+// (which RTNE does not read), and at most 65535 tiles of 64 rows (the copy's grid is the one-read kernel's).
+bool fake_quantize_both_mirrored(bool x_bf16, const QuantConfig& cfg, const QuantConfig& cfg_t, int64_t rows = 0);
+// Whether fake_quantize_both writes bounds (not NaN): fake_quantize_both_fused() or fake_quantize_both_mirrored().
+bool fake_quantize_both_bounded(bool x_bf16, const QuantConfig& cfg, const QuantConfig& cfg_t,
+                                RhtPath path = RhtPath::fused, int64_t rows = 0);
 // Dequantised values of q, (grid value * block scale) * global scale in that FP32 order as QTensor::dequant
 // computes them, into d_out [rows, cols] as FP32, or rounded to BF16 (RTNE) as bit patterns.
 void dequantize(const DQTensor& q, float* d_out, cudaStream_t stream = nullptr);
