@@ -357,7 +357,7 @@ def test_the_step_tables_of_the_results_are_generated_from_their_json():
     doc = open(os.path.join(ROOT, "docs", "results", "train-step-h200.md")).read()
     marker = "step table: scripts/bench_train_step.py table --by-mode "
     paths = re.findall(rf"<!-- {re.escape(marker)}(\S+) -->", doc)
-    assert len(paths) == 8, paths
+    assert len(paths) == 9, paths
     for path in paths:
         want = bench_train_step().mode_table(json.load(open(os.path.join(ROOT, path))))
         assert block(doc, marker + path) == want, path
