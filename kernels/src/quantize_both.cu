@@ -120,29 +120,6 @@ struct AmaxBothArgs {
   unsigned *amax_r, *amax_t;
 };
 
-// The butterflies of RHT-D on each D values of the group (rht_butterflies, the golden rht_block's first two steps).
-template <int G, int D>
-__device__ __forceinline__ void butterflies(float (&y)[G], const float* signs) {
-  if constexpr (D > 0) {
-#pragma unroll
-    for (int s = 0; s < G; s += D) rht_butterflies(y + s, D, signs);
-  }
-}
-
-// The largest magnitude of rotate_group's values from the largest magnitude m of the butterflies' (D > 0): its
-// remaining steps, the product by 1/sqrt(D) and the BF16 rounding, are each monotone in the magnitude and odd, so
-// applied once to m they give the largest of the values they make, bit for bit; an amax takes two operations, not
-// two an element. A NaN among the butterflies' values (from a NaN input or an overflow, which the quantiser
-// refuses) is left out by fmaxf, as its rounding (to a signed zero) was.
-template <int D>
-__device__ __forceinline__ float rotated_amax(float m, bool bf16) {
-  if constexpr (D > 0) {
-    m = __fmul_rn(m, rht_inv_sqrt(D));
-    if (bf16) m = round_to_bf16(m);
-  }
-  return m;
-}
-
 // The quantise kernel's tile and thread layout, rotations and maxima in place of the quantiser.
 template <int DR, int DT>
 __global__ void __launch_bounds__(kBothThreads) amax_both_kernel(const AmaxBothArgs a) {
@@ -157,11 +134,10 @@ __global__ void __launch_bounds__(kBothThreads) amax_both_kernel(const AmaxBothA
     load_tile_group(a.x, a.rows, a.cols, r0, c0, t + k * kBothThreads, tile, raw);
     float y[G];
     widen(raw, y);
-    butterflies<G, DR>(y, a.signs_r);
+    rotate_group<G, DR>(y, a.signs_r, a.bf16_r);
 #pragma unroll
     for (int j = 0; j < G; ++j) mr = fmaxf(mr, fabsf(y[j]));
   }
-  mr = rotated_amax<DR>(mr, a.bf16_r);
   __syncthreads();
   const int lane = t & 31, rg = lane & 3, pair = (t >> 5) * 8 + (lane >> 2);
   float mt = 0.0f;
@@ -174,11 +150,10 @@ __global__ void __launch_bounds__(kBothThreads) amax_both_kernel(const AmaxBothA
       y0[i] = bf16_to_f32(uint16_t(w & 0xFFFFu));
       y1[i] = bf16_to_f32(uint16_t(w >> 16));
     }
-    butterflies<G, DT>(y0, a.signs_t);
-    butterflies<G, DT>(y1, a.signs_t);
+    rotate_group<G, DT>(y0, a.signs_t, a.bf16_t);
+    rotate_group<G, DT>(y1, a.signs_t, a.bf16_t);
 #pragma unroll
     for (int i = 0; i < G; ++i) mt = fmaxf(mt, fmaxf(fabsf(y0[i]), fabsf(y1[i])));
-    mt = rotated_amax<DT>(mt, a.bf16_t);
   }
   block_max_to(a.amax_r, mr);
   __syncthreads();  // block_max_to's shared words, reused

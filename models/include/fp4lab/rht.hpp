@@ -31,8 +31,8 @@ FP4LAB_HD inline float rht_inv_sqrt(int d) {
   return d == 16 ? 0.25f : d == 64 ? 0.125f : float(1.0 / std::sqrt(double(d)));
 }
 
-// Steps 1 and 2 of the RHT, in place: the sign flips and the butterflies, without step 3's scaling.
-FP4LAB_HD inline void rht_butterflies(float* y, int d, const float* signs) {
+// In-place RHT of one block of d values (d a power of two, 2..128).
+FP4LAB_HD inline void rht_block(float* y, int d, const float* signs) {
   for (int j = 0; j < d; ++j) y[j] = signs[j] < 0 ? -y[j] : y[j];
   for (int h = 1; h < d; h <<= 1) {
     for (int j = 0; j < d; ++j) {
@@ -42,11 +42,6 @@ FP4LAB_HD inline void rht_butterflies(float* y, int d, const float* signs) {
       y[j + h] = a - b;
     }
   }
-}
-
-// In-place RHT of one block of d values (d a power of two, 2..128).
-FP4LAB_HD inline void rht_block(float* y, int d, const float* signs) {
-  rht_butterflies(y, d, signs);
   const float r = rht_inv_sqrt(d);
   for (int j = 0; j < d; ++j) y[j] = y[j] * r;
 }
