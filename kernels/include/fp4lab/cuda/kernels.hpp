@@ -204,7 +204,8 @@ void fake_quantize_both(const void* d_x, bool x_bf16, int64_t rows, int64_t cols
 int64_t fake_quantize_both_bound_words(int64_t rows, int64_t cols);
 // Whether fake_quantize_both reads x [rows, cols] once: BF16 input, the fused RHT path, one format, blocks of 16
 // without 16x16 tiles and RHT 0 or 16 in both configurations (NVFP4's and UFP4's activations and gradients; MXFP4's
-// blocks of 32 and NVFP4's tiled weights take the two passes), and at most 65535 tiles of 64 rows (the grid's).
+// blocks of 32 take the two passes, NVFP4's tiled weights the mirrored pair), and at most 65535 tiles of 64 rows (the
+// grid's).
 bool fake_quantize_both_fused(bool x_bf16, const QuantConfig& cfg, const QuantConfig& cfg_t,
                               RhtPath path = RhtPath::fused, int64_t rows = 0);
 // Whether fake_quantize_both's two outputs hold the same values, d_out_t = d_out^T, so that one pass and a transposing
